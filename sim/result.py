@@ -1,0 +1,130 @@
+"""The event record shared by simulated and measured runs, and the metrics over it."""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+
+from .files import atomic_write
+from .ir import Action, Schedule
+
+
+@dataclass(slots=True)
+class Event:
+    """One action on one device: when it started and ended.
+
+    Compute actions (F, B, I, W) span the time the device computes. A SEND spans from
+    the moment the rank issues it to the moment the data arrives at `peer`; a RECV from
+    the moment the rank posts it to the moment the data is there.
+    """
+
+    rank: int
+    action: Action
+    start: float
+    end: float
+    peer: int = -1  # the other rank of a SEND or RECV
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+    @property
+    def is_compute(self) -> bool:
+        return self.action.kind.is_compute
+
+
+@dataclass
+class Result:
+    """A simulated or measured training step.
+
+    `memory[r]` is rank r's memory over time as (time, bytes) steps; `activations[r]`
+    the same for the number of micro-batches whose activations rank r holds.
+    """
+
+    schedule: Schedule
+    events: list[Event]
+    memory: list[list[tuple[float, float]]]
+    activations: list[list[tuple[float, int]]]
+    source: str = "simulated"
+    makespan: float = field(init=False)
+
+    def __post_init__(self):
+        self.makespan = max((e.end for e in self.events), default=0.0) - self.t0
+
+    @property
+    def t0(self) -> float:
+        """Start of the step (0 for simulated runs; measured runs may be offset)."""
+        return min((e.start for e in self.events), default=0.0)
+
+    @property
+    def ranks(self) -> int:
+        return self.schedule.ranks
+
+    def busy(self) -> list[float]:
+        """Compute time of each rank."""
+        busy = [0.0] * self.ranks
+        for e in self.events:
+            if e.action.kind.is_compute:
+                busy[e.rank] += e.end - e.start
+        return busy
+
+    @property
+    def bubble_fraction(self) -> float:
+        """Idle share of device-time over the step: 1 - sum(busy) / (ranks * makespan)."""
+        if self.makespan <= 0:
+            return 0.0
+        return 1.0 - sum(self.busy()) / (self.ranks * self.makespan)
+
+    @property
+    def peak_activations(self) -> list[int]:
+        """Per rank, the most micro-batches whose activations it held at once."""
+        return [max((n for _, n in series), default=0) for series in self.activations]
+
+    @property
+    def peak_memory(self) -> list[float]:
+        """Per rank, the most bytes (static plus activations) it held at once."""
+        return [max((b for _, b in series), default=0.0) for series in self.memory]
+
+    def compute_events(self, rank: int | None = None) -> list[Event]:
+        """Compute events, in start order, of one rank or of all."""
+        evs = [e for e in self.events if e.action.kind.is_compute and (rank is None or e.rank == rank)]
+        return sorted(evs, key=lambda e: (e.start, e.end))
+
+    def summary(self) -> dict:
+        return {
+            "schedule": self.schedule.name,
+            "source": self.source,
+            "stages": self.schedule.stages,
+            "micro": self.schedule.micro,
+            "makespan": self.makespan,
+            "bubble_fraction": self.bubble_fraction,
+            "peak_activations": self.peak_activations,
+            "peak_memory": self.peak_memory,
+        }
+
+    def chrome_trace(self, time_scale: float = 1e6) -> dict:
+        """The step as a Chrome trace (open it in https://ui.perfetto.dev). Times are
+        multiplied by `time_scale` to get microseconds (1e6 for seconds)."""
+        t0 = self.t0
+        out = [{"name": "process_name", "ph": "M", "pid": 0, "args": {"name": f"{self.schedule.name} ({self.source})"}}]
+        for r in range(self.ranks):
+            out.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": r, "args": {"name": f"rank {r}"}})
+            out.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": 1000 + r, "args": {"name": f"rank {r} comm"}})
+        for e in self.events:
+            a = e.action
+            out.append({
+                "name": str(a), "cat": a.kind.value, "ph": "X",
+                "ts": (e.start - t0) * time_scale, "dur": (e.end - e.start) * time_scale,
+                "pid": 0, "tid": e.rank if a.kind.is_compute else 1000 + e.rank,
+                "args": {"stage": a.stage, "micro": a.micro, **({"peer": e.peer} if e.peer >= 0 else {})},
+            })
+        for r, series in enumerate(self.memory):
+            for t, b in series:
+                out.append({"name": f"memory rank {r}", "ph": "C", "pid": 0, "ts": (t - t0) * time_scale,
+                            "args": {"bytes": b}})
+        return {"traceEvents": out, "displayTimeUnit": "ms"}
+
+    def save_chrome_trace(self, path: str | os.PathLike, time_scale: float = 1e6) -> None:
+        """Write `chrome_trace()` to `path` as JSON, whole or not at all."""
+        with atomic_write(path) as f:
+            json.dump(self.chrome_trace(time_scale), f)
