@@ -1,0 +1,62 @@
+"""Several stages per device and split backwards (I/W): the IR and engine support them even
+though the built-in generators place one stage per device and use full backwards."""
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import sim
+from sim import Action, Costs, Kind, Schedule
+
+from test_engine import reference_times
+
+
+def gpipe_like(placement, micro, split=False):
+    """All forwards in stage order, then all backwards in reverse stage order, per rank."""
+    S, R = len(placement), max(placement) + 1
+    progs = [[] for _ in range(R)]
+    for s in range(S):
+        progs[placement[s]] += [Action(s, Kind.F, m) for m in range(micro)]
+    for s in reversed(range(S)):
+        kinds = (Kind.I,) if split else (Kind.B,)
+        progs[placement[s]] += [Action(s, k, m) for m in range(micro) for k in kinds]
+    if split:  # weight gradients last, the zero-bubble way of filling the tail
+        for s in reversed(range(S)):
+            progs[placement[s]] += [Action(s, Kind.W, m) for m in range(micro)]
+    return Schedule(progs, placement, micro, name="gpipe-like")
+
+
+def test_v_shape_has_no_transfer_between_stages_on_one_device():
+    s = gpipe_like([0, 1, 1, 0], micro=3)
+    low = sim.lower(s)
+    comm = {str(a) for p in low.programs for a in p if not a.kind.is_compute}
+    assert "1SEND_F0" not in comm and "2RECV_F0" not in comm  # stages 1 and 2 share rank 1
+    assert {"0SEND_F0", "2SEND_F0", "3SEND_B0", "2RECV_B0"} <= comm
+    r = sim.simulate(s)
+    assert r.ranks == 2 and r.busy() == pytest.approx([2 * 3 * 3.0, 2 * 3 * 3.0])
+    assert r.peak_activations == [6, 6]  # two stages x three micro-batches each
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from([[0, 1, 0, 1], [0, 1, 1, 0], [0, 0, 1], [1, 0, 2, 2, 0, 1]]),
+       st.integers(1, 5), st.booleans(), st.floats(0, 1.0))
+def test_multi_stage_placement_matches_independent_rules(placement, micro, split, latency):
+    s = gpipe_like(placement, micro, split)
+    S = len(placement)
+    costs = Costs(forward=[1.0 + 0.1 * i for i in range(S)], backward=2.0, latency=latency,
+                  backward_input=[1.2] * S, backward_weight=[0.7] * S)
+    r = sim.simulate(s, costs)
+    ref = reference_times(s, costs)
+    for e in r.events:
+        if e.is_compute:
+            assert e.end == pytest.approx(ref[e.action], abs=1e-9)
+    for series in r.activations:
+        assert series[-1][1] == 0
+
+
+def test_split_backward_frees_activations_at_w():
+    s = gpipe_like([0, 1], micro=2, split=True)
+    r = sim.simulate(s, Costs(backward_input=1.0, backward_weight=0.5))
+    ends = {str(e.action): e.end for e in r.events if e.is_compute}
+    # rank 1 runs 1F0 1F1 1I0 1I1 1W0 1W1: it holds both until 1W0 ends
+    assert [n for t, n in r.activations[1] if t <= ends["1W0"]][-1] == 1
+    assert max(n for _, n in r.activations[1]) == 2
+    assert r.busy() == pytest.approx([2 * (1 + 1 + 0.5)] * 2)
