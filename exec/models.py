@@ -1,0 +1,315 @@
+"""Small synthetic models to run pipeline schedules on, and how to cut them into stages.
+
+A `ModelSpec` names a model and its sizes; everything else follows from it and its seed,
+so every process that holds the same spec builds the same weights and the same batch:
+
+    >>> spec = ModelSpec("mlp", layers=4, hidden=32, seq=8, batch_size=8)
+    >>> stages = spec.build_stages(2)                 # two nn.Sequential, 2 layers each
+    >>> x, y = spec.batch()
+    >>> loss = spec.loss(stages[1](stages[0](x)), y)
+
+Two models:
+
+- "mlp": `layers` residual MLP blocks (pre-LayerNorm, Linear-GELU-Linear + residual) on
+  float inputs of shape (batch, seq, hidden); regression targets, mean squared error.
+- "gpt": a small GPT. Layer 0 is the token + position embedding, then `layers`
+  transformer blocks (pre-LN causal self-attention + MLP), and the last layer is the
+  final LayerNorm + LM head; random token ids, next-token targets, cross entropy.
+
+Splitting into stages (`partition`): "layers" gives every stage as equal a number of
+layers as possible; "time" profiles each layer's forward + backward on one
+micro-batch and chooses the contiguous cuts that minimise the slowest stage, preferring
+cuts where the tensor passed between stages is small (`balanced_cuts`).
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["ModelSpec", "MLPBlock", "Embedding", "Block", "Head", "balanced_cuts", "layer_times", "stage_bounds"]
+
+
+# ---------------------------------------------------------------------------- layers
+
+class MLPBlock(nn.Module):
+    """x + Linear(GELU(Linear(LayerNorm(x)))): a pre-LN residual MLP block."""
+
+    def __init__(self, hidden: int, ffn: int):
+        super().__init__()
+        self.ln = nn.LayerNorm(hidden)
+        self.fc1 = nn.Linear(hidden, ffn)
+        self.fc2 = nn.Linear(ffn, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(F.gelu(self.fc1(self.ln(x))))
+
+
+class Embedding(nn.Module):
+    """Token + learned position embedding: GPT layer 0. Token ids in, (b, seq, hidden) out."""
+
+    def __init__(self, vocab: int, seq: int, hidden: int):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, hidden)
+        self.pos = nn.Embedding(seq, hidden)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(ids.shape[1], device=ids.device)
+        return self.tok(ids) + self.pos(pos)
+
+
+class Block(nn.Module):
+    """A pre-LN transformer block: x + attn(ln1(x)), then x + mlp(ln2(x)); causal."""
+
+    def __init__(self, hidden: int, heads: int):
+        super().__init__()
+        if hidden % heads:
+            raise ValueError(f"hidden ({hidden}) must be a multiple of heads ({heads})")
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(hidden)
+        self.qkv = nn.Linear(hidden, 3 * hidden)
+        self.proj = nn.Linear(hidden, hidden)
+        self.ln2 = nn.LayerNorm(hidden)
+        self.fc1 = nn.Linear(hidden, 4 * hidden)
+        self.fc2 = nn.Linear(4 * hidden, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, h = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(h, dim=2)
+        q, k, v = (z.view(b, t, self.heads, h // self.heads).transpose(1, 2) for z in (q, k, v))
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, t, h))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+class Head(nn.Module):
+    """Final LayerNorm + LM head: the last GPT layer, (b, seq, hidden) -> logits."""
+
+    def __init__(self, hidden: int, vocab: int):
+        super().__init__()
+        self.ln = nn.LayerNorm(hidden)
+        self.out = nn.Linear(hidden, vocab)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.ln(x))
+
+
+# ---------------------------------------------------------------------------- the spec
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A synthetic model and batch, fully determined by these fields.
+
+    `layers` counts the MLP blocks ("mlp") or the transformer blocks ("gpt"; the model
+    then has `layers + 2` layers with the embedding and the head). `ffn` optionally gives
+    each MLP block its own inner width (default 4 * hidden), to make uneven models.
+    The defaults run a step on 2 CPU ranks in a fraction of a second, with enough
+    compute per micro-batch (milliseconds per stage) that it dominates python overhead.
+    """
+
+    model: str = "mlp"
+    layers: int = 8
+    hidden: int = 128
+    seq: int = 64
+    vocab: int = 512
+    heads: int = 4
+    batch_size: int = 32
+    seed: int = 0
+    dtype: str = "float32"
+    ffn: tuple[int, ...] | None = None
+
+    def __post_init__(self):
+        if self.model not in ("mlp", "gpt"):
+            raise ValueError(f"ModelSpec.model must be 'mlp' or 'gpt', got {self.model!r}")
+        for name in ("layers", "hidden", "seq", "vocab", "heads", "batch_size"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"ModelSpec.{name} must be a positive integer, got {v!r}")
+        if not isinstance(getattr(torch, self.dtype, None), torch.dtype):
+            raise ValueError(f"ModelSpec.dtype must name a torch dtype such as 'float32', got {self.dtype!r}")
+        if self.ffn is not None:
+            object.__setattr__(self, "ffn", tuple(int(w) for w in self.ffn))
+            if self.model != "mlp" or len(self.ffn) != self.layers:
+                raise ValueError(f"ModelSpec.ffn gives one inner width per MLP block: {self.layers} values "
+                                 f"for model 'mlp', got {len(self.ffn)} for model {self.model!r}")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return getattr(torch, self.dtype)
+
+    @property
+    def num_layers(self) -> int:
+        """Number of modules `build_layers` returns (the unit that stages are cut in)."""
+        return self.layers + (2 if self.model == "gpt" else 0)
+
+    def build_layers(self) -> list[nn.Module]:
+        """The model as a list of layers, with weights drawn from `seed` (same everywhere)."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed)
+            if self.model == "mlp":
+                widths = self.ffn or (4 * self.hidden,) * self.layers
+                layers: list[nn.Module] = [MLPBlock(self.hidden, w) for w in widths]
+            else:
+                layers = [Embedding(self.vocab, self.seq, self.hidden)]
+                layers += [Block(self.hidden, self.heads) for _ in range(self.layers)]
+                layers.append(Head(self.hidden, self.vocab))
+        return [layer.to(self.torch_dtype) for layer in layers]
+
+    def batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The full synthetic batch (inputs, targets), the same on every call and process.
+
+        mlp: inputs and regression targets of shape (batch, seq, hidden).
+        gpt: token ids (batch, seq) and the next token of each position (batch, seq)."""
+        g = torch.Generator().manual_seed(self.seed + 1)
+        b, t = self.batch_size, self.seq
+        if self.model == "mlp":
+            x = torch.randn(b, t, self.hidden, generator=g, dtype=self.torch_dtype)
+            y = torch.randn(b, t, self.hidden, generator=g, dtype=self.torch_dtype)
+            return x, y
+        ids = torch.randint(0, self.vocab, (b, t + 1), generator=g)
+        return ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
+
+    def micro_batches(self, micro: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """`batch()` cut along the batch dimension into `micro` equal micro-batches."""
+        if isinstance(micro, bool) or not isinstance(micro, int) or micro < 1 or self.batch_size % micro:
+            raise ValueError(f"micro must be a positive divisor of batch_size={self.batch_size}, got {micro!r}")
+        x, y = self.batch()
+        return list(zip(x.chunk(micro), y.chunk(micro)))
+
+    def loss(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Scalar mean loss: MSE for "mlp", next-token cross entropy for "gpt"."""
+        if self.model == "mlp":
+            return F.mse_loss(output, targets)
+        return F.cross_entropy(output.reshape(-1, output.shape[-1]), targets.reshape(-1))
+
+    def partition(self, stages: int, balance: str = "layers", micro: int = 1, repeats: int = 5) -> list[int]:
+        """Stage boundaries: a list of `stages + 1` layer indices, stage s = layers
+        [b[s], b[s+1]). "layers" balances layer counts; "time" balances each layer's
+        profiled forward + backward time on a micro-batch of `batch_size // micro`
+        (see `balanced_cuts`). Under torch.distributed, rank 0 decides and broadcasts,
+        so that every rank cuts the model the same way despite timing noise."""
+        n = self.num_layers
+        if isinstance(stages, bool) or not isinstance(stages, int) or stages < 1:
+            raise ValueError(f"stages must be a positive integer, got {stages!r}")
+        if stages > n:
+            raise ValueError(f"cannot cut {n} layers into {stages} stages; every stage needs at least one layer "
+                             f"(use stages <= {n} or a model with more layers)")
+        if balance == "layers":
+            return stage_bounds(n, [round(n * s / stages) for s in range(1, stages)])
+        if balance != "time":
+            raise ValueError(f"balance must be 'layers' or 'time', got {balance!r}")
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            box = [None]
+            if dist.get_rank() == 0:
+                box[0] = self._time_bounds(stages, micro, repeats)
+            dist.broadcast_object_list(box, src=0)
+            return list(box[0])
+        return self._time_bounds(stages, micro, repeats)
+
+    def _time_bounds(self, stages: int, micro: int, repeats: int) -> list[int]:
+        times, out_bytes = layer_times(self, micro, repeats)
+        return stage_bounds(self.num_layers, balanced_cuts(times, stages, out_bytes[:-1], tolerance=0.02))
+
+    def build_stages(self, stages: int, balance: str = "layers", micro: int = 1,
+                     bounds: Sequence[int] | None = None) -> list[nn.Module]:
+        """The model cut into `stages` nn.Sequential of consecutive layers (see
+        `partition`; pass `bounds` to reuse a partition already made)."""
+        bounds = list(bounds) if bounds is not None else self.partition(stages, balance, micro)
+        if len(bounds) != stages + 1 or bounds[0] != 0 or bounds[-1] != self.num_layers or \
+                any(a >= b for a, b in zip(bounds, bounds[1:])):
+            raise ValueError(f"bounds must rise strictly from 0 to {self.num_layers} in {stages + 1} steps, got {bounds}")
+        layers = self.build_layers()
+        return [nn.Sequential(*layers[a:b]) for a, b in zip(bounds, bounds[1:])]
+
+
+def stage_bounds(n: int, cuts: Sequence[int]) -> list[int]:
+    """Cut points -> boundaries: cuts (1..n-1, rising) become [0, *cuts, n]."""
+    return [0, *cuts, n]
+
+
+# ---------------------------------------------------------------------------- profiling and splitting
+
+def layer_times(spec: ModelSpec, micro: int = 1, repeats: int = 5) -> tuple[list[float], list[int]]:
+    """Per layer, the median seconds of forward + backward on one micro-batch (the last
+    layer includes the loss), and the bytes of each layer's output."""
+    layers = spec.build_layers()
+    x, y = spec.micro_batches(micro)[0]
+    times, out_bytes = [], []
+    for i, layer in enumerate(layers):
+        last = i == len(layers) - 1
+        inp = x.detach().requires_grad_(x.is_floating_point())
+        samples = []
+        for _ in range(repeats + 1):  # the first run warms up
+            t = time.perf_counter()
+            out = layer(inp)
+            if last:
+                spec.loss(out, y).backward()
+            else:
+                out.backward(torch.ones_like(out))
+            samples.append(time.perf_counter() - t)
+        times.append(statistics.median(samples[1:]))
+        out_bytes.append(out.numel() * out.element_size())
+        x = out.detach()
+    return times, out_bytes
+
+
+def balanced_cuts(costs: Sequence[float], stages: int, cut_bytes: Sequence[float] | None = None,
+                  tolerance: float = 0.0) -> list[int]:
+    """Contiguous split of layers with `costs` into `stages` non-empty stages.
+
+    Returns the stages - 1 cut points c (1 <= c < n; stage boundaries [0, *cuts, n]).
+    First the smallest possible slowest stage T* is found exactly; then, among the splits
+    whose every stage costs at most T* * (1 + tolerance), the one with the fewest bytes
+    crossing cuts (`cut_bytes[i]` = bytes sent when cutting after layer i, n - 1 values;
+    all zero if None), then with the smallest slowest stage. Dynamic programming,
+    O(stages * n^2)."""
+    n = len(costs)
+    if stages < 1 or stages > n:
+        raise ValueError(f"cannot cut {n} layers into {stages} stages; need 1 <= stages <= {n}")
+    if cut_bytes is None:
+        cut_bytes = [0.0] * (n - 1)
+    if len(cut_bytes) != n - 1:
+        raise ValueError(f"cut_bytes needs one value per gap between layers ({n - 1}), got {len(cut_bytes)}")
+
+    def cost(a: int, b: int) -> float:  # layers [a, b)
+        return math.fsum(costs[a:b])
+
+    # best[k][i]: objective of splitting layers [0, i) into k stages, and the last cut
+    inf = (math.inf, math.inf)
+
+    def solve(bound: float, objective) -> tuple[tuple[float, float], list[int]]:
+        best = [[inf] * (n + 1) for _ in range(stages + 1)]
+        back = [[0] * (n + 1) for _ in range(stages + 1)]
+        best[0][0] = (0.0, 0.0)
+        for k in range(1, stages + 1):
+            for i in range(k, n - (stages - k) + 1):
+                for j in range(k - 1, i):
+                    if best[k - 1][j] == inf:
+                        continue
+                    c = cost(j, i)
+                    if c > bound:
+                        continue
+                    cand = objective(best[k - 1][j], c, j)
+                    if cand < best[k][i]:
+                        best[k][i], back[k][i] = cand, j
+        cuts, i = [], n
+        for k in range(stages, 0, -1):
+            i = back[k][i]
+            cuts.append(i)
+        return best[stages][n], sorted(cuts)[1:]
+
+    # pass 1: minimise the slowest stage (objective (max, 0))
+    (t_star, _), _ = solve(math.inf, lambda prev, c, j: (max(prev[0], c), 0.0))
+    # pass 2: minimise (bytes at cuts, slowest stage) among splits within the bound
+    bound = t_star * (1 + tolerance)
+    _, cuts = solve(bound, lambda prev, c, j: (prev[0] + (cut_bytes[j - 1] if j > 0 else 0.0), max(prev[1], c)))
+    return cuts
+
