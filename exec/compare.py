@@ -1,0 +1,157 @@
+"""Measured against simulated: does the simulator predict the step that really ran?
+
+    >>> cmp = compare(measured, costs)          # measured: a sim.Result from exec.runtime
+    >>> print(cmp.table()); cmp.as_json()["error_pct"]
+
+`compare` simulates `measured.schedule` under `costs` (from `exec.profile`) and puts the
+two steps side by side: step time and its error in percent ((sim - meas) / meas * 100),
+bubble fraction, peak activations and peak memory per rank. `breakdown` goes one level
+down, to explain an error: per stage, the measured F and B against their costs, and per
+rank, where the measured step's time went (compute, waiting for data, and the rest:
+the runtime's own time between actions, which the simulator counts as zero).
+"""
+from __future__ import annotations
+
+import os
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+import sim
+from sim.ir import Kind
+from sim.passes import _RECV_OF, _kinds, dependencies
+
+__all__ = ["Comparison", "compare", "breakdown", "overlay_figure"]
+
+
+@dataclass
+class Comparison:
+    """A measured step and its simulation under the profiled costs."""
+
+    measured: sim.Result
+    simulated: sim.Result
+    costs: sim.Costs
+    extra: dict[str, Any] = field(default_factory=dict)  # e.g. grad_match, max_grad_diff
+
+    @property
+    def measured_step_s(self) -> float:
+        return self.measured.makespan
+
+    @property
+    def simulated_step_s(self) -> float:
+        return self.simulated.makespan
+
+    @property
+    def error_pct(self) -> float:
+        """(simulated - measured) / measured * 100: positive when the simulator is slower."""
+        m = self.measured.makespan
+        return (self.simulated.makespan - m) / m * 100.0 if m > 0 else 0.0
+
+    def as_json(self) -> dict:
+        """The comparison as plain JSON data."""
+        s = self.measured.schedule
+        return {
+            "schedule": s.name, "stages": s.stages, "ranks": s.ranks, "micro": s.micro,
+            "measured_step_s": self.measured_step_s, "simulated_step_s": self.simulated_step_s,
+            "error_pct": self.error_pct,
+            "measured_bubble": self.measured.bubble_fraction, "simulated_bubble": self.simulated.bubble_fraction,
+            "measured_peak_activations": self.measured.peak_activations,
+            "simulated_peak_activations": self.simulated.peak_activations,
+            "measured_peak_memory": self.measured.peak_memory,
+            "simulated_peak_memory": self.simulated.peak_memory,
+            **self.extra,
+        }
+
+    def table(self) -> str:
+        """A small text table: one row per quantity, measured and simulated side by side."""
+        s = self.measured.schedule
+        rows = [
+            ("step time (ms)", f"{self.measured_step_s * 1e3:.2f}", f"{self.simulated_step_s * 1e3:.2f}"),
+            ("bubble fraction", f"{self.measured.bubble_fraction:.3f}", f"{self.simulated.bubble_fraction:.3f}"),
+            ("peak activations", _ints(self.measured.peak_activations), _ints(self.simulated.peak_activations)),
+            ("peak memory (MiB)", _mib(self.measured.peak_memory), _mib(self.simulated.peak_memory)),
+        ]
+        rows += [(k, str(v), "") for k, v in self.extra.items()]
+        w = max(len(r[0]) for r in rows)
+        head = f"{s.name}: {s.stages} stages on {s.ranks} ranks, {s.micro} micro-batches; " \
+               f"error {self.error_pct:+.2f}%"
+        lines = [head, f"{'':<{w}}  {'measured':>16}  {'simulated':>16}"]
+        lines += [f"{a:<{w}}  {b:>16}  {c:>16}" for a, b, c in rows]
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+def _ints(xs) -> str:
+    return " ".join(str(int(x)) for x in xs)
+
+
+def _mib(xs) -> str:
+    return " ".join(f"{x / 2**20:.1f}" for x in xs)
+
+
+def compare(measured: sim.Result, costs: sim.Costs, **extra: Any) -> Comparison:
+    """Simulate `measured.schedule` under `costs` and compare it with the measured step.
+    Keyword arguments are kept in `Comparison.extra` (and in `as_json`)."""
+    if not measured.events:
+        raise ValueError("the measured Result has no events; expected a step recorded by exec.runtime")
+    simulated = sim.simulate(measured.schedule, costs)
+    return Comparison(measured, simulated, costs, dict(extra))
+
+
+def breakdown(result: sim.Result, costs: sim.Costs | None = None) -> dict:
+    """Where a step's time went, per rank and per stage.
+
+    Per rank: `compute` (sum of F/B/I/W), `wait` (time between two computes during which
+    the next compute's input had not arrived yet), `overhead` (the rest of the gaps
+    before and between computes: time the runtime spends on itself, posting sends and
+    receives, python; zero in a simulation), `tail` (from the rank's last compute to the
+    end of the step) and the number of actions. Per stage and kind: the median duration, and with `costs` its
+    ratio to the cost the simulator uses."""
+    sched = result.schedule
+    t0, t1 = result.t0, result.t0 + result.makespan
+    arrivals = {e.action: e.end for e in result.events if e.action.kind in (Kind.RECV_F, Kind.RECV_B)}
+    kinds = _kinds(sched)
+    ranks = []
+    for r in range(sched.ranks):
+        comp = result.compute_events(r)
+        busy = sum(e.duration for e in comp)
+        wait, prev_end = 0.0, t0
+        for e in comp:
+            a = e.action
+            remote = [sim.Action(a.stage, _RECV_OF[a.kind], a.micro) for d in
+                      (dependencies(a, sched.stages, kinds) if a.kind is not Kind.W else [])
+                      if sched.placement[d.stage] != r]
+            ready = max([prev_end] + [arrivals[x] for x in remote if x in arrivals])
+            wait += max(0.0, min(ready, e.start) - prev_end)
+            prev_end = e.end
+        tail = t1 - prev_end
+        overhead = (t1 - t0) - busy - wait - tail
+        ranks.append({"rank": r, "compute": busy, "wait": wait, "overhead": overhead, "tail": tail,
+                      "actions": len(sched.programs[r]), "computes": len(comp)})
+    per_action: dict[str, dict] = {}
+    by_key: dict[tuple[int, str], list[float]] = {}
+    for e in result.events:
+        if e.action.kind.is_compute:
+            by_key.setdefault((e.action.stage, e.action.kind.value), []).append(e.duration)
+    c = costs.for_stages(sched.stages) if costs is not None else None
+    table = {"F": "forward", "B": "backward", "I": "backward_input", "W": "backward_weight"}
+    for (s, k), ds in sorted(by_key.items()):
+        entry = {"median": statistics.median(ds), "min": min(ds), "max": max(ds), "n": len(ds)}
+        if c is not None:
+            entry["cost"] = getattr(c, table[k])[s]
+            entry["ratio"] = entry["median"] / entry["cost"] if entry["cost"] > 0 else float("nan")
+        per_action[f"{s}{k}"] = entry
+    return {"makespan": result.makespan, "ranks": ranks, "actions": per_action}
+
+
+def overlay_figure(comparison: Comparison, path: str | os.PathLike | None = None):
+    """The measured step drawn over the simulated one (`sim.plot.plot_overlay`); saved
+    as PNG to `path` if given (`sim.plot.save_figure`), else returned."""
+    from sim.plot import plot_overlay, save_figure
+    fig = plot_overlay(comparison.simulated, comparison.measured)
+    if path is None:
+        return fig
+    save_figure(fig, path)
+    return None

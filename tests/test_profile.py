@@ -1,0 +1,63 @@
+"""exec.profile and exec.compare: costs round-trip through JSON, the transfer fit recovers
+known numbers, and a measured step equal to its simulation compares with error 0."""
+import dataclasses
+import math
+
+import pytest
+
+import sim
+from exec.profile import costs_from_dict, costs_to_dict, fit_latency_bandwidth, load_costs, save_costs
+
+
+def test_costs_save_load_round_trip(tmp_path):
+    costs = sim.Costs(forward=[0.01, 0.02], backward=[0.03, 0.04], latency=5e-5, bandwidth=2e9,
+                      activation_bytes_sent=[1024, 0], activation_bytes=[4096, 8192], static_bytes=[10, 20])
+    path = tmp_path / "costs.json"
+    save_costs(costs, path, details={"note": "x", "inf": math.inf})
+    assert load_costs(path).for_stages(2) == costs.for_stages(2)
+    free = sim.Costs()  # infinite bandwidth, scalar fields
+    save_costs(free, path)
+    assert load_costs(path) == free
+    assert costs_from_dict(costs_to_dict(costs)).for_stages(2) == costs.for_stages(2)
+    assert not list(tmp_path.glob(".*.tmp"))
+    with pytest.raises(ValueError, match="unknown Costs fields"):
+        costs_from_dict({"forwards": 1.0})
+
+
+def test_fit_recovers_latency_and_bandwidth():
+    lat, bw = 60e-6, 1.5e9
+    sizes = [4, 1 << 10, 1 << 16, 1 << 20, 1 << 22]
+    times = [lat + n / bw for n in sizes]
+    got_lat, got_bw = fit_latency_bandwidth(sizes, times)
+    assert got_lat == pytest.approx(lat, rel=1e-9) and got_bw == pytest.approx(bw, rel=1e-9)
+    # noise of +-2% still gives both within a few percent
+    noisy = [t * (1.02 if i % 2 else 0.98) for i, t in enumerate(times)]
+    got_lat, got_bw = fit_latency_bandwidth(sizes, noisy)
+    assert got_bw == pytest.approx(bw, rel=0.05) and got_lat == pytest.approx(lat, abs=3e-5)
+    assert fit_latency_bandwidth([1, 2, 3], [5.0, 5.0, 5.0]) == (5.0, math.inf)
+    with pytest.raises(ValueError, match="two different message sizes"):
+        fit_latency_bandwidth([8, 8], [1.0, 2.0])
+
+
+def test_compare_a_step_with_its_own_simulation_gives_zero_error():
+    from exec.compare import breakdown, compare
+    costs = sim.Costs(forward=[0.01, 0.012], backward=[0.02, 0.025], latency=1e-4, bandwidth=1e9,
+                      activation_bytes_sent=[1e5, 1e5], activation_bytes=[1e6, 1e6], static_bytes=[1e7, 1e7])
+    for name in ("gpipe", "1f1b"):
+        ref = sim.simulate(sim.make_schedule(name, 2, 4), costs)
+        # a "measured" record: the same events shifted to another clock
+        shift = 1234.5
+        events = [dataclasses.replace(e, start=e.start + shift, end=e.end + shift) for e in ref.events]
+        measured = sim.Result(ref.schedule, events, [[(t + shift, b) for t, b in m] for m in ref.memory],
+                              [[(t + shift, n) for t, n in a] for a in ref.activations], source="measured")
+        cmp = compare(measured, costs, grad_match=True)
+        assert cmp.error_pct == pytest.approx(0.0, abs=1e-9)
+        js = cmp.as_json()
+        assert js["schedule"] == name and js["stages"] == 2 and js["micro"] == 4 and js["grad_match"] is True
+        assert js["measured_step_s"] == pytest.approx(js["simulated_step_s"])
+        assert js["measured_peak_memory"] == js["simulated_peak_memory"]
+        assert "error +0.00%" in cmp.table() or "error -0.00%" in cmp.table()
+        bd = breakdown(measured, costs)
+        for r in bd["ranks"]:  # a simulated step has no runtime overhead
+            assert r["overhead"] == pytest.approx(0.0, abs=1e-9)
+        assert all(v["ratio"] == pytest.approx(1.0) for v in bd["actions"].values())
