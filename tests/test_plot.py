@@ -1,0 +1,180 @@
+"""sim.plot: the figures work on any Result, the CLI writes what it says, bad arguments
+fail with one line and status 2."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from matplotlib.patches import Rectangle
+
+import sim
+from sim.plot import counts_micro_batches, human_bytes, plot_compare, plot_overlay, plot_result, save_figure
+
+ROOT = Path(__file__).resolve().parents[1]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "sim.plot", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+
+def assert_png(path: Path) -> None:
+    data = path.read_bytes()
+    assert data[:8] == PNG_MAGIC, f"{path} is not a PNG"
+    assert len(data) > 10_000, f"{path} is suspiciously small ({len(data)} bytes)"
+
+
+def compute_bars(ax) -> list[Rectangle]:
+    return [p for p in ax.patches if isinstance(p, Rectangle) and (p.get_gid() or "").startswith("compute")]
+
+
+def measured_copy(result: sim.Result, offset: float = 1000.0, stretch: float = 0.1) -> sim.Result:
+    """`result` as if measured: times start at `offset` and rank r runs (1 + stretch*r) slower."""
+    def t(time: float, rank: int) -> float:
+        return offset + time * (1 + stretch * rank)
+
+    events = [sim.Event(e.rank, e.action, t(e.start, e.rank), t(e.end, e.rank), e.peer) for e in result.events]
+    memory = [[(t(x, r), b) for x, b in series] for r, series in enumerate(result.memory)]
+    activations = [[(t(x, r), n) for x, n in series] for r, series in enumerate(result.activations)]
+    return sim.Result(result.schedule, events, memory, activations, source="measured")
+
+
+# ---------------------------------------------------------------- the command line
+
+@pytest.fixture(scope="module")
+def cli_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("figures")
+    proc = run_cli("--stages", "4", "--micro", "8", "--out", str(out), "--trace")
+    assert proc.returncode == 0, proc.stderr
+    return out, proc
+
+
+def test_cli_writes_one_png_per_schedule_and_a_comparison(cli_run):
+    out, _ = cli_run
+    for name in list(sim.SCHEDULES) + ["compare"]:
+        assert_png(out / f"{name}_p4_m8.png")
+
+
+def test_cli_table_has_the_closed_form_makespans(cli_run):
+    _, proc = cli_run
+    rows = {line.split()[0]: line.split() for line in proc.stdout.splitlines() if line.strip()}
+    assert rows["schedule"][:2] == ["schedule", "makespan"]
+    assert float(rows["naive"][1]) == 96      # p * m * (F + B)
+    assert float(rows["gpipe"][1]) == 33      # (m + p - 1) * (F + B)
+    assert float(rows["1f1b"][1]) == 33
+    assert rows["1f1b"][3] == "4,3,2,1"       # 1F1B holds p - s micro-batches on stage s
+    assert rows["gpipe"][3] == "8,8,8,8"      # GPipe holds all of them
+
+
+def test_cli_trace_is_chrome_json(cli_run):
+    out, _ = cli_run
+    for name in sim.SCHEDULES:
+        with open(out / f"{name}_p4_m8.trace.json") as f:
+            trace = json.load(f)
+        assert isinstance(trace["traceEvents"], list) and trace["traceEvents"]
+
+
+def test_cli_schedule_choice_and_no_figures(tmp_path):
+    proc = run_cli("--schedule", "1F1B", "--schedule", "gpipe,1f1b", "--no-figures", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    names = [line.split()[0] for line in proc.stdout.splitlines()[1:] if not line.startswith("wrote")]
+    assert names == ["1f1b", "gpipe"]
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("args", [
+    ["--stages", "0"],
+    ["--micro", "-3"],
+    ["--stages", "four"],
+    ["--micro", "2.5"],
+    ["--schedule", "zigzag"],
+    ["--forward", "1,2"],              # 2 values for 4 stages
+    ["--backward", "x"],
+    ["--latency", "-1"],
+    ["--bandwidth", "0"],
+    ["--static-bytes", "nan"],
+    ["--no-such-option"],
+    ["--out", str(Path(__file__))],    # a file, not a folder
+])
+def test_cli_bad_arguments_fail_with_one_line(args):
+    proc = run_cli(*args)
+    assert proc.returncode == 2
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("sim.plot: error: ")
+    assert "Traceback" not in proc.stderr and "usage" not in proc.stderr
+
+
+# ---------------------------------------------------------------- the figures
+
+@pytest.fixture(scope="module")
+def one_f_one_b():
+    return sim.simulate(sim.make_schedule("1f1b", stages=4, micro=8), sim.Costs())
+
+
+def test_plot_result_draws_one_bar_per_compute_event(one_f_one_b):
+    fig = plot_result(one_f_one_b)
+    gantt, memory = fig.axes[:2]
+    bars = compute_bars(gantt)
+    assert len(bars) == len(one_f_one_b.compute_events()) == 4 * 8 * 2
+    # bars start at their event's start, relative to t0, on their rank's row
+    first = next(b for b in bars if b.get_gid() == "compute 0F0")
+    assert first.get_x() == 0 and first.get_width() == 1
+    assert memory.get_ylabel().startswith("activations held")
+    assert len(memory.get_lines()) == one_f_one_b.ranks
+
+
+def test_plot_result_of_split_backward_and_bytes(tmp_path):
+    # I and W bars, and byte-sized memory with static weights: the axis is in GiB
+    sched = sim.Schedule([["0F0", "0F1", "0I0", "0W0", "0I1", "0W1"],
+                          ["1F0", "1I0", "1F1", "1I1", "1W0", "1W1"]], name="split")
+    result = sim.simulate(sched, sim.Costs(static_bytes=2 * 2**30, activation_bytes=2**29))
+    assert not counts_micro_batches(result)
+    fig = plot_result(result)
+    assert len(compute_bars(fig.axes[0])) == 12
+    assert fig.axes[1].get_ylabel() == "memory (GiB)"
+    save_figure(fig, tmp_path / "split.png")
+    assert_png(tmp_path / "split.png")
+
+
+def test_plot_overlay_of_simulated_and_measured(one_f_one_b, tmp_path):
+    measured = measured_copy(one_f_one_b)
+    assert measured.t0 == 1000.0 and measured.makespan > one_f_one_b.makespan
+    fig = plot_overlay(one_f_one_b, measured)
+    ax = fig.axes[0]
+    # both runs drawn, each from its own t0
+    assert len(compute_bars(ax)) == 2 * len(one_f_one_b.compute_events())
+    assert min(b.get_x() for b in compute_bars(ax)) == 0
+    error = (measured.makespan - one_f_one_b.makespan) / one_f_one_b.makespan
+    assert f"{error:+.1%}" in fig._suptitle.get_text()
+    save_figure(fig, tmp_path / "overlay.png")
+    assert_png(tmp_path / "overlay.png")
+    # a measured result alone draws too, times relative to its t0
+    fig = plot_result(measured)
+    assert min(b.get_x() for b in compute_bars(fig.axes[0])) == 0
+
+
+def test_compare_shares_one_time_axis():
+    results = [sim.simulate(sim.make_schedule(n, 3, 4)) for n in sim.SCHEDULES]
+    fig = plot_compare(results)
+    assert {ax.get_xlim()[1] for ax in fig.axes} == {max(r.makespan for r in results)}
+
+
+def test_save_figure_hides_labels_that_do_not_fit(tmp_path):
+    # forward 100x shorter than backward: its bars are far too narrow for a number
+    result = sim.simulate(sim.make_schedule("gpipe", 2, 2), sim.Costs(forward=0.02, backward=2.0))
+    fig = plot_result(result)
+    save_figure(fig, tmp_path / "narrow.png")
+    shown = {t.get_text() for t in fig.axes[0].texts if t.get_visible()}
+    assert len([t for t in fig.axes[0].texts if t.get_visible()]) == 4  # the four B bars
+    assert shown == {"0", "1"}
+
+
+def test_human_bytes():
+    assert human_bytes(0) == "0 B"
+    assert human_bytes(1536) == "1.5 KiB"
+    assert human_bytes(3 * 2**30) == "3 GiB"
