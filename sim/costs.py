@@ -9,7 +9,9 @@ PerStage = Union[float, Sequence[float]]
 
 
 def _per_stage(name: str, value: PerStage, stages: int) -> tuple[float, ...]:
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
+    if isinstance(value, bool):
+        raise ValueError(f"Costs.{name} must be a number or one number per stage, got {value!r}")
+    if isinstance(value, (int, float)):
         values = (float(value),) * stages
     else:
         values = tuple(float(v) for v in value)
