@@ -671,9 +671,12 @@ def run_pipeline(spec, schedule: Schedule | str, stages: int | None = None, micr
             raise ValueError(f"{what} must be an integer >= {least}, got {n!r}")
     lowered = sim.validate(schedule)
     split_micro_batches(torch.empty(spec.batch_size, 0), torch.empty(spec.batch_size, 0), lowered.micro)
+    injected = parse_fault(fault)
+    if injected is not None and injected[1] >= lowered.ranks:
+        raise ValueError(f"fault {fault!r} names rank {injected[1]} but the run has ranks 0..{lowered.ranks - 1}")
     bounds = list(bounds) if bounds is not None else spec.partition(lowered.stages, balance, lowered.micro)
     per_rank = launch(pipeline_worker, lowered.ranks, spec, lowered, steps, warmup, bounds, lr,
-                      parse_fault(fault), progress, backend=backend, timeout=timeout, threads=threads)
+                      injected, progress, backend=backend, timeout=timeout, threads=threads)
     grads = [(f"stage{s}.{n}", g) for s in range(lowered.stages)
              for n, g in per_rank[lowered.rank_of(s)]["grads"][s]]
     ref_loss, ref_grads = reference_step(spec, lowered.micro)

@@ -1,0 +1,3 @@
+from exec.run import main
+import sys
+sys.exit(main())

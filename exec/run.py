@@ -1,0 +1,241 @@
+"""Run a schedule on real ranks, check it, and compare it with the simulator.
+
+    python -m exec.run --schedule 1f1b --stages 2 --micro 8
+    python -m exec.run --schedule gpipe --stages 2 --micro 4 --model gpt --json
+    python -m exec.run --schedule 1f1b --stages 2 --micro 8 --out runs/1f1b   # trace + figures
+
+One process per rank (gloo on CPU, or nccl with one GPU per rank) runs `--warmup` steps,
+then `--steps` measured ones; the median step is reported. The first step's loss and
+gradients are checked against the same step in a single process. Unless `--no-compare`,
+the costs the simulator needs are profiled (or read with `--costs FILE`) and the step is
+simulated and compared with the measured one (`exec.compare`).
+
+Exit status: 0 ok (even if the gradients do not match: read `grad_match`), 1 a rank
+failed or the run timed out, 2 bad arguments.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import NoReturn, Sequence
+
+PROG = "exec.run"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad argument is one line on stderr and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:  # type: ignore[override]
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; give a positive integer like 4") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"got {v}, need a positive integer (at least 1)")
+    return v
+
+
+def _count(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; give 0 or more") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"got {v}, need 0 or more")
+    return v
+
+
+def _seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not (v > 0 and math.isfinite(v)):
+        raise argparse.ArgumentTypeError(f"got {text}, need a positive number of seconds")
+    return v
+
+
+def build_parser() -> argparse.ArgumentParser:
+    import sim
+    p = _Parser(prog=PROG, description="Run a pipeline schedule on real ranks with torch.distributed, check its "
+                                       "gradients against one process, and compare it with the simulator.")
+    p.add_argument("--schedule", default="1f1b", help=f"one of {', '.join(sim.SCHEDULES)} (default 1f1b)")
+    p.add_argument("--stages", type=_positive_int, default=2, help="pipeline stages = ranks (default 2)")
+    p.add_argument("--micro", type=_positive_int, default=8, help="micro-batches per step (default 8)")
+    m = p.add_argument_group("model (exec.models.ModelSpec)")
+    m.add_argument("--model", choices=["mlp", "gpt"], default="mlp", help="default mlp")
+    m.add_argument("--balance", choices=["layers", "time"], default="layers",
+                   help="cut stages by layer count or by profiled time (default layers)")
+    m.add_argument("--layers", type=_positive_int, help="MLP or transformer blocks")
+    m.add_argument("--hidden", type=_positive_int, help="hidden width")
+    m.add_argument("--seq", type=_positive_int, help="sequence length")
+    m.add_argument("--batch-size", type=_positive_int, help="samples per step (a multiple of --micro)")
+    m.add_argument("--seed", type=int, help="weights and batch seed")
+    r = p.add_argument_group("run")
+    r.add_argument("--backend", choices=["gloo", "nccl"], default="gloo",
+                   help="gloo: CPU processes; nccl: one GPU per rank (default gloo)")
+    r.add_argument("--steps", type=_positive_int, default=5, help="measured steps (default 5)")
+    r.add_argument("--warmup", type=_count, default=2, help="warm-up steps, not measured (default 2)")
+    r.add_argument("--timeout", type=_seconds, default=300.0, help="seconds for the whole run (default 300)")
+    r.add_argument("--threads", type=_positive_int, help="torch threads per rank (default cores / ranks)")
+    r.add_argument("--lr", type=float, default=0.01, help="SGD learning rate (default 0.01)")
+    c = p.add_argument_group("comparison and output")
+    c.add_argument("--costs", type=Path, help="costs JSON (exec.profile.save_costs) instead of profiling")
+    c.add_argument("--no-compare", action="store_true", help="skip profiling and the simulated step")
+    c.add_argument("--out", type=Path, help="directory for the Chrome trace and figures")
+    c.add_argument("--json", action="store_true", help="end stdout with one JSON object")
+    c.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    c.add_argument("--fault", metavar="KIND:RANK",
+                   help="make a rank fail on purpose before its first measured step, to test how a run "
+                        "ends: raise:R, exit:R or hang:R")
+    return p
+
+
+def _progress(args, text: str) -> None:
+    if not args.quiet:
+        print(f"exec: {text}", file=sys.stderr, flush=True)
+
+
+def _fail(message: str) -> NoReturn:
+    print(f"{PROG}: {message}", file=sys.stderr)
+    raise SystemExit(1)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+
+    import sim
+    try:
+        schedule = sim.make_schedule(args.schedule, args.stages, args.micro)
+    except sim.ScheduleError as e:
+        parser.error(str(e))
+    import torch
+    from exec.launch import RankError
+    from exec.models import ModelSpec
+    from exec.runtime import parse_fault, run_pipeline
+
+    sizes = {k: getattr(args, k) for k in ("layers", "hidden", "seq", "batch_size", "seed") if getattr(args, k) is not None}
+    try:
+        spec = ModelSpec(model=args.model, **sizes)
+        fault = parse_fault(args.fault)
+    except ValueError as e:
+        parser.error(str(e))
+    if fault is not None and fault[1] >= schedule.ranks:
+        parser.error(f"--fault {args.fault} names rank {fault[1]}, but the run has ranks 0..{schedule.ranks - 1}")
+    if spec.batch_size % args.micro:
+        parser.error(f"--batch-size {spec.batch_size} does not split into --micro {args.micro} equal micro-batches; "
+                     f"choose --micro among the divisors of {spec.batch_size}")
+    if args.stages > spec.num_layers:
+        parser.error(f"--stages {args.stages} is more than the model's {spec.num_layers} layers; "
+                     f"use --stages <= {spec.num_layers} or more --layers")
+    if args.backend == "nccl" and torch.cuda.device_count() < schedule.ranks:
+        parser.error(f"--backend nccl runs one process per GPU: {schedule.ranks} ranks need {schedule.ranks} GPUs, "
+                     f"this machine has {torch.cuda.device_count()}; use --backend gloo or fewer --stages")
+    if args.costs is not None and not args.costs.is_file():
+        parser.error(f"--costs {args.costs}: no such file; write one with exec.profile.save_costs")
+
+    _progress(args, f"{schedule.name} on {schedule.ranks} ranks ({args.backend}), {args.micro} micro-batches, "
+                    f"{spec.model} model; {args.warmup} warm-up + {args.steps} measured steps")
+    t0 = time.perf_counter()
+    try:
+        run = run_pipeline(spec, schedule, steps=args.steps, warmup=args.warmup, balance=args.balance,
+                           backend=args.backend, timeout=args.timeout, threads=args.threads, lr=args.lr,
+                           fault=args.fault, progress=not args.quiet)
+        comparison = None
+        if not args.no_compare:
+            comparison = _compare(args, spec, run)
+    except RankError as e:
+        _fail(str(e))
+    except TimeoutError as e:
+        _fail(str(e))
+    _progress(args, f"done in {time.perf_counter() - t0:.1f} s")
+
+    summary = run.summary()
+    summary.update(simulated_step_s=None, error_pct=None, model=spec.model, backend=args.backend,
+                   balance=args.balance)
+    if comparison is not None:
+        cj = comparison.as_json()
+        summary.update({k: v for k, v in cj.items() if k not in summary or k in ("simulated_step_s", "error_pct")})
+    print(_table(summary))
+    if args.out is not None:
+        _save(args.out, run, comparison)
+        print(f"wrote {args.out}/")
+    if args.json:
+        print(json.dumps(_jsonable(summary)))
+    return 0
+
+
+def _compare(args, spec, run):
+    """Costs (read or profiled on the same ranks) -> the simulated step beside the measured."""
+    try:
+        from exec.compare import compare
+        from exec.profile import load_costs, profile_costs
+    except ImportError:  # exec.compare is optional: the measured run stands on its own
+        return None
+    if args.costs is not None:
+        costs = load_costs(args.costs)
+    else:
+        _progress(args, "profiling the costs the simulator needs (--no-compare skips this)")
+        costs, _ = profile_costs(spec, run.schedule.compute_only(), run.schedule.micro, backend=args.backend,
+                                 bounds=run.bounds, threads=args.threads, timeout=args.timeout)
+    return compare(run.result, costs, grad_match=run.grad_match, max_grad_diff=run.max_grad_diff)
+
+
+def _table(s: dict) -> str:
+    rows = [
+        ("schedule", f"{s['schedule']}: {s['stages']} stages on {s['ranks']} ranks, {s['micro']} micro-batches"),
+        ("measured step", f"{s['measured_step_s'] * 1e3:.2f} ms (median of {len(s['step_times_s'])}; "
+                          f"min {min(s['step_times_s']) * 1e3:.2f}, max {max(s['step_times_s']) * 1e3:.2f})"),
+    ]
+    if s.get("simulated_step_s") is not None:
+        rows.append(("simulated step", f"{s['simulated_step_s'] * 1e3:.2f} ms (error {s['error_pct']:+.1f}%)"))
+        rows.append(("bubble", f"{s['bubble_fraction']:.3f} measured, {s['simulated_bubble']:.3f} simulated"))
+    else:
+        rows.append(("bubble", f"{s['bubble_fraction']:.3f} measured"))
+    rows += [
+        ("peak activations", " ".join(map(str, s["peak_activations"])) + " micro-batches per rank"),
+        ("loss", f"{s['loss']:.6f} (one process: {s['reference_loss']:.6f})"),
+        ("grad_match", str(s["grad_match"])),
+        ("max_grad_diff", f"{s['max_grad_diff']:.3g} (at {s['worst_param']})"),
+    ]
+    w = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{w}}  {v}" for k, v in rows)
+
+
+def _save(out: Path, run, comparison) -> None:
+    """Chrome trace of the median step, and its figure (and the overlay) if sim.plot is there."""
+    out.mkdir(parents=True, exist_ok=True)
+    name = f"{run.schedule.name}_p{run.schedule.stages}_m{run.schedule.micro}"
+    run.result.save_chrome_trace(out / f"{name}_measured.trace.json")
+    try:
+        from sim.plot import plot_result, save_figure
+    except ImportError:
+        return
+    save_figure(plot_result(run.result), out / f"{name}_measured.png")
+    if comparison is not None:
+        from exec.compare import overlay_figure
+        overlay_figure(comparison, out / f"{name}_overlay.png")
+
+
+def _jsonable(x):
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+if __name__ == "__main__":
+    sys.exit(main())
