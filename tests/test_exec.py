@@ -1,0 +1,272 @@
+"""exec: the launcher, the runtime that interprets schedules on real ranks, and the CLI.
+
+Two gloo ranks on CPU. Every launch gets a timeout, so no test can hang; runs that need
+the same ranks share one launch (starting processes that import torch is the slow part).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.distributed as dist  # noqa: E402
+
+import sim  # noqa: E402
+from sim import Action, Kind, Schedule  # noqa: E402
+from exec.launch import RankError, _children_of, launch  # noqa: E402
+from exec.models import ModelSpec  # noqa: E402
+from exec.runtime import (compare_grads, pipeline_worker, reference_step,  # noqa: E402
+                          split_micro_batches)
+
+ROOT = Path(__file__).resolve().parents[1]
+TIMEOUT = 90  # seconds for any one launch
+MLP = ModelSpec("mlp", layers=4, hidden=32, seq=8, batch_size=8)
+GPT = ModelSpec("gpt", layers=2, hidden=32, seq=8, vocab=64, heads=2, batch_size=8)
+
+
+# ---------------------------------------------------------------------------- functions the ranks run
+
+def _sum_ranks(ctx, offset):
+    t = torch.tensor([float(ctx.rank + offset)])
+    dist.all_reduce(t)
+    return ctx.rank, t.item(), str(ctx.device), torch.get_num_threads()
+
+
+def _raise_on_rank_1(ctx):
+    if ctx.rank == 1:
+        raise ValueError("rank one is broken on purpose")
+    dist.barrier()  # rank 0 waits for a peer that is gone
+
+
+def _exit_on_rank_1(ctx):
+    if ctx.rank == 1:
+        os._exit(3)
+    dist.barrier()
+
+
+def _hang_on_rank_1(ctx):
+    if ctx.rank == 1:
+        time.sleep(3600)
+    dist.barrier()
+
+
+def _many_runs(ctx, jobs):
+    """Several pipeline runs in the same two processes: one start-up for all of them."""
+    return [pipeline_worker(ctx, *job) for job in jobs]
+
+
+def _rank_processes() -> list[int]:
+    """Rank processes of this test process still around (the resource tracker is not one)."""
+    out = []
+    for pid in _children_of([os.getpid()]):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"spawn_main" in cmd:
+            out.append(pid)
+    return out
+
+
+# ---------------------------------------------------------------------------- the launcher
+
+def test_launch_returns_each_ranks_value():
+    out = launch(_sum_ranks, 2, 10, timeout=TIMEOUT, threads=1)
+    assert out == [(0, 21.0, "cpu", 1), (1, 21.0, "cpu", 1)]
+    assert _rank_processes() == []
+
+
+@pytest.mark.parametrize("fn, message, exitcode", [
+    (_raise_on_rank_1, "rank 1 raised ValueError: rank one is broken on purpose", None),
+    (_exit_on_rank_1, "rank 1 exited with code 3", 3),
+])
+def test_a_failing_rank_ends_the_run_naming_it(fn, message, exitcode):
+    t = time.monotonic()
+    with pytest.raises(RankError) as info:
+        launch(fn, 2, timeout=TIMEOUT)
+    assert time.monotonic() - t < 30
+    assert message in str(info.value) and info.value.rank == 1 and info.value.exitcode == exitcode
+    assert _rank_processes() == []
+
+
+def test_a_hung_rank_hits_the_timeout():
+    t = time.monotonic()
+    with pytest.raises(TimeoutError, match="longer than timeout=8s"):
+        launch(_hang_on_rank_1, 2, timeout=8)
+    assert 8 <= time.monotonic() - t < 20
+    assert _rank_processes() == []
+
+
+def test_launch_rejects_bad_arguments_before_starting_anything():
+    with pytest.raises(ValueError, match="world_size"):
+        launch(_sum_ranks, 0, 1)
+    with pytest.raises(ValueError, match="backend"):
+        launch(_sum_ranks, 2, 1, backend="mpi")
+
+
+# ---------------------------------------------------------------------------- the runtime
+
+def _gpipe_like(placement, micro, split=False):
+    """All forwards in stage order, then the backwards in reverse (I then W if split)."""
+    S, R = len(placement), max(placement) + 1
+    progs = [[] for _ in range(R)]
+    for s in range(S):
+        progs[placement[s]] += [Action(s, Kind.F, m) for m in range(micro)]
+    for s in reversed(range(S)):
+        progs[placement[s]] += [Action(s, Kind.I if split else Kind.B, m) for m in range(micro)]
+    if split:
+        for s in reversed(range(S)):
+            progs[placement[s]] += [Action(s, Kind.W, m) for m in range(micro)]
+    return Schedule(progs, placement, micro, name="v-split" if split else "v")
+
+
+CASES = [  # (id, spec, schedule)
+    ("naive-mlp", MLP, sim.make_schedule("naive", 2, 4)),
+    ("gpipe-mlp", MLP, sim.make_schedule("gpipe", 2, 4)),
+    ("1f1b-mlp", MLP, sim.make_schedule("1f1b", 2, 4)),
+    ("1f1b-gpt", GPT, sim.make_schedule("1f1b", 2, 2)),
+    ("v-shape-mlp", MLP, _gpipe_like([0, 1, 1, 0], 2)),           # two stages per rank
+    ("v-shape-split-mlp", MLP, _gpipe_like([0, 1, 1, 0], 2, True)),  # and I/W backwards
+]
+
+
+@pytest.fixture(scope="module")
+def runs():
+    """Each case: 1 step (its gradients are checked) + 1 more (its events are checked)."""
+    jobs = []
+    for _, spec, schedule in CASES:
+        lowered = sim.lower(schedule)
+        bounds = spec.partition(lowered.stages)
+        jobs.append((spec, lowered, 2, 0, bounds, 0.01, None, False))
+    per_rank = launch(_many_runs, 2, jobs, timeout=TIMEOUT)
+    return {name: (spec, job[1], [r[i] for r in per_rank])
+            for i, ((name, spec, _), job) in enumerate(zip(CASES, jobs))}
+
+
+@pytest.mark.parametrize("name", [c[0] for c in CASES])
+def test_loss_and_gradients_match_one_process(runs, name):
+    spec, lowered, per_rank = runs[name]
+    grads = [(f"stage{s}.{n}", g) for s in range(lowered.stages) for n, g in per_rank[lowered.rank_of(s)]["grads"][s]]
+    ref_loss, ref_grads = reference_step(spec, lowered.micro)
+    ok, worst, where = compare_grads(grads, ref_grads)
+    assert ok, f"{name}: gradients differ by up to {worst} at {where}"
+    assert per_rank[0]["losses"][0] == pytest.approx(ref_loss, rel=1e-5)
+    assert per_rank[1]["losses"] == per_rank[0]["losses"]  # every rank knows the loss
+    assert per_rank[0]["losses"][1] < per_rank[0]["losses"][0]  # the optimizer stepped
+
+
+@pytest.mark.parametrize("name", [c[0] for c in CASES])
+def test_every_action_is_measured_once_in_program_order(runs, name):
+    _, lowered, per_rank = runs[name]
+    result = per_rank[0]["results"][-1]
+    assert result.source == "measured" and result.schedule == lowered
+    seen = Counter((e.rank, e.action) for e in result.events)
+    assert seen == Counter((r, a) for r, prog in enumerate(lowered.programs) for a in prog)
+    for r, prog in enumerate(lowered.programs):
+        ev = {e.action: e for e in result.events if e.rank == r}
+        starts = [ev[a].start for a in prog]
+        assert starts == sorted(starts), f"rank {r} did not start its actions in program order"
+        computes = [ev[a] for a in prog if a.kind.is_compute]
+        for e, nxt in zip(computes, computes[1:]):
+            assert e.start <= e.end <= nxt.start
+    for e in result.events:
+        assert e.end >= e.start and math.isfinite(e.end)
+        if not e.action.kind.is_compute:  # transfers name the other rank
+            assert e.peer == lowered.rank_of(sim.passes.peer(e.action).stage)
+    # a SEND ends when its data is there, after the compute that made it
+    ends = {(e.rank, e.action): e.end for e in result.events}
+    for e in result.events:
+        if e.action.kind is Kind.SEND_F:
+            assert e.start >= ends[(e.rank, Action(e.action.stage, Kind.F, e.action.micro))]
+
+
+def test_memory_follows_the_micro_batches_held(runs):
+    for name, peaks in (("gpipe-mlp", [4, 4]), ("1f1b-mlp", [2, 1]), ("naive-mlp", [1, 1])):
+        result = runs[name][2][0]["results"][-1]
+        assert result.peak_activations == peaks, name
+        for r in range(2):
+            assert result.activations[r][-1][1] == 0  # all freed at the end of the step
+            static = result.memory[r][0][1]
+            assert static > 0 and result.memory[r][-1][1] == pytest.approx(static)
+            assert result.peak_memory[r] > static
+    # the sim metrics and the Chrome trace work on a measured step unchanged
+    result = runs["1f1b-mlp"][2][0]["results"][-1]
+    assert 0 <= result.bubble_fraction < 1
+    assert len(result.chrome_trace()["traceEvents"]) > len(result.events)
+
+
+def test_micro_batches_must_split_the_batch_evenly():
+    x = torch.zeros(8, 3)
+    xs, ys = split_micro_batches(x, x, 4)
+    assert len(xs) == 4 and xs[0].shape == (2, 3)
+    with pytest.raises(ValueError, match="does not split into 3 equal micro-batches"):
+        split_micro_batches(x, x, 3)
+
+
+# ---------------------------------------------------------------------------- the command line
+
+SMALL = ["--layers", "4", "--hidden", "32", "--seq", "8", "--batch-size", "8", "--micro", "4"]
+
+
+def _cli(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "exec.run", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_cli_json_last_line_has_the_fields(tmp_path):
+    from exec.profile import save_costs
+    costs = tmp_path / "costs.json"  # given costs: no profiling run
+    save_costs(sim.Costs(forward=1e-3, backward=2e-3), costs)
+    p = _cli("--schedule", "gpipe", "--stages", "2", *SMALL, "--steps", "2", "--warmup", "1",
+             "--costs", str(costs), "--json", "--out", str(tmp_path / "out"))
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    for key in ("schedule", "stages", "micro", "measured_step_s", "simulated_step_s", "error_pct",
+                "grad_match", "max_grad_diff"):
+        assert key in out, key
+    assert out["schedule"] == "gpipe" and out["stages"] == 2 and out["micro"] == 4
+    assert out["grad_match"] is True and out["measured_step_s"] > 0 and out["simulated_step_s"] > 0
+    assert (tmp_path / "out" / "gpipe_p2_m4_measured.trace.json").is_file()
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--stages", "0"], "--stages"),
+    (["--schedule", "zigzag"], "unknown schedule"),
+    (["--micro", "5"], "does not split"),
+    (["--model", "rnn"], "--model"),
+    (["--fault", "raise:7"], "names rank 7"),
+])
+def test_cli_bad_arguments_exit_2_with_one_line(args, says, capsys):
+    from exec.run import main
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    err = capsys.readouterr().err
+    assert info.value.code == 2
+    assert err.count("\n") == 1 and err.startswith("exec.run: error:") and says in err
+
+
+def test_cli_rank_failure_is_one_line_and_exit_1():
+    p = _cli("--stages", "2", *SMALL, "--steps", "1", "--warmup", "0", "--no-compare", "--quiet",
+             "--fault", "raise:1", "--timeout", "60")
+    assert p.returncode == 1
+    assert p.stderr.strip().splitlines()[-1].startswith("exec.run: rank 1 raised RuntimeError: fault injected")
+    assert "Traceback" not in p.stderr
+
+
+# ---------------------------------------------------------------------------- GPUs
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_nccl_run_matches_one_process():
+    from exec.runtime import run_pipeline
+    ranks = min(2, torch.cuda.device_count())
+    run = run_pipeline(MLP, "1f1b", ranks, 4, steps=2, warmup=1, backend="nccl", timeout=TIMEOUT, atol=1e-4)
+    assert run.grad_match, run.max_grad_diff
+    assert run.measured_step_s > 0 and run.result.peak_memory[0] > 0
