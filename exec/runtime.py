@@ -230,7 +230,6 @@ class _Pending:
     work: Any
     buffer: torch.Tensor
     posted: Any           # clock mark
-    seen_done: float | None = None  # perf_counter when first seen complete (CPU only)
 
 
 @dataclass
@@ -239,7 +238,6 @@ class _RankTrace:
 
     rank: int
     events: list[Event] = field(default_factory=list)
-    arrivals: dict[Action, float] = field(default_factory=dict)  # RECV -> data seen there
     memory: list[tuple[float, float]] = field(default_factory=list)
     activations: list[tuple[float, int]] = field(default_factory=list)
     loss: float | None = None
@@ -286,7 +284,6 @@ class RankInterpreter:
         self._sample(self.clock.mark())
         for a in self.schedule.programs[self.ctx.rank]:
             self.handlers[a.kind](a)
-            self._poll_arrivals()
         for work, _ in self.sends:
             work.wait()
         self.clock.finish()
@@ -324,17 +321,6 @@ class RankInterpreter:
             end = self.clock.mark()
             self.received[recv] = p.buffer
             self._event(recv, p.posted, end, self.schedule.rank_of(peer(recv).stage))
-            if p.seen_done is not None:
-                self.trace.arrivals[recv] = self.clock.seconds(p.seen_done)
-
-    def _poll_arrivals(self) -> None:
-        """Note when posted receives complete, between actions (CPU: an upper bound on the
-        arrival, finer than the wait that consumes them)."""
-        if self.device.type != "cpu":
-            return
-        for p in self.pending.values():
-            if p.seen_done is None and p.work.is_completed():
-                p.seen_done = time.perf_counter()
 
     # -- compute
     def forward(self, a: Action) -> None:
@@ -447,12 +433,9 @@ class RankInterpreter:
 
 def _assemble(schedule: Schedule, traces: Sequence[_RankTrace]) -> Result:
     """Every rank's trace -> one `sim.Result`. A SEND ends when its data was there on the
-    receiving rank: first seen complete, else when the RECV's wait returned."""
-    recv_end = {}
-    for t in traces:
-        for e in t.events:
-            if e.action.kind in (Kind.RECV_F, Kind.RECV_B):
-                recv_end[e.action] = min(e.end, t.arrivals.get(e.action, e.end))
+    receiving rank: when the matching RECV's wait returned. (gloo cannot tell earlier: its
+    `is_completed()` stays False until `wait()`.)"""
+    recv_end = {e.action: e.end for t in traces for e in t.events if e.action.kind in (Kind.RECV_F, Kind.RECV_B)}
     events = []
     for t in traces:
         for e in t.events:
