@@ -28,6 +28,7 @@ from __future__ import annotations
 import datetime
 import multiprocessing as mp
 import os
+import pickle
 import queue as queue_mod
 import signal
 import socket
@@ -137,7 +138,12 @@ def _rank_main(fn: Callable, args: tuple, rank: int, world_size: int, port: int,
     try:
         ctx = _setup(rank, world_size, rank, backend, timeout, threads, f"tcp://127.0.0.1:{port}")
         value = fn(ctx, *args)
-        results.put((rank, "ok", value, time.time()))
+        try:  # plain pickle: tensors travel by value, not as shared memory of a dying process
+            payload = pickle.dumps(value)
+        except Exception as e:  # noqa: BLE001
+            raise TypeError(f"fn returned a {type(value).__name__} that cannot be pickled ({e}); "
+                            f"return plain data, numpy arrays or tensors") from None
+        results.put((rank, "ok", payload, time.time()))
     except BaseException as e:  # noqa: BLE001 - everything goes back to the parent
         text = traceback.format_exc()
         last = f"{type(e).__name__}: {e}".strip().splitlines()[0] if str(e) else type(e).__name__
@@ -237,7 +243,7 @@ def launch(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "
             if len(reports) == world_size and all(st == "ok" for st, _, _ in reports.values()):
                 for p in procs:  # they are exiting; give them a moment, then stop them anyway
                     p.join(max(0.0, min(_GRACE, deadline - time.monotonic())))
-                return [reports[r][1] for r in range(world_size)]
+                return [pickle.loads(reports[r][1]) for r in range(world_size)]
             now = time.monotonic()
             failed = any(st == "error" for st, _, _ in reports.values()) or \
                 any(p.exitcode is not None and r not in reports for r, p in enumerate(procs))
