@@ -107,7 +107,9 @@ def breakdown(result: sim.Result, costs: sim.Costs | None = None) -> dict:
     the next compute's input had not arrived yet), `overhead` (the rest of the gaps
     before and between computes: time the runtime spends on itself, posting sends and
     receives, python; zero in a simulation), `tail` (from the rank's last compute to the
-    end of the step) and the number of actions. Per stage and kind: the median duration, and with `costs` its
+    end of the step), the number of actions, and `free_gap_median`: the median gap between
+    two computes where the second had nothing to wait for (the runtime's cost per action
+    between computes, measured directly). Per stage and kind: the median duration, and with `costs` its
     ratio to the cost the simulator uses."""
     sched = result.schedule
     t0, t1 = result.t0, result.t0 + result.makespan
@@ -117,18 +119,22 @@ def breakdown(result: sim.Result, costs: sim.Costs | None = None) -> dict:
     for r in range(sched.ranks):
         comp = result.compute_events(r)
         busy = sum(e.duration for e in comp)
-        wait, prev_end = 0.0, t0
-        for e in comp:
+        wait, prev_end, free_gaps = 0.0, t0, []
+        for i, e in enumerate(comp):
             a = e.action
             remote = [sim.Action(a.stage, _RECV_OF[a.kind], a.micro) for d in
                       (dependencies(a, sched.stages, kinds) if a.kind is not Kind.W else [])
                       if sched.placement[d.stage] != r]
             ready = max([prev_end] + [arrivals[x] for x in remote if x in arrivals])
             wait += max(0.0, min(ready, e.start) - prev_end)
+            if i > 0 and ready <= prev_end:  # nothing to wait for: the gap is the runtime's own time
+                free_gaps.append(e.start - prev_end)
             prev_end = e.end
         tail = t1 - prev_end
         overhead = (t1 - t0) - busy - wait - tail
         ranks.append({"rank": r, "compute": busy, "wait": wait, "overhead": overhead, "tail": tail,
+                      "free_gap_median": statistics.median(free_gaps) if free_gaps else None,
+                      "free_gaps": len(free_gaps),
                       "actions": len(sched.programs[r]), "computes": len(comp)})
     per_action: dict[str, dict] = {}
     by_key: dict[tuple[int, str], list[float]] = {}

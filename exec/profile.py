@@ -18,7 +18,7 @@ Everything is measured *inside* the rank processes, under the conditions of a re
   from 4 bytes to beyond the activation size; the one-way time fitted by least squares to
   `latency + bytes / bandwidth` (the simulator's rule 6);
 - activation bytes: what autograd saves during a stage's F (`saved_tensors_hooks`, each
-  storage counted once, parameters excluded), plus the stage's output kept for its B;
+  storage counted once, parameters excluded), as `exec.runtime` counts them;
 - static bytes: the stage's parameters and their gradients.
 
 `details` keeps the raw measurements (per-action samples, ping-pong points, the cost of
@@ -37,7 +37,7 @@ from typing import Any, Sequence
 import sim
 from sim.files import atomic_write
 
-__all__ = ["profile_costs", "fit_latency_bandwidth", "save_costs", "load_costs", "costs_to_dict", "costs_from_dict"]
+__all__ = ["profile_costs", "calibrate_rank", "costs_from_reports", "message_sizes", "fit_latency_bandwidth", "save_costs", "load_costs", "costs_to_dict", "costs_from_dict"]
 
 _COST_FIELDS = ("forward", "backward", "latency", "bandwidth", "activation_bytes_sent", "activation_bytes",
                 "static_bytes", "backward_input", "backward_weight")
@@ -145,26 +145,20 @@ def _stage_inputs(spec, layers, bounds: Sequence[int], stage: int, micro: int):
     return out
 
 
-def _activation_bytes(module, x, last: bool, loss_fn, y) -> tuple[int, int]:
-    """Bytes autograd keeps from one forward of `module` on `x` (each storage once,
-    parameters excluded, the output included), and the bytes of the output."""
-    import torch
-    params = {p.data_ptr() for p in module.parameters()}
-    seen: dict[int, int] = {}
-
-    def pack(t):
-        if t.data_ptr() not in params:
-            st = t.untyped_storage()
-            seen[st.data_ptr()] = st.nbytes()
-        return t
-
-    inp = x.detach().requires_grad_(x.is_floating_point())
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+def _activation_bytes(module, x, last: bool, loss_fn, y, micro: int) -> tuple[int, int]:
+    """Bytes autograd saves during one forward of `module` on `x`, counted as
+    `exec.runtime` counts them (`SavedBytes`: each storage once, parameters excluded),
+    and the bytes of the output the stage sends on."""
+    from exec.runtime import SavedBytes
+    inp = x.detach().clone()
+    if inp.is_floating_point():
+        inp.requires_grad_()
+    saved = SavedBytes(module)
+    with saved.hooks():
         out = module(inp)
         if last:
-            loss_fn(out, y)
-    seen.setdefault(out.untyped_storage().data_ptr(), out.untyped_storage().nbytes())
-    return sum(seen.values()), out.numel() * out.element_size()
+            loss_fn(out, y) / micro
+    return saved.nbytes, out.numel() * out.element_size()
 
 
 def _compute_times(ctx, spec, bounds, schedule, micro: int, steps: int, alone: bool) -> dict:
@@ -174,6 +168,7 @@ def _compute_times(ctx, spec, bounds, schedule, micro: int, steps: int, alone: b
     at once. Returns {(stage, kind): [seconds...]} without the first (warm-up) step."""
     import torch
     import torch.distributed as dist
+    from exec.runtime import SavedBytes
 
     layers = spec.build_layers()
     mine = [s for s, r in enumerate(schedule.placement) if r == ctx.rank]
@@ -190,27 +185,35 @@ def _compute_times(ctx, spec, bounds, schedule, micro: int, steps: int, alone: b
     samples: dict[tuple[int, str], list[float]] = {}
 
     def one_step(record: bool) -> None:
-        saved = {}
+        # the same calls, in the same order, as exec.runtime's forward and backward
+        saved, xs = {}, {}
         for a in program:
             s, m, k = a.stage, a.micro, a.kind.value
-            t = time.perf_counter()
             if k == "F":
                 x, y = inputs[s][m]
-                x = x.detach().clone().requires_grad_(x.is_floating_point())  # a received tensor
-                out = stages[s](x)
-                if s == last:
-                    out = spec.loss(out, y) / micro
+                x = x.detach().clone()
+                if s > 0:
+                    x.requires_grad_()  # as a received tensor
+                xs[m] = x
+                hooks = SavedBytes(stages[s])
+                t = time.perf_counter()
+                with hooks.hooks():
+                    out = stages[s](x)
+                    if s == last:
+                        out = spec.loss(out, y) / micro
+                dt = time.perf_counter() - t
                 saved[m] = out
             elif k == "B":
                 out = saved.pop(m)
-                if s == last:
-                    torch.autograd.backward(out)
-                else:
-                    torch.autograd.backward(out, grads[s])
+                t = time.perf_counter()
+                torch.autograd.backward(out, None if s == last else grads[s])
+                if s > 0:
+                    _ = xs.pop(m).grad
+                dt = time.perf_counter() - t
             else:
                 raise ValueError(f"the profiler runs F and B actions, not {a}; split backwards are not profiled yet")
             if record:
-                samples.setdefault((s, k), []).append(time.perf_counter() - t)
+                samples.setdefault((s, k), []).append(dt)
         for mod in stages.values():
             mod.zero_grad(set_to_none=True)
 
@@ -281,25 +284,89 @@ def _pingpong(ctx, sizes: Sequence[int], repeats: int) -> dict:
     return out
 
 
-def _rank_profile(ctx, spec, bounds, schedule, micro: int, steps: int, sizes: Sequence[int], repeats: int) -> dict:
-    """What one rank measures: compute times (concurrent and alone), memory, ping-pong."""
+def calibrate_rank(ctx, spec, schedule: sim.Schedule, micro: int, bounds: Sequence[int], steps: int = 5,
+                   sizes: Sequence[int] | None = None, repeats: int = 20) -> dict:
+    """Run on every rank at once (inside `exec.launch.launch`): what this rank measures.
+
+    Its stages' memory; the time of each of its compute actions over `steps` steps of
+    its program with all ranks computing at once ("concurrent") and with the ranks taking
+    turns ("alone"); and, on ranks 0 and 1 if `sizes` is given, the ping-pong. Merge
+    every rank's report (one or several rounds) with `costs_from_reports`."""
     import torch
 
+    schedule = schedule.compute_only()
     layers = spec.build_layers()
     mine = [s for s, r in enumerate(schedule.placement) if r == ctx.rank]
     memory = {}
     for s in mine:
         module = torch.nn.Sequential(*layers[bounds[s]:bounds[s + 1]])
         x, y = _stage_inputs(spec, layers, bounds, s, micro)[0]
-        act, sent = _activation_bytes(module, x, s == schedule.stages - 1, spec.loss, y)
+        act, sent = _activation_bytes(module, x, s == schedule.stages - 1, spec.loss, y, micro)
         params = sum(p.numel() * p.element_size() for p in module.parameters())
         memory[s] = {"activation_bytes": act, "activation_bytes_sent": sent, "static_bytes": 2 * params}
     concurrent = _compute_times(ctx, spec, bounds, schedule, micro, steps, alone=False)
-    alone = _compute_times(ctx, spec, bounds, schedule, micro, max(2, steps // 2), alone=True)
-    comm = _pingpong(ctx, sizes, repeats) if ctx.world_size > 1 else None
+    alone = _compute_times(ctx, spec, bounds, schedule, micro, steps, alone=True)
+    comm = _pingpong(ctx, sizes, repeats) if ctx.world_size > 1 and sizes else None
     return {"rank": ctx.rank, "memory": memory, "concurrent": {f"{s}{k}": v for (s, k), v in concurrent.items()},
             "alone": {f"{s}{k}": v for (s, k), v in alone.items()}, "comm": comm,
             "threads": torch.get_num_threads()}
+
+
+def message_sizes(spec, micro: int) -> list[int]:
+    """Ping-pong message sizes: powers of 4 from 4 bytes to 4 MiB, and the activation size."""
+    x = spec.micro_batches(micro)[0][0]
+    act = x.numel() * 4 * (spec.hidden if spec.model == "gpt" else 1)
+    return sorted({4, 1 << 10, 1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22, act})
+
+
+def costs_from_reports(reports: Sequence[dict], schedule: sim.Schedule, use: str = "concurrent",
+                       transfer: tuple[float, float] | None = None) -> tuple[sim.Costs, dict]:
+    """Merge `calibrate_rank` reports (every rank's, from one or several rounds) into
+    `sim.Costs` and a details dict. Compute times: the median of all samples of `use`
+    ("concurrent" or "alone"); transfers: `transfer` = (latency, bandwidth) if given, else
+    the least-squares fit of the ping-pong (free transfers if there was none)."""
+    if use not in ("concurrent", "alone"):
+        raise ValueError(f"use must be 'concurrent' or 'alone', got {use!r}")
+    stages = schedule.stages
+    memory = {int(s): m for r in reports for s, m in r["memory"].items()}
+    times: dict[str, dict[str, list[float]]] = {"concurrent": {}, "alone": {}}
+    for r in reports:
+        for kind in times:
+            for k, v in r[kind].items():
+                times[kind].setdefault(k, []).extend(v)
+    med = {kind: {k: statistics.median(v) for k, v in d.items()} for kind, d in times.items()}
+    missing = [f"{s}{k}" for s in range(stages) for k in "FB" if f"{s}{k}" not in med[use]]
+    if missing or set(memory) != set(range(stages)):
+        raise ValueError(f"the reports lack stages' measurements ({', '.join(missing) or 'memory'}); "
+                         f"pass every rank's calibrate_rank report")
+    comm = next((r["comm"] for r in reports if r["rank"] == 0 and r["comm"]), None)
+    comm1 = next((r["comm"] for r in reports if r["rank"] == 1 and r["comm"]), None)
+    if comm is not None and comm1 is not None:
+        comm = {**comm, "irecv_post": comm1["irecv_post"], "wait_ready": comm1["wait_ready"]}
+    if transfer is not None:
+        latency, bandwidth = transfer
+    elif comm is not None:
+        latency, bandwidth = fit_latency_bandwidth(comm["sizes"], comm["one_way"])
+    else:
+        latency, bandwidth = 0.0, math.inf
+    costs = sim.Costs(
+        forward=[med[use][f"{s}F"] for s in range(stages)],
+        backward=[med[use][f"{s}B"] for s in range(stages)],
+        latency=latency, bandwidth=bandwidth,
+        activation_bytes_sent=[memory[s]["activation_bytes_sent"] for s in range(stages)],
+        activation_bytes=[memory[s]["activation_bytes"] for s in range(stages)],
+        static_bytes=[memory[s]["static_bytes"] for s in range(stages)],
+    )
+    # how much slower a compute runs while every rank computes than while it runs alone
+    slowdown = {k: med["concurrent"][k] / med["alone"][k] for k in med["alone"] if k in med["concurrent"]}
+    details = {
+        "schedule": schedule.name, "stages": stages, "micro": schedule.micro, "use": use,
+        "threads": sorted({r["threads"] for r in reports}),
+        "compute_samples": times, "compute_median": med, "slowdown": slowdown,
+        "slowdown_median": statistics.median(slowdown.values()) if slowdown else None,
+        "memory": memory, "comm": comm, "latency": latency, "bandwidth": bandwidth,
+    }
+    return costs, details
 
 
 # ---------------------------------------------------------------------------- the API
@@ -320,7 +387,8 @@ def _as_schedule(schedule_or_stages, micro: int) -> sim.Schedule:
 def profile_costs(spec, schedule_or_stages: "sim.Schedule | str | int", micro: int, backend: str = "gloo",
                   balance: str = "layers", bounds: Sequence[int] | None = None, steps: int = 5,
                   repeats: int = 20, threads: int | None = None, timeout: float = 300.0,
-                  use: str = "concurrent") -> tuple[sim.Costs, dict]:
+                  use: str = "concurrent", transfer: tuple[float, float] | None = None
+                  ) -> tuple[sim.Costs, dict]:
     """Measure `sim.Costs` for `spec` cut into the stages of `schedule_or_stages`.
 
     `schedule_or_stages`: a `sim.Schedule` (its placement and compute order are used), a
@@ -328,43 +396,15 @@ def profile_costs(spec, schedule_or_stages: "sim.Schedule | str | int", micro: i
     `exec.launch.launch` (same `backend` and `threads` as the real run). Stage
     boundaries: `bounds` if given, else `spec.partition(stages, balance, micro)`.
     `use` picks the compute times: "concurrent" (all ranks compute at once, as in a
-    step's steady state) or "alone" (one rank at a time). Returns (costs, details)."""
+    step's steady state) or "alone" (one rank at a time). `transfer` = (latency,
+    bandwidth) reuses a transfer fit instead of measuring it again. Returns (costs, details)."""
     from exec.launch import launch
 
-    if use not in ("concurrent", "alone"):
-        raise ValueError(f"use must be 'concurrent' or 'alone', got {use!r}")
     schedule = _as_schedule(schedule_or_stages, micro)
-    stages = schedule.stages
-    bounds = list(bounds) if bounds is not None else spec.partition(stages, balance, micro)
-    act_guess = spec.micro_batches(micro)[0][0].numel() * 4 * (spec.hidden if spec.model == "gpt" else 1)
-    sizes = sorted({4, 1 << 10, 1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22, act_guess})
-    ranks = launch(_rank_profile, schedule.ranks, spec, bounds, schedule, micro, steps, sizes, repeats,
-                   backend=backend, timeout=timeout, threads=threads)
-
-    memory = {s: m for r in ranks for s, m in r["memory"].items()}
-    times = {kind: {k: v for r in ranks for k, v in r[kind].items()} for kind in ("concurrent", "alone")}
-    med = {kind: {k: statistics.median(v) for k, v in d.items()} for kind, d in times.items()}
-    forward = [med[use][f"{s}F"] for s in range(stages)]
-    backward = [med[use][f"{s}B"] for s in range(stages)]
-    comm = ranks[0]["comm"]
-    if comm is not None:
-        latency, bandwidth = fit_latency_bandwidth(comm["sizes"], comm["one_way"])
-    else:
-        latency, bandwidth = 0.0, math.inf
-    for r in ranks[1:2]:
-        if comm is not None and r["comm"] is not None:
-            comm["irecv_post"] = r["comm"]["irecv_post"]
-            comm["wait_ready"] = r["comm"]["wait_ready"]
-    costs = sim.Costs(
-        forward=forward, backward=backward, latency=latency, bandwidth=bandwidth,
-        activation_bytes_sent=[memory[s]["activation_bytes_sent"] for s in range(stages)],
-        activation_bytes=[memory[s]["activation_bytes"] for s in range(stages)],
-        static_bytes=[memory[s]["static_bytes"] for s in range(stages)],
-    )
-    details = {
-        "spec": {k: getattr(spec, k) for k in spec.__dataclass_fields__},
-        "schedule": schedule.name, "stages": stages, "micro": micro, "bounds": bounds,
-        "backend": backend, "threads": [r["threads"] for r in ranks], "use": use,
-        "compute_samples": times, "compute_median": med, "memory": memory, "comm": comm,
-    }
+    bounds = list(bounds) if bounds is not None else spec.partition(schedule.stages, balance, micro)
+    sizes = None if transfer else message_sizes(spec, micro)
+    reports = launch(calibrate_rank, schedule.ranks, spec, schedule, micro, bounds, steps, sizes, repeats,
+                     backend=backend, timeout=timeout, threads=threads)
+    costs, details = costs_from_reports(reports, schedule, use, transfer)
+    details.update(spec={k: getattr(spec, k) for k in spec.__dataclass_fields__}, bounds=bounds, backend=backend)
     return costs, details

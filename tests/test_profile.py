@@ -61,3 +61,18 @@ def test_compare_a_step_with_its_own_simulation_gives_zero_error():
         for r in bd["ranks"]:  # a simulated step has no runtime overhead
             assert r["overhead"] == pytest.approx(0.0, abs=1e-9)
         assert all(v["ratio"] == pytest.approx(1.0) for v in bd["actions"].values())
+
+
+def test_profile_costs_on_two_ranks():
+    from exec.models import ModelSpec
+    from exec.profile import profile_costs
+    spec = ModelSpec("mlp", layers=2, hidden=16, seq=4, batch_size=4)
+    costs, details = profile_costs(spec, "gpipe", micro=2, steps=1, repeats=2, timeout=120)
+    c = costs.for_stages(2)
+    assert all(t > 0 for t in c.forward + c.backward)
+    assert c.latency >= 0 and c.bandwidth > 0
+    assert c.activation_bytes_sent == (2 * 4 * 16 * 4.0,) * 2       # (b/micro, seq, hidden) float32
+    params = sum(p.numel() for p in spec.build_layers()[0].parameters())
+    assert c.static_bytes == (2 * 4.0 * params,) * 2                 # weights + gradients
+    assert set(details["compute_median"]["alone"]) == {"0F", "0B", "1F", "1B"}
+    assert len(details["comm"]["one_way"]) == len(details["comm"]["sizes"])

@@ -1,0 +1,193 @@
+"""Does the simulator predict real steps? Measured against simulated, over schedules and
+micro-batch counts, on gloo ranks on this machine.
+
+    python benchmarks/bench_exec.py                                  # naive, gpipe, 1f1b x 2,4,8,16
+    python benchmarks/bench_exec.py --schedules gpipe 1f1b --micro 4 8 --rounds 5
+    python benchmarks/bench_exec.py --ranks 4 --model gpt --json out.json --figures figures/exec
+
+The transfer fit (latency + bytes / bandwidth, by ping-pong) is measured once and reused.
+Then each (schedule, micro) runs in one launch of `--ranks` processes: a warm-up step,
+then `--rounds` times [calibrate (`exec.profile.calibrate_rank`: every stage's F and B
+timed inside the ranks, all computing at once, and taking turns), then `--steps`
+measured steps with `exec.runtime.run_step`], so calibration and measurement share the
+time window (on a machine shared with other work, the load changes from second to
+second). The median-makespan step is compared (`exec.compare.compare`) with the
+simulation under the pooled calibration: "error". "paired error" is the median over
+steps of each step against the costs calibrated just before it. "sim, alone costs" is
+the simulation with the F and B measured while the other ranks were idle, and
+"concurrent / alone" the median ratio of the two: how much a compute slows when every
+rank computes at once (the simulator has no rule for that yet; docs/exec.md, Accuracy).
+
+`--detail` adds, per config, where the measured step's time went
+(`exec.compare.breakdown`): each stage's measured F and B against its profiled cost, and
+per rank the time spent waiting for data and the runtime's own time between actions
+(which the simulator counts as zero).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import sim  # noqa: E402
+from exec.compare import breakdown, compare, overlay_figure  # noqa: E402
+from exec.launch import launch  # noqa: E402
+from exec.models import ModelSpec  # noqa: E402
+from exec.profile import calibrate_rank, costs_from_reports, profile_costs  # noqa: E402
+
+
+def bench_rank(ctx, spec: ModelSpec, schedule: sim.Schedule, bounds: list[int], rounds: int, steps: int,
+               calib_steps: int) -> list[tuple[dict, list | None]]:
+    """On each rank: build its stages; then `rounds` times, calibrate (`calibrate_rank`)
+    and run `steps` measured training steps with the runtime, so that calibration and
+    measurement share the same time window (and the same load on a shared machine).
+    Returns per round this rank's calibration report and (rank 0) the measured `sim.Result`s."""
+    import torch
+    from exec.runtime import infer_shapes, run_step, split_micro_batches
+
+    lowered = sim.lower(schedule)
+    all_stages = spec.build_stages(schedule.stages, bounds=bounds)
+    mine = {s: all_stages[s] for s, r in enumerate(schedule.placement) if r == ctx.rank}
+    xs, ys = split_micro_batches(*spec.batch(), schedule.micro)
+    opt = torch.optim.SGD([p for m in mine.values() for p in m.parameters()], lr=1e-3)
+    shapes = infer_shapes(ctx, lowered, mine, xs[0])
+    run_step(ctx, lowered, mine, xs, ys, spec.loss, opt, record=False, shapes=shapes)  # warm-up
+    out = []
+    for _ in range(rounds):
+        report = calibrate_rank(ctx, spec, schedule, schedule.micro, bounds, calib_steps)
+        results = [run_step(ctx, lowered, mine, xs, ys, spec.loss, opt, record=True, shapes=shapes).result
+                   for _ in range(steps)]
+        out.append((report, results if ctx.rank == 0 else None))
+    return out
+
+
+def median_step(results: list[sim.Result]) -> sim.Result:
+    """The step whose makespan is the median (the lower one for an even count)."""
+    ordered = sorted(results, key=lambda r: r.makespan)
+    return ordered[(len(ordered) - 1) // 2]
+
+
+def run_config(spec: ModelSpec, name: str, ranks: int, micro: int, rounds: int, steps: int, balance: str,
+               transfer: tuple[float, float], threads: int | None, calib_steps: int = 3) -> dict:
+    """Calibrate and measure one (schedule, micro) in one launch, simulate, compare."""
+    schedule = sim.make_schedule(name, ranks, micro)
+    bounds = spec.partition(ranks, balance, micro)
+    t = time.perf_counter()
+    per_rank = launch(bench_rank, ranks, spec, schedule, bounds, rounds, steps, calib_steps, threads=threads)
+    wall = time.perf_counter() - t
+    rounds_out = list(zip(*per_rank))  # per round: every rank's (report, results)
+    reports = [rep for rnd in rounds_out for rep, _ in rnd]
+    results = [r for rnd in rounds_out for r in rnd[0][1]]
+    costs, details = costs_from_reports(reports, schedule, "concurrent", transfer)
+    alone, _ = costs_from_reports(reports, schedule, "alone", transfer)
+    # paired: each measured step against the simulation under the costs calibrated just before it
+    paired = []
+    for rnd in rounds_out:
+        c, _ = costs_from_reports([rep for rep, _ in rnd], schedule, "concurrent", transfer)
+        sim_s = sim.simulate(schedule, c).makespan
+        paired += [(sim_s - r.makespan) / r.makespan * 100 for r in rnd[0][1]]
+    step = median_step(results)
+    cmp = compare(step, costs)
+    row = cmp.as_json()
+    row.update(measured_steps_s=[r.makespan for r in results], bounds=bounds, wall_s=wall,
+               simulated_alone_step_s=sim.simulate(schedule, alone).makespan,
+               slowdown=details["slowdown_median"], paired_error_pct=statistics.median(paired))
+    return {"row": row, "comparison": cmp, "costs": costs, "alone": alone, "details": details,
+            "results": results, "breakdown": breakdown(step, costs),
+            "simulated_breakdown": breakdown(cmp.simulated, costs)}
+
+
+def format_rows(rows: list[dict]) -> str:
+    """The accuracy table as markdown."""
+    head = ("| schedule | micro | measured step (ms) | spread (ms) | simulated (ms) | error | paired error "
+            "| sim, alone costs (ms) | concurrent / alone | bubble meas / sim |")
+    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        spread = max(r["measured_steps_s"]) - min(r["measured_steps_s"])
+        lines.append(f"| {r['schedule']} | {r['micro']} | {r['measured_step_s'] * 1e3:.1f} | {spread * 1e3:.1f} | "
+                     f"{r['simulated_step_s'] * 1e3:.1f} | {r['error_pct']:+.1f}% | {r['paired_error_pct']:+.1f}% | "
+                     f"{r['simulated_alone_step_s'] * 1e3:.1f} | {r['slowdown']:.2f} | "
+                     f"{r['measured_bubble']:.3f} / {r['simulated_bubble']:.3f} |")
+    return "\n".join(lines)
+
+
+def format_detail(out: dict) -> str:
+    """Per stage: measured F/B in the run vs profiled; per rank: wait and overhead."""
+    bd, sbd = out["breakdown"], out["simulated_breakdown"]
+    r = out["row"]
+    lines = [f"  {r['schedule']} micro={r['micro']}: error {r['error_pct']:+.2f}%"]
+    for key, a in bd["actions"].items():
+        lines.append(f"    {key:>4}: run median {a['median'] * 1e3:7.2f} ms (min {a['min'] * 1e3:.2f}, "
+                     f"max {a['max'] * 1e3:.2f}), profiled {a['cost'] * 1e3:7.2f} ms, ratio {a['ratio']:.3f}")
+    for m, s in zip(bd["ranks"], sbd["ranks"]):
+        per = m["overhead"] / max(1, m["actions"]) * 1e6
+        lines.append(f"    rank {m['rank']}: compute {m['compute'] * 1e3:.1f} (sim {s['compute'] * 1e3:.1f}) ms, "
+                     f"wait {m['wait'] * 1e3:.1f} (sim {s['wait'] * 1e3:.1f}) ms, overhead {m['overhead'] * 1e3:.2f} ms "
+                     f"= {per:.0f} us x {m['actions']} actions, tail {m['tail'] * 1e3:.1f} (sim {s['tail'] * 1e3:.1f}) ms, "
+                     f"gap between computes with nothing to wait for: median {_us(m['free_gap_median'])} over {m['free_gaps']}")
+    return "\n".join(lines)
+
+
+def _us(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1e6:.0f} us"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--schedules", nargs="+", default=["naive", "gpipe", "1f1b"], choices=sorted(sim.SCHEDULES))
+    p.add_argument("--micro", nargs="+", type=int, default=[2, 4, 8, 16])
+    p.add_argument("--ranks", type=int, default=2, help="ranks = stages (one stage per rank)")
+    p.add_argument("--rounds", type=int, default=3, help="calibrate-then-measure rounds per config")
+    p.add_argument("--steps", type=int, default=3, help="measured steps per round (the median of all is kept)")
+    p.add_argument("--model", default="mlp", choices=["mlp", "gpt"])
+    p.add_argument("--balance", default="layers", choices=["layers", "time"])
+    p.add_argument("--threads", type=int, default=None, help="torch threads per rank (default cores / ranks)")
+    p.add_argument("--detail", action="store_true", help="per-action and per-rank breakdown of each config")
+    p.add_argument("--json", help="write every row, costs and breakdown here")
+    p.add_argument("--figures", help="write an overlay PNG per config into this folder")
+    args = p.parse_args(argv)
+    if args.ranks < 2:
+        p.error("--ranks must be at least 2 (a pipeline)")
+    spec = ModelSpec(args.model)
+    print(f"model {spec}; {args.ranks} gloo ranks, {os.cpu_count()} cores, threads/rank "
+          f"{args.threads or max(1, (os.cpu_count() or 1) // args.ranks)}", flush=True)
+    # the transfer fit is a property of the machine, not of the config: measure it once
+    costs, details = profile_costs(spec, sim.make_schedule("gpipe", args.ranks, args.micro[0]), args.micro[0],
+                                   threads=args.threads)
+    transfer = (costs.latency, costs.bandwidth)
+    print(f"transfers: latency {costs.latency * 1e6:.1f} us, bandwidth {costs.bandwidth / 1e9:.2f} GB/s; "
+          f"isend post (median over sizes) {statistics.median(details['comm']['isend_post']) * 1e6:.0f} us, "
+          f"irecv post {statistics.median(details['comm']['irecv_post']) * 1e6:.0f} us", flush=True)
+    outs = []
+    for name in args.schedules:
+        for micro in args.micro:
+            out = run_config(spec, name, args.ranks, micro, args.rounds, args.steps, args.balance, transfer, args.threads)
+            outs.append(out)
+            r = out["row"]
+            print(f"{name:>6} micro={micro:<3} measured {r['measured_step_s'] * 1e3:8.1f} ms  simulated "
+                  f"{r['simulated_step_s'] * 1e3:8.1f} ms  error {r['error_pct']:+6.2f}%  (alone costs: "
+                  f"{r['simulated_alone_step_s'] * 1e3:.1f} ms; concurrent/alone {r['slowdown']:.2f})", flush=True)
+            if args.detail:
+                print(format_detail(out), flush=True)
+            if args.figures:
+                os.makedirs(args.figures, exist_ok=True)
+                overlay_figure(out["comparison"], os.path.join(args.figures, f"overlay_{name}_m{micro}.png"))
+    print()
+    print(format_rows([o["row"] for o in outs]))
+    if args.json:
+        from exec.profile import _jsonable, costs_to_dict
+        from sim.files import atomic_write
+        doc = [{"row": o["row"], "costs": costs_to_dict(o["costs"]), "breakdown": o["breakdown"],
+                "compute_median": o["details"]["compute_median"]} for o in outs]
+        with atomic_write(args.json) as f:
+            json.dump(_jsonable(doc), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
