@@ -21,7 +21,7 @@ import torch.distributed as dist  # noqa: E402
 
 import sim  # noqa: E402
 from sim import Action, Kind, Schedule  # noqa: E402
-from exec.launch import RankError, _children_of, launch  # noqa: E402
+from exec.launch import RankError, _children_of, free_port, launch  # noqa: E402
 from exec.models import ModelSpec  # noqa: E402
 from exec.runtime import (compare_grads, pipeline_worker, reference_step,  # noqa: E402
                           split_micro_batches)
@@ -103,6 +103,29 @@ def test_a_hung_rank_hits_the_timeout():
         launch(_hang_on_rank_1, 2, timeout=8)
     assert 8 <= time.monotonic() - t < 20
     assert _rank_processes() == []
+
+
+def test_under_torchrun_launch_runs_this_process_as_its_rank(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import torch, torch.distributed as dist\n"
+        "from exec.launch import launch\n"
+        "def fn(ctx):\n"
+        "    t = torch.ones(1) * ctx.rank\n"
+        "    dist.all_reduce(t)\n"
+        "    return ctx.rank, t.item()\n"
+        "if __name__ == '__main__':\n"
+        "    import os, pathlib\n"
+        "    out = launch(fn, 2, timeout=60)\n"
+        "    pathlib.Path(f\"out{os.environ['RANK']}.txt\").write_text(repr(out))\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {k: v for k, v in env.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR")}
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                        "--master-port", str(free_port()), str(script)],
+                       capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-2000:]
+    for rank in range(2):  # every rank gets every rank's value
+        assert (tmp_path / f"out{rank}.txt").read_text() == "[(0, 1.0), (1, 1.0)]"
 
 
 def test_launch_rejects_bad_arguments_before_starting_anything():
@@ -253,12 +276,14 @@ def test_cli_bad_arguments_exit_2_with_one_line(args, says, capsys):
     assert err.count("\n") == 1 and err.startswith("exec.run: error:") and says in err
 
 
-def test_cli_rank_failure_is_one_line_and_exit_1():
-    p = _cli("--stages", "2", *SMALL, "--steps", "1", "--warmup", "0", "--no-compare", "--quiet",
-             "--fault", "raise:1", "--timeout", "60")
-    assert p.returncode == 1
-    assert p.stderr.strip().splitlines()[-1].startswith("exec.run: rank 1 raised RuntimeError: fault injected")
-    assert "Traceback" not in p.stderr
+def test_cli_rank_failure_is_one_line_and_exit_1(capsys):
+    from exec.run import main
+    with pytest.raises(SystemExit) as info:
+        main(["--stages", "2", *SMALL, "--steps", "1", "--warmup", "0", "--no-compare", "--quiet",
+              "--fault", "raise:1", "--timeout", "60"])
+    err = capsys.readouterr().err
+    assert info.value.code == 1
+    assert err.count("\n") == 1 and err.startswith("exec.run: rank 1 raised RuntimeError: fault injected")
 
 
 # ---------------------------------------------------------------------------- GPUs
