@@ -35,7 +35,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import sim  # noqa: E402
-from exec.compare import breakdown, compare, overlay_figure  # noqa: E402
+from exec.compare import breakdown, compare, overlay_figure, sharing_check  # noqa: E402
 from exec.launch import launch  # noqa: E402
 from exec.models import ModelSpec  # noqa: E402
 from exec.profile import calibrate_rank, costs_from_reports, profile_costs  # noqa: E402
@@ -93,10 +93,13 @@ def run_config(spec: ModelSpec, name: str, ranks: int, micro: int, rounds: int, 
         paired += [(sim_s - r.makespan) / r.makespan * 100 for r in rnd[0][1]]
     step = median_step(results)
     cmp = compare(step, costs)
+    checks = [sharing_check(r, alone, costs) for r in results]
+    sharing = {k: statistics.median(ch[k] for ch in checks) for k in checks[0]}
     row = cmp.as_json()
     row.update(measured_steps_s=[r.makespan for r in results], bounds=bounds, wall_s=wall,
                simulated_alone_step_s=sim.simulate(schedule, alone).makespan,
-               slowdown=details["slowdown_median"], paired_error_pct=statistics.median(paired))
+               slowdown=details["slowdown_median"], paired_error_pct=statistics.median(paired),
+               sharing=sharing)
     return {"row": row, "comparison": cmp, "costs": costs, "alone": alone, "details": details,
             "results": results, "breakdown": breakdown(step, costs),
             "simulated_breakdown": breakdown(cmp.simulated, costs)}
@@ -124,6 +127,10 @@ def format_detail(out: dict) -> str:
     for key, a in bd["actions"].items():
         lines.append(f"    {key:>4}: run median {a['median'] * 1e3:7.2f} ms (min {a['min'] * 1e3:.2f}, "
                      f"max {a['max'] * 1e3:.2f}), profiled {a['cost'] * 1e3:7.2f} ms, ratio {a['ratio']:.3f}")
+    sh = r["sharing"]
+    lines.append(f"    per-action duration, median |error| of: concurrent cost {sh['concurrent_median_abs_err'] * 100:.1f}%, "
+                 f"alone cost {sh['alone_median_abs_err'] * 100:.1f}%, sharing rule {sh['sharing_median_abs_err'] * 100:.1f}% "
+                 f"(median overlap {sh['overlap_share_median'] * 100:.0f}%)")
     for m, s in zip(bd["ranks"], sbd["ranks"]):
         per = m["overhead"] / max(1, m["actions"]) * 1e6
         lines.append(f"    rank {m['rank']}: compute {m['compute'] * 1e3:.1f} (sim {s['compute'] * 1e3:.1f}) ms, "

@@ -21,7 +21,7 @@ import sim
 from sim.ir import Kind
 from sim.passes import _RECV_OF, _kinds, dependencies
 
-__all__ = ["Comparison", "compare", "breakdown", "overlay_figure"]
+__all__ = ["Comparison", "compare", "breakdown", "sharing_check", "overlay_figure"]
 
 
 @dataclass
@@ -161,3 +161,36 @@ def overlay_figure(comparison: Comparison, path: str | os.PathLike | None = None
         return fig
     save_figure(fig, path)
     return None
+
+
+def sharing_check(result: sim.Result, alone: sim.Costs, concurrent: sim.Costs) -> dict:
+    """Test the rule "ranks on one host share it: a compute runs at its *alone* speed
+    while no other rank computes, and at its *concurrent* speed while another does"
+    (processor sharing) on a measured step, action by action.
+
+    For each compute, `o` = the time another rank computed during it (from the measured
+    events); under the rule, its duration is `d = alone + o * (1 - alone / concurrent)`
+    (the work done alone plus the work done shared adds up to one action). Returns the
+    median relative error of three predictions of the measured durations: a fixed
+    concurrent cost, a fixed alone cost (the simulator's rule today, with either
+    calibration), and the sharing rule; and the median share of each compute overlapped."""
+    sched = result.schedule
+    a, c = alone.for_stages(sched.stages), concurrent.for_stages(sched.stages)
+    table = {Kind.F: "forward", Kind.B: "backward", Kind.I: "backward_input", Kind.W: "backward_weight"}
+    comp = [e for e in result.events if e.action.kind.is_compute]
+    err = {"concurrent": [], "alone": [], "sharing": []}
+    shares = []
+    for e in comp:
+        if e.duration <= 0:
+            continue
+        o = sum(max(0.0, min(e.end, x.end) - max(e.start, x.start)) for x in comp if x.rank != e.rank)
+        o = min(o, e.duration)
+        ta = getattr(a, table[e.action.kind])[e.action.stage]
+        tc = getattr(c, table[e.action.kind])[e.action.stage]
+        pred = ta + o * (1 - ta / tc) if tc > 0 else ta
+        for name, p in (("concurrent", tc), ("alone", ta), ("sharing", pred)):
+            err[name].append(abs(p - e.duration) / e.duration)
+        shares.append(o / e.duration)
+    out = {f"{k}_median_abs_err": statistics.median(v) if v else None for k, v in err.items()}
+    out["overlap_share_median"] = statistics.median(shares) if shares else None
+    return out

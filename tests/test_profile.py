@@ -76,3 +76,16 @@ def test_profile_costs_on_two_ranks():
     assert c.static_bytes == (2 * 4.0 * params,) * 2                 # weights + gradients
     assert set(details["compute_median"]["alone"]) == {"0F", "0B", "1F", "1B"}
     assert len(details["comm"]["one_way"]) == len(details["comm"]["sizes"])
+
+
+def test_sharing_check_recognises_processor_sharing():
+    from exec.compare import sharing_check
+    # alone an F takes 1 s, with the other rank computing 2 s: rank 0 runs alone for 0.5 s,
+    # shares for 1 s (0.5 s of work), ends at 1.5; rank 1 shares 0.5..1.5, ends alone at 2.0
+    sched = sim.make_schedule("gpipe", 2, 1)
+    events = [sim.Event(0, sim.Action.parse("0F0"), 0.0, 1.5), sim.Event(1, sim.Action.parse("1F0"), 0.5, 2.0)]
+    measured = sim.Result(sched, events, [[(0.0, 0.0)]] * 2, [[(0.0, 0)]] * 2, source="measured")
+    got = sharing_check(measured, sim.Costs(forward=1.0), sim.Costs(forward=2.0))
+    assert got["sharing_median_abs_err"] == pytest.approx(0.0)
+    assert got["alone_median_abs_err"] == pytest.approx(1 / 3) and got["concurrent_median_abs_err"] == pytest.approx(1 / 3)
+    assert got["overlap_share_median"] == pytest.approx(2 / 3)
