@@ -194,6 +194,7 @@ def _compare(args, spec, run):
 def _table(s: dict) -> str:
     rows = [
         ("schedule", f"{s['schedule']}: {s['stages']} stages on {s['ranks']} ranks, {s['micro']} micro-batches"),
+        ("stage layers", ", ".join(f"{a}-{b - 1}" for a, b in zip(s["bounds"], s["bounds"][1:]))),
         ("measured step", f"{s['measured_step_s'] * 1e3:.2f} ms (median of {len(s['step_times_s'])}; "
                           f"min {min(s['step_times_s']) * 1e3:.2f}, max {max(s['step_times_s']) * 1e3:.2f})"),
     ]
