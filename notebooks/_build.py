@@ -657,9 +657,8 @@ assert run.grad_match and run.max_grad_diff < 1e-4, "the pipelined gradients dif
 
 `exec.compare.compare` simulates the same schedule under the profiled costs and puts both steps
 side by side. In the overlay, the wide hatched bars are the simulation and the narrow solid bars
-the measurement, on the same rows. (The table's `error` is relative to the measurement,
-`(simulated - measured) / measured`; the figure's title gives it relative to the simulation,
-`(measured - simulated) / simulated`, hence the opposite sign.)
+the measurement, on the same rows. The `error`, in the table and in the figure's title, is
+`(simulated - measured) / measured`: positive when the simulator predicts a longer step.
 """),
     code('''
 cmp = compare(run.result, costs, grad_match=run.grad_match)
