@@ -26,13 +26,14 @@ import simpy
 
 from .costs import Costs, StageCosts
 from .ir import Kind, Schedule
-from .passes import _B, _F, _I, _RECV_B, _RECV_F, _RECV_OF, _SEND_B, _SEND_F, _W, _peer_key, validate
+from .passes import (_B, _F, _I, _RECV_B, _RECV_F, _RECV_OF, _SEND_B, _SEND_F, _W, _dependency_keys, _kinds,
+                     _peer_key, Plan, check_communication, check_complete, check_deadlock, lower, plan)
 from .result import Event, Result
 
 
 class _Arrival(simpy.Event):
-    """The arrival of one transfer at its receiver: triggered with a delay, like a Timeout,
-    but created by whichever side (send or recv) gets there first."""
+    """The arrival of a transfer that a receiver is already waiting for: the sender
+    triggers it with a delay, as a Timeout would be."""
 
     def arrive_after(self, delay: float) -> None:
         self._ok = True
@@ -40,152 +41,168 @@ class _Arrival(simpy.Event):
         self.env.schedule(self, delay=delay)
 
 
-# the step kinds of a device's program, once turned into tuples (see `_steps`)
-_SEND, _RECV, _COMPUTE = 0, 1, 2
-
-
-def _steps(lowered: Schedule, c: StageCosts):
-    """Number the transfers and turn each program into a list of plain tuples:
-    (_SEND, transfer), (_RECV, transfer) and (_COMPUTE, action, duration, transfers it
-    waits for, whether it takes activations (F), whether it frees them (the last
-    backward: B, or W where the backward is split), activation bytes of its stage).
-    Transfer t has recv[t] and send[t] (its two actions), src[t] and dst[t] (ranks),
-    link[t] (index of the link src -> dst) and busy[t] (the time it holds the link)."""
-    placement = lowered.placement
+def _steps(p: Plan, c: StageCosts):
+    """Each rank's computes as plain tuples for the inner loop: (the SENDs and RECVs just
+    before it, the action, its duration, the transfer it waits for or -1, the computes on
+    this rank it needs, its id, whether it takes activations (F), whether it frees them (the
+    last backward: B, or W where the backward is split), the activation bytes of its stage)."""
     duration = {_F: c.forward, _B: c.backward, _I: c.backward_input, _W: c.backward_weight}
-    # A transfer is named by its RECV (stage, kind, micro), as in `sim.passes`: the RECV
-    # names the compute that consumes the tensor, the SEND is its `peer`.
-    ids: dict[tuple[int, Kind, int], int] = {}
-    recv, send, src, dst, link, busy = [], [], [], [], [], []
-    links: dict[tuple[int, int], int] = {}
-    for prog in lowered.programs:
-        for a in prog:
-            if a.kind is _RECV_F or a.kind is _RECV_B:
-                ids[(a.stage, a.kind, a.micro)] = len(recv)
-                recv.append(a)
-                send.append(None)  # filled in below, from the sender's program
-                src.append(placement[a.stage - 1 if a.kind is _RECV_F else a.stage + 1])
-                dst.append(placement[a.stage])
-                link.append(links.setdefault((src[-1], dst[-1]), len(links)))
-                nbytes = c.activation_bytes_sent[a.stage - 1 if a.kind is _RECV_F else a.stage]
-                busy.append(c.transfer_time(nbytes))
     programs = []
-    for prog in lowered.programs:
-        steps = []
-        for a in prog:
-            k = a.kind
-            if k is _SEND_F or k is _SEND_B:
-                t = ids[_peer_key(a.stage, k, a.micro)]
-                send[t] = a
-                steps.append((_SEND, t))
-            elif k is _RECV_F or k is _RECV_B:
-                steps.append((_RECV, ids[(a.stage, k, a.micro)]))
-            else:
-                # the transfer it waits for: the RECV named after it, if there is one
-                # (`check_deadlock` made sure there is one exactly for each remote input)
-                t = ids.get((a.stage, _RECV_OF[k], a.micro)) if k is not _W else None
-                # F takes its activations, the last backward (B, or W where it is split) frees them
-                steps.append((_COMPUTE, a, duration[k][a.stage], () if t is None else (t,),
-                              k is _F, k is _B or k is _W, c.activation_bytes[a.stage]))
-        programs.append(steps)
-    return programs, recv, send, src, dst, link, busy, len(links)
+    for steps in p.programs:
+        out = []
+        for ops, i in steps:
+            a = p.actions[i]
+            k, s = a.kind, a.stage
+            out.append((ops, a, duration[k][s], i if p.producer[i] >= 0 else -1, p.local[i], i,
+                        k is _F, k is _B or k is _W, c.activation_bytes[s]))
+        programs.append(out)
+    # transfer t (named by the compute that receives it) runs from src[t] to rank[t]
+    src, link, busy = [-1] * len(p.actions), [0] * len(p.actions), [0.0] * len(p.actions)
+    links: dict[tuple[int, int], int] = {}
+    for t, j in enumerate(p.producer):
+        if j >= 0:
+            src[t] = p.rank[j]
+            link[t] = links.setdefault((src[t], p.rank[t]), len(links))
+            # the tensor between stages s and s+1 has the size of stage s's output
+            busy[t] = c.transfer_time(c.activation_bytes_sent[min(p.actions[j].stage, p.actions[t].stage)])
+    return programs, src, link, busy, len(links)
 
 
-def run(lowered: Schedule, c: StageCosts):
-    """Run a lowered, validated schedule; return (events, memory, activations), the
-    fields of `Result`."""
-    programs, recv, send, src, dst, link, busy, nlinks = _steps(lowered, c)
-    ntransfers = len(recv)
+class _Run:
+    """What a run recorded, as flat lists indexed by compute id (a transfer is numbered by
+    the compute that receives it); `Event` records are made from them only on demand."""
+
+    def __init__(self, p: Plan, src, start, end, sent, posted, arrive):
+        self.plan, self.src = p, src
+        self.start, self.end, self.sent, self.posted, self.arrive = start, end, sent, posted, arrive
+
+    def events(self) -> list[Event]:
+        p = self.plan
+        out = [Event(r, a, s, e) for r, a, s, e in zip(p.rank, p.actions, self.start, self.end)]
+        for t, j in enumerate(p.producer):
+            if j >= 0:
+                out.append(Event(self.src[t], p.comm_action(t, True), self.sent[t], self.arrive[t], p.rank[t]))
+                out.append(Event(p.rank[t], p.comm_action(t, False), self.posted[t], self.arrive[t], self.src[t]))
+        return out
+
+
+def run(schedule: Schedule, c: StageCosts):
+    """Run a schedule (compute-only, or lowered with complete communication). Return the
+    `_Run` record, each rank's memory and activations over time, and which ranks finished
+    their program (not all of them if the ranks got stuck)."""
+    p = plan(schedule)
+    programs, src, link, busy, nlinks = _steps(p, c)
+    n = ncomputes = len(p.actions)
     env = simpy.Environment()
     latency = c.latency
-    events: list[Event] = []
-    record = events.append
-    arrivals: list[_Arrival | None] = [None] * ntransfers
-    pending: list[float | None] = [None] * ntransfers  # transfers with one side there: its time
-    posted_at: list[float] = [0.0] * ntransfers
+    sent: list[float | None] = [None] * n
+    posted: list[float | None] = [None] * n
+    arrive_at: list[float | None] = [None] * n       # known once sent and posted
+    waiter: list[_Arrival | None] = [None] * n       # a receiver blocked on it
     link_free = [0.0] * nlinks
+    start_of, end_of = [0.0] * ncomputes, [0.0] * ncomputes
+    done = [False] * ncomputes
+    finished = [False] * schedule.ranks
 
-    def arrival(t: int) -> _Arrival:
-        ev = arrivals[t]
-        if ev is None:
-            ev = arrivals[t] = _Arrival(env)
-        return ev
+    def communicate(ops) -> None:
+        """Issue SENDs and post RECVs; the second side of a transfer starts it: it takes the
+        link from max(now, the time the link is free) for busy[t], and the data arrives
+        `latency` after that."""
+        now = env.now
+        for t, sending in ops:
+            if sending:
+                sent[t] = now
+                if posted[t] is None:
+                    continue
+            else:
+                posted[t] = now
+                if sent[t] is None:
+                    continue
+            free = link_free[link[t]]
+            leaves = (now if now >= free else free) + busy[t]
+            link_free[link[t]] = leaves
+            arrive_at[t] = leaves + latency
+            if waiter[t] is not None:
+                waiter[t].arrive_after(leaves + latency - now)
 
-    def rendezvous(t: int, sending: bool) -> None:
-        """Called by the sender and by the receiver; the second one starts the transfer:
-        it takes the link from max(now, the time the link is free) for busy[t], and the
-        data arrives `latency` after that."""
-        t_now = env.now
-        other = pending[t]
-        if other is None:
-            pending[t] = t_now
-            return
-        pending[t] = None
-        issued = t_now if sending else other
-        free = link_free[link[t]]
-        done = (t_now if t_now >= free else free) + busy[t]
-        link_free[link[t]] = done
-        arrive = done + latency
-        arrival(t).arrive_after(arrive - t_now)
-        record(Event(src[t], send[t], issued, arrive, dst[t]))
-
-    static = [0.0] * lowered.ranks
-    for s, r in enumerate(lowered.placement):
+    static = [0.0] * schedule.ranks
+    for s, r in enumerate(schedule.placement):
         static[r] += c.static_bytes[s]
-    memory = [[(0.0, static[r])] for r in range(lowered.ranks)]
-    activations = [[(0.0, 0)] for _ in range(lowered.ranks)]
+    memory = [[(0.0, static[r])] for r in range(schedule.ranks)]
+    activations = [[(0.0, 0)] for _ in range(schedule.ranks)]
 
     def device(r: int):
         held_bytes, held = static[r], 0
         mem, act = memory[r].append, activations[r].append
         timeout = env.timeout
-        for step in programs[r]:
-            op = step[0]
-            if op == _SEND:
-                rendezvous(step[1], True)
-            elif op == _RECV:
-                posted_at[step[1]] = env.now
-                rendezvous(step[1], False)
-            else:
-                _, a, duration, waits, takes, frees, nbytes = step
-                for t in waits:
-                    ev = arrival(t)
-                    if ev.callbacks is not None:  # not processed yet: wait for it
-                        yield ev
-                    record(Event(r, recv[t], posted_at[t], env.now, src[t]))
-                start = env.now
-                if takes:
-                    held += 1
-                    held_bytes += nbytes
-                    mem((start, held_bytes))
-                    act((start, held))
-                yield timeout(duration)
-                end = env.now
-                record(Event(r, a, start, end))
-                if frees:
-                    held -= 1
-                    held_bytes -= nbytes
-                    mem((end, held_bytes))
-                    act((end, held))
+        for ops, a, duration, t, needs, cid, takes, frees, nbytes in programs[r]:
+            if ops:
+                communicate(ops)
+            for d in needs:
+                if not done[d]:
+                    return  # a local input comes later in this very program: stuck for good
+            # Start when the remote input is here. Where its arrival time is known, waiting
+            # and computing are one timeout; only a tensor not sent yet needs an event,
+            # which the sender triggers at the arrival.
+            start = env.now
+            if t >= 0:
+                at = arrive_at[t]
+                if at is None:
+                    waiter[t] = _Arrival(env)
+                    yield waiter[t]
+                    at = arrive_at[t]
+                if at > start:
+                    start = at
+            if takes:
+                held += 1
+                held_bytes += nbytes
+                mem((start, held_bytes))
+                act((start, held))
+            yield timeout(start + duration - env.now)
+            start_of[cid], end_of[cid] = start, env.now
+            done[cid] = True
+            if frees:
+                held -= 1
+                held_bytes -= nbytes
+                mem((env.now, held_bytes))
+                act((env.now, held))
+        communicate(p.tails[r])
+        finished[r] = True
 
-    for r in range(lowered.ranks):
+    for r in range(schedule.ranks):
         env.process(device(r))
     env.run()
-    return events, memory, activations
+    record = _Run(p, src, start_of, end_of, sent, posted, arrive_at)
+    return record, memory, activations, finished
 
 
 def simulate(schedule: Schedule, costs: Costs | None = None) -> Result:
-    """Simulate one training step of `schedule` (compute-only or lowered) under `costs`."""
+    """Simulate one training step of `schedule` (compute-only or lowered) under `costs`.
+
+    A schedule that cannot finish raises `ScheduleError` showing where each rank waits: the
+    run itself is the deadlock check (`sim.passes.check_deadlock` explains what it found)."""
     # A step of a big schedule makes millions of small objects that all live to the end;
     # Python's cyclic garbage collector would walk them again and again (it doubles the
     # time of p=64, m=1024). None of them needs collecting before we return.
     collecting = gc.isenabled()
     gc.disable()
     try:
-        lowered = validate(schedule)
-        c = (costs or Costs()).for_stages(lowered.stages)
-        events, memory, activations = run(lowered, c)
-        return Result(lowered, events, memory, activations)
+        check_complete(schedule)
+        if schedule.is_lowered:
+            check_communication(schedule)
+        c = (costs or Costs()).for_stages(schedule.stages)
+        record, memory, activations, finished = run(schedule, c)
+        lowered = schedule if schedule.is_lowered else None
+        if not all(finished):
+            lowered = lowered or lower(schedule)
+            check_deadlock(lowered)  # raises, naming each stuck rank and what it waits for
+            raise AssertionError("the simulation stopped early but the schedule does not deadlock")
+        busy = [0.0] * schedule.ranks
+        for r, s, e in zip(record.plan.rank, record.start, record.end):
+            busy[r] += e - s
+        makespan = max(record.end + [a for a in record.arrive if a is not None], default=0.0)
+        return Result(lowered or (lambda: lower(schedule)), record.events, memory, activations,
+                      makespan=makespan, busy=busy)
     finally:
         if collecting:
             gc.enable()

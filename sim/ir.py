@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 import re
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable, NamedTuple, Sequence
 
 
 class Kind(str, enum.Enum):
@@ -50,9 +50,11 @@ class ScheduleError(ValueError):
     """A schedule is malformed, incomplete, or would deadlock."""
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class Action:
-    """One step of a device's program: `stage` `kind` `micro` (e.g. `2F0`)."""
+class Action(NamedTuple):
+    """One step of a device's program: `stage` `kind` `micro` (e.g. `2F0`).
+
+    A named tuple: schedules of a million actions build and hash these in bulk, and a tuple
+    does both several times faster than a dataclass."""
 
     stage: int
     kind: Kind
@@ -108,6 +110,8 @@ class Schedule:
         object.__setattr__(self, "placement", placement)
         object.__setattr__(self, "micro", int(micro))
         object.__setattr__(self, "name", name)
+        # asked often and the programs never change: compute it once
+        object.__setattr__(self, "_lowered", any(a.kind not in COMPUTE for prog in progs for a in prog))
 
     @property
     def ranks(self) -> int:
@@ -127,7 +131,8 @@ class Schedule:
 
     @property
     def is_lowered(self) -> bool:
-        return any(not a.kind.is_compute for p in self.programs for a in p)
+        """Whether the programs hold SEND/RECV actions (see `sim.passes.lower`)."""
+        return self._lowered
 
     def to_csv(self) -> str:
         """torch's CSV: no header, row i = rank i, one action string per cell."""

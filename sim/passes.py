@@ -5,7 +5,10 @@ Data flows one way: generators write compute actions -> `lower` adds communicati
 """
 from __future__ import annotations
 
-from collections import deque
+import itertools
+from collections import Counter, deque
+from operator import itemgetter
+from typing import NamedTuple
 
 from .ir import COMPUTE, RECVS, SENDS, Action, Kind, Schedule, ScheduleError
 
@@ -76,7 +79,35 @@ def check_complete(schedule: Schedule) -> None:
     for s, r in enumerate(schedule.placement):
         if not 0 <= r < R:
             raise ScheduleError(f"stage {s} is placed on rank {r}, but there are only ranks 0..{R - 1}")
-    counts: dict[tuple[int, Kind, int], int] = {}
+    # A quick pass that counts with C-level tools; only a schedule that fails it is walked
+    # action by action, to say exactly what is wrong.
+    counts = Counter(itertools.chain.from_iterable(schedule.programs))
+    if len(counts) == sum(map(len, schedule.programs)) and _stages_and_micros_fit(schedule):
+        by_kind: dict[Kind, set[tuple[int, int]]] = {k: set() for k in Kind}
+        for s, k, m in counts:
+            by_kind[k].add((s, m))
+        if len(by_kind[_F]) == S * M and not by_kind[_B] & by_kind[_I] and by_kind[_I] == by_kind[_W] \
+                and len(by_kind[_B]) + len(by_kind[_I]) == S * M:
+            return
+    _explain_incomplete(schedule, counts)
+    raise AssertionError(f"check_complete found a problem in {schedule.name!r} but could not name it")
+
+
+def _stages_and_micros_fit(schedule: Schedule) -> bool:
+    """Every action names a stage hosted by its rank and an existing micro-batch."""
+    for r, prog in enumerate(schedule.programs):
+        if prog:
+            stages = set(map(itemgetter(0), prog))
+            micros = set(map(itemgetter(2), prog))
+            if min(micros) < 0 or max(micros) >= schedule.micro or min(stages) < 0 \
+                    or max(stages) >= schedule.stages or any(schedule.placement[s] != r for s in stages):
+                return False
+    return True
+
+
+def _explain_incomplete(schedule: Schedule, counts: Counter) -> None:
+    """Raise a `ScheduleError` naming the first thing that makes `schedule` incomplete."""
+    S, M = schedule.stages, schedule.micro
     for r, prog in enumerate(schedule.programs):
         for i, a in enumerate(prog):
             if not 0 <= a.stage < S:
@@ -85,12 +116,9 @@ def check_complete(schedule: Schedule) -> None:
                 raise ScheduleError(f"{_at(r, i, a)}: micro-batch {a.micro} does not exist (0..{M - 1})")
             if schedule.placement[a.stage] != r:
                 raise ScheduleError(f"{_at(r, i, a)}: stage {a.stage} lives on rank {schedule.placement[a.stage]}, not {r}")
-            key = (a.stage, a.kind, a.micro)
-            counts[key] = counts.get(key, 0) + 1
-    for key, n in counts.items():
+    for a, n in counts.items():
         if n > 1:
-            s, k, m = key
-            raise ScheduleError(f"{Action(s, k, m)} appears {n} times; each action runs exactly once")
+            raise ScheduleError(f"{a} appears {n} times; each action runs exactly once")
     for s in range(S):
         for m in range(M):
             has = {k for k in COMPUTE if (s, k, m) in counts}
@@ -141,27 +169,107 @@ def lower(schedule: Schedule) -> Schedule:
 
 def _lower(schedule: Schedule, kinds: set[tuple[int, int, Kind]]) -> Schedule:
     """`lower` for a schedule that `check_complete` accepted."""
-    sends_after: dict[tuple, list[Action]] = {}   # producer key -> its SENDs
-    recvs_for: dict[tuple, list[Action]] = {}     # consumer key -> its RECVs
-    for (ss, sk, sm), (rs, rk, rm) in _transfer_keys(schedule, kinds):
-        producer = (ss, _F if sk is _SEND_F else grad_kind(kinds, ss, sm), sm)
-        consumer = (rs, _F if rk is _RECV_F else grad_kind(kinds, rs, rm), rm)
-        sends_after.setdefault(producer, []).append(Action(ss, sk, sm))
-        recvs_for.setdefault(consumer, []).append(Action(rs, rk, rm))
+    p = plan(schedule, kinds)
     programs = []
-    for prog in schedule.programs:
-        out: list[Action] = []
-        keys = [_key(a) for a in prog]
-        # receives for compute 0 and 1 go first; those for compute k+1 go before compute k
-        if prog:
-            out.extend(recvs_for.get(keys[0], ()))
-        for k, a in enumerate(prog):
-            if k + 1 < len(prog):
-                out.extend(recvs_for.get(keys[k + 1], ()))
-            out.append(a)
-            out.extend(sends_after.get(keys[k], ()))
-        programs.append(out)
+    for steps, tail in zip(p.programs, p.tails):
+        prog: list[Action] = []
+        for ops, i in steps:
+            prog.extend(p.comm_action(t, sending) for t, sending in ops)
+            prog.append(p.actions[i])
+        prog.extend(p.comm_action(t, sending) for t, sending in tail)
+        programs.append(prog)
     return Schedule(programs, schedule.placement, schedule.micro, schedule.name)
+
+
+Ops = tuple[tuple[int, bool], ...]  # SENDs and RECVs in a row: (transfer, is it the send)
+
+
+class Plan(NamedTuple):
+    """A schedule in numbers, as the engine runs it. Computes are numbered in program order
+    over the ranks; a compute takes at most one tensor from another rank, so a transfer is
+    numbered by the compute that receives it.
+
+    - actions[i], rank[i]: compute i and its rank
+    - producer[i]: the compute on another rank whose tensor compute i receives, or -1
+    - local[i]: the computes on its own rank whose results compute i needs
+    - programs[r]: per compute of rank r, in order, (the SENDs and RECVs just before it, i)
+    - tails[r]: the SENDs and RECVs after the last compute of rank r
+    """
+
+    actions: list[Action]
+    rank: list[int]
+    producer: list[int]
+    local: list[tuple[int, ...]]
+    programs: list[list[tuple[Ops, int]]]
+    tails: list[Ops]
+
+    def comm_action(self, t: int, sending: bool) -> Action:
+        """The SEND (on the producer's rank) or the RECV (on the consumer's) of transfer t."""
+        c = self.actions[t]
+        recv = Action(c.stage, _RECV_F if c.kind is _F else _RECV_B, c.micro)
+        return _peer(recv) if sending else recv
+
+
+def plan(schedule: Schedule, kinds: set[tuple[int, int, Kind]] | None = None) -> Plan:
+    """Number the computes and transfers of a complete schedule. For a lowered schedule the
+    SENDs and RECVs stay where they are; for a compute-only one this is where the rules of
+    `lower` place them, written once for `lower` and for the engine."""
+    kinds = _kinds(schedule) if kinds is None else kinds
+    placement, stages = schedule.placement, schedule.stages
+    progs = schedule.compute_only().programs if schedule.is_lowered else schedule.programs
+    actions: list[Action] = list(itertools.chain.from_iterable(progs))
+    rank = list(itertools.chain.from_iterable(itertools.repeat(r, len(p)) for r, p in enumerate(progs)))
+    cid = dict(zip(actions, range(len(actions))))
+    producer = [-1] * len(actions)
+    local: list[tuple[int, ...]] = [()] * len(actions)
+    for i, a in enumerate(actions):
+        mine = []
+        for d in _dependency_keys(a.stage, a.kind, a.micro, stages, kinds):
+            j = cid[d]
+            if rank[j] == rank[i]:
+                mine.append(j)
+            else:
+                producer[i] = j
+        if mine:
+            local[i] = tuple(mine)
+    programs, tails = [], []
+    if schedule.is_lowered:
+        def transfer(a: Action) -> tuple[int, bool]:
+            sending = a.kind is _SEND_F or a.kind is _SEND_B
+            s, k, m = _peer_key(a.stage, a.kind, a.micro) if sending else (a.stage, a.kind, a.micro)
+            return cid[(s, _F if k is _RECV_F else grad_kind(kinds, s, m), m)], sending
+
+        for prog in schedule.programs:
+            steps, ops = [], []
+            for a in prog:
+                if a.kind in COMPUTE:
+                    steps.append((tuple(ops), cid[a]))
+                    ops = []
+                else:
+                    ops.append(transfer(a))
+            programs.append(steps)
+            tails.append(tuple(ops))
+        return Plan(actions, rank, producer, local, programs, tails)
+    consumers: list[list[int]] = [[] for _ in actions]
+    for i, j in enumerate(producer):
+        if j >= 0:
+            consumers[j].append(i)
+    i = 0
+    for prog in schedule.programs:
+        ids = range(i, i + len(prog))
+        i += len(prog)
+        # receives for compute 0 and 1 go first; those for compute k+1 go before compute k;
+        # sends go right after the compute that made their tensor
+        ops = [(ids[0], False)] if prog and producer[ids[0]] >= 0 else []
+        steps = []
+        for k in ids:
+            if k + 1 < ids.stop and producer[k + 1] >= 0:
+                ops.append((k + 1, False))
+            steps.append((tuple(ops), k))
+            ops = [(c, True) for c in consumers[k]]
+        programs.append(steps)
+        tails.append(tuple(ops))
+    return Plan(actions, rank, producer, local, programs, tails)
 
 
 # the matching half of a transfer: SEND_F(s) <-> RECV_F(s+1), SEND_B(s) <-> RECV_B(s-1)
@@ -273,6 +381,11 @@ def _run_abstractly(schedule: Schedule, kinds: set[tuple[int, int, Kind]]) -> No
         reasons = "; ".join(f"rank {r} waits at {schedule.programs[r][i]} for {why(r, schedule.programs[r][i])}"
                             for r, i in stuck.items())
         raise ScheduleError(f"schedule {schedule.name!r} deadlocks: {reasons}\n{schedule.grid(stuck)}")
+
+
+def check_communication(schedule: Schedule) -> None:
+    """The SENDs and RECVs of a lowered schedule are exactly those that `lower` adds."""
+    _check_communication(schedule, _kinds(schedule))
 
 
 def validate(schedule: Schedule) -> Schedule:

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Callable
 
 from .files import atomic_write
 from .ir import Action, Schedule
@@ -33,35 +34,62 @@ class Event:
         return self.action.kind.is_compute
 
 
-@dataclass
 class Result:
     """A simulated or measured training step.
 
     `memory[r]` is rank r's memory over time as (time, bytes) steps; `activations[r]`
     the same for the number of micro-batches whose activations rank r holds.
+
+    `schedule` and `events` may be given as functions that make them: the simulator does
+    so, and a sweep that reads only the makespan, the bubble and the peaks never pays for
+    a million `Event` records. It then also gives `makespan` and `busy`, which are
+    otherwise derived from the events.
     """
 
-    schedule: Schedule
-    events: list[Event]
-    memory: list[list[tuple[float, float]]]
-    activations: list[list[tuple[float, int]]]
-    source: str = "simulated"
-    makespan: float = field(init=False)
+    def __init__(self, schedule: Schedule | Callable[[], Schedule], events: list[Event] | Callable[[], list[Event]],
+                 memory: list[list[tuple[float, float]]], activations: list[list[tuple[float, int]]],
+                 source: str = "simulated", *, makespan: float | None = None, busy: list[float] | None = None):
+        self._schedule, self._events = schedule, events
+        self.memory, self.activations, self.source = memory, activations, source
+        self._makespan, self._busy = makespan, busy
+        self._t0 = 0.0 if makespan is not None else None
 
-    def __post_init__(self):
-        self.makespan = max((e.end for e in self.events), default=0.0) - self.t0
+    @property
+    def schedule(self) -> Schedule:
+        """The lowered schedule that ran."""
+        if callable(self._schedule):
+            self._schedule = self._schedule()
+        return self._schedule
+
+    @property
+    def events(self) -> list[Event]:
+        """One record per action (compute, SEND and RECV) on every rank."""
+        if callable(self._events):
+            self._events = self._events()
+        return self._events
+
+    @property
+    def makespan(self) -> float:
+        """Length of the step: from its first start to its last end."""
+        if self._makespan is None:
+            self._makespan = max((e.end for e in self.events), default=0.0) - self.t0
+        return self._makespan
 
     @property
     def t0(self) -> float:
         """Start of the step (0 for simulated runs; measured runs may be offset)."""
-        return min((e.start for e in self.events), default=0.0)
+        if self._t0 is None:
+            self._t0 = min((e.start for e in self.events), default=0.0)
+        return self._t0
 
     @property
     def ranks(self) -> int:
-        return self.schedule.ranks
+        return len(self.memory)  # one series per rank; does not make a lazy schedule
 
     def busy(self) -> list[float]:
         """Compute time of each rank."""
+        if self._busy is not None:
+            return list(self._busy)
         busy = [0.0] * self.ranks
         for e in self.events:
             if e.action.kind.is_compute:

@@ -142,6 +142,13 @@ def test_properties(cfg):
     schedule = sim.make_schedule(name, stages=p, micro=m)
     r = sim.simulate(schedule, costs)
     c = costs.for_stages(p)
+    # what the engine tallied while running equals what the event records say
+    from_events = sim.Result(r.schedule, r.events, r.memory, r.activations)
+    assert from_events.makespan == pytest.approx(r.makespan, abs=1e-9)
+    assert from_events.busy() == pytest.approx(r.busy(), abs=1e-9)
+    # a given lowered schedule simulates exactly as the compute-only one
+    again = sim.simulate(r.schedule, costs)
+    assert again.makespan == r.makespan and sorted(map(tuple, again.memory)) == sorted(map(tuple, r.memory))
     # every action ran exactly once
     assert sorted(str(e.action) for e in r.events) == sorted(str(a) for prog in r.schedule.programs for a in prog)
     # memory returns to the static level, and never drops below it

@@ -116,3 +116,24 @@ def test_lowering_adds_exactly_the_transfers_the_dependencies_imply():
 def test_make_schedule_rejects_bad_arguments(name, stages, micro):
     with pytest.raises(ScheduleError):
         sim.make_schedule(name, stages=stages, micro=micro)
+
+
+@pytest.mark.parametrize("programs", [
+    [["0B0", "0F0"], ["1F0", "1B0"]],
+    [["0F0", "0B0", "0F1", "0B1"], ["1F1", "1B1", "1F0", "1B0"]],
+])
+def test_simulate_rejects_a_deadlock_as_validate_does(programs):
+    with pytest.raises(ScheduleError) as by_validate:
+        sim.validate(Schedule(programs))
+    with pytest.raises(ScheduleError) as by_simulate:
+        sim.simulate(Schedule(programs))
+    assert str(by_simulate.value) == str(by_validate.value)
+
+
+def test_simulate_rejects_a_late_recv_as_validate_does():
+    good = sim.lower(sim.make_schedule("gpipe", stages=2, micro=2))
+    prog1 = [a for a in good.programs[1] if str(a) != "1RECV_F1"]
+    prog1.insert(prog1.index(Action.parse("1F1")) + 1, Action.parse("1RECV_F1"))
+    bad = Schedule([good.programs[0], prog1])
+    with pytest.raises(ScheduleError, match=r"rank 1 waits at 1F1 for 1RECV_F1 \(not posted before it\)"):
+        sim.simulate(bad)
