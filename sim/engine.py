@@ -41,22 +41,13 @@ class _Arrival(simpy.Event):
         self.env.schedule(self, delay=delay)
 
 
-def _steps(p: Plan, c: StageCosts):
-    """Each rank's computes as plain tuples for the inner loop: (the SENDs and RECVs just
-    before it, the action, its duration, the transfer it waits for or -1, the computes on
-    this rank it needs, its id, whether it takes activations (F), whether it frees them (the
-    last backward: B, or W where the backward is split), the activation bytes of its stage)."""
+def _costs(p: Plan, c: StageCosts):
+    """Per compute id: its duration and the activation bytes of its stage; per transfer
+    (named by the compute that receives it): its sending rank, its link (numbered per
+    sender -> receiver pair) and the time it holds the link."""
     duration = {_F: c.forward, _B: c.backward, _I: c.backward_input, _W: c.backward_weight}
-    programs = []
-    for steps in p.programs:
-        out = []
-        for ops, i in steps:
-            a = p.actions[i]
-            k, s = a.kind, a.stage
-            out.append((ops, a, duration[k][s], i if p.producer[i] >= 0 else -1, p.local[i], i,
-                        k is _F, k is _B or k is _W, c.activation_bytes[s]))
-        programs.append(out)
-    # transfer t (named by the compute that receives it) runs from src[t] to rank[t]
+    dur = [duration[a.kind][a.stage] for a in p.actions]
+    nbytes = [c.activation_bytes[a.stage] for a in p.actions]
     src, link, busy = [-1] * len(p.actions), [0] * len(p.actions), [0.0] * len(p.actions)
     links: dict[tuple[int, int], int] = {}
     for t, j in enumerate(p.producer):
@@ -65,7 +56,7 @@ def _steps(p: Plan, c: StageCosts):
             link[t] = links.setdefault((src[t], p.rank[t]), len(links))
             # the tensor between stages s and s+1 has the size of stage s's output
             busy[t] = c.transfer_time(c.activation_bytes_sent[min(p.actions[j].stage, p.actions[t].stage)])
-    return programs, src, link, busy, len(links)
+    return dur, nbytes, src, link, busy, len(links)
 
 
 class _Run:
@@ -91,7 +82,8 @@ def run(schedule: Schedule, c: StageCosts):
     `_Run` record, each rank's memory and activations over time, and which ranks finished
     their program (not all of them if the ranks got stuck)."""
     p = plan(schedule)
-    programs, src, link, busy, nlinks = _steps(p, c)
+    dur, act_bytes, src, link, busy, nlinks = _costs(p, c)
+    actions, producer, local = p.actions, p.producer, p.local
     n = ncomputes = len(p.actions)
     env = simpy.Environment()
     latency = c.latency
@@ -104,11 +96,10 @@ def run(schedule: Schedule, c: StageCosts):
     done = [False] * ncomputes
     finished = [False] * schedule.ranks
 
-    def communicate(ops) -> None:
-        """Issue SENDs and post RECVs; the second side of a transfer starts it: it takes the
-        link from max(now, the time the link is free) for busy[t], and the data arrives
-        `latency` after that."""
-        now = env.now
+    def communicate(ops, now: float) -> None:
+        """Issue SENDs and post RECVs at `now`; the second side of a transfer starts it: it
+        takes the link from max(now, the time the link is free) for busy[t], and the data
+        arrives `latency` after that."""
         for t, sending in ops:
             if sending:
                 sent[t] = now
@@ -135,38 +126,41 @@ def run(schedule: Schedule, c: StageCosts):
         held_bytes, held = static[r], 0
         mem, act = memory[r].append, activations[r].append
         timeout = env.timeout
-        for ops, a, duration, t, needs, cid, takes, frees, nbytes in programs[r]:
+        now = env.now
+        for ops, i in p.programs[r]:
             if ops:
-                communicate(ops)
-            for d in needs:
+                communicate(ops, now)
+            for d in local[i]:
                 if not done[d]:
                     return  # a local input comes later in this very program: stuck for good
             # Start when the remote input is here. Where its arrival time is known, waiting
             # and computing are one timeout; only a tensor not sent yet needs an event,
             # which the sender triggers at the arrival.
-            start = env.now
-            if t >= 0:
-                at = arrive_at[t]
+            start = now
+            if producer[i] >= 0:
+                at = arrive_at[i]
                 if at is None:
-                    waiter[t] = _Arrival(env)
-                    yield waiter[t]
-                    at = arrive_at[t]
+                    waiter[i] = _Arrival(env)
+                    yield waiter[i]
+                    now = at = arrive_at[i]
                 if at > start:
                     start = at
-            if takes:
+            k = actions[i].kind
+            if k is _F:  # F takes its micro-batch's activations
                 held += 1
-                held_bytes += nbytes
+                held_bytes += act_bytes[i]
                 mem((start, held_bytes))
                 act((start, held))
-            yield timeout(start + duration - env.now)
-            start_of[cid], end_of[cid] = start, env.now
-            done[cid] = True
-            if frees:
+            yield timeout(start + dur[i] - now)
+            now = env.now
+            start_of[i], end_of[i] = start, now
+            done[i] = True
+            if k is _B or k is _W:  # the last backward (W where it is split) frees them
                 held -= 1
-                held_bytes -= nbytes
-                mem((env.now, held_bytes))
-                act((env.now, held))
-        communicate(p.tails[r])
+                held_bytes -= act_bytes[i]
+                mem((now, held_bytes))
+                act((now, held))
+        communicate(p.tails[r], now)
         finished[r] = True
 
     for r in range(schedule.ranks):
@@ -200,7 +194,8 @@ def simulate(schedule: Schedule, costs: Costs | None = None) -> Result:
         busy = [0.0] * schedule.ranks
         for r, s, e in zip(record.plan.rank, record.start, record.end):
             busy[r] += e - s
-        makespan = max(record.end + [a for a in record.arrive if a is not None], default=0.0)
+        # every transfer feeds a compute that starts after it arrives: the last compute ends the step
+        makespan = max(record.end, default=0.0)
         return Result(lowered or (lambda: lower(schedule)), record.events, memory, activations,
                       makespan=makespan, busy=busy)
     finally:
