@@ -230,6 +230,43 @@ def _compute_times(ctx, spec, bounds, schedule, micro: int, steps: int, alone: b
     return samples
 
 
+def _post_costs_busy(ctx, nbytes: int, repeats: int) -> dict:
+    """The CPU time of posting an `irecv` and issuing an `isend` of `nbytes` while the
+    peer computes (as inside a step: both cores busy), on ranks 0 and 1 in turn.
+    Returns this rank's medians in seconds (and the largest isend/irecv seen)."""
+    import torch
+    import torch.distributed as dist
+
+    out: dict[str, list[float]] = {"isend_busy": [], "irecv_busy": []}
+    if ctx.rank > 1:
+        return {}
+    peer = 1 - ctx.rank
+    x = torch.randn(256, 256)
+    buf_in, buf_out = torch.zeros(max(1, nbytes // 4)), torch.zeros(max(1, nbytes // 4))
+    for poster in (0, 1):
+        for _ in range(repeats):
+            if ctx.rank == poster:
+                time.sleep(0.002)  # the peer is computing by now
+                t = time.perf_counter()
+                r = dist.irecv(buf_in, peer, tag=7)
+                t1 = time.perf_counter()
+                w = dist.isend(buf_out, peer, tag=8)
+                t2 = time.perf_counter()
+                out["irecv_busy"].append(t1 - t)
+                out["isend_busy"].append(t2 - t1)
+                r.wait()
+                w.wait()
+            else:
+                t = time.perf_counter()
+                while time.perf_counter() - t < 0.006:  # compute while the other rank posts
+                    x @ x
+                dist.recv(buf_out, peer, tag=8)
+                dist.send(buf_in, peer, tag=7)
+    res = {k: statistics.median(v) for k, v in out.items() if v}
+    res.update({f"{k}_max": max(v) for k, v in out.items() if v})
+    return res
+
+
 def _pingpong(ctx, sizes: Sequence[int], repeats: int) -> dict:
     """Ranks 0 and 1 bounce float32 messages of each size with isend/irecv; rank 0 times
     round trips, and both time what posting and waiting cost on the CPU."""
@@ -307,16 +344,22 @@ def calibrate_rank(ctx, spec, schedule: sim.Schedule, micro: int, bounds: Sequen
     concurrent = _compute_times(ctx, spec, bounds, schedule, micro, steps, alone=False)
     alone = _compute_times(ctx, spec, bounds, schedule, micro, steps, alone=True)
     comm = _pingpong(ctx, sizes, repeats) if ctx.world_size > 1 and sizes else None
+    if comm is not None:
+        comm["busy"] = _post_costs_busy(ctx, activation_message_bytes(spec, micro), repeats)
     return {"rank": ctx.rank, "memory": memory, "concurrent": {f"{s}{k}": v for (s, k), v in concurrent.items()},
             "alone": {f"{s}{k}": v for (s, k), v in alone.items()}, "comm": comm,
             "threads": torch.get_num_threads()}
 
 
+def activation_message_bytes(spec, micro: int) -> int:
+    """Bytes of the activation passed between stages for one micro-batch (b, seq, hidden)."""
+    x = spec.micro_batches(micro)[0][0]
+    return x.numel() * 4 * (spec.hidden if spec.model == "gpt" else 1)
+
+
 def message_sizes(spec, micro: int) -> list[int]:
     """Ping-pong message sizes: powers of 4 from 4 bytes to 4 MiB, and the activation size."""
-    x = spec.micro_batches(micro)[0][0]
-    act = x.numel() * 4 * (spec.hidden if spec.model == "gpt" else 1)
-    return sorted({4, 1 << 10, 1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22, act})
+    return sorted({4, 1 << 10, 1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22, activation_message_bytes(spec, micro)})
 
 
 def costs_from_reports(reports: Sequence[dict], schedule: sim.Schedule, use: str = "concurrent",
@@ -342,7 +385,8 @@ def costs_from_reports(reports: Sequence[dict], schedule: sim.Schedule, use: str
     comm = next((r["comm"] for r in reports if r["rank"] == 0 and r["comm"]), None)
     comm1 = next((r["comm"] for r in reports if r["rank"] == 1 and r["comm"]), None)
     if comm is not None and comm1 is not None:
-        comm = {**comm, "irecv_post": comm1["irecv_post"], "wait_ready": comm1["wait_ready"]}
+        comm = {**comm, "irecv_post": comm1["irecv_post"], "wait_ready": comm1["wait_ready"],
+                "busy_rank1": comm1.get("busy")}
     if comm is not None and all(t is not None for t in comm["isend_post"]):
         # the CPU time of the isend call itself grows with the message: gloo writes the
         # data to the socket inside isend when the receive is already posted
