@@ -378,6 +378,7 @@ def costs_from_reports(reports: Sequence[dict], schedule: sim.Schedule, use: str
             for k, v in r[kind].items():
                 times[kind].setdefault(k, []).extend(v)
     med = {kind: {k: statistics.median(v) for k, v in d.items()} for kind, d in times.items()}
+    mean = {kind: {k: statistics.fmean(v) for k, v in d.items()} for kind, d in times.items()}
     missing = [f"{s}{k}" for s in range(stages) for k in "FB" if f"{s}{k}" not in med[use]]
     if missing or set(memory) != set(range(stages)):
         raise ValueError(f"the reports lack stages' measurements ({', '.join(missing) or 'memory'}); "
@@ -411,7 +412,7 @@ def costs_from_reports(reports: Sequence[dict], schedule: sim.Schedule, use: str
     details = {
         "schedule": schedule.name, "stages": stages, "micro": schedule.micro, "use": use,
         "threads": sorted({r["threads"] for r in reports}),
-        "compute_samples": times, "compute_median": med, "slowdown": slowdown,
+        "compute_samples": times, "compute_median": med, "compute_mean": mean, "slowdown": slowdown,
         "slowdown_median": statistics.median(slowdown.values()) if slowdown else None,
         "memory": memory, "comm": comm, "latency": latency, "bandwidth": bandwidth,
     }
