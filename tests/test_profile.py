@@ -63,6 +63,15 @@ def test_compare_a_step_with_its_own_simulation_gives_zero_error():
         assert all(v["ratio"] == pytest.approx(1.0) for v in bd["actions"].values())
 
 
+def test_overlay_figure_is_written(tmp_path):
+    from exec.compare import compare, overlay_figure
+    costs = sim.Costs(forward=0.01, backward=0.02, latency=1e-4)
+    ref = sim.simulate(sim.make_schedule("1f1b", 2, 4), costs)
+    measured = sim.Result(ref.schedule, list(ref.events), ref.memory, ref.activations, source="measured")
+    overlay_figure(compare(measured, costs), tmp_path / "overlay.png")
+    assert (tmp_path / "overlay.png").read_bytes()[:4] == b"\x89PNG"
+
+
 def test_profile_costs_on_two_ranks():
     from exec.models import ModelSpec
     from exec.profile import profile_costs
