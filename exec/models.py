@@ -23,7 +23,6 @@ cuts where the tensor passed between stages is small (`balanced_cuts`).
 """
 from __future__ import annotations
 
-import itertools
 import math
 import statistics
 import time
