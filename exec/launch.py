@@ -187,6 +187,7 @@ def _stop(procs: Sequence[mp.process.BaseProcess]) -> None:
     for p in procs:
         if p.is_alive():
             p.terminate()
+    procs = [p for p in procs if p.pid is not None]  # one that never started has nothing to stop
     deadline = time.monotonic() + _GRACE
     for p in procs:
         p.join(max(0.0, deadline - time.monotonic()))

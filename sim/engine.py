@@ -95,6 +95,7 @@ def run(schedule: Schedule, c: StageCosts):
     start_of, end_of = [0.0] * ncomputes, [0.0] * ncomputes
     done = [False] * ncomputes
     finished = [False] * schedule.ranks
+    busy_time = [0.0] * schedule.ranks
 
     def communicate(ops, now: float) -> None:
         """Issue SENDs and post RECVs at `now`; the second side of a transfer starts it: it
@@ -127,6 +128,7 @@ def run(schedule: Schedule, c: StageCosts):
         mem, act = memory[r].append, activations[r].append
         timeout = env.timeout
         now = env.now
+        computing = 0.0  # this rank's busy time
         for ops, i in p.programs[r]:
             if ops:
                 communicate(ops, now)
@@ -154,6 +156,7 @@ def run(schedule: Schedule, c: StageCosts):
             yield timeout(start + dur[i] - now)
             now = env.now
             start_of[i], end_of[i] = start, now
+            computing += now - start
             done[i] = True
             if k is _B or k is _W:  # the last backward (W where it is split) frees them
                 held -= 1
@@ -161,13 +164,14 @@ def run(schedule: Schedule, c: StageCosts):
                 mem((now, held_bytes))
                 act((now, held))
         communicate(p.tails[r], now)
+        busy_time[r] = computing
         finished[r] = True
 
     for r in range(schedule.ranks):
         env.process(device(r))
     env.run()
     record = _Run(p, src, start_of, end_of, sent, posted, arrive_at)
-    return record, memory, activations, finished
+    return record, memory, activations, finished, busy_time
 
 
 def simulate(schedule: Schedule, costs: Costs | None = None) -> Result:
@@ -185,15 +189,12 @@ def simulate(schedule: Schedule, costs: Costs | None = None) -> Result:
         if schedule.is_lowered:
             check_communication(schedule)
         c = (costs or Costs()).for_stages(schedule.stages)
-        record, memory, activations, finished = run(schedule, c)
+        record, memory, activations, finished, busy = run(schedule, c)
         lowered = schedule if schedule.is_lowered else None
         if not all(finished):
             lowered = lowered or lower(schedule)
             check_deadlock(lowered)  # raises, naming each stuck rank and what it waits for
             raise AssertionError("the simulation stopped early but the schedule does not deadlock")
-        busy = [0.0] * schedule.ranks
-        for r, s, e in zip(record.plan.rank, record.start, record.end):
-            busy[r] += e - s
         # every transfer feeds a compute that starts after it arrives: the last compute ends the step
         makespan = max(record.end, default=0.0)
         return Result(lowered or (lambda: lower(schedule)), record.events, memory, activations,

@@ -98,7 +98,9 @@ class Schedule:
 
     def __init__(self, programs: Sequence[Iterable[Action | str]], placement: Sequence[int] | None = None,
                  micro: int | None = None, name: str = "custom"):
-        progs = tuple(tuple(action(a) for a in prog) for prog in programs)
+        # generators hand over Actions already; only text needs parsing
+        progs = tuple(prog if type(prog) is tuple and all(type(a) is Action for a in prog)
+                      else tuple(action(a) for a in prog) for prog in map(tuple, programs))
         if not progs:
             raise ScheduleError("a schedule needs at least one device")
         if placement is None:  # one stage per device, stage s on rank s

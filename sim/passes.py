@@ -224,7 +224,7 @@ def plan(schedule: Schedule, kinds: set[tuple[int, int, Kind]] | None = None) ->
     local: list[tuple[int, ...]] = [()] * len(actions)
     for i, a in enumerate(actions):
         mine = []
-        for d in _dependency_keys(a.stage, a.kind, a.micro, stages, kinds):
+        for d in _dependency_keys(*a, stages, kinds):
             j = cid[d]
             if rank[j] == rank[i]:
                 mine.append(j)

@@ -101,10 +101,15 @@ def test_time_balance_beats_layer_balance_on_uneven_costs():
 
 
 def test_time_balance_on_a_really_uneven_model():
-    # layer 0 does ~250x the work of each other layer: far beyond timing noise on a busy machine
-    spec = ModelSpec("mlp", layers=4, hidden=64, seq=16, batch_size=8, ffn=(16384, 64, 64, 64))
+    # layers 0 and 1 each do ~250x the work of layers 2 and 3: far beyond timing noise on a
+    # busy machine. Halving by layer count puts both heavy layers on stage 0 (~500 units
+    # against ~2); the time split [0, 1, 4] (~250 against ~252) is the only one within the
+    # partitioner's 2 % tolerance of the best, so it is chosen whatever the noise. (With a
+    # single heavy layer, [0, 1, 4] and [0, 2, 4] differ by less than the tolerance and
+    # either is right.)
+    spec = ModelSpec("mlp", layers=4, hidden=64, seq=16, batch_size=8, ffn=(16384, 16384, 64, 64))
     times, out_bytes = layer_times(spec, micro=1, repeats=3)
     assert out_bytes == [8 * 16 * 64 * 4] * 4
     got = spec.partition(2, "time")
-    assert got == [0, 1, 4], f"time split {got} with layer times {times} (a busy machine?)"
+    assert got == [0, 1, 4], f"time split {got} with layer times {times}"
     assert spec.partition(2, "layers") == [0, 2, 4]
