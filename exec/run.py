@@ -23,70 +23,38 @@ import time
 from pathlib import Path
 from typing import NoReturn, Sequence
 
+from sim.cli import OneLineParser, number, whole
+
 PROG = "exec.run"
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse, but a bad argument is one line on stderr and exit status 2."""
-
-    def error(self, message: str) -> NoReturn:  # type: ignore[override]
-        print(f"{self.prog}: error: {message}", file=sys.stderr)
-        raise SystemExit(2)
-
-
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; give a positive integer like 4") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"got {v}, need a positive integer (at least 1)")
-    return v
-
-
-def _count(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; give 0 or more") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"got {v}, need 0 or more")
-    return v
-
-
 def _seconds(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not (v > 0 and math.isfinite(v)):
-        raise argparse.ArgumentTypeError(f"got {text}, need a positive number of seconds")
-    return v
+    return number(text, minimum=0.0, strict=True)
 
 
 def build_parser() -> argparse.ArgumentParser:
     import sim
-    p = _Parser(prog=PROG, description="Run a pipeline schedule on real ranks with torch.distributed, check its "
+    p = OneLineParser(error_prog=PROG, prog=PROG, description="Run a pipeline schedule on real ranks with torch.distributed, check its "
                                        "gradients against one process, and compare it with the simulator.")
     p.add_argument("--schedule", default="1f1b", help=f"one of {', '.join(sim.SCHEDULES)} (default 1f1b)")
-    p.add_argument("--stages", type=_positive_int, default=2, help="pipeline stages = ranks (default 2)")
-    p.add_argument("--micro", type=_positive_int, default=8, help="micro-batches per step (default 8)")
+    p.add_argument("--stages", type=whole, default=2, help="pipeline stages = ranks (default 2)")
+    p.add_argument("--micro", type=whole, default=8, help="micro-batches per step (default 8)")
     m = p.add_argument_group("model (exec.models.ModelSpec)")
     m.add_argument("--model", choices=["mlp", "gpt"], default="mlp", help="default mlp")
     m.add_argument("--balance", choices=["layers", "time"], default="layers",
                    help="cut stages by layer count or by profiled time (default layers)")
-    m.add_argument("--layers", type=_positive_int, help="MLP or transformer blocks")
-    m.add_argument("--hidden", type=_positive_int, help="hidden width")
-    m.add_argument("--seq", type=_positive_int, help="sequence length")
-    m.add_argument("--batch-size", type=_positive_int, help="samples per step (a multiple of --micro)")
+    m.add_argument("--layers", type=whole, help="MLP or transformer blocks")
+    m.add_argument("--hidden", type=whole, help="hidden width")
+    m.add_argument("--seq", type=whole, help="sequence length")
+    m.add_argument("--batch-size", type=whole, help="samples per step (a multiple of --micro)")
     m.add_argument("--seed", type=int, help="weights and batch seed")
     r = p.add_argument_group("run")
     r.add_argument("--backend", choices=["gloo", "nccl"], default="gloo",
                    help="gloo: CPU processes; nccl: one GPU per rank (default gloo)")
-    r.add_argument("--steps", type=_positive_int, default=5, help="measured steps (default 5)")
-    r.add_argument("--warmup", type=_count, default=2, help="warm-up steps, not measured (default 2)")
+    r.add_argument("--steps", type=whole, default=5, help="measured steps (default 5)")
+    r.add_argument("--warmup", type=lambda t: whole(t, minimum=0), default=2, help="warm-up steps, not measured (default 2)")
     r.add_argument("--timeout", type=_seconds, default=300.0, help="seconds for the whole run (default 300)")
-    r.add_argument("--threads", type=_positive_int, help="torch threads per rank (default cores / ranks)")
+    r.add_argument("--threads", type=whole, help="torch threads per rank (default cores / ranks)")
     r.add_argument("--lr", type=float, default=0.01, help="SGD learning rate (default 0.01)")
     c = p.add_argument_group("comparison and output")
     c.add_argument("--costs", type=Path, help="costs JSON (exec.profile.save_costs) instead of profiling")

@@ -24,6 +24,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn, Sequence
 
+from . import cli
+from .cli import number, whole
 from .costs import Costs
 from .engine import simulate
 from .files import atomic_write
@@ -309,58 +311,28 @@ def save_figure(fig: "Figure", path: str | os.PathLike, dpi: int = DPI) -> None:
 
 # ----------------------------------------------------------------------------- command line
 
-class _Parser(argparse.ArgumentParser):
-    """Bad arguments get one line on stderr and status 2: no usage dump, no traceback."""
-
-    def error(self, message: str):  # type: ignore[override]
-        fail(message)
-
-
 def fail(message: str) -> NoReturn:
     """Print `sim.plot: error: <message>` on one line to stderr and exit with status 2."""
-    print(f"sim.plot: error: {' '.join(message.split())}", file=sys.stderr)
-    sys.exit(2)
-
-
-def _number(text: str, minimum: float = 0.0, strict: bool = False, allow_inf: bool = False) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if math.isnan(v) or (math.isinf(v) and not allow_inf) or v < minimum or (strict and v == minimum):
-        need = f"> {minimum:g}" if strict else f">= {minimum:g}"
-        what = "a number" if allow_inf else "a finite number"
-        raise argparse.ArgumentTypeError(f"got {text}, need {what} {need}")
-    return v
-
-
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; give a positive integer like 4") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"got {v}, need a positive integer (at least 1)")
-    return v
+    cli.fail("sim.plot", message)
 
 
 def _per_stage(text: str) -> list[float]:
     """`'1'` or `'1,2,1,2'`: one number for all stages or one per stage."""
-    return [_number(t.strip()) for t in text.split(",")]
+    return [number(t.strip()) for t in text.split(",")]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m sim.plot",
+    p = cli.OneLineParser(error_prog="sim.plot", prog="python -m sim.plot",
                 description="Simulate pipeline schedules and draw their timelines and memory.")
-    p.add_argument("--stages", type=_positive_int, default=4, help="pipeline stages = devices (default 4)")
-    p.add_argument("--micro", type=_positive_int, default=8, help="micro-batches per step (default 8)")
+    p.add_argument("--stages", type=whole, default=4, help="pipeline stages = devices (default 4)")
+    p.add_argument("--micro", type=whole, default=8, help="micro-batches per step (default 8)")
     p.add_argument("--schedule", action="append", metavar="NAME",
                    help=f"schedule(s) to draw, repeatable or comma-separated; default all: {','.join(SCHEDULES)}")
     per = "one number, or a comma-separated list with one per stage"
     p.add_argument("--forward", type=_per_stage, default=[1.0], help=f"forward time per micro-batch; {per}")
     p.add_argument("--backward", type=_per_stage, default=[2.0], help=f"backward time per micro-batch; {per}")
-    p.add_argument("--latency", type=_number, default=0.0, help="fixed delay of every transfer")
-    p.add_argument("--bandwidth", type=lambda t: _number(t, strict=True, allow_inf=True), default=math.inf,
+    p.add_argument("--latency", type=number, default=0.0, help="fixed delay of every transfer")
+    p.add_argument("--bandwidth", type=lambda t: number(t, strict=True, allow_inf=True), default=math.inf,
                    help="bytes/s of each link (default inf: transfers are free)")
     p.add_argument("--activation-bytes", type=_per_stage, default=[1.0],
                    help=f"bytes a stage keeps per micro-batch until its backward; {per}")

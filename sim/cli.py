@@ -1,0 +1,50 @@
+"""What the command lines (`sim.plot`, `exec.run`) share: a bad argument is one line on
+stderr and exit status 2, never a usage dump or a traceback."""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from typing import NoReturn
+
+
+def fail(prog: str, message: str) -> NoReturn:
+    """Print `<prog>: error: <message>` on one line to stderr and exit with status 2."""
+    print(f"{prog}: error: {' '.join(str(message).split())}", file=sys.stderr)
+    sys.exit(2)
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a bad argument is one line on stderr and exit status 2; `error_prog`
+    names the command in that line."""
+
+    def __init__(self, *args, error_prog: str, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.error_prog = error_prog
+
+    def error(self, message: str) -> NoReturn:  # type: ignore[override]
+        fail(self.error_prog, message)
+
+
+def number(text: str, minimum: float = 0.0, strict: bool = False, allow_inf: bool = False) -> float:
+    """A float >= `minimum` (> if `strict`); infinity only if `allow_inf`; never NaN."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if math.isnan(v) or (math.isinf(v) and not allow_inf) or v < minimum or (strict and v == minimum):
+        need = f"> {minimum:g}" if strict else f">= {minimum:g}"
+        what = "a number" if allow_inf else "a finite number"
+        raise argparse.ArgumentTypeError(f"got {text}, need {what} {need}")
+    return v
+
+
+def whole(text: str, minimum: int = 1) -> int:
+    """An integer >= `minimum` (default: a positive integer)."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; give an integer >= {minimum}") from None
+    if v < minimum:
+        raise argparse.ArgumentTypeError(f"got {v}, need an integer >= {minimum}")
+    return v
