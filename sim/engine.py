@@ -12,11 +12,11 @@ The rules (docs/rules.md; `exec` honours the same ones):
 5. Memory of a device = static bytes + the activations of each micro-batch it holds,
    from the start of that micro-batch's F until the end of its last backward (B or W).
 
-How it stays fast (docs/performance.md): a transfer costs one SimPy event, its arrival.
-Link queueing needs no process: each link keeps the time it is next free, so a transfer
-that starts at `now` occupies it from max(now, free) on. Before the run, every program is
-turned into a list of plain tuples and every transfer into an integer id, so the inner
-loop does no dictionary work on `Action`s.
+How it stays fast (docs/performance.md): it runs the numbered `sim.passes.plan`, not
+`Action` objects. A compute whose input's arrival time is known waits and computes in one
+timeout; a transfer is an event only when its receiver already waits for it. Link
+queueing needs no process: each link keeps the time it is next free. A run that stops
+with ranks unfinished is a deadlock, explained by `sim.passes.check_deadlock`.
 """
 from __future__ import annotations
 
@@ -25,9 +25,8 @@ import gc
 import simpy
 
 from .costs import Costs, StageCosts
-from .ir import Kind, Schedule
-from .passes import (_B, _F, _I, _RECV_B, _RECV_F, _RECV_OF, _SEND_B, _SEND_F, _W, _dependency_keys, _kinds,
-                     _peer_key, Plan, check_communication, check_complete, check_deadlock, lower, plan)
+from .ir import Schedule
+from .passes import _B, _F, _I, _W, Plan, check_communication, check_complete, check_deadlock, lower, plan
 from .result import Event, Result
 
 

@@ -1,7 +1,8 @@
 """Passes over a `Schedule`: the one dependency function, validation, and lowering.
 
-Data flows one way: generators write compute actions -> `lower` adds communication ->
-`check_deadlock` proves the program runs -> `sim.simulate` or `exec` run it.
+Data flows one way: generators write compute actions -> `plan` numbers them and places
+the communication (`lower` writes it out as SEND/RECV actions) -> `sim.simulate` or `exec`
+run it; `check_deadlock` proves or explains whether it can finish.
 """
 from __future__ import annotations
 
@@ -147,11 +148,6 @@ def _transfer_keys(schedule: Schedule, kinds: set[tuple[int, int, Kind]]) -> lis
     return pairs
 
 
-def transfers(schedule: Schedule) -> list[tuple[Action, Action]]:
-    """The (send, recv) pairs that the data dependencies imply between different ranks."""
-    return [(Action(*send), Action(*recv)) for send, recv in _transfer_keys(schedule, _kinds(schedule))]
-
-
 def lower(schedule: Schedule) -> Schedule:
     """Add the communication actions that the data dependencies imply.
 
@@ -215,7 +211,7 @@ def plan(schedule: Schedule, kinds: set[tuple[int, int, Kind]] | None = None) ->
     SENDs and RECVs stay where they are; for a compute-only one this is where the rules of
     `lower` place them, written once for `lower` and for the engine."""
     kinds = _kinds(schedule) if kinds is None else kinds
-    placement, stages = schedule.placement, schedule.stages
+    stages = schedule.stages
     progs = schedule.compute_only().programs if schedule.is_lowered else schedule.programs
     actions: list[Action] = list(itertools.chain.from_iterable(progs))
     rank = list(itertools.chain.from_iterable(itertools.repeat(r, len(p)) for r, p in enumerate(progs)))

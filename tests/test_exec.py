@@ -20,7 +20,8 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 
 import sim  # noqa: E402
-from sim import Action, Kind, Schedule  # noqa: E402
+from sim import Action, Kind  # noqa: E402
+from test_placement import gpipe_like  # noqa: E402
 from exec.launch import RankError, _children_of, free_port, launch  # noqa: E402
 from exec.models import ModelSpec  # noqa: E402
 from exec.runtime import (compare_grads, pipeline_worker, reference_step,  # noqa: E402
@@ -139,16 +140,7 @@ def test_launch_rejects_bad_arguments_before_starting_anything():
 
 def _gpipe_like(placement, micro, split=False):
     """All forwards in stage order, then the backwards in reverse (I then W if split)."""
-    S, R = len(placement), max(placement) + 1
-    progs = [[] for _ in range(R)]
-    for s in range(S):
-        progs[placement[s]] += [Action(s, Kind.F, m) for m in range(micro)]
-    for s in reversed(range(S)):
-        progs[placement[s]] += [Action(s, Kind.I if split else Kind.B, m) for m in range(micro)]
-    if split:
-        for s in reversed(range(S)):
-            progs[placement[s]] += [Action(s, Kind.W, m) for m in range(micro)]
-    return Schedule(progs, placement, micro, name="v-split" if split else "v")
+    return gpipe_like(placement, micro, split, name="v-split" if split else "v")
 
 
 CASES = [  # (id, spec, schedule)

@@ -9,7 +9,7 @@ from sim import Action, Costs, Kind, Schedule
 from test_engine import reference_times
 
 
-def gpipe_like(placement, micro, split=False):
+def gpipe_like(placement, micro, split=False, name="gpipe-like"):
     """All forwards in stage order, then all backwards in reverse stage order, per rank."""
     S, R = len(placement), max(placement) + 1
     progs = [[] for _ in range(R)]
@@ -21,7 +21,7 @@ def gpipe_like(placement, micro, split=False):
     if split:  # weight gradients last, the zero-bubble way of filling the tail
         for s in reversed(range(S)):
             progs[placement[s]] += [Action(s, Kind.W, m) for m in range(micro)]
-    return Schedule(progs, placement, micro, name="gpipe-like")
+    return Schedule(progs, placement, micro, name=name)
 
 
 def test_v_shape_has_no_transfer_between_stages_on_one_device():
