@@ -19,7 +19,7 @@ from typing import Any
 
 import sim
 from sim.ir import Kind
-from sim.passes import _RECV_OF, _kinds, dependencies
+from sim.passes import _RECV_OF, compute_set, dependencies
 
 __all__ = ["Comparison", "compare", "breakdown", "sharing_check", "overlay_figure"]
 
@@ -114,7 +114,7 @@ def breakdown(result: sim.Result, costs: sim.Costs | None = None) -> dict:
     sched = result.schedule
     t0, t1 = result.t0, result.t0 + result.makespan
     arrivals = {e.action: e.end for e in result.events if e.action.kind in (Kind.RECV_F, Kind.RECV_B)}
-    kinds = _kinds(sched)
+    computes = compute_set(sched)
     ranks = []
     for r in range(sched.ranks):
         comp = result.compute_events(r)
@@ -123,7 +123,7 @@ def breakdown(result: sim.Result, costs: sim.Costs | None = None) -> dict:
         for i, e in enumerate(comp):
             a = e.action
             remote = [sim.Action(a.stage, _RECV_OF[a.kind], a.micro) for d in
-                      (dependencies(a, sched.stages, kinds) if a.kind is not Kind.W else [])
+                      (dependencies(a, sched.stages, computes) if a.kind is not Kind.W else [])
                       if sched.placement[d.stage] != r]
             ready = max([prev_end] + [arrivals[x] for x in remote if x in arrivals])
             wait += max(0.0, min(ready, e.start) - prev_end)

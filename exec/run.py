@@ -109,6 +109,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.backend == "nccl" and torch.cuda.device_count() < schedule.ranks:
         parser.error(f"--backend nccl runs one process per GPU: {schedule.ranks} ranks need {schedule.ranks} GPUs, "
                      f"this machine has {torch.cuda.device_count()}; use --backend gloo or fewer --stages")
+    if args.out is not None and args.out.exists() and not args.out.is_dir():
+        parser.error(f"--out {args.out} is a file; give a folder (it is created if missing)")
     if args.costs is not None and not args.costs.is_file():
         parser.error(f"--costs {args.costs}: no such file; write one with exec.profile.save_costs")
 
@@ -145,11 +147,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _compare(args, spec, run):
     """Costs (read or profiled on the same ranks) -> the simulated step beside the measured."""
-    try:
-        from exec.compare import compare
-        from exec.profile import load_costs, profile_costs
-    except ImportError:  # exec.compare is optional: the measured run stands on its own
-        return None
+    from exec.compare import compare
+    from exec.profile import load_costs, profile_costs
     if args.costs is not None:
         costs = load_costs(args.costs)
     else:

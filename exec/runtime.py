@@ -33,7 +33,7 @@ from torch import nn
 
 import sim
 from sim import Action, Event, Kind, Result, Schedule
-from sim.passes import dependencies, peer
+from sim.passes import compute_set, dependencies, peer
 
 from .launch import RankContext
 
@@ -65,13 +65,13 @@ def transfer_tag(recv: Action, micro: int) -> int:
 
 def _stage_waits(schedule: Schedule) -> dict[Action, list[Action]]:
     """For each compute action, the RECVs whose data it waits for (as sim.engine does)."""
-    kinds = {(a.stage, a.micro, a.kind) for p in schedule.programs for a in p if a.kind.is_compute}
+    computes = compute_set(schedule)
     waits = {}
     for prog in schedule.programs:
         for a in prog:
             if a.kind in RECV_FOR:
                 waits[a] = [Action(a.stage, RECV_FOR[a.kind], a.micro)
-                            for d in dependencies(a, schedule.stages, kinds)
+                            for d in dependencies(a, schedule.stages, computes)
                             if schedule.rank_of(d.stage) != schedule.rank_of(a.stage)]
     return waits
 

@@ -21,6 +21,7 @@ with ranks unfinished is a deadlock, explained by `sim.passes.check_deadlock`.
 from __future__ import annotations
 
 import gc
+from operator import itemgetter
 
 import simpy
 
@@ -40,30 +41,36 @@ class _Arrival(simpy.Event):
         self.env.schedule(self, delay=delay)
 
 
-def _costs(p: Plan, c: StageCosts):
-    """Per compute id: its duration and the activation bytes of its stage; per transfer
-    (named by the compute that receives it): its sending rank, its link (numbered per
-    sender -> receiver pair) and the time it holds the link."""
-    duration = {_F: c.forward, _B: c.backward, _I: c.backward_input, _W: c.backward_weight}
-    dur = [duration[a.kind][a.stage] for a in p.actions]
-    nbytes = [c.activation_bytes[a.stage] for a in p.actions]
-    src, link, busy = [-1] * len(p.actions), [0] * len(p.actions), [0.0] * len(p.actions)
-    links: dict[tuple[int, int], int] = {}
-    for t, j in enumerate(p.producer):
-        if j >= 0:
-            src[t] = p.rank[j]
-            link[t] = links.setdefault((src[t], p.rank[t]), len(links))
-            # the tensor between stages s and s+1 has the size of stage s's output
-            busy[t] = c.transfer_time(c.activation_bytes_sent[min(p.actions[j].stage, p.actions[t].stage)])
-    return dur, nbytes, src, link, busy, len(links)
+def _costs(p: Plan, c: StageCosts, placement: tuple[int, ...]):
+    """Per compute id: its duration; per transfer (named by the compute that receives it):
+    its link (numbered per sender -> receiver pair) and the time it holds the link. These
+    lists are as long as the schedule, so they are built with map and zip where possible."""
+    stage = list(map(itemgetter(0), p.actions))
+    times = {(s, k): t for k, per_stage in ((_F, c.forward), (_B, c.backward), (_I, c.backward_input),
+                                            (_W, c.backward_weight)) for s, t in enumerate(per_stage)}
+    dur = list(map(times.__getitem__, zip(stage, map(itemgetter(1), p.actions))))
+    # A transfer's link and hold time depend only on the stages at its two ends: work them
+    # out once per pair of stages.
+    transfers = [t for t, j in enumerate(p.producer) if j >= 0]
+    ends = list(zip(map(stage.__getitem__, map(p.producer.__getitem__, transfers)), map(stage.__getitem__, transfers)))
+    links: dict[tuple[int, int], int] = {}   # (sending rank, receiving rank) -> link number
+    channel = {}                            # (sending stage, receiving stage) -> (link, hold time)
+    for s, d in set(ends):
+        link_number = links.setdefault((placement[s], placement[d]), len(links))
+        # the tensor between stages s and s+1 has the size of stage s's output
+        channel[s, d] = (link_number, c.transfer_time(c.activation_bytes_sent[min(s, d)]))
+    link, busy = [0] * len(stage), [0.0] * len(stage)
+    for t, (l, b) in zip(transfers, map(channel.__getitem__, ends)):
+        link[t], busy[t] = l, b
+    return dur, link, busy, len(links)
 
 
 class _Run:
     """What a run recorded, as flat lists indexed by compute id (a transfer is numbered by
     the compute that receives it); `Event` records are made from them only on demand."""
 
-    def __init__(self, p: Plan, src, start, end, sent, posted, arrive):
-        self.plan, self.src = p, src
+    def __init__(self, p: Plan, start, end, sent, posted, arrive):
+        self.plan = p
         self.start, self.end, self.sent, self.posted, self.arrive = start, end, sent, posted, arrive
 
     def events(self) -> list[Event]:
@@ -71,8 +78,8 @@ class _Run:
         out = [Event(r, a, s, e) for r, a, s, e in zip(p.rank, p.actions, self.start, self.end)]
         for t, j in enumerate(p.producer):
             if j >= 0:
-                out.append(Event(self.src[t], p.comm_action(t, True), self.sent[t], self.arrive[t], p.rank[t]))
-                out.append(Event(p.rank[t], p.comm_action(t, False), self.posted[t], self.arrive[t], self.src[t]))
+                out.append(Event(p.rank[j], p.comm_action(t, True), self.sent[t], self.arrive[t], p.rank[t]))
+                out.append(Event(p.rank[t], p.comm_action(t, False), self.posted[t], self.arrive[t], p.rank[j]))
         return out
 
 
@@ -81,8 +88,9 @@ def run(schedule: Schedule, c: StageCosts):
     `_Run` record, each rank's memory and activations over time, and which ranks finished
     their program (not all of them if the ranks got stuck)."""
     p = plan(schedule)
-    dur, act_bytes, src, link, busy, nlinks = _costs(p, c)
-    actions, producer, local = p.actions, p.producer, p.local
+    dur, link, busy, nlinks = _costs(p, c, schedule.placement)
+    act_bytes = c.activation_bytes
+    actions, producer = p.actions, p.producer
     n = ncomputes = len(p.actions)
     env = simpy.Environment()
     latency = c.latency
@@ -92,29 +100,8 @@ def run(schedule: Schedule, c: StageCosts):
     waiter: list[_Arrival | None] = [None] * n       # a receiver blocked on it
     link_free = [0.0] * nlinks
     start_of, end_of = [0.0] * ncomputes, [0.0] * ncomputes
-    done = [False] * ncomputes
     finished = [False] * schedule.ranks
     busy_time = [0.0] * schedule.ranks
-
-    def communicate(ops, now: float) -> None:
-        """Issue SENDs and post RECVs at `now`; the second side of a transfer starts it: it
-        takes the link from max(now, the time the link is free) for busy[t], and the data
-        arrives `latency` after that."""
-        for t, sending in ops:
-            if sending:
-                sent[t] = now
-                if posted[t] is None:
-                    continue
-            else:
-                posted[t] = now
-                if sent[t] is None:
-                    continue
-            free = link_free[link[t]]
-            leaves = (now if now >= free else free) + busy[t]
-            link_free[link[t]] = leaves
-            arrive_at[t] = leaves + latency
-            if waiter[t] is not None:
-                waiter[t].arrive_after(leaves + latency - now)
 
     static = [0.0] * schedule.ranks
     for s, r in enumerate(schedule.placement):
@@ -128,48 +115,62 @@ def run(schedule: Schedule, c: StageCosts):
         timeout = env.timeout
         now = env.now
         computing = 0.0  # this rank's busy time
-        for ops, i in p.programs[r]:
-            if ops:
-                communicate(ops, now)
-            for d in local[i]:
-                if not done[d]:
-                    return  # a local input comes later in this very program: stuck for good
-            # Start when the remote input is here. Where its arrival time is known, waiting
-            # and computing are one timeout; only a tensor not sent yet needs an event,
-            # which the sender triggers at the arrival.
+        prog, runnable = p.programs[r], p.runnable[r]
+        for op in prog if runnable == len(prog) else prog[:runnable]:
+            if op < 0:
+                # Issue a SEND or post a RECV at `now`. The second side of a transfer starts
+                # it: it takes the link from max(now, the time the link is free) for busy[t],
+                # and the data arrives `latency` after that.
+                t = (-1 - op) >> 1
+                if op & 1:  # RECV
+                    posted[t] = now
+                    if sent[t] is None:
+                        continue
+                else:
+                    sent[t] = now
+                    if posted[t] is None:
+                        continue
+                free = link_free[link[t]]
+                leaves = (now if now >= free else free) + busy[t]
+                link_free[link[t]] = leaves
+                arrive_at[t] = leaves + latency
+                if waiter[t] is not None:
+                    waiter[t].arrive_after(leaves + latency - now)
+                continue
+            # Compute op. Start when the remote input is here. Where its arrival time is
+            # known, waiting and computing are one timeout; only a tensor not sent yet needs
+            # an event, which the sender triggers at the arrival.
             start = now
-            if producer[i] >= 0:
-                at = arrive_at[i]
+            if producer[op] >= 0:
+                at = arrive_at[op]
                 if at is None:
-                    waiter[i] = _Arrival(env)
-                    yield waiter[i]
-                    now = at = arrive_at[i]
+                    waiter[op] = _Arrival(env)
+                    yield waiter[op]
+                    now = at = arrive_at[op]
                 if at > start:
                     start = at
-            k = actions[i].kind
+            s, k, _ = actions[op]
             if k is _F:  # F takes its micro-batch's activations
                 held += 1
-                held_bytes += act_bytes[i]
+                held_bytes += act_bytes[s]
                 mem((start, held_bytes))
                 act((start, held))
-            yield timeout(start + dur[i] - now)
+            yield timeout(start + dur[op] - now)
             now = env.now
-            start_of[i], end_of[i] = start, now
+            start_of[op], end_of[op] = start, now
             computing += now - start
-            done[i] = True
             if k is _B or k is _W:  # the last backward (W where it is split) frees them
                 held -= 1
-                held_bytes -= act_bytes[i]
+                held_bytes -= act_bytes[s]
                 mem((now, held_bytes))
                 act((now, held))
-        communicate(p.tails[r], now)
         busy_time[r] = computing
-        finished[r] = True
+        finished[r] = runnable == len(prog)  # if not, the next compute waits on a later one
 
     for r in range(schedule.ranks):
         env.process(device(r))
     env.run()
-    record = _Run(p, src, start_of, end_of, sent, posted, arrive_at)
+    record = _Run(p, start_of, end_of, sent, posted, arrive_at)
     return record, memory, activations, finished, busy_time
 
 

@@ -9,8 +9,10 @@ the placement of stages on devices. Generators write compute actions only (F, B,
 from __future__ import annotations
 
 import enum
+import itertools
 import re
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Iterable, NamedTuple, Sequence
 
 
@@ -99,8 +101,8 @@ class Schedule:
     def __init__(self, programs: Sequence[Iterable[Action | str]], placement: Sequence[int] | None = None,
                  micro: int | None = None, name: str = "custom"):
         # generators hand over Actions already; only text needs parsing
-        progs = tuple(prog if type(prog) is tuple and all(type(a) is Action for a in prog)
-                      else tuple(action(a) for a in prog) for prog in map(tuple, programs))
+        progs = tuple(prog if set(map(type, prog)) <= {Action} else tuple(map(action, prog))
+                      for prog in map(tuple, programs))
         if not progs:
             raise ScheduleError("a schedule needs at least one device")
         if placement is None:  # one stage per device, stage s on rank s
@@ -113,7 +115,8 @@ class Schedule:
         object.__setattr__(self, "micro", int(micro))
         object.__setattr__(self, "name", name)
         # asked often and the programs never change: compute it once
-        object.__setattr__(self, "_lowered", any(a.kind not in COMPUTE for prog in progs for a in prog))
+        object.__setattr__(self, "_lowered",
+                           not COMPUTE.issuperset(map(itemgetter(1), itertools.chain.from_iterable(progs))))
 
     @property
     def ranks(self) -> int:

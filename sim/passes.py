@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 from collections import Counter, deque
 from operator import itemgetter
-from typing import NamedTuple
+from typing import Container, NamedTuple
 
 from .ir import COMPUTE, RECVS, SENDS, Action, Kind, Schedule, ScheduleError
 
@@ -23,19 +23,24 @@ _SEND_F, _RECV_F, _SEND_B, _RECV_B = Kind.SEND_F, Kind.RECV_F, Kind.SEND_B, Kind
 _RECV_OF = {_F: _RECV_F, _B: _RECV_B, _I: _RECV_B}
 
 
-def grad_kind(schedule_kinds: set[tuple[int, int, Kind]], stage: int, micro: int) -> Kind:
+# `computes` below: the compute actions of a schedule, as any container that answers
+# `(stage, kind, micro) in computes` (a set of its `Action`s does, and so does a dict
+# keyed by them: an `Action` hashes and compares as the plain tuple).
+Computes = Container[tuple[int, Kind, int]]
+
+
+def grad_kind(computes: Computes, stage: int, micro: int) -> Kind:
     """Which backward of (stage, micro) produces its input gradient: I if the schedule
     splits the backward, else B."""
-    return _I if (stage, micro, _I) in schedule_kinds else _B
+    return _I if (stage, _I, micro) in computes else _B
 
 
-def dependencies(a: Action, stages: int, kinds: set[tuple[int, int, Kind]]) -> list[Action]:
+def dependencies(a: Action, stages: int, computes: Computes) -> list[Action]:
     """The compute actions whose results `a` consumes (see `_dependency_keys`)."""
-    return [Action(*d) for d in _dependency_keys(a.stage, a.kind, a.micro, stages, kinds)]
+    return [Action(*d) for d in _dependency_keys(a.stage, a.kind, a.micro, stages, computes)]
 
 
-def _dependency_keys(s: int, kind: Kind, m: int, stages: int,
-                     kinds: set[tuple[int, int, Kind]]) -> list[tuple[int, Kind, int]]:
+def _dependency_keys(s: int, kind: Kind, m: int, stages: int, computes: Computes) -> list[tuple[int, Kind, int]]:
     """The one place where the data dependencies of pipeline training are written down,
     as (stage, kind, micro) keys of the compute actions that (s, kind, m) consumes:
 
@@ -52,7 +57,7 @@ def _dependency_keys(s: int, kind: Kind, m: int, stages: int,
     if kind is _B or kind is _I:
         deps = [(s, _F, m)]
         if s < stages - 1:
-            deps.append((s + 1, grad_kind(kinds, s + 1, m), m))
+            deps.append((s + 1, grad_kind(computes, s + 1, m), m))
         return deps
     if kind is _W:
         return [(s, _I, m)]
@@ -63,8 +68,9 @@ def _key(a: Action) -> tuple[int, Kind, int]:
     return (a.stage, a.kind, a.micro)
 
 
-def _kinds(schedule: Schedule) -> set[tuple[int, int, Kind]]:
-    return {(a.stage, a.micro, a.kind) for p in schedule.programs for a in p if a.kind in COMPUTE}
+def compute_set(schedule: Schedule) -> set[Action]:
+    """The compute actions of a schedule, as a set."""
+    return {a for p in schedule.programs for a in p if a.kind in COMPUTE}
 
 
 def _at(r: int, i: int, a: Action) -> str:
@@ -84,6 +90,11 @@ def check_complete(schedule: Schedule) -> None:
     # action by action, to say exactly what is wrong.
     counts = Counter(itertools.chain.from_iterable(schedule.programs))
     if len(counts) == sum(map(len, schedule.programs)) and _stages_and_micros_fit(schedule):
+        # No action twice, and each names an existing (stage, micro-batch) on its rank: so
+        # S*M distinct Fs are all of them, and likewise for B where nothing is split.
+        per_kind = Counter(map(itemgetter(1), counts))
+        if per_kind[_F] == S * M and per_kind[_B] == S * M and not per_kind[_I] and not per_kind[_W]:
+            return
         by_kind: dict[Kind, set[tuple[int, int]]] = {k: set() for k in Kind}
         for s, k, m in counts:
             by_kind[k].add((s, m))
@@ -133,7 +144,7 @@ def _explain_incomplete(schedule: Schedule, counts: Counter) -> None:
                 raise ScheduleError(f"{missing} is missing: every micro-batch needs its backward on every stage")
 
 
-def _transfer_keys(schedule: Schedule, kinds: set[tuple[int, int, Kind]]) -> list[tuple[tuple, tuple]]:
+def _transfer_keys(schedule: Schedule, computes: Computes) -> list[tuple[tuple, tuple]]:
     """`transfers` as (send key, recv key) pairs of (stage, kind, micro) tuples."""
     pairs = []
     placement, stages = schedule.placement, schedule.stages
@@ -141,7 +152,7 @@ def _transfer_keys(schedule: Schedule, kinds: set[tuple[int, int, Kind]]) -> lis
         for a in prog:
             if not a.kind in COMPUTE or a.kind is _W:
                 continue
-            for d in _dependency_keys(a.stage, a.kind, a.micro, stages, kinds):
+            for d in _dependency_keys(a.stage, a.kind, a.micro, stages, computes):
                 if d[0] != a.stage and placement[d[0]] != placement[a.stage]:
                     send = _SEND_F if a.kind is _F else _SEND_B
                     pairs.append(((d[0], send, a.micro), (a.stage, _RECV_OF[a.kind], a.micro)))
@@ -160,44 +171,49 @@ def lower(schedule: Schedule) -> Schedule:
     if schedule.is_lowered:
         raise ScheduleError("schedule is already lowered (it contains SEND/RECV actions)")
     check_complete(schedule)
-    return _lower(schedule, _kinds(schedule))
+    return _lower(schedule)
 
 
-def _lower(schedule: Schedule, kinds: set[tuple[int, int, Kind]]) -> Schedule:
+def _lower(schedule: Schedule) -> Schedule:
     """`lower` for a schedule that `check_complete` accepted."""
-    p = plan(schedule, kinds)
-    programs = []
-    for steps, tail in zip(p.programs, p.tails):
-        prog: list[Action] = []
-        for ops, i in steps:
-            prog.extend(p.comm_action(t, sending) for t, sending in ops)
-            prog.append(p.actions[i])
-        prog.extend(p.comm_action(t, sending) for t, sending in tail)
-        programs.append(prog)
-    return Schedule(programs, schedule.placement, schedule.micro, schedule.name)
+    p = plan(schedule)
+    return Schedule([list(map(p.action, prog)) for prog in p.programs],
+                    schedule.placement, schedule.micro, schedule.name)
 
 
-Ops = tuple[tuple[int, bool], ...]  # SENDs and RECVs in a row: (transfer, is it the send)
+def recv_op(t: int) -> int:
+    """The number of the RECV of transfer t in a `Plan` program."""
+    return -1 - 2 * t
+
+
+def send_op(t: int) -> int:
+    """The number of the SEND of transfer t in a `Plan` program."""
+    return -2 - 2 * t
 
 
 class Plan(NamedTuple):
-    """A schedule in numbers, as the engine runs it. Computes are numbered in program order
-    over the ranks; a compute takes at most one tensor from another rank, so a transfer is
-    numbered by the compute that receives it.
+    """A lowered schedule in numbers, as the engine runs it.
+
+    Computes are numbered in program order over the ranks. A compute takes at most one
+    tensor from another rank and gives its result to at most one compute on another rank
+    (see `_dependency_keys`), so a transfer is numbered by the compute that receives it.
+    A rank's program is its lowered program with each action replaced by a number: i >= 0
+    runs compute i, `recv_op(t)` = -1-2t posts the RECV of transfer t, `send_op(t)` = -2-2t
+    issues its SEND (so -1-op is 2t for a RECV and 2t+1 for a SEND).
 
     - actions[i], rank[i]: compute i and its rank
     - producer[i]: the compute on another rank whose tensor compute i receives, or -1
-    - local[i]: the computes on its own rank whose results compute i needs
-    - programs[r]: per compute of rank r, in order, (the SENDs and RECVs just before it, i)
-    - tails[r]: the SENDs and RECVs after the last compute of rank r
+    - programs[r]: rank r's program, in numbers
+    - runnable[r]: how far rank r gets: the index in programs[r] of the first compute that
+      needs the result of a compute later in its own program, where it is stuck for good
+      (len(programs[r]) if there is none)
     """
 
     actions: list[Action]
     rank: list[int]
     producer: list[int]
-    local: list[tuple[int, ...]]
-    programs: list[list[tuple[Ops, int]]]
-    tails: list[Ops]
+    programs: list[list[int]]
+    runnable: list[int]
 
     def comm_action(self, t: int, sending: bool) -> Action:
         """The SEND (on the producer's rank) or the RECV (on the consumer's) of transfer t."""
@@ -205,67 +221,54 @@ class Plan(NamedTuple):
         recv = Action(c.stage, _RECV_F if c.kind is _F else _RECV_B, c.micro)
         return _peer(recv) if sending else recv
 
+    def action(self, op: int) -> Action:
+        """The action that number `op` of a program stands for."""
+        return self.actions[op] if op >= 0 else self.comm_action((-1 - op) >> 1, bool((-1 - op) & 1))
 
-def plan(schedule: Schedule, kinds: set[tuple[int, int, Kind]] | None = None) -> Plan:
+
+def plan(schedule: Schedule) -> Plan:
     """Number the computes and transfers of a complete schedule. For a lowered schedule the
     SENDs and RECVs stay where they are; for a compute-only one this is where the rules of
     `lower` place them, written once for `lower` and for the engine."""
-    kinds = _kinds(schedule) if kinds is None else kinds
-    stages = schedule.stages
     progs = schedule.compute_only().programs if schedule.is_lowered else schedule.programs
     actions: list[Action] = list(itertools.chain.from_iterable(progs))
+    n, stages = len(actions), schedule.stages
     rank = list(itertools.chain.from_iterable(itertools.repeat(r, len(p)) for r, p in enumerate(progs)))
-    cid = dict(zip(actions, range(len(actions))))
-    producer = [-1] * len(actions)
-    local: list[tuple[int, ...]] = [()] * len(actions)
+    first = list(itertools.accumulate(map(len, progs), initial=0))  # rank r's computes: first[r]..first[r+1]-1
+    cid = dict(zip(actions, range(n)))  # also the `computes` that the dependency function asks
+    producer, consumer = [-1] * n, [-1] * n
+    stuck: list[int | None] = [None] * schedule.ranks  # the first compute of each rank that waits on a later one
     for i, a in enumerate(actions):
-        mine = []
-        for d in _dependency_keys(*a, stages, kinds):
+        for d in _dependency_keys(*a, stages, cid):
             j = cid[d]
-            if rank[j] == rank[i]:
-                mine.append(j)
-            else:
-                producer[i] = j
-        if mine:
-            local[i] = tuple(mine)
-    programs, tails = [], []
+            if rank[j] != rank[i]:
+                if consumer[j] >= 0:
+                    raise AssertionError(f"{actions[j]} feeds two computes on other ranks")
+                producer[i], consumer[j] = j, i
+            elif j > i and stuck[rank[i]] is None:  # a local input that comes later in the same program
+                stuck[rank[i]] = i
     if schedule.is_lowered:
-        def transfer(a: Action) -> tuple[int, bool]:
-            sending = a.kind is _SEND_F or a.kind is _SEND_B
-            s, k, m = _peer_key(a.stage, a.kind, a.micro) if sending else (a.stage, a.kind, a.micro)
-            return cid[(s, _F if k is _RECV_F else grad_kind(kinds, s, m), m)], sending
+        def number(a: Action) -> int:
+            if a.kind in COMPUTE:
+                return cid[a]
+            if a.kind is _SEND_F or a.kind is _SEND_B:
+                s, k, m = _peer_key(a.stage, a.kind, a.micro)
+                return send_op(cid[(s, _F if k is _RECV_F else grad_kind(cid, s, m), m)])
+            return recv_op(cid[(a.stage, _F if a.kind is _RECV_F else grad_kind(cid, a.stage, a.micro), a.micro)])
 
-        for prog in schedule.programs:
-            steps, ops = [], []
-            for a in prog:
-                if a.kind in COMPUTE:
-                    steps.append((tuple(ops), cid[a]))
-                    ops = []
-                else:
-                    ops.append(transfer(a))
-            programs.append(steps)
-            tails.append(tuple(ops))
-        return Plan(actions, rank, producer, local, programs, tails)
-    consumers: list[list[int]] = [[] for _ in actions]
-    for i, j in enumerate(producer):
-        if j >= 0:
-            consumers[j].append(i)
-    i = 0
-    for prog in schedule.programs:
-        ids = range(i, i + len(prog))
-        i += len(prog)
-        # receives for compute 0 and 1 go first; those for compute k+1 go before compute k;
-        # sends go right after the compute that made their tensor
-        ops = [(ids[0], False)] if prog and producer[ids[0]] >= 0 else []
-        steps = []
-        for k in ids:
-            if k + 1 < ids.stop and producer[k + 1] >= 0:
-                ops.append((k + 1, False))
-            steps.append((tuple(ops), k))
-            ops = [(c, True) for c in consumers[k]]
-        programs.append(steps)
-        tails.append(tuple(ops))
-    return Plan(actions, rank, producer, local, programs, tails)
+        programs = [list(map(number, prog)) for prog in schedule.programs]
+    else:
+        # The lowering rules: a SEND goes right after the compute that made its tensor; the
+        # RECV for compute k+1 is posted just before compute k (the first compute's RECV
+        # goes first). So rank r runs: RECV(lo)?, then for each compute k: RECV(k+1)?, k, SEND?
+        recvs = [recv_op(k) if j >= 0 else None for k, j in enumerate(producer)]
+        sends = [send_op(c) if c >= 0 else None for c in consumer]
+        programs = []
+        for lo, hi in zip(first, first[1:]):
+            steps = itertools.chain.from_iterable(zip(recvs[lo + 1:hi] + [None], range(lo, hi), sends[lo:hi]))
+            programs.append([op for op in itertools.chain(recvs[lo:lo + 1], steps) if op is not None])
+    runnable = [len(prog) if i is None else prog.index(i) for prog, i in zip(programs, stuck)]
+    return Plan(actions, rank, producer, programs, runnable)
 
 
 # the matching half of a transfer: SEND_F(s) <-> RECV_F(s+1), SEND_B(s) <-> RECV_B(s-1)
@@ -302,19 +305,19 @@ def check_deadlock(schedule: Schedule) -> None:
 
     The run takes time linear in the number of actions: a rank runs until an action waits
     on something not yet done, and is woken only when that thing gets done."""
-    kinds = _kinds(schedule)
-    _check_communication(schedule, kinds)
-    _run_abstractly(schedule, kinds)
+    computes = compute_set(schedule)
+    _check_communication(schedule, computes)
+    _run_abstractly(schedule, computes)
 
 
-def _check_communication(schedule: Schedule, kinds: set[tuple[int, int, Kind]]) -> None:
+def _check_communication(schedule: Schedule, computes: Computes) -> None:
     """The SENDs and RECVs of a lowered schedule are exactly those that `lower` adds."""
     comm = [a for p in schedule.programs for a in p if not a.kind in COMPUTE]
     comm_set = {_key(a) for a in comm}
     for a in comm:
         if _peer_key(*_key(a)) not in comm_set:
             raise ScheduleError(f"{a} has no matching {_peer(a)}")
-    expected = {x for pair in _transfer_keys(schedule, kinds) for x in pair}
+    expected = {x for pair in _transfer_keys(schedule, computes) for x in pair}
     if comm_set != expected:
         extra = sorted(map(str, (Action(*k) for k in comm_set - expected)))
         missing = sorted(map(str, (Action(*k) for k in expected - comm_set)))
@@ -322,7 +325,7 @@ def _check_communication(schedule: Schedule, kinds: set[tuple[int, int, Kind]]) 
         raise ScheduleError(f"communication does not match the data dependencies: {what}")
 
 
-def _run_abstractly(schedule: Schedule, kinds: set[tuple[int, int, Kind]]) -> None:
+def _run_abstractly(schedule: Schedule, computes: Computes) -> None:
     """The run of `check_deadlock`, for a schedule whose communication is right."""
     placement, stages = schedule.placement, schedule.stages
     done: set[tuple[int, Kind, int]] = set()   # keys of the actions that ran
@@ -333,9 +336,9 @@ def _run_abstractly(schedule: Schedule, kinds: set[tuple[int, int, Kind]]) -> No
         if k is _RECV_F or k is _RECV_B:
             return None
         if k is _SEND_F or k is _SEND_B:  # the tensor it sends
-            src = (s, _F if k is _SEND_F else grad_kind(kinds, s, m), m)
+            src = (s, _F if k is _SEND_F else grad_kind(computes, s, m), m)
             return None if src in done else src
-        for d in _dependency_keys(s, k, m, stages, kinds):
+        for d in _dependency_keys(s, k, m, stages, computes):
             if placement[d[0]] == r:
                 if d not in done:
                     return d
@@ -381,7 +384,7 @@ def _run_abstractly(schedule: Schedule, kinds: set[tuple[int, int, Kind]]) -> No
 
 def check_communication(schedule: Schedule) -> None:
     """The SENDs and RECVs of a lowered schedule are exactly those that `lower` adds."""
-    _check_communication(schedule, _kinds(schedule))
+    _check_communication(schedule, compute_set(schedule))
 
 
 def validate(schedule: Schedule) -> Schedule:
@@ -390,7 +393,7 @@ def validate(schedule: Schedule) -> Schedule:
     if schedule.is_lowered:
         check_deadlock(schedule)
         return schedule
-    kinds = _kinds(schedule)
-    lowered = _lower(schedule, kinds)  # its communication is right by construction
-    _run_abstractly(lowered, kinds)
+    computes = compute_set(schedule)
+    lowered = _lower(schedule)  # its communication is right by construction
+    _run_abstractly(lowered, computes)
     return lowered

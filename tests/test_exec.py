@@ -258,6 +258,7 @@ def test_cli_json_last_line_has_the_fields(tmp_path):
     (["--micro", "5"], "does not split"),
     (["--model", "rnn"], "--model"),
     (["--fault", "raise:7"], "names rank 7"),
+    (["--out", __file__], "is a file"),
 ])
 def test_cli_bad_arguments_exit_2_with_one_line(args, says, capsys):
     from exec.run import main
