@@ -13,7 +13,10 @@ Everything is measured *inside* the rank processes, under the conditions of a re
   with `requires_grad` (as a received one), the last stage computes the loss inside its
   F, and a backward is `torch.autograd.backward(output, grad)` (the loss alone on the
   last stage), accumulating into the weights' `.grad`;
-- a compute action's time is the median over several steps (the first one warms up);
+- a compute action's time is the mean over several steps (the first one warms up): a
+  step adds them up, so their expected value is what predicts it;
+- the CPU time of an `isend` and of an `irecv` post inside a step (the peer computing,
+  the receive already posted): `send_overhead` and `recv_overhead`;
 - transfers: ping-pong between ranks 0 and 1 with `isend`/`irecv` over message sizes
   from 4 bytes to beyond the activation size; the one-way time fitted by least squares to
   `latency + bytes / bandwidth` (the simulator's rule 6);
@@ -40,7 +43,7 @@ from sim.files import atomic_write
 __all__ = ["profile_costs", "calibrate_rank", "costs_from_reports", "message_sizes", "fit_latency_bandwidth", "save_costs", "load_costs", "costs_to_dict", "costs_from_dict"]
 
 _COST_FIELDS = ("forward", "backward", "latency", "bandwidth", "activation_bytes_sent", "activation_bytes",
-                "static_bytes", "backward_input", "backward_weight")
+                "static_bytes", "backward_input", "backward_weight", "send_overhead", "recv_overhead")
 
 
 # ---------------------------------------------------------------------------- the transfer fit
@@ -231,9 +234,12 @@ def _compute_times(ctx, spec, bounds, schedule, micro: int, steps: int, alone: b
 
 
 def _post_costs_busy(ctx, nbytes: int, repeats: int) -> dict:
-    """The CPU time of posting an `irecv` and issuing an `isend` of `nbytes` while the
-    peer computes (as inside a step: both cores busy), on ranks 0 and 1 in turn.
-    Returns this rank's medians in seconds (and the largest isend/irecv seen)."""
+    """The CPU time of posting an `irecv` and of issuing an `isend` of `nbytes`, as inside a
+    step: the peer computes meanwhile (both cores busy) and has already posted the receive
+    that the isend feeds (RECVs are posted one compute early), so gloo writes the data from
+    inside the isend call. Ranks 0 and 1 take turns. Returns this rank's medians and means
+    in seconds, and the largest call seen: the simulator's `send_overhead` and
+    `recv_overhead` (rules 2 and 3) are the means."""
     import torch
     import torch.distributed as dist
 
@@ -246,7 +252,7 @@ def _post_costs_busy(ctx, nbytes: int, repeats: int) -> dict:
     for poster in (0, 1):
         for _ in range(repeats):
             if ctx.rank == poster:
-                time.sleep(0.002)  # the peer is computing by now
+                time.sleep(0.002)  # the peer has posted its receive and computes by now
                 t = time.perf_counter()
                 r = dist.irecv(buf_in, peer, tag=7)
                 t1 = time.perf_counter()
@@ -257,12 +263,14 @@ def _post_costs_busy(ctx, nbytes: int, repeats: int) -> dict:
                 r.wait()
                 w.wait()
             else:
+                r = dist.irecv(buf_out, peer, tag=8)
                 t = time.perf_counter()
                 while time.perf_counter() - t < 0.006:  # compute while the other rank posts
                     x @ x
-                dist.recv(buf_out, peer, tag=8)
+                r.wait()
                 dist.send(buf_in, peer, tag=7)
     res = {k: statistics.median(v) for k, v in out.items() if v}
+    res.update({f"{k}_mean": statistics.fmean(v) for k, v in out.items() if v})
     res.update({f"{k}_max": max(v) for k, v in out.items() if v})
     return res
 
@@ -343,8 +351,9 @@ def calibrate_rank(ctx, spec, schedule: sim.Schedule, micro: int, bounds: Sequen
         memory[s] = {"activation_bytes": act, "activation_bytes_sent": sent, "static_bytes": 2 * params}
     concurrent = _compute_times(ctx, spec, bounds, schedule, micro, steps, alone=False)
     alone = _compute_times(ctx, spec, bounds, schedule, micro, steps, alone=True)
-    comm = _pingpong(ctx, sizes, repeats) if ctx.world_size > 1 and sizes else None
-    if comm is not None:
+    comm = None
+    if ctx.world_size > 1:  # the call costs are measured every time: they move with the load
+        comm = _pingpong(ctx, sizes, repeats) if sizes else {}
         comm["busy"] = _post_costs_busy(ctx, activation_message_bytes(spec, micro), repeats)
     return {"rank": ctx.rank, "memory": memory, "concurrent": {f"{s}{k}": v for (s, k), v in concurrent.items()},
             "alone": {f"{s}{k}": v for (s, k), v in alone.items()}, "comm": comm,
@@ -365,7 +374,7 @@ def message_sizes(spec, micro: int) -> list[int]:
 def costs_from_reports(reports: Sequence[dict], schedule: sim.Schedule, use: str = "concurrent",
                        transfer: tuple[float, float] | None = None) -> tuple[sim.Costs, dict]:
     """Merge `calibrate_rank` reports (every rank's, from one or several rounds) into
-    `sim.Costs` and a details dict. Compute times: the median of all samples of `use`
+    `sim.Costs` and a details dict. Compute times: the mean of all samples of `use`
     ("concurrent" or "alone"); transfers: `transfer` = (latency, bandwidth) if given, else
     the least-squares fit of the ping-pong (free transfers if there was none)."""
     if use not in ("concurrent", "alone"):
@@ -386,23 +395,30 @@ def costs_from_reports(reports: Sequence[dict], schedule: sim.Schedule, use: str
     comm = next((r["comm"] for r in reports if r["rank"] == 0 and r["comm"]), None)
     comm1 = next((r["comm"] for r in reports if r["rank"] == 1 and r["comm"]), None)
     if comm is not None and comm1 is not None:
-        comm = {**comm, "irecv_post": comm1["irecv_post"], "wait_ready": comm1["wait_ready"],
+        comm = {**comm, "irecv_post": comm1.get("irecv_post"), "wait_ready": comm1.get("wait_ready"),
                 "busy_rank1": comm1.get("busy")}
-    if comm is not None and all(t is not None for t in comm["isend_post"]):
+    # the CPU time of the isend and irecv calls inside a step: the mean over every round
+    # of ranks 0 and 1 (a step's length adds them up, so the expected value is what counts)
+    busy = [r["comm"]["busy"] for r in reports if r["comm"] and r["comm"].get("busy")]
+    send_overhead = statistics.fmean(b["isend_busy_mean"] for b in busy) if busy else 0.0
+    recv_overhead = statistics.fmean(b["irecv_busy_mean"] for b in busy) if busy else 0.0
+    if comm is not None and comm.get("isend_post") and all(t is not None for t in comm["isend_post"]):
         # the CPU time of the isend call itself grows with the message: gloo writes the
         # data to the socket inside isend when the receive is already posted
         fixed, rate = fit_latency_bandwidth(comm["sizes"], comm["isend_post"])
         comm = {**comm, "isend_post_fit": {"fixed_s": fixed, "bytes_per_s": rate}}
     if transfer is not None:
         latency, bandwidth = transfer
-    elif comm is not None:
+    elif comm is not None and comm.get("sizes"):
         latency, bandwidth = fit_latency_bandwidth(comm["sizes"], comm["one_way"])
     else:
         latency, bandwidth = 0.0, math.inf
+    # a step's length adds compute times up: the simulator takes their expected value (the
+    # mean, stalls included), not the median
     costs = sim.Costs(
-        forward=[med[use][f"{s}F"] for s in range(stages)],
-        backward=[med[use][f"{s}B"] for s in range(stages)],
-        latency=latency, bandwidth=bandwidth,
+        forward=[mean[use][f"{s}F"] for s in range(stages)],
+        backward=[mean[use][f"{s}B"] for s in range(stages)],
+        latency=latency, bandwidth=bandwidth, send_overhead=send_overhead, recv_overhead=recv_overhead,
         activation_bytes_sent=[memory[s]["activation_bytes_sent"] for s in range(stages)],
         activation_bytes=[memory[s]["activation_bytes"] for s in range(stages)],
         static_bytes=[memory[s]["static_bytes"] for s in range(stages)],

@@ -33,6 +33,8 @@ class Costs:
     - forward, backward: compute time of F and of a full backward B per micro-batch.
       `backward_input` / `backward_weight` time the split I and W (default: half of B each).
     - latency: fixed delay of every transfer between devices; it does not occupy the link.
+    - send_overhead, recv_overhead: how long issuing a SEND / posting a RECV holds its
+      device (the CPU time of the isend / irecv call: LogP's overhead o). Default 0.
     - bandwidth: bytes/s of each link (one per direction between two devices); math.inf = free.
     - activation_bytes_sent: bytes of the activation a stage sends forward per micro-batch
       (its gradient of the same size goes back).
@@ -49,10 +51,14 @@ class Costs:
     static_bytes: PerStage = 0.0
     backward_input: PerStage | None = None
     backward_weight: PerStage | None = None
+    send_overhead: float = 0.0
+    recv_overhead: float = 0.0
 
     def __post_init__(self):
-        if not (math.isfinite(self.latency) and self.latency >= 0):
-            raise ValueError(f"Costs.latency must be finite and >= 0, got {self.latency}")
+        for name in ("latency", "send_overhead", "recv_overhead"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v >= 0):
+                raise ValueError(f"Costs.{name} must be a finite number >= 0, got {v!r}")
         if not self.bandwidth > 0:
             raise ValueError(f"Costs.bandwidth must be > 0 bytes/s, got {self.bandwidth}")
 
@@ -70,6 +76,8 @@ class Costs:
             static_bytes=_per_stage("static_bytes", self.static_bytes, stages),
             latency=float(self.latency),
             bandwidth=float(self.bandwidth),
+            send_overhead=float(self.send_overhead),
+            recv_overhead=float(self.recv_overhead),
         )
 
 
@@ -86,6 +94,8 @@ class StageCosts:
     static_bytes: tuple[float, ...]
     latency: float
     bandwidth: float
+    send_overhead: float = 0.0
+    recv_overhead: float = 0.0
 
     def transfer_time(self, nbytes: float) -> float:
         """Time a transfer of `nbytes` occupies its link (the latency comes on top)."""

@@ -4,8 +4,10 @@ The rules (docs/rules.md; `exec` honours the same ones):
 1. A device runs its actions in program order, one at a time.
 2. A compute action (F, B, I, W) starts when the device reaches it and every tensor it
    needs from another device has arrived; it then occupies the device for its cost.
-3. A SEND is issued right after the compute that made its tensor and does not block the
-   device. A RECV only posts the receive (one compute ahead, see `sim.passes.lower`).
+3. A SEND is issued right after the compute that made its tensor and does not wait for
+   the transfer. A RECV only posts the receive (one compute ahead, see `sim.passes.lower`).
+   Issuing a SEND holds the device for `send_overhead`, posting a RECV for
+   `recv_overhead` (the CPU time of the call); the transfer may start when the call does.
 4. A transfer starts once it is both sent and posted (both gloo and NCCL rendezvous);
    it then waits for its link (one per direction between two devices, FIFO), occupies it
    for bytes / bandwidth, and arrives `latency` later; the latency does not hold the link.
@@ -94,6 +96,7 @@ def run(schedule: Schedule, c: StageCosts):
     n = ncomputes = len(p.actions)
     env = simpy.Environment()
     latency = c.latency
+    overhead = (c.send_overhead, c.recv_overhead)  # indexed by op & 1: 0 for a SEND, 1 for a RECV
     sent: list[float | None] = [None] * n
     posted: list[float | None] = [None] * n
     arrive_at: list[float | None] = [None] * n       # known once sent and posted
@@ -124,18 +127,20 @@ def run(schedule: Schedule, c: StageCosts):
                 t = (-1 - op) >> 1
                 if op & 1:  # RECV
                     posted[t] = now
-                    if sent[t] is None:
-                        continue
+                    second = sent[t] is not None
                 else:
                     sent[t] = now
-                    if posted[t] is None:
-                        continue
-                free = link_free[link[t]]
-                leaves = (now if now >= free else free) + busy[t]
-                link_free[link[t]] = leaves
-                arrive_at[t] = leaves + latency
-                if waiter[t] is not None:
-                    waiter[t].arrive_after(leaves + latency - now)
+                    second = posted[t] is not None
+                if second:
+                    free = link_free[link[t]]
+                    leaves = (now if now >= free else free) + busy[t]
+                    link_free[link[t]] = leaves
+                    arrive_at[t] = leaves + latency
+                    if waiter[t] is not None:
+                        waiter[t].arrive_after(leaves + latency - now)
+                if overhead[op & 1]:  # the call holds the device
+                    yield timeout(overhead[op & 1])
+                    now = env.now
                 continue
             # Compute op. Start when the remote input is here. Where its arrival time is
             # known, waiting and computing are one timeout; only a tensor not sent yet needs

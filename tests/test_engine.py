@@ -83,7 +83,8 @@ def test_chrome_trace(tmp_path):
 # ---------------------------------------------------------------- an independent model
 def reference_times(schedule, costs):
     """The rules of docs/rules.md computed directly, without SimPy, for infinite bandwidth:
-    walk every rank's lowered program, advancing whichever rank can advance."""
+    walk every rank's lowered program, advancing whichever rank can advance. Returns the
+    end of every compute."""
     low = sim.lower(schedule) if not schedule.is_lowered else schedule
     c = costs.for_stages(low.stages)
     dur = {Kind.F: c.forward, Kind.B: c.backward, Kind.I: c.backward_input, Kind.W: c.backward_weight}
@@ -98,8 +99,10 @@ def reference_times(schedule, costs):
                 a = prog[pc[r]]
                 if a.kind in (Kind.SEND_F, Kind.SEND_B):
                     sent[peer(a)] = clock[r]
+                    clock[r] += c.send_overhead
                 elif a.kind in (Kind.RECV_F, Kind.RECV_B):
                     posted[a] = clock[r]
+                    clock[r] += c.recv_overhead
                 else:
                     recvs = [x for x in posted if x.stage == a.stage and x.micro == a.micro and x not in arrived
                              and (x.kind is Kind.RECV_F) == (a.kind is Kind.F)]
@@ -131,6 +134,8 @@ def configs(draw):
         activation_bytes_sent=draw(st.sampled_from([0.0, 10.0, 200.0])),
         activation_bytes=draw(st.lists(st.floats(0, 1e9), min_size=p, max_size=p)),
         static_bytes=draw(st.lists(st.floats(0, 1e10), min_size=p, max_size=p)),
+        send_overhead=draw(st.sampled_from([0.0, 0.02, 0.5])),
+        recv_overhead=draw(st.sampled_from([0.0, 0.03, 0.4])),
     )
     return draw(schedules), p, m, costs
 
@@ -188,7 +193,8 @@ def test_properties(cfg):
 @given(configs())
 def test_engine_matches_independent_rules(cfg):
     name, p, m, costs = cfg
-    costs = Costs(forward=costs.forward, backward=costs.backward, latency=costs.latency)  # free bandwidth
+    costs = Costs(forward=costs.forward, backward=costs.backward, latency=costs.latency,  # free bandwidth
+                  send_overhead=costs.send_overhead, recv_overhead=costs.recv_overhead)
     schedule = sim.make_schedule(name, stages=p, micro=m)
     r = sim.simulate(schedule, costs)
     ref = reference_times(schedule, costs)
@@ -196,3 +202,18 @@ def test_engine_matches_independent_rules(cfg):
         if e.is_compute:
             assert e.end == pytest.approx(ref[e.action], rel=1e-9, abs=1e-9), str(e.action)
     assert r.makespan == pytest.approx(max(ref.values()))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 8), st.floats(0.1, 3), st.floats(0.1, 3), st.floats(0, 1), st.floats(0, 0.2), st.floats(0, 0.2))
+def test_naive_two_stages_with_call_overheads_closed_form(m, F, B, L, o_send, o_recv):
+    """Naive on two stages. Each micro-batch crosses the link twice (2L), and the critical
+    path runs through every RECV post of rank 0 (one before each F, for the gradient B
+    will need) and those of rank 1 that sit before a B (the next F's RECV: all micro-
+    batches but the last), while the data of a SEND leaves as the call starts. So the
+    step takes 2m(F + B + L) + (2m - 1) o_recv, whatever o_send is."""
+    costs = Costs(forward=F, backward=B, latency=L, send_overhead=o_send, recv_overhead=o_recv)
+    r = sim.simulate(sim.make_schedule("naive", stages=2, micro=m), costs)
+    assert r.makespan == pytest.approx(2 * m * (F + B + L) + (2 * m - 1) * o_recv, rel=1e-12)
+    # the calls are not compute: the busy time is still the computes' own
+    assert r.busy() == pytest.approx([m * (F + B)] * 2, rel=1e-12)
