@@ -21,7 +21,7 @@ rank computes at once (the simulator has no rule for that yet; docs/exec.md, Acc
 `--detail` adds, per config, where the measured step's time went
 (`exec.compare.breakdown`): each stage's measured F and B against its profiled cost, and
 per rank the time spent waiting for data and the runtime's own time between actions
-(which the simulator counts as zero).
+(of which the simulator counts only the isend and irecv calls).
 """
 from __future__ import annotations
 

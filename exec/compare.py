@@ -8,7 +8,8 @@ two steps side by side: step time and its error in percent ((sim - meas) / meas 
 bubble fraction, peak activations and peak memory per rank. `breakdown` goes one level
 down, to explain an error: per stage, the measured F and B against their costs, and per
 rank, where the measured step's time went (compute, waiting for data, and the rest:
-the runtime's own time between actions, which the simulator counts as zero).
+the runtime's own time between actions, of which the simulator counts only the isend
+and irecv calls).
 """
 from __future__ import annotations
 

@@ -55,10 +55,9 @@ def _dependency_keys(s: int, kind: Kind, m: int, stages: int, computes: Computes
     if kind is _F:
         return [(s - 1, _F, m)] if s > 0 else []
     if kind is _B or kind is _I:
-        deps = [(s, _F, m)]
-        if s < stages - 1:
-            deps.append((s + 1, grad_kind(computes, s + 1, m), m))
-        return deps
+        if s == stages - 1:
+            return [(s, _F, m)]
+        return [(s, _F, m), (s + 1, _I if (s + 1, _I, m) in computes else _B, m)]  # grad_kind, inlined
     if kind is _W:
         return [(s, _I, m)]
     raise ValueError(f"dependencies() takes compute actions, not {Action(s, kind, m)}")
