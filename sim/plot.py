@@ -332,6 +332,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--forward", type=_per_stage, default=[1.0], help=f"forward time per micro-batch; {per}")
     p.add_argument("--backward", type=_per_stage, default=[2.0], help=f"backward time per micro-batch; {per}")
     p.add_argument("--latency", type=number, default=0.0, help="fixed delay of every transfer")
+    p.add_argument("--send-overhead", type=number, default=0.0,
+                   help="time issuing a SEND holds its device (the isend call; default 0)")
+    p.add_argument("--recv-overhead", type=number, default=0.0,
+                   help="time posting a RECV holds its device (the irecv call; default 0)")
     p.add_argument("--bandwidth", type=lambda t: number(t, strict=True, allow_inf=True), default=math.inf,
                    help="bytes/s of each link (default inf: transfers are free)")
     p.add_argument("--activation-bytes", type=_per_stage, default=[1.0],
@@ -357,7 +361,8 @@ def _costs(args: argparse.Namespace) -> Costs:
                  f"give one number or {args.stages} comma-separated numbers")
         fields[name] = values[0] if len(values) == 1 else tuple(values)
     try:
-        costs = Costs(latency=args.latency, bandwidth=args.bandwidth, **fields)
+        costs = Costs(latency=args.latency, bandwidth=args.bandwidth, send_overhead=args.send_overhead,
+                      recv_overhead=args.recv_overhead, **fields)
         costs.for_stages(args.stages)  # Costs checks per-stage fields only when expanded
     except ValueError as e:
         fail(str(e))

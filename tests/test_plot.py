@@ -86,6 +86,15 @@ def test_cli_schedule_choice_and_no_figures(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_cli_call_overheads_reach_the_simulation(tmp_path):
+    """naive on 2 stages, m = 3: 2m(F + B + L) + (2m - 1) o_recv = 18 + 5 * 0.2 (docs/rules.md)."""
+    proc = run_cli("--stages", "2", "--micro", "3", "--schedule", "naive", "--recv-overhead", "0.2",
+                   "--send-overhead", "0.1", "--no-figures", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    row = proc.stdout.splitlines()[1].split()
+    assert row[0] == "naive" and float(row[1]) == pytest.approx(19.0)
+
+
 @pytest.mark.parametrize("args", [
     ["--stages", "0"],
     ["--micro", "-3"],
@@ -95,6 +104,7 @@ def test_cli_schedule_choice_and_no_figures(tmp_path):
     ["--forward", "1,2"],              # 2 values for 4 stages
     ["--backward", "x"],
     ["--latency", "-1"],
+    ["--recv-overhead", "-0.1"],
     ["--bandwidth", "0"],
     ["--static-bytes", "nan"],
     ["--no-such-option"],
