@@ -57,7 +57,7 @@ def _dependency_keys(s: int, kind: Kind, m: int, stages: int, computes: Computes
     if kind is _B or kind is _I:
         if s == stages - 1:
             return [(s, _F, m)]
-        return [(s, _F, m), (s + 1, _I if (s + 1, _I, m) in computes else _B, m)]  # grad_kind, inlined
+        return [(s, _F, m), (s + 1, grad_kind(computes, s + 1, m), m)]
     if kind is _W:
         return [(s, _I, m)]
     raise ValueError(f"dependencies() takes compute actions, not {Action(s, kind, m)}")
@@ -250,10 +250,10 @@ def plan(schedule: Schedule) -> Plan:
         def number(a: Action) -> int:
             if a.kind in COMPUTE:
                 return cid[a]
-            if a.kind is _SEND_F or a.kind is _SEND_B:
-                s, k, m = _peer_key(a.stage, a.kind, a.micro)
-                return send_op(cid[(s, _F if k is _RECV_F else grad_kind(cid, s, m), m)])
-            return recv_op(cid[(a.stage, _F if a.kind is _RECV_F else grad_kind(cid, a.stage, a.micro), a.micro)])
+            sending = a.kind is _SEND_F or a.kind is _SEND_B
+            s, k, m = _peer_key(*a) if sending else a  # the RECV: its compute names the transfer
+            t = cid[(s, _F if k is _RECV_F else grad_kind(cid, s, m), m)]
+            return send_op(t) if sending else recv_op(t)
 
         programs = [list(map(number, prog)) for prog in schedule.programs]
     else:
