@@ -68,6 +68,7 @@ class RankContext:
     world_size: int
     local_rank: int
     backend: str
+    cores: tuple[int, ...] | None = None   # the cores this rank is pinned to (None: not pinned)
 
     @property
     def device(self):
@@ -107,13 +108,49 @@ def _check_args(world_size: int, backend: str, timeout: float, threads: int | No
         raise ValueError(f"threads must be a positive integer or None, got {threads!r}")
 
 
+def host_cores() -> list[int]:
+    """The cores this process may run on (its affinity where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+
+def rank_cores(local_rank: int, local_world: int, cores: Sequence[int]) -> tuple[int, ...] | None:
+    """The cores of rank `local_rank` among `local_world` ranks on one host: `cores` cut
+    into equal contiguous blocks, one per rank (a remainder stays unused). None when
+    there are fewer cores than ranks: then the OS places them."""
+    per = len(cores) // local_world
+    if per < 1:
+        return None
+    return tuple(cores[local_rank * per:(local_rank + 1) * per])
+
+
+def _pin(cores: tuple[int, ...]) -> None:
+    """Pin every thread of this process, and so every thread it starts later (torch's
+    pool, gloo's I/O thread), to `cores`."""
+    try:
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        tids = [0]
+    for tid in tids:
+        try:
+            os.sched_setaffinity(tid, cores)
+        except (ProcessLookupError, PermissionError):  # a thread that just ended, or a locked one
+            pass
+
+
 def _setup(rank: int, world_size: int, local_rank: int, backend: str, timeout: float,
-           threads: int | None, init_method: str | None) -> RankContext:
-    """Set threads, the device and the process group of this rank."""
+           threads: int | None, init_method: str | None, pin: bool = True) -> RankContext:
+    """Pin this rank to its cores, set its threads, the device and the process group."""
     import torch
     import torch.distributed as dist
 
-    torch.set_num_threads(threads or max(1, (os.cpu_count() or 1) // world_size))
+    available = host_cores()
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    cores = rank_cores(local_rank, local_world, available) if pin and hasattr(os, "sched_setaffinity") else None
+    if cores is not None:
+        _pin(cores)  # before the process group starts gloo's thread, which inherits it
+    torch.set_num_threads(threads or (len(cores) if cores else max(1, len(available) // world_size)))
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
     kwargs = {"init_method": init_method} if init_method else {}
@@ -121,7 +158,35 @@ def _setup(rank: int, world_size: int, local_rank: int, backend: str, timeout: f
     # parent as a TimeoutError rather than by some rank as a collective that timed out
     dist.init_process_group(backend, rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=timeout + 30), **kwargs)
-    return RankContext(rank, world_size, local_rank, backend)
+    if backend == "gloo" and cores is not None:
+        _io_thread_yields()
+    return RankContext(rank, world_size, local_rank, backend, cores)
+
+
+GLOO_IO_THREAD = "gloo_tcp_loop"  # the name gloo's TCP transport gives its event-loop thread
+
+
+def _io_thread_yields() -> None:
+    """Give gloo's I/O thread the SCHED_BATCH policy (Linux): it then runs whenever the
+    rank's core is free (the rank waits, or yields before each send: `exec.runtime.isend`)
+    or at a scheduler tick, but it no longer preempts the rank's compute thread the moment
+    a message wakes it. Under the default policy it did, also in the middle of an isend or
+    irecv call, and then spun on the gloo pair lock that call holds for up to a whole
+    scheduler slice (4.5 ms measured with `perf sched`); docs/rules.md, rule 9."""
+    if not hasattr(os, "SCHED_BATCH"):
+        return
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                if f.read().strip() != GLOO_IO_THREAD:
+                    continue
+            os.sched_setscheduler(int(tid), os.SCHED_BATCH, os.sched_param(0))
+        except (OSError, ValueError):  # gone, or not allowed: leave it as it is
+            pass
 
 
 def _teardown() -> None:
@@ -131,12 +196,12 @@ def _teardown() -> None:
 
 
 def _rank_main(fn: Callable, args: tuple, rank: int, world_size: int, port: int, backend: str,
-               timeout: float, threads: int | None, results: "mp.Queue") -> None:
+               timeout: float, threads: int | None, pin: bool, results: "mp.Queue") -> None:
     """Body of one rank process: set up, run `fn`, report ("ok", value) or ("error", text)."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
     try:
-        ctx = _setup(rank, world_size, rank, backend, timeout, threads, f"tcp://127.0.0.1:{port}")
+        ctx = _setup(rank, world_size, rank, backend, timeout, threads, f"tcp://127.0.0.1:{port}", pin)
         value = fn(ctx, *args)
         try:  # plain pickle: tensors travel by value, not as shared memory of a dying process
             payload = pickle.dumps(value)
@@ -212,26 +277,30 @@ def _describe_exit(code: int) -> str:
 
 
 def launch(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "gloo",
-           timeout: float = DEFAULT_TIMEOUT, threads: int | None = None) -> list[Any]:
+           timeout: float = DEFAULT_TIMEOUT, threads: int | None = None, pin: bool = True) -> list[Any]:
     """Run `fn(ctx, *args)` on `world_size` ranks and return their values, indexed by rank.
 
     Each rank is a fresh process (spawn) with `torch.distributed` initialised over TCP on
-    127.0.0.1 and `torch.set_num_threads(threads or cpu_count // world_size)`. `timeout`
-    (seconds) bounds the whole run (start-up included); the process group's own timeout
-    is 30 s longer, so a hang surfaces here as a `TimeoutError`.
+    127.0.0.1. With `pin` (the default) and at least one core per rank, each rank and
+    every thread it starts (torch's pool, gloo's I/O thread) is pinned to its own block of
+    the host's cores (`rank_cores`; `ctx.cores`), so that a rank's communication competes
+    only with its own compute, never with another rank's (docs/rules.md, rule 9).
+    `torch.set_num_threads(threads or cores per rank)`. `timeout` (seconds) bounds the
+    whole run (start-up included); the process group's own timeout is 30 s longer, so a
+    hang surfaces here as a `TimeoutError`.
 
     Raises `RankError` if a rank raises or dies, `TimeoutError` if the run takes longer
     than `timeout`; in both cases every rank process has been stopped when it returns.
     """
     _check_args(world_size, backend, timeout, threads)
     if under_torchrun():
-        return _launch_here(fn, world_size, args, backend, timeout, threads)
+        return _launch_here(fn, world_size, args, backend, timeout, threads, pin)
 
     spawn = mp.get_context("spawn")
     results = spawn.Queue()
     port = free_port()
     procs = [spawn.Process(target=_rank_main, name=f"rank{r}", daemon=True,
-                           args=(fn, args, r, world_size, port, backend, timeout, threads, results))
+                           args=(fn, args, r, world_size, port, backend, timeout, threads, pin, results))
              for r in range(world_size)]
     reports: dict[int, tuple[str, Any, float]] = {}  # rank -> (status, payload, wall time)
     deadline = time.monotonic() + timeout
@@ -291,7 +360,7 @@ def _root_cause(procs: Sequence[mp.process.BaseProcess], reports: dict[int, tupl
 
 
 def _launch_here(fn: Callable, world_size: int, args: tuple, backend: str, timeout: float,
-                 threads: int | None) -> list[Any]:
+                 threads: int | None, pin: bool) -> list[Any]:
     """The torchrun path: this process is one rank; gather every rank's value."""
     import torch.distributed as dist
 
@@ -302,7 +371,7 @@ def _launch_here(fn: Callable, world_size: int, args: tuple, backend: str, timeo
     rank = int(os.environ["RANK"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     owns_group = not dist.is_initialized()
-    ctx = _setup(rank, world_size, local_rank, backend, timeout, threads, None) if owns_group else \
+    ctx = _setup(rank, world_size, local_rank, backend, timeout, threads, None, pin) if owns_group else \
         RankContext(rank, world_size, local_rank, backend)
     try:
         value = fn(ctx, *args)

@@ -134,6 +134,16 @@ def _recv_meta(src: int) -> TensorMeta:
     return TensorMeta(tuple(h[2:2 + h[1]]), _DTYPES[h[0]])
 
 
+def isend(tensor: torch.Tensor, dst: int, tag: int):
+    """The runtime's send call. On a CPU tensor the rank first yields its core, so that
+    its I/O thread handles what has arrived, such as the receiver's notice that the
+    receive is posted; gloo then writes the data from inside the isend (docs/rules.md,
+    rules 2 and 9). The profiler times this same call."""
+    if tensor.device.type == "cpu" and hasattr(os, "sched_yield"):
+        os.sched_yield()
+    return dist.isend(tensor, dst=dst, tag=tag)
+
+
 def _comm_device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
 
@@ -306,7 +316,7 @@ class RankInterpreter:
         tensor = tensor.contiguous()
         recv = peer(a)
         start = self.clock.mark()
-        work = dist.isend(tensor, dst=self.schedule.rank_of(recv.stage), tag=transfer_tag(recv, self.M))
+        work = isend(tensor, self.schedule.rank_of(recv.stage), transfer_tag(recv, self.M))
         self.sends.append((work, tensor))
         self._event(a, start, start, self.schedule.rank_of(recv.stage))  # end: the RECV's, filled in later
 

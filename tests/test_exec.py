@@ -15,6 +15,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
@@ -22,7 +24,8 @@ import torch.distributed as dist  # noqa: E402
 import sim  # noqa: E402
 from sim import Action, Kind  # noqa: E402
 from test_placement import gpipe_like  # noqa: E402
-from exec.launch import RankError, _children_of, free_port, launch  # noqa: E402
+from exec.launch import (GLOO_IO_THREAD, RankError, _children_of, free_port, host_cores,  # noqa: E402
+                         launch, rank_cores)
 from exec.models import ModelSpec  # noqa: E402
 from exec.runtime import (compare_grads, pipeline_worker, reference_step,  # noqa: E402
                           split_micro_batches)
@@ -57,6 +60,15 @@ def _hang_on_rank_1(ctx):
     if ctx.rank == 1:
         time.sleep(3600)
     dist.barrier()
+
+
+def _placement(ctx):
+    """Each thread of this rank: its name, the cores it may run on, its policy."""
+    out = []
+    for tid in sorted(os.listdir("/proc/self/task")):
+        name = Path(f"/proc/self/task/{tid}/comm").read_text().strip()
+        out.append((name, sorted(os.sched_getaffinity(int(tid))), os.sched_getscheduler(int(tid))))
+    return ctx.cores, torch.get_num_threads(), out
 
 
 def _many_runs(ctx, jobs):
@@ -127,6 +139,35 @@ def test_under_torchrun_launch_runs_this_process_as_its_rank(tmp_path):
     assert p.returncode == 0, p.stderr[-2000:]
     for rank in range(2):  # every rank gets every rank's value
         assert (tmp_path / f"out{rank}.txt").read_text() == "[(0, 1.0), (1, 1.0)]"
+
+
+@given(n=st.integers(1, 64), world=st.integers(1, 16), offset=st.integers(0, 8))
+def test_rank_cores_are_equal_disjoint_blocks(n, world, offset):
+    cores = list(range(offset, offset + n))
+    blocks = [rank_cores(r, world, cores) for r in range(world)]
+    if n < world:
+        assert blocks == [None] * world
+        return
+    assert all(len(b) == n // world for b in blocks)
+    flat = [c for b in blocks for c in b]
+    assert len(set(flat)) == len(flat) and set(flat) <= set(cores)
+    assert all(list(b) == sorted(b) and b[-1] - b[0] == len(b) - 1 for b in blocks)  # contiguous
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(host_cores()) < 2,
+                    reason="needs Linux affinity and two cores")
+def test_each_rank_and_its_threads_keep_to_their_own_cores():
+    out = launch(_placement, 2, timeout=TIMEOUT)
+    per = len(host_cores()) // 2
+    (c0, n0, t0), (c1, n1, t1) = out
+    assert len(c0) == len(c1) == per == n0 == n1 and not set(c0) & set(c1)
+    for cores, threads in ((c0, t0), (c1, t1)):
+        assert all(aff == list(cores) for _, aff, _ in threads)   # gloo's threads included
+        io = [pol for name, _, pol in threads if name == GLOO_IO_THREAD]
+        assert io and all(pol == os.SCHED_BATCH for pol in io)
+    unpinned = launch(_placement, 2, timeout=TIMEOUT, pin=False)
+    assert [c for c, _, _ in unpinned] == [None, None]
+    assert all(pol == os.SCHED_OTHER for _, _, threads in unpinned for _, _, pol in threads)
 
 
 def test_launch_rejects_bad_arguments_before_starting_anything():
