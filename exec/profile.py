@@ -16,7 +16,8 @@ Everything is measured *inside* the rank processes, under the conditions of a re
 - a compute action's time is the mean over several steps (the first one warms up): a
   step adds them up, so their expected value is what predicts it;
 - the CPU time of an `isend` and of an `irecv` post inside a step (the peer computing,
-  the receive already posted): `send_overhead` and `recv_overhead`;
+  the receive already posted): `send_overhead` and `recv_overhead`; and what taking in a
+  message that arrived during a compute costs the receiving core: `arrive_overhead`;
 - transfers: ping-pong between ranks 0 and 1 with `isend`/`irecv` over message sizes
   from 4 bytes to beyond the activation size; the one-way time fitted by least squares to
   `latency + bytes / bandwidth` (the simulator's rule 6);
@@ -43,7 +44,8 @@ from sim.files import atomic_write
 __all__ = ["profile_costs", "calibrate_rank", "costs_from_reports", "message_sizes", "fit_latency_bandwidth", "save_costs", "load_costs", "costs_to_dict", "costs_from_dict"]
 
 _COST_FIELDS = ("forward", "backward", "latency", "bandwidth", "activation_bytes_sent", "activation_bytes",
-                "static_bytes", "backward_input", "backward_weight", "send_overhead", "recv_overhead")
+                "static_bytes", "backward_input", "backward_weight", "send_overhead", "recv_overhead",
+                "arrive_overhead")
 
 
 # ---------------------------------------------------------------------------- the transfer fit
@@ -234,30 +236,48 @@ def _compute_times(ctx, spec, bounds, schedule, micro: int, steps: int, alone: b
 
 
 def _post_costs_busy(ctx, nbytes: int, repeats: int) -> dict:
-    """The CPU time of posting an `irecv` and of issuing an `isend` of `nbytes`, as inside a
-    step: the peer computes meanwhile (both cores busy) and has already posted the receive
-    that the isend feeds (RECVs are posted one compute early), so gloo writes the data from
-    inside the isend call. Ranks 0 and 1 take turns. Returns this rank's medians and means
-    in seconds, and the largest call seen: the simulator's `send_overhead` and
-    `recv_overhead` (rules 2 and 3) are the means."""
+    """What the transport costs the ranks' own cores inside a step, for a message of
+    `nbytes`. Ranks 0 and 1 take turns as the poster, while the other computes:
+
+    - the poster times posting an `irecv` and issuing an `isend` (the runtime's call,
+      `exec.runtime.isend`) into a receive the peer has already posted (RECVs are posted
+      one compute early), so gloo writes the data from inside the call: `send_overhead`
+      and `recv_overhead` (rules 2 and 3);
+    - the peer computes a fixed piece of work during which the message arrives, then
+      waits for it, and does the same work again with nothing arriving: the difference is
+      what taking the message in cost its core (the transport's receive work runs on the
+      rank's own core, rule 9): `arrive_overhead`. The two pieces run back to back on the
+      same core, so a change of the machine's speed cancels out.
+
+    Returns this rank's medians and means in seconds, and the largest call seen; the
+    simulator's costs are the means (a step adds them up)."""
     import torch
     import torch.distributed as dist
     from exec.runtime import isend
 
-    out: dict[str, list[float]] = {"isend_busy": [], "irecv_busy": []}
+    out: dict[str, list[float]] = {"isend_busy": [], "irecv_busy": [], "arrive_busy": []}
     if ctx.rank > 1:
         return {}
     peer = 1 - ctx.rank
     x = torch.randn(256, 256)
+    t = time.perf_counter()
+    for _ in range(10):
+        x @ x
+    work = max(1, round(0.004 / ((time.perf_counter() - t) / 10)))  # about 4 ms of matmuls
+
+    def compute() -> None:
+        for _ in range(work):
+            x @ x
+
     buf_in, buf_out = torch.zeros(max(1, nbytes // 4)), torch.zeros(max(1, nbytes // 4))
     for poster in (0, 1):
         for _ in range(repeats):
             if ctx.rank == poster:
-                time.sleep(0.002)  # the peer has posted its receive and computes by now
+                time.sleep(0.001)  # the peer has posted its receive and computes by now
                 t = time.perf_counter()
                 r = dist.irecv(buf_in, peer, tag=7)
                 t1 = time.perf_counter()
-                w = isend(buf_out, peer, tag=8)  # the runtime's call
+                w = isend(buf_out, peer, tag=8)
                 t2 = time.perf_counter()
                 out["irecv_busy"].append(t1 - t)
                 out["isend_busy"].append(t2 - t1)
@@ -266,9 +286,12 @@ def _post_costs_busy(ctx, nbytes: int, repeats: int) -> dict:
             else:
                 r = dist.irecv(buf_out, peer, tag=8)
                 t = time.perf_counter()
-                while time.perf_counter() - t < 0.006:  # compute while the other rank posts
-                    x @ x
+                compute()  # the message arrives meanwhile
                 r.wait()
+                t1 = time.perf_counter()
+                compute()  # nothing arrives
+                t2 = time.perf_counter()
+                out["arrive_busy"].append((t1 - t) - (t2 - t1))
                 dist.send(buf_in, peer, tag=7)
     res = {k: statistics.median(v) for k, v in out.items() if v}
     res.update({f"{k}_mean": statistics.fmean(v) for k, v in out.items() if v})
@@ -403,6 +426,8 @@ def costs_from_reports(reports: Sequence[dict], schedule: sim.Schedule, use: str
     busy = [r["comm"]["busy"] for r in reports if r["comm"] and r["comm"].get("busy")]
     send_overhead = statistics.fmean(b["isend_busy_mean"] for b in busy) if busy else 0.0
     recv_overhead = statistics.fmean(b["irecv_busy_mean"] for b in busy) if busy else 0.0
+    # a difference of two timings: below the noise it can come out negative; the cost cannot
+    arrive_overhead = max(0.0, statistics.fmean(b["arrive_busy_mean"] for b in busy)) if busy else 0.0
     if comm is not None and comm.get("isend_post") and all(t is not None for t in comm["isend_post"]):
         # the CPU time of the isend call itself grows with the message: gloo writes the
         # data to the socket inside isend when the receive is already posted
@@ -420,6 +445,7 @@ def costs_from_reports(reports: Sequence[dict], schedule: sim.Schedule, use: str
         forward=[mean[use][f"{s}F"] for s in range(stages)],
         backward=[mean[use][f"{s}B"] for s in range(stages)],
         latency=latency, bandwidth=bandwidth, send_overhead=send_overhead, recv_overhead=recv_overhead,
+        arrive_overhead=arrive_overhead,
         activation_bytes_sent=[memory[s]["activation_bytes_sent"] for s in range(stages)],
         activation_bytes=[memory[s]["activation_bytes"] for s in range(stages)],
         static_bytes=[memory[s]["static_bytes"] for s in range(stages)],

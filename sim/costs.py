@@ -35,6 +35,9 @@ class Costs:
     - latency: fixed delay of every transfer between devices; it does not occupy the link.
     - send_overhead, recv_overhead: how long issuing a SEND / posting a RECV holds its
       device (the CPU time of the isend / irecv call: LogP's overhead o). Default 0.
+    - arrive_overhead: how long taking in an arrived tensor holds the receiving device
+      before the compute that needs it (the transport's receive work on the device's own
+      core: reading the socket, waking the waiting thread; LogP's o at the receiver). Default 0.
     - bandwidth: bytes/s of each link (one per direction between two devices); math.inf = free.
     - activation_bytes_sent: bytes of the activation a stage sends forward per micro-batch
       (its gradient of the same size goes back).
@@ -53,9 +56,10 @@ class Costs:
     backward_weight: PerStage | None = None
     send_overhead: float = 0.0
     recv_overhead: float = 0.0
+    arrive_overhead: float = 0.0
 
     def __post_init__(self):
-        for name in ("latency", "send_overhead", "recv_overhead"):
+        for name in ("latency", "send_overhead", "recv_overhead", "arrive_overhead"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v >= 0):
                 raise ValueError(f"Costs.{name} must be a finite number >= 0, got {v!r}")
@@ -78,6 +82,7 @@ class Costs:
             bandwidth=float(self.bandwidth),
             send_overhead=float(self.send_overhead),
             recv_overhead=float(self.recv_overhead),
+            arrive_overhead=float(self.arrive_overhead),
         )
 
 
@@ -96,6 +101,7 @@ class StageCosts:
     bandwidth: float
     send_overhead: float = 0.0
     recv_overhead: float = 0.0
+    arrive_overhead: float = 0.0
 
     def transfer_time(self, nbytes: float) -> float:
         """Time a transfer of `nbytes` occupies its link (the latency comes on top)."""

@@ -3,7 +3,8 @@
 The rules (docs/rules.md; `exec` honours the same ones):
 1. A device runs its actions in program order, one at a time.
 2. A compute action (F, B, I, W) starts when the device reaches it and every tensor it
-   needs from another device has arrived; it then occupies the device for its cost.
+   needs from another device has arrived and been taken in (`arrive_overhead` after the
+   later of the two); it then occupies the device for its cost.
 3. A SEND is issued right after the compute that made its tensor and does not wait for
    the transfer. A RECV only posts the receive (one compute ahead, see `sim.passes.lower`).
    Issuing a SEND holds the device for `send_overhead`, posting a RECV for
@@ -95,7 +96,7 @@ def run(schedule: Schedule, c: StageCosts):
     actions, producer = p.actions, p.producer
     n = ncomputes = len(p.actions)
     env = simpy.Environment()
-    latency = c.latency
+    latency, take_in = c.latency, c.arrive_overhead
     overhead = (c.send_overhead, c.recv_overhead)  # indexed by op & 1: 0 for a SEND, 1 for a RECV
     sent: list[float | None] = [None] * n
     posted: list[float | None] = [None] * n
@@ -154,6 +155,7 @@ def run(schedule: Schedule, c: StageCosts):
                     now = at = arrive_at[op]
                 if at > start:
                     start = at
+                start += take_in  # the device takes the tensor in (0 unless modelled)
             s, k, _ = actions[op]
             if k is _F:  # F takes its micro-batch's activations
                 held += 1

@@ -110,7 +110,7 @@ def reference_times(schedule, costs):
                         break
                     for x in recvs:
                         arrived[x] = max(sent[x], posted[x]) + c.latency
-                    start = max([clock[r]] + [arrived[x] for x in recvs])
+                    start = max([clock[r]] + [arrived[x] for x in recvs]) + c.arrive_overhead * len(recvs)
                     clock[r] = end[a] = start + dur[a.kind][a.stage]
                 pc[r] += 1
                 changed = True
@@ -136,6 +136,7 @@ def configs(draw):
         static_bytes=draw(st.lists(st.floats(0, 1e10), min_size=p, max_size=p)),
         send_overhead=draw(st.sampled_from([0.0, 0.02, 0.5])),
         recv_overhead=draw(st.sampled_from([0.0, 0.03, 0.4])),
+        arrive_overhead=draw(st.sampled_from([0.0, 0.04, 0.3])),
     )
     return draw(schedules), p, m, costs
 
@@ -194,7 +195,8 @@ def test_properties(cfg):
 def test_engine_matches_independent_rules(cfg):
     name, p, m, costs = cfg
     costs = Costs(forward=costs.forward, backward=costs.backward, latency=costs.latency,  # free bandwidth
-                  send_overhead=costs.send_overhead, recv_overhead=costs.recv_overhead)
+                  send_overhead=costs.send_overhead, recv_overhead=costs.recv_overhead,
+                  arrive_overhead=costs.arrive_overhead)
     schedule = sim.make_schedule(name, stages=p, micro=m)
     r = sim.simulate(schedule, costs)
     ref = reference_times(schedule, costs)
@@ -205,15 +207,18 @@ def test_engine_matches_independent_rules(cfg):
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.integers(1, 8), st.floats(0.1, 3), st.floats(0.1, 3), st.floats(0, 1), st.floats(0, 0.2), st.floats(0, 0.2))
-def test_naive_two_stages_with_call_overheads_closed_form(m, F, B, L, o_send, o_recv):
-    """Naive on two stages. Each micro-batch crosses the link twice (2L), and the critical
-    path runs through every RECV post of rank 0 (one before each F, for the gradient B
-    will need) and those of rank 1 that sit before a B (the next F's RECV: all micro-
-    batches but the last), while the data of a SEND leaves as the call starts. So the
-    step takes 2m(F + B + L) + (2m - 1) o_recv, whatever o_send is."""
-    costs = Costs(forward=F, backward=B, latency=L, send_overhead=o_send, recv_overhead=o_recv)
+@given(st.integers(1, 8), st.floats(0.1, 3), st.floats(0.1, 3), st.floats(0, 1), st.floats(0, 0.2), st.floats(0, 0.2),
+       st.floats(0, 0.2))
+def test_naive_two_stages_with_call_overheads_closed_form(m, F, B, L, o_send, o_recv, o_arrive):
+    """Naive on two stages. Each micro-batch crosses the link twice (2L), and each
+    crossing is taken in on the critical path (2 o_arrive); the critical path also runs
+    through every RECV post of rank 0 (one before each F, for the gradient B will need)
+    and those of rank 1 that sit before a B (the next F's RECV: all micro-batches but the
+    last), while the data of a SEND leaves as the call starts. So the step takes
+    2m(F + B + L + o_arrive) + (2m - 1) o_recv, whatever o_send is."""
+    costs = Costs(forward=F, backward=B, latency=L, send_overhead=o_send, recv_overhead=o_recv,
+                  arrive_overhead=o_arrive)
     r = sim.simulate(sim.make_schedule("naive", stages=2, micro=m), costs)
-    assert r.makespan == pytest.approx(2 * m * (F + B + L) + (2 * m - 1) * o_recv, rel=1e-12)
+    assert r.makespan == pytest.approx(2 * m * (F + B + L + o_arrive) + (2 * m - 1) * o_recv, rel=1e-12)
     # the calls are not compute: the busy time is still the computes' own
     assert r.busy() == pytest.approx([m * (F + B)] * 2, rel=1e-12)

@@ -87,12 +87,13 @@ def test_cli_schedule_choice_and_no_figures(tmp_path):
 
 
 def test_cli_call_overheads_reach_the_simulation(tmp_path):
-    """naive on 2 stages, m = 3: 2m(F + B + L) + (2m - 1) o_recv = 18 + 5 * 0.2 (docs/rules.md)."""
+    """naive on 2 stages, m = 3: 2m(F + B + L + o_arrive) + (2m - 1) o_recv = 18 + 6 * 0.05 + 5 * 0.2
+    (docs/rules.md)."""
     proc = run_cli("--stages", "2", "--micro", "3", "--schedule", "naive", "--recv-overhead", "0.2",
-                   "--send-overhead", "0.1", "--no-figures", "--out", str(tmp_path))
+                   "--send-overhead", "0.1", "--arrive-overhead", "0.05", "--no-figures", "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     row = proc.stdout.splitlines()[1].split()
-    assert row[0] == "naive" and float(row[1]) == pytest.approx(19.0)
+    assert row[0] == "naive" and float(row[1]) == pytest.approx(19.3)
 
 
 @pytest.mark.parametrize("args", [
@@ -105,6 +106,7 @@ def test_cli_call_overheads_reach_the_simulation(tmp_path):
     ["--backward", "x"],
     ["--latency", "-1"],
     ["--recv-overhead", "-0.1"],
+    ["--arrive-overhead", "nan"],
     ["--bandwidth", "0"],
     ["--static-bytes", "nan"],
     ["--no-such-option"],
