@@ -59,7 +59,7 @@ def bench_rank(ctx, spec: ModelSpec, schedule: sim.Schedule, bounds: list[int], 
     run_step(ctx, lowered, mine, xs, ys, spec.loss, opt, record=False, shapes=shapes)  # warm-up
     out = []
     for _ in range(rounds):
-        report = calibrate_rank(ctx, spec, schedule, schedule.micro, bounds, calib_steps)
+        report = calibrate_rank(ctx, spec, schedule, schedule.micro, bounds, calib_steps, modules=mine)
         results = [run_step(ctx, lowered, mine, xs, ys, spec.loss, opt, record=True, shapes=shapes).result
                    for _ in range(steps)]
         out.append((report, results if ctx.rank == 0 else None))

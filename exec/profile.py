@@ -166,8 +166,10 @@ def _activation_bytes(module, x, last: bool, loss_fn, y, micro: int) -> tuple[in
     return saved.nbytes, out.numel() * out.element_size()
 
 
-def _compute_times(ctx, spec, bounds, schedule, micro: int, steps: int, alone: bool) -> dict:
-    """Run this rank's compute actions in program order, `steps` times, timing each.
+def _compute_times(ctx, spec, bounds, schedule, micro: int, steps: int, alone: bool,
+                   modules: dict | None = None) -> dict:
+    """Run this rank's compute actions in program order, `steps` times, timing each, on
+    `modules` (stage -> module; default: a fresh copy of this rank's stages).
 
     If `alone`, the ranks take turns (the others wait in a barrier), else they all run
     at once. Returns {(stage, kind): [seconds...]} without the first (warm-up) step."""
@@ -177,7 +179,8 @@ def _compute_times(ctx, spec, bounds, schedule, micro: int, steps: int, alone: b
 
     layers = spec.build_layers()
     mine = [s for s, r in enumerate(schedule.placement) if r == ctx.rank]
-    stages = {s: torch.nn.Sequential(*layers[bounds[s]:bounds[s + 1]]) for s in mine}
+    stages = dict(modules) if modules is not None else \
+        {s: torch.nn.Sequential(*layers[bounds[s]:bounds[s + 1]]) for s in mine}
     inputs = {s: _stage_inputs(spec, layers, bounds, s, micro) for s in mine}
     last = schedule.stages - 1
     program = [a for a in schedule.programs[ctx.rank] if a.kind.is_compute]
@@ -354,13 +357,15 @@ def _pingpong(ctx, sizes: Sequence[int], repeats: int) -> dict:
 
 
 def calibrate_rank(ctx, spec, schedule: sim.Schedule, micro: int, bounds: Sequence[int], steps: int = 5,
-                   sizes: Sequence[int] | None = None, repeats: int = 20) -> dict:
+                   sizes: Sequence[int] | None = None, repeats: int = 20, modules: dict | None = None) -> dict:
     """Run on every rank at once (inside `exec.launch.launch`): what this rank measures.
 
     Its stages' memory; the time of each of its compute actions over `steps` steps of
     its program with all ranks computing at once ("concurrent") and with the ranks taking
-    turns ("alone"); and, on ranks 0 and 1 if `sizes` is given, the ping-pong. Merge
-    every rank's report (one or several rounds) with `costs_from_reports`."""
+    turns ("alone"), on `modules` (stage -> module) when the caller will run those very
+    modules (same weights in the same memory), else on a fresh copy; and, on ranks 0 and
+    1 if `sizes` is given, the ping-pong. Merge every rank's report (one or several
+    rounds) with `costs_from_reports`."""
     import torch
 
     schedule = schedule.compute_only()
@@ -373,8 +378,8 @@ def calibrate_rank(ctx, spec, schedule: sim.Schedule, micro: int, bounds: Sequen
         act, sent = _activation_bytes(module, x, s == schedule.stages - 1, spec.loss, y, micro)
         params = sum(p.numel() * p.element_size() for p in module.parameters())
         memory[s] = {"activation_bytes": act, "activation_bytes_sent": sent, "static_bytes": 2 * params}
-    concurrent = _compute_times(ctx, spec, bounds, schedule, micro, steps, alone=False)
-    alone = _compute_times(ctx, spec, bounds, schedule, micro, steps, alone=True)
+    concurrent = _compute_times(ctx, spec, bounds, schedule, micro, steps, alone=False, modules=modules)
+    alone = _compute_times(ctx, spec, bounds, schedule, micro, steps, alone=True, modules=modules)
     comm = None
     if ctx.world_size > 1:  # the call costs are measured every time: they move with the load
         comm = _pingpong(ctx, sizes, repeats) if sizes else {}
