@@ -8,7 +8,8 @@ micro-batch counts, on gloo ranks on this machine.
 The transfer fit (latency + bytes / bandwidth, by ping-pong) is measured once and reused.
 Then each (schedule, micro) runs in one launch of `--ranks` processes: a warm-up step,
 then `--rounds` times [calibrate (`exec.profile.calibrate_rank`: every stage's F and B
-timed inside the ranks, all computing at once, and taking turns), then `--steps`
+timed inside the ranks on the very modules the steps run, all computing at once, and
+taking turns; the call and arrival costs), then `--steps`
 measured steps with `exec.runtime.run_step`], so calibration and measurement share the
 time window (on a machine shared with other work, the load changes from second to
 second). The median-makespan step is compared (`exec.compare.compare`) with the
