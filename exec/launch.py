@@ -159,14 +159,14 @@ def _setup(rank: int, world_size: int, local_rank: int, backend: str, timeout: f
     dist.init_process_group(backend, rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=timeout + 30), **kwargs)
     if backend == "gloo" and cores is not None:
-        _io_thread_yields()
+        _io_thread_batch()
     return RankContext(rank, world_size, local_rank, backend, cores)
 
 
 GLOO_IO_THREAD = "gloo_tcp_loop"  # the name gloo's TCP transport gives its event-loop thread
 
 
-def _io_thread_yields() -> None:
+def _io_thread_batch() -> None:
     """Give gloo's I/O thread the SCHED_BATCH policy (Linux): it then runs whenever the
     rank's core is free (the rank waits, or yields before each send: `exec.runtime.isend`)
     or at a scheduler tick, but it no longer preempts the rank's compute thread the moment
