@@ -125,14 +125,27 @@ def rank_cores(local_rank: int, local_world: int, cores: Sequence[int]) -> tuple
     return tuple(cores[local_rank * per:(local_rank + 1) * per])
 
 
+def _threads() -> list[tuple[int, str]]:
+    """(thread id, name) of every thread of this process; [(0, "")] (this thread) where
+    /proc is missing."""
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return [(0, "")]
+    out = []
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                out.append((int(tid), f.read().strip()))
+        except OSError:  # it just ended
+            pass
+    return out
+
+
 def _pin(cores: tuple[int, ...]) -> None:
     """Pin every thread of this process, and so every thread it starts later (torch's
     pool, gloo's I/O thread), to `cores`."""
-    try:
-        tids = [int(t) for t in os.listdir("/proc/self/task")]
-    except OSError:
-        tids = [0]
-    for tid in tids:
+    for tid, _ in _threads():
         try:
             os.sched_setaffinity(tid, cores)
         except (ProcessLookupError, PermissionError):  # a thread that just ended, or a locked one
@@ -175,18 +188,12 @@ def _io_thread_batch() -> None:
     scheduler slice (4.5 ms measured with `perf sched`); docs/rules.md, rule 9."""
     if not hasattr(os, "SCHED_BATCH"):
         return
-    try:
-        tids = os.listdir("/proc/self/task")
-    except OSError:
-        return
-    for tid in tids:
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                if f.read().strip() != GLOO_IO_THREAD:
-                    continue
-            os.sched_setscheduler(int(tid), os.SCHED_BATCH, os.sched_param(0))
-        except (OSError, ValueError):  # gone, or not allowed: leave it as it is
-            pass
+    for tid, name in _threads():
+        if name == GLOO_IO_THREAD:
+            try:
+                os.sched_setscheduler(tid, os.SCHED_BATCH, os.sched_param(0))
+            except OSError:  # gone, or not allowed: leave it as it is
+                pass
 
 
 def _teardown() -> None:
