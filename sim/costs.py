@@ -38,6 +38,13 @@ class Costs:
     - arrive_overhead: how long taking in an arrived tensor holds the receiving device
       before the compute that needs it (the transport's receive work on the device's own
       core: reading the socket, waking the waiting thread; LogP's o at the receiver). Default 0.
+    - io_tick: how long a message may wait for the transport's I/O thread of a rank that
+      is computing (rule 10 of docs/rules.md). A send issued before the receiver's ready
+      notice came in leaves only when the sender's I/O thread runs: at the sender's next
+      yield (a SEND call, a wait for data, the end of its program) or, at the latest, at
+      the scheduler's next tick, uniformly within `io_tick` of the notice (a CPU rank whose
+      I/O thread does not preempt the compute: about 1/HZ). 0 (default): the thread runs at
+      once (a spare core, a GPU's transport); math.inf: only at the rank's yields.
     - bandwidth: bytes/s of each link (one per direction between two devices); math.inf = free.
     - activation_bytes_sent: bytes of the activation a stage sends forward per micro-batch
       (its gradient of the same size goes back).
@@ -57,12 +64,15 @@ class Costs:
     send_overhead: float = 0.0
     recv_overhead: float = 0.0
     arrive_overhead: float = 0.0
+    io_tick: float = 0.0
 
     def __post_init__(self):
         for name in ("latency", "send_overhead", "recv_overhead", "arrive_overhead"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v >= 0):
                 raise ValueError(f"Costs.{name} must be a finite number >= 0, got {v!r}")
+        if isinstance(self.io_tick, bool) or not isinstance(self.io_tick, (int, float)) or not self.io_tick >= 0:
+            raise ValueError(f"Costs.io_tick must be a number >= 0 (math.inf allowed), got {self.io_tick!r}")
         if not self.bandwidth > 0:
             raise ValueError(f"Costs.bandwidth must be > 0 bytes/s, got {self.bandwidth}")
 
@@ -83,6 +93,7 @@ class Costs:
             send_overhead=float(self.send_overhead),
             recv_overhead=float(self.recv_overhead),
             arrive_overhead=float(self.arrive_overhead),
+            io_tick=float(self.io_tick),
         )
 
 
@@ -102,6 +113,7 @@ class StageCosts:
     send_overhead: float = 0.0
     recv_overhead: float = 0.0
     arrive_overhead: float = 0.0
+    io_tick: float = 0.0
 
     def transfer_time(self, nbytes: float) -> float:
         """Time a transfer of `nbytes` occupies its link (the latency comes on top)."""

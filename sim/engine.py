@@ -8,18 +8,24 @@ The rules (docs/rules.md; `exec` honours the same ones):
 3. A SEND is issued right after the compute that made its tensor and does not wait for
    the transfer. A RECV only posts the receive (one compute ahead, see `sim.passes.lower`).
    Issuing a SEND holds the device for `send_overhead`, posting a RECV for
-   `recv_overhead` (the CPU time of the call); the transfer may start when the call does.
-4. A transfer starts once it is both sent and posted (both gloo and NCCL rendezvous);
-   it then waits for its link (one per direction between two devices, FIFO), occupies it
-   for bytes / bandwidth, and arrives `latency` later; the latency does not hold the link.
+   `recv_overhead` (the CPU time of the call).
+4. A transfer rendezvous: posting the RECV sends a ready notice, which reaches the sender
+   `latency` later. If it is there when the SEND is issued, the data leaves at once;
+   otherwise the data leaves when the sender's transport handles the notice: at once if
+   the sender waits or has ended, else at its next yield (a SEND, a wait for data, its
+   end) or the scheduler tick, whichever comes first (`io_tick`, rule 10; the expected
+   time over the tick's phase). The data then waits for its link (one per direction
+   between two devices, FIFO), occupies it for bytes / bandwidth, and arrives `latency`
+   later; the latency does not hold the link.
 5. Memory of a device = static bytes + the activations of each micro-batch it holds,
    from the start of that micro-batch's F until the end of its last backward (B or W).
 
 How it stays fast (docs/performance.md): it runs the numbered `sim.passes.plan`, not
 `Action` objects. A compute whose input's arrival time is known waits and computes in one
-timeout; a transfer is an event only when its receiver already waits for it. Link
-queueing needs no process: each link keeps the time it is next free. A run that stops
-with ranks unfinished is a deadlock, explained by `sim.passes.check_deadlock`.
+timeout; a transfer is an event only when its receiver already waits for it, or when its
+sender must first see the notice. Link queueing needs no process: each link keeps the
+time it is next free. A run that stops with ranks unfinished is a deadlock, explained by
+`sim.passes.check_deadlock`.
 """
 from __future__ import annotations
 
@@ -32,6 +38,8 @@ from .costs import Costs, StageCosts
 from .ir import Schedule
 from .passes import _B, _F, _I, _W, Plan, check_communication, check_complete, check_deadlock, lower, plan
 from .result import Event, Result
+
+INF = float("inf")
 
 
 class _Arrival(simpy.Event):
@@ -68,6 +76,34 @@ def _costs(p: Plan, c: StageCosts, placement: tuple[int, ...]):
     return dur, link, busy, len(links)
 
 
+def _to_yield(prog, end: int, dur, producer, recv_overhead: float) -> list[float]:
+    """For each position i of a rank's program (up to `end`, where it ends or gets stuck):
+    how long after reaching action i the rank next lets its transport thread run, if
+    nothing makes it wait: at a SEND (it yields the core first), at a compute with an input
+    from another rank (it waits for the data or takes it in), or at the end."""
+    out = [0.0] * (end + 1)
+    ahead = 0.0
+    for i in range(end - 1, -1, -1):
+        op = prog[i]
+        if op < 0:
+            ahead = ahead + recv_overhead if op & 1 else 0.0
+        elif producer[op] >= 0:
+            ahead = 0.0
+        else:
+            ahead += dur[op]
+        out[i] = ahead
+    return out
+
+
+def expected_wait(until_yield: float, tick: float) -> float:
+    """The expected wait of a message for a computing rank's transport thread: it runs at
+    the rank's next yield, `until_yield` away, or at the scheduler tick, uniform on
+    [0, tick] over the tick's unknown phase: E[min(X, U(0, tick))] (math.inf: X)."""
+    if until_yield < tick:
+        return until_yield - until_yield * until_yield / (2 * tick)
+    return tick / 2
+
+
 class _Run:
     """What a run recorded, as flat lists indexed by compute id (a transfer is numbered by
     the compute that receives it); `Event` records are made from them only on demand."""
@@ -93,25 +129,69 @@ def run(schedule: Schedule, c: StageCosts):
     p = plan(schedule)
     dur, link, busy, nlinks = _costs(p, c, schedule.placement)
     act_bytes = c.activation_bytes
-    actions, producer = p.actions, p.producer
+    actions, producer, rank_of = p.actions, p.producer, p.rank
     n = ncomputes = len(p.actions)
     env = simpy.Environment()
-    latency, take_in = c.latency, c.arrive_overhead
+    latency, take_in, tick = c.latency, c.arrive_overhead, c.io_tick
     overhead = (c.send_overhead, c.recv_overhead)  # indexed by op & 1: 0 for a SEND, 1 for a RECV
     sent: list[float | None] = [None] * n
     posted: list[float | None] = [None] * n
-    arrive_at: list[float | None] = [None] * n       # known once sent and posted
+    arrive_at: list[float | None] = [None] * n       # known once the data has left
     waiter: list[_Arrival | None] = [None] * n       # a receiver blocked on it
     link_free = [0.0] * nlinks
     start_of, end_of = [0.0] * ncomputes, [0.0] * ncomputes
     finished = [False] * schedule.ranks
     busy_time = [0.0] * schedule.ranks
+    # Where the transport thread may have to wait for its rank (io_tick > 0), each rank
+    # tells where it is: until when its thread may run at once (the rank waits for data or
+    # has ended), until when its current action holds it, and where its program goes on.
+    free_until = [-1.0] * schedule.ranks
+    held_until = [0.0] * schedule.ranks
+    resume = [0] * schedule.ranks
+    to_yield = [_to_yield(prog, run, dur, producer, c.recv_overhead) if tick else None
+                for prog, run in zip(p.programs, p.runnable)]
 
     static = [0.0] * schedule.ranks
     for s, r in enumerate(schedule.placement):
         static[r] += c.static_bytes[s]
     memory = [[(0.0, static[r])] for r in range(schedule.ranks)]
     activations = [[(0.0, 0)] for _ in range(schedule.ranks)]
+
+    def later(delay: float, fn, *args) -> None:
+        env.timeout(delay).callbacks.append(lambda _: fn(*args))
+
+    # With every transfer's link time 0 (free bandwidth), links never make one wait: a
+    # transfer's departure and arrival are known as soon as its leaving time is.
+    queues = any(busy)
+
+    def leave(t: int, at: float) -> None:
+        """The data of transfer t leaves its sender at `at` (now or later): it takes the
+        link from when the link is free for busy[t], and arrives `latency` after that.
+        Links serve transfers in the order they leave, so a later one waits for `at`."""
+        now = env.now
+        if queues:
+            if at > now:
+                return later(at - now, leave, t, at)
+            free = link_free[link[t]]
+            at = (at if at >= free else free) + busy[t]
+            link_free[link[t]] = at
+        arrive_at[t] = at + latency
+        if waiter[t] is not None:
+            waiter[t].arrive_after(at + latency - now)
+
+    def notice(t: int, at: float) -> None:
+        """The receiver's ready notice of transfer t reaches its sender at `at`, after the
+        send was issued: the data leaves when the sender's transport thread runs."""
+        if not tick:
+            return leave(t, at)
+        now = env.now
+        if at > now:  # what the sender is doing then is known only then
+            return later(at - now, notice, t, at)
+        r = rank_of[producer[t]]
+        if now <= free_until[r]:
+            leave(t, now)
+        else:
+            leave(t, now + expected_wait(held_until[r] + to_yield[r][resume[r]] - now, tick))
 
     def device(r: int):
         held_bytes, held = static[r], 0
@@ -120,48 +200,53 @@ def run(schedule: Schedule, c: StageCosts):
         now = env.now
         computing = 0.0  # this rank's busy time
         prog, runnable = p.programs[r], p.runnable[r]
-        for op in prog if runnable == len(prog) else prog[:runnable]:
+        for i, op in enumerate(prog if runnable == len(prog) else prog[:runnable], 1):
             if op < 0:
-                # Issue a SEND or post a RECV at `now`. The second side of a transfer starts
-                # it: it takes the link from max(now, the time the link is free) for busy[t],
-                # and the data arrives `latency` after that.
+                # Issue a SEND or post a RECV at `now`. A RECV sends the ready notice; the
+                # data leaves once the sender has issued the SEND and seen the notice.
                 t = (-1 - op) >> 1
                 if op & 1:  # RECV
                     posted[t] = now
-                    second = sent[t] is not None
+                    if sent[t] is not None:
+                        notice(t, now + latency)
                 else:
                     sent[t] = now
-                    second = posted[t] is not None
-                if second:
-                    free = link_free[link[t]]
-                    leaves = (now if now >= free else free) + busy[t]
-                    link_free[link[t]] = leaves
-                    arrive_at[t] = leaves + latency
-                    if waiter[t] is not None:
-                        waiter[t].arrive_after(leaves + latency - now)
+                    if tick:
+                        free_until[r] = now  # the runtime yields the core before the call
+                    if posted[t] is not None:
+                        ready = posted[t] + latency
+                        leave(t, now) if ready <= now else notice(t, ready)
                 if overhead[op & 1]:  # the call holds the device
+                    if tick:
+                        held_until[r] = now + overhead[op & 1]
+                        resume[r] = i
                     yield timeout(overhead[op & 1])
                     now = env.now
                 continue
             # Compute op. Start when the remote input is here. Where its arrival time is
-            # known, waiting and computing are one timeout; only a tensor not sent yet needs
-            # an event, which the sender triggers at the arrival.
+            # known, waiting and computing are one timeout; only a tensor that has not left
+            # yet needs an event, which the sender triggers at the arrival.
             start = now
             if producer[op] >= 0:
                 at = arrive_at[op]
                 if at is None:
                     waiter[op] = _Arrival(env)
+                    free_until[r] = INF  # the rank waits: its transport thread runs
                     yield waiter[op]
                     now = at = arrive_at[op]
                 if at > start:
                     start = at
                 start += take_in  # the device takes the tensor in (0 unless modelled)
+                free_until[r] = start
             s, k, _ = actions[op]
             if k is _F:  # F takes its micro-batch's activations
                 held += 1
                 held_bytes += act_bytes[s]
                 mem((start, held_bytes))
                 act((start, held))
+            if tick:
+                held_until[r] = start + dur[op]
+                resume[r] = i
             yield timeout(start + dur[op] - now)
             now = env.now
             start_of[op], end_of[op] = start, now
@@ -171,6 +256,7 @@ def run(schedule: Schedule, c: StageCosts):
                 held_bytes -= act_bytes[s]
                 mem((now, held_bytes))
                 act((now, held))
+        free_until[r] = INF  # done (or stuck): it waits for its sends
         busy_time[r] = computing
         finished[r] = runnable == len(prog)  # if not, the next compute waits on a later one
 

@@ -338,6 +338,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="time posting a RECV holds its device (the irecv call; default 0)")
     p.add_argument("--arrive-overhead", type=number, default=0.0,
                    help="time taking in an arrived tensor holds the receiving device (default 0)")
+    p.add_argument("--io-tick", type=lambda t: number(t, allow_inf=True), default=0.0,
+                   help="longest a late ready notice waits for a computing sender's transport thread "
+                        "(the scheduler tick; default 0: at once; inf: only at the sender's yields)")
     p.add_argument("--bandwidth", type=lambda t: number(t, strict=True, allow_inf=True), default=math.inf,
                    help="bytes/s of each link (default inf: transfers are free)")
     p.add_argument("--activation-bytes", type=_per_stage, default=[1.0],
@@ -364,7 +367,8 @@ def _costs(args: argparse.Namespace) -> Costs:
         fields[name] = values[0] if len(values) == 1 else tuple(values)
     try:
         costs = Costs(latency=args.latency, bandwidth=args.bandwidth, send_overhead=args.send_overhead,
-                      recv_overhead=args.recv_overhead, arrive_overhead=args.arrive_overhead, **fields)
+                      recv_overhead=args.recv_overhead, arrive_overhead=args.arrive_overhead,
+                      io_tick=args.io_tick, **fields)
         costs.for_stages(args.stages)  # Costs checks per-stage fields only when expanded
     except ValueError as e:
         fail(str(e))

@@ -60,13 +60,15 @@ def test_costs_reject_bad_values():
 
 
 def test_bandwidth_queues_transfers_on_a_link():
-    # GPipe, 2 stages, compute nearly free, transfers of 1 s each: the forwards' sends queue
-    # on link 0->1 one behind the other, so the last one arrives at m*1 + latency.
+    # GPipe, 2 stages, compute nearly free, transfers of 1 s each. Rank 1 posts its first
+    # receives at 0; their ready notices reach rank 0 at `lat`, after it issued its sends,
+    # so the first leaves at lat; the others queue behind it on link 0->1 one after the
+    # other (each notice is there before the link frees), so send k arrives at lat + k + 1 + lat.
     m, lat = 4, 0.5
     costs = Costs(forward=1e-9, backward=1e-9, latency=lat, bandwidth=100.0, activation_bytes_sent=100.0)
     r = sim.simulate(sim.make_schedule("gpipe", stages=2, micro=m), costs)
     sends = sorted((e for e in r.events if e.action.kind is Kind.SEND_F), key=lambda e: e.end)
-    assert [e.end for e in sends] == pytest.approx([k + 1 + lat for k in range(m)], abs=1e-6)
+    assert [e.end for e in sends] == pytest.approx([lat + k + 1 + lat for k in range(m)], abs=1e-6)
 
 
 def test_chrome_trace(tmp_path):
@@ -84,38 +86,86 @@ def test_chrome_trace(tmp_path):
 def reference_times(schedule, costs):
     """The rules of docs/rules.md computed directly, without SimPy, for infinite bandwidth:
     walk every rank's lowered program, advancing whichever rank can advance. Returns the
-    end of every compute."""
+    end of every compute.
+
+    Unlike the engine, which looks ahead in the sender's program when a ready notice comes
+    in late (rule 10), this records the windows in which each rank's transport thread may
+    run (a SEND call's start, a wait for data and its taking in, the end) as the ranks
+    advance, and finds the first one at or after the notice."""
     low = sim.lower(schedule) if not schedule.is_lowered else schedule
     c = costs.for_stages(low.stages)
     dur = {Kind.F: c.forward, Kind.B: c.backward, Kind.I: c.backward_input, Kind.W: c.backward_weight}
     clock = [0.0] * low.ranks           # when each rank is free
-    sent, posted, arrived, end = {}, {}, {}, {}
+    windows = [[] for _ in range(low.ranks)]  # (from, to): its transport thread may run; to=None: open
+    sent, posted, left, end = {}, {}, {}, {}
     pc = [0] * low.ranks
+
+    def notice_at(x):
+        return posted[x] + c.latency
+
+    def leaves(x, stalled=False):
+        """When the data of the transfer into RECV x leaves its sender, if known yet."""
+        if x in left or x not in sent or x not in posted:
+            return left.get(x)
+        n = notice_at(x)
+        if n <= sent[x]:  # the sender saw the notice when it issued the SEND
+            left[x] = sent[x]
+            return left[x]
+        for lo, hi in windows[low.placement[x.stage - 1 if x.kind is Kind.RECV_F else x.stage + 1]]:
+            if hi is None and lo < n and not stalled:
+                return None  # it waits since before the notice: till when is not known yet
+            if hi is None or hi >= n:
+                wait = max(lo, n) - n
+                tick = c.io_tick
+                # the expected min(wait, U) for U uniform on [0, tick] (the tick's phase)
+                expected = wait - wait * wait / (2 * tick) if wait < tick else tick / 2
+                left[x] = n + expected
+                return left[x]
+        return None
+
     changed = True
-    while changed:
-        changed = False
-        for r, prog in enumerate(low.programs):
-            while pc[r] < len(prog):
-                a = prog[pc[r]]
-                if a.kind in (Kind.SEND_F, Kind.SEND_B):
-                    sent[peer(a)] = clock[r]
-                    clock[r] += c.send_overhead
-                elif a.kind in (Kind.RECV_F, Kind.RECV_B):
-                    posted[a] = clock[r]
-                    clock[r] += c.recv_overhead
-                else:
-                    recvs = [x for x in posted if x.stage == a.stage and x.micro == a.micro and x not in arrived
-                             and (x.kind is Kind.RECV_F) == (a.kind is Kind.F)]
-                    if any(x not in sent for x in recvs):
-                        break
-                    for x in recvs:
-                        arrived[x] = max(sent[x], posted[x]) + c.latency
-                    start = max([clock[r]] + [arrived[x] for x in recvs]) + c.arrive_overhead * len(recvs)
-                    clock[r] = end[a] = start + dur[a.kind][a.stage]
-                pc[r] += 1
-                changed = True
-    assert all(pc[r] == len(p) for r, p in enumerate(low.programs))
-    return end
+    while True:
+        while changed:
+            changed = False
+            for r, prog in enumerate(low.programs):
+                while pc[r] < len(prog):
+                    a = prog[pc[r]]
+                    if a.kind in (Kind.SEND_F, Kind.SEND_B):
+                        windows[r].append((clock[r], clock[r]))  # it yields the core first
+                        sent[peer(a)] = clock[r]
+                        clock[r] += c.send_overhead
+                    elif a.kind in (Kind.RECV_F, Kind.RECV_B):
+                        posted[a] = clock[r]
+                        clock[r] += c.recv_overhead
+                    else:
+                        recvs = [x for x in posted if x.stage == a.stage and x.micro == a.micro and x not in end
+                                 and (x.kind is Kind.RECV_F) == (a.kind is Kind.F)]
+                        out = [leaves(x) for x in recvs]
+                        if None in out:
+                            if not windows[r] or windows[r][-1] != (clock[r], None):
+                                windows[r].append((clock[r], None))  # it waits
+                            break
+                        for x in recvs:
+                            end[x] = True
+                        start = max([clock[r]] + [t + c.latency for t in out]) + c.arrive_overhead * len(recvs)
+                        if recvs:
+                            if windows[r] and windows[r][-1] == (clock[r], None):
+                                windows[r].pop()
+                            windows[r].append((clock[r], start))
+                        clock[r] = end[a] = start + dur[a.kind][a.stage]
+                    pc[r] += 1
+                    changed = True
+                if pc[r] == len(prog) and (not windows[r] or windows[r][-1][1] != math.inf):
+                    windows[r].append((clock[r], math.inf))  # done: it waits for its sends
+        if all(pc[r] == len(p) for r, p in enumerate(low.programs)):
+            return {a: t for a, t in end.items() if a.kind in (Kind.F, Kind.B, Kind.I, Kind.W)}
+        # Stuck: every rank left waits on a transfer whose notice came while its sender
+        # was waiting. Each of those waits lasts past the earliest such notice (everything
+        # it waits for comes after it), so that transfer leaves at its notice.
+        pending = [x for x in posted if x in sent and x not in left]
+        assert pending, "the reference got stuck without a pending transfer"
+        leaves(min(pending, key=notice_at), stalled=True)
+        changed = True
 
 
 schedules = st.sampled_from(sorted(sim.SCHEDULES))
@@ -137,6 +187,7 @@ def configs(draw):
         send_overhead=draw(st.sampled_from([0.0, 0.02, 0.5])),
         recv_overhead=draw(st.sampled_from([0.0, 0.03, 0.4])),
         arrive_overhead=draw(st.sampled_from([0.0, 0.04, 0.3])),
+        io_tick=draw(st.sampled_from([0.0, 0.05, 0.7, math.inf])),
     )
     return draw(schedules), p, m, costs
 
@@ -196,7 +247,7 @@ def test_engine_matches_independent_rules(cfg):
     name, p, m, costs = cfg
     costs = Costs(forward=costs.forward, backward=costs.backward, latency=costs.latency,  # free bandwidth
                   send_overhead=costs.send_overhead, recv_overhead=costs.recv_overhead,
-                  arrive_overhead=costs.arrive_overhead)
+                  arrive_overhead=costs.arrive_overhead, io_tick=costs.io_tick)
     schedule = sim.make_schedule(name, stages=p, micro=m)
     r = sim.simulate(schedule, costs)
     ref = reference_times(schedule, costs)
@@ -204,6 +255,41 @@ def test_engine_matches_independent_rules(cfg):
         if e.is_compute:
             assert e.end == pytest.approx(ref[e.action], rel=1e-9, abs=1e-9), str(e.action)
     assert r.makespan == pytest.approx(max(ref.values()))
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.floats(0.1, 2.0), st.floats(0.05, 0.95), st.sampled_from([0.0, 0.01, 0.5, 5.0, math.inf]))
+def test_late_notice_waits_for_the_senders_yield_or_tick(a, f, tick_in_a):
+    """Rule 10, in closed form. GPipe on 2 stages, m = 4, forward a on stage 0 and b on
+    stage 1 with 2a < b < 3a, everything else free. Rank 0 runs F0..F3 back to back and
+    issues SEND_F2 at 3a; rank 1 posts RECV_F2 only after its F0, at a + b, after the
+    SEND. The notice comes in while rank 0 computes F3, which has no input from another
+    rank, so its transport thread runs at its next yield, the SEND of F3 at 4a, or at the
+    tick: the data arrives at a + b + E[min(3a - b, U(0, tick))]."""
+    b, tick = a * (2 + f), a * tick_in_a
+    r = sim.simulate(sim.make_schedule("gpipe", stages=2, micro=4),
+                     Costs(forward=[a, b], backward=1.0, io_tick=tick))
+    send = {str(e.action): e for e in r.events}["0SEND_F2"]
+    assert send.start == pytest.approx(3 * a)
+    x = 3 * a - b
+    if tick == 0:
+        expected = 0.0
+    elif tick == math.inf:
+        expected = x
+    else:  # the mean of min(x, u) over the tick's phase, u uniform on [0, tick]
+        expected = x - x * x / (2 * tick) if x < tick else tick / 2
+    assert send.end == pytest.approx(a + b + expected, rel=1e-12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.floats(0, 10), st.floats(0.01, 10))
+def test_expected_wait_is_the_mean_over_the_ticks_phase(x, tick):
+    """E[min(x, U(0, tick))] against the midpoint rule over the phase."""
+    from sim.engine import expected_wait
+    n = 20000
+    mean = sum(min(x, (i + 0.5) * tick / n) for i in range(n)) / n
+    assert expected_wait(x, tick) == pytest.approx(mean, rel=1e-6, abs=1e-9)
+    assert expected_wait(x, math.inf) == x
 
 
 @settings(max_examples=60, deadline=None)
@@ -215,10 +301,13 @@ def test_naive_two_stages_with_call_overheads_closed_form(m, F, B, L, o_send, o_
     through every RECV post of rank 0 (one before each F, for the gradient B will need)
     and those of rank 1 that sit before a B (the next F's RECV: all micro-batches but the
     last), while the data of a SEND leaves as the call starts. So the step takes
-    2m(F + B + L + o_arrive) + (2m - 1) o_recv, whatever o_send is."""
+    2m(F + B + L + o_arrive) + (2m - 1) o_recv, whatever o_send is. One exception: rank 1
+    posts its first receive at 0, and its ready notice reaches rank 0 at L; if that is
+    after rank 0 issues the first SEND (at o_recv + F), the data leaves at L instead."""
     costs = Costs(forward=F, backward=B, latency=L, send_overhead=o_send, recv_overhead=o_recv,
                   arrive_overhead=o_arrive)
     r = sim.simulate(sim.make_schedule("naive", stages=2, micro=m), costs)
-    assert r.makespan == pytest.approx(2 * m * (F + B + L + o_arrive) + (2 * m - 1) * o_recv, rel=1e-12)
+    late_notice = max(0.0, L - (o_recv + F))
+    assert r.makespan == pytest.approx(2 * m * (F + B + L + o_arrive) + (2 * m - 1) * o_recv + late_notice, rel=1e-12)
     # the calls are not compute: the busy time is still the computes' own
     assert r.busy() == pytest.approx([m * (F + B)] * 2, rel=1e-12)

@@ -96,6 +96,25 @@ def test_cli_call_overheads_reach_the_simulation(tmp_path):
     assert row[0] == "naive" and float(row[1]) == pytest.approx(19.3)
 
 
+def test_cli_io_tick_reaches_the_simulation(tmp_path):
+    """GPipe on 2 stages, m = 4, forward 1 and 2.5, backward 1: a ready notice comes in late
+    (at 3.5, rank 0 sent F2 at 3) while rank 0 computes F3, but rank 1 is still busy with
+    F1 until 6, so the step is the same with and without the wait; the SEND_F2 in the
+    trace ends at 3.5 + E[min(0.5, U(0, 1))] = 3.875 (tests/test_engine.py has the rule)."""
+    base = ["--stages", "2", "--micro", "4", "--schedule", "gpipe", "--forward", "1,2.5", "--backward", "1",
+            "--no-figures", "--trace"]
+    steps = []
+    for tick in ("0", "1"):
+        out = tmp_path / tick
+        proc = run_cli(*base, "--io-tick", tick, "--out", str(out))
+        assert proc.returncode == 0, proc.stderr
+        steps.append(float(proc.stdout.splitlines()[1].split()[1]))
+        trace = json.loads(next(out.glob("*.json")).read_text())
+        span = next(e for e in trace["traceEvents"] if e.get("name") == "0SEND_F2")
+        assert (span["ts"] + span["dur"]) / 1e6 == pytest.approx(3.5 if tick == "0" else 3.875)
+    assert steps[0] == steps[1]
+
+
 @pytest.mark.parametrize("args", [
     ["--stages", "0"],
     ["--micro", "-3"],
@@ -107,6 +126,7 @@ def test_cli_call_overheads_reach_the_simulation(tmp_path):
     ["--latency", "-1"],
     ["--recv-overhead", "-0.1"],
     ["--arrive-overhead", "nan"],
+    ["--io-tick", "-1"],
     ["--bandwidth", "0"],
     ["--static-bytes", "nan"],
     ["--no-such-option"],
