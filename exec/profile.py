@@ -18,6 +18,9 @@ Everything is measured *inside* the rank processes, under the conditions of a re
 - the CPU time of an `isend` and of an `irecv` post inside a step (the peer computing,
   the receive already posted): `send_overhead` and `recv_overhead`; and what taking in a
   message that arrived during a compute costs the receiving core: `arrive_overhead`;
+- how long a send whose receive is posted after it waits for the sending rank's transport
+  thread while that rank computes (gloo's I/O thread runs at the rank's next yield or at
+  the scheduler's tick): `io_tick`, measured as a difference of two timings;
 - transfers: ping-pong between ranks 0 and 1 with `isend`/`irecv` over message sizes
   from 4 bytes to beyond the activation size; the one-way time fitted by least squares to
   `latency + bytes / bandwidth` (the simulator's rule 6);
@@ -45,7 +48,7 @@ __all__ = ["profile_costs", "calibrate_rank", "costs_from_reports", "message_siz
 
 _COST_FIELDS = ("forward", "backward", "latency", "bandwidth", "activation_bytes_sent", "activation_bytes",
                 "static_bytes", "backward_input", "backward_weight", "send_overhead", "recv_overhead",
-                "arrive_overhead")
+                "arrive_overhead", "io_tick")
 
 
 # ---------------------------------------------------------------------------- the transfer fit
@@ -302,6 +305,45 @@ def _post_costs_busy(ctx, nbytes: int, repeats: int) -> dict:
     return res
 
 
+def _late_notice(ctx, repeats: int, hold: float = 0.012) -> dict:
+    """How long the data of a send whose receive is posted after it waits for the sending
+    rank's transport thread while that rank computes (docs/rules.md, rule 10). Ranks 0
+    and 1 take turns as the sender. It issues a send (`exec.runtime.isend`) before the
+    peer has posted the receive, and then either waits for the send at once (its transport
+    thread is free when the ready notice comes in) or first computes for `hold` seconds
+    without a yield (the thread must wait for the core). The peer posts the receive 1 ms
+    after the send and times it to the data's arrival. The two cases alternate on the same
+    cores; the difference of their medians is the wait alone, which for a tick at a
+    uniform phase is half the tick, so `io_tick` = 2 x that difference. `hold` exceeds the
+    notice's arrival by more than one tick up to HZ = 100 (10 ms)."""
+    import torch
+    import torch.distributed as dist
+    from exec.runtime import isend
+
+    out: dict[str, list[float]] = {"notice_free": [], "notice_busy": []}
+    if ctx.rank > 1:
+        return {}
+    peer = 1 - ctx.rank
+    x, buf = torch.randn(128, 128), torch.zeros(1024)
+    for sender in (0, 1):
+        for i in range(2 * repeats):
+            busy = i % 2 == 1
+            dist.barrier()
+            if ctx.rank == sender:
+                w = isend(buf, peer, tag=9)
+                if busy:
+                    until = time.perf_counter() + hold
+                    while time.perf_counter() < until:
+                        x @ x
+                w.wait()
+            else:
+                time.sleep(0.001)
+                t = time.perf_counter()
+                dist.irecv(buf, peer, tag=9).wait()
+                out["notice_busy" if busy else "notice_free"].append(time.perf_counter() - t)
+    return out
+
+
 def _pingpong(ctx, sizes: Sequence[int], repeats: int) -> dict:
     """Ranks 0 and 1 bounce float32 messages of each size with isend/irecv; rank 0 times
     round trips, and both time what posting and waiting cost on the CPU."""
@@ -384,6 +426,7 @@ def calibrate_rank(ctx, spec, schedule: sim.Schedule, micro: int, bounds: Sequen
     if ctx.world_size > 1:  # the call costs are measured every time: they move with the load
         comm = _pingpong(ctx, sizes, repeats) if sizes else {}
         comm["busy"] = _post_costs_busy(ctx, activation_message_bytes(spec, micro), repeats)
+        comm["late"] = _late_notice(ctx, max(4, repeats // 2))
     return {"rank": ctx.rank, "memory": memory, "concurrent": {f"{s}{k}": v for (s, k), v in concurrent.items()},
             "alone": {f"{s}{k}": v for (s, k), v in alone.items()}, "comm": comm,
             "threads": torch.get_num_threads()}
@@ -433,6 +476,13 @@ def costs_from_reports(reports: Sequence[dict], schedule: sim.Schedule, use: str
     recv_overhead = statistics.fmean(b["irecv_busy_mean"] for b in busy) if busy else 0.0
     # a difference of two timings: below the noise it can come out negative; the cost cannot
     arrive_overhead = max(0.0, statistics.fmean(b["arrive_busy_mean"] for b in busy)) if busy else 0.0
+    # rule 10: a late ready notice waits for a computing sender's transport thread, half a
+    # tick in the median (a difference of two timings: it cannot come out below 0)
+    late = [r["comm"]["late"] for r in reports if r["comm"] and r["comm"].get("late")]
+    io_tick = 0.0
+    if late:
+        waits = {k: statistics.median(v for x in late for v in x[k]) for k in ("notice_free", "notice_busy")}
+        io_tick = max(0.0, 2 * (waits["notice_busy"] - waits["notice_free"]))
     if comm is not None and comm.get("isend_post") and all(t is not None for t in comm["isend_post"]):
         # the CPU time of the isend call itself grows with the message: gloo writes the
         # data to the socket inside isend when the receive is already posted
@@ -450,7 +500,7 @@ def costs_from_reports(reports: Sequence[dict], schedule: sim.Schedule, use: str
         forward=[mean[use][f"{s}F"] for s in range(stages)],
         backward=[mean[use][f"{s}B"] for s in range(stages)],
         latency=latency, bandwidth=bandwidth, send_overhead=send_overhead, recv_overhead=recv_overhead,
-        arrive_overhead=arrive_overhead,
+        arrive_overhead=arrive_overhead, io_tick=io_tick,
         activation_bytes_sent=[memory[s]["activation_bytes_sent"] for s in range(stages)],
         activation_bytes=[memory[s]["activation_bytes"] for s in range(stages)],
         static_bytes=[memory[s]["static_bytes"] for s in range(stages)],

@@ -11,11 +11,12 @@ from exec.profile import costs_from_dict, costs_to_dict, fit_latency_bandwidth, 
 
 def test_costs_save_load_round_trip(tmp_path):
     costs = sim.Costs(forward=[0.01, 0.02], backward=[0.03, 0.04], latency=5e-5, bandwidth=2e9,
-                      activation_bytes_sent=[1024, 0], activation_bytes=[4096, 8192], static_bytes=[10, 20])
+                      activation_bytes_sent=[1024, 0], activation_bytes=[4096, 8192], static_bytes=[10, 20],
+                      arrive_overhead=1e-4, io_tick=0.004)
     path = tmp_path / "costs.json"
     save_costs(costs, path, details={"note": "x", "inf": math.inf})
     assert load_costs(path).for_stages(2) == costs.for_stages(2)
-    free = sim.Costs()  # infinite bandwidth, scalar fields
+    free = sim.Costs(io_tick=math.inf)  # infinite bandwidth and tick, scalar fields
     save_costs(free, path)
     assert load_costs(path) == free
     assert costs_from_dict(costs_to_dict(costs)).for_stages(2) == costs.for_stages(2)
@@ -85,6 +86,10 @@ def test_profile_costs_on_two_ranks():
     assert c.static_bytes == (2 * 4.0 * params,) * 2                 # weights + gradients
     assert set(details["compute_median"]["alone"]) == {"0F", "0B", "1F", "1B"}
     assert len(details["comm"]["one_way"]) == len(details["comm"]["sizes"])
+    # rule 10's wait: rank 0 received 4 late notices with its peer free and 4 with it busy
+    late = details["comm"]["late"]
+    assert len(late["notice_free"]) == len(late["notice_busy"]) == 4
+    assert math.isfinite(c.io_tick) and c.io_tick >= 0
 
 
 def test_sharing_check_recognises_processor_sharing():
