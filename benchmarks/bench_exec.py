@@ -14,7 +14,10 @@ measured steps with `exec.runtime.run_step`], so calibration and measurement sha
 time window (on a machine shared with other work, the load changes from second to
 second). The median-makespan step is compared (`exec.compare.compare`) with the
 simulation under the pooled calibration: "error". "paired error" is the median over
-steps of each step against the costs calibrated just before it. "sim, alone costs" is
+steps of each step against the costs calibrated just before it. "replay error" is the
+median over steps of each step against the simulation with its own mean F and B per
+stage (`exec.compare.replay_error`): what the communication and runtime rules miss, free
+of the compute times drifting between calibration and step. "sim, alone costs" is
 the simulation with the F and B measured while the other ranks were idle, and
 "concurrent / alone" the median ratio of the two: how much a compute slows when every
 rank computes at once (the simulator has no rule for that yet; docs/exec.md, Accuracy).
@@ -36,7 +39,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import sim  # noqa: E402
-from exec.compare import breakdown, compare, overlay_figure, sharing_check  # noqa: E402
+from exec.compare import breakdown, compare, overlay_figure, replay_error, sharing_check  # noqa: E402
 from exec.launch import launch  # noqa: E402
 from exec.models import ModelSpec  # noqa: E402
 from exec.profile import calibrate_rank, costs_from_reports, profile_costs  # noqa: E402
@@ -94,12 +97,14 @@ def run_config(spec: ModelSpec, name: str, ranks: int, micro: int, rounds: int, 
         paired += [(sim_s - r.makespan) / r.makespan * 100 for r in rnd[0][1]]
     step = median_step(results)
     cmp = compare(step, costs)
+    replay = [replay_error(r, costs) for r in results]
     checks = [sharing_check(r, alone, costs) for r in results]
     sharing = {k: statistics.median(ch[k] for ch in checks) for k in checks[0]}
     row = cmp.as_json()
     row.update(measured_steps_s=[r.makespan for r in results], bounds=bounds, wall_s=wall,
                simulated_alone_step_s=sim.simulate(schedule, alone).makespan,
                slowdown=details["slowdown_median"], paired_error_pct=statistics.median(paired),
+               replay_error_pct=statistics.median(replay),
                sharing=sharing)
     return {"row": row, "comparison": cmp, "costs": costs, "alone": alone, "details": details,
             "results": results, "breakdown": breakdown(step, costs),
@@ -109,12 +114,13 @@ def run_config(spec: ModelSpec, name: str, ranks: int, micro: int, rounds: int, 
 def format_rows(rows: list[dict]) -> str:
     """The accuracy table as markdown."""
     head = ("| schedule | micro | measured step (ms) | spread (ms) | simulated (ms) | error | paired error "
-            "| sim, alone costs (ms) | concurrent / alone | bubble meas / sim |")
-    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            "| replay error | sim, alone costs (ms) | concurrent / alone | bubble meas / sim |")
+    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         spread = max(r["measured_steps_s"]) - min(r["measured_steps_s"])
         lines.append(f"| {r['schedule']} | {r['micro']} | {r['measured_step_s'] * 1e3:.1f} | {spread * 1e3:.1f} | "
                      f"{r['simulated_step_s'] * 1e3:.1f} | {r['error_pct']:+.1f}% | {r['paired_error_pct']:+.1f}% | "
+                     f"{r['replay_error_pct']:+.1f}% | "
                      f"{r['simulated_alone_step_s'] * 1e3:.1f} | {r['slowdown']:.2f} | "
                      f"{r['measured_bubble']:.3f} / {r['simulated_bubble']:.3f} |")
     return "\n".join(lines)

@@ -64,6 +64,22 @@ def test_compare_a_step_with_its_own_simulation_gives_zero_error():
         assert all(v["ratio"] == pytest.approx(1.0) for v in bd["actions"].values())
 
 
+@pytest.mark.parametrize("name", ["naive", "gpipe", "1f1b"])
+def test_replay_takes_the_compute_times_from_the_step(name):
+    """A step simulated under costs A and replayed under costs B that differ from A only in
+    F and B: the replay takes each stage's F and B from the step's own events, so it
+    reproduces the step exactly; the plain comparison under B does not."""
+    from exec.compare import compare, replay_error
+    stages = 4
+    a = sim.Costs(forward=[0.010, 0.012, 0.009, 0.011], backward=[0.020, 0.026, 0.018, 0.021], latency=1e-4,
+                  arrive_overhead=5e-5, recv_overhead=2e-5, send_overhead=3e-5, io_tick=0.004)
+    b = dataclasses.replace(a, forward=0.01, backward=0.03)
+    step = sim.simulate(sim.make_schedule(name, stages, 8), a)
+    measured = sim.Result(step.schedule, step.events, step.memory, step.activations, source="measured")
+    assert replay_error(measured, b) == pytest.approx(0.0, abs=1e-9)
+    assert abs(compare(measured, b).error_pct) > 1.0
+
+
 def test_overlay_figure_is_written(tmp_path):
     from exec.compare import compare, overlay_figure
     costs = sim.Costs(forward=0.01, backward=0.02, latency=1e-4)
