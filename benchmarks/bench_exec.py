@@ -15,9 +15,9 @@ time window (on a machine shared with other work, the load changes from second t
 second). The median-makespan step is compared (`exec.compare.compare`) with the
 simulation under the pooled calibration: "error". "paired error" is the median over
 steps of each step against the costs calibrated just before it. "replay error" is the
-median over steps of each step against the simulation with its own mean F and B per
-stage (`exec.compare.replay_error`): what the communication and runtime rules miss, free
-of the compute times drifting between calibration and step. "sim, alone costs" is
+median over steps of each step against the simulation with every compute taking the time
+it took in that step (`exec.compare.replay_error`): what the communication and runtime
+rules miss, free of the compute times drifting between calibration and step. "sim, alone costs" is
 the simulation with the F and B measured while the other ranks were idle, and
 "concurrent / alone" the median ratio of the two: how much a compute slows when every
 rank computes at once (the simulator has no rule for that yet; docs/exec.md, Accuracy).

@@ -13,7 +13,6 @@ and irecv calls).
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import statistics
 from dataclasses import dataclass, field
@@ -200,16 +199,9 @@ def sharing_check(result: sim.Result, alone: sim.Costs, concurrent: sim.Costs) -
 
 def replay_error(result: sim.Result, costs: sim.Costs) -> float:
     """The rules alone against a measured step, in % of it: simulate the step's schedule
-    with `costs`, but each stage's F and B (or I and W) set to their mean in this very
-    step. What is left is what the communication and runtime rules (docs/rules.md) miss or
-    add, free of the compute times drifting between calibration and step (which the
-    plain error also contains)."""
-    sched = result.schedule
-    fields = {Kind.F: "forward", Kind.B: "backward", Kind.I: "backward_input", Kind.W: "backward_weight"}
-    own = dataclasses.asdict(costs.for_stages(sched.stages))
-    for kind, name in fields.items():
-        for s in range(sched.stages):
-            times = [e.duration for e in result.events if e.action.kind is kind and e.action.stage == s]
-            if times:
-                own[name] = own[name][:s] + (statistics.fmean(times),) + own[name][s + 1:]
-    return (sim.simulate(sched, sim.Costs(**own)).makespan - result.makespan) / result.makespan * 100
+    with `costs`, but every compute action taking the time it took in this very step
+    (`sim.simulate(..., durations=)`). What is left is what the communication and runtime
+    rules (docs/rules.md) miss or add, free of the compute times drifting between
+    calibration and step (which the plain error also contains)."""
+    durations = {e.action: e.duration for e in result.events if e.action.kind.is_compute}
+    return (sim.simulate(result.schedule, costs, durations=durations).makespan - result.makespan) / result.makespan * 100

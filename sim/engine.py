@@ -30,12 +30,14 @@ time it is next free. A run that stops with ranks unfinished is a deadlock, expl
 from __future__ import annotations
 
 import gc
+import math
 from operator import itemgetter
+from typing import Mapping
 
 import simpy
 
 from .costs import Costs, StageCosts
-from .ir import Schedule
+from .ir import Action, Schedule
 from .passes import _B, _F, _I, _W, Plan, check_communication, check_complete, check_deadlock, lower, plan
 from .result import Event, Result
 
@@ -122,12 +124,14 @@ class _Run:
         return out
 
 
-def run(schedule: Schedule, c: StageCosts):
+def run(schedule: Schedule, c: StageCosts, durations: Mapping[Action, float] | None = None):
     """Run a schedule (compute-only, or lowered with complete communication). Return the
     `_Run` record, each rank's memory and activations over time, and which ranks finished
     their program (not all of them if the ranks got stuck)."""
     p = plan(schedule)
     dur, link, busy, nlinks = _costs(p, c, schedule.placement)
+    if durations:
+        dur = [durations.get(a, d) for a, d in zip(p.actions, dur)]
     act_bytes = c.activation_bytes
     actions, producer, rank_of = p.actions, p.producer, p.rank
     n = ncomputes = len(p.actions)
@@ -267,8 +271,13 @@ def run(schedule: Schedule, c: StageCosts):
     return record, memory, activations, finished, busy_time
 
 
-def simulate(schedule: Schedule, costs: Costs | None = None) -> Result:
+def simulate(schedule: Schedule, costs: Costs | None = None, durations: Mapping[Action, float] | None = None
+             ) -> Result:
     """Simulate one training step of `schedule` (compute-only or lowered) under `costs`.
+
+    `durations` (compute action -> time) overrides the cost of those actions: to replay a
+    measured step under the rules with the very compute times it had
+    (`exec.compare.replay_error`).
 
     A schedule that cannot finish raises `ScheduleError` showing where each rank waits: the
     run itself is the deadlock check (`sim.passes.check_deadlock` explains what it found)."""
@@ -282,7 +291,12 @@ def simulate(schedule: Schedule, costs: Costs | None = None) -> Result:
         if schedule.is_lowered:
             check_communication(schedule)
         c = (costs or Costs()).for_stages(schedule.stages)
-        record, memory, activations, finished, busy = run(schedule, c)
+        if durations:
+            bad = [f"{a}: {t!r}" for a, t in durations.items()
+                   if not (isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and t >= 0)]
+            if bad:
+                raise ValueError(f"durations must be finite numbers >= 0, got {', '.join(bad[:3])}")
+        record, memory, activations, finished, busy = run(schedule, c, durations)
         lowered = schedule if schedule.is_lowered else None
         if not all(finished):
             lowered = lowered or lower(schedule)

@@ -257,6 +257,25 @@ def test_engine_matches_independent_rules(cfg):
     assert r.makespan == pytest.approx(max(ref.values()))
 
 
+@settings(max_examples=60, deadline=None)
+@given(configs(), st.randoms(use_true_random=False))
+def test_durations_replace_the_costs_of_single_actions(cfg, rnd):
+    """`durations` gives chosen computes their own time: each such compute lasts exactly
+    that long, and giving every compute its stage's cost changes nothing."""
+    name, p, m, costs = cfg
+    schedule = sim.make_schedule(name, stages=p, micro=m)
+    base = sim.simulate(schedule, costs)
+    same = sim.simulate(schedule, costs, durations={e.action: e.duration for e in base.events if e.is_compute})
+    assert same.makespan == pytest.approx(base.makespan, rel=1e-12)
+    chosen = {a: rnd.uniform(0, 3) for prog in schedule.programs for a in prog if rnd.random() < 0.5}
+    r = sim.simulate(schedule, costs, durations=chosen)
+    for e in r.events:
+        if e.action in chosen:
+            assert e.duration == pytest.approx(chosen[e.action], abs=1e-9)
+    with pytest.raises(ValueError, match="durations must be finite"):
+        sim.simulate(schedule, costs, durations={schedule.programs[0][0]: float("nan")})
+
+
 @settings(max_examples=80, deadline=None)
 @given(st.floats(0.1, 2.0), st.floats(0.05, 0.95), st.sampled_from([0.0, 0.01, 0.5, 5.0, math.inf]))
 def test_late_notice_waits_for_the_senders_yield_or_tick(a, f, tick_in_a):

@@ -67,7 +67,7 @@ def test_compare_a_step_with_its_own_simulation_gives_zero_error():
 @pytest.mark.parametrize("name", ["naive", "gpipe", "1f1b"])
 def test_replay_takes_the_compute_times_from_the_step(name):
     """A step simulated under costs A and replayed under costs B that differ from A only in
-    F and B: the replay takes each stage's F and B from the step's own events, so it
+    F and B: the replay takes every compute's time from the step's own events, so it
     reproduces the step exactly; the plain comparison under B does not."""
     from exec.compare import compare, replay_error
     stages = 4
