@@ -701,10 +701,14 @@ profile measured with each rank computing *alone*, and those *measured in this r
 above). With this run's own times, what remains is what the rules do not model: the runtime's
 overhead, and the spread of each action around its median. On a CPU host much of that spread is
 sharing: an action runs at its *alone* speed while the other rank waits and at its *concurrent*
-speed while both compute, which one fixed cost per action cannot express.
+speed while both compute, which one fixed cost per action cannot express. Last, the *replay*:
+every compute takes exactly the time it took in this step (`sim.simulate(..., durations=)`,
+`exec.compare.replay_error`), so only the rules of communication and of the runtime are left to
+be wrong.
 """),
     code('''
 import dataclasses
+from exec.compare import replay_error
 
 alone = details["compute_median"]["alone"]
 alone_costs = dataclasses.replace(
@@ -722,6 +726,7 @@ recal = compare(run.result, measured_costs)
 print(f"error with the profiled costs (concurrent): {cmp.error_pct:+6.1f}%")
 print(f"error with the profiled costs (alone):      {compare(run.result, alone_costs).error_pct:+6.1f}%")
 print(f"error with this run's own compute times:    {recal.error_pct:+6.1f}%")
+print(f"replay, every compute at its own time:      {replay_error(run.result, costs):+6.1f}%")
 if abs(recal.error_pct) < abs(cmp.error_pct):
     print("-> most of the error came from the compute costs: this run's F and B were not the profiled ones")
 else:
