@@ -548,6 +548,10 @@ def profile_costs(spec, schedule_or_stages: "sim.Schedule | str | int", micro: i
     bandwidth) reuses a transfer fit instead of measuring it again. Returns (costs, details)."""
     from exec.launch import launch
 
+    if backend != "gloo":
+        raise ValueError(f"profile_costs measures CPU ranks over gloo only, not backend={backend!r}: its "
+                         f"compute timing has no CUDA synchronisation and its messages are CPU tensors; "
+                         f"for an NCCL run, simulate with costs written by save_costs (exec.run --costs)")
     schedule = _as_schedule(schedule_or_stages, micro)
     bounds = list(bounds) if bounds is not None else spec.partition(schedule.stages, balance, micro)
     sizes = None if transfer else message_sizes(spec, micro)

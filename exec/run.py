@@ -109,6 +109,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.backend == "nccl" and torch.cuda.device_count() < schedule.ranks:
         parser.error(f"--backend nccl runs one process per GPU: {schedule.ranks} ranks need {schedule.ranks} GPUs, "
                      f"this machine has {torch.cuda.device_count()}; use --backend gloo or fewer --stages")
+    if args.backend == "nccl" and args.costs is None and not args.no_compare:
+        parser.error("--backend nccl: the profiler measures CPU ranks (gloo) only; "
+                     "pass --costs FILE (exec.profile.save_costs) or --no-compare")
     if args.out is not None and args.out.exists() and not args.out.is_dir():
         parser.error(f"--out {args.out} is a file; give a folder (it is created if missing)")
     if args.costs is not None and not args.costs.is_file():

@@ -108,6 +108,13 @@ def test_profile_costs_on_two_ranks():
     assert math.isfinite(c.io_tick) and c.io_tick >= 0
 
 
+def test_profile_costs_refuses_a_backend_it_cannot_time():
+    from exec.models import ModelSpec
+    from exec.profile import profile_costs
+    with pytest.raises(ValueError, match="gloo only"):
+        profile_costs(ModelSpec("mlp", layers=2, hidden=16, seq=4, batch_size=4), "gpipe", micro=2, backend="nccl")
+
+
 def test_sharing_check_recognises_processor_sharing():
     from exec.compare import sharing_check
     # alone an F takes 1 s, with the other rank computing 2 s: rank 0 runs alone for 0.5 s,
