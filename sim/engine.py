@@ -9,7 +9,7 @@ The rules (docs/rules.md; `exec` honours the same ones):
    the transfer. A RECV only posts the receive (one compute ahead, see `sim.passes.lower`).
    Issuing a SEND holds the device for `send_overhead`, posting a RECV for
    `recv_overhead` (the CPU time of the call).
-4. A transfer rendezvous: posting the RECV sends a ready notice, which reaches the sender
+4. Transfers rendezvous: posting the RECV sends a ready notice, which reaches the sender
    `latency` later. If it is there when the SEND is issued, the data leaves at once;
    otherwise the data leaves when the sender's transport handles the notice: at once if
    the sender waits or has ended, else at its next yield (a SEND, a wait for data, its
@@ -152,8 +152,8 @@ def run(schedule: Schedule, c: StageCosts, durations: Mapping[Action, float] | N
     free_until = [-1.0] * schedule.ranks
     held_until = [0.0] * schedule.ranks
     resume = [0] * schedule.ranks
-    to_yield = [_to_yield(prog, run, dur, producer, c.recv_overhead) if tick else None
-                for prog, run in zip(p.programs, p.runnable)]
+    to_yield = [_to_yield(prog, end, dur, producer, c.recv_overhead) if tick else None
+                for prog, end in zip(p.programs, p.runnable)]
 
     static = [0.0] * schedule.ranks
     for s, r in enumerate(schedule.placement):
