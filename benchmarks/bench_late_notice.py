@@ -77,13 +77,12 @@ def main(argv=None) -> None:
     ap.add_argument("--repeats", type=int, default=40)
     args = ap.parse_args(argv)
     from exec.launch import launch
+    from exec.profile import io_tick_from
     from sim.engine import expected_wait
 
     holds = [float(h) / 1e3 for h in args.holds.split(",")]
     (late0, _), (late1, rows) = launch(_rank, 2, holds, args.repeats, timeout=600)
-    free = late0["notice_free"] + late1["notice_free"]
-    busy = late0["notice_busy"] + late1["notice_busy"]
-    tick = max(0.0, 2 * (statistics.median(busy) - statistics.median(free)))
+    tick = io_tick_from([late0, late1])
     print(f"io_tick (exec.profile, this launch): {tick * 1e3:.2f} ms\n")
     print("| hold ms | X median ms | extra wait mean ms | predicted mean ms | measured median / p10 / p90 ms | predicted median / p10 / p90 ms |")
     print("|---:|---:|---:|---:|---:|---:|")

@@ -344,6 +344,17 @@ def _late_notice(ctx, repeats: int, hold: float = 0.012) -> dict:
     return out
 
 
+def io_tick_from(late: Sequence[dict]) -> float:
+    """`Costs.io_tick` from `_late_notice` samples (any ranks and rounds): twice the median
+    extra wait of a late notice to a busy sender over one to a free sender (a difference
+    of two timings: it cannot come out below 0); 0 without samples."""
+    if not late:
+        return 0.0
+    free = statistics.median(v for x in late for v in x["notice_free"])
+    busy = statistics.median(v for x in late for v in x["notice_busy"])
+    return max(0.0, 2 * (busy - free))
+
+
 def _pingpong(ctx, sizes: Sequence[int], repeats: int) -> dict:
     """Ranks 0 and 1 bounce float32 messages of each size with isend/irecv; rank 0 times
     round trips, and both time what posting and waiting cost on the CPU."""
@@ -478,11 +489,7 @@ def costs_from_reports(reports: Sequence[dict], schedule: sim.Schedule, use: str
     arrive_overhead = max(0.0, statistics.fmean(b["arrive_busy_mean"] for b in busy)) if busy else 0.0
     # rule 10: a late ready notice waits for a computing sender's transport thread, half a
     # tick in the median (a difference of two timings: it cannot come out below 0)
-    late = [r["comm"]["late"] for r in reports if r["comm"] and r["comm"].get("late")]
-    io_tick = 0.0
-    if late:
-        waits = {k: statistics.median(v for x in late for v in x[k]) for k in ("notice_free", "notice_busy")}
-        io_tick = max(0.0, 2 * (waits["notice_busy"] - waits["notice_free"]))
+    io_tick = io_tick_from([r["comm"]["late"] for r in reports if r["comm"] and r["comm"].get("late")])
     if comm is not None and comm.get("isend_post") and all(t is not None for t in comm["isend_post"]):
         # the CPU time of the isend call itself grows with the message: gloo writes the
         # data to the socket inside isend when the receive is already posted
