@@ -38,6 +38,10 @@ class Costs:
     - arrive_overhead: how long taking in an arrived tensor holds the receiving device
       before the compute that needs it (the transport's receive work on the device's own
       core: reading the socket, waking the waiting thread; LogP's o at the receiver). Default 0.
+    - before_compute, after_compute: the runtime's own time around each compute action,
+      holding its device (rule 11): before the compute starts, once its inputs are in
+      (handing them to the stage, setting up the memory count), and after it ends (keeping
+      its output, recording it). Default 0.
     - io_tick: how long a message may wait for the transport's I/O thread of a rank that
       is computing (rule 10 of docs/rules.md). A send issued before the receiver's ready
       notice came in leaves only when the sender's I/O thread runs: at the sender's next
@@ -65,9 +69,12 @@ class Costs:
     recv_overhead: float = 0.0
     arrive_overhead: float = 0.0
     io_tick: float = 0.0
+    before_compute: float = 0.0
+    after_compute: float = 0.0
 
     def __post_init__(self):
-        for name in ("latency", "send_overhead", "recv_overhead", "arrive_overhead"):
+        for name in ("latency", "send_overhead", "recv_overhead", "arrive_overhead", "before_compute",
+                     "after_compute"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v >= 0):
                 raise ValueError(f"Costs.{name} must be a finite number >= 0, got {v!r}")
@@ -94,6 +101,8 @@ class Costs:
             recv_overhead=float(self.recv_overhead),
             arrive_overhead=float(self.arrive_overhead),
             io_tick=float(self.io_tick),
+            before_compute=float(self.before_compute),
+            after_compute=float(self.after_compute),
         )
 
 
@@ -114,6 +123,8 @@ class StageCosts:
     recv_overhead: float = 0.0
     arrive_overhead: float = 0.0
     io_tick: float = 0.0
+    before_compute: float = 0.0
+    after_compute: float = 0.0
 
     def transfer_time(self, nbytes: float) -> float:
         """Time a transfer of `nbytes` occupies its link (the latency comes on top)."""

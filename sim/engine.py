@@ -17,7 +17,9 @@ The rules (docs/rules.md; `exec` honours the same ones):
    time over the tick's phase). The data then waits for its link (one per direction
    between two devices, FIFO), occupies it for bytes / bandwidth, and arrives `latency`
    later; the latency does not hold the link.
-5. Memory of a device = static bytes + the activations of each micro-batch it holds,
+5. Around each compute the runtime holds the device for its own work: `before_compute`
+   before the compute starts (once its inputs are in) and `after_compute` after it ends.
+6. Memory of a device = static bytes + the activations of each micro-batch it holds,
    from the start of that micro-batch's F until the end of its last backward (B or W).
 
 How it stays fast (docs/performance.md): it runs the numbered `sim.passes.plan`, not
@@ -78,11 +80,12 @@ def _costs(p: Plan, c: StageCosts, placement: tuple[int, ...]):
     return dur, link, busy, len(links)
 
 
-def _to_yield(prog, end: int, dur, producer, recv_overhead: float) -> list[float]:
+def _to_yield(prog, end: int, dur, producer, recv_overhead: float, around: float) -> list[float]:
     """For each position i of a rank's program (up to `end`, where it ends or gets stuck):
     how long after reaching action i the rank next lets its transport thread run, if
     nothing makes it wait: at a SEND (it yields the core first), at a compute with an input
-    from another rank (it waits for the data or takes it in), or at the end."""
+    from another rank (it waits for the data or takes it in), or at the end. A compute in
+    between holds the rank for its cost plus the runtime's own time around it (`around`)."""
     out = [0.0] * (end + 1)
     ahead = 0.0
     for i in range(end - 1, -1, -1):
@@ -92,7 +95,7 @@ def _to_yield(prog, end: int, dur, producer, recv_overhead: float) -> list[float
         elif producer[op] >= 0:
             ahead = 0.0
         else:
-            ahead += dur[op]
+            ahead += dur[op] + around
         out[i] = ahead
     return out
 
@@ -137,6 +140,7 @@ def run(schedule: Schedule, c: StageCosts, durations: Mapping[Action, float] | N
     n = ncomputes = len(p.actions)
     env = simpy.Environment()
     latency, take_in, tick = c.latency, c.arrive_overhead, c.io_tick
+    before, after = c.before_compute, c.after_compute  # the runtime's own time around a compute
     overhead = (c.send_overhead, c.recv_overhead)  # indexed by op & 1: 0 for a SEND, 1 for a RECV
     sent: list[float | None] = [None] * n
     posted: list[float | None] = [None] * n
@@ -152,7 +156,7 @@ def run(schedule: Schedule, c: StageCosts, durations: Mapping[Action, float] | N
     free_until = [-1.0] * schedule.ranks
     held_until = [0.0] * schedule.ranks
     resume = [0] * schedule.ranks
-    to_yield = [_to_yield(prog, end, dur, producer, c.recv_overhead) if tick else None
+    to_yield = [_to_yield(prog, end, dur, producer, c.recv_overhead, before + after) if tick else None
                 for prog, end in zip(p.programs, p.runnable)]
 
     static = [0.0] * schedule.ranks
@@ -228,8 +232,9 @@ def run(schedule: Schedule, c: StageCosts, durations: Mapping[Action, float] | N
                     now = env.now
                 continue
             # Compute op. Start when the remote input is here. Where its arrival time is
-            # known, waiting and computing are one timeout; only a tensor that has not left
-            # yet needs an event, which the sender triggers at the arrival.
+            # known, waiting, computing and the runtime's work around it are one timeout;
+            # only a tensor that has not left yet needs an event, which the sender triggers
+            # at the arrival.
             start = now
             if producer[op] >= 0:
                 at = arrive_at[op]
@@ -242,24 +247,26 @@ def run(schedule: Schedule, c: StageCosts, durations: Mapping[Action, float] | N
                     start = at
                 start += take_in  # the device takes the tensor in (0 unless modelled)
                 free_until[r] = start
+            start += before
             s, k, _ = actions[op]
             if k is _F:  # F takes its micro-batch's activations
                 held += 1
                 held_bytes += act_bytes[s]
                 mem((start, held_bytes))
                 act((start, held))
+            end = start + dur[op]
             if tick:
-                held_until[r] = start + dur[op]
+                held_until[r] = end + after
                 resume[r] = i
-            yield timeout(start + dur[op] - now)
+            yield timeout(end + after - now)
             now = env.now
-            start_of[op], end_of[op] = start, now
-            computing += now - start
+            start_of[op], end_of[op] = start, end
+            computing += end - start
             if k is _B or k is _W:  # the last backward (W where it is split) frees them
                 held -= 1
                 held_bytes -= act_bytes[s]
-                mem((now, held_bytes))
-                act((now, held))
+                mem((end, held_bytes))
+                act((end, held))
         free_until[r] = INF  # done (or stuck): it waits for its sends
         busy_time[r] = computing
         finished[r] = runnable == len(prog)  # if not, the next compute waits on a later one
@@ -302,10 +309,13 @@ def simulate(schedule: Schedule, costs: Costs | None = None, durations: Mapping[
             lowered = lowered or lower(schedule)
             check_deadlock(lowered)  # raises, naming each stuck rank and what it waits for
             raise AssertionError("the simulation stopped early but the schedule does not deadlock")
-        # every transfer feeds a compute that starts after it arrives: the last compute ends the step
-        makespan = max(record.end, default=0.0)
+        # The step runs from its first action's start (0 where a rank begins with a RECV
+        # post, else the first compute's, after the runtime's own time before it) to the
+        # last compute's end: every transfer feeds a compute that starts after it arrives.
+        t0 = min(min(record.start, default=0.0), min((x for x in record.posted if x is not None), default=INF))
+        makespan = max(record.end, default=0.0) - t0
         return Result(lowered or (lambda: lower(schedule)), record.events, memory, activations,
-                      makespan=makespan, busy=busy)
+                      makespan=makespan, busy=busy, t0=t0)
     finally:
         if collecting:
             gc.enable()

@@ -338,6 +338,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="time posting a RECV holds its device (the irecv call; default 0)")
     p.add_argument("--arrive-overhead", type=number, default=0.0,
                    help="time taking in an arrived tensor holds the receiving device (default 0)")
+    p.add_argument("--before-compute", type=number, default=0.0,
+                   help="the runtime's own time before each compute starts, holding its device (default 0)")
+    p.add_argument("--after-compute", type=number, default=0.0,
+                   help="the runtime's own time after each compute ends, holding its device (default 0)")
     p.add_argument("--io-tick", type=lambda t: number(t, allow_inf=True), default=0.0,
                    help="longest a late ready notice waits for a computing sender's transport thread "
                         "(the scheduler tick; default 0: at once; inf: only at the sender's yields)")
@@ -368,7 +372,8 @@ def _costs(args: argparse.Namespace) -> Costs:
     try:
         costs = Costs(latency=args.latency, bandwidth=args.bandwidth, send_overhead=args.send_overhead,
                       recv_overhead=args.recv_overhead, arrive_overhead=args.arrive_overhead,
-                      io_tick=args.io_tick, **fields)
+                      io_tick=args.io_tick, before_compute=args.before_compute,
+                      after_compute=args.after_compute, **fields)
         costs.for_stages(args.stages)  # Costs checks per-stage fields only when expanded
     except ValueError as e:
         fail(str(e))

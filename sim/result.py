@@ -43,16 +43,17 @@ class Result:
     `schedule` and `events` may be given as functions that make them: the simulator does
     so, and a sweep that reads only the makespan, the bubble and the peaks never pays for
     a million `Event` records. It then also gives `makespan` and `busy`, which are
-    otherwise derived from the events.
+    otherwise derived from the events, and `t0`, the first event's start.
     """
 
     def __init__(self, schedule: Schedule | Callable[[], Schedule], events: list[Event] | Callable[[], list[Event]],
                  memory: list[list[tuple[float, float]]], activations: list[list[tuple[float, int]]],
-                 source: str = "simulated", *, makespan: float | None = None, busy: list[float] | None = None):
+                 source: str = "simulated", *, makespan: float | None = None, busy: list[float] | None = None,
+                 t0: float = 0.0):
         self._schedule, self._events = schedule, events
         self.memory, self.activations, self.source = memory, activations, source
         self._makespan, self._busy = makespan, busy
-        self._t0 = 0.0 if makespan is not None else None
+        self._t0 = t0 if makespan is not None else None
 
     @property
     def schedule(self) -> Schedule:

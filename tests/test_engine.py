@@ -147,12 +147,13 @@ def reference_times(schedule, costs):
                             break
                         for x in recvs:
                             end[x] = True
-                        start = max([clock[r]] + [t + c.latency for t in out]) + c.arrive_overhead * len(recvs)
+                        ready = max([clock[r]] + [t + c.latency for t in out]) + c.arrive_overhead * len(recvs)
                         if recvs:
                             if windows[r] and windows[r][-1] == (clock[r], None):
                                 windows[r].pop()
-                            windows[r].append((clock[r], start))
-                        clock[r] = end[a] = start + dur[a.kind][a.stage]
+                            windows[r].append((clock[r], ready))
+                        end[a] = ready + c.before_compute + dur[a.kind][a.stage]
+                        clock[r] = end[a] + c.after_compute
                     pc[r] += 1
                     changed = True
                 if pc[r] == len(prog) and (not windows[r] or windows[r][-1][1] != math.inf):
@@ -188,6 +189,8 @@ def configs(draw):
         recv_overhead=draw(st.sampled_from([0.0, 0.03, 0.4])),
         arrive_overhead=draw(st.sampled_from([0.0, 0.04, 0.3])),
         io_tick=draw(st.sampled_from([0.0, 0.05, 0.7, math.inf])),
+        before_compute=draw(st.sampled_from([0.0, 0.01, 0.2])),
+        after_compute=draw(st.sampled_from([0.0, 0.02, 0.3])),
     )
     return draw(schedules), p, m, costs
 
@@ -247,14 +250,15 @@ def test_engine_matches_independent_rules(cfg):
     name, p, m, costs = cfg
     costs = Costs(forward=costs.forward, backward=costs.backward, latency=costs.latency,  # free bandwidth
                   send_overhead=costs.send_overhead, recv_overhead=costs.recv_overhead,
-                  arrive_overhead=costs.arrive_overhead, io_tick=costs.io_tick)
+                  arrive_overhead=costs.arrive_overhead, io_tick=costs.io_tick,
+                  before_compute=costs.before_compute, after_compute=costs.after_compute)
     schedule = sim.make_schedule(name, stages=p, micro=m)
     r = sim.simulate(schedule, costs)
     ref = reference_times(schedule, costs)
     for e in r.events:
         if e.is_compute:
             assert e.end == pytest.approx(ref[e.action], rel=1e-9, abs=1e-9), str(e.action)
-    assert r.makespan == pytest.approx(max(ref.values()))
+    assert r.t0 + r.makespan == pytest.approx(max(ref.values()))
 
 
 @settings(max_examples=60, deadline=None)
@@ -315,20 +319,23 @@ def test_expected_wait_is_the_mean_over_the_ticks_phase(x, tick):
 
 @settings(max_examples=60, deadline=None)
 @given(st.integers(1, 8), st.floats(0.1, 3), st.floats(0.1, 3), st.floats(0, 1), st.floats(0, 0.2), st.floats(0, 0.2),
-       st.floats(0, 0.2))
-def test_naive_two_stages_with_call_overheads_closed_form(m, F, B, L, o_send, o_recv, o_arrive):
+       st.floats(0, 0.2), st.floats(0, 0.2), st.floats(0, 0.2))
+def test_naive_two_stages_with_call_overheads_closed_form(m, F, B, L, o_send, o_recv, o_arrive, o_before, o_after):
     """Naive on two stages. Each micro-batch crosses the link twice (2L), and each
     crossing is taken in on the critical path (2 o_arrive); the critical path also runs
     through every RECV post of rank 0 (one before each F, for the gradient B will need)
     and those of rank 1 that sit before a B (the next F's RECV: all micro-batches but the
-    last), while the data of a SEND leaves as the call starts. So the step takes
-    2m(F + B + L + o_arrive) + (2m - 1) o_recv, whatever o_send is. One exception: rank 1
-    posts its first receive at 0, and its ready notice reaches rank 0 at L; if that is
-    after rank 0 issues the first SEND (at o_recv + F), the data leaves at L instead."""
+    last), while the data of a SEND leaves as the call starts. All 4m computes are on it,
+    each with the runtime's own time before it, and after it but for the last one, which
+    ends the step. So the step takes 2m(F + B + L + o_arrive) + (2m - 1) o_recv +
+    4m o_before + (4m - 1) o_after, whatever o_send is. One exception: rank 1 posts its
+    first receive at 0, and its ready notice reaches rank 0 at L; if that is after rank 0
+    issues the first SEND (at o_recv + o_before + F + o_after), the data leaves at L instead."""
     costs = Costs(forward=F, backward=B, latency=L, send_overhead=o_send, recv_overhead=o_recv,
-                  arrive_overhead=o_arrive)
+                  arrive_overhead=o_arrive, before_compute=o_before, after_compute=o_after)
     r = sim.simulate(sim.make_schedule("naive", stages=2, micro=m), costs)
-    late_notice = max(0.0, L - (o_recv + F))
-    assert r.makespan == pytest.approx(2 * m * (F + B + L + o_arrive) + (2 * m - 1) * o_recv + late_notice, rel=1e-12)
+    late_notice = max(0.0, L - (o_recv + o_before + F + o_after))
+    assert r.makespan == pytest.approx(2 * m * (F + B + L + o_arrive) + (2 * m - 1) * o_recv + 4 * m * o_before
+                                       + (4 * m - 1) * o_after + late_notice, rel=1e-12)
     # the calls are not compute: the busy time is still the computes' own
     assert r.busy() == pytest.approx([m * (F + B)] * 2, rel=1e-12)

@@ -115,6 +115,16 @@ def test_cli_io_tick_reaches_the_simulation(tmp_path):
     assert steps[0] == steps[1]
 
 
+def test_cli_runtime_time_around_computes():
+    """Naive on 2 stages, m = 2, F = 1, B = 2: all 4m computes are on the critical path, each
+    with the runtime's time before it and all but the last with the time after it:
+    2m(F + B) + 4m x 0.1 + (4m - 1) x 0.05 = 13.15 (the closed form is in tests/test_engine.py)."""
+    proc = run_cli("--stages", "2", "--micro", "2", "--schedule", "naive", "--forward", "1", "--backward", "2",
+                   "--before-compute", "0.1", "--after-compute", "0.05", "--no-figures")
+    assert proc.returncode == 0, proc.stderr
+    assert float(proc.stdout.splitlines()[1].split()[1]) == pytest.approx(13.15)
+
+
 @pytest.mark.parametrize("args", [
     ["--stages", "0"],
     ["--micro", "-3"],
@@ -127,6 +137,8 @@ def test_cli_io_tick_reaches_the_simulation(tmp_path):
     ["--recv-overhead", "-0.1"],
     ["--arrive-overhead", "nan"],
     ["--io-tick", "-1"],
+    ["--before-compute", "-0.5"],
+    ["--after-compute", "inf"],
     ["--bandwidth", "0"],
     ["--static-bytes", "nan"],
     ["--no-such-option"],
