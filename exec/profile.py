@@ -9,12 +9,14 @@ Everything is measured *inside* the rank processes, under the conditions of a re
 - the same processes, threads per rank and backend as `exec.runtime` (`exec.launch.launch`);
 - every rank runs its own program's compute actions, in the schedule's order, at the
   same time as the others (two ranks on two cores compete for the cores and the memory
-  bus as they do in a real step), as the runtime does them: the input is a fresh tensor
-  with `requires_grad` (as a received one), the last stage computes the loss inside its
-  F, and a backward is `torch.autograd.backward(output, grad)` (the loss alone on the
-  last stage), accumulating into the weights' `.grad`;
+  bus as they do in a real step), with the runtime's own handlers
+  (`exec.runtime.RankInterpreter`), every input from another rank already received: a
+  compute is timed between the very marks a step records;
 - a compute action's time is the mean over several steps (the first one warms up): a
   step adds them up, so their expected value is what predicts it;
+- the runtime's own time around each compute, from entering its handler to the start
+  mark and from the end mark to leaving it: `before_compute` and `after_compute`
+  (rule 11);
 - the CPU time of an `isend` and of an `irecv` post inside a step (the peer computing,
   the receive already posted): `send_overhead` and `recv_overhead`; and what taking in a
   message that arrived during a compute costs the receiving core: `arrive_overhead`;
@@ -43,12 +45,13 @@ from typing import Any, Sequence
 
 import sim
 from sim.files import atomic_write
+from sim.ir import Kind
 
 __all__ = ["profile_costs", "calibrate_rank", "costs_from_reports", "message_sizes", "fit_latency_bandwidth", "save_costs", "load_costs", "costs_to_dict", "costs_from_dict"]
 
 _COST_FIELDS = ("forward", "backward", "latency", "bandwidth", "activation_bytes_sent", "activation_bytes",
                 "static_bytes", "backward_input", "backward_weight", "send_overhead", "recv_overhead",
-                "arrive_overhead", "io_tick")
+                "arrive_overhead", "io_tick", "before_compute", "after_compute")
 
 
 # ---------------------------------------------------------------------------- the transfer fit
@@ -157,11 +160,11 @@ def _activation_bytes(module, x, last: bool, loss_fn, y, micro: int) -> tuple[in
     """Bytes autograd saves during one forward of `module` on `x`, counted as
     `exec.runtime` counts them (`SavedBytes`: each storage once, parameters excluded),
     and the bytes of the output the stage sends on."""
-    from exec.runtime import SavedBytes
+    from exec.runtime import SavedBytes, param_storages
     inp = x.detach().clone()
     if inp.is_floating_point():
         inp.requires_grad_()
-    saved = SavedBytes(module)
+    saved = SavedBytes(param_storages(module))
     with saved.hooks():
         out = module(inp)
         if last:
@@ -169,62 +172,67 @@ def _activation_bytes(module, x, last: bool, loss_fn, y, micro: int) -> tuple[in
     return saved.nbytes, out.numel() * out.element_size()
 
 
-def _compute_times(ctx, spec, bounds, schedule, micro: int, steps: int, alone: bool,
-                   modules: dict | None = None) -> dict:
-    """Run this rank's compute actions in program order, `steps` times, timing each, on
-    `modules` (stage -> module; default: a fresh copy of this rank's stages).
+class _Arrived:
+    """A receive whose data is already there (calibration runs no transport)."""
 
-    If `alone`, the ranks take turns (the others wait in a barrier), else they all run
-    at once. Returns {(stage, kind): [seconds...]} without the first (warm-up) step."""
+    def wait(self) -> bool:
+        return True
+
+
+def _compute_times(ctx, spec, bounds, schedule, micro: int, steps: int, alone: bool,
+                   modules: dict | None = None) -> tuple[dict, dict]:
+    """Run this rank's compute actions in program order, `steps` times, with the runtime's
+    own handlers (`exec.runtime.RankInterpreter`) on `modules` (stage -> module; default:
+    a fresh copy of this rank's stages), every tensor from another rank already there.
+
+    If `alone`, the ranks take turns (the others wait in a barrier), else they all run at
+    once. Returns, without the first (warm-up) step, {(stage, kind): [seconds...]}: each
+    compute between the marks the runtime records in a step; and {"before": [...],
+    "after": [...]}: the runtime's own time per compute (rule 11), from entering the
+    handler to the start mark and from the end mark to leaving it."""
     import torch
     import torch.distributed as dist
-    from exec.runtime import SavedBytes
+    from exec.runtime import RankInterpreter, _Pending
 
+    if ctx.device.type != "cpu":
+        raise ValueError("the compute calibration times CPU ranks (gloo) only")
     layers = spec.build_layers()
     mine = [s for s, r in enumerate(schedule.placement) if r == ctx.rank]
     stages = dict(modules) if modules is not None else \
         {s: torch.nn.Sequential(*layers[bounds[s]:bounds[s + 1]]) for s in mine}
     inputs = {s: _stage_inputs(spec, layers, bounds, s, micro) for s in mine}
-    last = schedule.stages - 1
+    batches = spec.micro_batches(micro)
+    xs, ys = [x for x, _ in batches], [y for _, y in batches]
     program = [a for a in schedule.programs[ctx.rank] if a.kind.is_compute]
+    split = next((a for a in program if a.kind not in (Kind.F, Kind.B)), None)
+    if split is not None:
+        raise ValueError(f"the profiler runs F and B actions, not {split}; split backwards are not profiled yet")
     grads = {}
     for s in mine:
-        if s != last:
+        if s != schedule.stages - 1:
             with torch.no_grad():
                 shape = stages[s](inputs[s][0][0]).shape
             grads[s] = torch.randn(shape, generator=torch.Generator().manual_seed(s))
     samples: dict[tuple[int, str], list[float]] = {}
+    own: dict[str, list[float]] = {"before": [], "after": []}
 
     def one_step(record: bool) -> None:
-        # the same calls, in the same order, as exec.runtime's forward and backward
-        saved, xs = {}, {}
+        interp = RankInterpreter(ctx, schedule, stages, xs, ys, spec.loss, {}, 0)
+        for a in program:  # what a step would have received: a fresh tensor each time
+            for recv in interp.waits.get(a, ()):
+                data = inputs[recv.stage][recv.micro][0] if recv.kind is Kind.RECV_F else grads[recv.stage]
+                interp.pending[recv] = _Pending(_Arrived(), data.detach().clone(), 0.0)
+        interp.clock.start()
         for a in program:
-            s, m, k = a.stage, a.micro, a.kind.value
-            if k == "F":
-                x, y = inputs[s][m]
-                x = x.detach().clone()
-                if s > 0:
-                    x.requires_grad_()  # as a received tensor
-                xs[m] = x
-                hooks = SavedBytes(stages[s])
-                t = time.perf_counter()
-                with hooks.hooks():
-                    out = stages[s](x)
-                    if s == last:
-                        out = spec.loss(out, y) / micro
-                dt = time.perf_counter() - t
-                saved[m] = out
-            elif k == "B":
-                out = saved.pop(m)
-                t = time.perf_counter()
-                torch.autograd.backward(out, None if s == last else grads[s])
-                if s > 0:
-                    _ = xs.pop(m).grad
-                dt = time.perf_counter() - t
-            else:
-                raise ValueError(f"the profiler runs F and B actions, not {a}; split backwards are not profiled yet")
+            t0 = time.perf_counter()
+            interp.handlers[a.kind](a)
+            t1 = time.perf_counter()
+            done, start, end, _ = interp._events[-1]  # CPU clock marks: perf_counter seconds
+            assert done == a
             if record:
-                samples.setdefault((s, k), []).append(dt)
+                samples.setdefault((a.stage, a.kind.value), []).append(end - start)
+                own["before"].append(start - t0)
+                own["after"].append(t1 - end)
         for mod in stages.values():
             mod.zero_grad(set_to_none=True)
 
@@ -238,14 +246,15 @@ def _compute_times(ctx, spec, bounds, schedule, micro: int, steps: int, alone: b
             dist.barrier()
             one_step(step > 0)
     dist.barrier()
-    return samples
+    return samples, own
 
 
 def _post_costs_busy(ctx, nbytes: int, repeats: int) -> dict:
     """What the transport costs the ranks' own cores inside a step, for a message of
     `nbytes`. Ranks 0 and 1 take turns as the poster, while the other computes:
 
-    - the poster times posting an `irecv` and issuing an `isend` (the runtime's call,
+    - the poster times posting an `irecv` into a buffer it allocates first (as the
+      runtime's RECV does) and issuing an `isend` (the runtime's call,
       `exec.runtime.isend`) into a receive the peer has already posted (RECVs are posted
       one compute early), so gloo writes the data from inside the call: `send_overhead`
       and `recv_overhead` (rules 2 and 3);
@@ -281,7 +290,7 @@ def _post_costs_busy(ctx, nbytes: int, repeats: int) -> dict:
             if ctx.rank == poster:
                 time.sleep(0.001)  # the peer has posted its receive and computes by now
                 t = time.perf_counter()
-                r = dist.irecv(buf_in, peer, tag=7)
+                r = dist.irecv(torch.empty(buf_in.shape), peer, tag=7)
                 t1 = time.perf_counter()
                 w = isend(buf_out, peer, tag=8)
                 t2 = time.perf_counter()
@@ -431,8 +440,8 @@ def calibrate_rank(ctx, spec, schedule: sim.Schedule, micro: int, bounds: Sequen
         act, sent = _activation_bytes(module, x, s == schedule.stages - 1, spec.loss, y, micro)
         params = sum(p.numel() * p.element_size() for p in module.parameters())
         memory[s] = {"activation_bytes": act, "activation_bytes_sent": sent, "static_bytes": 2 * params}
-    concurrent = _compute_times(ctx, spec, bounds, schedule, micro, steps, alone=False, modules=modules)
-    alone = _compute_times(ctx, spec, bounds, schedule, micro, steps, alone=True, modules=modules)
+    concurrent, own = _compute_times(ctx, spec, bounds, schedule, micro, steps, alone=False, modules=modules)
+    alone, own_alone = _compute_times(ctx, spec, bounds, schedule, micro, steps, alone=True, modules=modules)
     comm = None
     if ctx.world_size > 1:  # the call costs are measured every time: they move with the load
         comm = _pingpong(ctx, sizes, repeats) if sizes else {}
@@ -440,6 +449,7 @@ def calibrate_rank(ctx, spec, schedule: sim.Schedule, micro: int, bounds: Sequen
         comm["late"] = _late_notice(ctx, max(4, repeats // 2))
     return {"rank": ctx.rank, "memory": memory, "concurrent": {f"{s}{k}": v for (s, k), v in concurrent.items()},
             "alone": {f"{s}{k}": v for (s, k), v in alone.items()}, "comm": comm,
+            "runtime": {"concurrent": own, "alone": own_alone},
             "threads": torch.get_num_threads()}
 
 
@@ -490,6 +500,9 @@ def costs_from_reports(reports: Sequence[dict], schedule: sim.Schedule, use: str
     # rule 10: a late ready notice waits for a computing sender's transport thread, half a
     # tick in the median (a difference of two timings: it cannot come out below 0)
     io_tick = io_tick_from([r["comm"]["late"] for r in reports if r["comm"] and r["comm"].get("late")])
+    # rule 11: the runtime's own time around a compute, the mean over every compute timed
+    own = {k: [v for r in reports for v in r.get("runtime", {}).get(use, {}).get(k, [])] for k in ("before", "after")}
+    before, after = (statistics.fmean(own[k]) if own[k] else 0.0 for k in ("before", "after"))
     if comm is not None and comm.get("isend_post") and all(t is not None for t in comm["isend_post"]):
         # the CPU time of the isend call itself grows with the message: gloo writes the
         # data to the socket inside isend when the receive is already posted
@@ -507,7 +520,7 @@ def costs_from_reports(reports: Sequence[dict], schedule: sim.Schedule, use: str
         forward=[mean[use][f"{s}F"] for s in range(stages)],
         backward=[mean[use][f"{s}B"] for s in range(stages)],
         latency=latency, bandwidth=bandwidth, send_overhead=send_overhead, recv_overhead=recv_overhead,
-        arrive_overhead=arrive_overhead, io_tick=io_tick,
+        arrive_overhead=arrive_overhead, io_tick=io_tick, before_compute=before, after_compute=after,
         activation_bytes_sent=[memory[s]["activation_bytes_sent"] for s in range(stages)],
         activation_bytes=[memory[s]["activation_bytes"] for s in range(stages)],
         static_bytes=[memory[s]["static_bytes"] for s in range(stages)],
@@ -520,6 +533,7 @@ def costs_from_reports(reports: Sequence[dict], schedule: sim.Schedule, use: str
         "compute_samples": times, "compute_median": med, "compute_mean": mean, "slowdown": slowdown,
         "slowdown_median": statistics.median(slowdown.values()) if slowdown else None,
         "memory": memory, "comm": comm, "latency": latency, "bandwidth": bandwidth,
+        "runtime": own, "runtime_median": {k: statistics.median(v) if v else None for k, v in own.items()},
     }
     return costs, details
 

@@ -203,12 +203,19 @@ def static_bytes(stage_modules: dict[int, nn.Module], optimizer: torch.optim.Opt
     return 2 * tensor_bytes(params) + tensor_bytes(state)
 
 
+def param_storages(module: nn.Module) -> frozenset[int]:
+    """The addresses of the storages of `module`'s parameters (for `SavedBytes`)."""
+    return frozenset(p.untyped_storage().data_ptr() for p in module.parameters())
+
+
 class SavedBytes:
     """Counts the bytes autograd saves for backward during a forward (saved_tensors_hooks):
-    each storage once, parameters excluded (they are static memory)."""
+    each storage once, parameters excluded (they are static memory). `params`: the
+    stage's `param_storages`, found once, not at every forward (walking a module's
+    parameters costs more than many a small action)."""
 
-    def __init__(self, module: nn.Module):
-        self.params = {p.untyped_storage().data_ptr() for p in module.parameters()}
+    def __init__(self, params: frozenset[int]):
+        self.params = params
         self.seen: set[int] = set()
         self.nbytes = 0
 
@@ -266,6 +273,10 @@ class RankInterpreter:
         self.device = ctx.device
         self.clock = CudaClock() if self.device.type == "cuda" else CpuClock()
         self.waits = _stage_waits(schedule)
+        # What the handlers would otherwise work out inside the step, once, before it
+        # starts: the runtime's own time between actions is time the rank does not compute.
+        self.params = {s: param_storages(m) for s, m in stage_modules.items()}
+        self.routes = {a: self._route(a) for a in schedule.programs[ctx.rank] if not a.kind.is_compute}
         self.handlers: dict[Kind, Callable[[Action], None]] = {
             Kind.RECV_F: self.recv, Kind.RECV_B: self.recv,
             Kind.SEND_F: self.send, Kind.SEND_B: self.send,
@@ -288,6 +299,12 @@ class RankInterpreter:
         self._held: list[tuple[Any, int, int]] = []    # (mark, change in bytes, change in micro-batches)
         self._samples: list[tuple[Any, int]] = []      # CUDA: (mark, memory_allocated)
 
+    def _route(self, a: Action) -> tuple[int, int]:
+        """A SEND's or RECV's peer rank and the tag of its transfer."""
+        other = peer(a)
+        recv = other if other.kind in (Kind.RECV_F, Kind.RECV_B) else a
+        return self.schedule.rank_of(other.stage), transfer_tag(recv, self.M)
+
     # -- the loop
     def run(self) -> _RankTrace:
         self.clock.start()
@@ -306,19 +323,19 @@ class RankInterpreter:
     def recv(self, a: Action) -> None:
         meta = self.shapes[a.stage - 1 if a.kind is Kind.RECV_F else a.stage]
         buf = torch.empty(meta.shape, dtype=meta.dtype, device=self.device)
-        src = self.schedule.rank_of(peer(a).stage)
+        src, tag = self.routes[a]
         posted = self.clock.mark()
-        self.pending[a] = _Pending(dist.irecv(buf, src=src, tag=transfer_tag(a, self.M)), buf, posted)
+        self.pending[a] = _Pending(dist.irecv(buf, src=src, tag=tag), buf, posted)
 
     def send(self, a: Action) -> None:
         key = (a.stage, a.micro)
         tensor = self.outputs[key].detach() if a.kind is Kind.SEND_F else self.input_grads.pop(key)
         tensor = tensor.contiguous()
-        recv = peer(a)
+        dst, tag = self.routes[a]
         start = self.clock.mark()
-        work = isend(tensor, self.schedule.rank_of(recv.stage), transfer_tag(recv, self.M))
+        work = isend(tensor, dst, tag)
         self.sends.append((work, tensor))
-        self._event(a, start, start, self.schedule.rank_of(recv.stage))  # end: the RECV's, filled in later
+        self._event(a, start, start, dst)  # end: the RECV's, filled in later
 
     def _wait(self, a: Action) -> None:
         """Wait for the receives compute `a` needs; record each RECV event."""
@@ -343,7 +360,7 @@ class RankInterpreter:
         else:
             x = self.received.pop(Action(s, Kind.RECV_F, m)).requires_grad_()
         self.stage_inputs[(s, m)] = x
-        saved = SavedBytes(self.modules[s])
+        saved = SavedBytes(self.params[s])
         start = self.clock.mark()
         self._sample(start)
         with saved.hooks():

@@ -2,6 +2,7 @@
 known numbers, and a measured step equal to its simulation compares with error 0."""
 import dataclasses
 import math
+import statistics
 
 import pytest
 
@@ -106,6 +107,40 @@ def test_profile_costs_on_two_ranks():
     late = details["comm"]["late"]
     assert len(late["notice_free"]) == len(late["notice_busy"]) == 4
     assert math.isfinite(c.io_tick) and c.io_tick >= 0
+    # rule 11: the runtime's own time around each of the 2 x 4 computes of the timed step
+    assert len(details["runtime"]["before"]) == len(details["runtime"]["after"]) == 8
+    assert 0 < c.before_compute < 0.01 and 0 < c.after_compute < 0.01
+
+
+def test_calibration_times_the_runtimes_own_work_around_a_compute(monkeypatch):
+    """The calibration runs the runtime's handlers and splits their time at the marks a
+    step records: work the runtime does before a forward's start mark (here: setting up the
+    count of saved bytes, made 3 ms slower) shows in `before`, work after a compute's end
+    mark (recording its activations, made 2 ms slower) in `after`, and neither in the
+    compute times. One rank, in this process."""
+    import time
+    import torch.distributed as dist
+    import exec.runtime as rt
+    from exec.launch import RankContext
+    from exec.models import ModelSpec
+    from exec.profile import _compute_times
+    spec = ModelSpec("mlp", layers=2, hidden=16, seq=4, batch_size=4)
+    schedule = sim.make_schedule("gpipe", 1, 2)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        ctx = RankContext(0, 1, 0, "gloo")
+        plain, own = _compute_times(ctx, spec, [0, 2], schedule, 2, steps=2, alone=False)
+        saved_init, hold = rt.SavedBytes.__init__, rt.RankInterpreter._hold
+        monkeypatch.setattr(rt.SavedBytes, "__init__", lambda self, p: (time.sleep(0.003), saved_init(self, p))[1])
+        monkeypatch.setattr(rt.RankInterpreter, "_hold", lambda self, *a: (time.sleep(0.002), hold(self, *a))[1])
+        slow, slow_own = _compute_times(ctx, spec, [0, 2], schedule, 2, steps=2, alone=False)
+    finally:
+        dist.destroy_process_group()
+    assert len(own["before"]) == len(own["after"]) == 2 * 2 * 2   # 2 steps x (2 F + 2 B)
+    fwd = [b for i, b in enumerate(slow_own["before"]) if i % 4 < 2]   # F0 F1 B0 B1 per step
+    assert min(fwd) >= 0.003 and statistics.median(own["before"]) < 0.003
+    assert min(slow_own["after"]) >= 0.002 and statistics.median(own["after"]) < 0.002  # F and B both record
+    assert statistics.median(slow[(0, "F")]) < 0.003 + statistics.median(plain[(0, "F")])
 
 
 def test_profile_costs_refuses_a_backend_it_cannot_time():
