@@ -8,8 +8,8 @@ two steps side by side: step time and its error in percent ((sim - meas) / meas 
 bubble fraction, peak activations and peak memory per rank. `breakdown` goes one level
 down, to explain an error: per stage, the measured F and B against their costs, and per
 rank, where the measured step's time went (compute, waiting for data, and the rest:
-the runtime's own time between actions, of which the simulator counts only the isend
-and irecv calls).
+the runtime's own time between actions: its calls and its work around each compute,
+which the simulator models by rules 2, 3 and 11).
 """
 from __future__ import annotations
 
@@ -107,7 +107,8 @@ def breakdown(result: sim.Result, costs: sim.Costs | None = None) -> dict:
     Per rank: `compute` (sum of F/B/I/W), `wait` (time between two computes during which
     the next compute's input had not arrived yet), `overhead` (the rest of the gaps
     before and between computes: time the runtime spends on itself, posting sends and
-    receives, python; zero in a simulation), `tail` (from the rank's last compute to the
+    receives, python; in a simulation, the calls and the time around each compute of
+    rule 11, zero where those costs are), `tail` (from the rank's last compute to the
     end of the step), the number of actions, and `free_gap_median`: the median gap between
     two computes where the second had nothing to wait for (the runtime's cost per action
     between computes, measured directly). Per stage and kind: the median duration, and with `costs` its

@@ -679,8 +679,10 @@ schedule). The *length* can differ, and `breakdown` says why, per rank:
   steal the cores.
 - `wait`: time a rank waited for an activation or a gradient from the other rank. The
   simulator predicts these waits from the rules.
-- `overhead`: the runtime's own time between actions (Python, posting sends and receives),
-  which the simulator counts as zero.
+- `overhead`: the runtime's own time between actions: posting sends and receives, and its
+  Python work around each compute, which the simulator models as `send_overhead`,
+  `recv_overhead` and `before_compute` + `after_compute` (rules 2, 3 and 11), all measured by
+  the profile.
 """),
     code('''
 bd = breakdown(run.result, costs)
@@ -689,7 +691,7 @@ print("per rank, ms        measured / simulated")
 for r, q in zip(bd["ranks"], bd_sim["ranks"]):
     print(f"  rank {r['rank']}: compute {r['compute'] * 1e3:6.1f} / {q['compute'] * 1e3:6.1f}   "
           f"wait {r['wait'] * 1e3:6.1f} / {q['wait'] * 1e3:6.1f}   "
-          f"overhead {r['overhead'] * 1e3:5.1f} / {q['overhead'] * 1e3:3.1f}   "
+          f"overhead {r['overhead'] * 1e3:5.1f} / {q['overhead'] * 1e3:5.1f}   "
           f"tail {r['tail'] * 1e3:5.1f} / {q['tail'] * 1e3:5.1f}")
 print("per stage and kind: measured median against the profiled cost")
 for key, a in bd["actions"].items():
@@ -698,8 +700,8 @@ for key, a in bd["actions"].items():
     md("""
 To separate the two sources of error, simulate again with other compute times: those the
 profile measured with each rank computing *alone*, and those *measured in this run* (the medians
-above). With this run's own times, what remains is what the rules do not model: the runtime's
-overhead, and the spread of each action around its median. On a CPU host much of that spread is
+above). With this run's own times, what remains is what the rules do not model, and the spread
+of each action around its median. On a CPU host much of that spread is
 sharing: an action runs at its *alone* speed while the other rank waits and at its *concurrent*
 speed while both compute, which one fixed cost per action cannot express. Last, the *replay*:
 every compute takes exactly the time it took in this step (`sim.simulate(..., durations=)`,

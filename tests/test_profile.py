@@ -60,7 +60,7 @@ def test_compare_a_step_with_its_own_simulation_gives_zero_error():
         assert js["measured_peak_memory"] == js["simulated_peak_memory"]
         assert "error +0.00%" in cmp.table() or "error -0.00%" in cmp.table()
         bd = breakdown(measured, costs)
-        for r in bd["ranks"]:  # a simulated step has no runtime overhead
+        for r in bd["ranks"]:  # these costs have no runtime overhead
             assert r["overhead"] == pytest.approx(0.0, abs=1e-9)
         assert all(v["ratio"] == pytest.approx(1.0) for v in bd["actions"].values())
 
