@@ -309,10 +309,11 @@ def simulate(schedule: Schedule, costs: Costs | None = None, durations: Mapping[
             lowered = lowered or lower(schedule)
             check_deadlock(lowered)  # raises, naming each stuck rank and what it waits for
             raise AssertionError("the simulation stopped early but the schedule does not deadlock")
-        # The step runs from its first action's start (0 where a rank begins with a RECV
-        # post, else the first compute's, after the runtime's own time before it) to the
-        # last compute's end: every transfer feeds a compute that starts after it arrives.
-        t0 = min(min(record.start, default=0.0), min((x for x in record.posted if x is not None), default=INF))
+        # The step runs from the first action's start (each rank's first: 0 for a RECV post,
+        # else its first compute's, after the runtime's own time before it) to the last
+        # compute's end: every transfer feeds a compute that starts after it arrives.
+        t0 = min((0.0 if prog[0] < 0 else record.start[prog[0]] for prog in record.plan.programs if prog),
+                 default=0.0)
         makespan = max(record.end, default=0.0) - t0
         return Result(lowered or (lambda: lower(schedule)), record.events, memory, activations,
                       makespan=makespan, busy=busy, t0=t0)
