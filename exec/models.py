@@ -176,11 +176,14 @@ class ModelSpec:
         return ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
 
     def micro_batches(self, micro: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """`batch()` cut along the batch dimension into `micro` equal micro-batches."""
+        """`batch()` cut along the batch dimension into `micro` equal micro-batches. Each is
+        a copy with its own storage, as the runtime's (`exec.runtime.split_micro_batches`):
+        a view would keep the whole batch's storage, and autograd's saved bytes (the loss
+        saves its targets) would count all of it."""
         if isinstance(micro, bool) or not isinstance(micro, int) or micro < 1 or self.batch_size % micro:
             raise ValueError(f"micro must be a positive divisor of batch_size={self.batch_size}, got {micro!r}")
         x, y = self.batch()
-        return list(zip(x.chunk(micro), y.chunk(micro)))
+        return [(a.clone(), b.clone()) for a, b in zip(x.chunk(micro), y.chunk(micro))]
 
     def loss(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Scalar mean loss: MSE for "mlp", next-token cross entropy for "gpt"."""

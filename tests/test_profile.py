@@ -112,6 +112,36 @@ def test_profile_costs_on_two_ranks():
     assert 0 < c.before_compute < 0.01 and 0 < c.after_compute < 0.01
 
 
+@pytest.mark.parametrize("model", ["mlp", "gpt"])
+def test_calibrated_activation_bytes_are_what_the_runtime_holds(model):
+    """The activation bytes the calibration measures for each stage (the last one saves its
+    targets for the loss) equal what the runtime counts while it holds a micro-batch in a
+    step: both on micro-batches with storage of their own. One rank, both stages on it,
+    no process group needed."""
+    import exec.runtime as rt
+    from exec.launch import RankContext
+    from exec.models import ModelSpec
+    from exec.profile import _activation_bytes, _stage_inputs
+    spec = ModelSpec(model, layers=2, hidden=16, seq=4, batch_size=8)
+    micro = 4
+    bounds = [0, spec.num_layers // 2, spec.num_layers]
+    # naive order, both stages on rank 0: 0F m, 1F m, 1B m, 0B m for each micro-batch m
+    schedule = sim.Schedule([[f"{s}{k}{m}" for m in range(micro) for s, k in ((0, "F"), (1, "F"), (1, "B"), (0, "B"))]],
+                            placement=[0, 0])
+    stages = spec.build_stages(2, bounds=bounds)
+    layers = spec.build_layers()
+    xs, ys = rt.split_micro_batches(*spec.batch(), micro)
+    interp = rt.RankInterpreter(RankContext(0, 1, 0, "gloo"), schedule, dict(enumerate(stages)), xs, ys,
+                                spec.loss, {}, 0)
+    trace = interp.run()
+    held = [b for _, b in trace.memory]  # static (0), after 0F0, after 1F0, ...
+    runtime = {0: held[1] - held[0], 1: held[2] - held[1]}
+    for s in (0, 1):
+        x, y = _stage_inputs(spec, layers, bounds, s, micro)[0]
+        act, _ = _activation_bytes(stages[s], x, s == 1, spec.loss, y, micro)
+        assert act == runtime[s], (s, act, runtime[s])
+
+
 def test_calibration_times_the_runtimes_own_work_around_a_compute(monkeypatch):
     """The calibration runs the runtime's handlers and splits their time at the marks a
     step records: work the runtime does before a forward's start mark (here: setting up the
