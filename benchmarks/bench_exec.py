@@ -5,20 +5,20 @@ micro-batch counts, on gloo ranks on this machine.
     python benchmarks/bench_exec.py --schedules gpipe 1f1b --micro 4 8 --rounds 5
     python benchmarks/bench_exec.py --ranks 4 --model gpt --json out.json --figures figures/exec
 
-The transfer fit (latency + bytes / bandwidth, by ping-pong) is measured once and reused.
-Then each (schedule, micro) runs in one launch of `--ranks` processes: a warm-up step,
-then `--rounds` times [calibrate (`exec.profile.calibrate_rank`: every stage's F and B
-timed inside the ranks on the very modules the steps run, all computing at once, and
-taking turns; the call and arrival costs), then `--steps`
-measured steps with `exec.runtime.run_step`], so calibration and measurement share the
-time window (on a machine shared with other work, the load changes from second to
-second). The median-makespan step is compared (`exec.compare.compare`) with the
-simulation under the pooled calibration: "error". "paired error" is the median over
-steps of each step against the costs calibrated just before it. "replay error" is the
-median over steps of each step against the simulation with every compute taking the time
-it took in that step (`exec.compare.replay_error`): what the communication and runtime
-rules miss, free of the compute times drifting between calibration and step. "sim, alone costs" is
-the simulation with the F and B measured while the other ranks were idle, and
+Each (schedule, micro) runs in one launch of `--ranks` processes, exactly as `python -m
+exec.run` calibrates and measures (`exec.runtime.run_pipeline(calibrate=--steps)`): a
+warm-up step, then `--rounds` times [calibrate (`exec.profile.calibrate_rank`: every
+stage's F and B timed inside the ranks on the very modules the steps run, with the
+runtime's own handlers, all computing at once, and taking turns; the call and arrival
+costs; in the first round, the transfer fit by ping-pong), then `--steps` measured
+steps], so calibration and measurement share the time window (on a machine shared with
+other work, the load changes from second to second). The median-makespan step is compared
+(`exec.compare.compare`) with the simulation under the pooled calibration: "error", the
+figure `exec.run` reports. "paired error" is the median over steps of each step against
+the costs calibrated just before it. "replay error" is the median over steps of each step
+against the simulation with every compute taking the time it took in that step
+(`exec.compare.replay_error`): what the communication and runtime rules miss, free of the
+compute times drifting between calibration and step. "sim, alone costs" is the simulation with the F and B measured while the other ranks were idle, and
 "concurrent / alone" the median ratio of the two: how much a compute slows when every
 rank computes at once (the simulator has no rule for that yet; docs/exec.md, Accuracy).
 
@@ -42,63 +42,34 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import sim  # noqa: E402
 from exec.compare import breakdown, compare, overlay_figure, replay_error, sharing_check  # noqa: E402
-from exec.launch import launch  # noqa: E402
 from exec.models import ModelSpec  # noqa: E402
-from exec.profile import calibrate_rank, costs_from_reports, profile_costs  # noqa: E402
-
-
-def bench_rank(ctx, spec: ModelSpec, schedule: sim.Schedule, bounds: list[int], rounds: int, steps: int,
-               calib_steps: int) -> list[tuple[dict, list | None]]:
-    """On each rank: build its stages; then `rounds` times, calibrate (`calibrate_rank`)
-    and run `steps` measured training steps with the runtime, so that calibration and
-    measurement share the same time window (and the same load on a shared machine).
-    Returns per round this rank's calibration report and (rank 0) the measured `sim.Result`s."""
-    import torch
-    from exec.runtime import infer_shapes, run_step, split_micro_batches
-
-    lowered = sim.lower(schedule)
-    all_stages = spec.build_stages(schedule.stages, bounds=bounds)
-    mine = {s: all_stages[s] for s, r in enumerate(schedule.placement) if r == ctx.rank}
-    xs, ys = split_micro_batches(*spec.batch(), schedule.micro)
-    opt = torch.optim.SGD([p for m in mine.values() for p in m.parameters()], lr=1e-3)
-    shapes = infer_shapes(ctx, lowered, mine, xs[0])
-    run_step(ctx, lowered, mine, xs, ys, spec.loss, opt, record=False, shapes=shapes)  # warm-up
-    out = []
-    for _ in range(rounds):
-        report = calibrate_rank(ctx, spec, schedule, schedule.micro, bounds, calib_steps, modules=mine)
-        results = [run_step(ctx, lowered, mine, xs, ys, spec.loss, opt, record=True, shapes=shapes).result
-                   for _ in range(steps)]
-        out.append((report, results if ctx.rank == 0 else None))
-    return out
-
-
-def median_step(results: list[sim.Result]) -> sim.Result:
-    """The step whose makespan is the median (the lower one for an even count)."""
-    ordered = sorted(results, key=lambda r: r.makespan)
-    return ordered[(len(ordered) - 1) // 2]
+from exec.profile import costs_from_reports, profile_costs  # noqa: E402
+from exec.runtime import run_pipeline  # noqa: E402
 
 
 def run_config(spec: ModelSpec, name: str, ranks: int, micro: int, rounds: int, steps: int, balance: str,
-               transfer: tuple[float, float], threads: int | None, calib_steps: int = 3) -> dict:
-    """Calibrate and measure one (schedule, micro) in one launch, simulate, compare."""
+               threads: int | None, separate: bool = False) -> dict:
+    """Calibrate and measure one (schedule, micro) in one run (`run_pipeline(calibrate=steps)`,
+    as `exec.run` does), simulate, compare. With `separate`, also profile in a launch of its
+    own right after the run (`profile_costs`) and compare the same step with that."""
     schedule = sim.make_schedule(name, ranks, micro)
-    bounds = spec.partition(ranks, balance, micro)
     t = time.perf_counter()
-    per_rank = launch(bench_rank, ranks, spec, schedule, bounds, rounds, steps, calib_steps, threads=threads)
+    run = run_pipeline(spec, schedule, steps=rounds * steps, warmup=1, balance=balance, threads=threads,
+                       calibrate=steps, timeout=1800.0)
     wall = time.perf_counter() - t
-    rounds_out = list(zip(*per_rank))  # per round: every rank's (report, results)
-    reports = [rep for rnd in rounds_out for rep, _ in rnd]
-    results = [r for rnd in rounds_out for r in rnd[0][1]]
-    costs, details = costs_from_reports(reports, schedule, "concurrent", transfer)
-    alone, _ = costs_from_reports(reports, schedule, "alone", transfer)
+    costs, details, results = run.costs, run.calibration, run.steps
+    transfer = (costs.latency, costs.bandwidth)  # fitted in the first round
+    alone, _ = costs_from_reports([rep for rnd in run.reports for rep in rnd], run.schedule, "alone", transfer)
     # paired: each measured step against the simulation under the costs calibrated just before it
     paired = []
-    for rnd in rounds_out:
-        c, _ = costs_from_reports([rep for rep, _ in rnd], schedule, "concurrent", transfer)
+    for i, rnd in enumerate(run.reports):
+        c, _ = costs_from_reports(rnd, run.schedule, "concurrent", transfer)
         sim_s = sim.simulate(schedule, c).makespan
-        paired += [(sim_s - r.makespan) / r.makespan * 100 for r in rnd[0][1]]
-    step = median_step(results)
-    cmp = compare(step, costs)
+        paired += [(sim_s - r.makespan) / r.makespan * 100 for r in results[i * steps:(i + 1) * steps]]
+    cmp = compare(run.result, costs)
+    if separate:
+        own, _ = profile_costs(spec, schedule, micro, bounds=run.bounds, threads=threads, steps=steps * rounds)
+        separate_pct = compare(run.result, own).error_pct
     replay = [replay_error(r, costs) for r in results]
     # the same replay without rule 11 (the runtime's own time around each compute)
     bare = dataclasses.replace(costs, before_compute=0.0, after_compute=0.0)
@@ -106,29 +77,34 @@ def run_config(spec: ModelSpec, name: str, ranks: int, micro: int, rounds: int, 
     checks = [sharing_check(r, alone, costs) for r in results]
     sharing = {k: statistics.median(ch[k] for ch in checks) for k in checks[0]}
     row = cmp.as_json()
-    row.update(measured_steps_s=[r.makespan for r in results], bounds=bounds, wall_s=wall,
+    row.update(measured_steps_s=[r.makespan for r in results], bounds=run.bounds, wall_s=wall,
                simulated_alone_step_s=sim.simulate(schedule, alone).makespan,
                slowdown=details["slowdown_median"], paired_error_pct=statistics.median(paired),
                replay_error_pct=statistics.median(replay), replay_error_no_rule11_pct=statistics.median(replay_bare),
                before_compute_s=costs.before_compute, after_compute_s=costs.after_compute,
-               sharing=sharing)
+               latency_s=costs.latency, bandwidth=costs.bandwidth, grad_match=run.grad_match, sharing=sharing)
+    if separate:
+        row["separate_profile_error_pct"] = separate_pct
     return {"row": row, "comparison": cmp, "costs": costs, "alone": alone, "details": details,
-            "results": results, "breakdown": breakdown(step, costs),
+            "results": results, "breakdown": breakdown(run.result, costs),
             "simulated_breakdown": breakdown(cmp.simulated, costs)}
 
 
 def format_rows(rows: list[dict]) -> str:
-    """The accuracy table as markdown."""
+    """The accuracy table as markdown (with the separate profile's error when every row has it)."""
+    separate = all("separate_profile_error_pct" in r for r in rows)
     head = ("| schedule | micro | measured step (ms) | spread (ms) | simulated (ms) | error | paired error "
             "| replay error | replay, no rule 11 | sim, alone costs (ms) | concurrent / alone | bubble meas / sim |")
-    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    head += " error, separate profile |" if separate else ""
+    lines = [head, "|---|---:" + "|---:" * (10 + separate) + "|"]
     for r in rows:
         spread = max(r["measured_steps_s"]) - min(r["measured_steps_s"])
         lines.append(f"| {r['schedule']} | {r['micro']} | {r['measured_step_s'] * 1e3:.1f} | {spread * 1e3:.1f} | "
                      f"{r['simulated_step_s'] * 1e3:.1f} | {r['error_pct']:+.1f}% | {r['paired_error_pct']:+.1f}% | "
                      f"{r['replay_error_pct']:+.1f}% | {r['replay_error_no_rule11_pct']:+.1f}% | "
                      f"{r['simulated_alone_step_s'] * 1e3:.1f} | {r['slowdown']:.2f} | "
-                     f"{r['measured_bubble']:.3f} / {r['simulated_bubble']:.3f} |")
+                     f"{r['measured_bubble']:.3f} / {r['simulated_bubble']:.3f} |"
+                     + (f" {r['separate_profile_error_pct']:+.1f}% |" if separate else ""))
     return "\n".join(lines)
 
 
@@ -136,8 +112,9 @@ def format_detail(out: dict) -> str:
     """Per stage: measured F/B in the run vs profiled; per rank: wait and overhead."""
     bd, sbd = out["breakdown"], out["simulated_breakdown"]
     r = out["row"]
-    lines = [f"  {r['schedule']} micro={r['micro']}: error {r['error_pct']:+.2f}%; runtime's own time per compute "
-             f"(rule 11): before {r['before_compute_s'] * 1e6:.0f} us, after {r['after_compute_s'] * 1e6:.0f} us"]
+    lines = [f"  {r['schedule']} micro={r['micro']}: error {r['error_pct']:+.2f}%; transfers: latency "
+             f"{r['latency_s'] * 1e6:.0f} us, bandwidth {r['bandwidth'] / 1e9:.2f} GB/s; runtime's own time per "
+             f"compute (rule 11): before {r['before_compute_s'] * 1e6:.0f} us, after {r['after_compute_s'] * 1e6:.0f} us"]
     for key, a in bd["actions"].items():
         lines.append(f"    {key:>4}: run median {a['median'] * 1e3:7.2f} ms (min {a['min'] * 1e3:.2f}, "
                      f"max {a['max'] * 1e3:.2f}), profiled {a['cost'] * 1e3:7.2f} ms, ratio {a['ratio']:.3f}")
@@ -169,6 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="mlp", choices=["mlp", "gpt"])
     p.add_argument("--balance", default="layers", choices=["layers", "time"])
     p.add_argument("--threads", type=int, default=None, help="torch threads per rank (default cores / ranks)")
+    p.add_argument("--separate-profile", action="store_true",
+                   help="also profile each config in a launch of its own after its run (profile_costs), "
+                        "and give the same step's error against that")
     p.add_argument("--detail", action="store_true", help="per-action and per-rank breakdown of each config")
     p.add_argument("--json", help="write every row, costs and breakdown here")
     p.add_argument("--figures", help="write an overlay PNG per config into this folder")
@@ -178,17 +158,11 @@ def main(argv: list[str] | None = None) -> int:
     spec = ModelSpec(args.model)
     print(f"model {spec}; {args.ranks} gloo ranks, {os.cpu_count()} cores, threads/rank "
           f"{args.threads or max(1, (os.cpu_count() or 1) // args.ranks)}", flush=True)
-    # the transfer fit is a property of the machine, not of the config: measure it once
-    costs, details = profile_costs(spec, sim.make_schedule("gpipe", args.ranks, args.micro[0]), args.micro[0],
-                                   threads=args.threads)
-    transfer = (costs.latency, costs.bandwidth)
-    print(f"transfers: latency {costs.latency * 1e6:.1f} us, bandwidth {costs.bandwidth / 1e9:.2f} GB/s; "
-          f"isend post (median over sizes) {statistics.median(details['comm']['isend_post']) * 1e6:.0f} us, "
-          f"irecv post {statistics.median(details['comm']['irecv_post']) * 1e6:.0f} us", flush=True)
     outs = []
     for name in args.schedules:
         for micro in args.micro:
-            out = run_config(spec, name, args.ranks, micro, args.rounds, args.steps, args.balance, transfer, args.threads)
+            out = run_config(spec, name, args.ranks, micro, args.rounds, args.steps, args.balance, args.threads,
+                             args.separate_profile)
             outs.append(out)
             r = out["row"]
             print(f"{name:>6} micro={micro:<3} measured {r['measured_step_s'] * 1e3:8.1f} ms  simulated "

@@ -7,8 +7,10 @@
 One process per rank (gloo on CPU, or nccl with one GPU per rank) runs `--warmup` steps,
 then `--steps` measured ones; the median step is reported. The first step's loss and
 gradients are checked against the same step in a single process. Unless `--no-compare`,
-the costs the simulator needs are profiled (or read with `--costs FILE`) and the step is
-simulated and compared with the measured one (`exec.compare`).
+the step is simulated and compared with the measured one (`exec.compare`) under the costs
+the simulator needs: read with `--costs FILE`, or calibrated inside the run, on the very
+modules, processes and cores of the steps, a round before each measured step
+(`exec.runtime.run_pipeline(calibrate=1)`); `--out` keeps them as `costs.json`.
 
 Exit status: 0 ok (even if the gradients do not match: read `grad_match`), 1 a rank
 failed or the run timed out, 2 bad arguments.
@@ -114,24 +116,35 @@ def main(argv: Sequence[str] | None = None) -> int:
                      "pass --costs FILE (exec.profile.save_costs) or --no-compare")
     if args.out is not None and args.out.exists() and not args.out.is_dir():
         parser.error(f"--out {args.out} is a file; give a folder (it is created if missing)")
-    if args.costs is not None and not args.costs.is_file():
-        parser.error(f"--costs {args.costs}: no such file; write one with exec.profile.save_costs")
+    costs = None
+    if args.costs is not None:  # read before anything runs: a bad file is bad input
+        from exec.profile import load_costs
+        if not args.costs.is_file():
+            parser.error(f"--costs {args.costs}: no such file; write one with exec.profile.save_costs")
+        try:
+            costs = load_costs(args.costs)
+            sim.simulate(schedule, costs)
+        except ValueError as e:
+            parser.error(f"--costs {args.costs}: {e}")
 
     _progress(args, f"{schedule.name} on {schedule.ranks} ranks ({args.backend}), {args.micro} micro-batches, "
                     f"{spec.model} model; {args.warmup} warm-up + {args.steps} measured steps")
     t0 = time.perf_counter()
     try:
+        calibrate = 0 if args.no_compare or args.costs is not None else 1
         run = run_pipeline(spec, schedule, steps=args.steps, warmup=args.warmup, balance=args.balance,
                            backend=args.backend, timeout=args.timeout, threads=args.threads, lr=args.lr,
-                           fault=args.fault, progress=not args.quiet)
-        comparison = None
-        if not args.no_compare:
-            comparison = _compare(args, spec, run)
+                           fault=args.fault, progress=not args.quiet, calibrate=calibrate)
     except RankError as e:
         _fail(str(e))
     except TimeoutError as e:
         _fail(str(e))
     _progress(args, f"done in {time.perf_counter() - t0:.1f} s")
+    comparison = None
+    if not args.no_compare:
+        from exec.compare import compare
+        comparison = compare(run.result, costs or run.costs, grad_match=run.grad_match,
+                             max_grad_diff=run.max_grad_diff)
 
     summary = run.summary()
     summary.update(simulated_step_s=None, error_pct=None, model=spec.model, backend=args.backend,
@@ -146,19 +159,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         print(json.dumps(_jsonable(summary)))
     return 0
-
-
-def _compare(args, spec, run):
-    """Costs (read or profiled on the same ranks) -> the simulated step beside the measured."""
-    from exec.compare import compare
-    from exec.profile import load_costs, profile_costs
-    if args.costs is not None:
-        costs = load_costs(args.costs)
-    else:
-        _progress(args, "profiling the costs the simulator needs (--no-compare skips this)")
-        costs, _ = profile_costs(spec, run.schedule.compute_only(), run.schedule.micro, backend=args.backend,
-                                 bounds=run.bounds, threads=args.threads, timeout=args.timeout)
-    return compare(run.result, costs, grad_match=run.grad_match, max_grad_diff=run.max_grad_diff)
 
 
 def _table(s: dict) -> str:
@@ -184,10 +184,14 @@ def _table(s: dict) -> str:
 
 
 def _save(out: Path, run, comparison) -> None:
-    """Chrome trace of the median step, and its figure (and the overlay) if sim.plot is there."""
+    """Chrome trace of the median step, the costs calibrated in the run (for `--costs`),
+    and the step's figure (and the overlay) if sim.plot is there."""
     out.mkdir(parents=True, exist_ok=True)
     name = f"{run.schedule.name}_p{run.schedule.stages}_m{run.schedule.micro}"
     run.result.save_chrome_trace(out / f"{name}_measured.trace.json")
+    if run.costs is not None:
+        from exec.profile import save_costs
+        save_costs(run.costs, out / "costs.json", details=run.calibration)
     try:
         from sim.plot import plot_result, save_figure
     except ImportError:

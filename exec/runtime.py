@@ -545,13 +545,20 @@ def _inject(fault: tuple[str, int] | None, rank: int) -> None:
 
 
 def pipeline_worker(ctx: RankContext, spec, schedule: Schedule, steps: int, warmup: int,
-                    bounds: Sequence[int], lr: float, fault: tuple[str, int] | None, progress: bool) -> dict:
+                    bounds: Sequence[int], lr: float, fault: tuple[str, int] | None, progress: bool,
+                    calibrate: int = 0) -> dict:
     """The function every rank runs (via `exec.launch.launch`): build this rank's stages,
     run `warmup + steps` steps, and return what the parent needs.
 
     Every rank returns the gradients of its stages after the first step (numpy arrays,
     before the optimizer moved the weights, so they compare with `reference_step`) and
-    the step losses; rank 0 also returns the measured steps' `sim.Result`s."""
+    the step losses; rank 0 also returns the measured steps' `sim.Result`s.
+
+    With `calibrate` = k > 0, the run also measures what the simulator needs: before
+    every k measured steps, the ranks calibrate (`exec.profile.calibrate_rank`) on these
+    very modules, so that calibration and measurement share the same processes, cores
+    and time window (the first round also bounces messages for the transfer fit). Every
+    rank returns its reports, one per round, for `exec.profile.costs_from_reports`."""
     mine = [s for s, r in enumerate(schedule.placement) if r == ctx.rank]
     all_stages = spec.build_stages(schedule.stages, bounds=bounds)
     modules = {s: all_stages[s].to(ctx.device) for s in mine}
@@ -561,11 +568,20 @@ def pipeline_worker(ctx: RankContext, spec, schedule: Schedule, steps: int, warm
     inputs, targets = spec.batch()
     micro_inputs, micro_targets = split_micro_batches(inputs, targets, schedule.micro)
     shapes = infer_shapes(ctx, schedule, modules, micro_inputs[0])
-    out: dict[str, Any] = {"rank": ctx.rank, "losses": [], "results": [], "grads": {}}
+    out: dict[str, Any] = {"rank": ctx.rank, "losses": [], "results": [], "grads": {}, "reports": []}
+    say = progress and ctx.rank == 0
     for i in range(warmup + steps):
         if i == warmup:
             _inject(fault, ctx.rank)
         measured = i >= warmup
+        if calibrate and measured and (i - warmup) % calibrate == 0:
+            from .profile import calibrate_rank, message_sizes
+            rnd, rounds = (i - warmup) // calibrate, -(-steps // calibrate)
+            if say:
+                print(f"exec: calibrating {rnd + 1}/{rounds}", file=sys.stderr, flush=True)
+            sizes = message_sizes(spec, schedule.micro) if rnd == 0 else None
+            out["reports"].append(calibrate_rank(ctx, spec, schedule, schedule.micro, bounds, steps=3,
+                                                 sizes=sizes, modules=modules))
         t = time.perf_counter()
         step = run_step(ctx, schedule, modules, micro_inputs, micro_targets, spec.loss, optimizer,
                         record=measured, shapes=shapes)
@@ -575,7 +591,7 @@ def pipeline_worker(ctx: RankContext, spec, schedule: Schedule, steps: int, warm
                                 for n, p in modules[s].named_parameters()] for s in mine}
         if measured and ctx.rank == 0:
             out["results"].append(step.result)
-        if progress and ctx.rank == 0:
+        if say:
             what = f"step {i - warmup + 1}/{steps}" if measured else f"warm-up {i + 1}/{warmup}"
             span = f"{step.result.makespan * 1e3:.2f} ms" if measured else f"{(time.perf_counter() - t) * 1e3:.0f} ms wall"
             print(f"exec: {what}: loss {step.loss:.5f}, {span}", file=sys.stderr, flush=True)
@@ -627,6 +643,9 @@ class PipelineRun:
     grad_match: bool
     max_grad_diff: float
     worst_param: str
+    costs: sim.Costs | None = None    # calibrated inside the run (`calibrate` > 0), else None
+    calibration: dict | None = None   # its details (`exec.profile.costs_from_reports`)
+    reports: list[list[dict]] = field(default_factory=list)  # per round, every rank's report
 
     @property
     def step_times(self) -> list[float]:
@@ -663,11 +682,15 @@ def median_step(results: Sequence[Result]) -> Result:
 def run_pipeline(spec, schedule: Schedule | str, stages: int | None = None, micro: int | None = None, *,
                  steps: int = 5, warmup: int = 2, balance: str = "layers", bounds: Sequence[int] | None = None,
                  backend: str = "gloo", timeout: float = 300.0, threads: int | None = None, lr: float = 0.01,
-                 fault: str | None = None, progress: bool = False, rtol: float = 1e-4, atol: float = 1e-5
-                 ) -> PipelineRun:
+                 fault: str | None = None, progress: bool = False, rtol: float = 1e-4, atol: float = 1e-5,
+                 calibrate: int = 0) -> PipelineRun:
     """Run `schedule` (a `sim.Schedule`, or a name from `sim.SCHEDULES` with `stages` and
     `micro`) on one process per rank, `warmup` + `steps` training steps of `spec`, and
     check the first step's loss and gradients against `reference_step`.
+
+    `calibrate` = k > 0 also measures the simulator's costs in the same processes: a
+    calibration round before every k measured steps (`pipeline_worker`); the run's
+    `costs` pool every round (`exec.profile.costs_from_reports`). CPU ranks (gloo) only.
 
     Raises `exec.launch.RankError` / `TimeoutError` if a rank fails or the run is too slow."""
     from .launch import launch
@@ -676,9 +699,12 @@ def run_pipeline(spec, schedule: Schedule | str, stages: int | None = None, micr
         if stages is None or micro is None:
             raise ValueError("a schedule name needs stages and micro, e.g. run_pipeline(spec, '1f1b', 2, 8)")
         schedule = sim.make_schedule(schedule, stages, micro)
-    for what, n, least in (("steps", steps, 1), ("warmup", warmup, 0)):
+    for what, n, least in (("steps", steps, 1), ("warmup", warmup, 0), ("calibrate", calibrate, 0)):
         if isinstance(n, bool) or not isinstance(n, int) or n < least:
             raise ValueError(f"{what} must be an integer >= {least}, got {n!r}")
+    if calibrate and backend != "gloo":
+        raise ValueError(f"calibrate times CPU ranks (gloo) only, not backend={backend!r}; "
+                         f"simulate an NCCL run with costs written by exec.profile.save_costs")
     lowered = sim.validate(schedule)
     split_micro_batches(torch.empty(spec.batch_size, 0), torch.empty(spec.batch_size, 0), lowered.micro)
     injected = parse_fault(fault)
@@ -686,11 +712,17 @@ def run_pipeline(spec, schedule: Schedule | str, stages: int | None = None, micr
         raise ValueError(f"fault {fault!r} names rank {injected[1]} but the run has ranks 0..{lowered.ranks - 1}")
     bounds = list(bounds) if bounds is not None else spec.partition(lowered.stages, balance, lowered.micro)
     per_rank = launch(pipeline_worker, lowered.ranks, spec, lowered, steps, warmup, bounds, lr,
-                      injected, progress, backend=backend, timeout=timeout, threads=threads)
+                      injected, progress, calibrate, backend=backend, timeout=timeout, threads=threads)
     grads = [(f"stage{s}.{n}", g) for s in range(lowered.stages)
              for n, g in per_rank[lowered.rank_of(s)]["grads"][s]]
     ref_loss, ref_grads = reference_step(spec, lowered.micro)
     match, worst, where = compare_grads(grads, ref_grads, rtol, atol)
     results = per_rank[0]["results"]
-    return PipelineRun(lowered, bounds, median_step(results), results, per_rank[0]["losses"],
-                       ref_loss, match, worst, where)
+    run = PipelineRun(lowered, bounds, median_step(results), results, per_rank[0]["losses"],
+                      ref_loss, match, worst, where)
+    if calibrate:
+        from .profile import costs_from_reports
+        run.reports = [list(rnd) for rnd in zip(*(r["reports"] for r in per_rank))]
+        run.costs, run.calibration = costs_from_reports([rep for rnd in run.reports for rep in rnd], lowered)
+        run.calibration.update(bounds=bounds, backend=backend, calibrate_every=calibrate)
+    return run

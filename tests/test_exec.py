@@ -293,6 +293,39 @@ def test_cli_json_last_line_has_the_fields(tmp_path):
     assert (tmp_path / "out" / "gpipe_p2_m4_measured.trace.json").is_file()
 
 
+def test_cli_calibrates_in_the_run_and_keeps_the_costs(tmp_path):
+    """Without --costs the run calibrates between its steps; --out keeps the costs, and the
+    simulated step it reports is the simulation under them, which --costs reproduces."""
+    from exec.profile import load_costs
+    p = _cli("--schedule", "1f1b", "--stages", "2", *SMALL, "--steps", "2", "--warmup", "1", "--json",
+             "--out", str(tmp_path / "out"))
+    assert p.returncode == 0, p.stderr
+    assert p.stderr.count("exec: calibrating") == 2
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    costs = load_costs(tmp_path / "out" / "costs.json")
+    simulated = sim.simulate(sim.make_schedule("1f1b", 2, 4), costs)
+    assert out["simulated_step_s"] == pytest.approx(simulated.makespan, rel=1e-12)
+    assert out["simulated_peak_memory"] == out["measured_peak_memory"]
+    again = _cli("--schedule", "1f1b", "--stages", "2", *SMALL, "--steps", "1", "--warmup", "0", "--json",
+                 "--costs", str(tmp_path / "out" / "costs.json"))
+    assert again.returncode == 0 and "calibrating" not in again.stderr
+    assert json.loads(again.stdout.strip().splitlines()[-1])["simulated_step_s"] == out["simulated_step_s"]
+
+
+def test_cli_bad_costs_file_exits_2_before_running(tmp_path, capsys):
+    from exec.profile import save_costs
+    from exec.run import main
+    three = tmp_path / "three.json"
+    save_costs(sim.Costs(forward=[1e-3] * 3, backward=2e-3), three)
+    (tmp_path / "junk.json").write_text("not json")
+    for path, says in ((three, "Costs.forward has 3 values but the schedule has 2 stages"),
+                       (tmp_path / "junk.json", "junk.json"), (tmp_path / "none.json", "no such file")):
+        with pytest.raises(SystemExit) as info:
+            main(["--stages", "2", *SMALL, "--costs", str(path)])
+        err = capsys.readouterr().err
+        assert info.value.code == 2 and err.count("\n") == 1 and says in err, err
+
+
 @pytest.mark.parametrize("args, says", [
     (["--stages", "0"], "--stages"),
     (["--schedule", "zigzag"], "unknown schedule"),

@@ -112,6 +112,30 @@ def test_profile_costs_on_two_ranks():
     assert 0 < c.before_compute < 0.01 and 0 < c.after_compute < 0.01
 
 
+def test_a_run_calibrates_between_its_steps_without_changing_them():
+    """`run_pipeline(calibrate=k)` calibrates before every k measured steps on the very
+    modules the steps train: the steps' losses and the first step's gradients are those
+    of the same run without calibration, each round holds every rank's report (the first
+    one with the ping-pong), and the pooled costs predict the measured peak memory exactly."""
+    from exec.models import ModelSpec
+    from exec.runtime import run_pipeline
+    spec = ModelSpec("mlp", layers=4, hidden=16, seq=4, batch_size=8)
+    plain = run_pipeline(spec, "1f1b", 2, 4, steps=3, warmup=0, timeout=120)
+    run = run_pipeline(spec, "1f1b", 2, 4, steps=3, warmup=0, calibrate=2, timeout=120)
+    assert plain.costs is None and plain.reports == []
+    assert run.grad_match and run.losses == plain.losses
+    assert [[r["rank"] for r in rnd] for rnd in run.reports] == [[0, 1], [0, 1]]   # rounds before steps 1 and 3
+    assert run.reports[0][0]["comm"]["sizes"] and "sizes" not in run.reports[1][0]["comm"]
+    assert len(run.calibration["compute_samples"]["concurrent"]["0F"]) == 2 * 3 * 4  # rounds x steps x micro
+    c = run.costs.for_stages(2)
+    assert all(t > 0 for t in c.forward + c.backward) and c.bandwidth > 0
+    assert sim.simulate(run.schedule, run.costs).peak_memory == run.result.peak_memory
+    with pytest.raises(ValueError, match="gloo"):
+        run_pipeline(spec, "1f1b", 2, 4, calibrate=1, backend="nccl")
+    with pytest.raises(ValueError, match="calibrate must be an integer >= 0"):
+        run_pipeline(spec, "1f1b", 2, 4, calibrate=-1)
+
+
 @pytest.mark.parametrize("model", ["mlp", "gpt"])
 def test_calibrated_activation_bytes_are_what_the_runtime_holds(model):
     """The activation bytes the calibration measures for each stage (the last one saves its
