@@ -236,6 +236,8 @@ def _compute_times(ctx, spec, bounds, schedule, micro: int, steps: int, alone: b
         for mod in stages.values():
             mod.zero_grad(set_to_none=True)
 
+    for mod in stages.values():  # never accumulate into the gradients a step left behind
+        mod.zero_grad(set_to_none=True)
     for step in range(steps + 1):
         if alone:
             for r in range(ctx.world_size):

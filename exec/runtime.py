@@ -587,7 +587,8 @@ def pipeline_worker(ctx: RankContext, spec, schedule: Schedule, steps: int, warm
                         record=measured, shapes=shapes)
         out["losses"].append(step.loss)
         if i == 0:
-            out["grads"] = {s: [(n, (p.grad if p.grad is not None else torch.zeros_like(p)).detach().cpu().numpy())
+            # copies: numpy() of a CPU tensor shares its memory, and the gradient tensors live on
+            out["grads"] = {s: [(n, (p.grad if p.grad is not None else torch.zeros_like(p)).detach().cpu().numpy().copy())
                                 for n, p in modules[s].named_parameters()] for s in mine}
         if measured and ctx.rank == 0:
             out["results"].append(step.result)

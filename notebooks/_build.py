@@ -570,8 +570,9 @@ process per device ("rank"), activations and gradients sent between them, every 
 the same `sim.Result` record the simulator produces. Here the devices are CPU processes talking
 over gloo, so it runs on any laptop (about a minute on 2 cores). This notebook:
 
-1. measures the cost of each stage (`exec.profile`) to get the simulator's `Costs`;
-2. runs a small model with 1F1B and GPipe on 2 ranks;
+1. runs a small model with 1F1B on 2 ranks, and measures as it runs what the simulator needs
+   (`exec.profile`): its `Costs`;
+2. compares GPipe with 1F1B on real tensors;
 3. checks that the pipelined gradients equal single-process training;
 4. overlays the measured and simulated timelines and reads off where and why they differ.
 
@@ -595,7 +596,6 @@ import time
 import torch  # exec needs it: pip install -e ".[exec]"
 from exec.compare import breakdown, compare
 from exec.models import ModelSpec
-from exec.profile import profile_costs
 from exec.runtime import run_pipeline
 
 spec = ModelSpec(model="mlp", layers=LAYERS, hidden=HIDDEN, batch_size=BATCH_SIZE)
@@ -603,17 +603,27 @@ schedule = sim.make_schedule(SCHEDULE, STAGES, MICRO)
 print(schedule)
 '''),
     md("""
-## 1. Measure the costs
+## 1. Run the schedule, and measure its costs as it runs
+
+`run_pipeline` starts one process per rank, builds each rank's stages, runs `WARMUP + STEPS`
+training steps by interpreting the schedule action by action, and returns the median measured
+step as a `sim.Result`. It also trains the same model in a single process and compares the
+gradients of the first step (section 2).
 
 The simulator needs to know how long each stage's forward and backward take, how long a transfer
-takes, and how many bytes each stage keeps. `exec.profile.profile_costs` measures them on the same
-ranks, with the same threads, as the real run: it times each stage's F and B on a micro-batch,
-fits latency and bandwidth to ping-pong transfers of several sizes, and counts the bytes.
+takes, and how many bytes each stage keeps. With `calibrate=1`, before each measured step the ranks
+measure exactly that (`exec.profile.calibrate_rank`), on the very modules, processes and cores the
+steps use: they time each stage's F and B (all ranks computing at once, and each alone), fit
+latency and bandwidth to ping-pong transfers of several sizes, and count the bytes. Measuring in
+the same minute as the steps matters on a shared machine, where a core's speed changes from
+second to second.
 """),
     code('''
 t = time.perf_counter()
-costs, details = profile_costs(spec, schedule, MICRO, steps=3, repeats=10)
-print(f"profiled in {time.perf_counter() - t:.1f} s, stage bounds (layers) {details['bounds']}")
+run = run_pipeline(spec, schedule, steps=STEPS, warmup=WARMUP, calibrate=1, progress=True)
+costs, details = run.costs, run.calibration
+print(f"ran in {time.perf_counter() - t:.1f} s, stage bounds (layers) {run.bounds}; "
+      f"step times {[f'{s * 1e3:.1f} ms' for s in run.step_times]}")
 for s in range(STAGES):
     c = costs.for_stages(STAGES)
     print(f"stage {s}: F {c.forward[s] * 1e3:6.2f} ms   B {c.backward[s] * 1e3:6.2f} ms   "
@@ -622,23 +632,10 @@ for s in range(STAGES):
 print(f"transfers: latency {costs.latency * 1e6:.0f} us, bandwidth {costs.bandwidth / 2**30:.2f} GiB/s")
 print(f"an F or B runs {details['slowdown_median']:.2f}x slower while the other rank computes too "
       f"(the costs above are those 'concurrent' times)")
-'''),
-    md("""
-## 2. Run the schedule
-
-`run_pipeline` starts one process per rank, builds each rank's stages, runs `WARMUP + STEPS`
-training steps by interpreting the schedule action by action, and returns the median measured
-step as a `sim.Result`. It also trains the same model in a single process and compares the
-gradients of the first step (section 3).
-"""),
-    code('''
-t = time.perf_counter()
-run = run_pipeline(spec, schedule, steps=STEPS, warmup=WARMUP, bounds=details["bounds"], progress=True)
-print(f"ran in {time.perf_counter() - t:.1f} s; step times {[f'{s * 1e3:.1f} ms' for s in run.step_times]}")
 show(plot_result(run.result))
 '''),
     md("""
-## 3. Do the gradients equal single-process training?
+## 2. Do the gradients equal single-process training?
 
 A pipeline must not change *what* is computed, only *where and when*. The loss of each micro-batch
 is scaled by `1/m`, so summing the micro-batches' gradients gives exactly the gradient of the whole
@@ -653,7 +650,7 @@ assert run.loss_match, "the pipelined loss differs from single-process training"
 assert run.grad_match and run.max_grad_diff < 1e-4, "the pipelined gradients differ from single-process training"
 '''),
     md("""
-## 4. Measured against simulated
+## 3. Measured against simulated
 
 `exec.compare.compare` simulates the same schedule under the profiled costs and puts both steps
 side by side. In the overlay, the wide hatched bars are the simulation and the narrow solid bars
@@ -736,7 +733,7 @@ else:
 show(plot_overlay(recal.simulated, recal.measured))
 '''),
     md("""
-## 5. GPipe against 1F1B, measured
+## 4. GPipe against 1F1B, measured
 
 Notebook 2 predicted that GPipe holds all `m` micro-batches on every stage and 1F1B at most
 `p-s`. The runtime records the activations each rank really keeps, so we can check it on real
@@ -745,7 +742,7 @@ tensors (and that both schedules compute the same gradients).
     code('''
 runs = {}
 for name in ("gpipe", "1f1b"):
-    runs[name] = run_pipeline(spec, name, STAGES, MICRO, steps=2, warmup=1, bounds=details["bounds"])
+    runs[name] = run_pipeline(spec, name, STAGES, MICRO, steps=2, warmup=1, bounds=run.bounds)
     r = runs[name]
     assert r.grad_match, name
     print(f"{name:5s}: step {r.measured_step_s * 1e3:6.1f} ms, bubble {r.result.bubble_fraction:.1%}, "

@@ -120,11 +120,12 @@ def test_a_run_calibrates_between_its_steps_without_changing_them():
     from exec.models import ModelSpec
     from exec.runtime import run_pipeline
     spec = ModelSpec("mlp", layers=4, hidden=16, seq=4, batch_size=8)
-    plain = run_pipeline(spec, "1f1b", 2, 4, steps=3, warmup=0, timeout=120)
-    run = run_pipeline(spec, "1f1b", 2, 4, steps=3, warmup=0, calibrate=2, timeout=120)
+    plain = run_pipeline(spec, "1f1b", 2, 4, steps=3, warmup=1, timeout=120)
+    run = run_pipeline(spec, "1f1b", 2, 4, steps=3, warmup=1, calibrate=2, timeout=120)
     assert plain.costs is None and plain.reports == []
-    assert run.grad_match and run.losses == plain.losses
-    assert [[r["rank"] for r in rnd] for rnd in run.reports] == [[0, 1], [0, 1]]   # rounds before steps 1 and 3
+    # the gradients checked are the warm-up step's, with a calibration right after it
+    assert run.grad_match and run.max_grad_diff == plain.max_grad_diff and run.losses == plain.losses
+    assert [[r["rank"] for r in rnd] for rnd in run.reports] == [[0, 1], [0, 1]]   # before measured steps 1 and 3
     assert run.reports[0][0]["comm"]["sizes"] and "sizes" not in run.reports[1][0]["comm"]
     assert len(run.calibration["compute_samples"]["concurrent"]["0F"]) == 2 * 3 * 4  # rounds x steps x micro
     c = run.costs.for_stages(2)
