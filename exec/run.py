@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -90,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except sim.ScheduleError as e:
         parser.error(str(e))
     import torch
-    from exec.launch import RankError
+    from exec.launch import RankError, under_torchrun
     from exec.models import ModelSpec
     from exec.runtime import parse_fault, run_pipeline
 
@@ -139,6 +140,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _fail(str(e))
     except TimeoutError as e:
         _fail(str(e))
+    if under_torchrun() and os.environ["RANK"] != "0":
+        return 0  # every rank holds the same results: rank 0 reports them, once
     _progress(args, f"done in {time.perf_counter() - t0:.1f} s")
     comparison = None
     if not args.no_compare:
