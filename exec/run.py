@@ -155,6 +155,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if comparison is not None:
         cj = comparison.as_json()
         summary.update({k: v for k, v in cj.items() if k not in summary or k in ("simulated_step_s", "error_pct")})
+        from exec.profile import costs_to_dict
+        summary["costs"] = costs_to_dict(comparison.costs)  # what the simulation ran on
     print(_table(summary))
     if args.out is not None:
         _save(args.out, run, comparison)

@@ -306,6 +306,7 @@ def test_cli_calibrates_in_the_run_and_keeps_the_costs(tmp_path):
     simulated = sim.simulate(sim.make_schedule("1f1b", 2, 4), costs)
     assert out["simulated_step_s"] == pytest.approx(simulated.makespan, rel=1e-12)
     assert out["simulated_peak_memory"] == out["measured_peak_memory"]
+    assert out["costs"]["forward"] == list(costs.forward)
     again = _cli("--schedule", "1f1b", "--stages", "2", *SMALL, "--steps", "1", "--warmup", "0", "--json",
                  "--costs", str(tmp_path / "out" / "costs.json"))
     assert again.returncode == 0 and "calibrating" not in again.stderr
