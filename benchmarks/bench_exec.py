@@ -18,9 +18,10 @@ figure `exec.run` reports. "paired error" is the median over steps of each step 
 the costs calibrated just before it. "replay error" is the median over steps of each step
 against the simulation with every compute taking the time it took in that step
 (`exec.compare.replay_error`): what the communication and runtime rules miss, free of the
-compute times drifting between calibration and step. "sim, alone costs" is the simulation with the F and B measured while the other ranks were idle, and
-"concurrent / alone" the median ratio of the two: how much a compute slows when every
-rank computes at once (the simulator has no rule for that yet; docs/exec.md, Accuracy).
+compute times drifting between calibration and step. "sim, alone costs" is the simulation
+with the F and B measured while the other ranks were idle, and "concurrent / alone" the
+median ratio of the two: how much a compute slows when every rank computes at once (the
+simulator has no rule for that yet; docs/exec.md, Accuracy).
 
 `--detail` adds, per config, where the measured step's time went
 (`exec.compare.breakdown`): each stage's measured F and B against its profiled cost, and
