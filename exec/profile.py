@@ -156,6 +156,24 @@ def _stage_inputs(spec, layers, bounds: Sequence[int], stage: int, micro: int):
     return out
 
 
+_PREPARED: dict = {}  # this process's calibration inputs, for one configuration at a time
+
+
+def _prepared(spec, bounds: Sequence[int], micro: int):
+    """The model's layers, per stage the input of every micro-batch (`_stage_inputs`), and
+    the micro-batches, built once per process and configuration: every calibration round
+    of a run reuses them, so a round allocates no new model or batch before it times the
+    computes (fresh allocations between rounds grew the heap, and the timed computes then
+    took page faults that a step does not)."""
+    key = (spec, tuple(bounds), micro)
+    if key not in _PREPARED:
+        _PREPARED.clear()
+        layers = spec.build_layers()
+        inputs = {s: _stage_inputs(spec, layers, bounds, s, micro) for s in range(len(bounds) - 1)}
+        _PREPARED[key] = (layers, inputs, spec.micro_batches(micro))
+    return _PREPARED[key]
+
+
 def _activation_bytes(module, x, last: bool, loss_fn, y, micro: int) -> tuple[int, int]:
     """Bytes autograd saves during one forward of `module` on `x`, counted as
     `exec.runtime` counts them (`SavedBytes`: each storage once, parameters excluded),
@@ -196,12 +214,10 @@ def _compute_times(ctx, spec, bounds, schedule, micro: int, steps: int, alone: b
 
     if ctx.device.type != "cpu":
         raise ValueError("the compute calibration times CPU ranks (gloo) only")
-    layers = spec.build_layers()
+    layers, inputs, batches = _prepared(spec, bounds, micro)
     mine = [s for s, r in enumerate(schedule.placement) if r == ctx.rank]
     stages = dict(modules) if modules is not None else \
         {s: torch.nn.Sequential(*layers[bounds[s]:bounds[s + 1]]) for s in mine}
-    inputs = {s: _stage_inputs(spec, layers, bounds, s, micro) for s in mine}
-    batches = spec.micro_batches(micro)
     xs, ys = [x for x, _ in batches], [y for _, y in batches]
     program = [a for a in schedule.programs[ctx.rank] if a.kind.is_compute]
     split = next((a for a in program if a.kind not in (Kind.F, Kind.B)), None)
@@ -433,12 +449,12 @@ def calibrate_rank(ctx, spec, schedule: sim.Schedule, micro: int, bounds: Sequen
     import torch
 
     schedule = schedule.compute_only()
-    layers = spec.build_layers()
+    layers, inputs, _ = _prepared(spec, bounds, micro)
     mine = [s for s, r in enumerate(schedule.placement) if r == ctx.rank]
     memory = {}
     for s in mine:
         module = torch.nn.Sequential(*layers[bounds[s]:bounds[s + 1]])
-        x, y = _stage_inputs(spec, layers, bounds, s, micro)[0]
+        x, y = inputs[s][0]
         act, sent = _activation_bytes(module, x, s == schedule.stages - 1, spec.loss, y, micro)
         params = sum(p.numel() * p.element_size() for p in module.parameters())
         memory[s] = {"activation_bytes": act, "activation_bytes_sent": sent, "static_bytes": 2 * params}
