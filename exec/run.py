@@ -146,7 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     comparison = None
     if not args.no_compare:
         from exec.compare import compare
-        comparison = compare(run.result, costs or run.costs, grad_match=run.grad_match,
+        comparison = compare(run.result, costs if costs is not None else run.costs, grad_match=run.grad_match,
                              max_grad_diff=run.max_grad_diff)
 
     summary = run.summary()
