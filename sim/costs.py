@@ -1,9 +1,14 @@
 """The cost model: how long each action takes and how many bytes it moves and keeps."""
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
+import os
 from dataclasses import dataclass
 from typing import Sequence, Union
+
+from .files import atomic_write
 
 PerStage = Union[float, Sequence[float]]
 
@@ -53,7 +58,14 @@ class Costs:
     - activation_bytes_sent: bytes of the activation a stage sends forward per micro-batch
       (its gradient of the same size goes back).
     - activation_bytes: bytes a stage keeps per micro-batch from its F until its backward.
-    - static_bytes: weights, gradients and optimizer state of a stage.
+    - weight_bytes, grad_bytes, optimizer_bytes: a stage's parameters, their gradients and
+      its optimizer's state (SGD without momentum: none; AdamW: two moments), held for the
+      whole step; static_bytes: any other memory held for the whole step (buffers,
+      workspace). A rank's static memory is the sum of the four over its stages.
+    - transport: the model of how transfers move, by name (`sim.transports.TRANSPORTS`):
+      "gloo-cpu" (default: the rendezvous of rule 5, with the call and arrival overheads
+      and the I/O-thread tick of the gloo CPU runtime, rules 2, 3, 9 and 10) or "ideal"
+      (latency + bytes / bandwidth from the moment the tensor is made; no overheads).
     """
 
     forward: PerStage = 1.0
@@ -63,6 +75,9 @@ class Costs:
     activation_bytes_sent: PerStage = 0.0
     activation_bytes: PerStage = 1.0
     static_bytes: PerStage = 0.0
+    weight_bytes: PerStage = 0.0
+    grad_bytes: PerStage = 0.0
+    optimizer_bytes: PerStage = 0.0
     backward_input: PerStage | None = None
     backward_weight: PerStage | None = None
     send_overhead: float = 0.0
@@ -71,6 +86,7 @@ class Costs:
     io_tick: float = 0.0
     before_compute: float = 0.0
     after_compute: float = 0.0
+    transport: str = "gloo-cpu"
 
     def __post_init__(self):
         for name in ("latency", "send_overhead", "recv_overhead", "arrive_overhead", "before_compute",
@@ -82,6 +98,8 @@ class Costs:
             raise ValueError(f"Costs.io_tick must be a number >= 0 (math.inf allowed), got {self.io_tick!r}")
         if not self.bandwidth > 0:
             raise ValueError(f"Costs.bandwidth must be > 0 bytes/s, got {self.bandwidth}")
+        from .transports import transport_class
+        transport_class(self.transport).check(self)
 
     def for_stages(self, stages: int) -> "StageCosts":
         """Expand every per-stage field to one value per stage, checking the lengths."""
@@ -95,6 +113,9 @@ class Costs:
             activation_bytes_sent=_per_stage("activation_bytes_sent", self.activation_bytes_sent, stages),
             activation_bytes=_per_stage("activation_bytes", self.activation_bytes, stages),
             static_bytes=_per_stage("static_bytes", self.static_bytes, stages),
+            weight_bytes=_per_stage("weight_bytes", self.weight_bytes, stages),
+            grad_bytes=_per_stage("grad_bytes", self.grad_bytes, stages),
+            optimizer_bytes=_per_stage("optimizer_bytes", self.optimizer_bytes, stages),
             latency=float(self.latency),
             bandwidth=float(self.bandwidth),
             send_overhead=float(self.send_overhead),
@@ -103,7 +124,38 @@ class Costs:
             io_tick=float(self.io_tick),
             before_compute=float(self.before_compute),
             after_compute=float(self.after_compute),
+            transport=self.transport,
         )
+
+    def to_dict(self) -> dict:
+        """The costs as plain JSON data (an infinity as the string "inf")."""
+        out = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, (list, tuple)):
+                v = [float(x) for x in v]
+            elif isinstance(v, float) and math.isinf(v):
+                v = "inf"
+            out[f.name] = v
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Costs":
+        """Inverse of `to_dict`; fields left out take their defaults."""
+        if not isinstance(data, dict):
+            raise ValueError(f"costs must be a JSON object of Costs fields, got {type(data).__name__}")
+        known = [f.name for f in dataclasses.fields(cls)]
+        unknown = set(data) - set(known)
+        if unknown:
+            raise ValueError(f"unknown Costs fields {sorted(unknown)}; expected some of {known}")
+        kwargs = {}
+        for name, v in data.items():
+            if v == "inf":
+                v = math.inf
+            elif isinstance(v, list):
+                v = tuple(float(x) for x in v)
+            kwargs[name] = v
+        return cls(**kwargs)
 
 
 @dataclass(frozen=True)
@@ -117,6 +169,9 @@ class StageCosts:
     activation_bytes_sent: tuple[float, ...]
     activation_bytes: tuple[float, ...]
     static_bytes: tuple[float, ...]
+    weight_bytes: tuple[float, ...]
+    grad_bytes: tuple[float, ...]
+    optimizer_bytes: tuple[float, ...]
     latency: float
     bandwidth: float
     send_overhead: float = 0.0
@@ -125,7 +180,52 @@ class StageCosts:
     io_tick: float = 0.0
     before_compute: float = 0.0
     after_compute: float = 0.0
+    transport: str = "gloo-cpu"
+
+    def static_total(self, stage: int) -> float:
+        """Bytes stage `stage` holds for the whole step: weights, gradients, optimizer
+        state and the rest."""
+        return self.weight_bytes[stage] + self.grad_bytes[stage] + self.optimizer_bytes[stage] + self.static_bytes[stage]
 
     def transfer_time(self, nbytes: float) -> float:
         """Time a transfer of `nbytes` occupies its link (the latency comes on top)."""
         return 0.0 if math.isinf(self.bandwidth) else nbytes / self.bandwidth
+
+
+def save_costs(costs: Costs, path: str | os.PathLike, details: dict | None = None) -> None:
+    """Write `costs` (and the JSON-able `details`, if given) to `path`, whole or not at all."""
+    doc = {"costs": costs.to_dict()}
+    if details is not None:
+        doc["details"] = jsonable(details)
+    with atomic_write(path) as f:
+        json.dump(doc, f, indent=1, allow_nan=False)
+
+
+def load_costs(path: str | os.PathLike) -> Costs:
+    """Read `Costs` written by `save_costs`. A file that is missing, not JSON or not costs
+    raises ValueError naming the file."""
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such file; write one with sim.save_costs") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not JSON ({e}); expected the costs file that sim.save_costs writes") from None
+    if not isinstance(doc, dict) or "costs" not in doc:
+        raise ValueError(f"{path} holds no costs; expected a JSON object with a 'costs' key as save_costs writes")
+    return Costs.from_dict(doc["costs"])
+
+
+def jsonable(x):
+    """`x` as standard JSON data: infinities and NaN as strings, tuples as lists, keys as str."""
+    if isinstance(x, dict):
+        return {str(k): jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [jsonable(v) for v in x]
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x)
+    if x is None or isinstance(x, (bool, int, float, str)):
+        return x
+    if hasattr(x, "tolist"):
+        return x.tolist()
+    return str(x)

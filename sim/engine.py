@@ -22,6 +22,11 @@ The rules (docs/rules.md; `exec` honours the same ones):
 6. Memory of a device = static bytes + the activations of each micro-batch it holds,
    from the start of that micro-batch's F until the end of its last backward (B or W).
 
+The engine knows actions, devices and links; the transport (`Costs.transport`, see
+`sim.transports`) decides when a transfer leaves its sender and what the calls cost the
+two ends, and the action-kind table (`sim.kinds`) what each compute costs and does to
+memory.
+
 How it stays fast (docs/performance.md): it runs the numbered `sim.passes.plan`, not
 `Action` objects. A compute whose input's arrival time is known waits and computes in one
 timeout; a transfer is an event only when its receiver already waits for it, or when its
@@ -40,10 +45,13 @@ import simpy
 
 from .costs import Costs, StageCosts
 from .ir import Action, Schedule
-from .passes import _B, _F, _I, _W, Plan, check_communication, check_complete, check_deadlock, lower, plan
+from .kinds import KINDS, Role, memory_delta
+from .passes import Plan, check_communication, check_complete, check_deadlock, lower, plan
 from .result import Event, Result
+from .transports import Transport, transport_class
 
 INF = float("inf")
+_COMPUTE, _RECV = Role.COMPUTE, Role.RECV
 
 
 class _Arrival(simpy.Event):
@@ -57,13 +65,19 @@ class _Arrival(simpy.Event):
 
 
 def _costs(p: Plan, c: StageCosts, placement: tuple[int, ...]):
-    """Per compute id: its duration; per transfer (named by the compute that receives it):
-    its link (numbered per sender -> receiver pair) and the time it holds the link. These
-    lists are as long as the schedule, so they are built with map and zip where possible."""
+    """Per compute id: its duration (its kind's cost field) and what it does to memory at
+    its start and at its end ((bytes, micro-batches) or None; `sim.kinds`); per transfer
+    (named by the compute that receives it): its link (numbered per sender -> receiver
+    pair) and the time it holds the link. These lists are as long as the schedule, so
+    they are built with map and zip, from values worked out once per (stage, kind)."""
     stage = list(map(itemgetter(0), p.actions))
-    times = {(s, k): t for k, per_stage in ((_F, c.forward), (_B, c.backward), (_I, c.backward_input),
-                                            (_W, c.backward_weight)) for s, t in enumerate(per_stage)}
-    dur = list(map(times.__getitem__, zip(stage, map(itemgetter(1), p.actions))))
+    by_kind = {}
+    for k, spec in KINDS.items():
+        if spec.role is _COMPUTE:
+            for s, t in enumerate(getattr(c, spec.cost)):
+                by_kind[s, k] = (t, _memory(k, "start", c, s), _memory(k, "end", c, s))
+    per = list(map(by_kind.__getitem__, zip(stage, map(itemgetter(1), p.actions))))
+    dur, at_start, at_end = (list(map(itemgetter(i), per)) for i in range(3))
     # A transfer's link and hold time depend only on the stages at its two ends: work them
     # out once per pair of stages.
     transfers = [t for t, j in enumerate(p.producer) if j >= 0]
@@ -77,36 +91,17 @@ def _costs(p: Plan, c: StageCosts, placement: tuple[int, ...]):
     link, busy = [0] * len(stage), [0.0] * len(stage)
     for t, (l, b) in zip(transfers, map(channel.__getitem__, ends)):
         link[t], busy[t] = l, b
-    return dur, link, busy, len(links)
+    return dur, at_start, at_end, link, busy, len(links)
 
 
-def _to_yield(prog, end: int, dur, producer, recv_overhead: float, around: float) -> list[float]:
-    """For each position i of a rank's program (up to `end`, where it ends or gets stuck):
-    how long after reaching action i the rank next lets its transport thread run, if
-    nothing makes it wait: at a SEND (it yields the core first), at a compute with an input
-    from another rank (it waits for the data or takes it in), or at the end. A compute in
-    between holds the rank for its cost plus the runtime's own time around it (`around`)."""
-    out = [0.0] * (end + 1)
-    ahead = 0.0
-    for i in range(end - 1, -1, -1):
-        op = prog[i]
-        if op < 0:
-            ahead = ahead + recv_overhead if op & 1 else 0.0
-        elif producer[op] >= 0:
-            ahead = 0.0
-        else:
-            ahead += dur[op] + around
-        out[i] = ahead
-    return out
-
-
-def expected_wait(until_yield: float, tick: float) -> float:
-    """The expected wait of a message for a computing rank's transport thread: it runs at
-    the rank's next yield, `until_yield` away, or at the scheduler tick, uniform on
-    [0, tick] over the tick's unknown phase: E[min(X, U(0, tick))] (math.inf: X)."""
-    if until_yield < tick:
-        return until_yield - until_yield * until_yield / (2 * tick)
-    return tick / 2
+def _memory(kind, at: str, c: StageCosts, stage: int) -> tuple[float, int] | None:
+    """(bytes, micro-batches) that a compute of `kind` on `stage` adds to its rank's
+    memory at its start or end; None if its kind does nothing to memory then. The
+    micro-batches held count the activations' comings and goings."""
+    effects = [e for e in KINDS[kind].memory if e.at == at]
+    if not effects:
+        return None
+    return memory_delta(kind, at, c, stage), sum(e.sign for e in effects if e.field == "activation_bytes")
 
 
 class _Run:
@@ -127,155 +122,163 @@ class _Run:
         return out
 
 
+class _Network:
+    """What the engine knows of transfers while it runs, and what a transport's hooks
+    read and call (`sim.transports`): when each SEND was issued and each RECV posted,
+    `leave` (the data takes its link and arrives), `later` (run a function at a later
+    time), and, if the transport watches the devices, each rank's state."""
+
+    def __init__(self, env, p: Plan, c: StageCosts, link, busy, nlinks: int, ranks: int):
+        n = len(p.actions)
+        self.env, self.plan = env, p
+        self.sent: list[float | None] = [None] * n
+        self.posted: list[float | None] = [None] * n
+        self.arrive_at: list[float | None] = [None] * n   # known once the data has left
+        self.waiter: list[_Arrival | None] = [None] * n   # a receiver blocked on it
+        # each rank's state, for a transport that watches it: until when its transport thread
+        # may run at once (it waits, or has ended, or is in a SEND call), until when its
+        # current action holds it, and where its program goes on
+        self.free_until = [-1.0] * ranks
+        self.held_until = [0.0] * ranks
+        self.resume = [0] * ranks
+        self.leave = self._leave_function(c.latency, link, busy, nlinks)
+
+    def later(self, delay: float, fn, *args) -> None:
+        self.env.timeout(delay).callbacks.append(lambda _: fn(*args))
+
+    def _leave_function(self, latency: float, link, busy, nlinks: int):
+        env, later, arrive_at, waiter = self.env, self.later, self.arrive_at, self.waiter
+        link_free = [0.0] * nlinks
+        # With every transfer's link time 0 (free bandwidth), links never make one wait: a
+        # transfer's departure and arrival are known as soon as its leaving time is.
+        queues = any(busy)
+
+        def leave(t: int, at: float) -> None:
+            """The data of transfer t leaves its sender at `at` (now or later): it takes the
+            link from when the link is free for busy[t], and arrives `latency` after that.
+            Links serve transfers in the order they leave, so a later one waits for `at`."""
+            now = env.now
+            if queues:
+                if at > now:
+                    return later(at - now, leave, t, at)
+                free = link_free[link[t]]
+                at = (at if at >= free else free) + busy[t]
+                link_free[link[t]] = at
+            arrive_at[t] = at + latency
+            if waiter[t] is not None:
+                waiter[t].arrive_after(at + latency - now)
+
+        return leave
+
+
 def run(schedule: Schedule, c: StageCosts, durations: Mapping[Action, float] | None = None):
     """Run a schedule (compute-only, or lowered with complete communication). Return the
-    `_Run` record, each rank's memory and activations over time, and which ranks finished
-    their program (not all of them if the ranks got stuck)."""
+    `_Run` record, each rank's memory and activations over time, which ranks finished
+    their program (not all of them if the ranks got stuck), and each rank's busy time."""
     p = plan(schedule)
-    dur, link, busy, nlinks = _costs(p, c, schedule.placement)
+    dur, at_start, at_end, link, busy, nlinks = _costs(p, c, schedule.placement)
     if durations:
         dur = [durations.get(a, d) for a, d in zip(p.actions, dur)]
-    act_bytes = c.activation_bytes
-    actions, producer, rank_of = p.actions, p.producer, p.rank
-    n = ncomputes = len(p.actions)
     env = simpy.Environment()
-    latency, take_in, tick = c.latency, c.arrive_overhead, c.io_tick
-    before, after = c.before_compute, c.after_compute  # the runtime's own time around a compute
-    overhead = (c.send_overhead, c.recv_overhead)  # indexed by op & 1: 0 for a SEND, 1 for a RECV
-    sent: list[float | None] = [None] * n
-    posted: list[float | None] = [None] * n
-    arrive_at: list[float | None] = [None] * n       # known once the data has left
-    waiter: list[_Arrival | None] = [None] * n       # a receiver blocked on it
-    link_free = [0.0] * nlinks
-    start_of, end_of = [0.0] * ncomputes, [0.0] * ncomputes
+    net = _Network(env, p, c, link, busy, nlinks, schedule.ranks)
+    transport: Transport = transport_class(c.transport)(c)
+    transport.prepare(p, dur)
+    issued, posted_hook = transport.bind(net)
+    start_of, end_of = [0.0] * len(p.actions), [0.0] * len(p.actions)
     finished = [False] * schedule.ranks
     busy_time = [0.0] * schedule.ranks
-    # Where the transport thread may have to wait for its rank (io_tick > 0), each rank
-    # tells where it is: until when its thread may run at once (the rank waits for data or
-    # has ended), until when its current action holds it, and where its program goes on.
-    free_until = [-1.0] * schedule.ranks
-    held_until = [0.0] * schedule.ranks
-    resume = [0] * schedule.ranks
-    to_yield = [_to_yield(prog, end, dur, producer, c.recv_overhead, before + after) if tick else None
-                for prog, end in zip(p.programs, p.runnable)]
-
     static = [0.0] * schedule.ranks
     for s, r in enumerate(schedule.placement):
-        static[r] += c.static_bytes[s]
+        static[r] += c.static_total(s)
     memory = [[(0.0, static[r])] for r in range(schedule.ranks)]
     activations = [[(0.0, 0)] for _ in range(schedule.ranks)]
+    device = _device_process(env, p, net, transport, c, dur, at_start, at_end, issued, posted_hook,
+                             start_of, end_of)
+    for r in range(schedule.ranks):
+        env.process(device(r, static[r], memory[r], activations[r], finished, busy_time))
+    env.run()
+    record = _Run(p, start_of, end_of, net.sent, net.posted, net.arrive_at)
+    return record, memory, activations, finished, busy_time
 
-    def later(delay: float, fn, *args) -> None:
-        env.timeout(delay).callbacks.append(lambda _: fn(*args))
 
-    # With every transfer's link time 0 (free bandwidth), links never make one wait: a
-    # transfer's departure and arrival are known as soon as its leaving time is.
-    queues = any(busy)
+def _device_process(env, p: Plan, net: _Network, transport: Transport, c: StageCosts, dur, at_start, at_end,
+                    issued, posted_hook, start_of, end_of):
+    """The SimPy process of one device: it runs its program's `Op`s in order (rules 1-4,
+    11); the transport's hooks take its SENDs and RECVs."""
+    producer, sent, posted, arrive_at, waiter = p.producer, net.sent, net.posted, net.arrive_at, net.waiter
+    free_until, held_until, resume = net.free_until, net.held_until, net.resume
+    watch = transport.watches_devices
+    take_in, before, after = transport.take_in, c.before_compute, c.after_compute
+    call = {Role.SEND: transport.send_call, _RECV: transport.recv_call}  # what a call holds its rank for
 
-    def leave(t: int, at: float) -> None:
-        """The data of transfer t leaves its sender at `at` (now or later): it takes the
-        link from when the link is free for busy[t], and arrives `latency` after that.
-        Links serve transfers in the order they leave, so a later one waits for `at`."""
-        now = env.now
-        if queues:
-            if at > now:
-                return later(at - now, leave, t, at)
-            free = link_free[link[t]]
-            at = (at if at >= free else free) + busy[t]
-            link_free[link[t]] = at
-        arrive_at[t] = at + latency
-        if waiter[t] is not None:
-            waiter[t].arrive_after(at + latency - now)
-
-    def notice(t: int, at: float) -> None:
-        """The receiver's ready notice of transfer t reaches its sender at `at`, after the
-        send was issued: the data leaves when the sender's transport thread runs."""
-        if not tick:
-            return leave(t, at)
-        now = env.now
-        if at > now:  # what the sender is doing then is known only then
-            return later(at - now, notice, t, at)
-        r = rank_of[producer[t]]
-        if now <= free_until[r]:
-            leave(t, now)
-        else:
-            leave(t, now + expected_wait(held_until[r] + to_yield[r][resume[r]] - now, tick))
-
-    def device(r: int):
-        held_bytes, held = static[r], 0
-        mem, act = memory[r].append, activations[r].append
+    def device(r: int, held_bytes: float, memory: list, activations: list, finished: list, busy_time: list):
+        held = 0
+        mem, act = memory.append, activations.append
         timeout = env.timeout
         now = env.now
         computing = 0.0  # this rank's busy time
         prog, runnable = p.programs[r], p.runnable[r]
-        for i, op in enumerate(prog if runnable == len(prog) else prog[:runnable], 1):
-            if op < 0:
-                # Issue a SEND or post a RECV at `now`. A RECV sends the ready notice; the
-                # data leaves once the sender has issued the SEND and seen the notice.
-                t = (-1 - op) >> 1
-                if op & 1:  # RECV
-                    posted[t] = now
-                    if sent[t] is not None:
-                        notice(t, now + latency)
+        for i, (role, x) in enumerate(prog if runnable == len(prog) else prog[:runnable], 1):
+            if role is not _COMPUTE:
+                # Post a RECV or issue a SEND at `now`; the transport decides when the data leaves.
+                if role is _RECV:
+                    posted[x] = now
+                    posted_hook(x, now)
                 else:
-                    sent[t] = now
-                    if tick:
+                    sent[x] = now
+                    if watch:
                         free_until[r] = now  # the runtime yields the core before the call
-                    if posted[t] is not None:
-                        ready = posted[t] + latency
-                        leave(t, now) if ready <= now else notice(t, ready)
-                if overhead[op & 1]:  # the call holds the device
-                    if tick:
-                        held_until[r] = now + overhead[op & 1]
+                    issued(x, r, now)
+                hold = call[role]
+                if hold:  # the call holds the device
+                    if watch:
+                        held_until[r] = now + hold
                         resume[r] = i
-                    yield timeout(overhead[op & 1])
+                    yield timeout(hold)
                     now = env.now
                 continue
-            # Compute op. Start when the remote input is here. Where its arrival time is
+            # Compute x. Start when the remote input is here. Where its arrival time is
             # known, waiting, computing and the runtime's work around it are one timeout;
             # only a tensor that has not left yet needs an event, which the sender triggers
             # at the arrival.
             start = now
-            if producer[op] >= 0:
-                at = arrive_at[op]
+            if producer[x] >= 0:
+                at = arrive_at[x]
                 if at is None:
-                    waiter[op] = _Arrival(env)
+                    waiter[x] = _Arrival(env)
                     free_until[r] = INF  # the rank waits: its transport thread runs
-                    yield waiter[op]
-                    now = at = arrive_at[op]
+                    yield waiter[x]
+                    now = at = arrive_at[x]
                 if at > start:
                     start = at
                 start += take_in  # the device takes the tensor in (0 unless modelled)
                 free_until[r] = start
             start += before
-            s, k, _ = actions[op]
-            if k is _F:  # F takes its micro-batch's activations
-                held += 1
-                held_bytes += act_bytes[s]
+            change = at_start[x]
+            if change is not None:  # e.g. F takes its micro-batch's activations
+                held_bytes += change[0]
+                held += change[1]
                 mem((start, held_bytes))
                 act((start, held))
-            end = start + dur[op]
-            if tick:
+            end = start + dur[x]
+            if watch:
                 held_until[r] = end + after
                 resume[r] = i
             yield timeout(end + after - now)
             now = env.now
-            start_of[op], end_of[op] = start, end
+            start_of[x], end_of[x] = start, end
             computing += end - start
-            if k is _B or k is _W:  # the last backward (W where it is split) frees them
-                held -= 1
-                held_bytes -= act_bytes[s]
+            change = at_end[x]
+            if change is not None:  # e.g. the last backward (W where it is split) frees them
+                held_bytes += change[0]
+                held += change[1]
                 mem((end, held_bytes))
                 act((end, held))
         free_until[r] = INF  # done (or stuck): it waits for its sends
         busy_time[r] = computing
         finished[r] = runnable == len(prog)  # if not, the next compute waits on a later one
 
-    for r in range(schedule.ranks):
-        env.process(device(r))
-    env.run()
-    record = _Run(p, start_of, end_of, sent, posted, arrive_at)
-    return record, memory, activations, finished, busy_time
+    return device
 
 
 def simulate(schedule: Schedule, costs: Costs | None = None, durations: Mapping[Action, float] | None = None
@@ -312,8 +315,8 @@ def simulate(schedule: Schedule, costs: Costs | None = None, durations: Mapping[
         # The step runs from the first action's start (each rank's first: 0 for a RECV post,
         # else its first compute's, after the runtime's own time before it) to the last
         # compute's end: every transfer feeds a compute that starts after it arrives.
-        t0 = min((0.0 if prog[0] < 0 else record.start[prog[0]] for prog in record.plan.programs if prog),
-                 default=0.0)
+        t0 = min((record.start[prog[0].index] if prog[0].role is _COMPUTE else 0.0
+                  for prog in record.plan.programs if prog), default=0.0)
         makespan = max(record.end, default=0.0) - t0
         return Result(lowered or (lambda: lower(schedule)), record.events, memory, activations,
                       makespan=makespan, busy=busy, t0=t0)

@@ -8,44 +8,17 @@ the placement of stages on devices. Generators write compute actions only (F, B,
 """
 from __future__ import annotations
 
-import enum
 import itertools
 import re
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import Iterable, NamedTuple, Sequence
 
+from .kinds import COMPUTE, Kind
 
-class Kind(str, enum.Enum):
-    """What an action does. The value is its spelling in the text form."""
-
-    F = "F"            # forward
-    B = "B"            # full backward (input and weight gradients at once)
-    I = "I"            # backward for the input gradient only (zero-bubble split)
-    W = "W"            # backward for the weight gradient only
-    SEND_F = "SEND_F"  # send this stage's output activation to the next stage
-    RECV_F = "RECV_F"  # receive this stage's input activation from the previous stage
-    SEND_B = "SEND_B"  # send this stage's input gradient to the previous stage
-    RECV_B = "RECV_B"  # receive this stage's output gradient from the next stage
-
-    @property
-    def is_compute(self) -> bool:
-        return self in COMPUTE
-
-    @property
-    def is_backward(self) -> bool:
-        return self in (Kind.B, Kind.I, Kind.W)
-
-    def __str__(self) -> str:
-        return self.value
-
-
-COMPUTE = frozenset({Kind.F, Kind.B, Kind.I, Kind.W})
-SENDS = frozenset({Kind.SEND_F, Kind.SEND_B})
-RECVS = frozenset({Kind.RECV_F, Kind.RECV_B})
 
 # Longest spellings first so that the alternation never stops at a prefix; fullmatch anyway.
-_ACTION_RE = re.compile(r"(\d+)(SEND_F|RECV_F|SEND_B|RECV_B|F|B|I|W)(\d+)")
+_ACTION_RE = re.compile(r"(\d+)(" + "|".join(sorted((k.value for k in Kind), key=len, reverse=True)) + r")(\d+)")
 
 
 class ScheduleError(ValueError):

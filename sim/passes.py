@@ -9,58 +9,29 @@ from __future__ import annotations
 import itertools
 from collections import Counter, deque
 from operator import itemgetter
-from typing import Container, NamedTuple
+from functools import partial
+from typing import NamedTuple
 
-from .ir import COMPUTE, RECVS, SENDS, Action, Kind, Schedule, ScheduleError
+from .ir import Action, Schedule, ScheduleError
+from .kinds import COMPUTE, KINDS, NEEDS, RECVS, SENDS, Computes, Kind, Role, needs, peer_key, \
+    recv_consumer, remote_inputs
 
 # Hot loops name the kinds by these module globals: `Kind.F` is an attribute lookup on an
 # Enum class, several times slower than a global, and the passes make millions of them.
 _F, _B, _I, _W = Kind.F, Kind.B, Kind.I, Kind.W
-_SEND_F, _RECV_F, _SEND_B, _RECV_B = Kind.SEND_F, Kind.RECV_F, Kind.SEND_B, Kind.RECV_B
-
-# A received tensor is named by the action that consumes it on the receiving stage;
-# its sender is named by the action that produces it on the sending stage.
-_RECV_OF = {_F: _RECV_F, _B: _RECV_B, _I: _RECV_B}
-
-
-# `computes` below: the compute actions of a schedule, as any container that answers
-# `(stage, kind, micro) in computes` (a set of its `Action`s does, and so does a dict
-# keyed by them: an `Action` hashes and compares as the plain tuple).
-Computes = Container[tuple[int, Kind, int]]
-
-
-def grad_kind(computes: Computes, stage: int, micro: int) -> Kind:
-    """Which backward of (stage, micro) produces its input gradient: I if the schedule
-    splits the backward, else B."""
-    return _I if (stage, _I, micro) in computes else _B
+_COMPUTE, _SEND, _RECV = Role.COMPUTE, Role.SEND, Role.RECV
 
 
 def dependencies(a: Action, stages: int, computes: Computes) -> list[Action]:
-    """The compute actions whose results `a` consumes (see `_dependency_keys`)."""
-    return [Action(*d) for d in _dependency_keys(a.stage, a.kind, a.micro, stages, computes)]
+    """The compute actions whose results `a` consumes (`sim.kinds`: each kind's `needs`)."""
+    return [Action(*d) for d in needs(a.stage, a.kind, a.micro, stages, computes)]
 
 
-def _dependency_keys(s: int, kind: Kind, m: int, stages: int, computes: Computes) -> list[tuple[int, Kind, int]]:
-    """The one place where the data dependencies of pipeline training are written down,
-    as (stage, kind, micro) keys of the compute actions that (s, kind, m) consumes:
-
-    - F(s, m) needs F(s-1, m): the previous stage's output activation.
-    - B(s, m) and I(s, m) need F(s, m) (the activations it saved) and, except on the last
-      stage, the input gradient of stage s+1, made by B(s+1, m) or I(s+1, m).
-    - W(s, m) needs I(s, m) (the output gradient it saw).
-
-    The passes work on such tuples rather than on `Action`s: they hash and build faster,
-    which matters for schedules of hundreds of thousands of actions.
-    """
-    if kind is _F:
-        return [(s - 1, _F, m)] if s > 0 else []
-    if kind is _B or kind is _I:
-        if s == stages - 1:
-            return [(s, _F, m)]
-        return [(s, _F, m), (s + 1, grad_kind(computes, s + 1, m), m)]
-    if kind is _W:
-        return [(s, _I, m)]
-    raise ValueError(f"dependencies() takes compute actions, not {Action(s, kind, m)}")
+def waits_for(a: Action, schedule: Schedule, computes: Computes) -> list[Action]:
+    """The RECV actions whose data compute `a` waits for before it starts: one for each of
+    its inputs made on another rank (`sim.kinds.remote_inputs`)."""
+    return [Action(*k) for k in remote_inputs(a.stage, a.kind, a.micro, schedule.stages, computes,
+                                              schedule.placement)]
 
 
 def _key(a: Action) -> tuple[int, Kind, int]:
@@ -144,17 +115,18 @@ def _explain_incomplete(schedule: Schedule, counts: Counter) -> None:
 
 
 def _transfer_keys(schedule: Schedule, computes: Computes) -> list[tuple[tuple, tuple]]:
-    """`transfers` as (send key, recv key) pairs of (stage, kind, micro) tuples."""
+    """`transfers` as (send key, recv key) pairs of (stage, kind, micro) tuples: one for
+    each input a compute takes from another rank, named by its producer's kinds."""
     pairs = []
     placement, stages = schedule.placement, schedule.stages
     for prog in schedule.programs:
-        for a in prog:
-            if not a.kind in COMPUTE or a.kind is _W:
+        for s, k, m in prog:
+            if k not in COMPUTE:
                 continue
-            for d in _dependency_keys(a.stage, a.kind, a.micro, stages, computes):
-                if d[0] != a.stage and placement[d[0]] != placement[a.stage]:
-                    send = _SEND_F if a.kind is _F else _SEND_B
-                    pairs.append(((d[0], send, a.micro), (a.stage, _RECV_OF[a.kind], a.micro)))
+            for d in NEEDS[k](s, m, stages, computes):
+                if placement[d[0]] != placement[s]:
+                    spec = KINDS[d[1]]
+                    pairs.append(((d[0], spec.send, m), (s, spec.recv, m)))
     return pairs
 
 
@@ -180,14 +152,16 @@ def _lower(schedule: Schedule) -> Schedule:
                     schedule.placement, schedule.micro, schedule.name)
 
 
-def recv_op(t: int) -> int:
-    """The number of the RECV of transfer t in a `Plan` program."""
-    return -1 - 2 * t
+class Op(NamedTuple):
+    """One step of a rank's program in a `Plan`: its role, and the compute it runs
+    (`index` = compute id) or the transfer whose SEND it issues or whose RECV it posts
+    (`index` = transfer id: a transfer is numbered by the compute that receives it)."""
+
+    role: Role
+    index: int
 
 
-def send_op(t: int) -> int:
-    """The number of the SEND of transfer t in a `Plan` program."""
-    return -2 - 2 * t
+_new_op = partial(tuple.__new__, Op)  # Op(*t) without a Python call per op
 
 
 class Plan(NamedTuple):
@@ -195,14 +169,11 @@ class Plan(NamedTuple):
 
     Computes are numbered in program order over the ranks. A compute takes at most one
     tensor from another rank and gives its result to at most one compute on another rank
-    (see `_dependency_keys`), so a transfer is numbered by the compute that receives it.
-    A rank's program is its lowered program with each action replaced by a number: i >= 0
-    runs compute i, `recv_op(t)` = -1-2t posts the RECV of transfer t, `send_op(t)` = -2-2t
-    issues its SEND (so -1-op is 2t for a RECV and 2t+1 for a SEND).
+    (see `sim.kinds`), so a transfer is numbered by the compute that receives it.
 
     - actions[i], rank[i]: compute i and its rank
     - producer[i]: the compute on another rank whose tensor compute i receives, or -1
-    - programs[r]: rank r's program, in numbers
+    - programs[r]: rank r's program, as `Op` records
     - runnable[r]: how far rank r gets: the index in programs[r] of the first compute that
       needs the result of a compute later in its own program, where it is stuck for good
       (len(programs[r]) if there is none)
@@ -211,18 +182,20 @@ class Plan(NamedTuple):
     actions: list[Action]
     rank: list[int]
     producer: list[int]
-    programs: list[list[int]]
+    programs: list[list[Op]]
     runnable: list[int]
 
     def comm_action(self, t: int, sending: bool) -> Action:
         """The SEND (on the producer's rank) or the RECV (on the consumer's) of transfer t."""
-        c = self.actions[t]
-        recv = Action(c.stage, _RECV_F if c.kind is _F else _RECV_B, c.micro)
-        return _peer(recv) if sending else recv
+        c, spec = self.actions[t], KINDS[self.actions[self.producer[t]].kind]
+        if sending:
+            return Action(self.actions[self.producer[t]].stage, spec.send, c.micro)
+        return Action(c.stage, spec.recv, c.micro)
 
-    def action(self, op: int) -> Action:
-        """The action that number `op` of a program stands for."""
-        return self.actions[op] if op >= 0 else self.comm_action((-1 - op) >> 1, bool((-1 - op) & 1))
+    def action(self, op: Op) -> Action:
+        """The action that `op` stands for."""
+        role, x = op
+        return self.actions[x] if role is _COMPUTE else self.comm_action(x, role is _SEND)
 
 
 def plan(schedule: Schedule) -> Plan:
@@ -234,11 +207,11 @@ def plan(schedule: Schedule) -> Plan:
     n, stages = len(actions), schedule.stages
     rank = list(itertools.chain.from_iterable(itertools.repeat(r, len(p)) for r, p in enumerate(progs)))
     first = list(itertools.accumulate(map(len, progs), initial=0))  # rank r's computes: first[r]..first[r+1]-1
-    cid = dict(zip(actions, range(n)))  # also the `computes` that the dependency function asks
+    cid = dict(zip(actions, range(n)))  # also the `computes` that the dependency functions ask
     producer, consumer = [-1] * n, [-1] * n
     stuck: list[int | None] = [None] * schedule.ranks  # the first compute of each rank that waits on a later one
-    for i, a in enumerate(actions):
-        for d in _dependency_keys(*a, stages, cid):
+    for i, (s, k, m) in enumerate(actions):
+        for d in NEEDS[k](s, m, stages, cid):
             j = cid[d]
             if rank[j] != rank[i]:
                 if consumer[j] >= 0:
@@ -246,53 +219,36 @@ def plan(schedule: Schedule) -> Plan:
                 producer[i], consumer[j] = j, i
             elif j > i and stuck[rank[i]] is None:  # a local input that comes later in the same program
                 stuck[rank[i]] = i
+    computes = list(map(_new_op, zip(itertools.repeat(_COMPUTE), range(n))))
     if schedule.is_lowered:
-        def number(a: Action) -> int:
-            if a.kind in COMPUTE:
-                return cid[a]
-            sending = a.kind is _SEND_F or a.kind is _SEND_B
-            s, k, m = _peer_key(*a) if sending else a  # the RECV: its compute names the transfer
-            t = cid[(s, _F if k is _RECV_F else grad_kind(cid, s, m), m)]
-            return send_op(t) if sending else recv_op(t)
+        def number(a: Action) -> Op:
+            role = KINDS[a.kind].role
+            if role is _COMPUTE:
+                return computes[cid[a]]
+            recv = peer_key(*a) if role is _SEND else a  # the RECV: its consumer names the transfer
+            return Op(role, cid[recv_consumer(*recv, cid)])
 
         programs = [list(map(number, prog)) for prog in schedule.programs]
     else:
         # The lowering rules: a SEND goes right after the compute that made its tensor; the
         # RECV for compute k+1 is posted just before compute k (the first compute's RECV
         # goes first). So rank r runs: RECV(lo)?, then for each compute k: RECV(k+1)?, k, SEND?
-        recvs = [recv_op(k) if j >= 0 else None for k, j in enumerate(producer)]
-        sends = [send_op(c) if c >= 0 else None for c in consumer]
+        recvs = [Op(_RECV, k) if j >= 0 else None for k, j in enumerate(producer)]
+        sends = [Op(_SEND, c) if c >= 0 else None for c in consumer]
         programs = []
         for lo, hi in zip(first, first[1:]):
-            steps = itertools.chain.from_iterable(zip(recvs[lo + 1:hi] + [None], range(lo, hi), sends[lo:hi]))
+            steps = itertools.chain.from_iterable(zip(recvs[lo + 1:hi] + [None], computes[lo:hi], sends[lo:hi]))
             programs.append([op for op in itertools.chain(recvs[lo:lo + 1], steps) if op is not None])
-    runnable = [len(prog) if i is None else prog.index(i) for prog, i in zip(programs, stuck)]
+    starts = [None if i is None else computes[i] for i in stuck]
+    runnable = [len(prog) if op is None else prog.index(op) for prog, op in zip(programs, starts)]
     return Plan(actions, rank, producer, programs, runnable)
-
-
-# the matching half of a transfer: SEND_F(s) <-> RECV_F(s+1), SEND_B(s) <-> RECV_B(s-1)
-_PEER = {
-    _SEND_F: (+1, _RECV_F),
-    _RECV_F: (-1, _SEND_F),
-    _SEND_B: (-1, _RECV_B),
-    _RECV_B: (+1, _SEND_B),
-}
-
-
-def _peer_key(stage: int, kind: Kind, micro: int) -> tuple[int, Kind, int]:
-    step, other = _PEER[kind]
-    return (stage + step, other, micro)
-
-
-def _peer(a: Action) -> Action:
-    return Action(*_peer_key(a.stage, a.kind, a.micro))
 
 
 def peer(a: Action) -> Action:
     """The other half of the transfer that a SEND or RECV action belongs to."""
     if a.kind in COMPUTE:
         raise ValueError(f"{a} is a compute action; only SEND/RECV have a peer")
-    return _peer(a)
+    return Action(*peer_key(*a))
 
 
 def check_deadlock(schedule: Schedule) -> None:
@@ -314,8 +270,8 @@ def _check_communication(schedule: Schedule, computes: Computes) -> None:
     comm = [a for p in schedule.programs for a in p if not a.kind in COMPUTE]
     comm_set = {_key(a) for a in comm}
     for a in comm:
-        if _peer_key(*_key(a)) not in comm_set:
-            raise ScheduleError(f"{a} has no matching {_peer(a)}")
+        if peer_key(*_key(a)) not in comm_set:
+            raise ScheduleError(f"{a} has no matching {peer(a)}")
     expected = {x for pair in _transfer_keys(schedule, computes) for x in pair}
     if comm_set != expected:
         extra = sorted(map(str, (Action(*k) for k in comm_set - expected)))
@@ -332,20 +288,22 @@ def _run_abstractly(schedule: Schedule, computes: Computes) -> None:
     def blocker(r: int, a: Action) -> tuple[int, Kind, int] | None:
         """The key of the first thing that `a` on rank r waits for and is not done yet."""
         s, k, m = a.stage, a.kind, a.micro
-        if k is _RECV_F or k is _RECV_B:
+        if k in RECVS:
             return None
-        if k is _SEND_F or k is _SEND_B:  # the tensor it sends
-            src = (s, _F if k is _SEND_F else grad_kind(computes, s, m), m)
+        if k in SENDS:  # the tensor it sends: made by the compute its peer's consumer needs
+            recv = peer_key(s, k, m)
+            src = next(d for d in NEEDS[recv_consumer(*recv, computes)[1]](recv[0], m, stages, computes)
+                       if d[0] == s)
             return None if src in done else src
-        for d in _dependency_keys(s, k, m, stages, computes):
+        for d in NEEDS[k](s, m, stages, computes):
             if placement[d[0]] == r:
                 if d not in done:
                     return d
             else:  # posted here, and sent there
-                recv = (s, _RECV_OF[k], m)
+                recv = (s, KINDS[d[1]].recv, m)
                 if recv not in done:
                     return recv
-                send = _peer_key(*recv)
+                send = peer_key(*recv)
                 if send not in done:
                     return send
         return None

@@ -8,7 +8,8 @@ from hypothesis import given, settings, strategies as st
 
 import sim
 from sim import Costs, Kind
-from sim.passes import peer
+
+from helpers import reference_times
 
 
 # ---------------------------------------------------------------- closed forms
@@ -80,93 +81,6 @@ def test_chrome_trace(tmp_path):
     assert len(spans) == len(r.events)
     assert {e["name"] for e in spans if e["cat"] == "F"} == {f"{s}F{m}" for s in range(3) for m in range(4)}
     assert not list(tmp_path.glob("*.tmp"))
-
-
-# ---------------------------------------------------------------- an independent model
-def reference_times(schedule, costs):
-    """The rules of docs/rules.md computed directly, without SimPy, for infinite bandwidth:
-    walk every rank's lowered program, advancing whichever rank can advance. Returns the
-    end of every compute.
-
-    Unlike the engine, which looks ahead in the sender's program when a ready notice comes
-    in late (rule 10), this records the windows in which each rank's transport thread may
-    run (a SEND call's start, a wait for data and its taking in, the end) as the ranks
-    advance, and finds the first one at or after the notice."""
-    low = sim.lower(schedule) if not schedule.is_lowered else schedule
-    c = costs.for_stages(low.stages)
-    dur = {Kind.F: c.forward, Kind.B: c.backward, Kind.I: c.backward_input, Kind.W: c.backward_weight}
-    clock = [0.0] * low.ranks           # when each rank is free
-    windows = [[] for _ in range(low.ranks)]  # (from, to): its transport thread may run; to=None: open
-    sent, posted, left, end = {}, {}, {}, {}
-    pc = [0] * low.ranks
-
-    def notice_at(x):
-        return posted[x] + c.latency
-
-    def leaves(x, stalled=False):
-        """When the data of the transfer into RECV x leaves its sender, if known yet."""
-        if x in left or x not in sent or x not in posted:
-            return left.get(x)
-        n = notice_at(x)
-        if n <= sent[x]:  # the sender saw the notice when it issued the SEND
-            left[x] = sent[x]
-            return left[x]
-        for lo, hi in windows[low.placement[x.stage - 1 if x.kind is Kind.RECV_F else x.stage + 1]]:
-            if hi is None and lo < n and not stalled:
-                return None  # it waits since before the notice: till when is not known yet
-            if hi is None or hi >= n:
-                wait = max(lo, n) - n
-                tick = c.io_tick
-                # the expected min(wait, U) for U uniform on [0, tick] (the tick's phase)
-                expected = wait - wait * wait / (2 * tick) if wait < tick else tick / 2
-                left[x] = n + expected
-                return left[x]
-        return None
-
-    changed = True
-    while True:
-        while changed:
-            changed = False
-            for r, prog in enumerate(low.programs):
-                while pc[r] < len(prog):
-                    a = prog[pc[r]]
-                    if a.kind in (Kind.SEND_F, Kind.SEND_B):
-                        windows[r].append((clock[r], clock[r]))  # it yields the core first
-                        sent[peer(a)] = clock[r]
-                        clock[r] += c.send_overhead
-                    elif a.kind in (Kind.RECV_F, Kind.RECV_B):
-                        posted[a] = clock[r]
-                        clock[r] += c.recv_overhead
-                    else:
-                        recvs = [x for x in posted if x.stage == a.stage and x.micro == a.micro and x not in end
-                                 and (x.kind is Kind.RECV_F) == (a.kind is Kind.F)]
-                        out = [leaves(x) for x in recvs]
-                        if None in out:
-                            if not windows[r] or windows[r][-1] != (clock[r], None):
-                                windows[r].append((clock[r], None))  # it waits
-                            break
-                        for x in recvs:
-                            end[x] = True
-                        ready = max([clock[r]] + [t + c.latency for t in out]) + c.arrive_overhead * len(recvs)
-                        if recvs:
-                            if windows[r] and windows[r][-1] == (clock[r], None):
-                                windows[r].pop()
-                            windows[r].append((clock[r], ready))
-                        end[a] = ready + c.before_compute + dur[a.kind][a.stage]
-                        clock[r] = end[a] + c.after_compute
-                    pc[r] += 1
-                    changed = True
-                if pc[r] == len(prog) and (not windows[r] or windows[r][-1][1] != math.inf):
-                    windows[r].append((clock[r], math.inf))  # done: it waits for its sends
-        if all(pc[r] == len(p) for r, p in enumerate(low.programs)):
-            return {a: t for a, t in end.items() if a.kind in (Kind.F, Kind.B, Kind.I, Kind.W)}
-        # Stuck: every rank left waits on a transfer whose notice came while its sender
-        # was waiting. Each of those waits lasts past the earliest such notice (everything
-        # it waits for comes after it), so that transfer leaves at its notice.
-        pending = [x for x in posted if x in sent and x not in left]
-        assert pending, "the reference got stuck without a pending transfer"
-        leaves(min(pending, key=notice_at), stalled=True)
-        changed = True
 
 
 schedules = st.sampled_from(sorted(sim.SCHEDULES))
@@ -310,7 +224,7 @@ def test_expected_wait_is_the_mean_over_the_ticks_phase(x, tick):
     """E[min(x, U(0, tick))] against the midpoint rule over the phase. The rule is exact on
     every cell but the one with the kink at x, where it is off by at most h/2 over a width
     h = tick/n: tick / (2 n^2) on the mean."""
-    from sim.engine import expected_wait
+    from sim.transports import expected_wait
     n = 20000
     mean = sum(min(x, (i + 0.5) * tick / n) for i in range(n)) / n
     assert expected_wait(x, tick) == pytest.approx(mean, rel=0, abs=tick / (2 * n * n) + 1e-12)

@@ -23,7 +23,7 @@ import torch.distributed as dist  # noqa: E402
 
 import sim  # noqa: E402
 from sim import Action, Kind  # noqa: E402
-from test_placement import gpipe_like  # noqa: E402
+from helpers import gpipe_like  # noqa: E402
 from exec.launch import (GLOO_IO_THREAD, RankError, _children_of, free_port, host_cores,  # noqa: E402
                          launch, rank_cores)
 from exec.models import ModelSpec  # noqa: E402

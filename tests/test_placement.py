@@ -4,24 +4,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import sim
-from sim import Action, Costs, Kind, Schedule
+from sim import Costs
 
-from test_engine import reference_times
-
-
-def gpipe_like(placement, micro, split=False, name="gpipe-like"):
-    """All forwards in stage order, then all backwards in reverse stage order, per rank."""
-    S, R = len(placement), max(placement) + 1
-    progs = [[] for _ in range(R)]
-    for s in range(S):
-        progs[placement[s]] += [Action(s, Kind.F, m) for m in range(micro)]
-    for s in reversed(range(S)):
-        kinds = (Kind.I,) if split else (Kind.B,)
-        progs[placement[s]] += [Action(s, k, m) for m in range(micro) for k in kinds]
-    if split:  # weight gradients last, the zero-bubble way of filling the tail
-        for s in reversed(range(S)):
-            progs[placement[s]] += [Action(s, Kind.W, m) for m in range(micro)]
-    return Schedule(progs, placement, micro, name=name)
+from helpers import gpipe_like, reference_times
 
 
 def test_v_shape_has_no_transfer_between_stages_on_one_device():
