@@ -7,15 +7,17 @@
 
 `import sim` never imports torch; `exec` runs the same `Schedule` objects on devices.
 """
-from .costs import Costs, StageCosts
+from .costs import Costs, StageCosts, load_costs, save_costs
 from .engine import simulate
-from .ir import Action, Kind, Schedule, ScheduleError
-from .passes import check_deadlock, dependencies, lower, validate
+from .ir import Action, Schedule, ScheduleError
+from .kinds import KINDS, Kind, KindSpec, Role
+from .passes import check_deadlock, dependencies, lower, validate, waits_for
 from .result import Event, Result
 from .schedules import SCHEDULES, make_schedule
+from .transports import TRANSPORTS
 
 __all__ = [
-    "Action", "Kind", "Schedule", "ScheduleError", "Costs", "StageCosts", "simulate",
-    "Event", "Result", "make_schedule", "SCHEDULES", "lower", "validate", "check_deadlock",
-    "dependencies",
+    "Action", "Kind", "KINDS", "KindSpec", "Role", "Schedule", "ScheduleError", "Costs", "StageCosts",
+    "save_costs", "load_costs", "TRANSPORTS", "simulate", "Event", "Result", "make_schedule", "SCHEDULES",
+    "lower", "validate", "check_deadlock", "dependencies", "waits_for",
 ]

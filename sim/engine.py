@@ -151,7 +151,7 @@ class _Network:
         link_free = [0.0] * nlinks
         # With every transfer's link time 0 (free bandwidth), links never make one wait: a
         # transfer's departure and arrival are known as soon as its leaving time is.
-        queues = any(busy)
+        queues = self.queues = any(busy)
 
         def leave(t: int, at: float) -> None:
             """The data of transfer t leaves its sender at `at` (now or later): it takes the
@@ -208,8 +208,14 @@ def _device_process(env, p: Plan, net: _Network, transport: Transport, c: StageC
     producer, sent, posted, arrive_at, waiter = p.producer, net.sent, net.posted, net.arrive_at, net.waiter
     free_until, held_until, resume = net.free_until, net.held_until, net.resume
     watch = transport.watches_devices
+    # Run ahead: where neither the transport nor the links depend on the order in which
+    # things happen at one time (no device watching, free links), when a transfer leaves
+    # is the later of its SEND and its notice, whichever the engine learns first. Then a
+    # device needs SimPy only to wait for data that has not left yet: it keeps its own
+    # clock, which is never behind SimPy's, and computes without a timeout.
+    ahead = not watch and not net.queues
     take_in, before, after = transport.take_in, c.before_compute, c.after_compute
-    call = {Role.SEND: transport.send_call, _RECV: transport.recv_call}  # what a call holds its rank for
+    send_call, recv_call = transport.send_call, transport.recv_call  # how long a call holds its rank
 
     def device(r: int, held_bytes: float, memory: list, activations: list, finished: list, busy_time: list):
         held = 0
@@ -224,13 +230,16 @@ def _device_process(env, p: Plan, net: _Network, transport: Transport, c: StageC
                 if role is _RECV:
                     posted[x] = now
                     posted_hook(x, now)
+                    hold = recv_call
                 else:
                     sent[x] = now
                     if watch:
                         free_until[r] = now  # the runtime yields the core before the call
-                    issued(x, r, now)
-                hold = call[role]
-                if hold:  # the call holds the device
+                    issued(x, now)
+                    hold = send_call
+                if hold and ahead:
+                    now += hold
+                elif hold:  # the call holds the device
                     if watch:
                         held_until[r] = now + hold
                         resume[r] = i
@@ -248,7 +257,9 @@ def _device_process(env, p: Plan, net: _Network, transport: Transport, c: StageC
                     waiter[x] = _Arrival(env)
                     free_until[r] = INF  # the rank waits: its transport thread runs
                     yield waiter[x]
-                    now = at = arrive_at[x]
+                    at = arrive_at[x]
+                    if not ahead:
+                        now = at
                 if at > start:
                     start = at
                 start += take_in  # the device takes the tensor in (0 unless modelled)
@@ -264,8 +275,11 @@ def _device_process(env, p: Plan, net: _Network, transport: Transport, c: StageC
             if watch:
                 held_until[r] = end + after
                 resume[r] = i
-            yield timeout(end + after - now)
-            now = env.now
+            if ahead:
+                now = end + after
+            else:
+                yield timeout(end + after - now)
+                now = env.now
             start_of[x], end_of[x] = start, end
             computing += end - start
             change = at_end[x]

@@ -114,24 +114,30 @@ class KindSpec:
     feeds: tuple[Kind, ...] = ()
 
 
+# The dependency functions run once per compute of a schedule (millions of times in a
+# sweep): they name the kinds by module globals, as `Kind.F` is an attribute lookup on an
+# Enum class, several times slower.
+_F, _B, _I = Kind.F, Kind.B, Kind.I
+
+
 def grad_kind(computes: Computes, stage: int, micro: int) -> Kind:
     """Which backward of (stage, micro) produces its input gradient: I if the schedule
     splits the backward, else B."""
-    return Kind.I if (stage, Kind.I, micro) in computes else Kind.B
+    return _I if (stage, _I, micro) in computes else _B
 
 
 def _forward_needs(s: int, m: int, stages: int, computes: Computes) -> list[Key]:
-    return [(s - 1, Kind.F, m)] if s > 0 else []
+    return [(s - 1, _F, m)] if s > 0 else []
 
 
 def _backward_needs(s: int, m: int, stages: int, computes: Computes) -> list[Key]:
     if s == stages - 1:
-        return [(s, Kind.F, m)]
-    return [(s, Kind.F, m), (s + 1, grad_kind(computes, s + 1, m), m)]
+        return [(s, _F, m)]
+    return [(s, _F, m), (s + 1, _I if (s + 1, _I, m) in computes else _B, m)]
 
 
 def _weight_needs(s: int, m: int, stages: int, computes: Computes) -> list[Key]:
-    return [(s, Kind.I, m)]
+    return [(s, _I, m)]
 
 
 _TAKE = MemoryEffect("activation_bytes", +1, "start")

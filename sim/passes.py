@@ -233,8 +233,9 @@ def plan(schedule: Schedule) -> Plan:
         # The lowering rules: a SEND goes right after the compute that made its tensor; the
         # RECV for compute k+1 is posted just before compute k (the first compute's RECV
         # goes first). So rank r runs: RECV(lo)?, then for each compute k: RECV(k+1)?, k, SEND?
-        recvs = [Op(_RECV, k) if j >= 0 else None for k, j in enumerate(producer)]
-        sends = [Op(_SEND, c) if c >= 0 else None for c in consumer]
+        recv_ops = map(_new_op, zip(itertools.repeat(_RECV), range(n)))
+        recvs = [op if j >= 0 else None for op, j in zip(recv_ops, producer)]
+        sends = [None if c < 0 else op for c, op in zip(consumer, map(_new_op, zip(itertools.repeat(_SEND), consumer)))]
         programs = []
         for lo, hi in zip(first, first[1:]):
             steps = itertools.chain.from_iterable(zip(recvs[lo + 1:hi] + [None], computes[lo:hi], sends[lo:hi]))

@@ -14,7 +14,7 @@ name in `Costs.transport`:
   waits for the sender's I/O thread (rule 10: `io_tick`). With all of these at 0 it is
   the plain rendezvous.
 
-A transport binds two hooks to the run (`bind`): `issued(t, rank, now)` when the SEND of
+A transport binds two hooks to the run (`bind`): `issued(t, now)` when the SEND of
 transfer t is issued and `posted(t, now)` when its RECV is posted; they call
 `run.leave(t, at)` once they know when the data leaves. A transport that needs to know
 what a sender is doing when a notice comes in sets `watches_devices`; the engine then
@@ -32,8 +32,7 @@ from .kinds import Role
 
 INF = float("inf")
 
-Issued = Callable[[int, int, float], None]   # (transfer, sending rank, now)
-Posted = Callable[[int, float], None]        # (transfer, now)
+Hook = Callable[[int, float], None]  # (transfer, now)
 
 # the Costs fields of transfers: every transport reads latency and bandwidth (the links)
 _CALL_FIELDS = ("send_overhead", "recv_overhead", "arrive_overhead", "io_tick")
@@ -66,7 +65,7 @@ class Transport:
         """Look at the whole run before it starts (`plan`: the numbered schedule; `dur`:
         each compute's time)."""
 
-    def bind(self, run) -> tuple[Issued, Posted]:
+    def bind(self, run) -> tuple[Hook, Hook]:
         raise NotImplementedError
 
 
@@ -75,16 +74,11 @@ class Ideal(Transport):
 
     name = "ideal"
 
-    def bind(self, run) -> tuple[Issued, Posted]:
-        leave = run.leave
-
-        def issued(t: int, rank: int, now: float) -> None:
-            leave(t, now)
-
+    def bind(self, run) -> tuple[Hook, Hook]:
         def posted(t: int, now: float) -> None:
             pass
 
-        return issued, posted
+        return run.leave, posted  # the data leaves as the SEND is issued
 
 
 class Rendezvous(Transport):
@@ -94,18 +88,21 @@ class Rendezvous(Transport):
 
     name = "rendezvous"
 
-    def bind(self, run) -> tuple[Issued, Posted]:
+    def bind(self, run) -> tuple[Hook, Hook]:
         sent, posted_at, leave, latency = run.sent, run.posted, run.leave, self.costs.latency
         notice = self.notice(run)
 
-        def issued(t: int, rank: int, now: float) -> None:
+        def issued(t: int, now: float) -> None:
             if posted_at[t] is not None:
                 ready = posted_at[t] + latency
                 leave(t, now) if ready <= now else notice(t, ready)
 
         def posted(t: int, now: float) -> None:
+            # (the engine may learn of a SEND before a RECV posted earlier: `sim.engine`
+            # lets a device run ahead where the order of events does not matter)
             if sent[t] is not None:
-                notice(t, now + latency)
+                ready = now + latency
+                leave(t, sent[t]) if ready <= sent[t] else notice(t, ready)
 
         return issued, posted
 
