@@ -3,7 +3,7 @@ the rules (docs/rules.md) to check the engine against."""
 import math
 
 import sim
-from sim import Action, Kind, Schedule
+from sim import KINDS, Action, Kind, Role, Schedule
 from sim.passes import peer
 
 
@@ -31,10 +31,12 @@ def reference_times(schedule, costs):
     Unlike the engine, which looks ahead in the sender's program when a ready notice comes
     in late (rule 10), this records the windows in which each rank's transport thread may
     run (a SEND call's start, a wait for data and its taking in, the end) as the ranks
-    advance, and finds the first one at or after the notice."""
+    advance, and finds the first one at or after the notice. With the `ideal` transport
+    the data leaves as the SEND is issued. What each kind does comes from `sim.KINDS`."""
     low = sim.lower(schedule) if not schedule.is_lowered else schedule
     c = costs.for_stages(low.stages)
-    dur = {Kind.F: c.forward, Kind.B: c.backward, Kind.I: c.backward_input, Kind.W: c.backward_weight}
+    role = {k: spec.role for k, spec in KINDS.items()}
+    rendezvous = c.transport != "ideal"
     clock = [0.0] * low.ranks           # when each rank is free
     windows = [[] for _ in range(low.ranks)]  # (from, to): its transport thread may run; to=None: open
     sent, posted, left, end = {}, {}, {}, {}
@@ -45,13 +47,13 @@ def reference_times(schedule, costs):
 
     def leaves(x, stalled=False):
         """When the data of the transfer into RECV x leaves its sender, if known yet."""
-        if x in left or x not in sent or x not in posted:
+        if x in left or x not in sent or (rendezvous and x not in posted):
             return left.get(x)
-        n = notice_at(x)
-        if n <= sent[x]:  # the sender saw the notice when it issued the SEND
+        if not rendezvous or notice_at(x) <= sent[x]:  # the sender saw the notice when it issued the SEND
             left[x] = sent[x]
             return left[x]
-        for lo, hi in windows[low.placement[x.stage - 1 if x.kind is Kind.RECV_F else x.stage + 1]]:
+        n = notice_at(x)
+        for lo, hi in windows[low.placement[peer(x).stage]]:
             if hi is None and lo < n and not stalled:
                 return None  # it waits since before the notice: till when is not known yet
             if hi is None or hi >= n:
@@ -70,16 +72,16 @@ def reference_times(schedule, costs):
             for r, prog in enumerate(low.programs):
                 while pc[r] < len(prog):
                     a = prog[pc[r]]
-                    if a.kind in (Kind.SEND_F, Kind.SEND_B):
+                    if role[a.kind] is Role.SEND:
                         windows[r].append((clock[r], clock[r]))  # it yields the core first
                         sent[peer(a)] = clock[r]
                         clock[r] += c.send_overhead
-                    elif a.kind in (Kind.RECV_F, Kind.RECV_B):
+                    elif role[a.kind] is Role.RECV:
                         posted[a] = clock[r]
                         clock[r] += c.recv_overhead
                     else:
                         recvs = [x for x in posted if x.stage == a.stage and x.micro == a.micro and x not in end
-                                 and (x.kind is Kind.RECV_F) == (a.kind is Kind.F)]
+                                 and a.kind in KINDS[x.kind].feeds]
                         out = [leaves(x) for x in recvs]
                         if None in out:
                             if not windows[r] or windows[r][-1] != (clock[r], None):
@@ -92,14 +94,14 @@ def reference_times(schedule, costs):
                             if windows[r] and windows[r][-1] == (clock[r], None):
                                 windows[r].pop()
                             windows[r].append((clock[r], ready))
-                        end[a] = ready + c.before_compute + dur[a.kind][a.stage]
+                        end[a] = ready + c.before_compute + getattr(c, KINDS[a.kind].cost)[a.stage]
                         clock[r] = end[a] + c.after_compute
                     pc[r] += 1
                     changed = True
                 if pc[r] == len(prog) and (not windows[r] or windows[r][-1][1] != math.inf):
                     windows[r].append((clock[r], math.inf))  # done: it waits for its sends
         if all(pc[r] == len(p) for r, p in enumerate(low.programs)):
-            return {a: t for a, t in end.items() if a.kind in (Kind.F, Kind.B, Kind.I, Kind.W)}
+            return {a: t for a, t in end.items() if role[a.kind] is Role.COMPUTE}
         # Stuck: every rank left waits on a transfer whose notice came while its sender
         # was waiting. Each of those waits lasts past the earliest such notice (everything
         # it waits for comes after it), so that transfer leaves at its notice.
