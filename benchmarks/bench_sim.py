@@ -3,6 +3,7 @@ model of the same training step.
 
     python benchmarks/bench_sim.py                      # 1F1B, p=64, m=1024, latency 0.1
     python benchmarks/bench_sim.py --stages 8 --micro 64 --repeat 9
+    python benchmarks/bench_sim.py --against 29fe587           # and the simulator of that commit, same run
 
 The minimal model is what one would write by hand to get the makespan of 1F1B and
 nothing else: one SimPy process per device that runs its computes in 1F1B order, and
@@ -144,6 +145,7 @@ def main(argv=None) -> None:
     ap.add_argument("--micro", "-m", type=int, default=1024)
     ap.add_argument("--latency", type=float, default=0.1)
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--against", metavar="REV", help="also time sim.simulate as of git revision REV, in the same run")
     args = ap.parse_args(argv)
     p, m = args.stages, args.micro
     costs = sim.Costs(forward=1.0, backward=2.0, latency=args.latency)
@@ -157,11 +159,19 @@ def main(argv=None) -> None:
     if args.latency == 0:  # and a third one, by hand: m + p - 1 slots of F + B
         assert math.isclose(ours, (m + p - 1) * 3.0, rel_tol=1e-12), ours
 
-    times: dict[str, list[float]] = {"minimal": [], "minimal, gc off": [], "simulate": []}
+    times: dict[str, list[float]] = {"minimal": [], "minimal, gc off": [], "simulate": [], "against": []}
+    old = None
+    if args.against:
+        from check_engine_against import import_old
+        old = import_old(args.against)
+        old_costs = old.Costs(forward=1.0, backward=2.0, latency=args.latency)
+        assert math.isclose(old.simulate(old.make_schedule("1f1b", p, m), old_costs).makespan, ours, rel_tol=1e-12)
     phases: dict[str, list[float]] = {}
     for _ in range(args.repeat):  # alternate, so that load from elsewhere hits both alike
         times["minimal"].append(timed(minimal_1f1b, p, m, 1.0, 2.0, args.latency))
         times["simulate"].append(timed(run_sim, p, m, costs))
+        if old is not None:
+            times["against"].append(timed(lambda: old.simulate(old.make_schedule("1f1b", p, m), old_costs)))
         times["minimal, gc off"].append(timed(minimal_1f1b, p, m, 1.0, 2.0, args.latency, collect=False))
         gc.collect()
         for k, v in run_sim_phases(p, m, costs).items():
@@ -171,6 +181,7 @@ def main(argv=None) -> None:
     rows = [("minimal SimPy model (makespan only)", base),
             ("minimal SimPy model, garbage collector off", statistics.median(times["minimal, gc off"])),
             ("sim.simulate, whole", statistics.median(times["simulate"])),
+            *([(f"sim.simulate as of {args.against}", statistics.median(times["against"]))] if old else []),
             ("  make_schedule (1F1B generator)", statistics.median(phases["generate"])),
             ("  check_complete", statistics.median(phases["check"])),
             ("  plan (lowering rules, numbered)", statistics.median(phases["steps"])),

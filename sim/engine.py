@@ -9,7 +9,8 @@ The rules (docs/rules.md; `exec` honours the same ones):
    the transfer. A RECV only posts the receive (one compute ahead, see `sim.passes.lower`).
    Issuing a SEND holds the device for `send_overhead`, posting a RECV for
    `recv_overhead` (the CPU time of the call).
-4. Transfers rendezvous: posting the RECV sends a ready notice, which reaches the sender
+4. Transfers (here as the default `gloo-cpu` transport moves them; `sim.transports`)
+   rendezvous: posting the RECV sends a ready notice, which reaches the sender
    `latency` later. If it is there when the SEND is issued, the data leaves at once;
    otherwise the data leaves when the sender's transport handles the notice: at once if
    the sender waits or has ended, else at its next yield (a SEND, a wait for data, its
@@ -19,7 +20,7 @@ The rules (docs/rules.md; `exec` honours the same ones):
    later; the latency does not hold the link.
 5. Around each compute the runtime holds the device for its own work: `before_compute`
    before the compute starts (once its inputs are in) and `after_compute` after it ends.
-6. Memory of a device = static bytes + the activations of each micro-batch it holds,
+6. Memory of a device = static bytes (weights, gradients, optimizer state, the rest) + the activations of each micro-batch it holds,
    from the start of that micro-batch's F until the end of its last backward (B or W).
 
 The engine knows actions, devices and links; the transport (`Costs.transport`, see

@@ -29,7 +29,8 @@ from .cli import number, whole
 from .costs import Costs
 from .engine import simulate
 from .files import atomic_write
-from .ir import Kind, Schedule, ScheduleError
+from .ir import Schedule, ScheduleError
+from .kinds import KINDS, Kind, Role
 from .result import Event, Result
 from .schedules import SCHEDULES, make_schedule
 
@@ -37,9 +38,9 @@ if TYPE_CHECKING:  # matplotlib takes about a second to import; only the figures
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-# One colour per compute kind (colour-blind friendly, from the Okabe-Ito palette).
-COLORS = {Kind.F: "#0072B2", Kind.B: "#E69F00", Kind.I: "#009E73", Kind.W: "#CC79A7"}
-NAMES = {Kind.F: "F forward", Kind.B: "B backward", Kind.I: "I input grad", Kind.W: "W weight grad"}
+# One colour per compute kind, from the kind table (colour-blind friendly: the Okabe-Ito palette).
+COLORS = {k: spec.colour for k, spec in KINDS.items() if spec.role is Role.COMPUTE}
+NAMES = {k: spec.label for k, spec in KINDS.items() if spec.role is Role.COMPUTE}
 RANK_COLORS = ["#000000", "#d62728", "#9467bd", "#8c564b", "#7f7f7f", "#bcbd22", "#17becf"]
 TRACK = "#f4f4f4"        # the empty row behind the bars: what shows through is idle time
 LABEL_GID = "bar-label"  # marks the micro-batch numbers that `fit_labels` may hide
