@@ -6,8 +6,8 @@ micro-batch counts, on gloo ranks on this machine.
     python benchmarks/bench_exec.py --ranks 4 --model gpt --json out.json --figures figures/exec
 
 Each (schedule, micro) runs in one launch of `--ranks` processes, exactly as `python -m
-exec.run` calibrates and measures (`exec.runtime.run_pipeline(calibrate=--steps)`): a
-warm-up step, then `--rounds` times [calibrate (`exec.profile.calibrate_rank`: every
+exec.run` calibrates and measures (`exec.pipeline.run_pipeline(calibrate=--steps)`): a
+warm-up step, then `--rounds` times [calibrate (`exec.calibrate.calibrate_rank`: every
 stage's F and B timed inside the ranks on the very modules the steps run, with the
 runtime's own handlers, all computing at once, and taking turns; the call and arrival
 costs; in the first round, the transfer fit by ping-pong), then `--steps` measured
@@ -44,19 +44,20 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import sim  # noqa: E402
 from exec.compare import breakdown, compare, overlay_figure, replay_error, sharing_check  # noqa: E402
 from exec.models import ModelSpec  # noqa: E402
+from exec.optim import OPTIMIZERS  # noqa: E402
+from exec.pipeline import run_pipeline  # noqa: E402
 from exec.profile import costs_from_reports, profile_costs  # noqa: E402
-from exec.runtime import run_pipeline  # noqa: E402
 
 
 def run_config(spec: ModelSpec, name: str, ranks: int, micro: int, rounds: int, steps: int, balance: str,
-               threads: int | None, separate: bool = False) -> dict:
+               threads: int | None, separate: bool = False, optimizer: str = "sgd") -> dict:
     """Calibrate and measure one (schedule, micro) in one run (`run_pipeline(calibrate=steps)`,
     as `exec.run` does), simulate, compare. With `separate`, also profile in a launch of its
     own right after the run (`profile_costs`) and compare the same step with that."""
     schedule = sim.make_schedule(name, ranks, micro)
     t = time.perf_counter()
     run = run_pipeline(spec, schedule, steps=rounds * steps, warmup=1, balance=balance, threads=threads,
-                       calibrate=steps, timeout=1800.0)
+                       calibrate=steps, timeout=1800.0, optimizer=optimizer)
     wall = time.perf_counter() - t
     costs, details, results = run.costs, run.calibration, run.steps
     transfer = (costs.latency, costs.bandwidth)  # fitted in the first round
@@ -69,7 +70,8 @@ def run_config(spec: ModelSpec, name: str, ranks: int, micro: int, rounds: int, 
         paired += [(sim_s - r.makespan) / r.makespan * 100 for r in results[i * steps:(i + 1) * steps]]
     cmp = compare(run.result, costs)
     if separate:
-        own, _ = profile_costs(spec, schedule, micro, bounds=run.bounds, threads=threads, steps=steps * rounds)
+        own, _ = profile_costs(spec, schedule, micro, bounds=run.bounds, threads=threads, steps=steps * rounds,
+                               optimizer=optimizer)
         separate_pct = compare(run.result, own).error_pct
     replay = [replay_error(r, costs) for r in results]
     # the same replay without rule 11 (the runtime's own time around each compute)
@@ -147,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="mlp", choices=["mlp", "gpt"])
     p.add_argument("--balance", default="layers", choices=["layers", "time"])
     p.add_argument("--threads", type=int, default=None, help="torch threads per rank (default cores / ranks)")
+    p.add_argument("--optimizer", default="sgd", choices=list(OPTIMIZERS), help="default sgd")
     p.add_argument("--separate-profile", action="store_true",
                    help="also profile each config in a launch of its own after its run (profile_costs), "
                         "and give the same step's error against that")
@@ -163,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.schedules:
         for micro in args.micro:
             out = run_config(spec, name, args.ranks, micro, args.rounds, args.steps, args.balance, args.threads,
-                             args.separate_profile)
+                             args.separate_profile, args.optimizer)
             outs.append(out)
             r = out["row"]
             print(f"{name:>6} micro={micro:<3} measured {r['measured_step_s'] * 1e3:8.1f} ms  simulated "
@@ -177,12 +180,12 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(format_rows([o["row"] for o in outs]))
     if args.json:
-        from exec.profile import _jsonable, costs_to_dict
+        from sim.costs import jsonable
         from sim.files import atomic_write
-        doc = [{"row": o["row"], "costs": costs_to_dict(o["costs"]), "breakdown": o["breakdown"],
+        doc = [{"row": o["row"], "costs": o["costs"].to_dict(), "breakdown": o["breakdown"],
                 "compute_median": o["details"]["compute_median"]} for o in outs]
         with atomic_write(args.json) as f:
-            json.dump(_jsonable(doc), f, indent=1)
+            json.dump(jsonable(doc), f, indent=1)
     return 0
 
 

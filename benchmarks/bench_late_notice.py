@@ -6,15 +6,16 @@ time from the ready notice to the sender's next yield.
     python benchmarks/bench_late_notice.py --repeats 60 --holds 1,2,3,4,5
 
 Two ranks started as the runtime starts them (`exec.launch`: each pinned to its own core,
-gloo's I/O thread SCHED_BATCH). Rank 0 issues a send (`exec.runtime.isend`) and computes
+gloo's I/O thread SCHED_BATCH). Rank 0 issues a send (`exec.interpreter.isend`) and computes
 for `hold` ms without a yield, then waits for the send (its next yield); rank 1 posts the
 receive 1 ms after the send and times it to the data's arrival. X = the end of rank 0's
 compute - the post (one clock: CLOCK_MONOTONIC is the same in both processes). The base is
 the same exchange with rank 0 waiting at once (its transport thread runs as the notice
 comes in). The simulator predicts base + E[min(X, U(0, io_tick))], with `io_tick` as
-`exec.profile` measures it, in the same launch. The table gives, per hold, the median X,
-the measured mean extra wait over the base and the mean prediction (both over the same
-samples), and the measured median, p10 and p90 against those of min(X, U)."""
+calibration measures it (`exec.calibrate.late_notice`, `exec.profile.io_tick_from`), in
+the same launch. The table gives, per hold, the median X, the measured mean extra wait
+over the base and the mean prediction (both over the same samples), and the measured
+median, p10 and p90 against those of min(X, U)."""
 from __future__ import annotations
 
 import argparse
@@ -31,7 +32,7 @@ def _exchange(ctx, hold: float, tag: int) -> tuple[float, float] | None:
     end of its compute over afterwards and rank 1 returns X too."""
     import torch
     import torch.distributed as dist
-    from exec.runtime import isend
+    from exec.interpreter import isend
 
     x, buf, stamp = torch.randn(128, 128), torch.zeros(1024), torch.zeros(1, dtype=torch.float64)
     dist.barrier()
@@ -53,8 +54,8 @@ def _exchange(ctx, hold: float, tag: int) -> tuple[float, float] | None:
 
 
 def _rank(ctx, holds, repeats):
-    from exec.profile import _late_notice
-    late = _late_notice(ctx, repeats)
+    from exec.calibrate import late_notice
+    late = late_notice(ctx, repeats)
     rows = {}
     for hold in holds:
         rows[hold] = []

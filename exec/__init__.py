@@ -1,8 +1,22 @@
 """exec: run the simulator's `Schedule` objects on real devices with torch.distributed
 and measure every action into the same `sim.Result` record.
 
-- `exec.launch.launch(fn, world_size, ...)`: one process per rank, bounded in time.
-- `exec.runtime.run_step(...)`: one rank interprets its lowered program for one step.
+One concern per module:
+
+- `exec.models`: small models (MLP, GPT) cut into stages, and their batches.
+- `exec.launch`: one process per rank, bounded in time; `exec.host`: the host tuning
+  that makes CPU ranks behave like devices of their own (cores, I/O thread, allocator).
+- `exec.shapes`: the shape handshake before the first step.
+- `exec.interpreter`: `RankInterpreter`, one rank interpreting its lowered program
+  action by action; `exec.clocks` its clocks, `exec.memory` its memory counting,
+  `exec.optim` the optimizers and their state.
+- `exec.step`: `run_step`, one training step on every rank, as one `sim.Result`.
+- `exec.check`: the same step in one process, and the gradients compared.
+- `exec.pipeline`: `run_pipeline`, a whole run (warm-up, measured steps, calibration,
+  check) and `pipeline_worker`, what each rank runs in it.
+- `exec.calibrate`: what each rank measures for the simulator; `exec.profile`: those
+  measurements merged into `sim.Costs`, and `profile_costs`.
+- `exec.compare`: measured against simulated.
 - `python -m exec.run --schedule 1f1b --stages 2 --micro 8`: the command line.
 
 `import exec` stays light (no torch); the submodules import torch.

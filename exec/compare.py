@@ -1,6 +1,6 @@
 """Measured against simulated: does the simulator predict the step that really ran?
 
-    >>> cmp = compare(measured, costs)          # measured: a sim.Result from exec.runtime
+    >>> cmp = compare(measured, costs)          # measured: a sim.Result from exec.step
     >>> print(cmp.table()); cmp.as_json()["error_pct"]
 
 `compare` simulates `measured.schedule` under `costs` (from `exec.profile`) and puts the
@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import sim
-from sim.ir import Kind
-from sim.passes import _RECV_OF, compute_set, dependencies
+from sim.kinds import KINDS, Role
+from sim.passes import compute_set, waits_for
 
 __all__ = ["Comparison", "compare", "breakdown", "sharing_check", "replay_error", "overlay_figure"]
 
@@ -96,7 +96,7 @@ def compare(measured: sim.Result, costs: sim.Costs, **extra: Any) -> Comparison:
     """Simulate `measured.schedule` under `costs` and compare it with the measured step.
     Keyword arguments are kept in `Comparison.extra` (and in `as_json`)."""
     if not measured.events:
-        raise ValueError("the measured Result has no events; expected a step recorded by exec.runtime")
+        raise ValueError("the measured Result has no events; expected a step recorded by exec.step.run_step")
     simulated = sim.simulate(measured.schedule, costs)
     return Comparison(measured, simulated, costs, dict(extra))
 
@@ -115,7 +115,7 @@ def breakdown(result: sim.Result, costs: sim.Costs | None = None) -> dict:
     ratio to the cost the simulator uses."""
     sched = result.schedule
     t0, t1 = result.t0, result.t0 + result.makespan
-    arrivals = {e.action: e.end for e in result.events if e.action.kind in (Kind.RECV_F, Kind.RECV_B)}
+    arrivals = {e.action: e.end for e in result.events if KINDS[e.action.kind].role is Role.RECV}
     computes = compute_set(sched)
     ranks = []
     for r in range(sched.ranks):
@@ -123,10 +123,7 @@ def breakdown(result: sim.Result, costs: sim.Costs | None = None) -> dict:
         busy = sum(e.duration for e in comp)
         wait, prev_end, free_gaps = 0.0, t0, []
         for i, e in enumerate(comp):
-            a = e.action
-            remote = [sim.Action(a.stage, _RECV_OF[a.kind], a.micro) for d in
-                      (dependencies(a, sched.stages, computes) if a.kind is not Kind.W else [])
-                      if sched.placement[d.stage] != r]
+            remote = waits_for(e.action, sched, computes)
             ready = max([prev_end] + [arrivals[x] for x in remote if x in arrivals])
             wait += max(0.0, min(ready, e.start) - prev_end)
             if i > 0 and ready <= prev_end:  # nothing to wait for: the gap is the runtime's own time
@@ -144,11 +141,10 @@ def breakdown(result: sim.Result, costs: sim.Costs | None = None) -> dict:
         if e.action.kind.is_compute:
             by_key.setdefault((e.action.stage, e.action.kind.value), []).append(e.duration)
     c = costs.for_stages(sched.stages) if costs is not None else None
-    table = {"F": "forward", "B": "backward", "I": "backward_input", "W": "backward_weight"}
     for (s, k), ds in sorted(by_key.items()):
         entry = {"median": statistics.median(ds), "min": min(ds), "max": max(ds), "n": len(ds)}
         if c is not None:
-            entry["cost"] = getattr(c, table[k])[s]
+            entry["cost"] = getattr(c, KINDS[sim.Kind(k)].cost)[s]
             entry["ratio"] = entry["median"] / entry["cost"] if entry["cost"] > 0 else float("nan")
         per_action[f"{s}{k}"] = entry
     return {"makespan": result.makespan, "ranks": ranks, "actions": per_action}
@@ -178,7 +174,6 @@ def sharing_check(result: sim.Result, alone: sim.Costs, concurrent: sim.Costs) -
     calibration), and the sharing rule; and the median share of each compute overlapped."""
     sched = result.schedule
     a, c = alone.for_stages(sched.stages), concurrent.for_stages(sched.stages)
-    table = {Kind.F: "forward", Kind.B: "backward", Kind.I: "backward_input", Kind.W: "backward_weight"}
     comp = [e for e in result.events if e.action.kind.is_compute]
     err = {"concurrent": [], "alone": [], "sharing": []}
     shares = []
@@ -187,8 +182,8 @@ def sharing_check(result: sim.Result, alone: sim.Costs, concurrent: sim.Costs) -
             continue
         o = sum(max(0.0, min(e.end, x.end) - max(e.start, x.start)) for x in comp if x.rank != e.rank)
         o = min(o, e.duration)
-        ta = getattr(a, table[e.action.kind])[e.action.stage]
-        tc = getattr(c, table[e.action.kind])[e.action.stage]
+        field = KINDS[e.action.kind].cost
+        ta, tc = getattr(a, field)[e.action.stage], getattr(c, field)[e.action.stage]
         pred = ta + o * (1 - ta / tc) if tc > 0 else ta
         for name, p in (("concurrent", tc), ("alone", ta), ("sharing", pred)):
             err[name].append(abs(p - e.duration) / e.duration)

@@ -16,6 +16,9 @@ Faults end the whole run, and no rank process is left behind:
 - a rank dies          -> `RankError` naming the rank and its exit code (or signal);
 - the run takes longer than `timeout` seconds -> `TimeoutError`.
 
+Each rank process is set up as `exec.host` says (its own cores, gloo's I/O thread at
+SCHED_BATCH, freed memory kept) before `fn` runs.
+
 Under `torchrun` (RANK, WORLD_SIZE and MASTER_ADDR set in the environment) `launch` does
 not start processes: it runs `fn` in this process as that rank, and returns every rank's
 value gathered with `all_gather_object`, so callers see the same list either way.
@@ -36,6 +39,8 @@ import time
 import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
+
+from .host import host_cores, io_thread_batch, keep_freed_memory, pin_threads, rank_cores
 
 DEFAULT_TIMEOUT = 300.0  # seconds for the whole run
 _POLL = 0.05             # seconds between looks at the ranks
@@ -108,53 +113,10 @@ def _check_args(world_size: int, backend: str, timeout: float, threads: int | No
         raise ValueError(f"threads must be a positive integer or None, got {threads!r}")
 
 
-def host_cores() -> list[int]:
-    """The cores this process may run on (its affinity where the OS has one)."""
-    if hasattr(os, "sched_getaffinity"):
-        return sorted(os.sched_getaffinity(0))
-    return list(range(os.cpu_count() or 1))
-
-
-def rank_cores(local_rank: int, local_world: int, cores: Sequence[int]) -> tuple[int, ...] | None:
-    """The cores of rank `local_rank` among `local_world` ranks on one host: `cores` cut
-    into equal contiguous blocks, one per rank (a remainder stays unused). None when
-    there are fewer cores than ranks: then the OS places them."""
-    per = len(cores) // local_world
-    if per < 1:
-        return None
-    return tuple(cores[local_rank * per:(local_rank + 1) * per])
-
-
-def _threads() -> list[tuple[int, str]]:
-    """(thread id, name) of every thread of this process; [(0, "")] (this thread) where
-    /proc is missing."""
-    try:
-        tids = os.listdir("/proc/self/task")
-    except OSError:
-        return [(0, "")]
-    out = []
-    for tid in tids:
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                out.append((int(tid), f.read().strip()))
-        except OSError:  # it just ended
-            pass
-    return out
-
-
-def _pin(cores: tuple[int, ...]) -> None:
-    """Pin every thread of this process, and so every thread it starts later (torch's
-    pool, gloo's I/O thread), to `cores`."""
-    for tid, _ in _threads():
-        try:
-            os.sched_setaffinity(tid, cores)
-        except (ProcessLookupError, PermissionError):  # a thread that just ended, or a locked one
-            pass
-
-
 def _setup(rank: int, world_size: int, local_rank: int, backend: str, timeout: float,
            threads: int | None, init_method: str | None, pin: bool = True) -> RankContext:
-    """Pin this rank to its cores, set its threads, the device and the process group."""
+    """Pin this rank to its cores, tune the host for it (`exec.host`), set its threads,
+    the device and the process group."""
     import torch
     import torch.distributed as dist
 
@@ -162,7 +124,7 @@ def _setup(rank: int, world_size: int, local_rank: int, backend: str, timeout: f
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     cores = rank_cores(local_rank, local_world, available) if pin and hasattr(os, "sched_setaffinity") else None
     if cores is not None:
-        _pin(cores)  # before the process group starts gloo's thread, which inherits it
+        pin_threads(cores)  # before the process group starts gloo's thread, which inherits it
     if backend == "gloo":
         keep_freed_memory()
     torch.set_num_threads(threads or (len(cores) if cores else max(1, len(available) // world_size)))
@@ -174,50 +136,8 @@ def _setup(rank: int, world_size: int, local_rank: int, backend: str, timeout: f
     dist.init_process_group(backend, rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=timeout + 30), **kwargs)
     if backend == "gloo" and cores is not None:
-        _io_thread_batch()
+        io_thread_batch()
     return RankContext(rank, world_size, local_rank, backend, cores)
-
-
-MALLOC_MMAP_MAX_BLOCK = 32 << 20  # glibc's largest M_MMAP_THRESHOLD on 64-bit
-
-
-def keep_freed_memory() -> bool:
-    """Make glibc's malloc keep the memory this process frees, as a GPU caching allocator
-    does (docs/rules.md, rule 9): blocks up to 32 MiB come from the heap rather than from
-    a fresh mmap, and freed heap memory is not given back to the OS. By default glibc
-    returns what a step frees at its end, so the next step's tensors land on fresh pages
-    and its computes take page faults, more or fewer from one step to the next, and more
-    in a calibration than in a step. Returns False where this is not glibc (nothing
-    changes)."""
-    import ctypes
-    import ctypes.util
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return False
-    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
-    return bool(mallopt(M_TRIM_THRESHOLD, 2**31 - 1)) and bool(mallopt(M_MMAP_THRESHOLD, MALLOC_MMAP_MAX_BLOCK))
-
-
-GLOO_IO_THREAD = "gloo_tcp_loop"  # the name gloo's TCP transport gives its event-loop thread
-
-
-def _io_thread_batch() -> None:
-    """Give gloo's I/O thread the SCHED_BATCH policy (Linux): it then runs whenever the
-    rank's core is free (the rank waits, or yields before each send: `exec.runtime.isend`)
-    or at a scheduler tick, but it no longer preempts the rank's compute thread the moment
-    a message wakes it. Under the default policy it did, also in the middle of an isend or
-    irecv call, and then spun on the gloo pair lock that call holds for up to a whole
-    scheduler slice (4.5 ms measured with `perf sched`); docs/rules.md, rule 9."""
-    if not hasattr(os, "SCHED_BATCH"):
-        return
-    for tid, name in _threads():
-        if name == GLOO_IO_THREAD:
-            try:
-                os.sched_setscheduler(tid, os.SCHED_BATCH, os.sched_param(0))
-            except OSError:  # gone, or not allowed: leave it as it is
-                pass
 
 
 def _teardown() -> None:

@@ -10,7 +10,9 @@ gradients are checked against the same step in a single process. Unless `--no-co
 the step is simulated and compared with the measured one (`exec.compare`) under the costs
 the simulator needs: read with `--costs FILE`, or calibrated inside the run, on the very
 modules, processes and cores of the steps, a round before each measured step
-(`exec.runtime.run_pipeline(calibrate=1)`); `--out` keeps them as `costs.json`.
+(`exec.pipeline.run_pipeline(calibrate=1)`); `--out` keeps them as `costs.json`
+(`sim.save_costs`). `--optimizer` picks SGD (default) or AdamW; its state counts in
+every rank's static memory, measured and simulated.
 
 Exit status: 0 ok (even if the gradients do not match: read `grad_match`), 1 a rank
 failed or the run timed out, 2 bad arguments.
@@ -27,6 +29,8 @@ from pathlib import Path
 from typing import NoReturn, Sequence
 
 from sim.cli import OneLineParser, number, whole
+
+from exec.optim import OPTIMIZERS  # torch is imported only once the arguments are read
 
 PROG = "exec.run"
 
@@ -58,9 +62,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--warmup", type=lambda t: whole(t, minimum=0), default=2, help="warm-up steps, not measured (default 2)")
     r.add_argument("--timeout", type=_seconds, default=300.0, help="seconds for the whole run (default 300)")
     r.add_argument("--threads", type=whole, help="torch threads per rank (default cores / ranks)")
-    r.add_argument("--lr", type=float, default=0.01, help="SGD learning rate (default 0.01)")
+    r.add_argument("--optimizer", choices=list(OPTIMIZERS), default="sgd",
+                   help="torch.optim.SGD (no momentum) or AdamW (default sgd)")
+    r.add_argument("--lr", type=float, default=0.01, help="learning rate (default 0.01)")
     c = p.add_argument_group("comparison and output")
-    c.add_argument("--costs", type=Path, help="costs JSON (exec.profile.save_costs) instead of profiling")
+    c.add_argument("--costs", type=Path, help="costs JSON (sim.save_costs) instead of profiling")
     c.add_argument("--no-compare", action="store_true", help="skip profiling and the simulated step")
     c.add_argument("--out", type=Path, help="directory for the Chrome trace and figures")
     c.add_argument("--json", action="store_true", help="end stdout with one JSON object")
@@ -84,16 +90,46 @@ def _fail(message: str) -> NoReturn:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    schedule, spec, costs = _check(parser, args)
+    from exec.launch import under_torchrun
 
+    t0 = time.perf_counter()
+    run = _run(args, schedule, spec)
+    if under_torchrun() and os.environ["RANK"] != "0":
+        return 0  # every rank holds the same results: rank 0 reports them, once
+    _progress(args, f"done in {time.perf_counter() - t0:.1f} s")
+    comparison = None
+    if not args.no_compare:
+        from exec.compare import compare
+        comparison = compare(run.result, costs if costs is not None else run.costs, grad_match=run.grad_match,
+                             max_grad_diff=run.max_grad_diff)
+    summary = run.summary()
+    summary.update(simulated_step_s=None, error_pct=None, model=spec.model, backend=args.backend,
+                   balance=args.balance)
+    if comparison is not None:
+        cj = comparison.as_json()
+        summary.update({k: v for k, v in cj.items() if k not in summary or k in ("simulated_step_s", "error_pct")})
+        summary["costs"] = comparison.costs.to_dict()  # what the simulation ran on
+    print(_table(summary))
+    if args.out is not None:
+        _save(args.out, run, comparison)
+        print(f"wrote {args.out}/")
+    if args.json:
+        print(json.dumps(_jsonable(summary)))
+    return 0
+
+
+def _check(parser: argparse.ArgumentParser, args):
+    """The schedule, the model and the given costs (or None), or exit 2 with one line
+    before anything runs."""
     import sim
     try:
         schedule = sim.make_schedule(args.schedule, args.stages, args.micro)
     except sim.ScheduleError as e:
         parser.error(str(e))
     import torch
-    from exec.launch import RankError, under_torchrun
     from exec.models import ModelSpec
-    from exec.runtime import parse_fault, run_pipeline
+    from exec.pipeline import parse_fault
 
     sizes = {k: getattr(args, k) for k in ("layers", "hidden", "seq", "batch_size", "seed") if getattr(args, k) is not None}
     try:
@@ -114,62 +150,54 @@ def main(argv: Sequence[str] | None = None) -> int:
                      f"this machine has {torch.cuda.device_count()}; use --backend gloo or fewer --stages")
     if args.backend == "nccl" and args.costs is None and not args.no_compare:
         parser.error("--backend nccl: the profiler measures CPU ranks (gloo) only; "
-                     "pass --costs FILE (exec.profile.save_costs) or --no-compare")
+                     "pass --costs FILE (sim.save_costs) or --no-compare")
     if args.out is not None and args.out.exists() and not args.out.is_dir():
         parser.error(f"--out {args.out} is a file; give a folder (it is created if missing)")
-    costs = None
-    if args.costs is not None:  # read before anything runs: a bad file is bad input
-        from exec.profile import load_costs
-        if not args.costs.is_file():
-            parser.error(f"--costs {args.costs}: no such file; write one with exec.profile.save_costs")
-        try:
-            costs = load_costs(args.costs)
-            sim.simulate(schedule, costs)
-        except ValueError as e:
-            parser.error(f"--costs {args.costs}: {e}")
+    return schedule, spec, _given_costs(parser, args, schedule)
+
+
+def _given_costs(parser: argparse.ArgumentParser, args, schedule):
+    """The costs of `--costs FILE`, checked against the schedule (None without it). A file
+    that is missing, not JSON, not costs or not for this schedule exits 2 with one line
+    naming it."""
+    if args.costs is None:
+        return None
+    import sim
+    from sim import load_costs
+    try:
+        costs = load_costs(args.costs)  # its errors name the file
+    except ValueError as e:
+        parser.error(f"--costs {e}")
+    try:
+        sim.simulate(schedule, costs)
+    except ValueError as e:
+        parser.error(f"--costs {args.costs}: {e}")
+    return costs
+
+
+def _run(args, schedule, spec):
+    """The run, calibrated inside unless costs were given or nothing is compared; a rank
+    that fails or a run that times out exits 1 with one line."""
+    from exec.launch import RankError
+    from exec.pipeline import run_pipeline
 
     _progress(args, f"{schedule.name} on {schedule.ranks} ranks ({args.backend}), {args.micro} micro-batches, "
-                    f"{spec.model} model; {args.warmup} warm-up + {args.steps} measured steps")
-    t0 = time.perf_counter()
+                    f"{spec.model} model, {args.optimizer}; {args.warmup} warm-up + {args.steps} measured steps")
     try:
         calibrate = 0 if args.no_compare or args.costs is not None else 1
         run = run_pipeline(spec, schedule, steps=args.steps, warmup=args.warmup, balance=args.balance,
                            backend=args.backend, timeout=args.timeout, threads=args.threads, lr=args.lr,
-                           fault=args.fault, progress=not args.quiet, calibrate=calibrate)
-    except RankError as e:
+                           fault=args.fault, progress=not args.quiet, calibrate=calibrate, optimizer=args.optimizer)
+    except (RankError, TimeoutError) as e:
         _fail(str(e))
-    except TimeoutError as e:
-        _fail(str(e))
-    if under_torchrun() and os.environ["RANK"] != "0":
-        return 0  # every rank holds the same results: rank 0 reports them, once
-    _progress(args, f"done in {time.perf_counter() - t0:.1f} s")
-    comparison = None
-    if not args.no_compare:
-        from exec.compare import compare
-        comparison = compare(run.result, costs if costs is not None else run.costs, grad_match=run.grad_match,
-                             max_grad_diff=run.max_grad_diff)
-
-    summary = run.summary()
-    summary.update(simulated_step_s=None, error_pct=None, model=spec.model, backend=args.backend,
-                   balance=args.balance)
-    if comparison is not None:
-        cj = comparison.as_json()
-        summary.update({k: v for k, v in cj.items() if k not in summary or k in ("simulated_step_s", "error_pct")})
-        from exec.profile import costs_to_dict
-        summary["costs"] = costs_to_dict(comparison.costs)  # what the simulation ran on
-    print(_table(summary))
-    if args.out is not None:
-        _save(args.out, run, comparison)
-        print(f"wrote {args.out}/")
-    if args.json:
-        print(json.dumps(_jsonable(summary)))
-    return 0
+    return run
 
 
 def _table(s: dict) -> str:
     rows = [
         ("schedule", f"{s['schedule']}: {s['stages']} stages on {s['ranks']} ranks, {s['micro']} micro-batches"),
         ("stage layers", ", ".join(f"{a}-{b - 1}" for a, b in zip(s["bounds"], s["bounds"][1:]))),
+        ("optimizer", s["optimizer"]),
         ("measured step", f"{s['measured_step_s'] * 1e3:.2f} ms (median of {len(s['step_times_s'])}; "
                           f"min {min(s['step_times_s']) * 1e3:.2f}, max {max(s['step_times_s']) * 1e3:.2f})"),
     ]
@@ -195,7 +223,7 @@ def _save(out: Path, run, comparison) -> None:
     name = f"{run.schedule.name}_p{run.schedule.stages}_m{run.schedule.micro}"
     run.result.save_chrome_trace(out / f"{name}_measured.trace.json")
     if run.costs is not None:
-        from exec.profile import save_costs
+        from sim import save_costs
         save_costs(run.costs, out / "costs.json", details=run.calibration)
     try:
         from sim.plot import plot_result, save_figure

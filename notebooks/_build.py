@@ -571,7 +571,7 @@ the same `sim.Result` record the simulator produces. Here the devices are CPU pr
 over gloo, so it runs on any laptop (about a minute on 2 cores). This notebook:
 
 1. runs a small model with 1F1B on 2 ranks, and measures as it runs what the simulator needs
-   (`exec.profile`): its `Costs`;
+   (`exec.calibrate`, merged by `exec.profile`): its `Costs`;
 2. compares GPipe with 1F1B on real tensors;
 3. checks that the pipelined gradients equal single-process training;
 4. overlays the measured and simulated timelines and reads off where and why they differ.
@@ -596,7 +596,7 @@ import time
 import torch  # exec needs it: pip install -e ".[exec]"
 from exec.compare import breakdown, compare
 from exec.models import ModelSpec
-from exec.runtime import run_pipeline
+from exec.pipeline import run_pipeline
 
 spec = ModelSpec(model="mlp", layers=LAYERS, hidden=HIDDEN, batch_size=BATCH_SIZE)
 schedule = sim.make_schedule(SCHEDULE, STAGES, MICRO)
@@ -612,7 +612,7 @@ gradients of the first step (section 2).
 
 The simulator needs to know how long each stage's forward and backward take, how long a transfer
 takes, and how many bytes each stage keeps. With `calibrate=1`, before each measured step the ranks
-measure exactly that (`exec.profile.calibrate_rank`), on the very modules, processes and cores the
+measure exactly that (`exec.calibrate.calibrate_rank`), on the very modules, processes and cores the
 steps use: they time each stage's F and B (all ranks computing at once, and each alone), fit
 latency and bandwidth to ping-pong transfers of several sizes, and count the bytes. Measuring in
 the same minute as the steps matters on a shared machine, where a core's speed changes from
@@ -628,7 +628,7 @@ for s in range(STAGES):
     c = costs.for_stages(STAGES)
     print(f"stage {s}: F {c.forward[s] * 1e3:6.2f} ms   B {c.backward[s] * 1e3:6.2f} ms   "
           f"activations kept {c.activation_bytes[s] / 2**20:5.1f} MiB/micro-batch   "
-          f"static {c.static_bytes[s] / 2**20:5.1f} MiB")
+          f"static {c.static_total(s) / 2**20:5.1f} MiB (weights, gradients, optimizer state)")
 print(f"transfers: latency {costs.latency * 1e6:.0f} us, bandwidth {costs.bandwidth / 2**30:.2f} GiB/s")
 print(f"an F or B runs {details['slowdown_median']:.2f}x slower while the other rank computes too "
       f"(the costs above are those 'concurrent' times)")
@@ -661,7 +661,8 @@ the measurement, on the same rows. The `error`, in the table and in the figure's
 cmp = compare(run.result, costs, grad_match=run.grad_match)
 print(cmp.table())
 show(plot_overlay(cmp.simulated, cmp.measured))
-assert cmp.measured.peak_activations == cmp.simulated.peak_activations  # memory follows the rules exactly
+assert cmp.measured.peak_activations == cmp.simulated.peak_activations  # memory follows the rules exactly,
+assert cmp.measured.peak_memory == cmp.simulated.peak_memory            # to the byte
 '''),
     md("""
 **Reading the difference.** The *shape* should match: the same order of actions, the same fill and

@@ -1,4 +1,4 @@
-"""exec: the launcher, the runtime that interprets schedules on real ranks, and the CLI.
+"""exec: the launcher and the host tuning, the interpreter that runs schedules on real ranks, and the CLI.
 
 Two gloo ranks on CPU. Every launch gets a timeout, so no test can hang; runs that need
 the same ranks share one launch (starting processes that import torch is the slow part).
@@ -24,11 +24,12 @@ import torch.distributed as dist  # noqa: E402
 import sim  # noqa: E402
 from sim import Action, Kind  # noqa: E402
 from helpers import gpipe_like  # noqa: E402
-from exec.launch import (GLOO_IO_THREAD, RankError, _children_of, free_port, host_cores,  # noqa: E402
-                         launch, rank_cores)
+from exec.check import compare_grads, reference_step, split_micro_batches  # noqa: E402
+from exec.host import GLOO_IO_THREAD, host_cores, rank_cores  # noqa: E402
+from exec.launch import RankError, _children_of, free_port, launch  # noqa: E402
 from exec.models import ModelSpec  # noqa: E402
-from exec.runtime import (compare_grads, pipeline_worker, reference_step,  # noqa: E402
-                          split_micro_batches)
+from exec.pipeline import pipeline_worker  # noqa: E402
+from sim import load_costs, save_costs  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT = 90  # seconds for any one launch
@@ -143,7 +144,7 @@ def test_under_torchrun_launch_runs_this_process_as_its_rank(tmp_path):
 
 _REFAULTS = """
 import ctypes, resource, sys
-from exec.launch import keep_freed_memory
+from exec.host import keep_freed_memory
 if sys.argv[1] == "keep":
     assert keep_freed_memory()
 libc = ctypes.CDLL("libc.so.6")
@@ -215,7 +216,7 @@ def test_launch_rejects_bad_arguments_before_starting_anything():
         launch(_sum_ranks, 2, 1, backend="mpi")
 
 
-# ---------------------------------------------------------------------------- the runtime
+# ---------------------------------------------------------------------------- the interpreter, steps and runs
 
 def _gpipe_like(placement, micro, split=False):
     """All forwards in stage order, then the backwards in reverse (I then W if split)."""
@@ -284,12 +285,17 @@ def test_every_action_is_measured_once_in_program_order(runs, name):
 
 def test_memory_follows_the_micro_batches_held(runs):
     for name, peaks in (("gpipe-mlp", [4, 4]), ("1f1b-mlp", [2, 1]), ("naive-mlp", [1, 1])):
-        result = runs[name][2][0]["results"][-1]
+        spec, lowered, per_rank = runs[name]
+        result = per_rank[0]["results"][-1]
         assert result.peak_activations == peaks, name
+        stages = spec.build_stages(lowered.stages, bounds=spec.partition(lowered.stages))
         for r in range(2):
             assert result.activations[r][-1][1] == 0  # all freed at the end of the step
             static = result.memory[r][0][1]
-            assert static > 0 and result.memory[r][-1][1] == pytest.approx(static)
+            # SGD without momentum: the rank's weights and their gradients, nothing more
+            weights = sum(p.numel() * p.element_size() for s in range(lowered.stages) if lowered.rank_of(s) == r
+                          for p in stages[s].parameters())
+            assert static == 2 * weights and result.memory[r][-1][1] == pytest.approx(static)
             assert result.peak_memory[r] > static
     # the sim metrics and the Chrome trace work on a measured step unchanged
     result = runs["1f1b-mlp"][2][0]["results"][-1]
@@ -305,6 +311,43 @@ def test_micro_batches_must_split_the_batch_evenly():
         split_micro_batches(x, x, 3)
 
 
+@pytest.mark.parametrize("spec", [MLP, GPT], ids=["mlp", "gpt"])
+def test_static_memory_is_weights_gradients_and_optimizer_state(spec):
+    """A stage's static memory in real tensor bytes: its parameters, their gradients, and
+    the optimizer's state for them. SGD without momentum keeps none; AdamW two moments of
+    each parameter and a float32 `step` tensor per parameter. Before the first step the
+    optimizer holds nothing yet, and what its first step creates is counted; after it,
+    what torch holds: the same bytes."""
+    from exec.memory import StaticMemory, static_memory
+    from exec.optim import make_optimizer
+    for optimizer in ("sgd", "adamw"):
+        stage = spec.build_stages(1)[0]
+        params = list(stage.parameters())
+        weights = sum(p.numel() * p.element_size() for p in params)
+        opt = make_optimizer(optimizer, params, lr=0.01)
+        state = 2 * weights + 4 * len(params) if optimizer == "adamw" else 0
+        expected = static_memory(stage, opt)
+        assert expected == StaticMemory(weights, weights, state) and expected.total == 2 * weights + state
+        assert not opt.state  # nothing held yet
+        x, y = spec.batch()
+        spec.loss(stage(x), y).backward()
+        opt.step()
+        held = sum(v.numel() * v.element_size() for st in opt.state.values() for v in st.values()
+                   if isinstance(v, torch.Tensor))
+        assert held == state and static_memory(stage, opt) == expected, optimizer
+    assert static_memory(stage).optimizer_bytes == 0  # no optimizer, no state
+    with pytest.raises(ValueError, match="optimizer must be one of sgd, adamw"):
+        make_optimizer("adam", params, lr=0.01)
+
+
+def test_every_kind_has_its_handler_in_the_interpreter():
+    """The interpreter dispatches each kind to the method `sim.kinds.KINDS` names."""
+    from exec.interpreter import RankInterpreter
+    from sim.kinds import KINDS
+    for kind, spec in KINDS.items():
+        assert callable(getattr(RankInterpreter, spec.handler, None)), (kind, spec.handler)
+
+
 # ---------------------------------------------------------------------------- the command line
 
 SMALL = ["--layers", "4", "--hidden", "32", "--seq", "8", "--batch-size", "8", "--micro", "4"]
@@ -316,7 +359,6 @@ def _cli(*args, timeout=120):
 
 
 def test_cli_json_last_line_has_the_fields(tmp_path):
-    from exec.profile import save_costs
     costs = tmp_path / "costs.json"  # given costs: no profiling run
     save_costs(sim.Costs(forward=1e-3, backward=2e-3), costs)
     p = _cli("--schedule", "gpipe", "--stages", "2", *SMALL, "--steps", "2", "--warmup", "1",
@@ -334,7 +376,6 @@ def test_cli_json_last_line_has_the_fields(tmp_path):
 def test_cli_calibrates_in_the_run_and_keeps_the_costs(tmp_path):
     """Without --costs the run calibrates between its steps; --out keeps the costs, and the
     simulated step it reports is the simulation under them, which --costs reproduces."""
-    from exec.profile import load_costs
     p = _cli("--schedule", "1f1b", "--stages", "2", *SMALL, "--steps", "2", "--warmup", "1", "--json",
              "--out", str(tmp_path / "out"))
     assert p.returncode == 0, p.stderr
@@ -352,7 +393,6 @@ def test_cli_calibrates_in_the_run_and_keeps_the_costs(tmp_path):
 
 
 def test_cli_bad_costs_file_exits_2_before_running(tmp_path, capsys):
-    from exec.profile import save_costs
     from exec.run import main
     three = tmp_path / "three.json"
     save_costs(sim.Costs(forward=[1e-3] * 3, backward=2e-3), three)
@@ -387,6 +427,7 @@ def test_cli_under_torchrun_reports_once(tmp_path):
     (["--schedule", "zigzag"], "unknown schedule"),
     (["--micro", "5"], "does not split"),
     (["--model", "rnn"], "--model"),
+    (["--optimizer", "adam"], "--optimizer"),
     (["--fault", "raise:7"], "names rank 7"),
     (["--out", __file__], "is a file"),
 ])
@@ -413,7 +454,7 @@ def test_cli_rank_failure_is_one_line_and_exit_1(capsys):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_nccl_run_matches_one_process():
-    from exec.runtime import run_pipeline
+    from exec.pipeline import run_pipeline
     ranks = min(2, torch.cuda.device_count())
     run = run_pipeline(MLP, "1f1b", ranks, 4, steps=2, warmup=1, backend="nccl", timeout=TIMEOUT, atol=1e-4)
     assert run.grad_match, run.max_grad_diff

@@ -1,18 +1,22 @@
-"""exec.profile and exec.compare: costs round-trip through JSON, the transfer fit recovers
-known numbers, and a measured step equal to its simulation compares with error 0."""
+"""exec.calibrate, exec.profile and exec.compare: costs round-trip through JSON, the transfer
+fit recovers known numbers, calibration times the interpreter's own handlers and counts the
+memory a step holds, and a measured step equal to its simulation compares with error 0."""
 import dataclasses
 import math
-import statistics
 
 import pytest
 
 import sim
-from exec.profile import costs_from_dict, costs_to_dict, fit_latency_bandwidth, load_costs, save_costs
+from exec.profile import fit_latency_bandwidth
+from sim import load_costs, save_costs
 
 
 def test_costs_save_load_round_trip(tmp_path):
+    """exec saves and loads costs with sim's functions: calibrated costs (static memory
+    split into weights, gradients and optimizer state) come back equal."""
     costs = sim.Costs(forward=[0.01, 0.02], backward=[0.03, 0.04], latency=5e-5, bandwidth=2e9,
                       activation_bytes_sent=[1024, 0], activation_bytes=[4096, 8192], static_bytes=[10, 20],
+                      weight_bytes=[400, 800], grad_bytes=[400, 800], optimizer_bytes=[808, 1608],
                       arrive_overhead=1e-4, io_tick=0.004)
     path = tmp_path / "costs.json"
     save_costs(costs, path, details={"note": "x", "inf": math.inf})
@@ -20,10 +24,10 @@ def test_costs_save_load_round_trip(tmp_path):
     free = sim.Costs(io_tick=math.inf)  # infinite bandwidth and tick, scalar fields
     save_costs(free, path)
     assert load_costs(path) == free
-    assert costs_from_dict(costs_to_dict(costs)).for_stages(2) == costs.for_stages(2)
+    assert sim.Costs.from_dict(costs.to_dict()).for_stages(2) == costs.for_stages(2)
     assert not list(tmp_path.glob(".*.tmp"))
     with pytest.raises(ValueError, match="unknown Costs fields"):
-        costs_from_dict({"forwards": 1.0})
+        sim.Costs.from_dict({"forwards": 1.0})
 
 
 def test_fit_recovers_latency_and_bandwidth():
@@ -100,7 +104,9 @@ def test_profile_costs_on_two_ranks():
     assert c.latency >= 0 and c.bandwidth > 0
     assert c.activation_bytes_sent == (2 * 4 * 16 * 4.0,) * 2       # (b/micro, seq, hidden) float32
     params = sum(p.numel() for p in spec.build_layers()[0].parameters())
-    assert c.static_bytes == (2 * 4.0 * params,) * 2                 # weights + gradients
+    assert c.weight_bytes == c.grad_bytes == (4.0 * params,) * 2       # float32 weights, their gradients
+    assert c.optimizer_bytes == (0.0, 0.0) and c.static_bytes == (0.0, 0.0)  # SGD keeps no state
+    assert details["optimizer"] == "sgd"
     assert set(details["compute_median"]["alone"]) == {"0F", "0B", "1F", "1B"}
     assert len(details["comm"]["one_way"]) == len(details["comm"]["sizes"])
     # rule 10's wait: rank 0 received 4 late notices with its peer free and 4 with it busy
@@ -118,7 +124,7 @@ def test_a_run_calibrates_between_its_steps_without_changing_them():
     of the same run without calibration, each round holds every rank's report (the first
     one with the ping-pong), and the pooled costs predict the measured peak memory exactly."""
     from exec.models import ModelSpec
-    from exec.runtime import run_pipeline
+    from exec.pipeline import run_pipeline
     spec = ModelSpec("mlp", layers=4, hidden=16, seq=4, batch_size=8)
     plain = run_pipeline(spec, "1f1b", 2, 4, steps=3, warmup=1, timeout=120)
     run = run_pipeline(spec, "1f1b", 2, 4, steps=3, warmup=1, calibrate=2, timeout=120)
@@ -131,10 +137,40 @@ def test_a_run_calibrates_between_its_steps_without_changing_them():
     c = run.costs.for_stages(2)
     assert all(t > 0 for t in c.forward + c.backward) and c.bandwidth > 0
     assert sim.simulate(run.schedule, run.costs).peak_memory == run.result.peak_memory
+    assert c.optimizer_bytes == (0.0, 0.0) and c.static_bytes == (0.0, 0.0) and run.optimizer == "sgd"
     with pytest.raises(ValueError, match="gloo"):
         run_pipeline(spec, "1f1b", 2, 4, calibrate=1, backend="nccl")
     with pytest.raises(ValueError, match="calibrate must be an integer >= 0"):
         run_pipeline(spec, "1f1b", 2, 4, calibrate=-1)
+    with pytest.raises(ValueError, match="optimizer must be one of sgd, adamw"):
+        run_pipeline(spec, "1f1b", 2, 4, optimizer="adam")
+
+
+def test_with_adamw_the_simulated_peak_memory_is_the_measured_one():
+    """AdamW keeps two moments of every parameter and a float32 step tensor per parameter;
+    the run counts them in every rank's static memory, and calibration reports them per
+    stage as `optimizer_bytes`, so the simulated peak memory equals the measured one. No
+    warm-up: the first round calibrates before the optimizer has stepped (it counts the
+    state the first step will create), the second after (the state torch holds); both
+    count the same bytes, and so do the steps before and after it."""
+    from exec.models import ModelSpec
+    from exec.pipeline import run_pipeline
+    spec = ModelSpec("mlp", layers=4, hidden=16, seq=4, batch_size=8)
+    sgd = run_pipeline(spec, "1f1b", 2, 4, steps=1, warmup=0, timeout=120)
+    run = run_pipeline(spec, "1f1b", 2, 4, steps=2, warmup=0, calibrate=1, timeout=120, optimizer="adamw")
+    assert run.grad_match and run.losses[0] == sgd.losses[0] and run.optimizer == "adamw"
+    assert run.reports[0][0]["memory"] == run.reports[1][0]["memory"]
+    assert run.reports[0][1]["memory"] == run.reports[1][1]["memory"]
+    stages = spec.build_stages(2, bounds=run.bounds)
+    weights = [float(sum(p.numel() * p.element_size() for p in st.parameters())) for st in stages]
+    tensors = [len(list(st.parameters())) for st in stages]
+    c = run.costs.for_stages(2)
+    assert c.weight_bytes == c.grad_bytes == tuple(weights) and c.static_bytes == (0.0, 0.0)
+    assert c.optimizer_bytes == tuple(2 * w + 4 * n for w, n in zip(weights, tensors))
+    simulated = sim.simulate(run.schedule, run.costs).peak_memory
+    assert all(step.peak_memory == simulated for step in run.steps)
+    # on top of SGD's weights and gradients, the same activations, AdamW's state
+    assert [a - s for a, s in zip(run.result.peak_memory, sgd.result.peak_memory)] == list(c.optimizer_bytes)
 
 
 @pytest.mark.parametrize("model", ["mlp", "gpt"])
@@ -143,10 +179,11 @@ def test_calibrated_activation_bytes_are_what_the_runtime_holds(model):
     targets for the loss) equal what the runtime counts while it holds a micro-batch in a
     step: both on micro-batches with storage of their own. One rank, both stages on it,
     no process group needed."""
-    import exec.runtime as rt
+    from exec.calibrate import activation_bytes, stage_inputs
+    from exec.check import split_micro_batches
+    from exec.interpreter import RankInterpreter
     from exec.launch import RankContext
     from exec.models import ModelSpec
-    from exec.profile import _activation_bytes, _stage_inputs
     spec = ModelSpec(model, layers=2, hidden=16, seq=4, batch_size=8)
     micro = 4
     bounds = [0, spec.num_layers // 2, spec.num_layers]
@@ -155,47 +192,68 @@ def test_calibrated_activation_bytes_are_what_the_runtime_holds(model):
                             placement=[0, 0])
     stages = spec.build_stages(2, bounds=bounds)
     layers = spec.build_layers()
-    xs, ys = rt.split_micro_batches(*spec.batch(), micro)
-    interp = rt.RankInterpreter(RankContext(0, 1, 0, "gloo"), schedule, dict(enumerate(stages)), xs, ys,
-                                spec.loss, {}, 0)
+    xs, ys = split_micro_batches(*spec.batch(), micro)
+    interp = RankInterpreter(RankContext(0, 1, 0, "gloo"), schedule, dict(enumerate(stages)), xs, ys,
+                             spec.loss, {}, 0)
     trace = interp.run()
     held = [b for _, b in trace.memory]  # static (0), after 0F0, after 1F0, ...
     runtime = {0: held[1] - held[0], 1: held[2] - held[1]}
     for s in (0, 1):
-        x, y = _stage_inputs(spec, layers, bounds, s, micro)[0]
-        act, _ = _activation_bytes(stages[s], x, s == 1, spec.loss, y, micro)
+        x, y = stage_inputs(spec, layers, bounds, s, micro)[0]
+        act, _ = activation_bytes(stages[s], x, s == 1, spec.loss, y, micro)
         assert act == runtime[s], (s, act, runtime[s])
 
 
 def test_calibration_times_the_runtimes_own_work_around_a_compute(monkeypatch):
-    """The calibration runs the runtime's handlers and splits their time at the marks a
+    """The calibration runs the interpreter's handlers and splits their time at the marks a
     step records: work the runtime does before a forward's start mark (here: setting up the
-    count of saved bytes, made 3 ms slower) shows in `before`, work after a compute's end
-    mark (recording its activations, made 2 ms slower) in `after`, and neither in the
-    compute times. One rank, in this process."""
+    count of saved bytes, made slower) shows in `before`, work after a compute's end mark
+    (recording its activations, made slower) in `after`, and neither in the compute times.
+    One rank, in this process.
+
+    No bound here depends on how loaded the machine is. On the real clock the injected
+    sleeps are lower bounds only (a sleep never ends early). Then on a clock that moves
+    only while the injected work runs, every split is exact: the work before the start
+    mark in `before`, the work after the end mark in `after`, nothing in the computes."""
     import time
     import torch.distributed as dist
-    import exec.runtime as rt
+    from exec.calibrate import compute_times
+    from exec.clocks import CpuClock
+    from exec.interpreter import RankInterpreter
     from exec.launch import RankContext
+    from exec.memory import SavedBytes
     from exec.models import ModelSpec
-    from exec.profile import _compute_times
     spec = ModelSpec("mlp", layers=2, hidden=16, seq=4, batch_size=4)
-    schedule = sim.make_schedule("gpipe", 1, 2)
+    schedule = sim.make_schedule("gpipe", 1, 2)           # F0 F1 B0 B1
+    forward = [i % 4 < 2 for i in range(2 * 4)]            # 2 timed steps x (F0 F1 B0 B1)
+    before, after = 2.0 ** -8, 2.0 ** -9                   # about 4 and 2 ms, exact in binary
+    saved_init, hold = SavedBytes.__init__, RankInterpreter._hold
+
+    def inject(spend):
+        monkeypatch.setattr(SavedBytes, "__init__", lambda self, p: (spend(before), saved_init(self, p))[1])
+        monkeypatch.setattr(RankInterpreter, "_hold", lambda self, *a: (spend(after), hold(self, *a))[1])
+
+    now = [0.0]
+
+    def work(seconds):  # the only thing that moves the clock below
+        now[0] += seconds
+
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         ctx = RankContext(0, 1, 0, "gloo")
-        plain, own = _compute_times(ctx, spec, [0, 2], schedule, 2, steps=2, alone=False)
-        saved_init, hold = rt.SavedBytes.__init__, rt.RankInterpreter._hold
-        monkeypatch.setattr(rt.SavedBytes, "__init__", lambda self, p: (time.sleep(0.003), saved_init(self, p))[1])
-        monkeypatch.setattr(rt.RankInterpreter, "_hold", lambda self, *a: (time.sleep(0.002), hold(self, *a))[1])
-        slow, slow_own = _compute_times(ctx, spec, [0, 2], schedule, 2, steps=2, alone=False)
+        inject(time.sleep)
+        _, real = compute_times(ctx, spec, [0, 2], schedule, 2, steps=2, alone=False)
+        monkeypatch.setattr(CpuClock, "mark", lambda self: now[0])
+        inject(work)
+        times, own = compute_times(ctx, spec, [0, 2], schedule, 2, steps=2, alone=False)
     finally:
         dist.destroy_process_group()
-    assert len(own["before"]) == len(own["after"]) == 2 * 2 * 2   # 2 steps x (2 F + 2 B)
-    fwd = [b for i, b in enumerate(slow_own["before"]) if i % 4 < 2]   # F0 F1 B0 B1 per step
-    assert min(fwd) >= 0.003 and statistics.median(own["before"]) < 0.003
-    assert min(slow_own["after"]) >= 0.002 and statistics.median(own["after"]) < 0.002  # F and B both record
-    assert statistics.median(slow[(0, "F")]) < 0.003 + statistics.median(plain[(0, "F")])
+    assert len(real["before"]) == len(real["after"]) == 2 * 2 * 2   # 2 steps x (2 F + 2 B)
+    assert all(b >= before for b, f in zip(real["before"], forward) if f)
+    assert all(a >= after for a in real["after"])                   # F and B both record
+    assert own["before"] == [before if f else 0.0 for f in forward]
+    assert own["after"] == [after] * 8
+    assert set(times) == {(0, "F"), (0, "B")} and all(t == 0.0 for ts in times.values() for t in ts)
 
 
 def test_profile_costs_refuses_a_backend_it_cannot_time():

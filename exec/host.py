@@ -1,0 +1,105 @@
+"""Host tuning: what makes CPU ranks behave like devices of their own (docs/rules.md, rule 9).
+
+A GPU rank owns its device by construction. CPU ranks share one host, so `exec.launch`
+sets up each rank process with these:
+
+- `rank_cores` / `pin_threads`: each rank, and every thread it starts (torch's pool,
+  gloo's I/O thread), keeps to its own block of cores;
+- `io_thread_batch`: gloo's I/O thread gets the SCHED_BATCH policy, so it runs when the
+  rank's core is free and never preempts the rank's compute thread;
+- `keep_freed_memory`: glibc's malloc keeps what the rank frees (as a GPU's caching
+  allocator does), so a compute takes no page faults in one step and not in the next.
+
+Everything here is Linux-only where it says so and does nothing elsewhere.
+"""
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+__all__ = ["host_cores", "rank_cores", "thread_ids", "pin_threads", "keep_freed_memory", "io_thread_batch",
+           "GLOO_IO_THREAD", "MALLOC_MMAP_MAX_BLOCK"]
+
+GLOO_IO_THREAD = "gloo_tcp_loop"  # the name gloo's TCP transport gives its event-loop thread
+MALLOC_MMAP_MAX_BLOCK = 32 << 20  # glibc's largest M_MMAP_THRESHOLD on 64-bit
+
+
+def host_cores() -> list[int]:
+    """The cores this process may run on (its affinity where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+
+def rank_cores(local_rank: int, local_world: int, cores: Sequence[int]) -> tuple[int, ...] | None:
+    """The cores of rank `local_rank` among `local_world` ranks on one host: `cores` cut
+    into equal contiguous blocks, one per rank (a remainder stays unused). None when
+    there are fewer cores than ranks: then the OS places them."""
+    per = len(cores) // local_world
+    if per < 1:
+        return None
+    return tuple(cores[local_rank * per:(local_rank + 1) * per])
+
+
+def thread_ids() -> list[tuple[int, str]]:
+    """(thread id, name) of every thread of this process; [(0, "")] (this thread) where
+    /proc is missing."""
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return [(0, "")]
+    out = []
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                out.append((int(tid), f.read().strip()))
+        except OSError:  # it just ended
+            pass
+    return out
+
+
+def pin_threads(cores: tuple[int, ...]) -> None:
+    """Pin every thread of this process, and so every thread it starts later (torch's
+    pool, gloo's I/O thread), to `cores`."""
+    for tid, _ in thread_ids():
+        try:
+            os.sched_setaffinity(tid, cores)
+        except (ProcessLookupError, PermissionError):  # a thread that just ended, or a locked one
+            pass
+
+
+def keep_freed_memory() -> bool:
+    """Make glibc's malloc keep the memory this process frees, as a GPU caching allocator
+    does (docs/rules.md, rule 9): blocks up to 32 MiB come from the heap rather than from
+    a fresh mmap, and freed heap memory is not given back to the OS. By default glibc
+    returns what a step frees at its end, so the next step's tensors land on fresh pages
+    and its computes take page faults, more or fewer from one step to the next, and more
+    in a calibration than in a step. Returns False where this is not glibc (nothing
+    changes)."""
+    import ctypes
+    import ctypes.util
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+    return bool(mallopt(M_TRIM_THRESHOLD, 2**31 - 1)) and bool(mallopt(M_MMAP_THRESHOLD, MALLOC_MMAP_MAX_BLOCK))
+
+
+def io_thread_batch() -> None:
+    """Give gloo's I/O thread the SCHED_BATCH policy (Linux): it then runs whenever the
+    rank's core is free (the rank waits, or yields before each send:
+    `exec.interpreter.isend`) or at a scheduler tick, but it no longer preempts the rank's
+    compute thread the moment a message wakes it. Under the default policy it did, also
+    in the middle of an isend or irecv call, and then spun on the gloo pair lock that call
+    holds for up to a whole scheduler slice (4.5 ms measured with `perf sched`);
+    docs/rules.md, rule 9."""
+    if not hasattr(os, "SCHED_BATCH"):
+        return
+    for tid, name in thread_ids():
+        if name == GLOO_IO_THREAD:
+            try:
+                os.sched_setscheduler(tid, os.SCHED_BATCH, os.sched_param(0))
+            except OSError:  # gone, or not allowed: leave it as it is
+                pass

@@ -1,0 +1,328 @@
+"""The interpreter: one rank runs its lowered program for one step, action by action, and times it.
+
+Each action goes to the method that its kind names in `sim.kinds.KINDS[kind].handler` (a
+table kind -> method built from the kinds table, as DeepSpeed's pipeline engine
+dispatches its instructions; a new kind is an entry there and a method here). The rules
+are the simulator's (docs/rules.md):
+
+- `recv` (RECV) posts a non-blocking `irecv` into a buffer of the right shape
+  (`exec.shapes`) and keeps the handle; lowering has placed it one compute early.
+- `forward`, `backward`, `backward_input`, `backward_weight` (F, B, I, W) first wait for
+  the receives whose data they need (`sim.passes.waits_for`), then compute between two
+  clock marks. The last stage computes the loss inside its F (scaled by 1/micro, so the
+  step's gradients are the full batch's) and its B starts from that loss; other stages
+  run `torch.autograd.backward(output, received_gradient)`.
+- `send` (SEND) issues a non-blocking `isend` of the tensor the compute before it made;
+  `run` waits for every send at the end of the step.
+
+Every action leaves a record of clock marks (`Marks`), turned into `sim.Event`s in
+seconds when the step ends, together with the rank's memory over time: its static bytes
+plus the activation bytes of each micro-batch it holds (`exec.memory`), or, on CUDA, what
+the allocator holds.
+
+Calibration (`exec.calibrate`) times these very handlers through two public methods:
+`deliver(recv, tensor)` places a tensor that has already arrived, and `run_action(a)`
+runs one action and returns its marks.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, NamedTuple, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from sim import Action, Event, Kind, Schedule
+from sim.kinds import KINDS, Role
+from sim.passes import compute_set, peer, waits_for
+
+from .clocks import clock_for
+from .memory import SavedBytes, param_storages
+from .shapes import TensorMeta
+
+__all__ = ["RankInterpreter", "RankTrace", "Marks", "LossFn", "isend", "transfer_tag"]
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+_RECVS = tuple(k for k, spec in KINDS.items() if spec.role is Role.RECV)  # in table order, for the tags
+
+
+def transfer_tag(recv: Action, micro: int) -> int:
+    """A tag unique to one transfer of the step, named by its RECV action: both sides
+    compute it (the sender from `sim.passes.peer(send)`)."""
+    return len(_RECVS) * (recv.stage * micro + recv.micro) + _RECVS.index(recv.kind)
+
+
+def isend(tensor: torch.Tensor, dst: int, tag: int):
+    """The runtime's send call. On a CPU tensor the rank first yields its core, so that
+    its I/O thread handles what has arrived, such as the receiver's notice that the
+    receive is posted; gloo then writes the data from inside the isend (docs/rules.md,
+    rules 2 and 9). Calibration times this same call."""
+    if tensor.device.type == "cpu" and hasattr(os, "sched_yield"):
+        os.sched_yield()
+    return dist.isend(tensor, dst=dst, tag=tag)
+
+
+class Marks(NamedTuple):
+    """One action's record in a step: its start and end as clock marks (`clock.seconds`
+    reads them out; on CPU they are `time.perf_counter()` seconds) and, for a SEND or
+    RECV, the other rank (-1 for a compute)."""
+
+    action: Action
+    start: Any
+    end: Any
+    peer: int = -1
+
+
+@dataclass
+class RankTrace:
+    """What one rank measured, in seconds since its step start (picklable, for gathering)."""
+
+    rank: int
+    events: list[Event] = field(default_factory=list)
+    memory: list[tuple[float, float]] = field(default_factory=list)
+    activations: list[tuple[float, int]] = field(default_factory=list)
+    loss: float | None = None
+
+
+class _Arrived:
+    """The handle of a receive whose data is already there (`RankInterpreter.deliver`)."""
+
+    def wait(self) -> bool:
+        return True
+
+
+_ARRIVED = _Arrived()
+
+
+@dataclass
+class _Pending:
+    work: Any             # the irecv's handle
+    buffer: torch.Tensor
+    posted: Any           # clock mark
+
+
+class RankInterpreter:
+    """Runs one rank's lowered program for one step (`run`). `handlers` maps each action
+    kind to the method that runs it, as `sim.kinds.KINDS` names it. `static`: the bytes
+    the rank holds for the whole step (`exec.memory.static_memory` over its stages).
+
+    Besides `run`, its public face (what calibration uses): `run_action(a)`,
+    `deliver(recv, tensor)`, `waits[a]` (the RECVs compute `a` waits for,
+    `sim.passes.waits_for`), `clock` (whose marks `run_action` returns) and `modules`."""
+
+    def __init__(self, ctx, schedule: Schedule, stage_modules: dict[int, nn.Module],
+                 micro_inputs: Sequence[torch.Tensor], micro_targets: Sequence[torch.Tensor],
+                 loss_fn: LossFn, shapes: dict[int, TensorMeta], static: int):
+        self.ctx, self.schedule, self.modules = ctx, schedule, stage_modules
+        self.inputs, self.targets, self.loss_fn, self.shapes = micro_inputs, micro_targets, loss_fn, shapes
+        self.M, self.last = schedule.micro, schedule.stages - 1
+        self.device = ctx.device
+        self.clock = clock_for(self.device)
+        self.static = static
+        self.program = schedule.programs[ctx.rank]
+        # What the handlers would otherwise work out inside the step, once, before it
+        # starts: the runtime's own time between actions is time the rank does not compute.
+        computes = compute_set(schedule)
+        self.waits = {a: waits_for(a, schedule, computes) for a in self.program if a.kind.is_compute}
+        self.params = {s: param_storages(m) for s, m in stage_modules.items()}
+        self.routes = {a: self._route(a) for a in self.program if not a.kind.is_compute}
+        self.handlers: dict[Kind, Callable[[Action], Marks | None]] = {
+            k: getattr(self, spec.handler) for k, spec in KINDS.items()}
+        # per step state
+        self.pending: dict[Action, _Pending] = {}      # posted receives
+        self.stage_inputs: dict[tuple[int, int], torch.Tensor] = {}
+        self.outputs: dict[tuple[int, int], torch.Tensor] = {}   # output, or scaled loss on the last stage
+        self.input_grads: dict[tuple[int, int], torch.Tensor] = {}
+        self.weight_work: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor | None]] = {}
+        self.held: dict[tuple[int, int], int] = {}     # activation bytes of (stage, micro)
+        self.sends: list[tuple[Any, torch.Tensor]] = []  # (work, tensor kept alive until waited)
+        self.loss_sum: torch.Tensor | None = None
+        self.trace = RankTrace(ctx.rank)
+        self._events: list[Marks] = []                  # clock marks, resolved at the end
+        self._held: list[tuple[Any, int, int]] = []    # (mark, change in bytes, change in micro-batches)
+        self._samples: list[tuple[Any, int]] = []      # CUDA: (mark, memory_allocated)
+
+    def _route(self, a: Action) -> tuple[int, int]:
+        """A SEND's or RECV's peer rank and the tag of its transfer."""
+        other = peer(a)
+        recv = other if KINDS[other.kind].role is Role.RECV else a
+        return self.schedule.rank_of(other.stage), transfer_tag(recv, self.M)
+
+    # -- the loop, and the public API that calibration uses
+    def run(self) -> RankTrace:
+        """Run the rank's program for one step; return its trace."""
+        self.clock.start()
+        self._sample(self.clock.mark())
+        for a in self.program:
+            self.run_action(a)
+        for work, _ in self.sends:
+            work.wait()
+        self.clock.finish()
+        self._resolve()
+        if self.loss_sum is not None:
+            self.trace.loss = float(self.loss_sum)
+        return self.trace
+
+    def run_action(self, a: Action) -> Marks | None:
+        """Run one action with its kind's handler, as `run` does; return its marks (None
+        for a RECV: its record comes when the compute that needs it waits for it)."""
+        return self.handlers[a.kind](a)
+
+    def deliver(self, recv: Action, tensor: torch.Tensor) -> None:
+        """Place `tensor` as the data of the RECV `recv`, already arrived: the compute that
+        needs it waits for it, takes it in and records the RECV as if the receive had been
+        posted and the data were in (calibration runs the compute handlers so, without a
+        transport)."""
+        if KINDS[recv.kind].role is not Role.RECV:
+            raise ValueError(f"deliver takes a RECV action, not {recv}")
+        self.pending[recv] = _Pending(_ARRIVED, tensor, self.clock.mark())
+
+    # -- communication
+    def recv(self, a: Action) -> None:
+        meta = self.shapes[a.stage + KINDS[a.kind].tensor_of]
+        buf = torch.empty(meta.shape, dtype=meta.dtype, device=self.device)
+        src, tag = self.routes[a]
+        posted = self.clock.mark()
+        self.pending[a] = _Pending(dist.irecv(buf, src=src, tag=tag), buf, posted)
+
+    def send(self, a: Action) -> Marks:
+        """SEND_F sends the stage's output, SEND_B the gradient w.r.t. its input."""
+        key = (a.stage, a.micro)
+        tensor = self.outputs[key].detach() if a.kind is Kind.SEND_F else self.input_grads.pop(key)
+        tensor = tensor.contiguous()
+        dst, tag = self.routes[a]
+        start = self.clock.mark()
+        work = isend(tensor, dst, tag)
+        self.sends.append((work, tensor))
+        return self._event(a, start, start, dst)  # end: the RECV's, filled in by `exec.step`
+
+    def _wait(self, a: Action) -> torch.Tensor | None:
+        """Wait for the receives compute `a` needs and record each RECV event; return what
+        arrived (a compute takes at most one tensor from another rank), or None."""
+        got = None
+        for recv in self.waits[a]:
+            p = self.pending.pop(recv, None)
+            if p is None:
+                raise RuntimeError(f"rank {self.ctx.rank}: {a} needs {recv}, which was not posted before it; "
+                                   f"run a lowered schedule (sim.lower) whose RECVs come one compute early")
+            p.work.wait()
+            end = self.clock.mark()
+            got = p.buffer
+            self._event(recv, p.posted, end, self.schedule.rank_of(peer(recv).stage))
+        return got
+
+    # -- compute
+    def forward(self, a: Action) -> Marks:
+        s, m = a.stage, a.micro
+        received = self._wait(a)
+        if s == 0:
+            x = self.inputs[m].to(self.device)
+        elif received is None:  # previous stage on this rank: hand over locally
+            x = self.outputs[(s - 1, m)].detach().requires_grad_()
+        else:
+            x = received.requires_grad_()
+        self.stage_inputs[(s, m)] = x
+        saved = SavedBytes(self.params[s])
+        start = self.clock.mark()
+        self._sample(start)
+        with saved.hooks():
+            y = self.modules[s](x)
+            if s == self.last:
+                y = self.loss_fn(y, self.targets[m].to(self.device)) / self.M
+        end = self.clock.mark()
+        if s == self.last:
+            self.loss_sum = y.detach() if self.loss_sum is None else self.loss_sum + y.detach()
+        self.outputs[(s, m)] = y
+        self.held[(s, m)] = saved.nbytes
+        marks = self._event(a, start, end)
+        self._hold(start, saved.nbytes, +1)
+        self._sample(end)
+        return marks
+
+    def _output_grad(self, s: int, m: int, received: torch.Tensor | None) -> torch.Tensor | None:
+        """The gradient w.r.t. stage s's output: none on the last stage (its output is the
+        loss), from stage s+1 on this rank, or received."""
+        if s == self.last:
+            return None
+        if (s + 1) in self.modules:
+            return self.input_grads.pop((s + 1, m))
+        return received
+
+    def backward(self, a: Action) -> Marks:
+        s, m = a.stage, a.micro
+        grad = self._output_grad(s, m, self._wait(a))
+        start = self.clock.mark()
+        self._sample(start)
+        torch.autograd.backward(self.outputs.pop((s, m)), grad)
+        x = self.stage_inputs.pop((s, m))
+        if s > 0:
+            self.input_grads[(s, m)] = x.grad
+        end = self.clock.mark()
+        marks = self._event(a, start, end)
+        self._hold(end, -self.held.pop((s, m)), -1)
+        self._sample(end)
+        return marks
+
+    def backward_input(self, a: Action) -> Marks:
+        """I: the gradient w.r.t. the stage's input only; keeps the graph for W."""
+        s, m = a.stage, a.micro
+        grad = self._output_grad(s, m, self._wait(a))
+        out = self.outputs.pop((s, m))
+        start = self.clock.mark()
+        self._sample(start)
+        x = self.stage_inputs.pop((s, m))
+        if s > 0:
+            (self.input_grads[(s, m)],) = torch.autograd.grad(out, x, grad, retain_graph=True)
+        end = self.clock.mark()
+        self.weight_work[(s, m)] = (out, grad)
+        marks = self._event(a, start, end)
+        self._sample(end)
+        return marks
+
+    def backward_weight(self, a: Action) -> Marks:
+        """W: the weight gradients, from the output gradient I saw. (It walks the graph
+        again; a fused split as in zero-bubble schedules would reuse I's intermediate
+        gradients.)"""
+        s, m = a.stage, a.micro
+        self._wait(a)  # W takes nothing from another rank (sim.kinds): this finds nothing
+        out, grad = self.weight_work.pop((s, m))
+        start = self.clock.mark()
+        self._sample(start)
+        torch.autograd.backward(out, grad, inputs=list(self.modules[s].parameters()))
+        end = self.clock.mark()
+        marks = self._event(a, start, end)
+        self._hold(end, -self.held.pop((s, m)), -1)
+        self._sample(end)
+        return marks
+
+    # -- records
+    def _event(self, a: Action, start, end, peer_rank: int = -1) -> Marks:
+        marks = Marks(a, start, end, peer_rank)
+        self._events.append(marks)
+        return marks
+
+    def _hold(self, when, nbytes: int, count: int) -> None:
+        """Activations of a micro-batch start (F start) or stop (end of B or W) being held."""
+        self._held.append((when, nbytes, count))
+
+    def _sample(self, when) -> None:
+        """On CUDA, what the allocator holds at an action boundary."""
+        if self.device.type == "cuda":
+            self._samples.append((when, torch.cuda.memory_allocated(self.device)))
+
+    def _resolve(self) -> None:
+        """Turn clock marks into seconds since the step start, and changes into levels.
+        CPU memory = static bytes + the activation bytes held; CUDA memory = the samples."""
+        t, sec = self.trace, self.clock.seconds
+        t.events = [Event(self.ctx.rank, a, sec(s), sec(e), p) for a, s, e, p in self._events]
+        level, held = float(self.static), 0
+        t.activations = [(0.0, 0)]
+        cpu_memory = [(0.0, level)]
+        for when, nbytes, count in self._held:
+            level, held = level + nbytes, held + count
+            cpu_memory.append((sec(when), level))
+            t.activations.append((sec(when), held))
+        t.memory = [(sec(w), float(b)) for w, b in self._samples] if self._samples else cpu_memory

@@ -1,0 +1,74 @@
+"""Optimizers: the ones a run can use, made by name, and the state each keeps per parameter.
+
+    >>> opt = make_optimizer("adamw", model.parameters(), lr=0.01)   # doctest: +SKIP
+
+torch creates an optimizer's state in its first `step()`: SGD without momentum keeps
+none; AdamW keeps two moments of each parameter's shape and dtype (`exp_avg`,
+`exp_avg_sq`) and a scalar `step` tensor (float32, or float64 under a float64 default
+dtype). `state_bytes` counts the tensors the optimizer holds, or, before its first step,
+those that step will create, so that the memory of a step does not depend on whether
+the optimizer has stepped yet.
+
+Importing this module does not import torch (the command line reads `OPTIMIZERS` first).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterable
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["OPTIMIZERS", "make_optimizer", "state_bytes", "expected_state_bytes"]
+
+OPTIMIZERS = ("sgd", "adamw")
+
+
+def make_optimizer(name: str, params: Iterable[torch.nn.Parameter], lr: float) -> torch.optim.Optimizer:
+    """`torch.optim.SGD` (no momentum) or `torch.optim.AdamW` (torch's defaults) over `params`."""
+    import torch
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr)
+    raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {name!r}")
+
+
+def _tensor_bytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _scalar_bytes() -> int:
+    """Bytes of the scalar `step` tensor torch's Adam family keeps per parameter."""
+    import torch
+    dtype = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def expected_state_bytes(optimizer: torch.optim.Optimizer, param: torch.Tensor, group: dict) -> int:
+    """Bytes of the state the first `step()` of `optimizer` creates for `param` (in
+    `group`, one of its param_groups), as torch stores it."""
+    import torch
+    if isinstance(optimizer, torch.optim.SGD):
+        return _tensor_bytes(param) if group.get("momentum", 0) else 0  # momentum_buffer
+    if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
+        moments = 3 if group.get("amsgrad") else 2  # exp_avg, exp_avg_sq (, max_exp_avg_sq)
+        return moments * _tensor_bytes(param) + _scalar_bytes()
+    raise ValueError(f"cannot tell the state {type(optimizer).__name__} will keep before its first step; "
+                     f"use one of {', '.join(OPTIMIZERS)} (exec.optim.make_optimizer)")
+
+
+def state_bytes(optimizer: torch.optim.Optimizer, params: Iterable[torch.Tensor]) -> int:
+    """Bytes of the optimizer's state for `params`: the tensors it holds for each one, or,
+    for a parameter it has no state for yet, what its first step will create."""
+    import torch
+    groups = {id(p): g for g in optimizer.param_groups for p in g["params"]}
+    total = 0
+    for p in params:
+        if id(p) not in groups:
+            continue  # not optimized by this optimizer
+        state = optimizer.state.get(p)
+        if state:
+            total += sum(_tensor_bytes(v) for v in state.values() if isinstance(v, torch.Tensor))
+        else:
+            total += expected_state_bytes(optimizer, p, groups[id(p)])
+    return total

@@ -1,0 +1,245 @@
+"""A whole pipelined training run: one process per rank, warm-up and measured steps, calibration between them, and the check against one process.
+
+    >>> run = run_pipeline(ModelSpec(), "1f1b", stages=2, micro=8, calibrate=1)   # doctest: +SKIP
+    >>> run.grad_match, run.result.makespan, run.costs                            # doctest: +SKIP
+
+`run_pipeline` validates and lowers the schedule, starts the ranks (`exec.launch`), each
+of which runs `pipeline_worker`: it builds its stages and its optimizer (`exec.optim`),
+learns the receive shapes (`exec.shapes`), and runs `warmup + steps` steps
+(`exec.step.run_step`), calibrating (`exec.calibrate`) before every `calibrate` measured
+steps if asked. The parent checks the first step's gradients against one process
+(`exec.check`) and merges the calibration into `sim.Costs` (`exec.profile`).
+
+A rank can be made to fail on purpose (`fault="raise:1"`, `"exit:1"`, `"hang:1"`) to test
+how a run ends.
+"""
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+
+import sim
+from sim import Result, Schedule
+
+from .calibrate import calibrate_rank, message_sizes
+from .check import compare_grads, reference_step, split_micro_batches
+from .launch import launch
+from .optim import OPTIMIZERS, make_optimizer
+from .profile import costs_from_reports
+from .shapes import infer_shapes
+from .step import run_step
+
+__all__ = ["run_pipeline", "pipeline_worker", "PipelineRun", "median_step", "parse_fault", "FAULTS"]
+
+FAULTS = ("raise", "exit", "hang")
+
+
+def parse_fault(text: str | None) -> tuple[str, int] | None:
+    """'raise:1' / 'exit:1' / 'hang:1' -> (what, rank): make that rank fail on purpose
+    (before its first measured step), to test how a run ends. None -> None."""
+    if not text:
+        return None
+    what, _, rank = text.partition(":")
+    if what not in FAULTS or not rank.isdigit():
+        raise ValueError(f"fault must be KIND:RANK with KIND in {', '.join(FAULTS)}, e.g. 'raise:1'; got {text!r}")
+    return what, int(rank)
+
+
+def _inject(fault: tuple[str, int] | None, rank: int) -> None:
+    if fault is None or fault[1] != rank:
+        return
+    what = fault[0]
+    if what == "raise":
+        raise RuntimeError(f"fault injected on rank {rank} (--fault raise:{rank})")
+    if what == "exit":
+        os._exit(3)
+    while True:  # hang
+        time.sleep(1.0)
+
+
+# ---------------------------------------------------------------------------- inside a rank
+
+def _build_rank(ctx, spec, schedule: Schedule, bounds: Sequence[int], lr: float, optimizer: str):
+    """This rank's stages (stage -> module), its optimizer, the micro-batches and the
+    receive shapes."""
+    mine = [s for s, r in enumerate(schedule.placement) if r == ctx.rank]
+    all_stages = spec.build_stages(schedule.stages, bounds=bounds)
+    modules = {s: all_stages[s].to(ctx.device) for s in mine}
+    del all_stages
+    opt = make_optimizer(optimizer, [p for s in mine for p in modules[s].parameters()], lr)
+    inputs, targets = spec.batch()
+    micro_inputs, micro_targets = split_micro_batches(inputs, targets, schedule.micro)
+    shapes = infer_shapes(ctx, schedule, modules, micro_inputs[0])
+    return modules, opt, micro_inputs, micro_targets, shapes
+
+
+def _grads(modules: dict) -> dict:
+    """Every parameter's gradient per stage, as (name, numpy array) copies (numpy() of a
+    CPU tensor shares its memory, and the gradient tensors live on)."""
+    return {s: [(n, (p.grad if p.grad is not None else torch.zeros_like(p)).detach().cpu().numpy().copy())
+                for n, p in m.named_parameters()] for s, m in modules.items()}
+
+
+def _say(text: str) -> None:
+    print(f"exec: {text}", file=sys.stderr, flush=True)
+
+
+def pipeline_worker(ctx, spec, schedule: Schedule, steps: int, warmup: int, bounds: Sequence[int], lr: float,
+                    fault: tuple[str, int] | None, progress: bool, calibrate: int = 0,
+                    optimizer: str = "sgd") -> dict:
+    """The function every rank runs (via `exec.launch.launch`): build this rank's stages
+    and its `optimizer` (a name from `exec.optim.OPTIMIZERS`), run `warmup + steps`
+    steps, and return what the parent needs.
+
+    Every rank returns the gradients of its stages after the first step (numpy arrays,
+    before the optimizer moved the weights, so they compare with `reference_step`) and
+    the step losses; rank 0 also returns the measured steps' `sim.Result`s.
+
+    With `calibrate` = k > 0, the run also measures what the simulator needs: before
+    every k measured steps, the ranks calibrate (`exec.calibrate.calibrate_rank`) on these
+    very modules and this optimizer, so that calibration and measurement share the same
+    processes, cores and time window (the first round also bounces messages for the
+    transfer fit). Every rank returns its reports, one per round, for
+    `exec.profile.costs_from_reports`."""
+    modules, opt, micro_inputs, micro_targets, shapes = _build_rank(ctx, spec, schedule, bounds, lr, optimizer)
+    out: dict[str, Any] = {"rank": ctx.rank, "losses": [], "results": [], "grads": {}, "reports": []}
+    say = progress and ctx.rank == 0
+    for i in range(warmup + steps):
+        if i == warmup:
+            _inject(fault, ctx.rank)
+        measured = i >= warmup
+        if calibrate and measured and (i - warmup) % calibrate == 0:
+            rnd = (i - warmup) // calibrate
+            if say:
+                _say(f"calibrating {rnd + 1}/{-(-steps // calibrate)}")
+            sizes = message_sizes(spec, schedule.micro) if rnd == 0 else None
+            out["reports"].append(calibrate_rank(ctx, spec, schedule, schedule.micro, bounds, steps=3,
+                                                 sizes=sizes, modules=modules, optimizer=opt))
+        t = time.perf_counter()
+        step = run_step(ctx, schedule, modules, micro_inputs, micro_targets, spec.loss, opt,
+                        record=measured, shapes=shapes)
+        out["losses"].append(step.loss)
+        if i == 0:
+            out["grads"] = _grads(modules)
+        if measured and ctx.rank == 0:
+            out["results"].append(step.result)
+        if say:
+            what = f"step {i - warmup + 1}/{steps}" if measured else f"warm-up {i + 1}/{warmup}"
+            span = f"{step.result.makespan * 1e3:.2f} ms" if measured else f"{(time.perf_counter() - t) * 1e3:.0f} ms wall"
+            _say(f"{what}: loss {step.loss:.5f}, {span}")
+    return out
+
+
+# ---------------------------------------------------------------------------- the parent
+
+@dataclass
+class PipelineRun:
+    """What `run_pipeline` measured and checked."""
+
+    schedule: Schedule                # lowered
+    bounds: list[int]                 # stage s = layers bounds[s] .. bounds[s+1]-1
+    result: Result                    # the median measured step
+    steps: list[Result]               # every measured step
+    losses: list[float]               # per step, warm-up included
+    reference_loss: float
+    grad_match: bool
+    max_grad_diff: float
+    worst_param: str
+    costs: sim.Costs | None = None    # calibrated inside the run (`calibrate` > 0), else None
+    calibration: dict | None = None   # its details (`exec.profile.costs_from_reports`)
+    reports: list[list[dict]] = field(default_factory=list)  # per round, every rank's report
+    optimizer: str = "sgd"
+
+    @property
+    def step_times(self) -> list[float]:
+        return [r.makespan for r in self.steps]
+
+    @property
+    def measured_step_s(self) -> float:
+        return self.result.makespan
+
+    @property
+    def loss_match(self) -> bool:
+        return math.isclose(self.losses[0], self.reference_loss, rel_tol=1e-5, abs_tol=1e-6)
+
+    def summary(self) -> dict:
+        s = self.schedule
+        return {
+            "schedule": s.name, "stages": s.stages, "ranks": s.ranks, "micro": s.micro, "bounds": self.bounds,
+            "optimizer": self.optimizer,
+            "measured_step_s": self.measured_step_s, "step_times_s": self.step_times,
+            "bubble_fraction": self.result.bubble_fraction, "peak_activations": self.result.peak_activations,
+            "peak_memory": self.result.peak_memory,
+            "loss": self.losses[0], "reference_loss": self.reference_loss, "loss_match": self.loss_match,
+            "grad_match": self.grad_match, "max_grad_diff": self.max_grad_diff, "worst_param": self.worst_param,
+        }
+
+
+def median_step(results: Sequence[Result]) -> Result:
+    """The step whose makespan is the median (the lower one of the middle two)."""
+    if not results:
+        raise ValueError("no measured steps; run at least one step")
+    ordered = sorted(results, key=lambda r: r.makespan)
+    return ordered[(len(ordered) - 1) // 2]
+
+
+def _check_run_args(spec, schedule: Schedule, steps: int, warmup: int, calibrate: int, backend: str,
+                    optimizer: str, fault: str | None) -> tuple[Schedule, tuple[str, int] | None]:
+    """The lowered schedule and the parsed fault, or a ValueError before anything starts."""
+    for what, n, least in (("steps", steps, 1), ("warmup", warmup, 0), ("calibrate", calibrate, 0)):
+        if isinstance(n, bool) or not isinstance(n, int) or n < least:
+            raise ValueError(f"{what} must be an integer >= {least}, got {n!r}")
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
+    if calibrate and backend != "gloo":
+        raise ValueError(f"calibrate times CPU ranks (gloo) only, not backend={backend!r}; "
+                         f"simulate an NCCL run with costs written by sim.save_costs")
+    lowered = sim.validate(schedule)
+    split_micro_batches(torch.empty(spec.batch_size, 0), torch.empty(spec.batch_size, 0), lowered.micro)
+    injected = parse_fault(fault)
+    if injected is not None and injected[1] >= lowered.ranks:
+        raise ValueError(f"fault {fault!r} names rank {injected[1]} but the run has ranks 0..{lowered.ranks - 1}")
+    return lowered, injected
+
+
+def run_pipeline(spec, schedule: Schedule | str, stages: int | None = None, micro: int | None = None, *,
+                 steps: int = 5, warmup: int = 2, balance: str = "layers", bounds: Sequence[int] | None = None,
+                 backend: str = "gloo", timeout: float = 300.0, threads: int | None = None, lr: float = 0.01,
+                 fault: str | None = None, progress: bool = False, rtol: float = 1e-4, atol: float = 1e-5,
+                 calibrate: int = 0, optimizer: str = "sgd") -> PipelineRun:
+    """Run `schedule` (a `sim.Schedule`, or a name from `sim.SCHEDULES` with `stages` and
+    `micro`) on one process per rank, `warmup` + `steps` training steps of `spec` with
+    `optimizer` ("sgd" or "adamw", `exec.optim`), and check the first step's loss and
+    gradients against `reference_step`.
+
+    `calibrate` = k > 0 also measures the simulator's costs in the same processes: a
+    calibration round before every k measured steps (`pipeline_worker`); the run's
+    `costs` pool every round (`exec.profile.costs_from_reports`). CPU ranks (gloo) only.
+
+    Raises `exec.launch.RankError` / `TimeoutError` if a rank fails or the run is too slow."""
+    if isinstance(schedule, str):
+        if stages is None or micro is None:
+            raise ValueError("a schedule name needs stages and micro, e.g. run_pipeline(spec, '1f1b', 2, 8)")
+        schedule = sim.make_schedule(schedule, stages, micro)
+    lowered, injected = _check_run_args(spec, schedule, steps, warmup, calibrate, backend, optimizer, fault)
+    bounds = list(bounds) if bounds is not None else spec.partition(lowered.stages, balance, lowered.micro)
+    per_rank = launch(pipeline_worker, lowered.ranks, spec, lowered, steps, warmup, bounds, lr,
+                      injected, progress, calibrate, optimizer, backend=backend, timeout=timeout, threads=threads)
+    grads = [(f"stage{s}.{n}", g) for s in range(lowered.stages)
+             for n, g in per_rank[lowered.rank_of(s)]["grads"][s]]
+    ref_loss, ref_grads = reference_step(spec, lowered.micro)
+    match, worst, where = compare_grads(grads, ref_grads, rtol, atol)
+    results = per_rank[0]["results"]
+    run = PipelineRun(lowered, bounds, median_step(results), results, per_rank[0]["losses"],
+                      ref_loss, match, worst, where, optimizer=optimizer)
+    if calibrate:
+        run.reports = [list(rnd) for rnd in zip(*(r["reports"] for r in per_rank))]
+        run.costs, run.calibration = costs_from_reports([rep for rnd in run.reports for rep in rnd], lowered)
+        run.calibration.update(bounds=bounds, backend=backend, calibrate_every=calibrate, optimizer=optimizer)
+    return run

@@ -1,0 +1,104 @@
+"""One training step on every rank: each interprets its program, and their traces become one `sim.Result`.
+
+    >>> step = run_step(ctx, sim.lower(schedule), modules, xs, ys, loss_fn, optimizer)  # doctest: +SKIP
+    >>> step.result.makespan, step.result.peak_memory, step.loss                        # doctest: +SKIP
+
+`run_step` zeroes the gradients, starts every rank together at a barrier, runs this
+rank's `exec.interpreter.RankInterpreter`, steps the optimizer, and gathers every
+rank's trace into the same `sim.Result` the simulator produces (`source="measured"`), so
+metrics, plots and the Chrome trace work unchanged.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from sim import Event, Result, Schedule
+from sim.kinds import KINDS, Role
+from sim.passes import peer
+
+from .interpreter import LossFn, RankInterpreter, RankTrace
+from .memory import static_memory
+from .shapes import TensorMeta, infer_shapes
+
+__all__ = ["StepResult", "run_step", "assemble_result"]
+
+
+@dataclass
+class StepResult:
+    """One measured step: the `sim.Result` (every rank's events; None if not recorded) and
+    the step's loss (mean over micro-batches), known on every rank."""
+
+    result: Result | None
+    loss: float
+
+
+def assemble_result(schedule: Schedule, traces: Sequence[RankTrace]) -> Result:
+    """Every rank's trace -> one `sim.Result`. A SEND ends when its data was there on the
+    receiving rank: when the matching RECV's wait returned. (gloo cannot tell earlier: its
+    `is_completed()` stays False until `wait()`.)"""
+    role = {k: spec.role for k, spec in KINDS.items()}
+    recv_end = {e.action: e.end for t in traces for e in t.events if role[e.action.kind] is Role.RECV}
+    events = []
+    for t in traces:
+        for e in t.events:
+            if role[e.action.kind] is Role.SEND:
+                e = Event(e.rank, e.action, e.start, max(e.start, recv_end[peer(e.action)]), e.peer)
+            events.append(e)
+    memory = [sorted(t.memory, key=lambda x: x[0]) for t in traces]
+    activations = [sorted(t.activations, key=lambda x: x[0]) for t in traces]
+    return Result(schedule, events, memory, activations, source="measured")
+
+
+def _check_step_args(ctx, schedule: Schedule, stage_modules: dict, micro_inputs: Sequence,
+                     micro_targets: Sequence) -> None:
+    if not schedule.is_lowered and schedule.ranks > 1:
+        raise ValueError(f"schedule {schedule.name!r} has no SEND/RECV actions; pass sim.lower(schedule)")
+    if schedule.ranks != ctx.world_size:
+        raise ValueError(f"schedule {schedule.name!r} has {schedule.ranks} ranks but "
+                         f"the process group has {ctx.world_size}; launch one process per rank")
+    mine = {s for s, r in enumerate(schedule.placement) if r == ctx.rank}
+    if set(stage_modules) != mine:
+        raise ValueError(f"rank {ctx.rank} hosts stages {sorted(mine)} but was given modules for {sorted(stage_modules)}")
+    if len(micro_inputs) != schedule.micro or len(micro_targets) != schedule.micro:
+        raise ValueError(f"schedule has {schedule.micro} micro-batches but got {len(micro_inputs)} "
+                         f"inputs and {len(micro_targets)} targets")
+
+
+def run_step(ctx, schedule_lowered: Schedule, stage_modules: dict[int, nn.Module],
+             micro_inputs: Sequence[torch.Tensor], micro_targets: Sequence[torch.Tensor], loss_fn: LossFn,
+             optimizer: torch.optim.Optimizer | None, record: bool = True,
+             shapes: dict[int, TensorMeta] | None = None) -> StepResult:
+    """One training step of this rank's program; call it on every rank at once.
+
+    `stage_modules` holds this rank's stages; `micro_inputs`/`micro_targets` the
+    micro-batches (stage 0 reads the inputs, the last stage the targets). Gradients are
+    zeroed first, accumulate over micro-batches, and `optimizer.step()` closes the step.
+    The rank's static memory is its stages' weights, gradients and optimizer state
+    (`exec.memory.static_memory`). `shapes` (from `exec.shapes.infer_shapes`) saves a
+    setup pass when given. With `record`, every rank's events are gathered and each rank
+    gets the whole `sim.Result`.
+    """
+    _check_step_args(ctx, schedule_lowered, stage_modules, micro_inputs, micro_targets)
+    if shapes is None:
+        shapes = infer_shapes(ctx, schedule_lowered, stage_modules, micro_inputs[0])
+    if optimizer is not None:
+        optimizer.zero_grad(set_to_none=True)
+    else:
+        for mod in stage_modules.values():
+            mod.zero_grad(set_to_none=True)
+    static = sum(static_memory(mod, optimizer).total for mod in stage_modules.values())
+    interp = RankInterpreter(ctx, schedule_lowered, stage_modules, micro_inputs, micro_targets, loss_fn,
+                             shapes, static)
+    dist.barrier()  # all ranks start together: each rank's clock starts at the barrier exit
+    trace = interp.run()
+    if optimizer is not None:
+        optimizer.step()
+    traces: list[RankTrace | None] = [None] * ctx.world_size
+    dist.all_gather_object(traces, trace if record else RankTrace(ctx.rank, loss=trace.loss))
+    loss = next(t.loss for t in traces if t.loss is not None)
+    return StepResult(assemble_result(schedule_lowered, traces) if record else None, loss)
