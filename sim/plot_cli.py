@@ -26,13 +26,15 @@ from .plot import format_memory, format_times, human_bytes, memory_unit, plot_co
 from .result import Result
 from .schedules import SCHEDULES, make_schedule
 
-# Peak memory of one run, measured with /usr/bin/time -v on 1F1B, GPipe and naive over
-# p x m from 64 x 256 to 64 x 2048 and 8192 x 8 (docs/measurements.md): a fixed part
-# (Python, numpy, matplotlib) plus, per stage x micro-batch of each schedule simulated,
-# what the table needs, what the figures add (the events, made for them) and what a
-# Chrome trace adds (a JSON record per event).
-BASE_BYTES = 250 * 2**20
-BYTES_PER_CELL = {"table": 2_400, "figures": 3_000, "trace": 4_500}
+# What a run holds at its peak (maximum resident set, /usr/bin/time -v, all three schedules,
+# 2-core x86-64 machine, Python 3.11, 2026-11): a fixed part (Python, numpy, matplotlib:
+# 97 MB for p=2, m=1) plus, per stage x micro-batch of each schedule, what the table needs
+# (2.3 KB at p=64 m=2048 and p=8192 m=8, 3.1 KB at p=65536 m=1), what the figures add (to
+# 2.5 KB at p=64 m=2048, 3.5 KB at p=2 m=65536) and what a Chrome trace adds (a JSON record
+# per event: 3.7 KB in all at p=64 m=512, no figures, and at p=64 m=1024 with them). Each
+# figure below rounds the largest measured up.
+BASE_BYTES = 100 * 2**20
+BYTES_PER_CELL = {"table": 3_200, "figures": 400, "trace": 1_600}
 MEMORY_SHARE = 0.5  # of the machine's memory, which other work shares
 BIG_STEP = 100_000
 STYLES = {"bars": "a bar per compute", "dense": "bars without outlines", "heat": "heat map of busy time"}  # stage x micro-batches from which the simulation reports its progress
@@ -145,11 +147,12 @@ def check_size(args: argparse.Namespace, schedules: int) -> None:
     need = BASE_BYTES + schedules * cells * per
     if need > allowed:
         most = max(0, int((allowed - BASE_BYTES) / (schedules * per)))
-        fail(f"--stages {args.stages} x --micro {args.micro} = {cells:,} stage-micro-batches is too large for "
-             f"this machine: {plural(schedules, 'schedule')} at about {per:,} bytes each ({' + '.join(parts)}, "
-             f"measured) need {human_bytes(need)}, over the limit of {human_bytes(allowed)} "
-             f"({MEMORY_SHARE:.0%} of its {human_bytes(machine_memory())} of memory); keep stages x micro-batches "
-             f"under {most:,}" + ("" if args.no_figures and not args.trace else " (more with --no-figures)"))
+        more = [o for o, on in (("fewer --schedule", schedules > 1), ("--no-figures", len(parts) > 1)) if on]
+        fail(f"step too large for this machine: --stages {args.stages} x --micro {args.micro} = {cells:,} "
+             f"stage-micro-batches x {plural(schedules, 'schedule')} would need about {human_bytes(need)} "
+             f"({per:,} bytes each for the {' + '.join(parts)}, as measured), more than the {human_bytes(allowed)} "
+             f"allowed ({MEMORY_SHARE:.0%} of its {human_bytes(machine_memory())} of memory); the limit here is "
+             f"{most:,} stage-micro-batches" + (f" ({' or '.join(more)} allow more)" if more else ""))
 
 
 def _costs(args: argparse.Namespace) -> Costs:

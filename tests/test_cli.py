@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from sim.plot import DPI, MAX_HEIGHT, WIDTH
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,3 +45,55 @@ def test_large_step_draws_in_bounded_time_and_size(tmp_path):
     progress = [line for line in proc.stderr.splitlines() if " writing " in line]
     assert len(progress) == 4 and all(line.startswith("sim.plot: [") for line in progress)
     assert "heat map" in progress[0]
+
+
+# ---------------------------------------------------------------- 2. refused before any work
+
+def assert_refused(proc: subprocess.CompletedProcess, *words: str) -> str:
+    """Exit status 2, nothing on stdout, one line on stderr that holds `words`."""
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout == ""
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("sim.plot: error: "), proc.stderr
+    for word in words:
+        assert word in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.mark.parametrize("args,cells", [(["--stages", "10000000"], "80,000,000"),
+                                        (["--micro", "10000000"], "40,000,000"),
+                                        (["--stages", "2000", "--micro", "2000", "--no-figures"], "4,000,000")])
+def test_a_step_too_large_for_the_machine_is_refused_at_once(args, cells):
+    """--stages 10000000 used to eat memory silently, --micro 10000000 to end in a
+    MemoryError traceback; now both are refused before anything is allocated."""
+    line = assert_refused(run_cli(*args, timeout=60), "too large for this machine", "the limit here is",
+                          "of memory", "as measured")
+    assert f"= {cells} stage-micro-batches" in line
+
+
+def test_the_limit_is_what_the_memory_allows(monkeypatch):
+    from sim import plot_cli
+
+    monkeypatch.setattr(plot_cli, "machine_memory", lambda: 2 * plot_cli.BASE_BYTES + 2 * 3 * 3_200 * 1000)
+    args = plot_cli.build_parser().parse_args(["--stages", "10", "--micro", "100", "--no-figures"])
+    plot_cli.check_size(args, 3)  # exactly at the limit: 1000 stage-micro-batches
+    args.micro = 101
+    with pytest.raises(SystemExit) as e:
+        plot_cli.check_size(args, 3)
+    assert e.value.code == 2
+
+
+def test_an_unwritable_out_is_refused_before_any_work(tmp_path):
+    """A folder that cannot be made is found before simulating (no table on stdout), not
+    after the first figure."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    proc = run_cli("--stages", "64", "--micro", "512", "--out", str(blocker / "figures"), timeout=60)
+    assert_refused(proc, "argument --out: cannot write to", "Not a directory")
+    assert not (blocker.parent / "figures").exists()
+
+
+def test_out_is_not_touched_when_nothing_is_written(tmp_path):
+    proc = run_cli("--no-figures", "--out", str(tmp_path / "never"), timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert not (tmp_path / "never").exists()
