@@ -148,4 +148,8 @@ class Schedule:
         return "\n".join(lines)
 
     def __str__(self) -> str:
-        return f"Schedule {self.name!r}: {self.stages} stages on {self.ranks} devices, {self.micro} micro-batches\n" + self.grid()
+        def n(count: int, word: str, many: str) -> str:
+            return f"{count} {word if count == 1 else many}"
+
+        return (f"Schedule {self.name!r}: {n(self.stages, 'stage', 'stages')} on {n(self.ranks, 'device', 'devices')}, "
+                f"{n(self.micro, 'micro-batch', 'micro-batches')}\n" + self.grid())

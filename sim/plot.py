@@ -161,7 +161,7 @@ def _panel_heights(result: Result, per_row: float = 0.45) -> tuple[float, float]
     `per_row`: for each device's row in the chart (the memory rows are a little lower)."""
     if result.ranks > MAX_BAR_ROWS:
         return 3.6, 3.0
-    return min(per_row * result.ranks, 6.0) + 0.55, min(0.8 * per_row * result.ranks, 4.5) + 0.65
+    return min(per_row * result.ranks, 6.0) + 0.55, max(1.3, min(0.8 * per_row * result.ranks, 4.5) + 0.65)
 
 
 def _rank_rows(ax: "Axes", ranks: int, end: float) -> None:

@@ -97,3 +97,46 @@ def test_out_is_not_touched_when_nothing_is_written(tmp_path):
     proc = run_cli("--no-figures", "--out", str(tmp_path / "never"), timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert not (tmp_path / "never").exists()
+
+
+# ---------------------------------------------------------------- 3. units and labels
+
+def table(proc: subprocess.CompletedProcess) -> list[str]:
+    assert proc.returncode == 0, proc.stderr
+    return [line for line in proc.stdout.splitlines() if line and not line.startswith("wrote ")]
+
+
+def test_the_table_gives_units_and_counts_micro_batches_without_bytes():
+    header, *rows = table(run_cli("--no-figures"))
+    assert "makespan (time units)" in header and "peak activations (micro-batches)" in header
+    # the default costs give no bytes: memory is a count of micro-batches, not "8 B"
+    assert [row.split(None, 4)[4] for row in rows] == ["1 micro-batch", "8 micro-batches", "4 micro-batches"]
+
+
+def test_the_table_gives_bytes_with_suffixes_when_bytes_are_given():
+    _, *rows = table(run_cli("--no-figures", "--activation-bytes", str(2**20), "--static-bytes", str(2**30)))
+    assert [row.split(None, 4)[4] for row in rows] == ["1 GiB", "1.01 GiB", "1 GiB"]
+
+
+def test_makespans_are_printed_in_one_format():
+    # naive 32 * 128 * (1 + 2) = 12288.x and 1F1B 400-odd: never 1.229e+04 beside 437.2
+    _, *rows = table(run_cli("--stages", "32", "--micro", "128", "--latency", "0.1", "--no-figures", timeout=180))
+    makespans = [row.split()[1] for row in rows]
+    assert all("e" not in m for m in makespans)
+    assert len({len(m.split(".")[1]) for m in makespans}) == 1, makespans  # as many decimals each
+    assert float(makespans[0]) > 12288
+
+
+def test_help_shows_defaults_and_units():
+    proc = run_cli("--help")
+    assert proc.returncode == 0
+    text = " ".join(proc.stdout.split())
+    for default in ("pipeline stages, one per device (default: 4)", "micro-batches per step (default: 8)",
+                    "(default: inf)", "(default: figures)", "in time units"):
+        assert default in text
+    assert text.count("(default: ") >= 17
+
+
+def test_one_stage_is_singular():
+    proc = run_cli("--stages", "1", "--forward", "1,2")
+    assert_refused(proc, "got 2 values for 1 stage;")

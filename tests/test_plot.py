@@ -12,7 +12,7 @@ from matplotlib.patches import Rectangle
 
 import sim
 from sim import heatmap
-from sim.plot import DPI, MAX_HEIGHT, WIDTH, counts_micro_batches, human_bytes, plot_compare, plot_overlay, \
+from sim.plot import DPI, MAX_HEIGHT, WIDTH, counts_micro_batches, format_times, human_bytes, plot_compare, plot_overlay, \
     plot_result, save_figure, timeline_style
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -297,3 +297,14 @@ def test_binned_max_keeps_peaks_and_the_last_change_at_an_instant():
     # bins [0, 1), [1, 2) with the spike to 5, [2, 3) from 1 (3 and 1 at one instant), [3, 4)
     assert heatmap.binned_max(series, t0=0.0, end=4.0, bins=4).tolist() == [0.0, 5.0, 1.0, 1.0]
     assert heatmap.binned_max([], 0.0, 1.0, bins=3).tolist() == [0.0, 0.0, 0.0]
+
+
+def test_titles_give_units_and_singulars():
+    result = sim.simulate(sim.make_schedule("gpipe", stages=1, micro=1))
+    fig = plot_result(result)
+    assert fig._suptitle.get_text() == "gpipe: 1 stage, 1 micro-batch  |  makespan 3 time units, bubble 0.0%"
+    assert fig.axes[0].get_xlabel() == "" and fig.axes[1].get_xlabel() == "time (time units)"
+    assert str(result.schedule).startswith("Schedule 'gpipe': 1 stage on 1 device, 1 micro-batch\n")
+    assert format_times([98304.0, 1725.0]) == ["98304", "1725"]
+    assert format_times([19.3, 13.15]) == ["19.30", "13.15"]
+    assert format_times([0.012345]) == ["0.01235"]
