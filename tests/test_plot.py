@@ -204,10 +204,58 @@ def test_plot_overlay_of_simulated_and_measured(one_f_one_b, tmp_path):
     assert min(b.get_x() for b in compute_bars(fig.axes[0])) == 0
 
 
-def test_compare_shares_one_time_axis():
-    results = [sim.simulate(sim.make_schedule(n, 3, 4)) for n in sim.SCHEDULES]
-    fig = plot_compare(results)
-    assert {ax.get_xlim()[1] for ax in fig.axes} == {max(r.makespan for r in results)}
+@pytest.fixture(scope="module")
+def p8_m32():
+    return [sim.simulate(sim.make_schedule(n, 8, 32)) for n in sim.SCHEDULES]
+
+
+def chart_axes(fig) -> list:
+    """The axes of a figure that hold a chart or a memory panel (not colour bars)."""
+    return [ax for ax in fig.axes if ax.get_label() != "<colorbar>"]
+
+
+def test_compare_shares_one_time_axis_when_asked_or_when_steps_are_alike():
+    results = [sim.simulate(sim.make_schedule(n, 3, 4)) for n in sim.SCHEDULES]  # 36, 18, 18
+    for fig in (plot_compare(results), plot_compare(results, shared_time=True)):
+        assert {ax.get_xlim()[1] for ax in fig.axes} == {max(r.makespan for r in results)}
+        assert "on one time axis" in fig._suptitle.get_text()
+
+
+def test_compare_gives_each_schedule_its_own_time_axis_when_one_is_much_longer(p8_m32):
+    """At p=8, m=32 naive takes 768 and GPipe 117: on one axis GPipe would get 15 % of it."""
+    fig = plot_compare(p8_m32)
+    axes = chart_axes(fig)
+    assert len(axes) == 6  # a chart and a memory panel per schedule
+    for i, r in enumerate(p8_m32):
+        assert axes[2 * i].get_xlim() == axes[2 * i + 1].get_xlim() == (0, r.makespan)
+    assert "each on its own time axis (the longest step is 6.6x the shortest)" in fig._suptitle.get_text()
+
+
+def peak_heights(ax) -> list[float]:
+    """Per row of a memory panel, the height of its highest point as a share of the row."""
+    return [(r + 0.42 - line.get_ydata().min()) / 0.84 for r, line in enumerate(ax.get_lines())]
+
+
+def test_compare_draws_memory_on_one_scale(p8_m32):
+    naive, gpipe, one_f_one_b = chart_axes(plot_compare(p8_m32))[1::2]
+    assert naive.get_ylabel() == gpipe.get_ylabel() == one_f_one_b.get_ylabel() == \
+        "activations held\n(full row: 32 micro-batches)"
+    assert peak_heights(gpipe) == pytest.approx([1.0] * 8)                            # 32 of 32
+    assert peak_heights(one_f_one_b) == pytest.approx([(8 - s) / 32 for s in range(8)])  # p - s of 32
+    assert peak_heights(naive) == pytest.approx([1 / 32] * 8)
+
+
+def test_memory_has_a_row_per_device_that_can_be_followed():
+    """Naive's devices all hold 0 or 1 micro-batch: as lines on one axis they hid each
+    other; each is now in its own row, and the rows do not overlap."""
+    result = sim.simulate(sim.make_schedule("naive", 4, 8))
+    memory = plot_result(result).axes[1]
+    for r, line in enumerate(memory.get_lines()):
+        assert line.get_gid() == f"memory rank {r}"
+        y = line.get_ydata()
+        assert r - 0.42 - 1e-9 <= y.min() and y.max() <= r + 0.42 + 1e-9
+        assert y.min() == pytest.approx(r - 0.42)  # its own peak fills its row
+    assert [t.get_text() for t in memory.texts] == ["peak 1 micro-batch"] * 4
 
 
 def test_save_figure_hides_labels_that_do_not_fit(tmp_path):
