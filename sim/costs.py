@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import numbers
 import os
 from dataclasses import dataclass
 from typing import Sequence, Union
@@ -11,6 +12,8 @@ from typing import Sequence, Union
 from .files import atomic_write
 
 PerStage = Union[float, Sequence[float]]
+PER_STAGE = ("forward", "backward", "backward_input", "backward_weight", "activation_bytes_sent", "activation_bytes",
+             "static_bytes", "weight_bytes", "grad_bytes", "optimizer_bytes")
 
 
 def _per_stage(name: str, value: PerStage, stages: int) -> tuple[float, ...]:
@@ -26,6 +29,30 @@ def _per_stage(name: str, value: PerStage, stages: int) -> tuple[float, ...]:
         if not math.isfinite(v) or v < 0:
             raise ValueError(f"Costs.{name} must be finite and >= 0, got {v}")
     return values
+
+
+def _check_per_stage(name: str, value, optional: bool = False) -> None:
+    """A per-stage field is a number or a non-empty sequence of numbers, each finite and
+    >= 0 (`None` where `optional`); how many, `for_stages` checks against the stage count."""
+    if value is None and optional:
+        return
+    if _is_number(value):
+        values = [value]
+    elif isinstance(value, (str, bytes, dict)) or not hasattr(value, "__iter__"):
+        values = None
+    else:
+        values = list(value)
+    if not values or not all(map(_is_number, values)):
+        what = "a number, None" if optional else "a number"
+        raise ValueError(f"Costs.{name} must be {what} or a sequence of numbers (one per stage), got {value!r}")
+    for i, v in enumerate(values):
+        if not (math.isfinite(v) and v >= 0):
+            at = "" if _is_number(value) else f"[{i}]"
+            raise ValueError(f"Costs.{name}{at} must be finite and >= 0, got {v!r}")
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool)
 
 
 @dataclass(frozen=True)
@@ -89,6 +116,8 @@ class Costs:
     transport: str = "gloo-cpu"
 
     def __post_init__(self):
+        for name in PER_STAGE:
+            _check_per_stage(name, getattr(self, name), optional=name in ("backward_input", "backward_weight"))
         for name in ("latency", "send_overhead", "recv_overhead", "arrive_overhead", "before_compute",
                      "after_compute"):
             v = getattr(self, name)

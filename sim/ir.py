@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import itertools
 import re
+from collections import Counter
 from dataclasses import dataclass
 from operator import itemgetter
-from typing import Iterable, NamedTuple, Sequence
+from typing import Callable, Iterable, NamedTuple, Sequence
 
 from .kinds import COMPUTE, Kind
 
@@ -53,6 +54,65 @@ class Action(NamedTuple):
         return cls(int(m.group(1)), Kind(m.group(2)), int(m.group(3)))
 
 
+Where = Callable[..., str]  # (rank, step) -> how an error names that cell; (rank) -> that row
+
+
+def _at_step(rank: int, step: int | None = None) -> str:
+    return f"rank {rank}" if step is None else f"rank {rank} step {step}"
+
+
+def check_actions(programs: Sequence[Sequence[Action]], placement: Sequence[int], micro: int,
+                  where: Where = _at_step) -> None:
+    """No action appears twice, and every stage has, for every micro-batch, its forward F
+    and its backward (B, or I and W). Raises `ScheduleError` naming the cell (`where`).
+
+    What else can be wrong (an action on the wrong rank, a stage that does not exist, a
+    deadlock) is for `sim.validate` to say. A fast pass counts with C-level tools; only a
+    schedule that fails it is walked action by action."""
+    total = sum(map(len, programs))
+    unique = set(itertools.chain.from_iterable(programs))
+    stages = len(placement)
+    if len(unique) == total:
+        # S*M distinct Fs and Bs: all there, unless some name a stage or micro-batch that
+        # does not exist, which validate says
+        kinds = Counter(map(itemgetter(1), unique))
+        if kinds[Kind.F] == kinds[Kind.B] == stages * micro and not kinds[Kind.I] and not kinds[Kind.W]:
+            return
+    cells = _first_cells(programs, unique if len(unique) == total else None, where)
+    for s in range(stages):
+        for m in range(micro):
+            _check_stage_micro(s, m, placement[s], cells, where)
+
+
+def _first_cells(programs: Sequence[Sequence[Action]], unique: set | None, where: Where) -> dict[Action, tuple[int, int]]:
+    """Where each action first appears; raises on the first one that appears again."""
+    cells: dict[Action, tuple[int, int]] = {}
+    for r, prog in enumerate(programs):
+        for i, a in enumerate(prog):
+            if unique is None and a in cells:
+                n = sum(p.count(a) for p in programs)
+                raise ScheduleError(f"{a} appears {n} times, at {where(*cells[a])} and {where(r, i)}"
+                                    f"{' and later' if n > 2 else ''}; each action runs exactly once")
+            cells.setdefault(a, (r, i))
+    return cells
+
+
+def _check_stage_micro(s: int, m: int, rank: int, cells: dict[Action, tuple[int, int]], where: Where) -> None:
+    f, b, i, w = (Action(s, k, m) for k in (Kind.F, Kind.B, Kind.I, Kind.W))
+    has = [a for a in (f, b, i, w) if a in cells]
+    if f not in cells:
+        also = f" (its {has[0]} is at {where(*cells[has[0]])})" if has else ""
+        raise ScheduleError(f"{f} is missing: {where(rank)}, which hosts stage {s}, has no forward of "
+                            f"micro-batch {m}{also}; every stage runs every micro-batch forward")
+    if b not in cells and (i in cells) != (w in cells):
+        there, gone = (i, w) if i in cells else (w, i)
+        raise ScheduleError(f"{gone} is missing: {there} is at {where(*cells[there])}, half of a split backward, "
+                            f"but {where(rank)} has no {gone}; every micro-batch needs its backward on every stage")
+    if b not in cells and i not in cells:
+        raise ScheduleError(f"{b} is missing: {f} is at {where(*cells[f])}, but {where(rank)} has no backward of it "
+                            f"(B, or I and W); every micro-batch needs its backward on every stage")
+
+
 def action(text: str | Action) -> Action:
     """Accept an `Action` or its text form."""
     return text if isinstance(text, Action) else Action.parse(text)
@@ -76,6 +136,11 @@ class Schedule:
         # generators hand over Actions already; only text needs parsing
         progs = tuple(prog if set(map(type, prog)) <= {Action} else tuple(map(action, prog))
                       for prog in map(tuple, programs))
+        self._init(progs, placement, micro, name, _at_step)
+
+    def _init(self, progs: tuple[tuple[Action, ...], ...], placement: Sequence[int] | None, micro: int | None,
+              name: str, where: Where) -> None:
+        """Set the fields and check the actions (`check_actions`); `where` names a cell in errors."""
         if not progs:
             raise ScheduleError("a schedule needs at least one device")
         if placement is None:  # one stage per device, stage s on rank s
@@ -83,6 +148,7 @@ class Schedule:
         placement = tuple(int(r) for r in placement)
         if micro is None:
             micro = 1 + max((a.micro for prog in progs for a in prog), default=-1)
+        check_actions(progs, placement, int(micro), where)
         object.__setattr__(self, "programs", progs)
         object.__setattr__(self, "placement", placement)
         object.__setattr__(self, "micro", int(micro))
@@ -119,18 +185,27 @@ class Schedule:
     @classmethod
     def from_csv(cls, text: str, placement: Sequence[int] | None = None, name: str = "custom") -> "Schedule":
         """Read torch's CSV. Empty cells are idle steps and are dropped (timing is the
-        simulator's business, not the IR's)."""
+        simulator's business, not the IR's); errors name the cell by row and column."""
         rows = text.splitlines()
         while rows and not rows[-1].strip():
             rows.pop()
-        programs = []
+        programs, columns = [], []
         for i, row in enumerate(rows):
-            cells = [c.strip() for c in row.split(",")]
+            cells = [(j, c.strip()) for j, c in enumerate(row.split(",")) if c.strip()]
             try:
-                programs.append([Action.parse(c) for c in cells if c])
+                programs.append(tuple(Action.parse(c) for _, c in cells))
             except ScheduleError as e:
                 raise ScheduleError(f"row {i} (rank {i}): {e}") from None
-        return cls(programs, placement, name=name)
+            columns.append([j for j, _ in cells])
+
+        def at_cell(rank: int, step: int | None = None) -> str:
+            if step is None:
+                return f"row {rank} (rank {rank})"
+            return f"row {rank} column {columns[rank][step]} (rank {rank} step {step})"
+
+        schedule = cls.__new__(cls)
+        schedule._init(tuple(programs), placement, None, name, at_cell)
+        return schedule
 
     def grid(self, mark: dict[int, int] | None = None) -> str:
         """A step x rank table of the programs; `mark[rank] = index` flags a cell with `*`."""
@@ -148,4 +223,8 @@ class Schedule:
         return "\n".join(lines)
 
     def __str__(self) -> str:
-        return f"Schedule {self.name!r}: {self.stages} stages on {self.ranks} devices, {self.micro} micro-batches\n" + self.grid()
+        def n(count: int, word: str, many: str) -> str:
+            return f"{count} {word if count == 1 else many}"
+
+        return (f"Schedule {self.name!r}: {n(self.stages, 'stage', 'stages')} on {n(self.ranks, 'device', 'devices')}, "
+                f"{n(self.micro, 'micro-batch', 'micro-batches')}\n" + self.grid())

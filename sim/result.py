@@ -55,6 +55,13 @@ class Result:
         self._makespan, self._busy = makespan, busy
         self._t0 = t0 if makespan is not None else None
 
+    def __repr__(self) -> str:
+        s = self.schedule
+        on = f"{s.stages} stage{'s' * (s.stages != 1)} on {s.ranks} rank{'s' * (s.ranks != 1)}"
+        return (f"<Result {s.name!r} ({self.source}): {on}, {s.micro} micro-batch{'es' * (s.micro != 1)}, "
+                f"makespan {self.makespan:.6g}{' s' * (self.source == 'measured')}, "
+                f"bubble {self.bubble_fraction:.1%}>")
+
     @property
     def schedule(self) -> Schedule:
         """The lowered schedule that ran."""

@@ -1,0 +1,102 @@
+"""The Python API as a new user meets it: a schedule with an action missing or twice is
+refused where it is made, naming the cell; check_deadlock takes what the generators
+write; Costs refuses a bad per-stage value at once; a Result says what it is."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import sim
+from sim import Schedule, ScheduleError
+
+
+# ---------------------------------------------------------------- Schedule: missing and duplicated actions
+
+def test_a_missing_backward_is_refused_by_the_constructor_naming_the_rank():
+    with pytest.raises(ScheduleError, match=r"^1B0 is missing: 1F0 is at rank 1 step 0, but rank 1 has no backward"):
+        Schedule([["0F0", "0B0"], ["1F0"]])
+
+
+def test_a_missing_forward_is_named_with_the_rank_that_hosts_its_stage():
+    with pytest.raises(ScheduleError, match=r"^0F1 is missing: rank 0, which hosts stage 0, has no forward of "
+                                            r"micro-batch 1 \(its 0B1 is at rank 0 step 2\)"):
+        Schedule([["0F0", "0B0", "0B1"], ["1F0", "1B0", "1F1", "1B1"]])
+
+
+def test_half_a_split_backward_is_named():
+    with pytest.raises(ScheduleError, match=r"^0W0 is missing: 0I0 is at rank 0 step 1, half of a split backward"):
+        Schedule([["0F0", "0I0"]])
+
+
+def test_a_duplicated_action_is_refused_naming_both_cells():
+    with pytest.raises(ScheduleError, match=r"^1F0 appears 2 times, at rank 1 step 0 and rank 1 step 2;"):
+        Schedule([["0F0", "0B0"], ["1F0", "1B0", "1F0"]])
+
+
+def test_from_csv_names_the_row_and_column_of_the_cell():
+    # an empty cell is an idle step: the column is not the step
+    with pytest.raises(ScheduleError, match=r"1F1 appears 2 times, at row 1 column 3 \(rank 1 step 2\) and "
+                                            r"row 1 column 6 \(rank 1 step 4\)"):
+        Schedule.from_csv("0F0,,0B0,0F1,0B1\n1F0,1B0,,1F1,1B1,,1F1\n")
+    with pytest.raises(ScheduleError, match=r"0B1 is missing: 0F1 is at row 0 column 3 \(rank 0 step 2\), "
+                                            r"but row 0 \(rank 0\) has no backward"):
+        Schedule.from_csv("0F0,,0B0,0F1\n1F0,1B0,,1F1,1B1\n")
+
+
+def test_complete_schedules_are_accepted_as_before():
+    for name in sim.SCHEDULES:
+        s = sim.make_schedule(name, 3, 5)
+        assert Schedule.from_csv(s.to_csv(), name=name).programs == s.programs
+        sim.lower(s)  # lowered (SEND/RECV added) and checked again
+    # a zero-bubble split backward, and an action on the wrong rank: that is validate's to say
+    Schedule([["0F0", "0I0", "0W0"]])
+    with pytest.raises(ScheduleError, match="stage 1 lives on rank 1, not 0"):
+        sim.validate(Schedule([["0F0", "1F0", "0B0"], ["1B0"]]))
+
+
+# ---------------------------------------------------------------- check_deadlock
+
+def test_check_deadlock_takes_a_schedule_of_computes_only():
+    """It said "communication does not match the data dependencies: missing 0RECV_B0"."""
+    sim.check_deadlock(sim.make_schedule("1f1b", 4, 8))
+    sim.check_deadlock(sim.lower(sim.make_schedule("1f1b", 4, 8)))
+    with pytest.raises(ScheduleError, match="rank 1 waits at 1F1 for 0SEND_F1 on rank 0"):
+        sim.check_deadlock(Schedule([["0F0", "0B0", "0F1", "0B1"], ["1F1", "1B1", "1F0", "1B0"]]))
+
+
+# ---------------------------------------------------------------- Costs
+
+@pytest.mark.parametrize("field,value,message", [
+    ("forward", -1, r"Costs.forward must be finite and >= 0, got -1"),
+    ("backward", [1.0, math.nan], r"Costs.backward\[1\] must be finite and >= 0, got nan"),
+    ("activation_bytes", (1, math.inf), r"Costs.activation_bytes\[1\] must be finite"),
+    ("static_bytes", "1", r"Costs.static_bytes must be a number or a sequence of numbers"),
+    ("weight_bytes", [], r"Costs.weight_bytes must be a number or a sequence"),
+    ("forward", None, r"Costs.forward must be a number or a sequence"),
+    ("backward_input", [1, "x"], r"Costs.backward_input must be a number, None or a sequence"),
+    ("grad_bytes", True, r"Costs.grad_bytes must be a number"),
+])
+def test_costs_check_every_per_stage_field_at_construction(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        sim.Costs(**{field: value})
+
+
+def test_costs_check_the_count_against_the_stages_later():
+    costs = sim.Costs(forward=[1, 2, 3], backward_input=None, optimizer_bytes=(0, 2**30, 0))
+    assert costs.for_stages(3).forward == (1.0, 2.0, 3.0)
+    with pytest.raises(ValueError, match="Costs.forward has 3 values but the schedule has 4 stages"):
+        costs.for_stages(4)
+
+
+# ---------------------------------------------------------------- Result
+
+def test_result_repr_says_what_it_is():
+    r = sim.simulate(sim.make_schedule("1f1b", 4, 8))
+    assert repr(r) == "<Result '1f1b' (simulated): 4 stages on 4 ranks, 8 micro-batches, makespan 33, bubble 27.3%>"
+    one = sim.simulate(sim.make_schedule("gpipe", 1, 1), sim.Costs(forward=0.5))
+    assert repr(one) == "<Result 'gpipe' (simulated): 1 stage on 1 rank, 1 micro-batch, makespan 2.5, bubble 0.0%>"
+    events = [sim.Event(e.rank, e.action, e.start + 7, e.end + 7, e.peer) for e in one.events]
+    measured = sim.Result(one.schedule, events, one.memory, one.activations, source="measured")
+    assert "(measured)" in repr(measured) and "makespan 2.5 s," in repr(measured)
+
