@@ -104,7 +104,7 @@ is time the device sits **idle**.
 costs = sim.Costs(forward=FORWARD, backward=BACKWARD)
 results = {name: sim.simulate(sim.make_schedule(name, P, M), costs) for name in ("naive", "gpipe", "1f1b")}
 print(format_table(results.values()))
-show(plot_compare(list(results.values())))
+show(plot_compare(list(results.values()), shared_time=True))
 '''),
     md("""
 ## 2. Where the bubble comes from, and its closed form
