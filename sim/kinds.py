@@ -88,9 +88,9 @@ class KindSpec:
     Compute kinds:
     - cost: the per-stage `Costs` field with its time.
     - needs(stage, micro, stages, computes): the compute actions whose results it consumes.
-    - memory: what it does to its rank's memory; held: how it changes the count of
-      micro-batches whose activations the rank holds (+1 from the start of F, -1 at the
-      end of the last backward).
+    - memory: what it does to its rank's memory. The count of micro-batches whose
+      activations a rank holds follows the `activation_bytes` effects (+1 from the start
+      of F, -1 at the end of the last backward).
     - send, recv: the SEND and RECV kinds that carry its result to a compute on another rank.
     Transfer kinds (SEND, RECV):
     - peer: (stage offset, kind) of the other half of the transfer.
@@ -106,7 +106,6 @@ class KindSpec:
     cost: str | None = None
     needs: Callable[[int, int, int, Computes], list[Key]] | None = None
     memory: tuple[MemoryEffect, ...] = ()
-    held: int = 0
     send: Kind | None = None
     recv: Kind | None = None
     peer: tuple[int, Kind] | None = None
@@ -145,13 +144,13 @@ _GIVE_BACK = MemoryEffect("activation_bytes", -1, "end")
 
 KINDS: Mapping[Kind, KindSpec] = {
     Kind.F: KindSpec(Role.COMPUTE, "F forward", "forward", "#0072B2", cost="forward", needs=_forward_needs,
-                     memory=(_TAKE,), held=+1, send=Kind.SEND_F, recv=Kind.RECV_F),
+                     memory=(_TAKE,), send=Kind.SEND_F, recv=Kind.RECV_F),
     Kind.B: KindSpec(Role.COMPUTE, "B backward", "backward", "#E69F00", cost="backward", needs=_backward_needs,
-                     memory=(_GIVE_BACK,), held=-1, send=Kind.SEND_B, recv=Kind.RECV_B),
+                     memory=(_GIVE_BACK,), send=Kind.SEND_B, recv=Kind.RECV_B),
     Kind.I: KindSpec(Role.COMPUTE, "I input grad", "backward_input", "#009E73", cost="backward_input",
                      needs=_backward_needs, send=Kind.SEND_B, recv=Kind.RECV_B),
     Kind.W: KindSpec(Role.COMPUTE, "W weight grad", "backward_weight", "#CC79A7", cost="backward_weight",
-                     needs=_weight_needs, memory=(_GIVE_BACK,), held=-1),
+                     needs=_weight_needs, memory=(_GIVE_BACK,)),
     Kind.SEND_F: KindSpec(Role.SEND, "send activation", "send", peer=(+1, Kind.RECV_F), tensor_of=0),
     Kind.RECV_F: KindSpec(Role.RECV, "receive activation", "recv", peer=(-1, Kind.SEND_F), tensor_of=-1,
                           feeds=(Kind.F,)),

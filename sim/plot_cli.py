@@ -100,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--activation-bytes-sent", type=_per_stage, default="0",
                    help=f"bytes a stage sends forward per micro-batch; {per}")
     p.add_argument("--static-bytes", type=_per_stage, default="0",
-                   help=f"bytes of weights, gradients and optimizer state of a stage; {per}")
+                   help=f"bytes a stage holds for the whole step (weights, gradients, optimizer state and the rest together); {per}")
     p.add_argument("--out", default="figures", help="folder for the files, created if missing")
     p.add_argument("--trace", action="store_true", help="also write a Chrome trace JSON per schedule")
     p.add_argument("--no-figures", action="store_true", help="print the table only, draw nothing")
