@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -29,6 +30,7 @@ from sim import Result, Schedule
 
 from .calibrate import calibrate_rank, message_sizes
 from .check import compare_grads, reference_step, split_micro_batches
+from .host import host_cores
 from .launch import launch
 from .optim import OPTIMIZERS, make_optimizer
 from .profile import costs_from_reports
@@ -90,6 +92,33 @@ def _say(text: str) -> None:
     print(f"exec: {text}", file=sys.stderr, flush=True)
 
 
+class _Progress:
+    """Rank 0's progress lines, and a heartbeat: after `every` seconds without one, a
+    line says what the run is still doing and for how long (a run never stalls silently)."""
+
+    def __init__(self, on: bool, first: str, every: float = 5.0):
+        self.on, self.every, self.what, self.since = on, every, first, time.monotonic()
+        self._done = threading.Event()
+        if on:
+            threading.Thread(target=self._beat, name="exec-progress", daemon=True).start()
+
+    def say(self, text: str, doing: str | None = None) -> None:
+        self.what, self.since = doing or text, time.monotonic()
+        if self.on:
+            _say(text)
+
+    def _beat(self) -> None:
+        last = time.monotonic()
+        while not self._done.wait(1.0):
+            now = time.monotonic()
+            if now - max(self.since, last) >= self.every:
+                last = now
+                _say(f"{self.what}: still running after {now - self.since:.0f} s")
+
+    def close(self) -> None:
+        self._done.set()
+
+
 def pipeline_worker(ctx, spec, schedule: Schedule, steps: int, warmup: int, bounds: Sequence[int], lr: float,
                     fault: tuple[str, int] | None, progress: bool, calibrate: int = 0,
                     optimizer: str = "sgd") -> dict:
@@ -109,15 +138,25 @@ def pipeline_worker(ctx, spec, schedule: Schedule, steps: int, warmup: int, boun
     `exec.profile.costs_from_reports`."""
     modules, opt, micro_inputs, micro_targets, shapes = _build_rank(ctx, spec, schedule, bounds, lr, optimizer)
     out: dict[str, Any] = {"rank": ctx.rank, "losses": [], "results": [], "grads": {}, "reports": []}
-    say = progress and ctx.rank == 0
+    say = _Progress(progress and ctx.rank == 0, f"warm-up 1/{warmup}" if warmup else f"step 1/{steps}")
+    try:
+        _steps(ctx, spec, schedule, steps, warmup, bounds, fault, calibrate, modules, opt,
+               micro_inputs, micro_targets, shapes, out, say)
+    finally:
+        say.close()
+    return out
+
+
+def _steps(ctx, spec, schedule, steps, warmup, bounds, fault, calibrate, modules, opt, micro_inputs,
+           micro_targets, shapes, out, say: _Progress) -> None:
+    """`pipeline_worker`'s loop: warm-up and measured steps, calibration rounds between."""
     for i in range(warmup + steps):
         if i == warmup:
             _inject(fault, ctx.rank)
         measured = i >= warmup
         if calibrate and measured and (i - warmup) % calibrate == 0:
             rnd = (i - warmup) // calibrate
-            if say:
-                _say(f"calibrating {rnd + 1}/{-(-steps // calibrate)}")
+            say.say(f"calibrating {rnd + 1}/{-(-steps // calibrate)}")
             sizes = message_sizes(spec, schedule.micro) if rnd == 0 else None
             out["reports"].append(calibrate_rank(ctx, spec, schedule, schedule.micro, bounds, steps=3,
                                                  sizes=sizes, modules=modules, optimizer=opt))
@@ -129,11 +168,10 @@ def pipeline_worker(ctx, spec, schedule: Schedule, steps: int, warmup: int, boun
             out["grads"] = _grads(modules)
         if measured and ctx.rank == 0:
             out["results"].append(step.result)
-        if say:
-            what = f"step {i - warmup + 1}/{steps}" if measured else f"warm-up {i + 1}/{warmup}"
-            span = f"{step.result.makespan * 1e3:.2f} ms" if measured else f"{(time.perf_counter() - t) * 1e3:.0f} ms wall"
-            _say(f"{what}: loss {step.loss:.5f}, {span}")
-    return out
+        what = f"step {i - warmup + 1}/{steps}" if measured else f"warm-up {i + 1}/{warmup}"
+        span = f"{step.result.makespan * 1e3:.2f} ms" if measured else f"{(time.perf_counter() - t) * 1e3:.0f} ms wall"
+        nxt = f"warm-up {i + 2}/{warmup}" if i + 1 < warmup else f"step {i - warmup + 2}/{steps}"
+        say.say(f"{what}: loss {step.loss:.5f}, {span}", doing=nxt)
 
 
 # ---------------------------------------------------------------------------- the parent
@@ -229,6 +267,9 @@ def run_pipeline(spec, schedule: Schedule | str, stages: int | None = None, micr
         schedule = sim.make_schedule(schedule, stages, micro)
     lowered, injected = _check_run_args(spec, schedule, steps, warmup, calibrate, backend, optimizer, fault)
     bounds = list(bounds) if bounds is not None else spec.partition(lowered.stages, balance, lowered.micro)
+    if progress and backend == "gloo" and lowered.ranks > len(host_cores()):
+        _say(f"warning: {lowered.ranks} ranks share {len(host_cores())} cores, so they wait for each other's "
+             f"cores and measured times cannot match the simulation (docs/rules.md, rule 9)")
     per_rank = launch(pipeline_worker, lowered.ranks, spec, lowered, steps, warmup, bounds, lr,
                       injected, progress, calibrate, optimizer, backend=backend, timeout=timeout, threads=threads)
     grads = [(f"stage{s}.{n}", g) for s in range(lowered.stages)

@@ -69,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--costs", type=Path, help="costs JSON (sim.save_costs) instead of profiling")
     c.add_argument("--no-compare", action="store_true", help="skip profiling and the simulated step")
     c.add_argument("--out", type=Path, help="directory for the Chrome trace and figures")
-    c.add_argument("--json", action="store_true", help="end stdout with one JSON object")
+    c.add_argument("--json", action="store_true", help="print one JSON object on stdout, and the table on stderr (for | jq)")
     c.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     c.add_argument("--fault", metavar="KIND:RANK",
                    help="make a rank fail on purpose before its first measured step, to test how a run "
@@ -110,10 +110,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         cj = comparison.as_json()
         summary.update({k: v for k, v in cj.items() if k not in summary or k in ("simulated_step_s", "error_pct")})
         summary["costs"] = comparison.costs.to_dict()  # what the simulation ran on
-    print(_table(summary))
+    human = sys.stderr if args.json else sys.stdout  # with --json, stdout is the JSON alone
+    print(_table(summary), file=human)
     if args.out is not None:
         _save(args.out, run, comparison)
-        print(f"wrote {args.out}/")
+        print(f"wrote {args.out}/", file=human)
     if args.json:
         print(json.dumps(_jsonable(summary)))
     return 0

@@ -358,13 +358,14 @@ def _cli(*args, timeout=120):
                           text=True, timeout=timeout)
 
 
-def test_cli_json_last_line_has_the_fields(tmp_path):
+def test_cli_json_is_all_of_stdout(tmp_path):
     costs = tmp_path / "costs.json"  # given costs: no profiling run
     save_costs(sim.Costs(forward=1e-3, backward=2e-3), costs)
     p = _cli("--schedule", "gpipe", "--stages", "2", *SMALL, "--steps", "2", "--warmup", "1",
              "--costs", str(costs), "--json", "--out", str(tmp_path / "out"))
     assert p.returncode == 0, p.stderr
-    out = json.loads(p.stdout.strip().splitlines()[-1])
+    out = json.loads(p.stdout)  # the table and progress go to stderr
+    assert "measured step" in p.stderr
     for key in ("schedule", "stages", "micro", "measured_step_s", "simulated_step_s", "error_pct",
                 "grad_match", "max_grad_diff"):
         assert key in out, key
@@ -438,6 +439,24 @@ def test_cli_bad_arguments_exit_2_with_one_line(args, says, capsys):
     err = capsys.readouterr().err
     assert info.value.code == 2
     assert err.count("\n") == 1 and err.startswith("exec.run: error:") and says in err
+
+
+def test_more_ranks_than_cores_calibrate_with_a_warning():
+    """Three ranks calibrate (ranks 0 and 1 time the transport without the third one) and
+    the run says at its start, in one line, that it has more ranks than cores."""
+    p = _cli("--schedule", "1f1b", "--stages", "3", *SMALL, "--steps", "1", "--warmup", "0", "--json",
+             "--timeout", "150", timeout=200)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["grad_match"] is True
+    warned = [line for line in p.stderr.splitlines() if "ranks share" in line]
+    assert len(warned) == (1 if len(host_cores()) < 3 else 0)
+
+
+def test_a_silent_rank_gets_a_progress_line_every_few_seconds():
+    p = _cli("--stages", "2", *SMALL, "--steps", "1", "--warmup", "0", "--no-compare", "--fault", "hang:1",
+             "--timeout", "14")
+    assert p.returncode == 1 and "took longer than timeout=14s" in p.stderr
+    assert p.stderr.count("step 1/1: still running after") >= 1
 
 
 def test_cli_rank_failure_is_one_line_and_exit_1(capsys):
