@@ -24,7 +24,7 @@ from .ir import ScheduleError
 from .plot import format_memory, format_times, human_bytes, memory_unit, plot_compare, \
     plot_result, plural, save_figure, time_unit, timeline_style, TIME_UNIT
 from .result import Result
-from .schedules import SCHEDULES, make_schedule
+from .schedules import SCHEDULES, TEXTBOOK, lookup, make_schedule
 
 # What a run holds at its peak (maximum resident set, /usr/bin/time -v, all three schedules,
 # 2-core x86-64 machine, Python 3.11, 2026-11): a fixed part (Python, numpy, matplotlib:
@@ -74,7 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stages", type=whole, default=4, help="pipeline stages, one per device")
     p.add_argument("--micro", type=whole, default=8, help="micro-batches per step")
     p.add_argument("--schedule", action="append", metavar="NAME",
-                   help=f"schedule(s) to draw, repeatable or comma-separated (default: all: {','.join(SCHEDULES)})")
+                   help=f"schedule(s) to draw, repeatable or comma-separated: {', '.join(SCHEDULES)} "
+                        f"(default: {','.join(TEXTBOOK)})")
     per = "one number, or a comma-separated list with one per stage"
     t = TIME_UNIT
     p.add_argument("--forward", type=_per_stage, default="1", help=f"forward time per micro-batch in {t}; {per}")
@@ -109,13 +110,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _schedule_names(args: argparse.Namespace) -> list[str]:
     """The schedules asked for, each once ('GPipe' and 'gpipe' are one), checked."""
-    given = [n.strip() for item in args.schedule or [",".join(SCHEDULES)] for n in item.split(",") if n.strip()]
+    given = [n.strip() for item in args.schedule or [",".join(TEXTBOOK)] for n in item.split(",") if n.strip()]
     if not given:
         fail(f"argument --schedule: no name given; choose from {', '.join(SCHEDULES)}")
     names: list[str] = []
     for n in given:
-        key = n.lower().replace("-", "").replace("_", "")
-        if key not in SCHEDULES:
+        try:
+            key, _ = lookup(n)
+        except ScheduleError:
             fail(f"argument --schedule: unknown schedule {n!r}; choose from {', '.join(SCHEDULES)}")
         if key not in names:
             names.append(key)

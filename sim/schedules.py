@@ -6,6 +6,7 @@ and communication from `sim.passes.lower`. One stage per device here (stage s on
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 from functools import partial
 from typing import Callable, Iterable
 
@@ -58,20 +59,69 @@ def one_f_one_b(stages: int, micro: int) -> Schedule:
     return Schedule(programs, micro=micro, name="1f1b")
 
 
-SCHEDULES: dict[str, Callable[[int, int], Schedule]] = {
-    "naive": naive,
-    "gpipe": gpipe,
-    "1f1b": one_f_one_b,
+@dataclass(frozen=True)
+class Generator:
+    """A named schedule generator and what it accepts.
+
+    - make(stages, micro, virtual, **options) -> Schedule: `stages` pipeline devices (P),
+      `micro` micro-batches (M), `virtual` model chunks per device (V); P*V model stages.
+    - virtual: V when the caller gives none.
+    - check(stages, micro, virtual) -> a one-line reason the generator refuses these
+      sizes, or None.
+    - options: the keyword options `make` takes beyond those three (e.g. `max_active`).
+    - summary: one line for listings (`python -m sim.plot --help`)."""
+
+    make: Callable[..., Schedule]
+    summary: str
+    virtual: int = 1
+    check: Callable[[int, int, int], str | None] = lambda p, m, v: None if v == 1 else \
+        f"V={v}: this schedule holds one stage per device (V=1)"
+    options: tuple[str, ...] = ()
+
+
+def _textbook(fn: Callable[[int, int], Schedule], summary: str) -> Generator:
+    return Generator(lambda stages, micro, virtual: fn(stages, micro), summary)
+
+
+SCHEDULES: dict[str, Generator] = {
+    "naive": _textbook(naive, "one micro-batch at a time through every stage (no pipelining)"),
+    "gpipe": _textbook(gpipe, "all forwards, then all backwards (Huang et al. 2019)"),
+    "1f1b": _textbook(one_f_one_b, "warm-up, one forward one backward, cool-down (PipeDream-Flush)"),
 }
 
 
-def make_schedule(name: str, stages: int, micro: int) -> Schedule:
-    """Build a named schedule (`naive`, `gpipe`, `1f1b`) for `stages` stages and `micro`
-    micro-batches."""
-    key = name.lower().replace("-", "").replace("_", "")
-    if key not in SCHEDULES:
+TEXTBOOK = ("naive", "gpipe", "1f1b")  # the three that `python -m sim.plot` draws by default
+
+
+def _key(name: str) -> str:
+    return name.lower().replace("-", "").replace("_", "")
+
+
+def lookup(name: str) -> tuple[str, Generator]:
+    """The canonical name and the generator of `name` (dashes and case optional), or a
+    `ScheduleError` listing the known names."""
+    by_key = {_key(n): n for n in SCHEDULES}
+    if not isinstance(name, str) or _key(name) not in by_key:
         raise ScheduleError(f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULES)}")
-    for what, n in (("stages", stages), ("micro", micro)):
+    canonical = by_key[_key(name)]
+    return canonical, SCHEDULES[canonical]
+
+
+def make_schedule(name: str, stages: int, micro: int, virtual: int | None = None, **options) -> Schedule:
+    """Build the named schedule (`sim.SCHEDULES` lists them) for `stages` pipeline devices,
+    `micro` micro-batches and `virtual` model chunks per device (default: the schedule's
+    own, 1 or 2); some take options (`SCHEDULES[name].options`). Raises `ScheduleError`
+    with a one-line reason for sizes or options the schedule does not allow."""
+    canonical, gen = lookup(name)
+    virtual = gen.virtual if virtual is None else virtual
+    for what, n in (("stages", stages), ("micro", micro), ("virtual", virtual)):
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ScheduleError(f"{what} must be a positive integer, got {n!r}")
-    return SCHEDULES[key](stages, micro)
+    unknown = sorted(set(options) - set(gen.options))
+    if unknown:
+        takes = f"takes {', '.join(gen.options)}" if gen.options else "takes no options"
+        raise ScheduleError(f"{canonical} {takes}, not {', '.join(unknown)}")
+    reason = gen.check(stages, micro, virtual)
+    if reason:
+        raise ScheduleError(f"{canonical} on {stages} devices, {micro} micro-batches: {reason}")
+    return gen.make(stages, micro, virtual, **options)
