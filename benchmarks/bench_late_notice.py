@@ -12,7 +12,7 @@ receive 1 ms after the send and times it to the data's arrival. X = the end of r
 compute - the post (one clock: CLOCK_MONOTONIC is the same in both processes). The base is
 the same exchange with rank 0 waiting at once (its transport thread runs as the notice
 comes in). The simulator predicts base + E[min(X, U(0, io_tick))], with `io_tick` as
-calibration measures it (`exec.calibrate.late_notice`, `exec.profile.io_tick_from`), in
+calibration measures it (`exec.calibrate_link.late_notice`, `exec.profile.io_tick_from`), in
 the same launch. The table gives, per hold, the median X, the measured mean extra wait
 over the base and the mean prediction (both over the same samples), and the measured
 median, p10 and p90 against those of min(X, U)."""
@@ -54,7 +54,7 @@ def _exchange(ctx, hold: float, tag: int) -> tuple[float, float] | None:
 
 
 def _rank(ctx, holds, repeats):
-    from exec.calibrate import late_notice
+    from exec.calibrate_link import late_notice
     late = late_notice(ctx, repeats)
     rows = {}
     for hold in holds:

@@ -279,6 +279,7 @@ class RankInterpreter:
         end = self.clock.mark()
         self.weight_work[(s, m)] = (out, grad)
         marks = self._event(a, start, end)
+        self._hold(end, 0, -1)  # no longer counted as held; W still needs all its bytes (sim.kinds)
         self._sample(end)
         return marks
 
@@ -294,7 +295,7 @@ class RankInterpreter:
         torch.autograd.backward(out, grad, inputs=list(self.modules[s].parameters()))
         end = self.clock.mark()
         marks = self._event(a, start, end)
-        self._hold(end, -self.held.pop((s, m)), -1)
+        self._hold(end, -self.held.pop((s, m)), 0)
         self._sample(end)
         return marks
 

@@ -63,7 +63,7 @@ def fit_latency_bandwidth(sizes: Sequence[float], times: Sequence[float]) -> tup
 
 
 def io_tick_from(late: Sequence[dict]) -> float:
-    """`Costs.io_tick` from `exec.calibrate.late_notice` samples (any ranks and rounds):
+    """`Costs.io_tick` from `exec.calibrate_link.late_notice` samples (any ranks and rounds):
     twice the median extra wait of a late notice to a busy sender over one to a free
     sender (for a tick at a uniform phase the wait is half the tick; a difference of two
     timings: it cannot come out below 0); 0 without samples."""

@@ -13,7 +13,7 @@ from .files import atomic_write
 
 PerStage = Union[float, Sequence[float]]
 PER_STAGE = ("forward", "backward", "backward_input", "backward_weight", "activation_bytes_sent", "activation_bytes",
-             "static_bytes", "weight_bytes", "grad_bytes", "optimizer_bytes")
+             "w_activation_bytes", "static_bytes", "weight_bytes", "grad_bytes", "optimizer_bytes")
 
 
 def _per_stage(name: str, value: PerStage, stages: int) -> tuple[float, ...]:
@@ -84,7 +84,12 @@ class Costs:
     - bandwidth: bytes/s of each link (one per direction between two devices); math.inf = free.
     - activation_bytes_sent: bytes of the activation a stage sends forward per micro-batch
       (its gradient of the same size goes back).
-    - activation_bytes: bytes a stage keeps per micro-batch from its F until its backward.
+    - activation_bytes: bytes a stage keeps per micro-batch from its F until its backward
+      (B, or I where the backward is split).
+    - w_activation_bytes: where the backward is split, the part of them that W still needs
+      from the end of I until the end of W (per transformer layer, 32sbh of the sb(34h+5as)
+      that F saves: Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, Table 1).
+      Default: all of `activation_bytes` (I frees nothing).
     - weight_bytes, grad_bytes, optimizer_bytes: a stage's parameters, their gradients and
       its optimizer's state (SGD without momentum: none; AdamW: two moments), held for the
       whole step; static_bytes: any other memory held for the whole step (buffers,
@@ -101,6 +106,7 @@ class Costs:
     bandwidth: float = math.inf
     activation_bytes_sent: PerStage = 0.0
     activation_bytes: PerStage = 1.0
+    w_activation_bytes: PerStage | None = None
     static_bytes: PerStage = 0.0
     weight_bytes: PerStage = 0.0
     grad_bytes: PerStage = 0.0
@@ -117,7 +123,8 @@ class Costs:
 
     def __post_init__(self):
         for name in PER_STAGE:
-            _check_per_stage(name, getattr(self, name), optional=name in ("backward_input", "backward_weight"))
+            _check_per_stage(name, getattr(self, name), optional=name in ("backward_input", "backward_weight",
+                                                                              "w_activation_bytes"))
         for name in ("latency", "send_overhead", "recv_overhead", "arrive_overhead", "before_compute",
                      "after_compute"):
             v = getattr(self, name)
@@ -134,13 +141,16 @@ class Costs:
         """Expand every per-stage field to one value per stage, checking the lengths."""
         bwd = _per_stage("backward", self.backward, stages)
         half = tuple(b / 2 for b in bwd)
+        act = _per_stage("activation_bytes", self.activation_bytes, stages)
         return StageCosts(
             forward=_per_stage("forward", self.forward, stages),
             backward=bwd,
             backward_input=half if self.backward_input is None else _per_stage("backward_input", self.backward_input, stages),
             backward_weight=half if self.backward_weight is None else _per_stage("backward_weight", self.backward_weight, stages),
             activation_bytes_sent=_per_stage("activation_bytes_sent", self.activation_bytes_sent, stages),
-            activation_bytes=_per_stage("activation_bytes", self.activation_bytes, stages),
+            activation_bytes=act,
+            w_activation_bytes=act if self.w_activation_bytes is None else
+            _per_stage("w_activation_bytes", self.w_activation_bytes, stages),
             static_bytes=_per_stage("static_bytes", self.static_bytes, stages),
             weight_bytes=_per_stage("weight_bytes", self.weight_bytes, stages),
             grad_bytes=_per_stage("grad_bytes", self.grad_bytes, stages),
@@ -197,6 +207,7 @@ class StageCosts:
     backward_weight: tuple[float, ...]
     activation_bytes_sent: tuple[float, ...]
     activation_bytes: tuple[float, ...]
+    w_activation_bytes: tuple[float, ...]
     static_bytes: tuple[float, ...]
     weight_bytes: tuple[float, ...]
     grad_bytes: tuple[float, ...]

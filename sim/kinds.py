@@ -90,7 +90,8 @@ class KindSpec:
     - needs(stage, micro, stages, computes): the compute actions whose results it consumes.
     - memory: what it does to its rank's memory. The count of micro-batches whose
       activations a rank holds follows the `activation_bytes` effects (+1 from the start
-      of F, -1 at the end of the last backward).
+      of F, -1 at the end of B or I); what W still needs after I is counted in bytes
+      (`w_activation_bytes`), not as a micro-batch held.
     - send, recv: the SEND and RECV kinds that carry its result to a compute on another rank.
     Transfer kinds (SEND, RECV):
     - peer: (stage offset, kind) of the other half of the transfer.
@@ -141,6 +142,8 @@ def _weight_needs(s: int, m: int, stages: int, computes: Computes) -> list[Key]:
 
 _TAKE = MemoryEffect("activation_bytes", +1, "start")
 _GIVE_BACK = MemoryEffect("activation_bytes", -1, "end")
+_KEEP_FOR_W = MemoryEffect("w_activation_bytes", +1, "end")     # I: what W still needs stays
+_GIVE_BACK_W = MemoryEffect("w_activation_bytes", -1, "end")
 
 KINDS: Mapping[Kind, KindSpec] = {
     Kind.F: KindSpec(Role.COMPUTE, "F forward", "forward", "#0072B2", cost="forward", needs=_forward_needs,
@@ -148,9 +151,9 @@ KINDS: Mapping[Kind, KindSpec] = {
     Kind.B: KindSpec(Role.COMPUTE, "B backward", "backward", "#E69F00", cost="backward", needs=_backward_needs,
                      memory=(_GIVE_BACK,), send=Kind.SEND_B, recv=Kind.RECV_B),
     Kind.I: KindSpec(Role.COMPUTE, "I input grad", "backward_input", "#009E73", cost="backward_input",
-                     needs=_backward_needs, send=Kind.SEND_B, recv=Kind.RECV_B),
+                     needs=_backward_needs, memory=(_GIVE_BACK, _KEEP_FOR_W), send=Kind.SEND_B, recv=Kind.RECV_B),
     Kind.W: KindSpec(Role.COMPUTE, "W weight grad", "backward_weight", "#CC79A7", cost="backward_weight",
-                     needs=_weight_needs, memory=(_GIVE_BACK,)),
+                     needs=_weight_needs, memory=(_GIVE_BACK_W,)),
     Kind.SEND_F: KindSpec(Role.SEND, "send activation", "send", peer=(+1, Kind.RECV_F), tensor_of=0),
     Kind.RECV_F: KindSpec(Role.RECV, "receive activation", "recv", peer=(-1, Kind.SEND_F), tensor_of=-1,
                           feeds=(Kind.F,)),

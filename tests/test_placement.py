@@ -37,11 +37,19 @@ def test_multi_stage_placement_matches_independent_rules(placement, micro, split
         assert series[-1][1] == 0
 
 
-def test_split_backward_frees_activations_at_w():
+def test_split_backward_frees_activations_at_i_but_what_w_needs_at_w():
     s = gpipe_like([0, 1], micro=2, split=True)
-    r = sim.simulate(s, Costs(backward_input=1.0, backward_weight=0.5))
+    r = sim.simulate(s, Costs(backward_input=1.0, backward_weight=0.5, activation_bytes=10, w_activation_bytes=4))
     ends = {str(e.action): e.end for e in r.events if e.is_compute}
-    # rank 1 runs 1F0 1F1 1I0 1I1 1W0 1W1: it holds both until 1W0 ends
-    assert [n for t, n in r.activations[1] if t <= ends["1W0"]][-1] == 1
-    assert max(n for _, n in r.activations[1]) == 2
+
+    def at(series, t):  # the level just after time t
+        return [v for when, v in series if when <= t][-1]
+    # rank 1 runs 1F0 1F1 1I0 1I1 1W0 1W1: a micro-batch counts as held until its I ends,
+    # and W's part (4 of the 10 bytes) stays until its W ends
+    assert at(r.activations[1], ends["1I0"]) == 1 and at(r.activations[1], ends["1I1"]) == 0
+    assert [at(r.memory[1], ends[a]) for a in ("1F1", "1I0", "1I1", "1W0", "1W1")] == [20, 14, 8, 4, 0]
+    assert r.peak_memory[1] == 20 and max(n for _, n in r.activations[1]) == 2
     assert r.busy() == pytest.approx([2 * (1 + 1 + 0.5)] * 2)
+    # by default W needs all of it: nothing is given back before W
+    r = sim.simulate(s, Costs(backward_input=1.0, backward_weight=0.5, activation_bytes=10))
+    assert at(r.memory[1], ends["1I1"]) == 20
