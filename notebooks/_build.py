@@ -66,10 +66,12 @@ ones on device 1, and so on. This notebook shows, with the simulator `sim` alone
 on a laptop), why cutting the model is not enough and what pipelining buys:
 
 1. the three schedules on Gantt charts: naive model parallelism, GPipe, 1F1B;
-2. the **bubble**, the share of time the devices sit idle, against its closed form
-   `(p-1)/(m+p-1)` over many stage counts `p` and micro-batch counts `m`;
-3. what communication latency does to it;
-4. what one slow stage does to it.
+2. where the **bubble**, the share of time the devices sit idle, comes from, and its closed
+   form `(p-1)/(m+p-1)`;
+3. the bubble over many stage counts `p` and micro-batch counts `m`, against the simulator;
+4. what communication latency does to it;
+5. what one slow stage does to it;
+6. an `explore` cell to try your own `p`, `m`, latency and slow stage.
 
 Change the parameters in the next cell and run all cells again (*Run > Run All Cells*).
 """),
@@ -309,13 +311,12 @@ def explore(p=P, m=M, latency=LATENCY, slow_factor=SLOW_FACTOR):
     show(plot_compare(rs))
 
 
-explore()  # the parameters at the top; always drawn, widgets or not
-
 try:
     from ipywidgets import FloatSlider, IntSlider, interact
-except ImportError:
+except ImportError:  # no sliders: draw the parameters at the top once
     print("pip install ipywidgets for sliders")
-else:
+    explore()
+else:  # the sliders draw it, first with the parameters at the top
     interact(explore,
              p=IntSlider(value=P, min=1, max=8, continuous_update=False),
              m=IntSlider(value=M, min=1, max=32, continuous_update=False),
@@ -448,14 +449,21 @@ with memory; 1F1B moves left at constant memory once `m ≥ p`. That is why 1F1B
 fig, ax = plt.subplots(figsize=(7, 4.5))
 for name, color in (("gpipe", "C0"), ("1f1b", "C1")):
     ax.plot(bubbles, peaks[name], "o-", ms=3.5, color=color, label=name)
-    for m in (1, P, 2 * P, 4 * P, SWEEP_M[-1]):
-        if m in SWEEP_M:
-            i = SWEEP_M.index(m)
-            ax.annotate(f"m={m}", (bubbles[i], peaks[name][i]), xytext=(4, 4), textcoords="offset points",
-                        fontsize=8, color=color)
+for m in sorted({1, P, 2 * P, 4 * P, SWEEP_M[-1]} & set(SWEEP_M)):
+    i = SWEEP_M.index(m)
+    if peaks["gpipe"][i] == peaks["1f1b"][i]:  # m <= p: the two schedules hold the same
+        ax.annotate(f"m={m}", (bubbles[i], peaks["1f1b"][i]), xytext=(0, 7), textcoords="offset points",
+                    fontsize=8, color="black", ha="center")
+        continue
+    # GPipe's labels to the left of its rising curve, 1F1B's centred under its flat line
+    ax.annotate(f"m={m}", (bubbles[i], peaks["gpipe"][i]), xytext=(-6, 0), textcoords="offset points",
+                fontsize=8, color="C0", ha="right", va="center")
+    ax.annotate(f"m={m}", (bubbles[i], peaks["1f1b"][i]), xytext=(0, -12), textcoords="offset points",
+                fontsize=8, color="C1", ha="center")
 ax.set(xlabel="bubble (idle share)", ylabel="peak micro-batches held", title=f"Bubble against memory, p={P}")
 ax.xaxis.set_major_formatter(PercentFormatter(1.0))
 ax.invert_xaxis()   # better to the right
+ax.margins(x=0.06, y=0.1)
 ax.grid(alpha=0.3)
 ax.legend()
 plt.show()
@@ -534,13 +542,12 @@ def explore(schedule="1f1b", p=P, m=M):
     show(plot_result(r))
 
 
-explore()  # the parameters at the top; always drawn, widgets or not
-
 try:
     from ipywidgets import Dropdown, IntSlider, interact
-except ImportError:
+except ImportError:  # no sliders: draw the parameters at the top once
     print("pip install ipywidgets for sliders")
-else:
+    explore()
+else:  # the sliders draw it, first with the parameters at the top
     interact(explore, schedule=Dropdown(options=["gpipe", "1f1b", "naive"], value="1f1b"),
              p=IntSlider(value=P, min=1, max=8, continuous_update=False),
              m=IntSlider(value=M, min=1, max=32, continuous_update=False))
@@ -572,9 +579,9 @@ over gloo, so it runs on any laptop (about a minute on 2 cores). This notebook:
 
 1. runs a small model with 1F1B on 2 ranks, and measures as it runs what the simulator needs
    (`exec.calibrate`, merged by `exec.profile`): its `Costs`;
-2. compares GPipe with 1F1B on real tensors;
-3. checks that the pipelined gradients equal single-process training;
-4. overlays the measured and simulated timelines and reads off where and why they differ.
+2. checks that the pipelined gradients equal single-process training;
+3. overlays the measured and simulated timelines and reads off where and why they differ;
+4. compares GPipe with 1F1B, measured on real tensors.
 
 It needs torch: `pip install -e ".[exec,notebooks]"`.
 """),

@@ -38,6 +38,19 @@ def test_notebook_is_committed_without_outputs(path):
             assert cell.execution_count is None, f"{path.name} cell {i} has an execution count"
 
 
+def _quiet_manager():
+    """A kernel manager that does not interrupt the kernel when it shuts it down.
+    jupyter_client (8.x) interrupts before every shutdown, and ipykernel then logs
+    "KeyboardInterrupt caught in kernel" although the notebook has finished."""
+    from jupyter_client.manager import AsyncKernelManager
+
+    class QuietShutdown(AsyncKernelManager):
+        async def _async_interrupt_kernel(self) -> None:
+            if not self.shutting_down:
+                await super()._async_interrupt_kernel()
+    return QuietShutdown
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_notebook_runs(path, monkeypatch):
     pytest.importorskip("nbclient")
@@ -49,7 +62,7 @@ def test_notebook_runs(path, monkeypatch):
     # the kernel finds `sim` and `exec` even where the repo is not installed
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(nb, timeout=CELL_TIMEOUT, kernel_name="python3",
+    client = NotebookClient(nb, timeout=CELL_TIMEOUT, kernel_name="python3", kernel_manager_class=_quiet_manager(),
                             resources={"metadata": {"path": str(NOTEBOOK_DIR)}})
     t = time.perf_counter()
     client.execute()  # raises CellExecutionError, with the cell and its traceback, if a cell fails
