@@ -28,11 +28,12 @@ def rounds(stages: int, micro: int) -> tuple[int, int]:
 
 
 def check_interleaved(stages: int, micro: int, virtual: int) -> str | None:
-    """The one size torch's Interleaved1F1B refuses: M not a multiple of its rounds."""
+    """The one size torch's Interleaved1F1B refuses: M not a multiple of its rounds (with
+    V = 1 there are no rounds to keep: it is 1F1B)."""
     n, _ = rounds(stages, micro)
-    if micro % n:
-        return (f"M={micro} is not a multiple of its {n} rounds (max(1, M // P)): torch's Interleaved1F1B "
-                f"runs rounds of equal size; take M < P, a multiple of P, or one such as 2P+2 that {n} divides")
+    if virtual > 1 and micro % n:
+        return (f"M={micro} is not a multiple of max(1, M // P) = {n}, the number of equal rounds "
+                f"torch's Interleaved1F1B runs; take M < P or M a multiple of P")
     return None
 
 
