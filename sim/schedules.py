@@ -41,14 +41,20 @@ def naive(stages: int, micro: int) -> Schedule:
 
 def gpipe(stages: int, micro: int, max_active: int | None = None) -> Schedule:
     """GPipe: every stage runs all its forwards, then all its backwards. With `max_active`
-    = c (SageMaker model parallel's `active_microbatches`), micro-batch m enters stage 0
-    only once micro-batch m-c has left it: every stage runs as many forwards as the cap
-    lets through (c), then one backward, one forward, ..., as 1F1B with a warm-up of c-1."""
-    if max_active is None:
-        programs = [run_of(s, Kind.F, range(micro)) + run_of(s, Kind.B, range(micro)) for s in range(stages)]
-        return Schedule(programs, micro=micro, name="gpipe")
-    _check_cap(max_active)
-    return _warmed_up(stages, micro, lambda s: min(max_active, micro) - 1, "gpipe")
+    = c (SageMaker model parallel's `active_microbatches`), in waves of c micro-batches (as
+    gradient accumulation over GPipe steps): a wave enters stage 0 once the last one has
+    left it, so at most c are in flight. A rolling window (micro-batch m entering once m-c
+    has left) would cost a round trip per micro-batch: a forwards-first last stage runs
+    F(m) before B(m-c+1), and F(m) waits for B(m-c) on stage 0."""
+    cap = micro if max_active is None else _check_cap(max_active)
+    waves = [range(w, min(w + cap, micro)) for w in range(0, micro, cap)]
+    programs = []
+    for s in range(stages):
+        prog = []
+        for wave in waves:
+            prog += run_of(s, Kind.F, wave) + run_of(s, Kind.B, wave)
+        programs.append(prog)
+    return Schedule(programs, micro=micro, name="gpipe")
 
 
 def one_f_one_b(stages: int, micro: int, max_active: int | None = None) -> Schedule:
@@ -58,22 +64,16 @@ def one_f_one_b(stages: int, micro: int, max_active: int | None = None) -> Sched
     `max_active` = c the warm-up is at most c-1: no stage holds more than c, and micro-batch
     m enters stage 0 only once micro-batch m-c has left it."""
     cap = stages if max_active is None else _check_cap(max_active)
-    return _warmed_up(stages, micro, lambda s: min(stages - s - 1, cap - 1, micro), "1f1b")
-
-
-def _warmed_up(stages: int, micro: int, warmup: Callable[[int], int], name: str) -> Schedule:
-    """Stage s runs warmup(s) forwards, then one forward and one backward at a time, then
-    the backwards left: it holds at most warmup(s) + 1 micro-batches."""
     programs = []
     for s in range(stages):
-        w = warmup(s)
+        w = min(stages - s - 1, cap - 1, micro)
         forwards, backwards = run_of(s, Kind.F, range(micro)), run_of(s, Kind.B, range(micro))
         prog = forwards[:w]
         # steady state: forward i + w, then backward i (zip stops at the last forward)
         prog += itertools.chain.from_iterable(zip(forwards[w:], backwards))
         prog += backwards[micro - w:]
         programs.append(prog)
-    return Schedule(programs, micro=micro, name=name)
+    return Schedule(programs, micro=micro, name="1f1b")
 
 
 def _check_cap(max_active) -> int:

@@ -157,6 +157,17 @@ def test_gpipe_with_one_micro_batch_in_flight_is_naive(P, M):
     assert sim.simulate(s, ideal(1, 2)).makespan == P * M * 3
 
 
+@pytest.mark.parametrize("P", [1, 2, 4])
+@pytest.mark.parametrize("M", [1, 5, 8])
+@pytest.mark.parametrize("cap", [1, 2, 3, 8])
+def test_gpipe_with_a_cap_runs_waves(P, M, cap):
+    """Waves of `cap` micro-batches, each a GPipe step of its own: with equal costs
+    (ceil(M / cap)(P - 1) + M)(F + B), every device holding min(cap, M)."""
+    r = sim.simulate(sim.make_schedule("gpipe", P, M, max_active=cap), ideal(1, 2))
+    assert r.makespan == (-(-M // cap) * (P - 1) + M) * 3
+    assert r.peak_activations == [min(cap, M)] * P
+
+
 def test_1f1b_cap_holds_min_of_cap_and_p_minus_s():
     r = sim.simulate(sim.make_schedule("1f1b", 5, 10, max_active=3), ideal(1, 2))
     assert r.peak_activations == [3, 3, 3, 2, 1]
