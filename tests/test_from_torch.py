@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import sim
 from sim import Costs, Schedule, ScheduleError
-from tests.helpers import reference_times
+from helpers import reference_times
 
 needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
 

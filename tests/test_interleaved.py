@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import sim
 from sim import Costs, Kind, ScheduleError
-from tests.helpers import reference_times
+from helpers import reference_times
 
 times = st.floats(0.1, 3.0, allow_nan=False)
 
