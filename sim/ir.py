@@ -113,6 +113,21 @@ def _check_stage_micro(s: int, m: int, rank: int, cells: dict[Action, tuple[int,
                             f"(B, or I and W); every micro-batch needs its backward on every stage")
 
 
+def _placement_of(programs: Sequence[Sequence[Action]]) -> Sequence[int]:
+    """Stage s on rank s, unless the programs name more stages than ranks (several stages
+    per rank, as a CSV of an interleaved or V-shaped schedule): then each stage on the first
+    rank that computes it."""
+    stages = 1 + max((a.stage for prog in programs for a in prog), default=-1)
+    if stages <= len(programs):
+        return range(len(programs))
+    where: dict[int, int] = {}
+    for r, prog in enumerate(programs):
+        for a in prog:
+            if a.kind.is_compute:
+                where.setdefault(a.stage, r)
+    return [where.get(s, s % len(programs)) for s in range(stages)]
+
+
 def action(text: str | Action) -> Action:
     """Accept an `Action` or its text form."""
     return text if isinstance(text, Action) else Action.parse(text)
@@ -123,7 +138,9 @@ class Schedule:
     """Per device, the ordered actions it runs, and which device hosts each stage.
 
     `placement[s]` is the rank that runs stage `s`; a rank may host several stages
-    (interleaved and V-shaped schedules). `programs[r]` is rank r's action list.
+    (interleaved and V-shaped schedules). Without it, stage s is on rank s, or, where the
+    programs name more stages than ranks, on the rank that computes it. `programs[r]` is
+    rank r's action list.
     """
 
     programs: tuple[tuple[Action, ...], ...]
@@ -143,8 +160,8 @@ class Schedule:
         """Set the fields and check the actions (`check_actions`); `where` names a cell in errors."""
         if not progs:
             raise ScheduleError("a schedule needs at least one device")
-        if placement is None:  # one stage per device, stage s on rank s
-            placement = range(len(progs))
+        if placement is None:
+            placement = _placement_of(progs)
         placement = tuple(int(r) for r in placement)
         if micro is None:
             micro = 1 + max((a.micro for prog in progs for a in prog), default=-1)
@@ -206,6 +223,15 @@ class Schedule:
         schedule = cls.__new__(cls)
         schedule._init(tuple(programs), placement, None, name, at_cell)
         return schedule
+
+    @classmethod
+    def from_torch(cls, name: str, stages: int, micro: int, virtual: int | None = None) -> "Schedule":
+        """torch.distributed.pipelining's own order of schedule `name` (torch's name, e.g.
+        "Interleaved1F1B", or ours, e.g. "interleaved-1f1b") for `stages` ranks, `micro`
+        micro-batches and `virtual` stages per rank; compute actions only, validated.
+        Needs torch (`sim.torch_orders`); raises `ScheduleError` without it."""
+        from .torch_orders import from_torch
+        return from_torch(name, stages, micro, virtual)
 
     def grid(self, mark: dict[int, int] | None = None) -> str:
         """A step x rank table of the programs; `mark[rank] = index` flags a cell with `*`."""

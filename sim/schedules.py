@@ -1,7 +1,8 @@
 """Schedule generators: each writes, per device, the order of its compute actions.
 
 They only say *what runs where and in which order*; timing comes from `sim.simulate`
-and communication from `sim.passes.lower`. One stage per device here (stage s on rank s).
+and communication from `sim.passes.lower`. One stage per device here (stage s on rank s);
+several per device in `sim.interleaved`.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Callable, Iterable
 
+from .interleaved import check_interleaved, interleaved_1f1b, looped_bfs
 from .ir import Action, Kind, Schedule, ScheduleError
 
 
@@ -37,26 +39,47 @@ def naive(stages: int, micro: int) -> Schedule:
     return Schedule(programs, micro=micro, name="naive")
 
 
-def gpipe(stages: int, micro: int) -> Schedule:
-    """GPipe: every stage runs all its forwards, then all its backwards."""
-    programs = [run_of(s, Kind.F, range(micro)) + run_of(s, Kind.B, range(micro)) for s in range(stages)]
+def gpipe(stages: int, micro: int, max_active: int | None = None) -> Schedule:
+    """GPipe: every stage runs all its forwards, then all its backwards. With `max_active`
+    = c (SageMaker model parallel's `active_microbatches`), in waves of c micro-batches (as
+    gradient accumulation over GPipe steps): a wave enters stage 0 once the last one has
+    left it, so at most c are in flight. A rolling window (micro-batch m entering once m-c
+    has left) would cost a round trip per micro-batch: a forwards-first last stage runs
+    F(m) before B(m-c+1), and F(m) waits for B(m-c) on stage 0."""
+    cap = micro if max_active is None else _check_cap(max_active)
+    waves = [range(w, min(w + cap, micro)) for w in range(0, micro, cap)]
+    programs = []
+    for s in range(stages):
+        prog = []
+        for wave in waves:
+            prog += run_of(s, Kind.F, wave) + run_of(s, Kind.B, wave)
+        programs.append(prog)
     return Schedule(programs, micro=micro, name="gpipe")
 
 
-def one_f_one_b(stages: int, micro: int) -> Schedule:
+def one_f_one_b(stages: int, micro: int, max_active: int | None = None) -> Schedule:
     """1F1B (PipeDream-Flush, as in Megatron-LM): stage s warms up with min(p-s-1, m)
     forwards, then alternates one forward and one backward, then cools down with the
-    backwards left. Stage s never holds more than min(p-s, m) micro-batches."""
+    backwards left. Stage s never holds more than min(p-s, m) micro-batches. With
+    `max_active` = c the warm-up is at most c-1: no stage holds more than c, and micro-batch
+    m enters stage 0 only once micro-batch m-c has left it."""
+    cap = stages if max_active is None else _check_cap(max_active)
     programs = []
     for s in range(stages):
-        warmup = min(stages - s - 1, micro)
+        w = min(stages - s - 1, cap - 1, micro)
         forwards, backwards = run_of(s, Kind.F, range(micro)), run_of(s, Kind.B, range(micro))
-        prog = forwards[:warmup]
-        # steady state: forward i + warmup, then backward i (zip stops at the last forward)
-        prog += itertools.chain.from_iterable(zip(forwards[warmup:], backwards))
-        prog += backwards[micro - warmup:]
+        prog = forwards[:w]
+        # steady state: forward i + w, then backward i (zip stops at the last forward)
+        prog += itertools.chain.from_iterable(zip(forwards[w:], backwards))
+        prog += backwards[micro - w:]
         programs.append(prog)
     return Schedule(programs, micro=micro, name="1f1b")
+
+
+def _check_cap(max_active) -> int:
+    if isinstance(max_active, bool) or not isinstance(max_active, int) or max_active < 1:
+        raise ScheduleError(f"max_active must be a positive integer (micro-batches in flight), got {max_active!r}")
+    return max_active
 
 
 @dataclass(frozen=True)
@@ -79,14 +102,22 @@ class Generator:
     options: tuple[str, ...] = ()
 
 
-def _textbook(fn: Callable[[int, int], Schedule], summary: str) -> Generator:
-    return Generator(lambda stages, micro, virtual: fn(stages, micro), summary)
+def _textbook(fn: Callable[..., Schedule], summary: str, options: tuple[str, ...] = ()) -> Generator:
+    return Generator(lambda stages, micro, virtual, **o: fn(stages, micro, **o), summary, options=options)
+
+
+def _any_virtual(p: int, m: int, v: int) -> str | None:
+    return None
 
 
 SCHEDULES: dict[str, Generator] = {
     "naive": _textbook(naive, "one micro-batch at a time through every stage (no pipelining)"),
-    "gpipe": _textbook(gpipe, "all forwards, then all backwards (Huang et al. 2019)"),
-    "1f1b": _textbook(one_f_one_b, "warm-up, one forward one backward, cool-down (PipeDream-Flush)"),
+    "gpipe": _textbook(gpipe, "all forwards, then all backwards (Huang et al. 2019)", ("max_active",)),
+    "1f1b": _textbook(one_f_one_b, "warm-up, one forward one backward, cool-down (PipeDream-Flush)", ("max_active",)),
+    "interleaved-1f1b": Generator(interleaved_1f1b, "1F1B over V chunks per device, stage s on device s mod P "
+                                  "(Megatron-LM, Narayanan et al. 2021)", virtual=2, check=check_interleaved),
+    "looped-bfs": Generator(looped_bfs, "all forwards of each chunk in turn, then the backwards in reverse "
+                            "(torch's LoopedBFS)", virtual=2, check=_any_virtual),
 }
 
 
