@@ -113,6 +113,16 @@ def _check_stage_micro(s: int, m: int, rank: int, cells: dict[Action, tuple[int,
                             f"(B, or I and W); every micro-batch needs its backward on every stage")
 
 
+def _placement_of(programs: Sequence[Sequence[Action]]) -> list[int]:
+    """Each stage on the first rank whose program names it (rank 0 for a stage none names:
+    `check_actions` then says what is missing)."""
+    rank_of: dict[int, int] = {}
+    for r, prog in enumerate(programs):
+        for a in prog:
+            rank_of.setdefault(a.stage, r)
+    return [rank_of.get(s, 0) for s in range(max(rank_of) + 1)]
+
+
 def action(text: str | Action) -> Action:
     """Accept an `Action` or its text form."""
     return text if isinstance(text, Action) else Action.parse(text)
@@ -185,7 +195,9 @@ class Schedule:
     @classmethod
     def from_csv(cls, text: str, placement: Sequence[int] | None = None, name: str = "custom") -> "Schedule":
         """Read torch's CSV. Empty cells are idle steps and are dropped (timing is the
-        simulator's business, not the IR's); errors name the cell by row and column."""
+        simulator's business, not the IR's); errors name the cell by row and column.
+        Without `placement`, stage s is on rank s, unless the rows name more stages than
+        there are rows (interleaved, V-shaped): then each stage is on the row that runs it."""
         rows = text.splitlines()
         while rows and not rows[-1].strip():
             rows.pop()
@@ -203,6 +215,8 @@ class Schedule:
                 return f"row {rank} (rank {rank})"
             return f"row {rank} column {columns[rank][step]} (rank {rank} step {step})"
 
+        if placement is None and max((a.stage for prog in programs for a in prog), default=-1) >= len(programs):
+            placement = _placement_of(programs)
         schedule = cls.__new__(cls)
         schedule._init(tuple(programs), placement, None, name, at_cell)
         return schedule

@@ -11,6 +11,7 @@ import pytest
 from matplotlib.patches import Rectangle
 
 import sim
+from sim.schedules import TEXTBOOK
 from sim import heatmap
 from sim.plot import DPI, MAX_HEIGHT, WIDTH, counts_micro_batches, format_times, human_bytes, plot_compare, plot_overlay, \
     plot_result, save_figure, timeline_style
@@ -57,7 +58,7 @@ def cli_run(tmp_path_factory):
 
 def test_cli_writes_one_png_per_schedule_and_a_comparison(cli_run):
     out, _ = cli_run
-    for name in list(sim.SCHEDULES) + ["compare"]:
+    for name in list(TEXTBOOK) + ["compare"]:  # what the CLI draws by default
         assert_png(out / f"{name}_p4_m8.png")
 
 
@@ -74,7 +75,7 @@ def test_cli_table_has_the_closed_form_makespans(cli_run):
 
 def test_cli_trace_is_chrome_json(cli_run):
     out, _ = cli_run
-    for name in sim.SCHEDULES:
+    for name in TEXTBOOK:
         with open(out / f"{name}_p4_m8.trace.json") as f:
             trace = json.load(f)
         assert isinstance(trace["traceEvents"], list) and trace["traceEvents"]
@@ -206,7 +207,7 @@ def test_plot_overlay_of_simulated_and_measured(one_f_one_b, tmp_path):
 
 @pytest.fixture(scope="module")
 def p8_m32():
-    return [sim.simulate(sim.make_schedule(n, 8, 32)) for n in sim.SCHEDULES]
+    return [sim.simulate(sim.make_schedule(n, 8, 32)) for n in TEXTBOOK]
 
 
 def chart_axes(fig) -> list:
@@ -215,7 +216,7 @@ def chart_axes(fig) -> list:
 
 
 def test_compare_shares_one_time_axis_when_asked_or_when_steps_are_alike():
-    results = [sim.simulate(sim.make_schedule(n, 3, 4)) for n in sim.SCHEDULES]  # 36, 18, 18
+    results = [sim.simulate(sim.make_schedule(n, 3, 4)) for n in TEXTBOOK]  # 36, 18, 18
     for fig in (plot_compare(results), plot_compare(results, shared_time=True)):
         assert {ax.get_xlim()[1] for ax in fig.axes} == {max(r.makespan for r in results)}
         assert "on one time axis" in fig._suptitle.get_text()

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import sim
+from sim.schedules import TEXTBOOK
 from sim import Costs
 
 from helpers import gpipe_like, reference_times
@@ -21,7 +22,7 @@ def schedules(draw):
     """A named schedule, or several stages per rank with split backwards."""
     if draw(st.booleans()):
         p, m = draw(st.integers(1, 6)), draw(st.integers(1, 8))
-        return sim.make_schedule(draw(st.sampled_from(sorted(sim.SCHEDULES))), stages=p, micro=m)
+        return sim.make_schedule(draw(st.sampled_from(sorted(TEXTBOOK))), stages=p, micro=m)
     placement = draw(st.sampled_from([[0, 1, 0, 1], [0, 1, 1, 0], [0, 0, 1], [1, 0, 2, 2, 0, 1]]))
     return gpipe_like(placement, draw(st.integers(1, 5)), split=draw(st.booleans()))
 
