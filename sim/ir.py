@@ -202,7 +202,9 @@ class Schedule:
     @classmethod
     def from_csv(cls, text: str, placement: Sequence[int] | None = None, name: str = "custom") -> "Schedule":
         """Read torch's CSV. Empty cells are idle steps and are dropped (timing is the
-        simulator's business, not the IR's); errors name the cell by row and column."""
+        simulator's business, not the IR's); errors name the cell by row and column.
+        Without `placement`, stage s is on rank s, unless the rows name more stages than
+        there are rows (interleaved, V-shaped): then each stage is on the row that runs it."""
         rows = text.splitlines()
         while rows and not rows[-1].strip():
             rows.pop()
@@ -220,6 +222,8 @@ class Schedule:
                 return f"row {rank} (rank {rank})"
             return f"row {rank} column {columns[rank][step]} (rank {rank} step {step})"
 
+        if placement is None and max((a.stage for prog in programs for a in prog), default=-1) >= len(programs):
+            placement = _placement_of(programs)
         schedule = cls.__new__(cls)
         schedule._init(tuple(programs), placement, None, name, at_cell)
         return schedule

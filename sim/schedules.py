@@ -120,6 +120,34 @@ SCHEDULES: dict[str, Generator] = {
                             "(torch's LoopedBFS)", virtual=2, check=_any_virtual),
 }
 
+# The zero-bubble family (sim/zerobubble.py, sim/dualpipe.py): backward split into I and W.
+from .dualpipe import dualpipev  # noqa: E402 (they build on the helpers above)
+from .zerobubble import zb_h1, zb_h2, zbv  # noqa: E402
+
+
+def _needs(v: int, min_micro: Callable[[int], int] = lambda p: 1, why: str = "") -> Callable:
+    """A `check` for a schedule that takes exactly V=v and at least min_micro(p) micro-batches."""
+    def check(p: int, m: int, virtual: int) -> str | None:
+        if virtual != v:
+            return f"V={virtual}: this schedule holds {'one stage' if v == 1 else f'{v} stages'} per device (V={v})"
+        if m < min_micro(p):
+            return f"needs at least {min_micro(p)} micro-batches ({why}), got {m}"
+        return None
+    return check
+
+
+SCHEDULES.update({
+    "zb-h1": Generator(zb_h1, "1F1B with I/W split, Ws put off to fill the tail (Qi et al. 2024, ZB-H1)",
+                       check=_needs(1)),
+    "zb-h2": Generator(zb_h2, "2p-1 micro-batches in flight, zero bubble with F=I=W (Qi et al. 2024, ZB-H2)",
+                       check=_needs(1, lambda p: 2 * p - 1, "its warm-up runs 2P-1 forwards on device 0")),
+    "zbv": Generator(zbv, "V-shaped, 2 stages per device, zero bubble at 1F1B's memory (Qi et al. 2024, ZB-V)",
+                     virtual=2, check=_needs(2)),
+    "dualpipev": Generator(dualpipev, "DeepSeek's DualPipe cut in half: V-shaped, F/B pairs (DualPipeV)",
+                           virtual=2, check=_needs(2, lambda p: 2 * p, "DualPipeV's steady state starts "
+                                               "after 2P forwards of each chunk")),
+})
+
 
 TEXTBOOK = ("naive", "gpipe", "1f1b")  # the three that `python -m sim.plot` draws by default
 

@@ -46,7 +46,7 @@ def test_from_csv_names_the_row_and_column_of_the_cell():
 
 def test_complete_schedules_are_accepted_as_before():
     for name in sim.SCHEDULES:
-        s = sim.make_schedule(name, 3, 5)
+        s = sim.make_schedule(name, 3, 6)  # M = 2P: a size every schedule takes
         assert Schedule.from_csv(s.to_csv(), name=name).programs == s.programs
         sim.lower(s)  # lowered (SEND/RECV added) and checked again
     # a zero-bubble split backward, and an action on the wrong rank: that is validate's to say

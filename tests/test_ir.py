@@ -25,7 +25,7 @@ def test_bad_action_strings_are_rejected(bad):
 @pytest.mark.parametrize("name", sorted(sim.SCHEDULES))
 @pytest.mark.parametrize("lowered", [False, True])
 def test_csv_round_trips(name, lowered):
-    s = sim.make_schedule(name, stages=4, micro=6)
+    s = sim.make_schedule(name, stages=4, micro=8)  # M = 2P: a size every schedule takes
     if lowered:
         s = sim.lower(s)
     back = Schedule.from_csv(s.to_csv(), name=name)
