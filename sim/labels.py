@@ -37,7 +37,7 @@ def time_unit(result: Result) -> str:
     return "s" if result.source == "measured" else TIME_UNIT
 
 
-def _time_label(result: Result) -> str:
+def time_label(result: Result) -> str:
     return "time since step start (s)" if result.source == "measured" else f"time ({TIME_UNIT})"
 
 

@@ -38,13 +38,13 @@ from .files import atomic_write
 from .bars import COLORS, HATCHES, LABEL_GID, NAMES, TRACK, chunks, draw_bars, fit_labels, kind_legend, \
     kinds_of
 from .labels import TIME_UNIT, counts_micro_batches, format_memory, format_times, human_bytes, \
-    memory_unit, plural, size, time_unit, _time_label
+    memory_unit, plural, size, time_unit, time_label
 from .result import Result
 
 __all__ = [  # the figures, and the words and numbers of `sim.labels` that they write, found here too
     "draw_timeline", "draw_memory", "plot_result", "plot_overlay", "plot_compare", "save_figure", "fit_labels",
     "timeline_style", "TIME_UNIT", "counts_micro_batches", "format_memory", "format_times", "human_bytes",
-    "memory_unit", "plural", "size", "time_unit", "COLORS", "NAMES", "HATCHES", "LABEL_GID", "TRACK", "chunks",
+    "memory_unit", "plural", "size", "time_unit", "time_label", "COLORS", "NAMES", "HATCHES", "LABEL_GID", "TRACK", "chunks",
 ]
 
 if TYPE_CHECKING:  # matplotlib takes about a second to import; only the figures need it
@@ -137,7 +137,7 @@ def draw_timeline(result: Result, ax: "Axes", legend: bool | Sequence[Result] = 
             listed = [result] if legend is True else list(legend)
             kind_legend(ax, set().union(*map(kinds_of, listed)),
                         chunk_count=max(max(chunks(r).values(), default=0) for r in listed) + 1)
-    ax.set_xlabel(_time_label(result))
+    ax.set_xlabel(time_label(result))
     return ax
 
 
@@ -159,7 +159,7 @@ def draw_memory(result: Result, ax: "Axes", legend: bool = True, *, top: float |
         heatmap.draw_memory_map(result, ax, top, scale, name)
     else:
         _memory_rows(result, ax, top, scale, name)
-    ax.set_xlabel(_time_label(result))
+    ax.set_xlabel(time_label(result))
     return ax
 
 
@@ -231,7 +231,7 @@ def plot_overlay(simulated: Result, measured: Result) -> "Figure":
     ax.axvline(simulated.makespan, color="black", linestyle=":", linewidth=1)
     ax.axvline(measured.makespan, color="black", linestyle="-", linewidth=1)
     ax.set_xlim(0, end * 1.01)
-    ax.set_xlabel(_time_label(measured))
+    ax.set_xlabel(time_label(measured))
     how = [Patch(facecolor="#bbbbbb", alpha=0.5, hatch="///", edgecolor="#555555", label="simulated (wide)"),
            Patch(facecolor="#555555", label="measured (narrow)"),
            Line2D([], [], color="black", linestyle=":", label="simulated end"),
