@@ -54,6 +54,7 @@ class Result:
         self._schedule, self._events = schedule, events
         self.memory, self.activations, self.source = memory, activations, source
         self._makespan, self._busy = makespan, busy
+        self._spans: list[tuple[float, float]] | None = None
         self._t0 = t0 if makespan is not None else None
 
     def __repr__(self) -> str:
@@ -115,12 +116,18 @@ class Result:
     def spans(self) -> list[tuple[float, float]]:
         """Per rank, (start of its first compute, end of its last); (0, 0) for a rank
         that computes nothing."""
+        if self._spans is not None:
+            return list(self._spans)
+        # events not made yet are made for this and let go (0.6 KB per stage x micro-batch
+        # at p=64, m=1024): a table of several big steps holds one step's at a time
+        events = self._events() if callable(self._events) else self._events
         first, last = [math.inf] * self.ranks, [-math.inf] * self.ranks
-        for e in self.events:
+        for e in events:
             if e.action.kind.is_compute:
                 first[e.rank] = min(first[e.rank], e.start)
                 last[e.rank] = max(last[e.rank], e.end)
-        return [(a, b) if b >= a else (0.0, 0.0) for a, b in zip(first, last)]
+        self._spans = [(a, b) if b >= a else (0.0, 0.0) for a, b in zip(first, last)]
+        return list(self._spans)
 
     @property
     def steady_step(self) -> float:

@@ -74,7 +74,8 @@ def test_a_step_too_large_for_the_machine_is_refused_at_once(args, cells):
 def test_the_limit_is_what_the_memory_allows(monkeypatch):
     from sim import plot_cli
 
-    monkeypatch.setattr(plot_cli, "machine_memory", lambda: 2 * plot_cli.BASE_BYTES + 2 * 3 * 3_200 * 1000)
+    per = plot_cli.BYTES_PER_CELL["table"]
+    monkeypatch.setattr(plot_cli, "machine_memory", lambda: 2 * plot_cli.BASE_BYTES + 2 * 3 * per * 1000)
     args = plot_cli.build_parser().parse_args(["--stages", "10", "--micro", "100", "--no-figures"])
     plot_cli.check_size(args, 3)  # exactly at the limit: 1000 stage-micro-batches
     args.micro = 101
