@@ -3,6 +3,7 @@
     python -m exec.run --schedule 1f1b --stages 2 --micro 8
     python -m exec.run --schedule gpipe --stages 2 --micro 4 --model gpt --json
     python -m exec.run --schedule 1f1b --stages 2 --micro 8 --out runs/1f1b   # trace + figures
+    python -m exec.run --schedule interleaved-1f1b --stages 2 --virtual 2 --micro 4   # 2 stages per rank
 
 One process per rank (gloo on CPU, or nccl with one GPU per rank) runs `--warmup` steps,
 then `--steps` measured ones; the median step is reported. The first step's loss and
@@ -44,8 +45,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(error_prog=PROG, prog=PROG, description="Run a pipeline schedule on real ranks with torch.distributed, check its "
                                        "gradients against one process, and compare it with the simulator.")
     p.add_argument("--schedule", default="1f1b", help=f"one of {', '.join(sim.SCHEDULES)} (default 1f1b)")
-    p.add_argument("--stages", type=whole, default=2, help="pipeline stages = ranks (default 2)")
+    p.add_argument("--stages", type=whole, default=2, help="pipeline devices P = ranks (default 2)")
     p.add_argument("--micro", type=whole, default=8, help="micro-batches per step (default 8)")
+    p.add_argument("--virtual", type=whole, metavar="V",
+                   help="model stages (chunks) per rank: P x V stages (default: the schedule's own, 1 or 2)")
     m = p.add_argument_group("model (exec.models.ModelSpec)")
     m.add_argument("--model", choices=["mlp", "gpt"], default="mlp", help="default mlp")
     m.add_argument("--balance", choices=["layers", "time"], default="layers",
@@ -125,7 +128,7 @@ def _check(parser: argparse.ArgumentParser, args):
     before anything runs."""
     import sim
     try:
-        schedule = sim.make_schedule(args.schedule, args.stages, args.micro)
+        schedule = sim.make_schedule(args.schedule, args.stages, args.micro, args.virtual)
     except sim.ScheduleError as e:
         parser.error(str(e))
     import torch
@@ -143,9 +146,10 @@ def _check(parser: argparse.ArgumentParser, args):
     if spec.batch_size % args.micro:
         parser.error(f"--batch-size {spec.batch_size} does not split into --micro {args.micro} equal micro-batches; "
                      f"choose --micro among the divisors of {spec.batch_size}")
-    if args.stages > spec.num_layers:
-        parser.error(f"--stages {args.stages} is more than the model's {spec.num_layers} layers; "
-                     f"use --stages <= {spec.num_layers} or more --layers")
+    if schedule.stages > spec.num_layers:
+        v = f" x V {schedule.stages // args.stages}" if schedule.stages != args.stages else ""
+        parser.error(f"--stages {args.stages}{v} = {schedule.stages} model stages is more than the model's "
+                     f"{spec.num_layers} layers; use fewer stages or more --layers")
     if args.backend == "nccl" and torch.cuda.device_count() < schedule.ranks:
         parser.error(f"--backend nccl runs one process per GPU: {schedule.ranks} ranks need {schedule.ranks} GPUs, "
                      f"this machine has {torch.cuda.device_count()}; use --backend gloo or fewer --stages")

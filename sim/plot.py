@@ -16,7 +16,9 @@ and numbers and are drawn as one collection per kind; past `DENSE_PER_ROW`, or p
 the chart becomes a heat map of busy time (`sim.heatmap`). A figure is `WIDTH` inches
 wide and at most `MAX_HEIGHT` tall.
 
-The command line is `sim.plot_cli` (`python -m sim.plot --stages 4 --micro 8`).
+The bars (a colour per kind, a hatch per chunk where a rank holds several stages) are
+drawn by `sim.bars`, numbers and units written by `sim.labels`; the command line is
+`sim.plot_cli` (`python -m sim.plot --stages 4 --micro 8`).
 
 Figures are built with `matplotlib.figure.Figure` and the Agg canvas, not `pyplot`:
 no display is needed and no global figure registry is touched.
@@ -33,19 +35,23 @@ import numpy as np
 
 from . import heatmap
 from .files import atomic_write
-from .kinds import KINDS, Kind, Role
-from .result import Event, Result
+from .bars import COLORS, HATCHES, LABEL_GID, NAMES, TRACK, chunks, draw_bars, fit_labels, kind_legend, \
+    kinds_of
+from .labels import TIME_UNIT, counts_micro_batches, format_memory, format_times, human_bytes, \
+    memory_unit, plural, size, time_unit, time_label
+from .result import Result
+
+__all__ = [  # the figures, and the words and numbers of `sim.labels` that they write, found here too
+    "draw_timeline", "draw_memory", "plot_result", "plot_overlay", "plot_compare", "save_figure", "fit_labels",
+    "timeline_style", "TIME_UNIT", "counts_micro_batches", "format_memory", "format_times", "human_bytes",
+    "memory_unit", "plural", "size", "time_unit", "time_label", "COLORS", "NAMES", "HATCHES", "LABEL_GID", "TRACK", "chunks",
+]
 
 if TYPE_CHECKING:  # matplotlib takes about a second to import; only the figures need it
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-# One colour per compute kind, from the kind table (colour-blind friendly: the Okabe-Ito palette).
-COLORS = {k: spec.colour for k, spec in KINDS.items() if spec.role is Role.COMPUTE}
-NAMES = {k: spec.label for k, spec in KINDS.items() if spec.role is Role.COMPUTE}
 MEMORY_COLOUR = "#5e4b8b"  # not a kind's colour: nobody reads a memory band as "backward"
-TRACK = "#f4f4f4"          # the empty row behind the bars: what shows through is idle time
-LABEL_GID = "bar-label"    # marks the micro-batch numbers that `fit_labels` may hide
 DPI = 130
 WIDTH, MAX_HEIGHT = 11.0, 14.0  # inches: every figure is this wide and at most this tall
 MAX_BAR_ROWS = 32          # more devices than this: heat maps
@@ -54,76 +60,6 @@ MIN_OUTLINED_PX = 6        # ... if the typical bar is at least this many pixels
 DENSE_PER_ROW = 400        # up to this many on a device: bars without outlines; beyond: a heat map
 MIN_DENSE_PX = 2           # and a heat map where the typical bar is narrower than this
 PLOT_PX = 0.8 * WIDTH * DPI  # about the width of a chart in pixels
-TIME_UNIT = "time units"   # simulated times are in the costs' unit, whatever it is
-
-
-# ----------------------------------------------------------------------------- words and numbers
-
-def plural(n: int, word: str, many: str | None = None) -> str:
-    """`1 stage`, `4 stages`; `many` for irregular plurals (`micro-batches`)."""
-    return f"{n} {word if n == 1 else many or word + 's'}"
-
-
-def size(result: Result) -> str:
-    """`4 stages, 8 micro-batches` (and the ranks, where they are not one per stage)."""
-    s = result.schedule
-    on = "" if s.ranks == s.stages else f" on {plural(s.ranks, 'rank')}"
-    return f"{plural(s.stages, 'stage')}{on}, {plural(s.micro, 'micro-batch', 'micro-batches')}"
-
-
-def format_times(values: Sequence[float]) -> list[str]:
-    """Times in one fixed-point format: as many decimals as four significant digits of the
-    smallest need, no trailing zero that every value has (96 and 33; 19.30 and 13.15)."""
-    nonzero = [abs(v) for v in values if v and math.isfinite(v)]
-    decimals = min(9, max(0, 3 - math.floor(math.log10(min(nonzero))))) if nonzero else 0
-    while decimals and all(f"{v:.{decimals}f}".endswith("0") for v in values):
-        decimals -= 1
-    return [f"{v:.{decimals}f}" for v in values]
-
-
-def time_unit(result: Result) -> str:
-    """Measured runs are timed in seconds; simulated ones in the unit of their costs."""
-    return "s" if result.source == "measured" else TIME_UNIT
-
-
-def _time_label(result: Result) -> str:
-    return "time since step start (s)" if result.source == "measured" else f"time ({TIME_UNIT})"
-
-
-def human_bytes(n: float) -> str:
-    """`1536` -> `'1.5 KiB'`: bytes in the largest binary unit that keeps the number >= 1."""
-    scale, unit = _byte_unit(abs(n))
-    return f"{n / scale:.3g} {unit}"
-
-
-def _byte_unit(peak: float) -> tuple[float, str]:
-    for i, unit in reversed(list(enumerate(["B", "KiB", "MiB", "GiB", "TiB", "PiB"]))):
-        if peak >= 1024 ** i:
-            return 1024 ** i, unit
-    return 1, "B"
-
-
-def counts_micro_batches(result: Result) -> bool:
-    """True when memory equals the number of micro-batches held (no static bytes, one
-    byte per activation: the default `Costs`), so the memory axis is a count."""
-    return all(
-        len(mem) == len(act) and all(b == n for (_, b), (_, n) in zip(mem, act))
-        for mem, act in zip(result.memory, result.activations)
-    )
-
-
-def memory_unit(results: Sequence[Result], top: float) -> tuple[float, str]:
-    """(scale, unit) for memory up to `top`: micro-batches where every result counts them,
-    else bytes in KiB, MiB, GiB... chosen from `top`."""
-    if all(map(counts_micro_batches, results)):
-        return 1.0, "micro-batches"
-    return _byte_unit(top)
-
-
-def format_memory(value: float, scale: float, unit: str) -> str:
-    if unit == "micro-batches":
-        return plural(int(value), "micro-batch", "micro-batches") if value == int(value) else f"{value:g} {unit}"
-    return f"{value / scale:.3g} {unit}"
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -179,99 +115,29 @@ def _rank_rows(ax: "Axes", ranks: int, end: float) -> None:
         ax.spines[side].set_visible(False)
 
 
-def _bar_text(event: Event, one_stage_per_rank: bool) -> str:
-    a = event.action
-    # with several stages per rank the micro-batch alone is ambiguous: add the stage
-    return str(a.micro) if one_stage_per_rank else f"{a.micro}/s{a.stage}"
-
-
-def _draw_bars(ax: "Axes", result: Result, height: float, detail: bool, label: bool = False, **style) -> None:
-    """The compute events of `result` on their ranks' rows, coloured by kind. With `detail`,
-    one Rectangle each (findable by its gid, `compute 0F0`) and, with `label`, the
-    micro-batch number on it; without, one PolyCollection per kind, fast at any count."""
-    t0 = result.t0
-    events = result.compute_events()
-    if not detail:
-        _bar_collections(ax, events, t0, height, **style)
-        return
-    one_stage = result.schedule.stages == result.schedule.ranks
-    bars = ax.barh([e.rank for e in events], [e.duration for e in events], height=height,
-                   left=[e.start - t0 for e in events], color=[COLORS[e.action.kind] for e in events],
-                   **style)
-    for e, bar in zip(events, bars):
-        bar.set_gid(f"compute {e.action}")  # lets a reader (or a test) find the bar of an action
-        if label:
-            text = ax.text(e.start - t0 + e.duration / 2, e.rank, _bar_text(e, one_stage), ha="center",
-                           va="center", fontsize=7, color="white", gid=LABEL_GID, clip_on=True,
-                           in_layout=False)  # inside the axes: layout need not measure them
-            text.sim_bar = bar  # for `fit_labels`
-
-
-def _bar_collections(ax: "Axes", events: Sequence[Event], t0: float, height: float, **style) -> None:
-    from matplotlib.collections import PolyCollection
-
-    by_kind: dict[Kind, list[tuple[float, float, int]]] = {}
-    for e in events:
-        by_kind.setdefault(e.action.kind, []).append((e.start - t0, e.end - t0, e.rank))
-    style.setdefault("edgecolor", "none")
-    style.setdefault("linewidth", 0)
-    for kind, spans in by_kind.items():
-        x0, x1, y = np.array(spans, dtype=float).T
-        lo, hi = y - height / 2, y + height / 2
-        verts = np.stack([np.column_stack(c) for c in ((x0, lo), (x0, hi), (x1, hi), (x1, lo))], axis=1)
-        ax.add_collection(PolyCollection(verts, facecolor=COLORS[kind], gid=f"computes {kind.value}", **style),
-                          autolim=False)
-
-
-def _kind_legend(ax: "Axes", kinds: set[Kind], extra: Sequence = (), **kw) -> None:
-    from matplotlib.patches import Patch
-
-    handles = [Patch(facecolor=COLORS[k], label=NAMES[k]) for k in COLORS if k in kinds]
-    handles.append(Patch(facecolor=TRACK, edgecolor="#bbbbbb", label="idle (bubble)"))
-    ax.legend(handles=handles + list(extra), loc="upper left", bbox_to_anchor=(1.005, 1.0),
-              fontsize=8, frameon=False, **kw)
-
-
-def _kinds(result: Result) -> set[Kind]:
-    return {e.action.kind for e in result.events if e.action.kind.is_compute}
-
-
-def fit_labels(fig: "Figure") -> None:
-    """Hide every micro-batch number that is wider than the bar it sits on.
-
-    Whether a label fits depends on the final figure size and x range, so this runs
-    after layout (`save_figure` calls it)."""
-    fig.draw_without_rendering()  # lay out (constrained layout moves the axes), paint nothing
-    renderer = fig.canvas.get_renderer()
-    for ax in fig.axes:
-        for text in ax.texts:
-            bar = getattr(text, "sim_bar", None)
-            if text.get_gid() == LABEL_GID and bar is not None:
-                text.set_visible(True)  # an invisible text has no extent to measure
-                fits = text.get_window_extent(renderer).width + 2 <= bar.get_window_extent(renderer).width
-                text.set_visible(fits)
-
-
 # ----------------------------------------------------------------------------- panels
 
-def draw_timeline(result: Result, ax: "Axes", legend: bool = True) -> "Axes":
+def draw_timeline(result: Result, ax: "Axes", legend: bool | Sequence[Result] = True) -> "Axes":
     """Draw `result` as a Gantt chart on `ax`: one row per device (rank 0 on top), one
     bar per compute action coloured by kind (F, B, I, W) with its micro-batch number.
 
     Only compute is drawn; the light track that shows through between bars is time the
     device sits idle (the pipeline bubble). Times are relative to `result.t0`. A large
     step is drawn as `timeline_style` says: bars without outlines and numbers, or a heat
-    map of the share of each time bin each device computes."""
+    map of the share of each time bin each device computes. `legend`: whether to draw
+    one, or the results whose kinds and chunks it lists (a comparison's legend)."""
     style = timeline_style(result)
     if style == "heat":
         heatmap.draw_busy(result, ax)
     else:
         _rank_rows(ax, result.ranks, result.makespan)
         outline = {"edgecolor": "black", "linewidth": 0.4} if style == "bars" else {}
-        _draw_bars(ax, result, height=0.8, detail=style == "bars", label=True, **outline)
+        draw_bars(ax, result, height=0.8, detail=style == "bars", label=True, **outline)
         if legend:
-            _kind_legend(ax, _kinds(result))
-    ax.set_xlabel(_time_label(result))
+            listed = [result] if legend is True else list(legend)
+            kind_legend(ax, set().union(*map(kinds_of, listed)),
+                        chunk_count=max(max(chunks(r).values(), default=0) for r in listed) + 1)
+    ax.set_xlabel(time_label(result))
     return ax
 
 
@@ -293,7 +159,7 @@ def draw_memory(result: Result, ax: "Axes", legend: bool = True, *, top: float |
         heatmap.draw_memory_map(result, ax, top, scale, name)
     else:
         _memory_rows(result, ax, top, scale, name)
-    ax.set_xlabel(_time_label(result))
+    ax.set_xlabel(time_label(result))
     return ax
 
 
@@ -314,11 +180,17 @@ def _memory_rows(result: Result, ax: "Axes", top: float, scale: float, unit: str
     ax.set_ylabel(f"{what}\n(full row: {format_memory(top, scale, unit)})", fontsize=9)
 
 
+def _bubbles(result: Result) -> str:
+    """`makespan 33 time units, bubble 27.3% (steady 27.3%)`: the step's length and idle
+    share, and the idle share when steps repeat without a flush (`Result.steady_step`)."""
+    (makespan,) = format_times([result.makespan])
+    return (f"makespan {makespan} {time_unit(result)}, bubble {result.bubble_fraction:.1%} "
+            f"(steady {result.steady_bubble_fraction:.1%})")
+
+
 def _title(result: Result) -> str:
     where = "" if result.source == "simulated" else f" ({result.source})"
-    (makespan,) = format_times([result.makespan])
-    return (f"{result.schedule.name}{where}: {size(result)}  |  "
-            f"makespan {makespan} {time_unit(result)}, bubble {result.bubble_fraction:.1%}")
+    return f"{result.schedule.name}{where}: {size(result)}  |  {_bubbles(result)}"
 
 
 # ----------------------------------------------------------------------------- figures
@@ -351,20 +223,20 @@ def plot_overlay(simulated: Result, measured: Result) -> "Figure":
     fig = _new_figure(WIDTH, 1.4 + min(0.5 * ranks, MAX_HEIGHT))
     ax = fig.subplots()
     _rank_rows(ax, ranks, end)
-    _draw_bars(ax, simulated, height=0.84, detail=detail, alpha=0.35, hatch="///",
+    draw_bars(ax, simulated, height=0.84, detail=detail, alpha=0.35, hatch="///", hatch_chunks=False,
                edgecolor="#555555", linewidth=0.4 if detail else 0)
-    _draw_bars(ax, measured, height=0.36, detail=detail, label=True,
+    draw_bars(ax, measured, height=0.36, detail=detail, label=True,
                **({"edgecolor": "black", "linewidth": 0.4} if detail else {}))
     # where each step ends; a little room on the right so the later line is not on the frame
     ax.axvline(simulated.makespan, color="black", linestyle=":", linewidth=1)
     ax.axvline(measured.makespan, color="black", linestyle="-", linewidth=1)
     ax.set_xlim(0, end * 1.01)
-    ax.set_xlabel(_time_label(measured))
+    ax.set_xlabel(time_label(measured))
     how = [Patch(facecolor="#bbbbbb", alpha=0.5, hatch="///", edgecolor="#555555", label="simulated (wide)"),
            Patch(facecolor="#555555", label="measured (narrow)"),
            Line2D([], [], color="black", linestyle=":", label="simulated end"),
            Line2D([], [], color="black", linestyle="-", label="measured end")]
-    _kind_legend(ax, _kinds(simulated) | _kinds(measured), extra=how)
+    kind_legend(ax, kinds_of(simulated) | kinds_of(measured), extra=how)
     # the simulator's error, as everywhere in the project: (simulated - measured) / measured
     err = (simulated.makespan - measured.makespan) / measured.makespan if measured.makespan else math.nan
     sim_end, run_end = format_times([simulated.makespan, measured.makespan])
@@ -397,7 +269,7 @@ def plot_compare(results: Sequence[Result], shared_time: bool | None = None) -> 
         mem.sharex(axes[1] if shared_time else gantt)
         if shared_time:
             gantt.sharex(axes[1])
-        draw_timeline(res, gantt, legend=(i == 0))
+        draw_timeline(res, gantt, legend=results if i == 0 else False)
         draw_memory(res, mem, top=top, unit=unit)
         gantt.set_xlabel("")
         gantt.tick_params(labelbottom=False)
@@ -405,16 +277,17 @@ def plot_compare(results: Sequence[Result], shared_time: bool | None = None) -> 
             gantt.axvline(res.makespan, color="black", linestyle=":", linewidth=0.8)
             if i < len(results) - 1:
                 mem.set_xlabel("")
-        (makespan,) = format_times([res.makespan])
-        gantt.set_title(f"{res.schedule.name}: makespan {makespan} {time_unit(res)}, "
-                        f"bubble {res.bubble_fraction:.1%}", loc="left", fontsize=9)
+        on = f" ({plural(res.schedule.stages, 'stage')})" if res.schedule.stages != res.ranks else ""
+        gantt.set_title(f"{res.schedule.name}{on}: {_bubbles(res)}", loc="left", fontsize=9)
     if shared_time:
         axes[-1].set_xlim(0, max(ends))
         how = "on one time axis"
     else:
         ratio = f" (the longest step is {max(ends) / min(ends):.1f}x the shortest)" if min(ends) > 0 else ""
         how = f"each on its own time axis{ratio}"
-    fig.suptitle(f"{size(results[0])}: {how}; memory on one scale", fontsize=11)
+    first = results[0].schedule
+    fig.suptitle(f"{plural(first.ranks, 'device')}, {plural(first.micro, 'micro-batch', 'micro-batches')}: "
+                 f"{how}; memory on one scale", fontsize=11)
     return fig
 
 

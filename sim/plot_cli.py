@@ -1,6 +1,7 @@
 """The command line of `sim.plot`: simulate schedules, print a table, draw the figures.
 
     python -m sim.plot --stages 4 --micro 8          # figures/<schedule>_p4_m8.png ...
+    python -m sim.plot --compare 1f1b,zb-h1,zb-h2,zbv   # figures/compare_p4_m8.png only
 
 Everything that can be refused is refused before any work, on one line with exit status
 2: bad arguments, a step too large for this machine's memory (`check_size`), an `--out`
@@ -24,6 +25,7 @@ from .ir import ScheduleError
 from .plot import format_memory, format_times, human_bytes, memory_unit, plot_compare, \
     plot_result, plural, save_figure, time_unit, timeline_style, TIME_UNIT
 from .result import Result
+from .ir import Schedule
 from .schedules import SCHEDULES, TEXTBOOK, lookup, make_schedule
 
 # What a run holds at its peak (maximum resident set, /usr/bin/time -v, all three schedules,
@@ -32,12 +34,22 @@ from .schedules import SCHEDULES, TEXTBOOK, lookup, make_schedule
 # (2.3 KB at p=64 m=2048 and p=8192 m=8, 3.1 KB at p=65536 m=1), what the figures add (to
 # 2.5 KB at p=64 m=2048, 3.5 KB at p=2 m=65536) and what a Chrome trace adds (a JSON record
 # per event: 3.7 KB in all at p=64 m=512, no figures, and at p=64 m=1024 with them). Each
-# figure below rounds the largest measured up.
+# figure below rounds the largest measured up. The table's steady step makes each step's
+# events and lets them go: 0.6 KB more per stage x micro-batch (1F1B at p=64, m=1024, peak
+# RSS 153 MB without it, 191 MB with it, same machine, 2026-11), added to the table's.
 BASE_BYTES = 100 * 2**20
-BYTES_PER_CELL = {"table": 3_200, "figures": 400, "trace": 1_600}
+BYTES_PER_CELL = {"table": 3_800, "figures": 400, "trace": 1_600}
 MEMORY_SHARE = 0.5  # of the machine's memory, which other work shares
 BIG_STEP = 100_000
-STYLES = {"bars": "a bar per compute", "dense": "bars without outlines", "heat": "heat map of busy time"}  # stage x micro-batches from which the simulation reports its progress
+STYLES = {"bars": "a bar per compute", "dense": "bars without outlines", "heat": "heat map of busy time"}
+# The options some generators take (`Generator.options`), as command-line flags: (flag,
+# metavar, type, help). A generator whose options include "costs" gets the step's `Costs`.
+OPTION_FLAGS = {
+    "max_active": ("--max-active", "N", whole, "most micro-batches in flight per device"),
+    "memory_limit": ("--memory-limit", "BYTES", lambda t: number(t, strict=True), "activation bytes a device may hold"),
+}
+PER_STAGE = ("forward", "backward", "backward_input", "backward_weight", "activation_bytes",
+             "activation_bytes_sent", "w_activation_bytes", "static_bytes")
 
 
 def fail(message: str) -> NoReturn:
@@ -70,16 +82,33 @@ def build_parser() -> argparse.ArgumentParser:
                     "and draw their timelines and memory.",
         epilog=f"Times are in {TIME_UNIT}: any one unit, used for every time option (seconds, if you give "
                "seconds). Memory is in bytes; left at the defaults (1 byte per activation, no static "
-               "bytes) it counts the micro-batches whose activations a device holds.")
-    p.add_argument("--stages", type=whole, default=4, help="pipeline stages, one per device")
+               "bytes) it counts the micro-batches whose activations a device holds. Per-stage costs are "
+               "per model stage: P x V of them. The schedules: "
+               + "; ".join(f"{n}: {g.summary}" for n, g in SCHEDULES.items()) + ".")
+    p.add_argument("--stages", type=whole, default=4,
+                   help="pipeline devices P, a rank each; the schedule has P x V model stages")
     p.add_argument("--micro", type=whole, default=8, help="micro-batches per step")
-    p.add_argument("--schedule", action="append", metavar="NAME",
-                   help=f"schedule(s) to draw, repeatable or comma-separated: {', '.join(SCHEDULES)} "
-                        f"(default: {','.join(TEXTBOOK)})")
+    p.add_argument("--virtual", type=whole, metavar="V",
+                   help="model stages (chunks) per device (default: the schedule's own, 1 or 2 for the V-shaped ones)")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--schedule", action="append", metavar="NAME",
+                       help=f"schedule(s) to draw, repeatable or comma-separated: {', '.join(SCHEDULES)} "
+                            f"(default: {','.join(TEXTBOOK)})")
+    which.add_argument("--compare", metavar="NAMES",
+                       help="comma-separated schedules to draw in one comparison figure only (each its Gantt "
+                            "chart over its memory, memory on one scale), e.g. 1f1b,zb-h1,zb-h2,zbv")
+    for option, (flag, metavar, kind, text) in OPTION_FLAGS.items():
+        takers = [n for n, g in SCHEDULES.items() if option in g.options]
+        p.add_argument(flag, type=kind, metavar=metavar,
+                       help=f"{text}, for the schedules that take it: {', '.join(takers) or 'none yet'}")
     per = "one number, or a comma-separated list with one per stage"
     t = TIME_UNIT
     p.add_argument("--forward", type=_per_stage, default="1", help=f"forward time per micro-batch in {t}; {per}")
     p.add_argument("--backward", type=_per_stage, default="2", help=f"backward time per micro-batch in {t}; {per}")
+    p.add_argument("--backward-input", type=_per_stage,
+                   help=f"time of I, the input-gradient half of a split backward, in {t} (default: half of --backward); {per}")
+    p.add_argument("--backward-weight", type=_per_stage,
+                   help=f"time of W, the weight-gradient half of a split backward, in {t} (default: half of --backward); {per}")
     p.add_argument("--latency", type=number, default="0", help=f"fixed delay of every transfer, in {t}")
     p.add_argument("--send-overhead", type=number, default="0",
                    help=f"time issuing a SEND holds its device (the isend call), in {t}")
@@ -98,6 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"bytes per {t[:-1]} of each link (inf: transfers are free)")
     p.add_argument("--activation-bytes", type=_per_stage, default="1",
                    help=f"bytes a stage keeps per micro-batch until its backward; {per}")
+    p.add_argument("--w-activation-bytes", type=_per_stage,
+                   help=f"of those, the bytes W still needs from the end of I until W (default: all of them); {per}")
     p.add_argument("--activation-bytes-sent", type=_per_stage, default="0",
                    help=f"bytes a stage sends forward per micro-batch; {per}")
     p.add_argument("--static-bytes", type=_per_stage, default="0",
@@ -109,19 +140,48 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _schedule_names(args: argparse.Namespace) -> list[str]:
-    """The schedules asked for, each once ('GPipe' and 'gpipe' are one), checked."""
-    given = [n.strip() for item in args.schedule or [",".join(TEXTBOOK)] for n in item.split(",") if n.strip()]
+    """The schedules asked for (`--schedule` or `--compare`), each once ('GPipe' and 'gpipe'
+    are one), checked."""
+    flag = "--compare" if args.compare is not None else "--schedule"
+    items = [args.compare] if args.compare is not None else args.schedule or [",".join(TEXTBOOK)]
+    given = [n.strip() for item in items for n in item.split(",") if n.strip()]
     if not given:
-        fail(f"argument --schedule: no name given; choose from {', '.join(SCHEDULES)}")
+        fail(f"argument {flag}: no name given; choose from {', '.join(SCHEDULES)}")
     names: list[str] = []
     for n in given:
         try:
             key, _ = lookup(n)
         except ScheduleError:
-            fail(f"argument --schedule: unknown schedule {n!r}; choose from {', '.join(SCHEDULES)}")
+            fail(f"argument {flag}: unknown schedule {n!r}; choose from {', '.join(SCHEDULES)}")
         if key not in names:
             names.append(key)
     return names
+
+
+def _virtual(args: argparse.Namespace, name: str) -> int:
+    """V of `name`: `--virtual`, or the schedule's own."""
+    return args.virtual if args.virtual is not None else SCHEDULES[name].virtual
+
+
+def _options(args: argparse.Namespace, names: list[str], costs: Costs) -> dict[str, dict]:
+    """Per schedule, the options it gets: each option flag given goes to the schedules
+    that take it, and is refused if none of them does; "costs" goes to those that take it."""
+    options: dict[str, dict] = {n: {} for n in names}
+    for option, (flag, *_) in OPTION_FLAGS.items():
+        value = getattr(args, option)
+        if value is None:
+            continue
+        takers = [n for n in names if option in SCHEDULES[n].options]
+        if not takers:
+            known = [n for n, g in SCHEDULES.items() if option in g.options]
+            fail(f"argument {flag}: {', '.join(names)} take{'s' * (len(names) == 1)} no {flag}; "
+                 f"it is for {', '.join(known) or 'no schedule yet'}")
+        for n in takers:
+            options[n][option] = value
+    for n in names:
+        if "costs" in SCHEDULES[n].options:
+            options[n]["costs"] = costs
+    return options
 
 
 def machine_memory() -> int:
@@ -138,19 +198,21 @@ def machine_memory() -> int:
     return total
 
 
-def check_size(args: argparse.Namespace, schedules: int) -> None:
+def check_size(args: argparse.Namespace, schedules: int, virtual: int = 1) -> None:
     """Refuse, before allocating anything, a step whose simulation (and figures, and
     traces) would need more than `MEMORY_SHARE` of this machine's memory, by the bytes
-    per stage x micro-batch measured for each (`BYTES_PER_CELL`)."""
+    per stage x micro-batch measured for each (`BYTES_PER_CELL`); `virtual`: the most
+    model stages per device among the schedules."""
     parts = ["table"] + ([] if args.no_figures else ["figures"]) + (["trace"] if args.trace else [])
     per = sum(BYTES_PER_CELL[p] for p in parts)
-    cells = args.stages * args.micro
+    cells = args.stages * virtual * args.micro
     allowed = MEMORY_SHARE * machine_memory()
     need = BASE_BYTES + schedules * cells * per
     if need > allowed:
         most = max(0, int((allowed - BASE_BYTES) / (schedules * per)))
         more = [o for o, on in (("fewer --schedule", schedules > 1), ("--no-figures", len(parts) > 1)) if on]
-        fail(f"step too large for this machine: --stages {args.stages} x --micro {args.micro} = {cells:,} "
+        v = f" x V {virtual}" if virtual > 1 else ""
+        fail(f"step too large for this machine: --stages {args.stages}{v} x --micro {args.micro} = {cells:,} "
              f"stage-micro-batches x {plural(schedules, 'schedule')} would need about {human_bytes(need)} "
              f"({per:,} bytes each for the {' + '.join(parts)}, as measured), more than the {human_bytes(allowed)} "
              f"allowed ({MEMORY_SHARE:.0%} of its {human_bytes(machine_memory())} of memory); the limit here is "
@@ -158,24 +220,46 @@ def check_size(args: argparse.Namespace, schedules: int) -> None:
 
 
 def _costs(args: argparse.Namespace) -> Costs:
-    """`Costs` from the arguments, checking that each per-stage list fits `--stages`."""
+    """`Costs` from the arguments; the lengths of per-stage lists are checked against
+    each schedule (`_check_lengths`)."""
     fields = {}
-    for name in ("forward", "backward", "activation_bytes", "activation_bytes_sent", "static_bytes"):
+    for name in PER_STAGE:
         values = getattr(args, name)
-        if len(values) not in (1, args.stages):
-            flag = "--" + name.replace("_", "-")
-            fail(f"argument {flag}: got {len(values)} values for {plural(args.stages, 'stage')}; "
-                 f"give one number or {args.stages} comma-separated numbers")
-        fields[name] = values[0] if len(values) == 1 else tuple(values)
+        if values is not None:
+            fields[name] = values[0] if len(values) == 1 else tuple(values)
     try:
-        costs = Costs(latency=args.latency, bandwidth=args.bandwidth, send_overhead=args.send_overhead,
-                      recv_overhead=args.recv_overhead, arrive_overhead=args.arrive_overhead,
-                      io_tick=args.io_tick, before_compute=args.before_compute,
-                      after_compute=args.after_compute, **fields)
-        costs.for_stages(args.stages)  # the lengths against the stage count
+        return Costs(latency=args.latency, bandwidth=args.bandwidth, send_overhead=args.send_overhead,
+                     recv_overhead=args.recv_overhead, arrive_overhead=args.arrive_overhead,
+                     io_tick=args.io_tick, before_compute=args.before_compute,
+                     after_compute=args.after_compute, **fields)
     except ValueError as e:
         fail(str(e))
-    return costs
+
+
+def _check_lengths(args: argparse.Namespace, name: str) -> None:
+    """Each per-stage list has one value or one per model stage of `name` (P x V)."""
+    v = _virtual(args, name)
+    stages = args.stages * v
+    where = "" if v == 1 else f" of {name} ({args.stages} devices x V {v})"
+    for field in PER_STAGE:
+        values = getattr(args, field)
+        if values is not None and len(values) not in (1, stages):
+            flag = "--" + field.replace("_", "-")
+            fail(f"argument {flag}: got {len(values)} values for {plural(stages, 'stage')}{where}; "
+                 f"give one number or {stages} comma-separated numbers")
+
+
+def _schedules(args: argparse.Namespace, names: list[str], costs: Costs) -> list[Schedule]:
+    """The schedules asked for, or one line naming what a generator refuses."""
+    options = _options(args, names, costs)
+    schedules = []
+    for name in names:
+        _check_lengths(args, name)
+        try:
+            schedules.append(make_schedule(name, args.stages, args.micro, args.virtual, **options[name]))
+        except (ScheduleError, ValueError) as e:
+            fail(str(e).splitlines()[0])
+    return schedules
 
 
 def _check_out(out: Path) -> None:
@@ -197,52 +281,56 @@ def _compact(values: Sequence[int]) -> str:
 
 
 def format_table(results: Sequence[Result]) -> str:
-    """One aligned line per result: makespan, bubble, peak activations per rank, peak
-    memory, each with its unit."""
+    """One aligned line per result: makespan and bubble, the steady step and its bubble
+    (steps repeating without a flush: `Result.steady_step`), peak activations per rank,
+    peak memory, each with its unit."""
     results = list(results)
     units = {time_unit(r) for r in results}
     top = max((max(r.peak_memory, default=0.0) for r in results), default=0.0)
     scale, unit = memory_unit(results, top)
-    rows = [("schedule", f"makespan ({' or '.join(sorted(units))})", "bubble", "peak activations (micro-batches)",
-             "peak memory")]
-    for r, makespan in zip(results, format_times([r.makespan for r in results])):
+    rows = [("schedule", f"makespan ({' or '.join(sorted(units))})", "bubble", "steady step", "steady bubble",
+             "peak activations (micro-batches)", "peak memory")]
+    times = format_times([t for r in results for t in (r.makespan, r.steady_step)])
+    for i, r in enumerate(results):
         peak = max(r.peak_memory, default=0.0)
         memory = format_memory(peak, scale, unit) if unit == "micro-batches" else human_bytes(peak)
-        rows.append((r.schedule.name, makespan, f"{r.bubble_fraction:.1%}", _compact(r.peak_activations), memory))
+        rows.append((r.schedule.name, times[2 * i], f"{r.bubble_fraction:.1%}", times[2 * i + 1],
+                     f"{r.steady_bubble_fraction:.1%}", _compact(r.peak_activations), memory))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    # the schedule name and the memory read left-aligned, numbers right-aligned
+    left = (0, len(rows[0]) - 1)  # the schedule name and the memory read left-aligned, numbers right-aligned
     return "\n".join(
-        "  ".join(c.ljust(w) if i in (0, 4) else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))).rstrip()
+        "  ".join(c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))).rstrip()
         for row in rows
     )
 
 
-def _simulate(args: argparse.Namespace, names: list[str], costs: Costs) -> list[Result]:
+def _simulate(args: argparse.Namespace, schedules: list[Schedule], costs: Costs) -> list[Result]:
     big = args.stages * args.micro >= BIG_STEP
     results = []
     try:
-        for name in names:
+        for schedule in schedules:
             if big:
-                progress(f"simulating {name}: {plural(args.stages, 'stage')}, "
+                progress(f"simulating {schedule.name}: {plural(schedule.stages, 'stage')}, "
                          f"{plural(args.micro, 'micro-batch', 'micro-batches')}")
-            results.append(simulate(make_schedule(name, args.stages, args.micro), costs))
+            results.append(simulate(schedule, costs))
     except (ScheduleError, ValueError) as e:
         fail(str(e).splitlines()[0])  # a deadlock report adds a grid below its first line
     return results
 
 
 def _write(args: argparse.Namespace, results: list[Result], out: Path) -> list[Path]:
-    """Draw and write what was asked for, a progress line per file; returns the paths."""
-    tag = f"p{args.stages}_m{args.micro}"
+    """Draw and write what was asked for, a progress line per file; returns the paths.
+    With `--compare`, the comparison figure is the only figure."""
+    tag = f"p{args.stages}_m{args.micro}" + (f"_v{args.virtual}" if args.virtual is not None else "")
     jobs = []
     for r in results:
-        if not args.no_figures:
+        if not args.no_figures and args.compare is None:
             jobs.append((out / f"{r.schedule.name}_{tag}.png", lambda p, r=r: save_figure(plot_result(r), p),
                          STYLES[timeline_style(r)]))
         if args.trace:
             jobs.append((out / f"{r.schedule.name}_{tag}.trace.json", lambda p, r=r: r.save_chrome_trace(p),
                          "Chrome trace"))
-    if not args.no_figures and len(results) > 1:
+    if not args.no_figures and (len(results) > 1 or args.compare is not None):
         jobs.append((out / f"compare_{tag}.png", lambda p: save_figure(plot_compare(results), p), "comparison"))
     start = time.perf_counter()
     for i, (path, write, what) in enumerate(jobs, 1):
@@ -255,12 +343,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (2 for what is refused, via `fail`)."""
     args = build_parser().parse_args(argv)
     names = _schedule_names(args)
-    check_size(args, len(names))
+    check_size(args, len(names), max(_virtual(args, n) for n in names))
     costs = _costs(args)
+    schedules = _schedules(args, names, costs)
     out = Path(args.out)
     if args.trace or not args.no_figures:
         _check_out(out)
-    results = _simulate(args, names, costs)
+    results = _simulate(args, schedules, costs)
     print(format_table(results), flush=True)
     try:
         written = _write(args, results, out)

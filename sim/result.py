@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass
 from typing import Callable
@@ -53,6 +54,7 @@ class Result:
         self._schedule, self._events = schedule, events
         self.memory, self.activations, self.source = memory, activations, source
         self._makespan, self._busy = makespan, busy
+        self._spans: list[tuple[float, float]] | None = None
         self._t0 = t0 if makespan is not None else None
 
     def __repr__(self) -> str:
@@ -111,6 +113,44 @@ class Result:
             return 0.0
         return 1.0 - sum(self.busy()) / (self.ranks * self.makespan)
 
+    def spans(self) -> list[tuple[float, float]]:
+        """Per rank, (start of its first compute, end of its last); (0, 0) for a rank
+        that computes nothing."""
+        if self._spans is not None:
+            return list(self._spans)
+        # events not made yet are made for this and let go (0.6 KB per stage x micro-batch
+        # at p=64, m=1024): a table of several big steps holds one step's at a time
+        events = self._events() if callable(self._events) else self._events
+        first, last = [math.inf] * self.ranks, [-math.inf] * self.ranks
+        for e in events:
+            if e.action.kind.is_compute:
+                first[e.rank] = min(first[e.rank], e.start)
+                last[e.rank] = max(last[e.rank], e.end)
+        self._spans = [(a, b) if b >= a else (0.0, 0.0) for a, b in zip(first, last)]
+        return list(self._spans)
+
+    @property
+    def steady_step(self) -> float:
+        """The step's length when steps follow each other without a pipeline flush: the
+        longest time one device takes from its first compute's start to its last
+        compute's end (the "cost" of Qi et al., "Zero Bubble Pipeline Parallelism", ICLR
+        2024, Section 5.3). With the optimizer step not synchronising the devices (the
+        paper's post-validation, Section 4), device r can run step k over its own span
+        shifted by k x steady_step: the dependencies inside a step keep their offsets,
+        and no device's span overlaps its next. At most the makespan."""
+        return max((b - a for a, b in self.spans()), default=0.0)
+
+    @property
+    def steady_bubble_fraction(self) -> float:
+        """Idle share of device-time when steps repeat every `steady_step`:
+        1 - sum(busy) / (ranks * steady_step). Where every device computes the same time
+        (equal stages), it is the paper's bubble rate (cost - m(T_F + T_B + T_W)) / cost
+        (Qi et al. 2024, Section 5.3), with cost = `steady_step`."""
+        step = self.steady_step
+        if step <= 0:
+            return 0.0
+        return 1.0 - sum(self.busy()) / (self.ranks * step)
+
     @property
     def peak_activations(self) -> list[int]:
         """Per rank, the most micro-batches whose activations it held at once."""
@@ -134,6 +174,8 @@ class Result:
             "micro": self.schedule.micro,
             "makespan": self.makespan,
             "bubble_fraction": self.bubble_fraction,
+            "steady_step": self.steady_step,
+            "steady_bubble_fraction": self.steady_bubble_fraction,
             "peak_activations": self.peak_activations,
             "peak_memory": self.peak_memory,
         }

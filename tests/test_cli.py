@@ -74,7 +74,8 @@ def test_a_step_too_large_for_the_machine_is_refused_at_once(args, cells):
 def test_the_limit_is_what_the_memory_allows(monkeypatch):
     from sim import plot_cli
 
-    monkeypatch.setattr(plot_cli, "machine_memory", lambda: 2 * plot_cli.BASE_BYTES + 2 * 3 * 3_200 * 1000)
+    per = plot_cli.BYTES_PER_CELL["table"]
+    monkeypatch.setattr(plot_cli, "machine_memory", lambda: 2 * plot_cli.BASE_BYTES + 2 * 3 * per * 1000)
     args = plot_cli.build_parser().parse_args(["--stages", "10", "--micro", "100", "--no-figures"])
     plot_cli.check_size(args, 3)  # exactly at the limit: 1000 stage-micro-batches
     args.micro = 101
@@ -110,12 +111,12 @@ def test_the_table_gives_units_and_counts_micro_batches_without_bytes():
     header, *rows = table(run_cli("--no-figures"))
     assert "makespan (time units)" in header and "peak activations (micro-batches)" in header
     # the default costs give no bytes: memory is a count of micro-batches, not "8 B"
-    assert [row.split(None, 4)[4] for row in rows] == ["1 micro-batch", "8 micro-batches", "4 micro-batches"]
+    assert [row.split(None, 6)[6] for row in rows] == ["1 micro-batch", "8 micro-batches", "4 micro-batches"]
 
 
 def test_the_table_gives_bytes_with_suffixes_when_bytes_are_given():
     _, *rows = table(run_cli("--no-figures", "--activation-bytes", str(2**20), "--static-bytes", str(2**30)))
-    assert [row.split(None, 4)[4] for row in rows] == ["1 GiB", "1.01 GiB", "1 GiB"]
+    assert [row.split(None, 6)[6] for row in rows] == ["1 GiB", "1.01 GiB", "1 GiB"]
 
 
 def test_makespans_are_printed_in_one_format():
@@ -131,7 +132,8 @@ def test_help_shows_defaults_and_units():
     proc = run_cli("--help")
     assert proc.returncode == 0
     text = " ".join(proc.stdout.split())
-    for default in ("pipeline stages, one per device (default: 4)", "micro-batches per step (default: 8)",
+    for default in ("pipeline devices P, a rank each; the schedule has P x V model stages (default: 4)",
+                    "micro-batches per step (default: 8)",
                     "(default: inf)", "(default: figures)", "in time units"):
         assert default in text
     assert text.count("(default: ") >= 17
@@ -140,3 +142,37 @@ def test_help_shows_defaults_and_units():
 def test_one_stage_is_singular():
     proc = run_cli("--stages", "1", "--forward", "1,2")
     assert_refused(proc, "got 2 values for 1 stage;")
+
+
+# ---------------------------------------------------------------- 4. the schedule zoo's flags
+
+def test_virtual_names_the_v_the_schedule_refuses():
+    assert_refused(run_cli("--schedule", "1f1b", "--virtual", "2", "--no-figures", timeout=60),
+                   "1f1b on 4 devices, 8 micro-batches: V=2")
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--compare", "1f1b,zigzag"], ["argument --compare: unknown schedule 'zigzag'; choose from naive, gpipe, 1f1b"]),
+    (["--compare", ","], ["argument --compare: no name given"]),
+    (["--compare", "1f1b", "--schedule", "gpipe"], ["not allowed with argument"]),
+    (["--schedule", "naive", "--max-active", "2"], ["argument --max-active: naive takes no --max-active"]),
+    (["--schedule", "naive,1f1b", "--memory-limit", "1e9"], ["naive, 1f1b take no --memory-limit"]),
+    (["--max-active", "0"], ["argument --max-active: got 0"]),
+    (["--memory-limit", "0"], ["argument --memory-limit: got 0"]),
+    (["--virtual", "0"], ["argument --virtual: got 0"]),
+    (["--backward-input", "-1"], ["argument --backward-input"]),
+    (["--backward-weight", "1,2"], ["argument --backward-weight: got 2 values for 4 stages"]),
+    (["--w-activation-bytes", "x"], ["argument --w-activation-bytes"]),
+])
+def test_the_zoo_flags_refuse_bad_input_with_one_line(args, words):
+    assert_refused(run_cli(*args, "--no-figures", timeout=60), *words)
+
+
+def test_compare_writes_one_figure_and_the_table(tmp_path):
+    proc = run_cli("--compare", "1f1b,GPipe", "--out", str(tmp_path))
+    header, *rows = table(proc)
+    assert "steady step" in header and "steady bubble" in header
+    assert [row.split()[0] for row in rows] == ["1f1b", "gpipe"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["compare_p4_m8.png"]
+    width, height = png_size(tmp_path / "compare_p4_m8.png")
+    assert width == WIDTH * DPI and height > 600

@@ -69,8 +69,10 @@ def test_cli_table_has_the_closed_form_makespans(cli_run):
     assert float(rows["naive"][1]) == 96      # p * m * (F + B)
     assert float(rows["gpipe"][1]) == 33      # (m + p - 1) * (F + B)
     assert float(rows["1f1b"][1]) == 33
-    assert rows["1f1b"][3] == "4,3,2,1"       # 1F1B holds p - s micro-batches on stage s
-    assert rows["gpipe"][3] == "8,8,8,8"      # GPipe holds all of them
+    # rank 0 spans the whole step: steady step = makespan, both bubbles (p - 1) / (m + p - 1) = 3 / 11
+    assert [float(rows["1f1b"][3]), rows["1f1b"][2], rows["1f1b"][4]] == [33, "27.3%", "27.3%"]
+    assert rows["1f1b"][5] == "4,3,2,1"       # 1F1B holds p - s micro-batches on stage s
+    assert rows["gpipe"][5] == "8,8,8,8"      # GPipe holds all of them
 
 
 def test_cli_trace_is_chrome_json(cli_run):
@@ -154,6 +156,81 @@ def test_cli_bad_arguments_fail_with_one_line(args):
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith("sim.plot: error: ")
     assert "Traceback" not in proc.stderr and "usage" not in proc.stderr
+
+
+# ---------------------------------------------------------------- options, V and split costs, in process
+
+@pytest.fixture
+def zoo(monkeypatch):
+    """Generators registered for the test: 'capped' takes max_active; 'auto' takes costs and
+    memory_limit and refuses M < P; 'looped' puts V stages on each device (stage s on
+    s mod P) with a split backward. Each records the options it was given."""
+    from helpers import gpipe_like
+    from sim.schedules import Generator, SCHEDULES, one_f_one_b
+
+    calls = {}
+
+    def record(name, schedule, **options):
+        calls[name] = options
+        return schedule
+
+    def looped(p, m, v):
+        return record("looped", gpipe_like([s % p for s in range(p * v)], m, split=True, name="looped"))
+
+    monkeypatch.setitem(SCHEDULES, "capped", Generator(
+        lambda p, m, v, **o: record("capped", one_f_one_b(p, m), **o), "1f1b, capped", options=("max_active",)))
+    monkeypatch.setitem(SCHEDULES, "auto", Generator(
+        lambda p, m, v, **o: record("auto", one_f_one_b(p, m), **o), "automatic", options=("costs", "memory_limit"),
+        check=lambda p, m, v: f"M={m} is fewer than the {p} devices" if m < p else None))
+    monkeypatch.setitem(SCHEDULES, "looped", Generator(looped, "looped, split", virtual=2, check=lambda p, m, v: None))
+    return calls
+
+
+def run_main(capsys, *args: str) -> tuple[int, str, str]:
+    from sim import plot_cli
+
+    try:
+        code = plot_cli.main(list(args))
+    except SystemExit as e:
+        code = e.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_options_go_to_the_schedules_that_take_them(zoo, capsys):
+    code, out, err = run_main(capsys, "--schedule", "capped,gpipe,auto", "--max-active", "2", "--memory-limit", "3e9",
+                              "--backward-input", "1.5", "--no-figures")
+    assert code == 0, err
+    assert zoo["capped"] == {"max_active": 2}
+    assert zoo["auto"]["memory_limit"] == 3e9 and zoo["auto"]["costs"].backward_input == 1.5
+    code, _, err = run_main(capsys, "--schedule", "gpipe", "--max-active", "2", "--no-figures")
+    assert code == 2 and err == "sim.plot: error: argument --max-active: gpipe takes no --max-active; it is for capped\n"
+
+
+def test_cli_turns_a_generators_refusal_into_one_line(zoo, capsys):
+    code, out, err = run_main(capsys, "--schedule", "auto", "--stages", "4", "--micro", "2", "--no-figures")
+    assert code == 2 and out == ""
+    assert err == "sim.plot: error: auto on 4 devices, 2 micro-batches: M=2 is fewer than the 4 devices\n"
+
+
+def test_cli_virtual_and_split_costs_reach_the_simulation(zoo, capsys, tmp_path):
+    """--virtual 3 gives 2 x 3 model stages; per-stage lists count them; the table is the
+    simulation of the same schedule under the same costs, in process."""
+    from helpers import gpipe_like
+
+    costs = sim.Costs(forward=(1, 2, 1, 2, 1, 2), backward_input=0.5, backward_weight=0.25, w_activation_bytes=0.25)
+    expected = sim.simulate(gpipe_like([0, 1, 0, 1, 0, 1], 4, split=True), costs)
+    code, out, err = run_main(capsys, "--schedule", "looped", "--stages", "2", "--micro", "4", "--virtual", "3",
+                              "--forward", "1,2,1,2,1,2", "--backward-input", "0.5", "--backward-weight", "0.25",
+                              "--w-activation-bytes", "0.25", "--out", str(tmp_path))
+    assert code == 0, err
+    row = out.splitlines()[1].split()
+    assert row[0] == "looped" and float(row[1]) == pytest.approx(expected.makespan)
+    assert float(row[3]) == pytest.approx(expected.steady_step)
+    assert row[-2:] == [f"{max(expected.peak_memory):g}", "B"]
+    assert (tmp_path / "looped_p2_m4_v3.png").exists()
+    code, _, err = run_main(capsys, "--schedule", "looped", "--stages", "2", "--forward", "1,2", "--no-figures")
+    assert code == 2 and "got 2 values for 4 stages of looped (2 devices x V 2); give one number or 4" in err
 
 
 # ---------------------------------------------------------------- the figures
@@ -351,7 +428,8 @@ def test_binned_max_keeps_peaks_and_the_last_change_at_an_instant():
 def test_titles_give_units_and_singulars():
     result = sim.simulate(sim.make_schedule("gpipe", stages=1, micro=1))
     fig = plot_result(result)
-    assert fig._suptitle.get_text() == "gpipe: 1 stage, 1 micro-batch  |  makespan 3 time units, bubble 0.0%"
+    assert fig._suptitle.get_text() == \
+        "gpipe: 1 stage, 1 micro-batch  |  makespan 3 time units, bubble 0.0% (steady 0.0%)"
     assert fig.axes[0].get_xlabel() == "" and fig.axes[1].get_xlabel() == "time (time units)"
     assert str(result.schedule).startswith("Schedule 'gpipe': 1 stage on 1 device, 1 micro-batch\n")
     assert format_times([98304.0, 1725.0]) == ["98304", "1725"]
