@@ -1,0 +1,266 @@
+"""The automatic zero-bubble scheduler: the heuristic of Qi et al., "Zero Bubble Pipeline
+Parallelism" (ICLR 2024), Section 3.1, tried over a grid of its knobs, each candidate
+simulated, the fastest that fits the memory limit kept.
+
+The heuristic lays out one device program at a time in time order (a list scheduler
+with the paper's T_comm as the latency of every hop) and, at each free moment of a
+device, picks its next action:
+
+1. An I (input gradient) or an F (forward) whose input is there, in the order the knob
+   `forward_first` says: F first warms up with as many forwards as memory allows (the
+   paper's rule 1), I first keeps the 1F1B order of the steady state (rule 2).
+2. A forward that memory does not allow waits for a W (weight gradient) that frees it:
+   W "recycles memory" (rule 2).
+3. With nothing ready, a W fills the bubble when it fits in it; when the bubble is
+   shorter than a W, the knob `fill` decides: "fit" waits, "always" inserts the W
+   anyway, "balance" inserts it if the bubble would make this device's cumulative
+   bubble the largest of all (the paper's rule 2).
+4. W passes left at the end run last (rule 4).
+
+Rule 3 (a stage runs at least one more F than the next) holds by construction: an F
+needs the previous stage's. The memory knob is `budget`: device r may hold `budget`
+micro-batches' worth of bytes, `budget * max(activation_bytes[r], w_activation_bytes[r])`,
+counted as the engine counts them (docs/rules.md): activation_bytes from the start of F
+to the end of I, then w_activation_bytes to the end of W.
+
+`zb_auto` runs the heuristic for every knob setting and budget 1, 2, ... (until the
+budget no longer binds), adds the I/W-split 1F1B and ZB-H1 (when `sim.SCHEDULES` has
+it), simulates every candidate whose peak fits the limit and keeps the best makespan.
+The set of candidates does not depend on the limit, so more memory never makes it worse.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+from .costs import Costs, StageCosts
+from .engine import simulate
+from .ir import Action, Kind, Schedule, ScheduleError
+
+FILLS = ("fit", "always", "balance")
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """One setting of the heuristic: see the module's docstring."""
+
+    budget: int | None    # micro-batches' worth of bytes each device may hold (None: no bound)
+    forward_first: bool   # when both are ready, F before I
+    fill: str             # what to do with a bubble shorter than a W: "fit", "always", "balance"
+
+
+class _Greedy:
+    """One run of the heuristic: the device programs, each action's end time and
+    whether the memory budget ever held an action back."""
+
+    def __init__(self, stages: int, micro: int, c: StageCosts, knobs: Knobs):
+        self.P, self.M, self.c, self.k = stages, micro, c, knobs
+        self.unit = [max(a, w) for a, w in zip(c.activation_bytes, c.w_activation_bytes)]
+        self.hop = [c.latency + c.transfer_time(b) for b in c.activation_bytes_sent]  # T_comm from stage s to s+1
+        self.clock = [0.0] * stages
+        self.done = {Kind.F: [0] * stages, Kind.I: [0] * stages, Kind.W: [0] * stages}
+        self.end: dict[tuple[int, Kind, int], float] = {}
+        self.mem = [0.0] * stages
+        self.bubble = [0.0] * stages
+        self.programs: list[list[Action]] = [[] for _ in range(stages)]
+        self.bound = False
+        self.costs = {Kind.F: c.forward, Kind.I: c.backward_input, Kind.W: c.backward_weight}
+        self.warmup = [0] * stages  # forwards a device ran before its first I (0: none yet)
+
+    def ready(self, s: int, kind: Kind) -> tuple[float, bool]:
+        """When the next `kind` of stage s may start: (time, exact) where not exact means
+        its input is not made yet and the time is only a lower bound."""
+        m = self.done[kind][s]
+        if kind is Kind.F:
+            if s == 0:
+                return 0.0, True
+            src, hop = (s - 1, Kind.F, m), self.hop[s - 1]
+        else:
+            own = self.end[s, Kind.F, m]
+            if s == self.P - 1:
+                return own, True
+            src, hop = (s + 1, Kind.I, m), self.hop[s]
+        if src in self.end:
+            return max(self.end[src] + hop, 0.0 if kind is Kind.F else own), True
+        return self.clock[src[0]] + self.costs[src[1]][src[0]] + hop, False
+
+    def fits(self, s: int, kind: Kind) -> bool:
+        c, limit = self.c, math.inf if self.k.budget is None else self.k.budget * self.unit[s]
+        after = self.mem[s] + (c.activation_bytes[s] if kind is Kind.F else
+                               c.w_activation_bytes[s] - c.activation_bytes[s])
+        return kind is not Kind.F and after <= self.mem[s] or after <= limit
+
+    def put(self, s: int, kind: Kind, start: float) -> bool:
+        m = self.done[kind][s]
+        self.clock[s] = self.end[s, kind, m] = start + self.costs[kind][s]
+        c = self.c
+        self.mem[s] += {Kind.F: c.activation_bytes[s], Kind.W: -c.w_activation_bytes[s],
+                        Kind.I: c.w_activation_bytes[s] - c.activation_bytes[s]}[kind]
+        if kind is Kind.I and not self.warmup[s]:
+            self.warmup[s] = self.done[Kind.F][s]
+        self.done[kind][s] += 1
+        self.programs[s].append(Action(s, kind, m))
+        return True
+
+    def step(self, s: int) -> bool:
+        """Lay out stage s's next action, or move its clock to the time it waits for.
+        False when it can do neither (its producer has the same clock)."""
+        now, done = self.clock[s], self.done
+        options = []  # (kind, ready time, exact), in the order the knob prefers
+        if done[Kind.I][s] < done[Kind.F][s]:
+            options.append((Kind.I, *self.ready(s, Kind.I)))
+        in_flight = done[Kind.F][s] - done[Kind.I][s]
+        if done[Kind.F][s] < self.M and (not self.warmup[s] or in_flight < self.warmup[s]):  # rule 2: 1F per I
+            options.append((Kind.F, *self.ready(s, Kind.F)))
+        if self.k.forward_first:
+            options.reverse()
+        w_left = done[Kind.W][s] < done[Kind.I][s]
+        ready = [kind for kind, t, exact in options if exact and t <= now]
+        for kind in ready:
+            if self.fits(s, kind):
+                return self.put(s, kind, now)
+        if ready:
+            self.bound = True  # memory holds back what is ready: a W gives some back (rule 2)
+            if w_left:
+                return self.put(s, Kind.W, now)
+        waits = [(t, exact) for kind, t, exact in options if kind not in ready]
+        nxt, exact = min(waits) if waits else (math.inf, True)
+        if w_left and self.fill(s, nxt - now, exact):
+            return self.put(s, Kind.W, now)  # a W in the bubble (rule 3), or the last ones (rule 4)
+        if nxt <= now or math.isinf(nxt):
+            return False
+        self.bubble[s] += (nxt - now) * (done[Kind.F][s] > 0)
+        self.clock[s] = nxt  # idle until then at least
+        return True
+
+    def fill(self, s: int, gap: float, exact: bool) -> bool:
+        """Rule 3 of the module's docstring: does a W go into a bubble of `gap`?"""
+        if gap >= self.c.backward_weight[s] or self.k.fill == "always":
+            return True
+        return self.k.fill == "balance" and exact and self.bubble[s] + gap > max(self.bubble)
+
+    def run(self) -> "_Greedy":
+        while True:
+            live = [s for s in range(self.P) if self.done[Kind.W][s] < self.M]
+            if not live:
+                return self
+            for s in sorted(live, key=self.clock.__getitem__):  # the earliest device that can move
+                if self.step(s):
+                    break
+            else:
+                raise ScheduleError("zb-auto heuristic stalled")  # zero costs all round
+
+
+@lru_cache(maxsize=4096)
+def heuristic(stages: int, micro: int, c: StageCosts, knobs: Knobs) -> tuple[tuple[tuple[Action, ...], ...], bool]:
+    """The device programs the heuristic lays out with `knobs`, and whether its memory
+    budget held an action back (if not, a larger budget lays out the same)."""
+    g = _Greedy(stages, micro, c, knobs).run()
+    return tuple(map(tuple, g.programs)), g.bound
+
+
+def split_1f1b(stages: int, micro: int) -> Schedule:
+    """1F1B with each backward split into I and then, at once, its W: the candidate that
+    holds as much as 1F1B and is never slower (an I sends its gradient before the W)."""
+    programs = []
+    for s in range(stages):
+        warmup = min(stages - s - 1, micro)
+        prog = [Action(s, Kind.F, m) for m in range(warmup)]
+        for m in range(micro):
+            if m + warmup < micro:
+                prog.append(Action(s, Kind.F, m + warmup))
+            prog += [Action(s, Kind.I, m), Action(s, Kind.W, m)]
+        programs.append(prog)
+    return Schedule(programs, micro=micro, name="1f1b-split")
+
+
+def candidates(stages: int, micro: int, c: StageCosts, limit: float):
+    """The candidate schedules that may fit `limit`: the I/W-split 1F1B, ZB-H1 where
+    `sim.SCHEDULES` has it, and the heuristic for each knob setting and each budget
+    (`budgets`) up to the first that does not bind."""
+    from .schedules import SCHEDULES, make_schedule  # at call time: zb-h1 may come later
+    yield split_1f1b(stages, micro)
+    if "zb-h1" in SCHEDULES:
+        try:
+            yield make_schedule("zb-h1", stages, micro)
+        except ScheduleError:
+            pass  # sizes ZB-H1 refuses
+    seen = set()
+    for forward_first, fill in itertools.product((False, True), FILLS):
+        for budget in budgets(c, limit):
+            programs, bound = heuristic(stages, micro, c, Knobs(budget, forward_first, fill))
+            if programs not in seen:
+                seen.add(programs)
+                yield Schedule([list(p) for p in programs], micro=micro, name="zb-auto")
+            if not bound:
+                break
+
+
+def budgets(c: StageCosts, limit: float):
+    """The budgets (in micro-batches) whose runs may fit `limit` bytes: 1, 2, ... and then
+    no bound. A run that a budget of k binds held more than (k-1) micro-batches' worth on
+    the device it bound, so runs bound at k >= limit / unit + 1 cannot fit; a run that its
+    budget does not bind is the run with no bound. So these are all the candidates of the
+    limit-free family that may fit, and more memory only adds candidates."""
+    units = [u for u in map(max, c.activation_bytes, c.w_activation_bytes) if u > 0]
+    last = math.floor(limit / min(units)) + 1 if units else 0
+    yield from range(1, last)
+    yield None
+
+
+def order_peak(schedule: Schedule, c: StageCosts) -> float:
+    """The most bytes of activations any device holds, from the program order alone (a
+    device computes one action at a time, and F takes its bytes at its start, I and W
+    give theirs back at their end: `sim.kinds`)."""
+    peak = 0.0
+    for prog in schedule.programs:
+        held = 0.0
+        for a in prog:
+            s = a.stage
+            if a.kind is Kind.F:
+                held += c.activation_bytes[s]
+                peak = max(peak, held)
+            elif a.kind is Kind.I:
+                held += c.w_activation_bytes[s] - c.activation_bytes[s]
+                peak = max(peak, held)
+            else:
+                held -= c.w_activation_bytes[s] if a.kind is Kind.W else c.activation_bytes[s]
+    return peak
+
+
+def activation_peak(result, c: StageCosts) -> float:
+    """The most bytes of activations any device held: its peak memory less its static
+    bytes (one stage per device)."""
+    return max(peak - c.static_total(r) for r, peak in enumerate(result.peak_memory))
+
+
+def zb_auto(stages: int, micro: int, virtual: int = 1, costs: Costs | None = None,
+            memory_limit: float | None = None) -> Schedule:
+    """The best schedule the zero-bubble heuristic finds (the module's docstring) for
+    `stages` devices and `micro` micro-batches under `costs` (default F = I = W = 1),
+    whose activations never exceed `memory_limit` bytes on any device (default: `stages`
+    micro-batches' activation_bytes of the largest stage: the paper's ZB-1p; twice that
+    is its ZB-2p). Static bytes (weights, gradients, optimizer state) do not count."""
+    if virtual != 1:
+        raise ScheduleError(f"zb-auto holds one stage per device (V=1), got V={virtual}")
+    costs = Costs(backward_input=1.0, backward_weight=1.0) if costs is None else costs
+    if not isinstance(costs, Costs):
+        raise ScheduleError(f"zb-auto costs must be a sim.Costs, got {type(costs).__name__}")
+    try:
+        c = costs.for_stages(stages)
+    except ValueError as e:
+        raise ScheduleError(f"zb-auto: {e}") from None
+    one = max(max(a, w) for a, w in zip(c.activation_bytes, c.w_activation_bytes))
+    limit = stages * max(c.activation_bytes) if memory_limit is None else memory_limit
+    if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not limit >= one:
+        raise ScheduleError(f"zb-auto memory_limit {limit!r} is below one micro-batch's activations ({one:g} bytes)")
+    best = None
+    for cand in candidates(stages, micro, c, limit):
+        if order_peak(cand, c) > limit:
+            continue  # it cannot fit: no need to simulate it
+        r = simulate(cand, costs)
+        if activation_peak(r, c) <= limit and (best is None or r.makespan < best[0]):
+            best = (r.makespan, cand)
+    return Schedule(best[1].programs, micro=micro, name="zb-auto")
