@@ -25,7 +25,9 @@ to the end of I, then w_activation_bytes to the end of W.
 
 `zb_auto` runs the heuristic for every knob setting and budget 1, 2, ... (until the
 budget no longer binds), adds the I/W-split 1F1B and ZB-H1 (when `sim.SCHEDULES` has
-it), simulates every candidate whose peak fits the limit and keeps the best makespan.
+it), simulates every candidate whose peak fits the limit and keeps the best makespan;
+among equal makespans, the smallest bubble of one device (the paper's measure), then
+the smallest peak.
 The set of candidates does not depend on the limit, so more memory never makes it worse.
 """
 from __future__ import annotations
@@ -230,6 +232,17 @@ def order_peak(schedule: Schedule, c: StageCosts) -> float:
     return peak
 
 
+def device_bubble(result) -> float:
+    """The zero-bubble paper's bubble: the most idle time of one device between its first
+    compute's start and its last compute's end (what consecutive steps cost when the
+    optimizer step does not synchronise the pipeline)."""
+    first, last = [math.inf] * result.ranks, [-math.inf] * result.ranks
+    for e in result.events:
+        if e.action.kind.is_compute:
+            first[e.rank], last[e.rank] = min(first[e.rank], e.start), max(last[e.rank], e.end)
+    return max(hi - lo - busy for lo, hi, busy in zip(first, last, result.busy()))
+
+
 def activation_peak(result, c: StageCosts) -> float:
     """The most bytes of activations any device held: its peak memory less its static
     bytes (one stage per device)."""
@@ -252,15 +265,29 @@ def zb_auto(stages: int, micro: int, virtual: int = 1, costs: Costs | None = Non
         c = costs.for_stages(stages)
     except ValueError as e:
         raise ScheduleError(f"zb-auto: {e}") from None
-    one = max(max(a, w) for a, w in zip(c.activation_bytes, c.w_activation_bytes))
+    one = max(map(max, c.activation_bytes, c.w_activation_bytes))
     limit = stages * max(c.activation_bytes) if memory_limit is None else memory_limit
     if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not limit >= one:
         raise ScheduleError(f"zb-auto memory_limit {limit!r} is below one micro-batch's activations ({one:g} bytes)")
-    best = None
+    try:
+        hash(costs)
+    except TypeError:  # costs with lists in them: search without the cache
+        return _search.__wrapped__(stages, micro, costs, float(limit))
+    return _search(stages, micro, costs, float(limit))
+
+
+@lru_cache(maxsize=256)
+def _search(stages: int, micro: int, costs: Costs, limit: float) -> Schedule:
+    """Simulate every candidate that may fit `limit` and keep the best: the shortest
+    makespan, then the smallest `device_bubble`, then the smallest peak."""
+    c, best = costs.for_stages(stages), None
     for cand in candidates(stages, micro, c, limit):
         if order_peak(cand, c) > limit:
             continue  # it cannot fit: no need to simulate it
         r = simulate(cand, costs)
-        if activation_peak(r, c) <= limit and (best is None or r.makespan < best[0]):
-            best = (r.makespan, cand)
+        peak = activation_peak(r, c)
+        if peak <= limit and (best is None or r.makespan <= best[0][0]):
+            score = (r.makespan, device_bubble(r), peak)
+            if best is None or score < best[0]:
+                best = (score, cand)
     return Schedule(best[1].programs, micro=micro, name="zb-auto")
