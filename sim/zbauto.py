@@ -40,6 +40,7 @@ from functools import lru_cache
 from .costs import Costs, StageCosts
 from .engine import simulate
 from .ir import Action, Kind, Schedule, ScheduleError
+from .kinds import memory_delta
 
 FILLS = ("fit", "always", "balance")
 
@@ -213,22 +214,16 @@ def budgets(c: StageCosts, limit: float):
 
 
 def order_peak(schedule: Schedule, c: StageCosts) -> float:
-    """The most bytes of activations any device holds, from the program order alone (a
-    device computes one action at a time, and F takes its bytes at its start, I and W
-    give theirs back at their end: `sim.kinds`)."""
+    """The most bytes of activations any device holds, from the program order alone: a
+    device computes one action at a time, and each takes or gives back its bytes at its
+    start or end as the action-kind table says (`sim.kinds`)."""
     peak = 0.0
     for prog in schedule.programs:
         held = 0.0
         for a in prog:
-            s = a.stage
-            if a.kind is Kind.F:
-                held += c.activation_bytes[s]
+            for at in ("start", "end"):
+                held += memory_delta(a.kind, at, c, a.stage)
                 peak = max(peak, held)
-            elif a.kind is Kind.I:
-                held += c.w_activation_bytes[s] - c.activation_bytes[s]
-                peak = max(peak, held)
-            else:
-                held -= c.w_activation_bytes[s] if a.kind is Kind.W else c.activation_bytes[s]
     return peak
 
 
@@ -244,8 +239,9 @@ def device_bubble(result) -> float:
 
 
 def activation_peak(result, c: StageCosts) -> float:
-    """The most bytes of activations any device held: its peak memory less its static
-    bytes (one stage per device)."""
+    """The most bytes of activations any device held in a simulated step: its peak memory
+    less its static bytes (one stage per device); equal to `order_peak` but for the
+    rounding of the static bytes in and out."""
     return max(peak - c.static_total(r) for r, peak in enumerate(result.peak_memory))
 
 
@@ -282,11 +278,11 @@ def _search(stages: int, micro: int, costs: Costs, limit: float) -> Schedule:
     makespan, then the smallest `device_bubble`, then the smallest peak."""
     c, best = costs.for_stages(stages), None
     for cand in candidates(stages, micro, c, limit):
-        if order_peak(cand, c) > limit:
-            continue  # it cannot fit: no need to simulate it
+        peak = order_peak(cand, c)  # what the simulation finds, without rounding the static bytes in
+        if peak > limit:
+            continue
         r = simulate(cand, costs)
-        peak = activation_peak(r, c)
-        if peak <= limit and (best is None or r.makespan <= best[0][0]):
+        if best is None or r.makespan <= best[0][0]:
             score = (r.makespan, device_bubble(r), peak)
             if best is None or score < best[0]:
                 best = (score, cand)
