@@ -69,6 +69,7 @@ class _Greedy:
         self.bubble = [0.0] * stages
         self.programs: list[list[Action]] = [[] for _ in range(stages)]
         self.bound = False
+        self.asked = False  # whether the knob `fill` decided anything (a bubble shorter than a W)
         self.costs = {Kind.F: c.forward, Kind.I: c.backward_input, Kind.W: c.backward_weight}
         self.warmup = [0] * stages  # forwards a device ran before its first I (0: none yet)
 
@@ -140,28 +141,30 @@ class _Greedy:
 
     def fill(self, s: int, gap: float, exact: bool) -> bool:
         """Rule 3 of the module's docstring: does a W go into a bubble of `gap`?"""
-        if gap >= self.c.backward_weight[s] or self.k.fill == "always":
+        if gap >= self.c.backward_weight[s]:
+            return True
+        self.asked = True
+        if self.k.fill == "always":
             return True
         return self.k.fill == "balance" and exact and self.bubble[s] + gap > max(self.bubble)
 
     def run(self) -> "_Greedy":
-        while True:
-            live = [s for s in range(self.P) if self.done[Kind.W][s] < self.M]
-            if not live:
-                return self
-            for s in sorted(live, key=self.clock.__getitem__):  # the earliest device that can move
-                if self.step(s):
-                    break
-            else:
-                raise ScheduleError("zb-auto heuristic stalled")  # zero costs all round
+        live, clock = list(range(self.P)), self.clock.__getitem__
+        while live:
+            if not self.step(min(live, key=clock)):  # the earliest device, else the next that can move
+                if not any(self.step(s) for s in sorted(live, key=clock)):
+                    raise ScheduleError("zb-auto heuristic stalled")  # zero costs all round
+            live = [s for s in live if self.done[Kind.W][s] < self.M]
+        return self
 
 
 @lru_cache(maxsize=4096)
-def heuristic(stages: int, micro: int, c: StageCosts, knobs: Knobs) -> tuple[tuple[tuple[Action, ...], ...], bool]:
-    """The device programs the heuristic lays out with `knobs`, and whether its memory
-    budget held an action back (if not, a larger budget lays out the same)."""
+def heuristic(stages: int, micro: int, c: StageCosts, knobs: Knobs) -> tuple[tuple[tuple[Action, ...], ...], bool, bool]:
+    """The device programs the heuristic lays out with `knobs`; whether its memory budget
+    held an action back (if not, a larger budget lays out the same); whether the knob
+    `fill` decided anything (if not, another `fill` lays out the same)."""
     g = _Greedy(stages, micro, c, knobs).run()
-    return tuple(map(tuple, g.programs)), g.bound
+    return tuple(map(tuple, g.programs)), g.bound, g.asked
 
 
 def split_1f1b(stages: int, micro: int) -> Schedule:
@@ -193,7 +196,10 @@ def candidates(stages: int, micro: int, c: StageCosts, limit: float):
     seen = set()
     for forward_first, fill in itertools.product((False, True), FILLS):
         for budget in budgets(c, limit):
-            programs, bound = heuristic(stages, micro, c, Knobs(budget, forward_first, fill))
+            programs, bound, asked = heuristic(stages, micro, c, Knobs(budget, forward_first, FILLS[0]))
+            if fill != FILLS[0] and asked:
+                programs, bound, _ = heuristic(stages, micro, c, Knobs(budget, forward_first, fill))
+            # else `fill` decided nothing: the same run as with FILLS[0]
             if programs not in seen:
                 seen.add(programs)
                 yield Schedule([list(p) for p in programs], micro=micro, name="zb-auto")
