@@ -2,33 +2,36 @@
 Parallelism" (ICLR 2024), Section 3.1, tried over a grid of its knobs, each candidate
 simulated, the fastest that fits the memory limit kept.
 
-The heuristic lays out one device program at a time in time order (a list scheduler
-with the paper's T_comm as the latency of every hop) and, at each free moment of a
-device, picks its next action:
+The heuristic lays out the device programs together, in time order (a list scheduler:
+the device that is free earliest picks its next action; a transfer takes the paper's
+T_comm, latency + activation bytes / bandwidth). A free device picks:
 
 1. An I (input gradient) or an F (forward) whose input is there, in the order the knob
-   `forward_first` says: F first warms up with as many forwards as memory allows (the
-   paper's rule 1), I first keeps the 1F1B order of the steady state (rule 2).
-2. A forward that memory does not allow waits for a W (weight gradient) that frees it:
-   W "recycles memory" (rule 2).
-3. With nothing ready, a W fills the bubble when it fits in it; when the bubble is
-   shorter than a W, the knob `fill` decides: "fit" waits, "always" inserts the W
-   anyway, "balance" inserts it if the bubble would make this device's cumulative
-   bubble the largest of all (the paper's rule 2).
-4. W passes left at the end run last (rule 4).
+   `forward_first` says. Until its first I, a device runs as many forwards as memory
+   allows (the paper's rule 1, warm-up); after it, a forward only replaces a micro-batch
+   that an I finished, so the count in flight stays at the warm-up's (rule 2, one F and
+   one B in turn).
+2. If memory holds back what is ready, a W (weight gradient), which gives bytes back
+   (rule 2, W "recycles memory").
+3. With nothing ready, a W if it fits in the bubble before the next input; when the
+   bubble is shorter than a W, the knob `fill` decides: "fit" waits, "always" inserts
+   the W anyway, "balance" inserts it if the bubble would make this device's cumulative
+   bubble the largest of all (rule 2).
+4. The W passes left at the end (rule 4).
+Rule 3 (a stage runs at least one more F than the next) holds by construction.
 
-Rule 3 (a stage runs at least one more F than the next) holds by construction: an F
-needs the previous stage's. The memory knob is `budget`: device r may hold `budget`
-micro-batches' worth of bytes, `budget * max(activation_bytes[r], w_activation_bytes[r])`,
-counted as the engine counts them (docs/rules.md): activation_bytes from the start of F
-to the end of I, then w_activation_bytes to the end of W.
+Memory is counted as the engine counts it (docs/rules.md, `sim.kinds`): activation_bytes
+from the start of F to the end of I, then w_activation_bytes until the end of W. The
+knob `budget`: device r may hold `budget * max(activation_bytes[r], w_activation_bytes[r])`
+bytes (budget micro-batches' worth).
 
-`zb_auto` runs the heuristic for every knob setting and budget 1, 2, ... (until the
-budget no longer binds), adds the I/W-split 1F1B and ZB-H1 (when `sim.SCHEDULES` has
-it), simulates every candidate whose peak fits the limit and keeps the best makespan;
-among equal makespans, the smallest bubble of one device (the paper's measure), then
-the smallest peak.
-The set of candidates does not depend on the limit, so more memory never makes it worse.
+`zb_auto` takes the I/W-split 1F1B, ZB-H1 (where `sim.SCHEDULES` has it) and the
+heuristic for every knob setting and budget (1, 2, ... and no bound; `budgets` leaves
+out those whose runs cannot fit), simulates every candidate whose peak fits the limit
+and keeps the shortest makespan; among equal makespans the smallest bubble of one
+device (`device_bubble`, the paper's measure), then the smallest peak. The candidates
+are a family that does not depend on the limit, filtered by it: more memory never makes
+the result worse.
 """
 from __future__ import annotations
 
