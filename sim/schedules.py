@@ -151,6 +151,11 @@ SCHEDULES.update({
 
 TEXTBOOK = ("naive", "gpipe", "1f1b")  # the three that `python -m sim.plot` draws by default
 
+from .zbauto import zb_auto  # noqa: E402 (it reads SCHEDULES at call time, for zb-h1)
+
+SCHEDULES["zb-auto"] = Generator(zb_auto, "the zero-bubble paper's automatic scheduler: best found under costs "
+                                 "and memory_limit (Qi et al. 2024, Sec. 3)", options=("costs", "memory_limit"))
+
 
 def _key(name: str) -> str:
     return name.lower().replace("-", "").replace("_", "")
