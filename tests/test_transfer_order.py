@@ -149,3 +149,21 @@ def test_a_lowered_schedule_with_two_recvs_swapped_is_caught():
     swapped = Schedule([low.programs[0], prog], low.placement, low.micro)
     with pytest.raises(ScheduleError, match=rf"rank 0 step \d+ sends 0SEND_F1 but rank 1 step {i} receives 1RECV_F2"):
         transfer_order(swapped)
+
+
+def test_exec_posts_in_order_for_nccl_and_leaves_gloo_as_lowered():
+    pytest.importorskip("torch")
+    from exec.launch import RankContext
+    from exec.models import ModelSpec
+    from exec.pipeline import _check_run_args
+    from exec.step import _check_step_args
+    s = interleaved_mismatch()
+    gloo, _ = _check_run_args(ModelSpec(), s, 1, 0, 0, "gloo", "sgd", None)
+    nccl, _ = _check_run_args(ModelSpec(), s, 1, 0, 0, "nccl", "sgd", None)
+    assert gloo.programs == sim.lower(s).programs       # gloo matches by tag: unchanged
+    assert nccl.programs == order_transfers(s).programs
+    mine, xs = {0: None, 2: None}, [None, None]
+    _check_step_args(RankContext(0, 2, 0, "nccl"), nccl, mine, xs, xs)
+    _check_step_args(RankContext(0, 2, 0, "gloo"), gloo, mine, xs, xs)
+    with pytest.raises(ScheduleError, match="rank 0 -> rank 1 are out of order"):
+        _check_step_args(RankContext(0, 2, 0, "nccl"), gloo, mine, xs, xs)
