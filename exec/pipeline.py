@@ -27,6 +27,7 @@ import torch
 
 import sim
 from sim import Result, Schedule
+from sim.order import order_transfers
 
 from .calibrate import calibrate_rank, message_sizes
 from .check import compare_grads, reference_step, split_micro_batches
@@ -239,6 +240,8 @@ def _check_run_args(spec, schedule: Schedule, steps: int, warmup: int, calibrate
         raise ValueError(f"calibrate times CPU ranks (gloo) only, not backend={backend!r}; "
                          f"simulate an NCCL run with costs written by sim.save_costs")
     lowered = sim.validate(schedule)
+    if backend == "nccl":  # NCCL pairs a rank's transfers by order, not tag (docs/rules.md)
+        lowered = order_transfers(lowered)
     split_micro_batches(torch.empty(spec.batch_size, 0), torch.empty(spec.batch_size, 0), lowered.micro)
     injected = parse_fault(fault)
     if injected is not None and injected[1] >= lowered.ranks:

@@ -19,6 +19,7 @@ from torch import nn
 
 from sim import Event, Result, Schedule
 from sim.kinds import KINDS, Role
+from sim.order import transfer_order
 from sim.passes import peer
 
 from .interpreter import LossFn, RankInterpreter, RankTrace
@@ -61,6 +62,8 @@ def _check_step_args(ctx, schedule: Schedule, stage_modules: dict, micro_inputs:
     if schedule.ranks != ctx.world_size:
         raise ValueError(f"schedule {schedule.name!r} has {schedule.ranks} ranks but "
                          f"the process group has {ctx.world_size}; launch one process per rank")
+    if ctx.backend == "nccl":  # NCCL pairs a rank's transfers by order, not tag: say where they would cross
+        transfer_order(schedule)
     mine = {s for s, r in enumerate(schedule.placement) if r == ctx.rank}
     if set(stage_modules) != mine:
         raise ValueError(f"rank {ctx.rank} hosts stages {sorted(mine)} but was given modules for {sorted(stage_modules)}")

@@ -1,0 +1,151 @@
+"""Our schedules on torch's own pipelining runtime: the CSV that `_PipelineScheduleRuntime` loads, and a run of it on our stages.
+
+    >>> print(to_torch_csv(sim.make_schedule("1f1b", 2, 2)), end="")       # doctest: +SKIP
+    0F0,0SEND_F0,0RECV_B0,0F1,0SEND_F1,0RECV_B1,0B0,0B1
+    1RECV_F0,1F0,1RECV_F1,1B0,1SEND_B0,1F1,1B1,1SEND_B1
+    >>> run = run_torch_runtime(ModelSpec(), "1f1b", 2, 8)                  # doctest: +SKIP
+    >>> run.grad_match, run.step_times                                      # doctest: +SKIP
+
+torch's `_PipelineScheduleRuntime._load_csv(path, format="compute_comms")` reads a CSV
+with the communication already in it, one row per rank, in the very text form of our
+actions (`2F0`, `0SEND_F1`, `1RECV_B3`), so the CSV is our lowered schedule. torch's
+runtime gives every transfer the same tag and so pairs a rank's messages by order (as
+NCCL does): the export posts receives in the order the peer sends them
+(`sim.order.order_transfers`, docs/rules.md rule 12). It lists no REDUCE_GRAD actions
+(torch adds them only when it lowers a compute-only CSV itself), so the runtime does not
+scale the gradients: the loss is divided by the number of micro-batches, as in our
+runtime (`exec.interpreter`), and the gradients are the full batch's.
+
+`run_torch_runtime` runs it on one process per rank (`exec.launch`): each rank wraps its
+stages of `ModelSpec.build_stages` in torch's `PipelineStage`, loads the CSV and runs
+`warmup + steps` steps, each timed from a barrier to the end of the rank's `step()` (the
+optimizer's step after it is not timed, as in our runtime's makespan); a step's time is
+its slowest rank's. The first step's gradients are checked against one process
+(`exec.check`).
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+
+import sim
+from sim import Schedule
+from sim.order import order_transfers
+
+from .check import compare_grads, reference_step
+from .launch import launch
+from .optim import make_optimizer
+
+__all__ = ["to_torch_csv", "run_torch_runtime", "torch_runtime_worker", "TorchRuntimeRun"]
+
+
+def to_torch_csv(schedule: Schedule, in_order: bool = True) -> str:
+    """The CSV that torch's `_PipelineScheduleRuntime` loads with format="compute_comms":
+    `schedule` validated and lowered, its receives posted in the order the peer sends
+    them (rule 12; `in_order=False` keeps `sim.lower`'s order, to show what a mismatch
+    does). Raises `ScheduleError` for a schedule that cannot run."""
+    lowered = sim.validate(schedule)
+    return (order_transfers(lowered) if in_order else lowered).to_csv()
+
+
+def _runtime(ctx, spec, schedule: Schedule, bounds: Sequence[int], csv_text: str):
+    """This rank's stages as torch `PipelineStage`s and the runtime with the CSV loaded."""
+    from torch.distributed.pipelining import PipelineStage
+    from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
+
+    mine = [s for s, r in enumerate(schedule.placement) if r == ctx.rank]
+    modules = spec.build_stages(schedule.stages, bounds=bounds)
+    stages = [PipelineStage(modules[s].to(ctx.device), s, schedule.stages, ctx.device, group=dist.group.WORLD)
+              for s in mine]
+    M = schedule.micro
+
+    def loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return spec.loss(output, target) / M  # the full batch's gradients, as our runtime
+
+    runtime = _PipelineScheduleRuntime(stages, M, loss_fn=loss, scale_grads=False)
+    with tempfile.TemporaryDirectory() as tmp:  # _load_csv reads a file
+        path = os.path.join(tmp, "schedule.csv")
+        with open(path, "w") as f:
+            f.write(csv_text)
+        runtime._load_csv(path, format="compute_comms")
+    return {s: modules[s] for s in mine}, runtime
+
+
+def torch_runtime_worker(ctx, spec, schedule: Schedule, bounds: Sequence[int], csv_text: str,
+                         steps: int, warmup: int, lr: float) -> dict:
+    """What every rank runs: `warmup + steps` steps of torch's runtime on the CSV. Returns
+    this rank's step times (seconds, measured steps only), the losses rank by rank (the
+    last stage's ranks know them) and its stages' gradients after the first step."""
+    modules, runtime = _runtime(ctx, spec, schedule, bounds, csv_text)
+    opt = make_optimizer("sgd", [p for m in modules.values() for p in m.parameters()], lr)
+    inputs, targets = spec.batch()
+    inputs, targets = inputs.to(ctx.device), targets.to(ctx.device)
+    out = {"times": [], "losses": [], "grads": {}}
+    for i in range(warmup + steps):
+        opt.zero_grad(set_to_none=True)
+        losses: list[torch.Tensor] = []
+        dist.barrier()
+        start = time.perf_counter()
+        runtime.step(inputs, target=targets, losses=losses, return_outputs=False)
+        took = time.perf_counter() - start
+        if i >= warmup:
+            out["times"].append(took)
+        out["losses"].append(float(sum(x.detach() for x in losses)) if losses else None)
+        if i == 0:
+            out["grads"] = {s: [(n, (p.grad if p.grad is not None else torch.zeros_like(p)).detach().cpu().numpy().copy())
+                                for n, p in m.named_parameters()] for s, m in modules.items()}
+        opt.step()
+    return out
+
+
+@dataclass
+class TorchRuntimeRun:
+    """What `run_torch_runtime` measured and checked."""
+
+    csv: str                    # what torch loaded
+    step_times: list[float]     # per measured step, its slowest rank's, in seconds
+    losses: list[float]         # per step, warm-up included
+    reference_loss: float
+    grad_match: bool
+    max_grad_diff: float
+    worst_param: str
+
+    @property
+    def median_step_s(self) -> float:
+        ordered = sorted(self.step_times)
+        return ordered[(len(ordered) - 1) // 2]
+
+
+def run_torch_runtime(spec, schedule: Schedule | str, stages: int | None = None, micro: int | None = None, *,
+                      steps: int = 5, warmup: int = 2, bounds: Sequence[int] | None = None, lr: float = 0.01,
+                      timeout: float = 300.0, threads: int | None = None, rtol: float = 1e-4,
+                      atol: float = 1e-5, in_order: bool = True) -> TorchRuntimeRun:
+    """Run `schedule` (a `sim.Schedule`, or a name with `stages` and `micro`) on torch's
+    `_PipelineScheduleRuntime`, one gloo process per rank, `warmup + steps` SGD steps of
+    `spec`, and check the first step's gradients against `exec.check.reference_step`.
+    `in_order`: as in `to_torch_csv`. Raises `exec.launch.RankError` / `TimeoutError` as
+    `exec.launch.launch` does."""
+    if isinstance(schedule, str):
+        if stages is None or micro is None:
+            raise ValueError("a schedule name needs stages and micro, e.g. run_torch_runtime(spec, '1f1b', 2, 8)")
+        schedule = sim.make_schedule(schedule, stages, micro)
+    for what, n, least in (("steps", steps, 1), ("warmup", warmup, 0)):
+        if isinstance(n, bool) or not isinstance(n, int) or n < least:
+            raise ValueError(f"{what} must be an integer >= {least}, got {n!r}")
+    csv_text = to_torch_csv(schedule, in_order)
+    bounds = list(bounds) if bounds is not None else spec.partition(schedule.stages)
+    ref_loss, ref_grads = reference_step(spec, schedule.micro)  # also checks that micro divides the batch
+    per_rank = launch(torch_runtime_worker, schedule.ranks, spec, schedule, bounds, csv_text, steps, warmup, lr,
+                      timeout=timeout, threads=threads)
+    grads = [(f"stage{s}.{n}", g) for s in range(schedule.stages)
+             for n, g in per_rank[schedule.rank_of(s)]["grads"][s]]
+    match, worst, where = compare_grads(grads, ref_grads, rtol, atol)
+    last = per_rank[schedule.rank_of(schedule.stages - 1)]
+    times = [max(ts) for ts in zip(*(r["times"] for r in per_rank))]
+    return TorchRuntimeRun(csv_text, times, last["losses"], ref_loss, match, worst, where)
