@@ -239,12 +239,8 @@ def order_peak(schedule: Schedule, c: StageCosts) -> float:
 def device_bubble(result) -> float:
     """The zero-bubble paper's bubble: the most idle time of one device between its first
     compute's start and its last compute's end (what consecutive steps cost when the
-    optimizer step does not synchronise the pipeline)."""
-    first, last = [math.inf] * result.ranks, [-math.inf] * result.ranks
-    for e in result.events:
-        if e.action.kind.is_compute:
-            first[e.rank], last[e.rank] = min(first[e.rank], e.start), max(last[e.rank], e.end)
-    return max(hi - lo - busy for lo, hi, busy in zip(first, last, result.busy()))
+    optimizer step does not synchronise the pipeline; `sim.Result.spans`)."""
+    return max(hi - lo - busy for (lo, hi), busy in zip(result.spans(), result.busy()))
 
 
 def activation_peak(result, c: StageCosts) -> float:
