@@ -181,10 +181,8 @@ def backward_weight(work: WeightWork) -> None:
         if len(g.nodes) > 1:  # a gradient reaches a node once, with what I saw, not again through another
             handles = [node.register_prehook(lambda _, kept=g.grads.get(i): kept) for i, node in enumerate(g.nodes)]
         try:
-            if edges:
-                dws = torch.autograd.grad(edges, [GradientEdge(a, 0) for a in g.accs], grads, allow_unused=True)
-                for acc, dw in zip(g.accs, dws):
-                    _accumulate(acc.variable, dw)
+            if edges:  # autograd's own AccumulateGrad adds to .grad, as in a full backward
+                torch.autograd.backward(edges, grads, inputs=[a.variable for a in g.accs])
         finally:
             for h in handles:
                 h.remove()
