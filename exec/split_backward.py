@@ -147,17 +147,9 @@ def backward_input(out: torch.Tensor, grad: torch.Tensor | None, x: torch.Tensor
     finally:
         for h in handles:
             h.remove()
-    out.detach_()  # drop the graph above the weight edges: W starts below it
+    if out._base is None:  # drop the graph above the weight edges: W starts below them
+        out.detach_()      # (a view cannot be detached in place; the caller's dropping it does)
     return dx, WeightWork(groups)
-
-
-def _accumulate(param: torch.Tensor, g: torch.Tensor | None) -> None:
-    if g is None:
-        return
-    if param.grad is None:
-        param.grad = g
-    else:
-        param.grad += g
 
 
 def backward_weight(work: WeightWork) -> None:
@@ -165,9 +157,7 @@ def backward_weight(work: WeightWork) -> None:
     what I kept."""
     if work.whole is not None:
         out, grad = work.whole
-        used = [p for p in work.params if p.requires_grad]
-        for p, g in zip(used, torch.autograd.grad(out, used, grad, allow_unused=True)):
-            _accumulate(p, g)
+        torch.autograd.backward(out, grad, inputs=[p for p in work.params if p.requires_grad])
         work.whole = None
         return
     for g in work.groups:
