@@ -8,6 +8,7 @@ W keeps so that the simulated peak memory is the measured one.
 """
 from __future__ import annotations
 
+import statistics
 import time
 
 import pytest
@@ -196,6 +197,9 @@ def test_calibrated_split_schedule_predicts_its_peak_memory():
     c = run.costs.for_stages(4)
     assert all(t > 0 for t in c.backward_input + c.backward_weight)
     assert c.backward == tuple(i + w for i, w in zip(c.backward_input, c.backward_weight))
+    samples = run.calibration["compute_samples"]["concurrent"]  # each kind's own samples, to its field
+    assert c.backward_input == tuple(statistics.fmean(samples[f"{s}I"]) for s in range(4))
+    assert c.backward_weight == tuple(statistics.fmean(samples[f"{s}W"]) for s in range(4))
     assert c.w_activation_bytes[0] == c.activation_bytes[0]
     assert c.w_activation_bytes[3] < c.activation_bytes[3]
     assert all(w <= a for w, a in zip(c.w_activation_bytes, c.activation_bytes))
