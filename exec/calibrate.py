@@ -14,7 +14,8 @@ merges every rank's reports into `sim.Costs`. A report holds:
 - what the transport costs between ranks 0 and 1 (`exec.calibrate_link`): the call
   and arrival overheads, the wait of a late ready notice, and ping-pong transfers;
 - memory per stage: the activation bytes autograd saves during its F (as the runtime
-  counts them, `exec.memory.SavedBytes`), the bytes it sends on, and its weights,
+  counts them, `exec.memory.SavedBytes`), the part of them that W still needs after a
+  split backward's I (`w_activation_bytes`), the bytes it sends on, and its weights,
   gradients and optimizer state (`exec.memory.static_memory`).
 """
 from __future__ import annotations
@@ -32,8 +33,9 @@ from .calibrate_link import call_costs, late_notice, pingpong
 from .interpreter import RankInterpreter
 from .memory import SavedBytes, param_storages, static_memory
 from .optim import make_optimizer
+from .split_backward import backward_input
 
-__all__ = ["calibrate_rank", "compute_times", "activation_bytes", "stage_inputs",
+__all__ = ["calibrate_rank", "compute_times", "activation_bytes", "w_activation_bytes", "stage_inputs",
            "activation_message_bytes", "message_sizes"]
 
 
@@ -70,24 +72,47 @@ def _prepared(spec, bounds: Sequence[int], micro: int):
 
 # ---------------------------------------------------------------------------- memory
 
-def activation_bytes(module, x, last: bool, loss_fn, y, micro: int) -> tuple[int, int]:
-    """Bytes autograd saves during one forward of `module` on `x`, counted as the
-    interpreter counts them (`SavedBytes`: each storage once, parameters excluded), and
-    the bytes of the output the stage sends on."""
+def _saved_forward(module, x, input_grad: bool, last: bool, loss_fn, y, micro: int):
+    """One forward of `module` on a copy of `x` (needing a gradient if `input_grad`), with
+    the loss on the last stage, under the interpreter's count of saved bytes. Returns
+    (input, module output, what the backward starts from: the output or the scaled
+    loss, `SavedBytes`)."""
     inp = x.detach().clone()
-    if inp.is_floating_point():
+    if input_grad:
         inp.requires_grad_()
     saved = SavedBytes(param_storages(module))
     with saved.hooks():
         out = module(inp)
-        if last:
-            loss_fn(out, y) / micro
+        root = loss_fn(out, y) / micro if last else out
+    return inp, out, root, saved
+
+
+def activation_bytes(module, x, last: bool, loss_fn, y, micro: int) -> tuple[int, int]:
+    """Bytes autograd saves during one forward of `module` on `x`, counted as the
+    interpreter counts them (`SavedBytes`: each storage once, parameters excluded), and
+    the bytes of the output the stage sends on."""
+    _, out, _, saved = _saved_forward(module, x, x.is_floating_point(), last, loss_fn, y, micro)
     return saved.nbytes, out.numel() * out.element_size()
+
+
+def w_activation_bytes(module, x, first: bool, last: bool, loss_fn, y, micro: int) -> int:
+    """Bytes the graph still holds for W after a split backward's I (`exec.split_backward`),
+    counted as the interpreter counts them (`SavedBytes.kept_bytes`): F, then I with a
+    gradient of the output's shape, on an input that needs a gradient except on the first
+    stage (whose I keeps everything: its W is the whole backward)."""
+    inp, out, root, saved = _saved_forward(module, x, not first and x.is_floating_point(), last, loss_fn, y, micro)
+    grad = None if last else torch.ones_like(out)
+    _, work = backward_input(root, grad, inp, list(module.parameters()))
+    del out, root, inp
+    kept = saved.kept_bytes()
+    del work
+    return kept
 
 
 def _memory(spec, schedule: sim.Schedule, bounds: Sequence[int], micro: int, mine: list[int],
             modules: dict | None, optimizer) -> dict[int, dict[str, int]]:
-    """Per stage of this rank: its activation bytes, the bytes it sends on, and its static
+    """Per stage of this rank: its activation bytes, the part of them W still needs after a
+    split backward's I, the bytes it sends on, and its static
     memory (`static_memory`) on `modules` and the run's `optimizer` when given, else on a
     fresh copy with a new optimizer of that name (whose state is what its first step
     will create)."""
@@ -96,10 +121,13 @@ def _memory(spec, schedule: sim.Schedule, bounds: Sequence[int], micro: int, min
     for s in mine:
         fresh = torch.nn.Sequential(*layers[bounds[s]:bounds[s + 1]])
         x, y = inputs[s][0]
-        act, sent = activation_bytes(fresh, x, s == schedule.stages - 1, spec.loss, y, micro)
+        last = s == schedule.stages - 1
+        act, sent = activation_bytes(fresh, x, last, spec.loss, y, micro)
+        w_act = w_activation_bytes(fresh, x, s == 0, last, spec.loss, y, micro)
         module = modules[s] if modules is not None else fresh
         opt = make_optimizer(optimizer, module.parameters(), lr=1e-3) if isinstance(optimizer, str) else optimizer
-        out[s] = {"activation_bytes": act, "activation_bytes_sent": sent, **static_memory(module, opt).as_dict()}
+        out[s] = {"activation_bytes": act, "activation_bytes_sent": sent, "w_activation_bytes": w_act,
+                  **static_memory(module, opt).as_dict()}
     return out
 
 
@@ -162,9 +190,6 @@ def compute_times(ctx, spec, bounds, schedule: sim.Schedule, micro: int, steps: 
         {s: torch.nn.Sequential(*layers[bounds[s]:bounds[s + 1]]) for s in mine}
     xs, ys = [x for x, _ in batches], [y for _, y in batches]
     program = [a for a in schedule.programs[ctx.rank] if a.kind.is_compute]
-    split = next((a for a in program if a.kind not in (Kind.F, Kind.B)), None)
-    if split is not None:
-        raise ValueError(f"the profiler runs F and B actions, not {split}; split backwards are not profiled yet")
     arrived = _arrivals(stages, inputs, schedule.stages - 1)
     samples: dict[tuple[int, str], list[float]] = {}
     own: dict[str, list[float]] = {"before": [], "after": []}

@@ -11,7 +11,9 @@ are the simulator's (docs/rules.md):
   the receives whose data they need (`sim.passes.waits_for`), then compute between two
   clock marks. The last stage computes the loss inside its F (scaled by 1/micro, so the
   step's gradients are the full batch's) and its B starts from that loss; other stages
-  run `torch.autograd.backward(output, received_gradient)`.
+  run `torch.autograd.backward(output, received_gradient)`. I and W split that backward
+  in two (`exec.split_backward`): I makes the input gradient only and keeps what W needs
+  (its bytes stay counted until W's end), W makes the weight gradients from it.
 - `send` (SEND) issues a non-blocking `isend` of the tensor the compute before it made;
   `run` waits for every send at the end of the step.
 
@@ -38,6 +40,7 @@ from sim import Action, Event, Kind, Schedule
 from sim.kinds import KINDS, Role
 from sim.passes import compute_set, peer, waits_for
 
+from . import split_backward
 from .clocks import clock_for
 from .memory import SavedBytes, param_storages
 from .shapes import TensorMeta
@@ -128,6 +131,7 @@ class RankInterpreter:
         computes = compute_set(schedule)
         self.waits = {a: waits_for(a, schedule, computes) for a in self.program if a.kind.is_compute}
         self.params = {s: param_storages(m) for s, m in stage_modules.items()}
+        self.param_lists = {s: list(m.parameters()) for s, m in stage_modules.items()}
         self.routes = {a: self._route(a) for a in self.program if not a.kind.is_compute}
         self.handlers: dict[Kind, Callable[[Action], Marks | None]] = {
             k: getattr(self, spec.handler) for k, spec in KINDS.items()}
@@ -136,8 +140,10 @@ class RankInterpreter:
         self.stage_inputs: dict[tuple[int, int], torch.Tensor] = {}
         self.outputs: dict[tuple[int, int], torch.Tensor] = {}   # output, or scaled loss on the last stage
         self.input_grads: dict[tuple[int, int], torch.Tensor] = {}
-        self.weight_work: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor | None]] = {}
+        self.weight_work: dict[tuple[int, int], split_backward.WeightWork] = {}  # I's, for W
         self.held: dict[tuple[int, int], int] = {}     # activation bytes of (stage, micro)
+        self.saved: dict[tuple[int, int], SavedBytes] = {}  # their count, until B or I
+        self.w_held: dict[tuple[int, int], int] = {}   # bytes kept for W, from I until W
         self.sends: list[tuple[Any, torch.Tensor]] = []  # (work, tensor kept alive until waited)
         self.loss_sum: torch.Tensor | None = None
         self.trace = RankTrace(ctx.rank)
@@ -237,6 +243,7 @@ class RankInterpreter:
             self.loss_sum = y.detach() if self.loss_sum is None else self.loss_sum + y.detach()
         self.outputs[(s, m)] = y
         self.held[(s, m)] = saved.nbytes
+        self.saved[(s, m)] = saved
         marks = self._event(a, start, end)
         self._hold(start, saved.nbytes, +1)
         self._sample(end)
@@ -257,6 +264,7 @@ class RankInterpreter:
         start = self.clock.mark()
         self._sample(start)
         torch.autograd.backward(self.outputs.pop((s, m)), grad)
+        self.saved.pop((s, m))
         x = self.stage_inputs.pop((s, m))
         if s > 0:
             self.input_grads[(s, m)] = x.grad
@@ -267,35 +275,37 @@ class RankInterpreter:
         return marks
 
     def backward_input(self, a: Action) -> Marks:
-        """I: the gradient w.r.t. the stage's input only; keeps the graph for W."""
+        """I: the gradient w.r.t. the stage's input only (`exec.split_backward`); what W
+        needs stays held, counted as the bytes of the saved tensors the graph still holds."""
         s, m = a.stage, a.micro
         grad = self._output_grad(s, m, self._wait(a))
         out = self.outputs.pop((s, m))
         start = self.clock.mark()
         self._sample(start)
         x = self.stage_inputs.pop((s, m))
+        dx, self.weight_work[(s, m)] = split_backward.backward_input(out, grad, x, self.param_lists[s])
         if s > 0:
-            (self.input_grads[(s, m)],) = torch.autograd.grad(out, x, grad, retain_graph=True)
+            self.input_grads[(s, m)] = dx
         end = self.clock.mark()
-        self.weight_work[(s, m)] = (out, grad)
+        del out, x, grad
+        kept = self.saved.pop((s, m)).kept_bytes()
+        self.w_held[(s, m)] = kept
         marks = self._event(a, start, end)
-        self._hold(end, 0, -1)  # no longer counted as held; W still needs all its bytes (sim.kinds)
+        self._hold(end, kept - self.held.pop((s, m)), -1)  # no longer held as a micro-batch (sim.kinds)
         self._sample(end)
         return marks
 
     def backward_weight(self, a: Action) -> Marks:
-        """W: the weight gradients, from the output gradient I saw. (It walks the graph
-        again; a fused split as in zero-bubble schedules would reuse I's intermediate
-        gradients.)"""
+        """W: the weight gradients from what I kept (`exec.split_backward`); gives it back."""
         s, m = a.stage, a.micro
         self._wait(a)  # W takes nothing from another rank (sim.kinds): this finds nothing
-        out, grad = self.weight_work.pop((s, m))
+        work = self.weight_work.pop((s, m))
         start = self.clock.mark()
         self._sample(start)
-        torch.autograd.backward(out, grad, inputs=list(self.modules[s].parameters()))
+        split_backward.backward_weight(work)
         end = self.clock.mark()
         marks = self._event(a, start, end)
-        self._hold(end, -self.held.pop((s, m)), 0)
+        self._hold(end, -self.w_held.pop((s, m)), 0)
         self._sample(end)
         return marks
 
@@ -306,7 +316,9 @@ class RankInterpreter:
         return marks
 
     def _hold(self, when, nbytes: int, count: int) -> None:
-        """Activations of a micro-batch start (F start) or stop (end of B or W) being held."""
+        """The bytes a rank holds change: a micro-batch's activations start being held (F's
+        start, `count` +1), stop (end of B; end of I, which keeps what W needs, `count` -1),
+        or what W needed is given back (W's end). The rule of `sim.kinds`."""
         self._held.append((when, nbytes, count))
 
     def _sample(self, when) -> None:

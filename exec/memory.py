@@ -5,13 +5,16 @@ micro-batch between its forward and its backward (docs/rules.md, rule 7).
   optimizer's state for them, in real tensor bytes: `sim.Costs.weight_bytes`,
   `grad_bytes` and `optimizer_bytes`.
 - `SavedBytes`: what autograd saves for backward during one forward
-  (`sim.Costs.activation_bytes`), each storage once, parameters excluded.
+  (`sim.Costs.activation_bytes`), each storage once, parameters excluded; and, after a
+  split backward's I, what of it the graph still holds for W (`kept_bytes`:
+  `sim.Costs.w_activation_bytes`).
 
 The runtime counts a rank's memory with these, and calibration reports them into
 `sim.Costs`, so that a simulated step holds exactly the bytes a measured one holds.
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import asdict, dataclass
 from typing import Iterable
 
@@ -61,24 +64,55 @@ def param_storages(module: nn.Module) -> frozenset[int]:
     return frozenset(p.untyped_storage().data_ptr() for p in module.parameters())
 
 
+class _Saved:
+    """What autograd holds for one saved tensor: a box around it, so that `SavedBytes` can
+    tell, by a weak reference, whether the graph still holds it. It holds the tensor
+    detached (same storage): a node that saves its own output would otherwise hold itself
+    through the output's grad_fn, a cycle that only running the node breaks, and a node
+    that W never runs would never be freed. Autograd gives the unpacked tensor back its
+    grad_fn."""
+
+    __slots__ = ("tensor", "__weakref__")
+
+    def __init__(self, tensor: torch.Tensor):
+        self.tensor = tensor
+
+
 class SavedBytes:
     """Counts the bytes autograd saves for backward during a forward (saved_tensors_hooks):
     each storage once, parameters excluded (they are static memory). `params`: the
     stage's `param_storages`, found once, not at every forward (walking a module's
-    parameters costs more than many a small action)."""
+    parameters costs more than many a small action).
+
+    Each saved tensor is kept in a box that the graph owns; `kept_bytes()` counts, the
+    same way, the storages whose boxes the graph still holds (a node's saved tensors go
+    when the node goes: after a split backward's I, those W still needs)."""
 
     def __init__(self, params: frozenset[int]):
         self.params = params
         self.seen: set[int] = set()
         self.nbytes = 0
+        self.boxes: list[tuple[weakref.ref, int, int]] = []  # (box, storage address, storage bytes)
 
-    def pack(self, t: torch.Tensor) -> torch.Tensor:
+    def pack(self, t: torch.Tensor) -> _Saved:
         storage = t.untyped_storage()
         ptr = storage.data_ptr()
-        if ptr not in self.params and ptr not in self.seen:
-            self.seen.add(ptr)
-            self.nbytes += storage.nbytes()
-        return t
+        box = _Saved(t.detach())
+        if ptr not in self.params:
+            self.boxes.append((weakref.ref(box), ptr, storage.nbytes()))
+            if ptr not in self.seen:
+                self.seen.add(ptr)
+                self.nbytes += storage.nbytes()
+        return box
+
+    def kept_bytes(self) -> int:
+        """Bytes of the storages that the graph still holds (each once)."""
+        kept = {ptr: n for box, ptr, n in self.boxes if box() is not None}
+        return sum(kept.values())
 
     def hooks(self):
-        return torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t)
+        return torch.autograd.graph.saved_tensors_hooks(self.pack, _unpack)
+
+
+def _unpack(box: _Saved) -> torch.Tensor:
+    return box.tensor

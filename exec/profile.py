@@ -9,7 +9,9 @@ into the simulator's costs:
 
 - compute times: per stage and kind, the mean of every sample of "concurrent" (all ranks
   computing at once) or "alone" (one at a time): a step adds them up, so their expected
-  value is what predicts it;
+  value is what predicts it. F gives `forward`, B `backward`, and the split backward's
+  I and W `backward_input` and `backward_weight` (and `backward` = I + W where a stage
+  ran no B);
 - the runtime's own time around a compute (`before_compute`, `after_compute`, rule 11),
   the call costs (`send_overhead`, `recv_overhead`) and the cost of taking data in
   (`arrive_overhead`): means over every round of ranks 0 and 1;
@@ -17,7 +19,8 @@ into the simulator's costs:
   computes over one to a sender that waits (`io_tick_from`);
 - transfers: the ping-pong's one-way times fitted by least squares to `latency + bytes /
   bandwidth` (`fit_latency_bandwidth`, rule 6);
-- memory: per stage, the activation bytes, the bytes sent on, and the static memory split
+- memory: per stage, the activation bytes, the part of them W still needs after I
+  (`w_activation_bytes`), the bytes sent on, and the static memory split
   into `weight_bytes`, `grad_bytes` and `optimizer_bytes` (`static_bytes` stays 0), so
   that a simulated step's peak memory is the measured one.
 
@@ -119,8 +122,22 @@ def _call_costs(reports: Sequence[dict]) -> dict[str, float]:
 
 def _memory_costs(memory: dict[int, dict], stages: int) -> dict[str, list[float]]:
     """The per-stage memory fields of `sim.Costs` from the reports' memory."""
-    fields = ("activation_bytes_sent", "activation_bytes") + STATIC_FIELDS
+    fields = ("activation_bytes_sent", "activation_bytes", "w_activation_bytes") + STATIC_FIELDS
     return {f: [memory[s][f] for s in range(stages)] for f in fields}
+
+
+def _backward_costs(mean: dict[str, float], stages: int) -> dict[str, list[float] | None]:
+    """The backward fields of `sim.Costs` from the mean compute times: B where the stage
+    ran B, else I + W; I and W where the schedule splits the backward (a stage that ran
+    only B: half of it each, `sim.Costs`' default)."""
+    def get(s, k):
+        return mean.get(f"{s}{k}")
+    backward = [get(s, "B") if get(s, "B") is not None else get(s, "I") + get(s, "W") for s in range(stages)]
+    if all(get(s, "I") is None for s in range(stages)):
+        return {"backward": backward}
+    return {"backward": backward,
+            "backward_input": [get(s, "I") if get(s, "I") is not None else b / 2 for s, b in enumerate(backward)],
+            "backward_weight": [get(s, "W") if get(s, "W") is not None else b / 2 for s, b in enumerate(backward)]}
 
 
 def costs_from_reports(reports: Sequence[dict], schedule: sim.Schedule, use: str = "concurrent",
@@ -136,7 +153,8 @@ def costs_from_reports(reports: Sequence[dict], schedule: sim.Schedule, use: str
     times = _pool_times(reports)
     med = {kind: {k: statistics.median(v) for k, v in d.items()} for kind, d in times.items()}
     mean = {kind: {k: statistics.fmean(v) for k, v in d.items()} for kind, d in times.items()}
-    missing = [f"{s}{k}" for s in range(stages) for k in "FB" if f"{s}{k}" not in med[use]]
+    missing = [f"{s}{k}" for s in range(stages) for k in ("F", "B" if f"{s}I" not in med[use] else "W")
+               if f"{s}{k}" not in med[use]]
     if missing or set(memory) != set(range(stages)):
         raise ValueError(f"the reports lack stages' measurements ({', '.join(missing) or 'memory'}); "
                          f"pass every rank's calibrate_rank report")
@@ -153,8 +171,7 @@ def costs_from_reports(reports: Sequence[dict], schedule: sim.Schedule, use: str
     # a step's length adds compute times up: the simulator takes their expected value (the
     # mean, stalls included), not the median
     costs = sim.Costs(
-        forward=[mean[use][f"{s}F"] for s in range(stages)], backward=[mean[use][f"{s}B"] for s in range(stages)],
-        latency=latency, bandwidth=bandwidth, before_compute=before, after_compute=after,
+        forward=[mean[use][f"{s}F"] for s in range(stages)], **_backward_costs(mean[use], stages), latency=latency, bandwidth=bandwidth, before_compute=before, after_compute=after,
         **_call_costs(reports), **_memory_costs(memory, stages))
     # how much slower a compute runs while every rank computes than while it runs alone
     slowdown = {k: med["concurrent"][k] / med["alone"][k] for k in med["alone"] if k in med["concurrent"]}
