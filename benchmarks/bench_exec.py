@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--schedules", nargs="+", default=["naive", "gpipe", "1f1b"], choices=sorted(sim.SCHEDULES))
     p.add_argument("--micro", nargs="+", type=int, default=[2, 4, 8, 16])
-    p.add_argument("--ranks", type=int, default=2, help="ranks = stages (one stage per rank)")
+    p.add_argument("--ranks", type=int, default=2, help="pipeline ranks P (a schedule with V stages per rank has P*V stages)")
     p.add_argument("--rounds", type=int, default=3, help="calibrate-then-measure rounds per config")
     p.add_argument("--steps", type=int, default=3, help="measured steps per round (the median of all is kept)")
     p.add_argument("--model", default="mlp", choices=["mlp", "gpt"])

@@ -28,15 +28,9 @@ from .result import Result
 from .ir import Schedule
 from .schedules import SCHEDULES, TEXTBOOK, lookup, make_schedule
 
-# What a run holds at its peak (maximum resident set, /usr/bin/time -v, all three schedules,
-# 2-core x86-64 machine, Python 3.11, 2026-11): a fixed part (Python, numpy, matplotlib:
-# 97 MB for p=2, m=1) plus, per stage x micro-batch of each schedule, what the table needs
-# (2.3 KB at p=64 m=2048 and p=8192 m=8, 3.1 KB at p=65536 m=1), what the figures add (to
-# 2.5 KB at p=64 m=2048, 3.5 KB at p=2 m=65536) and what a Chrome trace adds (a JSON record
-# per event: 3.7 KB in all at p=64 m=512, no figures, and at p=64 m=1024 with them). Each
-# figure below rounds the largest measured up. The table's steady step makes each step's
-# events and lets them go: 0.6 KB more per stage x micro-batch (1F1B at p=64, m=1024, peak
-# RSS 153 MB without it, 191 MB with it, same machine, 2026-11), added to the table's.
+# What a run holds at its peak: a fixed part plus, per stage x micro-batch of each
+# schedule, what the table, the figures and a Chrome trace need; each rounds up the largest
+# measured (docs/measurements.md, "sim.plot: memory of a big step").
 BASE_BYTES = 100 * 2**20
 BYTES_PER_CELL = {"table": 3_800, "figures": 400, "trace": 1_600}
 MEMORY_SHARE = 0.5  # of the machine's memory, which other work shares
