@@ -6,6 +6,7 @@ run it; `check_deadlock` proves or explains whether it can finish.
 """
 from __future__ import annotations
 
+import gc
 import itertools
 from collections import Counter, deque
 from operator import itemgetter
@@ -142,7 +143,16 @@ def lower(schedule: Schedule) -> Schedule:
     if schedule.is_lowered:
         raise ScheduleError("schedule is already lowered (it contains SEND/RECV actions)")
     check_complete(schedule)
-    return _lower(schedule)
+    # As in `sim.simulate`: the ~100k actions of a big schedule all live on; Python's cyclic
+    # garbage collector would only walk them (and every object of the process) again and
+    # again, which doubles the time where torch is imported.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _lower(schedule)
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def _lower(schedule: Schedule) -> Schedule:

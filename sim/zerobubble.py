@@ -4,7 +4,7 @@ Controllable Memory", 2024; the zero-bubble paper's Section 6).
 
 Each splits the backward into I (the input gradient, which the previous stage waits for)
 and W (the weight gradient, which nobody waits for), and moves the Ws into what would be
-bubbles. docs/zero_bubble.md gives their closed forms with equal costs F = I = W.
+bubbles. docs/schedules.md gives their closed forms with equal costs F = I = W.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The zero-bubble schedules (ZB-H1, ZB-H2, ZB-V) and DualPipeV: the closed forms of their
 papers, their memory, the engine against the independent rules, and torch's own orders.
-docs/zero_bubble.md states each formula and where it comes from."""
+docs/schedules.md states each formula and where it comes from."""
 import math
 import re
 
