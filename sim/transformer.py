@@ -197,7 +197,7 @@ class Transformer:
         return self._split(replicated, split, tp, sequence_parallel)
 
 
-def _llama_ffn(hidden: int, multiple_of: int, multiplier: float = 1.0) -> int:
+def llama_ffn(hidden: int, multiple_of: int, multiplier: float = 1.0) -> int:
     """Llama's MLP width from its code (facebookresearch/llama, model.py, FeedForward):
     2/3 of 4h, times ffn_dim_multiplier, rounded up to a multiple of multiple_of."""
     width = int(multiplier * int(2 * 4 * hidden / 3))
@@ -220,7 +220,7 @@ MODELS: dict[str, Transformer] = {
         ("22b", 64, 6144, 48), ("175b", 96, 12288, 96), ("530b", 128, 20480, 105), ("1t", 160, 25600, 128)]},
     # Llama 2: layers, hidden, heads as Llama 1 (Touvron et al. 2023a, Table 2) for 7B and 13B,
     # and the released 70B config (params.json: dim 8192, 80 layers, 64 heads, 8 KV heads;
-    # GQA per Llama 2, Table 1); ffn by _llama_ffn (multiple_of 256; 70B: 4096 and 1.3)
+    # GQA per Llama 2, Table 1); ffn by llama_ffn (multiple_of 256; 70B: 4096 and 1.3)
     "llama2-7b": Transformer(layers=32, hidden=4096, heads=32, ffn=11008, **_LLAMA2),
     "llama2-13b": Transformer(layers=40, hidden=5120, heads=40, ffn=13824, **_LLAMA2),
     "llama2-70b": Transformer(layers=80, hidden=8192, heads=64, ffn=28672, kv_heads=8, **_LLAMA2),
