@@ -1,0 +1,84 @@
+"""GPUs by name: peak dense FLOP/s per precision, memory and the links a training run uses.
+
+Every number is from NVIDIA's datasheets and DGX user guides (cited beside it). Units are SI:
+FLOP/s, bytes, bytes/s per direction, seconds. Datasheets give NVLink and PCIe bandwidth as
+the sum of both directions (A100: "NVLink 600 GB/s"); here it is halved to one direction, which
+is what a ring all-reduce or a pipeline send uses. Tensor-core peaks are dense: the datasheets'
+"with sparsity" figures are twice these.
+
+    >>> gpu("a100-80gb").flops("bf16") / 1e12
+    312.0
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+PRECISIONS = ("bf16", "fp16", "tf32", "fp32")
+GB = 10 ** 9          # bandwidths: datasheets' GB/s are decimal
+GIB = 2 ** 30         # capacities: "80GB" of HBM is 80 GiB (nvidia-smi: 81920 MiB on an A100 80GB)
+
+# NCCL's own cost model (NVIDIA/nccl, src/graph/tuning.cc, hwLat, Ring algorithm, Simple
+# protocol): per-hop latency 5.7 us over NVLink, 6.6 us over the network, plus a base latency
+# of 8.4 us per collective (baseLat, Ring/Simple).
+NCCL_BASE_LATENCY = 8.4e-6
+_NVLINK_HOP, _NETWORK_HOP = 5.7e-6, 6.6e-6
+
+
+@dataclass(frozen=True)
+class GPU:
+    """One GPU of a DGX-style node: what the planner needs to turn FLOPs and bytes into time."""
+    name: str
+    peak_flops: Mapping[str, float] = field(hash=False)  # dense tensor-core FLOP/s per precision
+    memory: int                 # bytes of HBM
+    hbm_bandwidth: float        # bytes/s
+    nvlink_bandwidth: float     # bytes/s per direction, from this GPU to the others of its node
+    network_bandwidth: float    # bytes/s per direction, from this GPU to other nodes (its own NIC)
+    pcie_bandwidth: float       # bytes/s per direction to host memory (activation offloading)
+    nvlink_latency: float = _NVLINK_HOP
+    network_latency: float = _NETWORK_HOP
+
+    def __post_init__(self):
+        for name in ("memory", "hbm_bandwidth", "nvlink_bandwidth", "network_bandwidth", "pcie_bandwidth",
+                     "nvlink_latency", "network_latency"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"GPU {self.name}: {name} must be positive, got {getattr(self, name)!r}")
+        if set(self.peak_flops) != set(PRECISIONS) or not all(v > 0 for v in self.peak_flops.values()):
+            raise ValueError(f"GPU {self.name}: peak_flops needs a positive value for each of {', '.join(PRECISIONS)}")
+
+    def flops(self, precision: str) -> float:
+        """Peak dense FLOP/s at `precision`."""
+        if precision not in self.peak_flops:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}; got {precision!r}")
+        return self.peak_flops[precision]
+
+
+# NVIDIA A100 Tensor Core GPU datasheet (2021), SXM column: BF16/FP16 312 TFLOPS, TF32 156,
+# FP32 19.5 (no tensor cores); NVLink 600 GB/s; PCIe Gen4 64 GB/s. 40GB: HBM2 1,555 GB/s;
+# 80GB: HBM2e 2,039 GB/s. DGX A100 user guide: eight single-port ConnectX-6 200 Gb/s HDR
+# InfiniBand NICs for compute traffic, one per GPU: 25 GB/s.
+_A100 = dict(peak_flops={"bf16": 312e12, "fp16": 312e12, "tf32": 156e12, "fp32": 19.5e12},
+             nvlink_bandwidth=600 * GB / 2, network_bandwidth=200e9 / 8, pcie_bandwidth=64 * GB / 2)
+# NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022), Table 1, H100 SXM5: dense BF16/FP16
+# 989.4 TFLOPS (1978.9 with sparsity), TF32 494.7, FP32 66.9 (no tensor cores). H100 datasheet,
+# SXM column: HBM3 80 GB at 3.35 TB/s; NVLink 900 GB/s; PCIe Gen5 128 GB/s. DGX H100 user
+# guide: eight ConnectX-7 400 Gb/s NDR InfiniBand ports for compute traffic, one per GPU.
+_H100 = dict(peak_flops={"bf16": 989.4e12, "fp16": 989.4e12, "tf32": 494.7e12, "fp32": 66.9e12},
+             nvlink_bandwidth=900 * GB / 2, network_bandwidth=400e9 / 8, pcie_bandwidth=128 * GB / 2)
+
+GPUS: dict[str, GPU] = {
+    "a100-40gb": GPU("a100-40gb", memory=40 * GIB, hbm_bandwidth=1555 * GB, **_A100),
+    "a100-80gb": GPU("a100-80gb", memory=80 * GIB, hbm_bandwidth=2039 * GB, **_A100),
+    "h100-80gb": GPU("h100-80gb", memory=80 * GIB, hbm_bandwidth=3350 * GB, **_H100),
+    # NVIDIA H200 Tensor Core GPU datasheet, SXM column: the H100's compute and links, with
+    # 141 GB of HBM3e at 4.8 TB/s; DGX H200 user guide: eight ConnectX-7 400 Gb/s, one per GPU.
+    "h200": GPU("h200", memory=141 * GIB, hbm_bandwidth=4800 * GB, **_H100),
+}
+
+
+def gpu(name: str) -> GPU:
+    """The GPU called `name` (case as you like)."""
+    key = name.strip().lower().replace("_", "-")
+    if key not in GPUS:
+        raise ValueError(f"unknown GPU {name!r}; known: {', '.join(GPUS)}")
+    return GPUS[key]

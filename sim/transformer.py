@@ -1,0 +1,235 @@
+"""A decoder-only transformer as the planner sees it: parameters, FLOPs and activation bytes.
+
+Every count is a published closed form (cited where it is used) written as a sum of named
+parts, so that the tests can check the parts against the closed forms:
+
+    >>> m = model("gpt3-175b")
+    >>> round(m.params().total / 1e9, 1)
+    174.6
+    >>> m.flops_per_iteration(batch=1, recompute="full") / m.flops_per_iteration(batch=1) > 1.3
+    True
+
+Symbols as in Narayanan et al. 2021 (SC'21) and Korthikanti et al. 2022: l layers, h hidden,
+a heads, s sequence, V vocabulary, b (or B) micro-batch (or batch), t tensor-parallel size.
+Activations are 16-bit (2 bytes an element) and dropout masks 1 byte, as Korthikanti et al.
+2022, Sec. 4.1 assume.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+RECOMPUTE = ("none", "selective", "full")
+
+# What differs between the two families of presets. "gpt": GPT-2/3 and Megatron-LM's GPT
+# (Radford et al. 2019; Brown et al. 2020; Narayanan et al. 2021): biases, LayerNorm (gain and
+# bias), learned positions, GeLU MLP of two matrices, dropout, output layer tied to the input
+# embedding. "llama": Touvron et al. 2023 (Llama 1, Sec. 2.2; Llama 2, Sec. 2.2): no biases,
+# RMSNorm (gain only), rotary positions (no parameters), SwiGLU MLP of three matrices, no
+# dropout, untied output layer.
+ARCHS = {
+    "gpt": dict(bias=True, norm_params=2, learned_positions=True, mlp_matrices=2, dropout=True, tied=True),
+    "llama": dict(bias=False, norm_params=1, learned_positions=False, mlp_matrices=3, dropout=False, tied=False),
+}
+
+# Forward matmuls that multiply two activations (no weights): their backward is all input
+# gradient, and twice their forward (Qi et al. 2024, Table 1: B = sbh(24h + 8s), W = 24sbh^2).
+WEIGHTLESS = ("scores", "values")
+
+
+@dataclass(frozen=True)
+class Params:
+    """A model's parameter count by part; `total` is what the optimizer holds."""
+    embedding: int      # token embedding V*h, plus the learned positions s*h where there are some
+    per_layer: int      # one transformer layer: attention, MLP, their norms (and biases)
+    layers: int
+    final_norm: int     # the LayerNorm/RMSNorm before the output layer
+    output: int         # the output (logit) layer: 0 when tied to the embedding
+    tied: bool
+
+    @property
+    def total(self) -> int:
+        return self.embedding + self.layers * self.per_layer + self.final_norm + self.output
+
+
+def _positive_int(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"Transformer: {name} must be a positive int, got {value!r}")
+
+
+def _recompute(recompute: str) -> str:
+    if recompute not in RECOMPUTE:
+        raise ValueError(f"recompute must be one of {', '.join(RECOMPUTE)}; got {recompute!r}")
+    return recompute
+
+
+@dataclass(frozen=True)
+class Transformer:
+    """A decoder-only transformer: `layers` blocks of attention and MLP of width `hidden`."""
+    layers: int
+    hidden: int
+    heads: int
+    seq: int
+    vocab: int
+    ffn: int | None = None        # MLP width; 4*hidden by default (Vaswani et al. 2017)
+    kv_heads: int | None = None   # grouped-query attention (Ainslie et al. 2023); heads by default
+    arch: str = "gpt"             # "gpt" or "llama": see ARCHS
+
+    def __post_init__(self):
+        for name in ("layers", "hidden", "heads", "seq", "vocab"):
+            _positive_int(name, getattr(self, name))
+        if self.ffn is None:
+            object.__setattr__(self, "ffn", 4 * self.hidden)
+        if self.kv_heads is None:
+            object.__setattr__(self, "kv_heads", self.heads)
+        _positive_int("ffn", self.ffn)
+        _positive_int("kv_heads", self.kv_heads)
+        if self.hidden % self.heads:
+            raise ValueError(f"Transformer: hidden {self.hidden} is not divisible by heads {self.heads}")
+        if self.heads % self.kv_heads:
+            raise ValueError(f"Transformer: heads {self.heads} is not divisible by kv_heads {self.kv_heads}")
+        if self.arch not in ARCHS:
+            raise ValueError(f"Transformer: arch must be one of {', '.join(ARCHS)}; got {self.arch!r}")
+
+    @property
+    def _a(self) -> dict:
+        return ARCHS[self.arch]
+
+    @property
+    def _kv(self) -> float:
+        """K and V width as a fraction of h: kv_heads/heads (1 without grouped-query attention)."""
+        return self.kv_heads / self.heads
+
+    def params(self) -> Params:
+        """Parameters by part. For arch="gpt", ffn=4h and kv_heads=heads, embedding + layers *
+        per_layer is Narayanan et al. 2021, Eq. 2: 12lh^2(1 + 13/(12h) + (V+s)/(12lh)) exactly;
+        Eq. 2 leaves out the final LayerNorm (2h) and counts the output layer as tied."""
+        h, f, a = self.hidden, self.ffn, self._a
+        qkv = h * h + 2 * h * (h // self.heads) * self.kv_heads        # Q: h x h, K and V: h x (kv_heads * h/heads)
+        matrices = qkv + h * h + (a["mlp_matrices"] - 1) * h * f + f * h  # QKV, projection, MLP in, MLP out
+        biases = qkv // h + h + (a["mlp_matrices"] - 1) * f + h if a["bias"] else 0  # one per output feature
+        norms = 2 * a["norm_params"] * h                                  # before attention and before the MLP
+        embedding = self.vocab * h + (self.seq * h if a["learned_positions"] else 0)
+        return Params(embedding=embedding, per_layer=matrices + biases + norms, layers=self.layers,
+                      final_norm=a["norm_params"] * h, output=0 if a["tied"] else self.vocab * h,
+                      tied=a["tied"])
+
+    def layer_flops(self, micro_batch: int) -> dict[str, float]:
+        """Forward FLOPs of one layer by matmul (2 FLOPs a multiply-add), as Narayanan et al. 2021,
+        Appendix, counts them: QKV 6bsh^2, scores 2bs^2h, values 2bs^2h, projection 2bsh^2,
+        MLP 16bsh^2; in all 24bsh^2 + 4bs^2h for ffn=4h (Korthikanti et al. 2022 count the same)."""
+        b, s, h, f = micro_batch, self.seq, self.hidden, self.ffn
+        return {"qkv": 2 * b * s * h * h * (1 + 2 * self._kv), "scores": 2 * b * s * s * h,
+                "values": 2 * b * s * s * h, "projection": 2 * b * s * h * h,
+                "mlp_in": 2 * b * s * h * f * (self._a["mlp_matrices"] - 1), "mlp_out": 2 * b * s * h * f}
+
+    def pass_flops(self, micro_batch: int) -> dict[str, float]:
+        """FLOPs of one layer's F, I (input gradient: B of Qi et al. 2024) and W (weight gradient).
+        Each weight matmul Y = XW costs as much again for dX (in I) and for dW (in W); the score
+        and values matmuls multiply two activations, so both their gradients are input gradients
+        (in I) and W has none of them. Qi et al. 2024, Table 1: F = sbh(24h + 4s),
+        B = sbh(24h + 8s), W = sbh(24h); F + I + W = 3F."""
+        parts = self.layer_flops(micro_batch)
+        weighted = sum(v for k, v in parts.items() if k not in WEIGHTLESS)
+        weightless = sum(parts[k] for k in WEIGHTLESS)
+        return {"F": weighted + weightless, "I": weighted + 2 * weightless, "W": weighted}
+
+    def logit_flops(self, micro_batch: int) -> float:
+        """Forward FLOPs of the output layer: 2bshV (Narayanan et al. 2021, Appendix)."""
+        return 2 * micro_batch * self.seq * self.hidden * self.vocab
+
+    def recompute_flops(self, micro_batch: int, recompute: str) -> float:
+        """FLOPs one layer recomputes before its backward: the whole forward with "full"
+        (Narayanan et al. 2021, Appendix: the 4x of Eq. 3); with "selective" the attention core
+        only (Korthikanti et al. 2022, Sec. 4.3), whose matmuls are the scores and values."""
+        parts = self.layer_flops(micro_batch)
+        return {"none": 0.0, "selective": parts["scores"] + parts["values"],
+                "full": sum(parts.values())}[_recompute(recompute)]
+
+    def flops_per_iteration(self, batch: int, recompute: str = "none") -> float:
+        """FLOPs of one training iteration over `batch` sequences. "full": Narayanan et al. 2021,
+        Eq. 3, 96Bslh^2(1 + s/(6h) + V/(16lh)): layers 4x their forward (forward, backward twice
+        the forward, recomputed forward), logit layer 3x (not recomputed). "none": the same
+        without the recomputed forward, 72Bslh^2(1 + s/(6h) + V/(12lh)) (Korthikanti et al.
+        2022's model FLOPs, the numerator of MFU)."""
+        p = self.pass_flops(batch)
+        per_layer = p["F"] + p["I"] + p["W"] + self.recompute_flops(batch, recompute)
+        return self.layers * per_layer + 3 * self.logit_flops(batch)
+
+    def _split(self, replicated: float, split: float, tp: int, sequence_parallel: bool) -> float:
+        """Bytes per GPU: `split` is divided over the tp ranks; `replicated` too under sequence
+        parallelism (Korthikanti et al. 2022, Sec. 4.2.2), else every rank holds it whole."""
+        _positive_int("tp", tp)
+        return replicated / (tp if sequence_parallel else 1) + split / tp
+
+    def activation_bytes_per_layer(self, micro_batch: int, tp: int = 1, sequence_parallel: bool = False,
+                                   recompute: str = "none") -> float:
+        """Bytes one layer keeps from its forward for its backward, per GPU: Korthikanti et al.
+        2022, Table 2; for arch="gpt", ffn=4h: sbh(34 + 5as/h) at tp=1, sbh(10 + 24/t + 5as/(ht))
+        with tp, sbh(34/t + 5as/(ht)) with sequence parallelism; selective recompute drops the
+        5as/h; full keeps the layer input only, 2sbh."""
+        _positive_int("micro_batch", micro_batch)
+        sbh, a = self.seq * micro_batch * self.hidden, self._a
+        if _recompute(recompute) == "full":
+            return 2 * sbh
+        drop = 1 if a["dropout"] else 0
+        # Sec. 4.1: two norm inputs 4sbh, QKV input 2sbh, MLP input 2sbh, two dropout masks 2sbh
+        replicated = (4 + 2 + 2 + 2 * drop) * sbh
+        # Q and K 4sbh, V 2sbh, projection input 2sbh; MLP: one 2sbf tensor per matrix (GeLU
+        # input and output; SwiGLU's two inputs and product) 16sbh for ffn=4h
+        split = (2 + 4 * self._kv + 2) * sbh + 2 * self.seq * micro_batch * self.ffn * a["mlp_matrices"]
+        if recompute == "none":
+            # softmax output 2as^2b, its dropout mask as^2b and dropout output 2as^2b
+            split += (2 + 3 * drop) * self.heads * self.seq ** 2 * micro_batch
+        return self._split(replicated, split, tp, sequence_parallel)
+
+    def w_activation_bytes_per_layer(self, micro_batch: int, tp: int = 1, sequence_parallel: bool = False) -> float:
+        """Bytes W still needs after I, per GPU: each weight matmul's input and output gradient.
+        Qi et al. 2024, Table 1: 32sbh (for arch="gpt", ffn=4h): inputs QKV 2, projection 2,
+        MLP 2 + 8 (14sbh) and output gradients QKV 6, projection 2, MLP 8 + 2 (18sbh). Under
+        tensor parallelism the inputs of the column-parallel matmuls (QKV, MLP in) and the output
+        gradients of the row-parallel ones (projection, MLP out) are whole on every rank, 8sbh,
+        unless sequence parallel; the rest, 24sbh, is split: sbh(8 + 24/t), or 32sbh/t with
+        sequence parallelism. The same with any recompute: recompute restores them before I."""
+        _positive_int("micro_batch", micro_batch)
+        sbh, sbf, m = self.seq * micro_batch * self.hidden, self.seq * micro_batch * self.ffn, self._a["mlp_matrices"]
+        replicated = (2 + 2 + 2 + 2) * sbh
+        split = 2 * (1 + 2 * self._kv) * sbh + 2 * sbh + 2 * (m - 1) * sbf + 2 * sbf
+        return self._split(replicated, split, tp, sequence_parallel)
+
+
+def llama_ffn(hidden: int, multiple_of: int, multiplier: float = 1.0) -> int:
+    """Llama's MLP width from its code (facebookresearch/llama, model.py, FeedForward):
+    2/3 of 4h, times ffn_dim_multiplier, rounded up to a multiple of multiple_of."""
+    width = int(multiplier * int(2 * 4 * hidden / 3))
+    return multiple_of * -(-width // multiple_of)
+
+
+_MEGATRON = dict(seq=2048, vocab=51200)  # Narayanan et al. 2021, Sec. 5.1 and Table 1
+_LLAMA2 = dict(seq=4096, vocab=32000, arch="llama")  # Touvron et al. 2023 (Llama 2), Sec. 2.2, Table 1
+MODELS: dict[str, Transformer] = {
+    # Brown et al. 2020, Table 2.1 (96 layers, d_model 12288, 96 heads, context 2048);
+    # vocabulary 51200 as Megatron-LM pads it (Korthikanti et al. 2022, Sec. 6, Table 3)
+    "gpt3-175b": Transformer(layers=96, hidden=12288, heads=96, **_MEGATRON),
+    # Narayanan et al. 2021, Table 1: (heads, hidden, layers) of the ten GPT models
+    **{f"megatron-{size}": Transformer(layers=l, hidden=h, heads=a, **_MEGATRON) for size, a, h, l in [
+        ("1.7b", 24, 2304, 24), ("3.6b", 32, 3072, 30), ("7.5b", 32, 4096, 36), ("18.4b", 48, 6144, 40),
+        ("39.1b", 64, 8192, 48), ("76.1b", 80, 10240, 60), ("145.6b", 96, 12288, 80),
+        ("310.1b", 128, 16384, 96), ("529.6b", 128, 20480, 105), ("1t", 160, 25600, 128)]},
+    # Korthikanti et al. 2022, Table 3: (heads, hidden, layers); seq 2048, vocabulary 51200
+    **{f"korthikanti-{size}": Transformer(layers=l, hidden=h, heads=a, **_MEGATRON) for size, a, h, l in [
+        ("22b", 64, 6144, 48), ("175b", 96, 12288, 96), ("530b", 128, 20480, 105), ("1t", 160, 25600, 128)]},
+    # Llama 2: layers, hidden, heads as Llama 1 (Touvron et al. 2023a, Table 2) for 7B and 13B,
+    # and the released 70B config (params.json: dim 8192, 80 layers, 64 heads, 8 KV heads;
+    # GQA per Llama 2, Table 1); ffn by llama_ffn (multiple_of 256; 70B: 4096 and 1.3)
+    "llama2-7b": Transformer(layers=32, hidden=4096, heads=32, ffn=11008, **_LLAMA2),
+    "llama2-13b": Transformer(layers=40, hidden=5120, heads=40, ffn=13824, **_LLAMA2),
+    "llama2-70b": Transformer(layers=80, hidden=8192, heads=64, ffn=28672, kv_heads=8, **_LLAMA2),
+}
+
+
+def model(name: str) -> Transformer:
+    """The preset called `name` (case and underscores as you like)."""
+    key = name.strip().lower().replace("_", "-")
+    if key not in MODELS:
+        raise ValueError(f"unknown model {name!r}; known: {', '.join(MODELS)}")
+    return MODELS[key]
