@@ -16,7 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK_DIR = ROOT / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
-NEEDS_TORCH = {"03_real_runs.ipynb"}
+NEEDS_TORCH = {"03_real_runs.ipynb", "04_modern_schedules.ipynb"}
 CELL_TIMEOUT = 300  # seconds per cell
 
 nbformat = pytest.importorskip("nbformat")
@@ -24,7 +24,7 @@ nbformat = pytest.importorskip("nbformat")
 
 def test_there_are_tutorials():
     names = [p.name for p in NOTEBOOKS]
-    for expected in ("01_why_pipelines.ipynb", "02_memory.ipynb", "03_real_runs.ipynb"):
+    for expected in ("01_why_pipelines.ipynb", "02_memory.ipynb", "03_real_runs.ipynb", "04_modern_schedules.ipynb"):
         assert expected in names
 
 
