@@ -817,7 +817,7 @@ F, I, W = 1.0, 1.0, 1.0  # time of the forward, input-gradient and weight-gradie
 LAYERS, HIDDEN, HEADS, SEQ, MICRO_BATCH = 32, 4096, 32, 2048, 1
 
 # Section 6: one real run on CPU ranks (gloo), a small MLP
-REAL_SCHEDULE = "interleaved-1f1b"  # 2 model stages per rank; "zbv" once exec calibrates split backwards
+REAL_SCHEDULE = "zbv"  # V-shaped: 2 model stages per rank, the backward split into I and W
 REAL_RANKS = 2       # processes; keep it at most the number of CPU cores
 REAL_MICRO = 4       # micro-batches per step; must divide REAL_BATCH
 REAL_LAYERS, REAL_HIDDEN, REAL_BATCH = 8, 128, 32

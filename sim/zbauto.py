@@ -57,6 +57,12 @@ class Knobs:
     fill: str             # what to do with a bubble shorter than a W: "fit", "always", "balance"
 
 
+def within(nbytes: float, limit: float) -> bool:
+    """nbytes <= limit, but for the rounding of adding and taking back bytes that are not
+    whole numbers (a relative 1e-9: far below one byte of any real step)."""
+    return nbytes <= limit * (1 + 1e-9)
+
+
 class _Greedy:
     """One run of the heuristic: the device programs, each action's end time and
     whether the memory budget ever held an action back."""
@@ -68,7 +74,6 @@ class _Greedy:
         self.clock = [0.0] * stages
         self.done = {Kind.F: [0] * stages, Kind.I: [0] * stages, Kind.W: [0] * stages}
         self.end: dict[tuple[int, Kind, int], float] = {}
-        self.mem = [0.0] * stages
         self.bubble = [0.0] * stages
         self.programs: list[list[Action]] = [[] for _ in range(stages)]
         self.bound = False
@@ -93,18 +98,27 @@ class _Greedy:
             return max(self.end[src] + hop, 0.0 if kind is Kind.F else own), True
         return self.clock[src[0]] + self.costs[src[1]][src[0]] + hop, False
 
+    def held(self, s: int, kind: Kind | None = None) -> float:
+        """Activation bytes device s holds now, or after one more `kind`: counted from the
+        actions done (F..I holds activation_bytes, I..W w_activation_bytes), so that no
+        rounding piles up over a step."""
+        n = {k: done[s] + (k is kind) for k, done in self.done.items()}
+        return (n[Kind.F] - n[Kind.I]) * self.c.activation_bytes[s] + (n[Kind.I] - n[Kind.W]) * self.c.w_activation_bytes[s]
+
     def fits(self, s: int, kind: Kind) -> bool:
-        c, limit = self.c, math.inf if self.k.budget is None else self.k.budget * self.unit[s]
-        after = self.mem[s] + (c.activation_bytes[s] if kind is Kind.F else
-                               c.w_activation_bytes[s] - c.activation_bytes[s])
-        return kind is not Kind.F and after <= self.mem[s] or after <= limit
+        """Whether one more `kind` on device s keeps it within its budget: an action that
+        gives bytes back (W), or holds no more than before (I where W needs no more than F
+        saved), always does."""
+        c = self.c
+        grows = {Kind.F: c.activation_bytes[s], Kind.I: c.w_activation_bytes[s] - c.activation_bytes[s],
+                 Kind.W: -c.w_activation_bytes[s]}[kind]
+        if grows <= 0 or self.k.budget is None:
+            return True
+        return within(self.held(s, kind), self.k.budget * self.unit[s])
 
     def put(self, s: int, kind: Kind, start: float) -> bool:
         m = self.done[kind][s]
         self.clock[s] = self.end[s, kind, m] = start + self.costs[kind][s]
-        c = self.c
-        self.mem[s] += {Kind.F: c.activation_bytes[s], Kind.W: -c.w_activation_bytes[s],
-                        Kind.I: c.w_activation_bytes[s] - c.activation_bytes[s]}[kind]
         if kind is Kind.I and not self.warmup[s]:
             self.warmup[s] = self.done[Kind.F][s]
         self.done[kind][s] += 1
@@ -284,7 +298,7 @@ def _search(stages: int, micro: int, costs: Costs, limit: float) -> Schedule:
     c, best = costs.for_stages(stages), None
     for cand in candidates(stages, micro, c, limit):
         peak = order_peak(cand, c)  # what the simulation finds, without rounding the static bytes in
-        if peak > limit:
+        if not within(peak, limit):
             continue
         r = simulate(cand, costs)
         if best is None or r.makespan <= best[0][0]:

@@ -144,3 +144,16 @@ def test_bad_input_gets_a_one_line_schedule_error(options, message):
     assert "\n" not in str(e.value)
     with pytest.raises(ScheduleError, match="V=2"):
         zb_auto(3, 4, virtual=2)
+
+
+@pytest.mark.parametrize("p", [4, 5, 6])
+def test_bytes_that_are_not_exact_in_floating_point_do_not_stall_it(p):
+    """GPT-3 6.7B's activations per micro-batch (Qi et al. Table 1, s=2048, b=1, 32 layers
+    over 4 devices): adding and taking back such bytes leaves rounding behind, which must
+    not make a device look fuller than it is."""
+    a = 2048 * (34 * 4096 + 5 * 32 * 2048) * 8 * 2.0 / 1.6  # not a whole number of bytes
+    c = sim.Costs(backward_input=1, backward_weight=1, activation_bytes=a, w_activation_bytes=a * 0.28,
+                  transport="ideal")
+    for limit in (p * a, 2 * p * a):
+        r = sim.simulate(sim.make_schedule("zb-auto", p, 2 * p, costs=c, memory_limit=limit), c)
+        assert max(r.peak_memory) <= limit * (1 + 1e-12)
