@@ -2,6 +2,8 @@
 the rules (docs/rules.md) to check the engine against."""
 import math
 
+import pytest
+
 import sim
 from sim import KINDS, Action, Kind, Role, Schedule
 from sim.passes import peer
@@ -111,3 +113,15 @@ def reference_times(schedule, costs):
         changed = True
 
 
+
+
+def assert_matches_reference(schedule, costs):
+    """Simulate `schedule` and check every compute's end, and the makespan, against
+    `reference_times`; returns the `sim.Result`."""
+    r = sim.simulate(schedule, costs)
+    ref = reference_times(schedule, costs)
+    for e in r.events:
+        if e.is_compute:
+            assert e.end == pytest.approx(ref[e.action], rel=1e-9, abs=1e-9), str(e.action)
+    assert r.t0 + r.makespan == pytest.approx(max(ref.values()))
+    return r

@@ -10,7 +10,7 @@ import sim
 from sim.schedules import TEXTBOOK
 from sim import Costs, Kind
 
-from helpers import reference_times
+from helpers import assert_matches_reference
 
 
 # ---------------------------------------------------------------- closed forms
@@ -168,12 +168,7 @@ def test_engine_matches_independent_rules(cfg):
                   arrive_overhead=costs.arrive_overhead, io_tick=costs.io_tick,
                   before_compute=costs.before_compute, after_compute=costs.after_compute)
     schedule = sim.make_schedule(name, stages=p, micro=m)
-    r = sim.simulate(schedule, costs)
-    ref = reference_times(schedule, costs)
-    for e in r.events:
-        if e.is_compute:
-            assert e.end == pytest.approx(ref[e.action], rel=1e-9, abs=1e-9), str(e.action)
-    assert r.t0 + r.makespan == pytest.approx(max(ref.values()))
+    assert_matches_reference(schedule, costs)
 
 
 @settings(max_examples=60, deadline=None)

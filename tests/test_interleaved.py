@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import sim
 from sim import Costs, Kind, ScheduleError
-from helpers import reference_times
+from helpers import assert_matches_reference
 
 times = st.floats(0.1, 3.0, allow_nan=False)
 
@@ -108,12 +108,7 @@ def test_engine_matches_the_reference_model(cfg):
     name, P, M, V, options, costs = cfg
     assume(sim.SCHEDULES[name].check(P, M, V) is None)
     schedule = sim.make_schedule(name, P, M, V, **options)
-    r = sim.simulate(schedule, costs)
-    ref = reference_times(schedule, costs)
-    for e in r.events:
-        if e.is_compute:
-            assert e.end == pytest.approx(ref[e.action], rel=1e-9, abs=1e-9), str(e.action)
-    assert r.t0 + r.makespan == pytest.approx(max(ref.values()))
+    assert_matches_reference(schedule, costs)
 
 
 # ---------------------------------------------------------------- max_active

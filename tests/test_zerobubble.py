@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 import sim
 from sim import Costs, Kind
 
-from helpers import reference_times
+from helpers import assert_matches_reference
 
 NEW = ("zb-h1", "zb-h2", "zbv", "dualpipev")
 V = {"zb-h1": 1, "zb-h2": 1, "zbv": 2, "dualpipev": 2}
@@ -211,12 +211,7 @@ def configs(draw):
 def test_engine_matches_independent_rules(cfg):
     name, p, m, costs = cfg
     schedule = sim.make_schedule(name, stages=p, micro=m)
-    r = sim.simulate(schedule, costs)
-    ref = reference_times(schedule, costs)
-    for e in r.events:
-        if e.is_compute:
-            assert e.end == pytest.approx(ref[e.action], rel=1e-9, abs=1e-9), str(e.action)
-    assert r.t0 + r.makespan == pytest.approx(max(ref.values()))
+    r = assert_matches_reference(schedule, costs)
     for series in r.activations:
         assert series[-1][1] == 0
 
