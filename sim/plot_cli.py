@@ -10,6 +10,7 @@ that cannot be written. Progress goes to stderr, a line per figure.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import tempfile
@@ -76,8 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "and draw their timelines and memory.",
         epilog=f"Times are in {TIME_UNIT}: any one unit, used for every time option (seconds, if you give "
                "seconds). Memory is in bytes; left at the defaults (1 byte per activation, no static "
-               "bytes) it counts the micro-batches whose activations a device holds. Per-stage costs are "
-               "per model stage: P x V of them. The schedules: "
+               "bytes) it counts the micro-batches whose activations a device holds. A cost given as one "
+               "number is a device's share of the model: a schedule with V chunks per device takes 1/V of "
+               "it per chunk (times and bytes held), so that compared schedules run the same model; a "
+               "per-stage list gives each of the P x V model stages its own. The schedules: "
                + "; ".join(f"{n}: {g.summary}" for n, g in SCHEDULES.items()) + ".")
     p.add_argument("--stages", type=whole, default=4,
                    help="pipeline devices P, a rank each; the schedule has P x V model stages")
@@ -274,14 +277,15 @@ def _compact(values: Sequence[int]) -> str:
     return ",".join(shown if len(shown) <= 8 else shown[:3] + ["...", shown[-1]])
 
 
-def format_table(results: Sequence[Result]) -> str:
+def format_table(results: Sequence[Result], counts: bool = False) -> str:
     """One aligned line per result: makespan and bubble, the steady step and its bubble
     (steps repeating without a flush: `Result.steady_step`), peak activations per rank,
-    peak memory, each with its unit."""
+    peak memory, each with its unit. `counts`: the memory is in units of one micro-batch's
+    activations of a device (the default costs), whatever the results hold."""
     results = list(results)
     units = {time_unit(r) for r in results}
     top = max((max(r.peak_memory, default=0.0) for r in results), default=0.0)
-    scale, unit = memory_unit(results, top)
+    scale, unit = (1.0, "micro-batches") if counts else memory_unit(results, top)
     rows = [("schedule", f"makespan ({' or '.join(sorted(units))})", "bubble", "steady step", "steady bubble",
              "peak activations (micro-batches)", "peak memory")]
     times = format_times([t for r in results for t in (r.makespan, r.steady_step)])
@@ -298,6 +302,23 @@ def format_table(results: Sequence[Result]) -> str:
     )
 
 
+# What a device's share of the model splits into when it holds V chunks: each chunk
+# computes, keeps and holds 1/V of it. The activation a stage sends on keeps its size.
+CHUNKED = ("forward", "backward", "backward_input", "backward_weight", "activation_bytes", "w_activation_bytes",
+           "static_bytes")
+
+
+def chunk_costs(args: argparse.Namespace, costs: Costs, virtual: int) -> Costs:
+    """The costs of one model stage of a schedule with `virtual` chunks per device: a
+    field given as one number (or left at its default) is a device's share of the model,
+    so each chunk takes 1/V of it, and every schedule of a comparison runs the same model;
+    a per-stage list gives each of the P x V model stages its own value."""
+    if virtual == 1:
+        return costs
+    given = {f: getattr(costs, f) for f in CHUNKED if getattr(args, f) is None or len(getattr(args, f)) == 1}
+    return dataclasses.replace(costs, **{f: v / virtual for f, v in given.items() if v is not None})
+
+
 def _simulate(args: argparse.Namespace, schedules: list[Schedule], costs: Costs) -> list[Result]:
     big = args.stages * args.micro >= BIG_STEP
     results = []
@@ -306,7 +327,7 @@ def _simulate(args: argparse.Namespace, schedules: list[Schedule], costs: Costs)
             if big:
                 progress(f"simulating {schedule.name}: {plural(schedule.stages, 'stage')}, "
                          f"{plural(args.micro, 'micro-batch', 'micro-batches')}")
-            results.append(simulate(schedule, costs))
+            results.append(simulate(schedule, chunk_costs(args, costs, schedule.stages // args.stages)))
     except (ScheduleError, ValueError) as e:
         fail(str(e).splitlines()[0])  # a deadlock report adds a grid below its first line
     return results
@@ -344,7 +365,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.trace or not args.no_figures:
         _check_out(out)
     results = _simulate(args, schedules, costs)
-    print(format_table(results), flush=True)
+    # the default bytes (1 per activation, nothing static): memory counts micro-batches' activations
+    counts = args.activation_bytes == [1.0] and args.w_activation_bytes is None and args.static_bytes == [0.0]
+    print(format_table(results, counts), flush=True)
     try:
         written = _write(args, results, out)
     except OSError as e:  # e.g. the disk is full
