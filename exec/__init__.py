@@ -17,6 +17,8 @@ One concern per module:
 - `exec.calibrate`: what each rank measures for the simulator; `exec.profile`: those
   measurements merged into `sim.Costs`, and `profile_costs`.
 - `exec.compare`: measured against simulated.
+- `exec.torch_orders`: torch.distributed.pipelining's own schedule orders as `sim.Schedule`s;
+  `exec.torch_runtime`: our schedules run on torch's runtime.
 - `python -m exec.run --schedule 1f1b --stages 2 --micro 8`: the command line.
 
 `import exec` stays light (no torch); the submodules import torch.

@@ -228,14 +228,6 @@ class Schedule:
         schedule._init(tuple(programs), placement, None, name, at_cell)
         return schedule
 
-    @classmethod
-    def from_torch(cls, name: str, stages: int, micro: int, virtual: int | None = None) -> "Schedule":
-        """torch.distributed.pipelining's own order of schedule `name` (torch's name, e.g.
-        "Interleaved1F1B", or ours, e.g. "interleaved-1f1b") for `stages` ranks, `micro`
-        micro-batches and `virtual` stages per rank; compute actions only, validated.
-        Needs torch (`sim.torch_orders`); raises `ScheduleError` without it."""
-        from .torch_orders import from_torch
-        return from_torch(name, stages, micro, virtual)
 
     def grid(self, mark: dict[int, int] | None = None) -> str:
         """A step x rank table of the programs; `mark[rank] = index` flags a cell with `*`."""

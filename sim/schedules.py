@@ -157,17 +157,18 @@ SCHEDULES["zb-auto"] = Generator(zb_auto, "the zero-bubble paper's automatic sch
                                  "and memory_limit (Qi et al. 2024, Sec. 3)", options=("costs", "memory_limit"))
 
 
-def _key(name: str) -> str:
+def name_key(name: str) -> str:
+    """A schedule name as looked up: lower case, without dashes and underscores."""
     return name.lower().replace("-", "").replace("_", "")
 
 
 def lookup(name: str) -> tuple[str, Generator]:
     """The canonical name and the generator of `name` (dashes and case optional), or a
     `ScheduleError` listing the known names."""
-    by_key = {_key(n): n for n in SCHEDULES}
-    if not isinstance(name, str) or _key(name) not in by_key:
+    by_key = {name_key(n): n for n in SCHEDULES}
+    if not isinstance(name, str) or name_key(name) not in by_key:
         raise ScheduleError(f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULES)}")
-    canonical = by_key[_key(name)]
+    canonical = by_key[name_key(name)]
     return canonical, SCHEDULES[canonical]
 
 

@@ -1,4 +1,4 @@
-"""torch.distributed.pipelining's own schedule orders (`Schedule.from_torch`): each one
+"""torch.distributed.pipelining's own schedule orders (`exec.torch_orders.from_torch`): each one
 validates, ours are the same order where we build the same schedule, and where they differ
 ours is not worse; torch's 1F1B order is refused with the evidence (docs/schedules.md,
 "torch's orders"). Skipped where torch is not installed, except the error saying so."""
@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 import sim
 from sim import Costs, Schedule, ScheduleError
 from helpers import reference_times
+from exec.torch_orders import from_torch
 
 needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
 
@@ -33,7 +34,7 @@ def ideal(**fields) -> Costs:
 @pytest.mark.parametrize("name", VALID)
 @pytest.mark.parametrize("P,M", SIZES)
 def test_torch_orders_validate(name, P, M):
-    s = Schedule.from_torch(name, stages=P, micro=M)
+    s = from_torch(name, stages=P, micro=M)
     sim.validate(s)
     assert s.micro == M and s.ranks == P and s.stages == P * (1 if name == "GPipe" else 2)
     assert sorted(s.placement) == sorted(list(range(P)) * (s.stages // P))
@@ -43,9 +44,9 @@ def test_torch_orders_validate(name, P, M):
 
 @needs_torch
 def test_v_shaped_orders_use_torchs_v_placement():
-    assert Schedule.from_torch("zbv", 3, 6).placement == (0, 1, 2, 2, 1, 0)
-    assert Schedule.from_torch("DualPipeV", 2, 4).placement == (0, 1, 1, 0)
-    assert Schedule.from_torch("interleaved-1f1b", 3, 6).placement == (0, 1, 2, 0, 1, 2)
+    assert from_torch("zbv", 3, 6).placement == (0, 1, 2, 2, 1, 0)
+    assert from_torch("DualPipeV", 2, 4).placement == (0, 1, 1, 0)
+    assert from_torch("interleaved-1f1b", 3, 6).placement == (0, 1, 2, 0, 1, 2)
 
 
 @needs_torch
@@ -61,7 +62,7 @@ def test_torch_1f1b_order_skips_the_first_forward_of_the_last_rank(P, M):
     assert [a for a in last if "F" in a] == [f"{P - 1}F{m}" for m in range(1, M + 1)]
     with pytest.raises(ScheduleError, match=rf"^torch's 1F1B order for P={P}, M={M}, V=1 is not a valid schedule: "
                                             rf".*\({P - 1}F{M}\): micro-batch {M} does not exist"):
-        Schedule.from_torch("1f1b", P, M)
+        from_torch("1f1b", P, M)
 
 
 @needs_torch
@@ -73,7 +74,7 @@ def test_ours_is_torchs_order_where_we_build_the_same_schedule(name):
         for M in range(1, 11):
             for V in ((1,) if name == "GPipe" else (2, 3)):
                 try:
-                    theirs = Schedule.from_torch(name, P, M, V)
+                    theirs = from_torch(name, P, M, V)
                 except ScheduleError as e:
                     assert "refuses" in str(e)
                     with pytest.raises(ScheduleError, match="not a multiple of"):
@@ -87,7 +88,7 @@ def test_ours_is_torchs_order_where_we_build_the_same_schedule(name):
 def test_torchs_interleaved_with_one_chunk_holds_more_than_1f1b(P, M):
     """With V = 1 torch's Interleaved1F1B keeps the interleaved warm-up 2(P-1-r), where 1F1B
     (ours at V = 1) needs P-1-r: the same step, up to 2P-1 micro-batches held instead of P."""
-    theirs = sim.simulate(Schedule.from_torch("Interleaved1F1B", P, M, 1), ideal())
+    theirs = sim.simulate(from_torch("Interleaved1F1B", P, M, 1), ideal())
     ours = sim.simulate(sim.make_schedule("interleaved-1f1b", P, M, 1), ideal())
     assert ours.makespan == theirs.makespan == (M + P - 1) * 3
     assert theirs.peak_activations == [min(2 * (P - 1 - r) + 1, M) for r in range(P)]
@@ -97,7 +98,7 @@ def test_torchs_interleaved_with_one_chunk_holds_more_than_1f1b(P, M):
 @needs_torch
 def test_torch_keeps_its_rounds_rule_with_one_chunk_where_we_need_none():
     with pytest.raises(ScheduleError, match="refuses P=3, M=7, V=1"):
-        Schedule.from_torch("Interleaved1F1B", 3, 7, 1)
+        from_torch("Interleaved1F1B", 3, 7, 1)
     assert sim.make_schedule("interleaved-1f1b", 3, 7, 1).programs == sim.make_schedule("1f1b", 3, 7).programs
 
 
@@ -112,7 +113,7 @@ def both(name: str, P: int, M: int) -> tuple[Schedule, Schedule] | None:
     ours_name = OURS[name]
     V = sim.SCHEDULES[ours_name].virtual
     try:
-        return sim.make_schedule(ours_name, P, M, V), Schedule.from_torch(name, P, M, V)
+        return sim.make_schedule(ours_name, P, M, V), from_torch(name, P, M, V)
     except ScheduleError:
         return None
 
@@ -144,7 +145,7 @@ def random_case(draw, names):
 @given(random_case(VALID))
 def test_the_engine_runs_torchs_orders_as_the_reference_model_does(case):
     name, P, M, costs = case
-    s = Schedule.from_torch(name, P, M)
+    s = from_torch(name, P, M)
     r = sim.simulate(s, costs)
     ref = reference_times(s, costs)
     assert r.t0 + r.makespan == pytest.approx(max(ref.values()))
@@ -167,11 +168,11 @@ def test_ours_is_not_worse_than_torchs_with_random_costs(case):
 
 @needs_torch
 @pytest.mark.parametrize("call,message", [
-    (lambda: Schedule.from_torch("PipeDream", 2, 4), r"^torch has no schedule 'PipeDream'; choose one of GPipe, 1F1B"),
-    (lambda: Schedule.from_torch("gpipe", 2, 4, 2), r"^torch's GPipe holds one stage per rank \(V=1\), not V=2$"),
-    (lambda: Schedule.from_torch("zbv", 2, 4, 1), r"^torch's ZBVZeroBubble refuses P=2, M=4, V=1: ZBV requires exactly 2"),
-    (lambda: Schedule.from_torch("DualPipeV", 4, 6), r"^torch's DualPipeV refuses P=4, M=6, V=2: DualPipeV requires at"),
-    (lambda: Schedule.from_torch("Interleaved1F1B", 3, 7), r"^torch's Interleaved1F1B refuses P=3, M=7, V=2: Interleaved"),
+    (lambda: from_torch("PipeDream", 2, 4), r"^torch has no schedule 'PipeDream'; choose one of GPipe, 1F1B"),
+    (lambda: from_torch("gpipe", 2, 4, 2), r"^torch's GPipe holds one stage per rank \(V=1\), not V=2$"),
+    (lambda: from_torch("zbv", 2, 4, 1), r"^torch's ZBVZeroBubble refuses P=2, M=4, V=1: ZBV requires exactly 2"),
+    (lambda: from_torch("DualPipeV", 4, 6), r"^torch's DualPipeV refuses P=4, M=6, V=2: DualPipeV requires at"),
+    (lambda: from_torch("Interleaved1F1B", 3, 7), r"^torch's Interleaved1F1B refuses P=3, M=7, V=2: Interleaved"),
 ])
 def test_bad_input_gives_a_one_line_schedule_error(call, message):
     with pytest.raises(ScheduleError, match=message) as e:
@@ -181,5 +182,5 @@ def test_bad_input_gives_a_one_line_schedule_error(call, message):
 
 def test_without_torch_from_torch_says_so(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch.distributed.pipelining", None)  # import fails as if absent
-    with pytest.raises(ScheduleError, match=r"^Schedule.from_torch needs torch.distributed.pipelining"):
-        Schedule.from_torch("GPipe", 2, 4)
+    with pytest.raises(ScheduleError, match=r"^from_torch needs torch.distributed.pipelining"):
+        from_torch("GPipe", 2, 4)

@@ -1,4 +1,4 @@
-"""torch.distributed.pipelining's own schedule orders, read into our IR (`Schedule.from_torch`).
+"""torch.distributed.pipelining's own schedule orders, read into our IR (`exec.torch_orders.from_torch`).
 
 torch builds a schedule's order when its class is instantiated: `pipeline_order[rank]` is
 rank's list of `_Action`s, with None for an idle step. We instantiate the class as torch's
@@ -6,13 +6,13 @@ rank's list of `_Action`s, with None for an idle step. We instantiate the class 
 process group), and keep the compute actions: FORWARD F, FULL_BACKWARD B, BACKWARD_INPUT I,
 BACKWARD_WEIGHT W, and both halves of DualPipeV's OVERLAP_F_B (forward first, as its text
 form lists them). Idle steps, REDUCE_GRAD and communication are dropped: lowering and
-timing are ours. torch is imported here, inside the function, never by `import sim`.
+timing are ours. It lives in `exec`, as `sim` never imports torch; torch is imported inside
+the function, so a missing torch is a `ScheduleError`.
 """
 from __future__ import annotations
 
-from .ir import Action, Kind, Schedule, ScheduleError
-from .passes import validate
-from .schedules import _key
+from sim import Action, Kind, Schedule, ScheduleError, validate
+from sim.schedules import name_key
 
 # torch's names (get_schedule_class) and ours that mean the same schedule
 TORCH_NAMES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
@@ -25,11 +25,11 @@ _KIND = {"F": Kind.F, "B": Kind.B, "I": Kind.I, "W": Kind.W}  # torch's _Computa
 
 def torch_name(name: str) -> str:
     """torch's name for `name`, ours or torch's (dashes and case optional)."""
-    by_key = {_key(n): n for n in TORCH_NAMES} | ALIASES
-    if not isinstance(name, str) or _key(name) not in by_key:
+    by_key = {name_key(n): n for n in TORCH_NAMES} | ALIASES
+    if not isinstance(name, str) or name_key(name) not in by_key:
         raise ScheduleError(f"torch has no schedule {name!r}; choose one of {', '.join(TORCH_NAMES)} "
                             f"(or ours: gpipe, 1f1b, interleaved-1f1b, looped-bfs, zb-h1, zbv, dualpipev)")
-    return by_key[_key(name)]
+    return by_key[name_key(name)]
 
 
 def from_torch(name: str, stages: int, micro: int, virtual: int | None = None) -> Schedule:
@@ -41,7 +41,7 @@ def from_torch(name: str, stages: int, micro: int, virtual: int | None = None) -
     try:
         from torch.distributed.pipelining import schedules as ts
     except ImportError as e:
-        raise ScheduleError(f"Schedule.from_torch needs torch.distributed.pipelining: {e}") from None
+        raise ScheduleError(f"from_torch needs torch.distributed.pipelining: {e}") from None
     cls = ts.get_schedule_class(tname)
     single = issubclass(cls, ts.PipelineScheduleSingle)
     v = (1 if single else 2) if virtual is None else virtual
