@@ -9,6 +9,7 @@
 """
 from .costs import Costs, StageCosts, load_costs, save_costs
 from .engine import simulate
+from .estimate import Estimate, Layout, estimate
 from .gpus import GPU, GPUS
 from .ir import Action, Schedule, ScheduleError
 from .kinds import KINDS, Kind, KindSpec, Role
@@ -22,5 +23,5 @@ __all__ = [
     "Action", "Kind", "KINDS", "KindSpec", "Role", "Schedule", "ScheduleError", "Costs", "StageCosts",
     "save_costs", "load_costs", "TRANSPORTS", "simulate", "Event", "Result", "make_schedule", "SCHEDULES",
     "lower", "validate", "check_deadlock", "dependencies", "waits_for",
-    "Transformer", "MODELS", "GPU", "GPUS",
+    "Transformer", "MODELS", "GPU", "GPUS", "estimate", "Estimate", "Layout",
 ]

@@ -35,12 +35,14 @@ class GPU:
     nvlink_bandwidth: float     # bytes/s per direction, from this GPU to the others of its node
     network_bandwidth: float    # bytes/s per direction, from this GPU to other nodes (its own NIC)
     pcie_bandwidth: float       # bytes/s per direction to host memory (activation offloading)
+    sms: int = 108              # streaming multiprocessors (A100: 108; H100 SXM5: 132)
+    gemm_efficiency: float = 1.0  # achieved share of peak of the best-shaped large GEMM (see _A100, _H100)
     nvlink_latency: float = _NVLINK_HOP
     network_latency: float = _NETWORK_HOP
 
     def __post_init__(self):
         for name in ("memory", "hbm_bandwidth", "nvlink_bandwidth", "network_bandwidth", "pcie_bandwidth",
-                     "nvlink_latency", "network_latency"):
+                     "nvlink_latency", "network_latency", "sms", "gemm_efficiency"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"GPU {self.name}: {name} must be positive, got {getattr(self, name)!r}")
         if set(self.peak_flops) != set(PRECISIONS) or not all(v > 0 for v in self.peak_flops.values()):
@@ -57,13 +59,21 @@ class GPU:
 # FP32 19.5 (no tensor cores); NVLink 600 GB/s; PCIe Gen4 64 GB/s. 40GB: HBM2 1,555 GB/s;
 # 80GB: HBM2e 2,039 GB/s. DGX A100 user guide: eight single-port ConnectX-6 200 Gb/s HDR
 # InfiniBand NICs for compute traffic, one per GPU: 25 GB/s.
-_A100 = dict(peak_flops={"bf16": 312e12, "fp16": 312e12, "tf32": 156e12, "fp32": 19.5e12},
+# SMs: NVIDIA A100 Tensor Core GPU Architecture whitepaper (2020), "108 SMs" on the A100.
+# gemm_efficiency: the Maximum Achievable Matmul FLOPS of a bf16 torch.matmul over a search of
+# shapes, 271.2 of 312 TFLOP/s on an A100 SXM (S. Bekman, "Machine Learning Engineering",
+# compute/accelerator/README.md, MAMF table: mean of 100 iterations, torch 2.6 + CUDA 12.6).
+_A100 = dict(sms=108, gemm_efficiency=271.2 / 312,
+             peak_flops={"bf16": 312e12, "fp16": 312e12, "tf32": 156e12, "fp32": 19.5e12},
              nvlink_bandwidth=600 * GB / 2, network_bandwidth=200e9 / 8, pcie_bandwidth=64 * GB / 2)
 # NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022), Table 1, H100 SXM5: dense BF16/FP16
 # 989.4 TFLOPS (1978.9 with sparsity), TF32 494.7, FP32 66.9 (no tensor cores). H100 datasheet,
 # SXM column: HBM3 80 GB at 3.35 TB/s; NVLink 900 GB/s; PCIe Gen5 128 GB/s. DGX H100 user
 # guide: eight ConnectX-7 400 Gb/s NDR InfiniBand ports for compute traffic, one per GPU.
-_H100 = dict(peak_flops={"bf16": 989.4e12, "fp16": 989.4e12, "tf32": 494.7e12, "fp32": 66.9e12},
+# SMs: the same whitepaper, "132 SMs" on the H100 SXM5. gemm_efficiency: MAMF on an H100 SXM,
+# 794.5 of 989 TFLOP/s (Bekman, the same table; torch 2.7 + CUDA 12.6).
+_H100 = dict(sms=132, gemm_efficiency=794.5 / 989,
+             peak_flops={"bf16": 989.4e12, "fp16": 989.4e12, "tf32": 494.7e12, "fp32": 66.9e12},
              nvlink_bandwidth=900 * GB / 2, network_bandwidth=400e9 / 8, pcie_bandwidth=128 * GB / 2)
 
 GPUS: dict[str, GPU] = {

@@ -1,0 +1,294 @@
+"""From a model, a GPU cluster and a parallel layout to a simulated training step: time, memory, fit.
+
+    >>> import sim
+    >>> e = sim.estimate("gpt3-175b", "a100-80gb", tp=8, pp=8, dp=1, micro_batch=1, global_batch=64,
+    ...                  schedule="interleaved-1f1b", virtual=3, recompute="selective", sequence_parallel=True)
+    >>> e.step_time, e.tflops_per_gpu, e.mfu, e.fits            # doctest: +SKIP
+
+The layout is Megatron-LM's: tp-way tensor parallelism inside each layer (within a node
+unless tp exceeds it), pp pipeline devices each holding `virtual` chunks of contiguous
+layers, dp data-parallel replicas; ranks are numbered tp fastest, then dp, then pp (Megatron-
+LM's default order), so pipeline neighbours and data-parallel peers are on other nodes once
+tp*dp, resp. tp, fills one. Each stage's costs come from `sim.layer` (its layers) and the
+embedding and output layer on the first and last stage; the schedule runs on `sim.simulate`
+with the ideal transport (NCCL on GPUs: a send leaves when its tensor is made). What the
+estimate does not model is listed in docs/planner.md.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .costs import Costs
+from .engine import simulate
+from .footprint import optimizer_step_bytes, state_bytes_per_param
+from .gpus import GPU, gpu as gpu_by_name
+from .kernels import collective_time, gemm_time, memory_time, precision_bytes
+from .layer import LayerTimes, Slice, layer_times
+from .partition import balanced, even
+from .result import Result
+from .schedules import SCHEDULES, lookup, make_schedule
+from .transformer import Transformer, _recompute, model as model_by_name
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a run is split: sizes of the three parallelisms and of a micro-batch, and the choices."""
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    micro_batch: int = 1
+    global_batch: int = 1
+    schedule: str = "1f1b"
+    virtual: int | None = None
+    recompute: str = "none"
+    sequence_parallel: bool = False
+    zero: int = 0
+    precision: str = "bf16"
+    gpus_per_node: int = 8
+    overlap_grad_reduce: bool = False
+    partition: str | tuple = "even"
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    @property
+    def micro_batches(self) -> int:
+        """Micro-batches per pipeline per step: global batch / (dp * micro-batch)."""
+        return self.global_batch // (self.dp * self.micro_batch)
+
+
+@dataclass
+class Estimate:
+    """A predicted training step. Times in seconds, memory in bytes (one value per pipeline device)."""
+    model: Transformer
+    gpu: GPU
+    layout: Layout
+    step_time: float
+    tflops_per_gpu: float      # FLOPs executed (recompute included; Narayanan et al. 2021, Eq. 3) / s / GPU
+    mfu: float                 # model FLOPs (no recompute; Korthikanti et al. 2022, Eq. 7) / (s * peak)
+    bubble_fraction: float
+    peak_memory: list[float]
+    fits: bool
+    result: Result
+    layers_per_stage: list[int]
+    time_parts: dict = field(default_factory=dict)    # where the step's time goes, seconds
+    memory_parts: list = field(default_factory=list)  # per pipeline device: weights, grads, optimizer, activations
+    warnings: list = field(default_factory=list)
+
+    def summary(self) -> dict:
+        """The estimate as plain data (no result)."""
+        lay = self.layout
+        return {"model": _model_name(self.model), "gpu": self.gpu.name, "gpus": lay.gpus, "tp": lay.tp, "pp": lay.pp,
+                "dp": lay.dp, "micro_batch": lay.micro_batch, "global_batch": lay.global_batch,
+                "micro_batches": lay.micro_batches, "schedule": lay.schedule, "virtual": self.result.schedule.stages // lay.pp,
+                "recompute": lay.recompute, "sequence_parallel": lay.sequence_parallel, "zero": lay.zero,
+                "precision": lay.precision, "step_time": self.step_time, "tflops_per_gpu": self.tflops_per_gpu,
+                "mfu": self.mfu, "bubble_fraction": self.bubble_fraction, "peak_memory": max(self.peak_memory),
+                "fits": self.fits, "layers_per_stage": self.layers_per_stage, "time_parts": self.time_parts,
+                "warnings": self.warnings}
+
+
+def _model_name(m: Transformer) -> str:
+    from .transformer import MODELS
+    return next((name for name, x in MODELS.items() if x == m), repr(m))
+
+
+def estimate(model: Transformer | str, gpu: GPU | str = "a100-80gb", *, tp: int = 1, pp: int = 1, dp: int = 1,
+             micro_batch: int = 1, global_batch: int | None = None, gpus_per_node: int = 8, schedule: str = "1f1b",
+             virtual: int | None = None, recompute: str = "none", sequence_parallel: bool = False, zero: int = 0,
+             precision: str = "bf16", overlap_grad_reduce: bool = False, partition="even",
+             **schedule_options) -> Estimate:
+    """Simulate one training step of `model` on `gpu`s split as given (see `Layout` and the
+    module's docstring); `global_batch` defaults to one micro-batch per replica. Raises
+    ValueError naming the fix for a layout that cannot run."""
+    m = model_by_name(model) if isinstance(model, str) else model
+    g = gpu_by_name(gpu) if isinstance(gpu, str) else gpu
+    lay = Layout(tp, pp, dp, micro_batch, dp * micro_batch if global_batch is None else global_batch,
+                 lookup(schedule)[0] if isinstance(schedule, str) and schedule.lower() in SCHEDULES else schedule,
+                 virtual, recompute, sequence_parallel, zero, precision, gpus_per_node, overlap_grad_reduce,
+                 partition if isinstance(partition, str) else tuple(partition))
+    warnings = check_layout(m, g, lay)
+    sched = make_schedule(lay.schedule, pp, lay.micro_batches, virtual, **schedule_options)
+    stages = sched.stages
+    x = Slice(micro_batch, tp, sequence_parallel, precision, tp_network=tp > gpus_per_node)
+    lt = layer_times(m, g, x, recompute)
+    ends = _ends(m, g, x)
+    layers = _partition(m.layers, stages, lay.partition, lt, ends)
+    costs, parts = _stage_costs(m, g, lay, x, lt, ends, layers, sched.placement)
+    result = simulate(sched, costs)
+    opt = optimizer_time(m, g, lay, layers, sched.placement)
+    step = result.makespan + opt
+    peak = result.peak_memory
+    flops = m.flops_per_iteration(lay.global_batch, recompute)
+    model_flops = m.flops_per_iteration(lay.global_batch, "none")
+    parts["optimizer"] = opt
+    return Estimate(m, g, lay, step_time=step, tflops_per_gpu=flops / step / lay.gpus / 1e12,
+                    mfu=model_flops / step / lay.gpus / g.flops(precision), bubble_fraction=result.bubble_fraction,
+                    peak_memory=peak, fits=max(peak) <= g.memory, result=result, layers_per_stage=layers,
+                    time_parts=parts, memory_parts=_memory_parts(costs, sched, result), warnings=warnings)
+
+
+def check_layout(m: Transformer, g: GPU, lay: Layout) -> list[str]:
+    """Raise ValueError (one line, naming the fix) for a layout that cannot run; return the
+    warnings for one that runs badly."""
+    for name in ("tp", "pp", "dp", "micro_batch", "global_batch", "gpus_per_node"):
+        v = getattr(lay, name)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    _recompute(lay.recompute)
+    precision_bytes(lay.precision)
+    state_bytes_per_param(lay.precision, lay.zero, lay.dp)
+    for what, n in (("heads", m.heads), ("kv_heads", m.kv_heads), ("ffn", m.ffn), ("vocab", m.vocab)):
+        if n % lay.tp:
+            ok = [d for d in (1, 2, 4, 8, 16, 32, 64) if n % d == 0 and m.heads % d == 0 and m.kv_heads % d == 0]
+            raise ValueError(f"tp={lay.tp} does not divide the model's {n} {what}; use tp in {ok}")
+    if lay.global_batch % (lay.dp * lay.micro_batch):
+        raise ValueError(f"global batch {lay.global_batch} does not split into dp={lay.dp} replicas of "
+                         f"micro-batches of {lay.micro_batch}; make it a multiple of {lay.dp * lay.micro_batch}")
+    if lay.zero == 3 and lay.pp > 1:
+        raise ValueError("zero=3 with pp > 1: ZeRO-3 gathers every weight for every micro-batch; "
+                         "DeepSpeed and Megatron-LM do not combine it with pipelining; use zero <= 2")
+    if lay.sequence_parallel and lay.tp == 1:
+        raise ValueError("sequence_parallel needs tp > 1 (it splits what tensor parallelism leaves whole)")
+    if not isinstance(lay.overlap_grad_reduce, bool):
+        raise ValueError(f"overlap_grad_reduce must be True or False, got {lay.overlap_grad_reduce!r}")
+    warnings = []
+    if lay.tp > lay.gpus_per_node:
+        warnings.append(f"tp={lay.tp} spans nodes of {lay.gpus_per_node} GPUs: its all-reduces go over the network")
+    return warnings
+
+
+def _ends(m: Transformer, g: GPU, x: Slice) -> dict[str, float]:
+    """Times of the embedding (first stage) and of the final norm, output layer and loss (last
+    stage), per micro-batch: F, I, W. The embedding lookup writes bsh elements and, split over
+    tp (vocabulary-parallel), all-reduces them (Shoeybi et al. 2019, Sec. 3); its backward adds
+    the gradient rows into the table. The output layer is a (bs, V/t, h) matmul; the
+    vocabulary-parallel cross entropy reads the logits and keeps fp32 softmax (6 bytes a logit
+    each way); the final LayerNorm moves 4 and 6 bytes a hidden element."""
+    b, s, h, t, e = x.micro_batch, m.seq, m.hidden, x.tp, precision_bytes(x.precision)
+    tokens = b * s
+    sbh = tokens * h * e / (t if x.sequence_parallel else 1)
+    ar = collective_time(g, "all_reduce", tokens * h * e, t, x.tp_network)
+    logits = tokens * m.vocab / t
+    head = dict(F=gemm_time(g, x.precision, tokens, m.vocab // t, h) + memory_time(g, 6 * logits + 2 * sbh) + ar,
+                I=gemm_time(g, x.precision, tokens, h, m.vocab // t) + memory_time(g, 6 * logits + 3 * sbh) + ar,
+                W=gemm_time(g, x.precision, h, m.vocab // t, tokens))
+    embed = dict(F=memory_time(g, 2 * tokens * h * e) + ar, I=0.0, W=memory_time(g, 3 * tokens * h * e))
+    return {f"first_{k}": v for k, v in embed.items()} | {f"last_{k}": v for k, v in head.items()}
+
+
+def _partition(layers: int, stages: int, partition, lt: LayerTimes, ends: dict) -> list[int]:
+    if partition == "even":
+        return even(layers, stages)
+    if partition == "balanced":
+        extra = [0.0] * stages
+        extra[0] += ends["first_F"] + ends["first_I"] + ends["first_W"]
+        extra[-1] += ends["last_F"] + ends["last_I"] + ends["last_W"]
+        return balanced(layers, stages, lt.forward + lt.backward, extra)
+    counts = list(partition) if not isinstance(partition, str) else None
+    if not counts or len(counts) != stages or sum(counts) != layers or min(counts) < 0 \
+            or not all(isinstance(n, int) for n in counts):
+        raise ValueError(f"partition must be 'even', 'balanced' or {stages} layer counts summing to {layers}, "
+                         f"got {partition!r}")
+    return counts
+
+
+def _stage_costs(m: Transformer, g: GPU, lay: Layout, x: Slice, lt: LayerTimes, ends: dict, layers: list[int],
+                 placement) -> tuple[Costs, dict]:
+    """Per-stage `Costs` (seconds and bytes on one GPU) and the step's time by part."""
+    stages = len(placement)
+    first, last = [s == 0 for s in range(stages)], [s == stages - 1 for s in range(stages)]
+
+    def per_stage(layer_value, end_key):
+        return [n * layer_value + (ends[f"first_{end_key}"] if f else 0.0) + (ends[f"last_{end_key}"] if la else 0.0)
+                for n, f, la in zip(layers, first, last)]
+
+    fwd, bi, bw = per_stage(lt.forward, "F"), per_stage(lt.backward_input, "I"), per_stage(lt.backward_weight, "W")
+    bwd = [n * lt.backward + (ends["first_I"] + ends["first_W"] if f else 0.0)
+           + (ends["last_I"] + ends["last_W"] if la else 0.0) for n, f, la in zip(layers, first, last)]
+    e = precision_bytes(lay.precision)
+    sbh = m.seq * lay.micro_batch * m.hidden
+    split = lay.tp if lay.sequence_parallel else 1
+    act_layer = m.activation_bytes_per_layer(lay.micro_batch, lay.tp, lay.sequence_parallel, lay.recompute) * e / 2
+    w_layer = m.w_activation_bytes_per_layer(lay.micro_batch, lay.tp, lay.sequence_parallel) * e / 2
+    # Korthikanti et al. 2022, Sec. 4.3: the embedding's dropout mask (sbh, 1 byte) on the first
+    # stage; the final LayerNorm's and output layer's inputs (2sbh each) and the fp32 logits
+    # (4sbV/t) on the last; W of the output layer needs its input and the logits' gradient.
+    logits = m.seq * lay.micro_batch * m.vocab / lay.tp
+    act = [n * act_layer + (sbh / split if f else 0.0) + ((4 * sbh * e / 2) / split + 4 * logits if la else 0.0)
+           for n, f, la in zip(layers, first, last)]
+    w_act = [n * w_layer + ((2 * sbh * e / 2) / split + e * logits if la else 0.0) for n, la in zip(layers, last)]
+    per = state_bytes_per_param(lay.precision, lay.zero, lay.dp)
+    params = stage_params(m, layers, lay.tp, placement)
+    network_pp = lay.tp * lay.dp >= lay.gpus_per_node or lay.tp > lay.gpus_per_node
+    sent = sbh * e / lay.tp  # Narayanan et al. 2021, Sec. 4.1: scatter/gather across the tp ranks' links
+    reduce = grad_reduce_times(m, g, lay, params)
+    costs = Costs(forward=fwd, backward=bwd, backward_input=bi, backward_weight=bw, activation_bytes=act,
+                  w_activation_bytes=w_act, activation_bytes_sent=sent,
+                  weight_bytes=[p * per["weights"] for p in params], grad_bytes=[p * per["grads"] for p in params],
+                  optimizer_bytes=[p * per["optimizer"] for p in params],
+                  latency=g.network_latency if network_pp else g.nvlink_latency,
+                  bandwidth=g.network_bandwidth if network_pp else g.nvlink_bandwidth, transport="ideal",
+                  **_reduce_field(reduce))
+    mb = lay.micro_batches
+    parts = {k: mb * sum(layers) * v / lay.pp for k, v in lt.parts.items()}
+    parts["embedding_and_output"] = mb * sum(ends.values()) / lay.pp
+    parts["grad_reduce"] = max(reduce)
+    return costs, parts
+
+
+def _reduce_field(reduce: list[float]) -> dict:
+    """The data-parallel reduction as the engine's REDUCE_GRAD cost, where the engine has it."""
+    import dataclasses
+    return {"grad_reduce": reduce} if "grad_reduce" in {f.name for f in dataclasses.fields(Costs)} else {}
+
+
+def stage_params(m: Transformer, layers: list[int], tp: int, placement) -> list[float]:
+    """Parameters one GPU holds for each stage: its layers' share over tp, the embedding on
+    the first stage, the final norm and the output layer on the last. A tied output layer
+    is the embedding itself where the first and last stage share a device, else a second
+    copy of the word embedding (Megatron-LM keeps one on each end of the pipeline and
+    all-reduces their gradients: Shoeybi et al. 2019; Narayanan et al. 2021, Sec. 5)."""
+    p = m.params()
+    out = [n * p.per_layer / tp for n in layers]
+    out[0] += p.embedding / tp
+    copy = p.tied and placement[0] != placement[-1]
+    out[-1] += (m.vocab * m.hidden if copy else p.output) / tp + p.final_norm
+    return out
+
+
+def grad_reduce_times(m: Transformer, g: GPU, lay: Layout, params: list[float]) -> list[float]:
+    """Per stage, the data-parallel reduction of its gradients: a ring all-reduce of its
+    gradient bytes over dp ranks (ZeRO 1-2: a reduce-scatter and, after the optimizer, an
+    all-gather of the updated weights, the same bytes; ZeRO-3: 1.5x, Rajbhandari et al. 2020,
+    Sec. 7.2), through the network once tp fills a node."""
+    grad = state_bytes_per_param(lay.precision)["grads"]
+    network = lay.tp * lay.dp > lay.gpus_per_node
+    scale = 1.5 if lay.zero == 3 else 1.0
+    return [scale * collective_time(g, "all_reduce", p * grad, lay.dp, network) for p in params]
+
+
+def optimizer_time(m: Transformer, g: GPU, lay: Layout, layers: list[int], placement) -> float:
+    """The AdamW step after the pipeline flush: memory-bound over the parameters each GPU
+    updates (all it holds; 1/dp of them under ZeRO), on the device that holds the most."""
+    params = stage_params(m, layers, lay.tp, placement)
+    per_rank = [0.0] * lay.pp
+    for s, r in enumerate(placement):
+        per_rank[r] += params[s]
+    share = lay.dp if lay.zero >= 1 else 1
+    return memory_time(g, max(per_rank) / share * optimizer_step_bytes(lay.precision))
+
+
+def _memory_parts(costs: Costs, sched, result: Result) -> list[dict]:
+    """Per pipeline device: bytes of weights, gradients and optimizer state, and the peak of activations."""
+    c = costs.for_stages(sched.stages)
+    out = [dict(weights=0.0, grads=0.0, optimizer=0.0) for _ in range(sched.ranks)]
+    for s, r in enumerate(sched.placement):
+        out[r]["weights"] += c.weight_bytes[s]
+        out[r]["grads"] += c.grad_bytes[s]
+        out[r]["optimizer"] += c.optimizer_bytes[s]
+    for r, peak in enumerate(result.peak_memory):
+        out[r]["activations"] = peak - out[r]["weights"] - out[r]["grads"] - out[r]["optimizer"]
+    return out
+

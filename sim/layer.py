@@ -1,0 +1,126 @@
+"""What one transformer layer's passes cost one GPU: the times of F, I, W and the recompute.
+
+A layer's passes are its matmuls (`sim.kernels.gemm_time`, per GPU: the tensor-parallel
+slice), its memory-bound kernels (`sim.kernels.memory_time`) and its tensor-parallel
+collectives (`sim.kernels.collective_time`), each listed here from Megatron-LM's layer
+(Shoeybi et al. 2019, Sec. 3; Narayanan et al. 2021, Sec. 3.3; Korthikanti et al. 2022,
+Sec. 4) and timed alone; a pass is their sum, except where Megatron-LM overlaps them:
+
+- Tensor parallelism splits the QKV and MLP-in matmuls by columns and the projection and
+  MLP-out by rows, and joins them with an all-reduce after each row-parallel matmul in F and
+  after each column-parallel one in the backward: two of 2bsh bytes each way (Shoeybi et
+  al. 2019, Fig. 3). Sequence parallelism turns each into an all-gather and a
+  reduce-scatter of the same bytes (Korthikanti et al. 2022, Sec. 4.2.2), the same ring time.
+- In a full backward B Megatron-LM overlaps each backward all-reduce with the weight-gradient
+  matmul of the same linear layer (Korthikanti et al. 2022, Sec. 6.2: why full recompute costs
+  39 %, not 33 %); a split backward runs that matmul later, in W, so I waits for the
+  all-reduces.
+- Recompute runs before the backward: "full" the whole forward, collectives included;
+  "selective" the attention core (scores, softmax, dropout, values), which needs none.
+
+Memory-bound kernels, in bytes moved (read + written), per layer, for 16-bit elements and
+1-byte dropout masks (the tensors of Korthikanti et al. 2022, Sec. 4.1; Megatron-LM's fused
+kernels: bias-GeLU, bias-dropout-add, scale-mask-softmax). "split" kernels work on a tensor
+that tensor parallelism divides by t; "replicated" ones on a whole sbh tensor on every rank
+unless sequence parallel. Each backward kernel reads its output gradient and what it saved
+and writes its input gradient.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .gpus import GPU
+from .kernels import collective_time, gemm_time, memory_time, precision_bytes
+from .transformer import Transformer, _recompute
+
+# (name, bytes per element of the tensor it works on, which tensor) per layer, forward and
+# backward. Tensors: "sbh" (a hidden state), "sbf" (an MLP activation), "as2b" (the attention
+# scores of all heads). The dropout ones are left out for arch="llama", which has none.
+_FORWARD = {
+    "gpt": [("layernorm", 4, "sbh"), ("bias_dropout_add", 7, "sbh"), ("layernorm", 4, "sbh"),
+            ("bias_dropout_add", 7, "sbh"), ("bias_gelu", 4, "sbf"), ("softmax", 4, "as2b"),
+            ("attention_dropout", 5, "as2b")],
+    "llama": [("rmsnorm", 4, "sbh"), ("residual_add", 6, "sbh"), ("rmsnorm", 4, "sbh"),
+              ("residual_add", 6, "sbh"), ("swiglu", 6, "sbf"), ("softmax", 4, "as2b"),
+              ("rotary", 4, "sbqk")],
+}
+_BACKWARD = {
+    "gpt": [("layernorm", 6, "sbh"), ("layernorm", 6, "sbh"), ("dropout_add", 5, "sbh"),
+            ("dropout_add", 5, "sbh"), ("residual_grad", 6, "sbh"), ("residual_grad", 6, "sbh"),
+            ("gelu", 6, "sbf"), ("softmax", 6, "as2b"), ("attention_dropout", 5, "as2b")],
+    "llama": [("rmsnorm", 6, "sbh"), ("rmsnorm", 6, "sbh"), ("residual_grad", 6, "sbh"),
+              ("residual_grad", 6, "sbh"), ("swiglu", 10, "sbf"), ("softmax", 6, "as2b"),
+              ("rotary", 4, "sbqk")],
+}
+_ATTENTION_CORE = ("softmax", "attention_dropout")  # recomputed by "selective", with the scores and values
+
+
+@dataclass(frozen=True)
+class LayerTimes:
+    """Seconds one GPU spends on one layer for one micro-batch, by pass, and the time of F + B
+    by part (matmuls, memory-bound kernels, collectives as they add to the time)."""
+    forward: float          # F
+    backward: float         # B: I and W at once, the backward all-reduces under the weight-gradient matmuls
+    backward_input: float   # I of a split backward, recompute included
+    backward_weight: float  # W of a split backward: the weight-gradient matmuls
+    recompute: float        # the part of B and I that recomputes the forward
+    parts: dict             # of F + B: {"gemm": s, "memory": s, "collectives": s}
+
+
+@dataclass(frozen=True)
+class Slice:
+    """How one GPU holds a layer: its micro-batch, tensor-parallel size, sequence parallelism
+    and precision, and whether its tensor-parallel group spans nodes."""
+    micro_batch: int
+    tp: int = 1
+    sequence_parallel: bool = False
+    precision: str = "bf16"
+    tp_network: bool = False
+
+
+def _gemms(m: Transformer, x: Slice) -> dict[str, tuple[int, int, int, int]]:
+    """Forward matmuls of one layer on one GPU as (m, n, k, batch), M = bs tokens."""
+    b, s, h, f, t, a = x.micro_batch, m.seq, m.hidden, m.ffn, x.tp, m.heads
+    tokens, head = b * s, h // a
+    gated = m._a["mlp_matrices"] - 1
+    return {"qkv": (tokens, h * (a + 2 * m.kv_heads) // a // t, h, 1),
+            "scores": (s, s, head, b * a // t), "values": (s, head, s, b * a // t),
+            "projection": (tokens, h, h // t, 1), "mlp_in": (tokens, gated * f // t, h, 1),
+            "mlp_out": (tokens, h, f // t, 1)}
+
+
+def _kernel_bytes(m: Transformer, x: Slice, kernels, only=None) -> float:
+    """Bytes moved by `kernels` (the `only` ones if given) on one GPU."""
+    b, s, h, t = x.micro_batch, m.seq, m.hidden, x.tp
+    scale = precision_bytes(x.precision) / 2  # the table is for 16-bit elements
+    size = {"sbh": s * b * h / (t if x.sequence_parallel else 1), "sbf": s * b * m.ffn / t,
+            "as2b": m.heads * s * s * b / t, "sbqk": s * b * h * (1 + m.kv_heads / m.heads) / t}
+    return sum(per * size[tensor] * scale for name, per, tensor in kernels if only is None or name in only)
+
+
+def layer_times(m: Transformer, gpu: GPU, x: Slice, recompute: str = "none") -> LayerTimes:
+    """The times of one layer's passes on one GPU (see the module's docstring)."""
+    _recompute(recompute)
+    p, shapes = x.precision, _gemms(m, x)
+    fwd = {k: gemm_time(gpu, p, mm, n, kk, nb) for k, (mm, n, kk, nb) in shapes.items()}
+    dx = {k: gemm_time(gpu, p, mm, kk, n, nb) for k, (mm, n, kk, nb) in shapes.items()}   # dY W^T
+    dw = {k: gemm_time(gpu, p, kk, n, mm, nb) for k, (mm, n, kk, nb) in shapes.items()}   # X^T dY
+    weightless = ("scores", "values")  # both their gradients are input gradients (Qi et al. 2024, Table 1)
+    ar = collective_time(gpu, "all_reduce", x.micro_batch * m.seq * m.hidden * precision_bytes(p), x.tp,
+                         x.tp_network)
+    f = {"gemm": sum(fwd.values()), "memory": memory_time(gpu, _kernel_bytes(m, x, _FORWARD[m.arch])),
+         "collectives": 2 * ar}
+    core = {"gemm": fwd["scores"] + fwd["values"], "collectives": 0.0,
+            "memory": memory_time(gpu, _kernel_bytes(m, x, _FORWARD[m.arch], _ATTENTION_CORE))}
+    redo = {"none": dict.fromkeys(f, 0.0), "selective": core, "full": f}[recompute]
+    i = {"gemm": sum(dx.values()) + sum(dw[k] for k in weightless),
+         "memory": memory_time(gpu, _kernel_bytes(m, x, _BACKWARD[m.arch])), "collectives": 2 * ar}
+    w = sum(v for k, v in dw.items() if k not in weightless)
+    hidden = min(ar, dw["qkv"]) + min(ar, dw["mlp_in"])  # B: each all-reduce under its layer's dW matmul
+    parts = {k: f[k] + redo[k] + i[k] for k in f}
+    parts["gemm"] += w
+    parts["collectives"] -= hidden
+    backward_input = sum(redo.values()) + sum(i.values())
+    return LayerTimes(forward=sum(f.values()), backward=backward_input + w - hidden,
+                      backward_input=backward_input, backward_weight=w, recompute=sum(redo.values()),
+                      parts=parts)
