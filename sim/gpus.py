@@ -16,13 +16,14 @@ from typing import Mapping
 
 PRECISIONS = ("bf16", "fp16", "tf32", "fp32")
 GB = 10 ** 9          # bandwidths: datasheets' GB/s are decimal
-GIB = 2 ** 30         # capacities: "80GB" of HBM is 80 GiB (nvidia-smi: 81920 MiB on an A100 80GB)
+MIB = 2 ** 20         # capacities: as nvidia-smi totals them, in MiB (the datasheets' "80GB" is rounded)
+GIB = 2 ** 30
 
-# NCCL's own cost model (NVIDIA/nccl, src/graph/tuning.cc, hwLat, Ring algorithm, Simple
-# protocol): per-hop latency 5.7 us over NVLink, 6.6 us over the network, plus a base latency
-# of 8.4 us per collective (baseLat, Ring/Simple).
+# NCCL's own cost model (NVIDIA/nccl, src/graph/tuning.cc, Ring algorithm, Simple protocol):
+# hwLat per hop 3.4 us over NVLink and 14.0 us over the network (NCCL 2.20 on; 9.6 us in the
+# 2020 copy, NCCL 2.7/2.8), plus baseLat 8.4 us per collective (the same in both copies).
 NCCL_BASE_LATENCY = 8.4e-6
-_NVLINK_HOP, _NETWORK_HOP = 5.7e-6, 6.6e-6
+_NVLINK_HOP, _NETWORK_HOP = 3.4e-6, 14.0e-6
 
 
 @dataclass(frozen=True)
@@ -77,12 +78,15 @@ _H100 = dict(sms=132, gemm_efficiency=794.5 / 989,
              nvlink_bandwidth=900 * GB / 2, network_bandwidth=400e9 / 8, pcie_bandwidth=128 * GB / 2)
 
 GPUS: dict[str, GPU] = {
-    "a100-40gb": GPU("a100-40gb", memory=40 * GIB, hbm_bandwidth=1555 * GB, **_A100),
-    "a100-80gb": GPU("a100-80gb", memory=80 * GIB, hbm_bandwidth=2039 * GB, **_A100),
-    "h100-80gb": GPU("h100-80gb", memory=80 * GIB, hbm_bandwidth=3350 * GB, **_H100),
+    # memory: nvidia-smi's totals, A100 40GB 40960 MiB, A100 80GB 81920 MiB, H100 80GB 81559 MiB
+    # (modal-labs/modal-client#2797), H200 143771 MiB (NVIDIA/cuda-samples#311)
+    "a100-40gb": GPU("a100-40gb", memory=40960 * MIB, hbm_bandwidth=1555 * GB, **_A100),
+    "a100-80gb": GPU("a100-80gb", memory=81920 * MIB, hbm_bandwidth=2039 * GB, **_A100),
+    "h100-80gb": GPU("h100-80gb", memory=81559 * MIB, hbm_bandwidth=3350 * GB, **_H100),
     # NVIDIA H200 Tensor Core GPU datasheet, SXM column: the H100's compute and links, with
-    # 141 GB of HBM3e at 4.8 TB/s; DGX H200 user guide: eight ConnectX-7 400 Gb/s, one per GPU.
-    "h200": GPU("h200", memory=141 * GIB, hbm_bandwidth=4800 * GB, **_H100),
+    # "141 GB" of HBM3e (140.4 GiB) at 4.8 TB/s; DGX H200 user guide: eight ConnectX-7 400 Gb/s,
+    # one per GPU.
+    "h200": GPU("h200", memory=143771 * MIB, hbm_bandwidth=4800 * GB, **_H100),
 }
 
 

@@ -140,7 +140,8 @@ class Transformer:
     def recompute_flops(self, micro_batch: int, recompute: str) -> float:
         """FLOPs one layer recomputes before its backward: the whole forward with "full"
         (Narayanan et al. 2021, Appendix: the 4x of Eq. 3); with "selective" the attention core
-        only (Korthikanti et al. 2022, Sec. 4.3), whose matmuls are the scores and values."""
+        only (Korthikanti et al. 2022, Sec. 5 and Appendix A, Eq. 8), whose matmuls are the
+        scores and values."""
         parts = self.layer_flops(micro_batch)
         return {"none": 0.0, "selective": parts["scores"] + parts["values"],
                 "full": sum(parts.values())}[_recompute(recompute)]

@@ -2,7 +2,7 @@
 import pytest
 
 import sim
-from sim.gpus import GIB, GPU, GPUS, PRECISIONS, gpu
+from sim.gpus import GIB, GPU, GPUS, MIB, PRECISIONS, gpu
 
 
 @pytest.mark.parametrize("name", sorted(GPUS))
@@ -22,9 +22,26 @@ def test_peaks_are_the_datasheets():
     assert gpu("h200").flops("bf16") == gpu("h100-80gb").flops("bf16")
 
 
-@pytest.mark.parametrize("name,gib", [("a100-40gb", 40), ("a100-80gb", 80), ("h100-80gb", 80), ("h200", 141)])
-def test_memory_is_as_named(name, gib):
-    assert gpu(name).memory == gib * GIB
+# nvidia-smi's totals: modal-labs/modal-client#2797 (A100s, H100), NVIDIA/cuda-samples#311 (H200)
+@pytest.mark.parametrize("name,mib", [("a100-40gb", 40960), ("a100-80gb", 81920), ("h100-80gb", 81559),
+                                      ("h200", 143771)])
+def test_memory_is_what_nvidia_smi_reports(name, mib):
+    assert gpu(name).memory == mib * MIB
+
+
+def test_memory_rounds_to_the_name():
+    """The A100s hold exactly the GiB they are named for; the H100 and H200 a little less than
+    their "80GB" and "141GB" read as GiB (79.6 and 140.4), so the names round up."""
+    assert gpu("a100-40gb").memory == 40 * GIB and gpu("a100-80gb").memory == 80 * GIB
+    assert 79.5 * GIB < gpu("h100-80gb").memory < 80 * GIB
+    assert 140 * GIB < gpu("h200").memory < 141 * GIB
+
+
+def test_nccl_latencies_are_tuning_cc_ring_simple():
+    """NVIDIA/nccl src/graph/tuning.cc (2.20 on), Ring/Simple: hwLat NVLink 3.4 us, network 14.0 us;
+    baseLat 8.4 us. A hop over the network is slower than one over NVLink."""
+    g = gpu("h100-80gb")
+    assert (g.nvlink_latency, g.network_latency, sim.gpus.NCCL_BASE_LATENCY) == (3.4e-6, 14.0e-6, 8.4e-6)
 
 
 def test_links_per_gpu_per_direction():
