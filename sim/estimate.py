@@ -22,7 +22,7 @@ from .costs import Costs
 from .engine import simulate
 from .footprint import optimizer_step_bytes, state_bytes_per_param
 from .gpus import GPU, gpu as gpu_by_name
-from .kernels import collective_time, gemm_time, memory_time, precision_bytes
+from .kernels import collective_time, gemm_time, link_bandwidth, memory_time, precision_bytes
 from .layer import LayerTimes, Slice, layer_times
 from .partition import balanced, even
 from .result import Result
@@ -229,7 +229,7 @@ def _stage_costs(m: Transformer, g: GPU, lay: Layout, x: Slice, lt: LayerTimes, 
                   weight_bytes=[p * per["weights"] for p in params], grad_bytes=[p * per["grads"] for p in params],
                   optimizer_bytes=[p * per["optimizer"] for p in params],
                   latency=g.network_latency if network_pp else g.nvlink_latency,
-                  bandwidth=g.network_bandwidth if network_pp else g.nvlink_bandwidth, transport="ideal",
+                  bandwidth=link_bandwidth(g, network_pp), transport="ideal",
                   **_reduce_field(reduce))
     mb = lay.micro_batches
     parts = {k: mb * sum(layers) * v / lay.pp for k, v in lt.parts.items()}

@@ -38,12 +38,16 @@ class GPU:
     pcie_bandwidth: float       # bytes/s per direction to host memory (activation offloading)
     sms: int = 108              # streaming multiprocessors (A100: 108; H100 SXM5: 132)
     gemm_efficiency: float = 1.0  # achieved share of peak of the best-shaped large GEMM (see _A100, _H100)
+    hbm_efficiency: float = 1.0   # achieved share of hbm_bandwidth of a streaming kernel
+    nvlink_efficiency: float = 1.0   # NCCL's achieved bus bandwidth over NVLink / the line rate
+    network_efficiency: float = 1.0  # the same over the network card
     nvlink_latency: float = _NVLINK_HOP
     network_latency: float = _NETWORK_HOP
 
     def __post_init__(self):
         for name in ("memory", "hbm_bandwidth", "nvlink_bandwidth", "network_bandwidth", "pcie_bandwidth",
-                     "nvlink_latency", "network_latency", "sms", "gemm_efficiency"):
+                     "nvlink_latency", "network_latency", "sms", "gemm_efficiency", "hbm_efficiency",
+                     "nvlink_efficiency", "network_efficiency"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"GPU {self.name}: {name} must be positive, got {getattr(self, name)!r}")
         if set(self.peak_flops) != set(PRECISIONS) or not all(v > 0 for v in self.peak_flops.values()):
@@ -64,7 +68,14 @@ class GPU:
 # gemm_efficiency: the Maximum Achievable Matmul FLOPS of a bf16 torch.matmul over a search of
 # shapes, 271.2 of 312 TFLOP/s on an A100 SXM (S. Bekman, "Machine Learning Engineering",
 # compute/accelerator/README.md, MAMF table: mean of 100 iterations, torch 2.6 + CUDA 12.6).
-_A100 = dict(sms=108, gemm_efficiency=271.2 / 312,
+# hbm_efficiency: a streaming read kernel on an A100 80GB SXM reaches 1.80 of 2.04 TB/s, "88% of
+# peak bandwidth" by Nsight Compute, and "the maximum memory bandwidth achieved by any kernel was
+# around 90%" (forums.developer.nvidia.com/t/trouble-to-reach-peak-bandwidth-of-a100/339083).
+# nvlink_efficiency: NCCL all-reduce bus bandwidth on 8 A100s "~230GB/s" of 300 GB/s line rate
+# (S. Jeaugey, NCCL maintainer, NVIDIA/nccl-tests#149); network_efficiency: "24GB/s inter-node"
+# per 200 Gb/s HDR NIC, line rate 25 GB/s (S. Jeaugey, NVIDIA/nccl#412).
+_A100 = dict(sms=108, gemm_efficiency=271.2 / 312, hbm_efficiency=1.80 / 2.04, nvlink_efficiency=230 / 300,
+             network_efficiency=24 / 25,
              peak_flops={"bf16": 312e12, "fp16": 312e12, "tf32": 156e12, "fp32": 19.5e12},
              nvlink_bandwidth=600 * GB / 2, network_bandwidth=200e9 / 8, pcie_bandwidth=64 * GB / 2)
 # NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022), Table 1, H100 SXM5: dense BF16/FP16
@@ -73,7 +84,12 @@ _A100 = dict(sms=108, gemm_efficiency=271.2 / 312,
 # guide: eight ConnectX-7 400 Gb/s NDR InfiniBand ports for compute traffic, one per GPU.
 # SMs: the same whitepaper, "132 SMs" on the H100 SXM5. gemm_efficiency: MAMF on an H100 SXM,
 # 794.5 of 989 TFLOP/s (Bekman, the same table; torch 2.7 + CUDA 12.6).
-_H100 = dict(sms=132, gemm_efficiency=794.5 / 989,
+# hbm_efficiency: coalesced matrix loads at 2.8 of 3.35 TB/s, 84% (mikamirai.com/blog/gpu-memory-
+# bandwidth, Nsight Compute on an H100 SXM5). nvlink_efficiency: "NCCL can get an effective NVLink
+# bandwidth of 370GB/s" of the 450 GB/s line rate with the ring (S. Jeaugey, NVIDIA/nccl-tests#212);
+# network_efficiency: CX-7 at NDR "should achieve up to 48-49GB/s per NIC" of 50 (NVIDIA/nccl-tests#267).
+_H100 = dict(sms=132, gemm_efficiency=794.5 / 989, hbm_efficiency=2.8 / 3.35, nvlink_efficiency=370 / 450,
+             network_efficiency=48 / 50,
              peak_flops={"bf16": 989.4e12, "fp16": 989.4e12, "tf32": 494.7e12, "fp32": 66.9e12},
              nvlink_bandwidth=900 * GB / 2, network_bandwidth=400e9 / 8, pcie_bandwidth=128 * GB / 2)
 

@@ -56,7 +56,7 @@ def gemm_time(gpu: GPU, precision: str, m: int, n: int, k: int, batch: int = 1) 
     waves = math.ceil(tiles / gpu.sms)
     per_sm = gpu.flops(precision) * gpu.gemm_efficiency / gpu.sms
     compute = waves * 2 * TILE[0] * TILE[1] * k / per_sm
-    memory = batch * (m * k + k * n + m * n) * precision_bytes(precision) / gpu.hbm_bandwidth
+    memory = batch * (m * k + k * n + m * n) * precision_bytes(precision) / (gpu.hbm_bandwidth * gpu.hbm_efficiency)
     return max(compute, memory)
 
 
@@ -66,8 +66,9 @@ def gemm_flops(m: int, n: int, k: int, batch: int = 1) -> float:
 
 
 def memory_time(gpu: GPU, nbytes: float) -> float:
-    """Seconds for a memory-bound kernel that reads and writes `nbytes` in all."""
-    return nbytes / gpu.hbm_bandwidth
+    """Seconds for a memory-bound kernel that reads and writes `nbytes` in all, at the HBM
+    bandwidth a streaming kernel achieves."""
+    return nbytes / (gpu.hbm_bandwidth * gpu.hbm_efficiency)
 
 
 def collective_time(gpu: GPU, op: str, nbytes: float, ranks: int, network: bool) -> float:
@@ -79,13 +80,19 @@ def collective_time(gpu: GPU, op: str, nbytes: float, ranks: int, network: bool)
     if ranks <= 1 or nbytes <= 0:
         return 0.0
     steps = COLLECTIVE_STEPS[op] * (ranks - 1)
-    bandwidth = gpu.network_bandwidth if network else gpu.nvlink_bandwidth
+    bandwidth = link_bandwidth(gpu, network)
     hop = gpu.network_latency if network else gpu.nvlink_latency
     return NCCL_BASE_LATENCY + steps * hop + steps / ranks * nbytes / bandwidth
 
 
 def p2p_time(gpu: GPU, nbytes: float, network: bool) -> float:
     """Seconds for a point-to-point send of `nbytes` over one link (latency + bytes / bandwidth)."""
+    return (gpu.network_latency if network else gpu.nvlink_latency) + nbytes / link_bandwidth(gpu, network)
+
+
+def link_bandwidth(gpu: GPU, network: bool) -> float:
+    """Bytes/s NCCL moves through one GPU's link, one way: NVLink's or the network card's line
+    rate times the share NCCL achieves of it (its protocol overhead; `sim.gpus`)."""
     if network:
-        return gpu.network_latency + nbytes / gpu.network_bandwidth
-    return gpu.nvlink_latency + nbytes / gpu.nvlink_bandwidth
+        return gpu.network_bandwidth * gpu.network_efficiency
+    return gpu.nvlink_bandwidth * gpu.nvlink_efficiency

@@ -23,7 +23,9 @@ Memory-bound kernels, in bytes moved (read + written), per layer, for 16-bit ele
 kernels: bias-GeLU, bias-dropout-add, scale-mask-softmax). "split" kernels work on a tensor
 that tensor parallelism divides by t; "replicated" ones on a whole sbh tensor on every rank
 unless sequence parallel. Each backward kernel reads its output gradient and what it saved
-and writes its input gradient.
+and writes its input gradient; each bias's gradient reads its output gradient once more; the
+attention's output is permuted back to [s, b, h] (a copy each way, Megatron-LM's
+`permute(...).contiguous()`).
 """
 from __future__ import annotations
 
@@ -37,20 +39,22 @@ from .transformer import Transformer, _recompute
 # backward. Tensors: "sbh" (a hidden state), "sbf" (an MLP activation), "as2b" (the attention
 # scores of all heads). The dropout ones are left out for arch="llama", which has none.
 _FORWARD = {
-    "gpt": [("layernorm", 4, "sbh"), ("bias_dropout_add", 7, "sbh"), ("layernorm", 4, "sbh"),
+    "gpt": [("context_transpose", 4, "sbh/t"), ("layernorm", 4, "sbh"), ("bias_dropout_add", 7, "sbh"),
+            ("layernorm", 4, "sbh"),
             ("bias_dropout_add", 7, "sbh"), ("bias_gelu", 4, "sbf"), ("softmax", 4, "as2b"),
             ("attention_dropout", 5, "as2b")],
     "llama": [("rmsnorm", 4, "sbh"), ("residual_add", 6, "sbh"), ("rmsnorm", 4, "sbh"),
               ("residual_add", 6, "sbh"), ("swiglu", 6, "sbf"), ("softmax", 4, "as2b"),
-              ("rotary", 4, "sbqk")],
+              ("rotary", 4, "sbqk"), ("context_transpose", 4, "sbh/t")],
 }
 _BACKWARD = {
-    "gpt": [("layernorm", 6, "sbh"), ("layernorm", 6, "sbh"), ("dropout_add", 5, "sbh"),
+    "gpt": [("context_transpose", 4, "sbh/t"), ("bias_grad", 2, "sbqkv"), ("bias_grad", 2, "sbh"),
+            ("bias_grad", 2, "sbf"), ("bias_grad", 2, "sbh"), ("layernorm", 6, "sbh"), ("layernorm", 6, "sbh"), ("dropout_add", 5, "sbh"),
             ("dropout_add", 5, "sbh"), ("residual_grad", 6, "sbh"), ("residual_grad", 6, "sbh"),
             ("gelu", 6, "sbf"), ("softmax", 6, "as2b"), ("attention_dropout", 5, "as2b")],
     "llama": [("rmsnorm", 6, "sbh"), ("rmsnorm", 6, "sbh"), ("residual_grad", 6, "sbh"),
               ("residual_grad", 6, "sbh"), ("swiglu", 10, "sbf"), ("softmax", 6, "as2b"),
-              ("rotary", 4, "sbqk")],
+              ("rotary", 4, "sbqk"), ("context_transpose", 4, "sbh/t")],
 }
 _ATTENTION_CORE = ("softmax", "attention_dropout")  # recomputed by "selective", with the scores and values
 
@@ -93,7 +97,8 @@ def _kernel_bytes(m: Transformer, x: Slice, kernels, only=None) -> float:
     """Bytes moved by `kernels` (the `only` ones if given) on one GPU."""
     b, s, h, t = x.micro_batch, m.seq, m.hidden, x.tp
     scale = precision_bytes(x.precision) / 2  # the table is for 16-bit elements
-    size = {"sbh": s * b * h / (t if x.sequence_parallel else 1), "sbf": s * b * m.ffn / t,
+    size = {"sbh": s * b * h / (t if x.sequence_parallel else 1), "sbf": s * b * m.ffn / t, "sbh/t": s * b * h / t,
+            "sbqkv": s * b * h * (1 + 2 * m.kv_heads / m.heads) / t,
             "as2b": m.heads * s * s * b / t, "sbqk": s * b * h * (1 + m.kv_heads / m.heads) / t}
     return sum(per * size[tensor] * scale for name, per, tensor in kernels if only is None or name in only)
 
@@ -106,17 +111,15 @@ def layer_times(m: Transformer, gpu: GPU, x: Slice, recompute: str = "none") -> 
     dx = {k: gemm_time(gpu, p, mm, kk, n, nb) for k, (mm, n, kk, nb) in shapes.items()}   # dY W^T
     dw = {k: gemm_time(gpu, p, kk, n, mm, nb) for k, (mm, n, kk, nb) in shapes.items()}   # X^T dY
     weightless = ("scores", "values")  # both their gradients are input gradients (Qi et al. 2024, Table 1)
-    ar = collective_time(gpu, "all_reduce", x.micro_batch * m.seq * m.hidden * precision_bytes(p), x.tp,
-                         x.tp_network)
+    comm_f, comm_i, hidden = _collectives(m, gpu, x, dx, dw)
     f = {"gemm": sum(fwd.values()), "memory": memory_time(gpu, _kernel_bytes(m, x, _FORWARD[m.arch])),
-         "collectives": 2 * ar}
+         "collectives": comm_f}
     core = {"gemm": fwd["scores"] + fwd["values"], "collectives": 0.0,
             "memory": memory_time(gpu, _kernel_bytes(m, x, _FORWARD[m.arch], _ATTENTION_CORE))}
     redo = {"none": dict.fromkeys(f, 0.0), "selective": core, "full": f}[recompute]
     i = {"gemm": sum(dx.values()) + sum(dw[k] for k in weightless),
-         "memory": memory_time(gpu, _kernel_bytes(m, x, _BACKWARD[m.arch])), "collectives": 2 * ar}
+         "memory": memory_time(gpu, _kernel_bytes(m, x, _BACKWARD[m.arch])), "collectives": comm_i}
     w = sum(v for k, v in dw.items() if k not in weightless)
-    hidden = min(ar, dw["qkv"]) + min(ar, dw["mlp_in"])  # B: each all-reduce under its layer's dW matmul
     parts = {k: f[k] + redo[k] + i[k] for k in f}
     parts["gemm"] += w
     parts["collectives"] -= hidden
@@ -124,3 +127,26 @@ def layer_times(m: Transformer, gpu: GPU, x: Slice, recompute: str = "none") -> 
     return LayerTimes(forward=sum(f.values()), backward=backward_input + w - hidden,
                       backward_input=backward_input, backward_weight=w, recompute=sum(redo.values()),
                       parts=parts)
+
+
+def _collectives(m: Transformer, gpu: GPU, x: Slice, dx: dict, dw: dict) -> tuple[float, float, float]:
+    """Tensor-parallel collectives of one layer: their time in F, in I, and how much of I's a
+    full backward hides under the weight-gradient matmuls. Each moves a 2bsh-byte buffer.
+
+    Without sequence parallelism: an all-reduce after each row-parallel matmul in F, and one
+    of each column-parallel matmul's input gradient in the backward (Shoeybi et al. 2019,
+    Fig. 3), which B runs under that matmul's weight gradient. With it (Megatron-LM's
+    sequence-parallel linear layers): F all-gathers each column-parallel input and
+    reduce-scatters each row-parallel output; the backward all-gathers the row-parallel
+    output gradients, all-gathers each column-parallel input again for its weight gradient
+    (under its input-gradient matmul) and reduce-scatters its input gradient (under its
+    weight-gradient matmul in B)."""
+    buf = x.micro_batch * m.seq * m.hidden * precision_bytes(x.precision)
+    column = ("qkv", "mlp_in")
+    if not x.sequence_parallel:
+        ar = collective_time(gpu, "all_reduce", buf, x.tp, x.tp_network)
+        return 2 * ar, 2 * ar, sum(min(ar, dw[k]) for k in column)
+    ag = collective_time(gpu, "all_gather", buf, x.tp, x.tp_network)
+    rs = collective_time(gpu, "reduce_scatter", buf, x.tp, x.tp_network)
+    comm_i = 2 * ag + sum(max(0.0, ag - dx[k]) + rs for k in column)
+    return 2 * (ag + rs), comm_i, sum(min(rs, dw[k]) for k in column)
