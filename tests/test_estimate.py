@@ -1,0 +1,229 @@
+"""sim.kernels, sim.layer, sim.partition, sim.footprint and sim.estimate: closed forms, cross-checks
+between independent counts, properties over random shapes, and one-line errors."""
+import itertools
+import math
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import sim
+from sim.estimate import stage_params
+from sim.footprint import optimizer_step_bytes, state_bytes_per_param
+from sim.gpus import gpu
+from sim.kernels import TILE, collective_time, gemm_flops, gemm_time
+from sim.layer import Slice, _gemms, layer_times
+from sim.partition import balanced, even
+from sim.transformer import Transformer
+
+A100 = gpu("a100-80gb")
+shapes = st.builds(lambda l, a, hd, s, v: Transformer(layers=l, hidden=a * hd, heads=a, seq=s, vocab=v),
+                   st.integers(1, 8), st.sampled_from([8, 16, 32]), st.sampled_from([64, 128]),
+                   st.sampled_from([256, 512, 2048]), st.sampled_from([1024, 51200]))
+
+
+# ---- kernels ----------------------------------------------------------------------------------------
+
+def test_a_gemm_of_whole_waves_runs_at_the_achieved_peak():
+    """M x N a whole number of waves of 256x128 tiles, compute-bound: time = FLOPs / (peak * efficiency)."""
+    m, n, k = TILE[0] * A100.sms, TILE[1] * 4, 8192
+    t = gemm_time(A100, "bf16", m, n, k)
+    assert t == pytest.approx(gemm_flops(m, n, k) / (312e12 * A100.gemm_efficiency), rel=1e-12)
+
+
+@given(st.integers(1, 4096), st.integers(1, 4096), st.integers(1, 8192))
+def test_one_tile_past_a_full_wave_costs_a_whole_wave(m, n, k):
+    """Wave quantization: time is a step function of the tile count, never below the achieved peak."""
+    t = gemm_time(A100, "bf16", m, n, k)
+    assert t >= gemm_flops(m, n, k) / (312e12 * A100.gemm_efficiency) * (1 - 1e-12)
+    tiles = math.ceil(m / TILE[0]) * math.ceil(n / TILE[1])
+    waves = math.ceil(tiles / A100.sms)
+    compute = waves * 2 * TILE[0] * TILE[1] * k / (312e12 * A100.gemm_efficiency / A100.sms)
+    assert t == pytest.approx(max(compute, (m * k + k * n + m * n) * 2 / (A100.hbm_bandwidth * A100.hbm_efficiency)))
+
+
+def test_a_thin_gemm_is_memory_bound():
+    m, n, k = 65536, 65536, 8  # 8 FLOPs... per output element: far below the ridge point
+    assert gemm_time(A100, "bf16", m, n, k) == pytest.approx(
+        (m * k + k * n + m * n) * 2 / (A100.hbm_bandwidth * A100.hbm_efficiency))
+
+
+@given(st.integers(2, 64), st.floats(1e3, 1e10), st.booleans())
+def test_ring_collectives_closed_form(n, nbytes, network):
+    """All-reduce = reduce-scatter + all-gather in bytes and steps; each of its 2(n-1) steps moves 1/n."""
+    ar = collective_time(A100, "all_reduce", nbytes, n, network)
+    rs = collective_time(A100, "reduce_scatter", nbytes, n, network)
+    ag = collective_time(A100, "all_gather", nbytes, n, network)
+    base = sim.gpus.NCCL_BASE_LATENCY
+    assert rs == pytest.approx(ag)
+    assert ar - base == pytest.approx(2 * (rs - base))
+    bw = A100.network_bandwidth * A100.network_efficiency if network else A100.nvlink_bandwidth * A100.nvlink_efficiency
+    hop = A100.network_latency if network else A100.nvlink_latency
+    assert ar == pytest.approx(base + 2 * (n - 1) * (hop + nbytes / n / bw))
+    assert collective_time(A100, "all_reduce", nbytes, 1, network) == 0.0
+
+
+# ---- layer ----------------------------------------------------------------------------------------
+
+@settings(max_examples=40, deadline=None)
+@given(shapes, st.sampled_from([1, 2, 4, 8]), st.integers(1, 8))
+def test_the_layer_matmuls_are_the_papers_flops(m, tp, b):
+    """The matmuls sim.layer times, summed, are Narayanan et al.'s forward FLOPs split over tp, and their
+    gradients Qi et al.'s I and W: two independent counts of the same thing."""
+    if m.heads % tp:
+        return
+    shapes_ = _gemms(m, Slice(b, tp))
+    fwd = sum(gemm_flops(*s) for s in shapes_.values())
+    p = m.pass_flops(b)
+    assert fwd * tp == pytest.approx(p["F"])
+    weightless = ("scores", "values")
+    dx = sum(gemm_flops(mm, kk, n, nb) for mm, n, kk, nb in shapes_.values())
+    dw = {k: gemm_flops(kk, n, mm, nb) for k, (mm, n, kk, nb) in shapes_.items()}
+    assert (dx + sum(dw[k] for k in weightless)) * tp == pytest.approx(p["I"])
+    assert sum(v for k, v in dw.items() if k not in weightless) * tp == pytest.approx(p["W"])
+
+
+@settings(max_examples=30, deadline=None)
+@given(shapes, st.sampled_from([1, 2, 8]), st.integers(1, 4), st.booleans())
+def test_recompute_adds_what_it_redoes(m, tp, b, sp):
+    """Full recompute adds exactly the forward to B and to I; selective adds less; W never changes."""
+    if m.heads % tp or (sp and tp == 1):
+        return
+    x = Slice(b, tp, sp)
+    none, sel, full = (layer_times(m, A100, x, r) for r in ("none", "selective", "full"))
+    assert full.backward - none.backward == pytest.approx(none.forward)
+    assert full.backward_input - none.backward_input == pytest.approx(none.forward)
+    assert 0 < sel.recompute < full.recompute == pytest.approx(none.forward)
+    assert none.backward_weight == sel.backward_weight == full.backward_weight
+    for t in (none, sel, full):
+        assert t.forward == none.forward
+        # B hides some of I's collectives under the weight gradients, never more than all of them
+        assert t.backward_input + t.backward_weight - t.parts["collectives"] <= t.backward + 1e-15
+        assert t.backward <= t.backward_input + t.backward_weight
+        assert sum(t.parts.values()) == pytest.approx(t.forward + t.backward)
+
+
+def test_no_tensor_parallelism_no_collectives():
+    t = layer_times(sim.transformer.model("megatron-1.7b"), A100, Slice(4, 1))
+    assert t.parts["collectives"] == 0.0 and t.backward == pytest.approx(t.backward_input + t.backward_weight)
+
+
+def test_korthikanti_table_4_ordering():
+    """The 22B layer (t=8, b=4): sequence parallelism shortens F; recompute lengthens B, full most."""
+    m = sim.transformer.model("korthikanti-22b")
+    base, spar = layer_times(m, A100, Slice(4, 8)), layer_times(m, A100, Slice(4, 8, True))
+    sel, full = layer_times(m, A100, Slice(4, 8), "selective"), layer_times(m, A100, Slice(4, 8), "full")
+    assert spar.forward < base.forward
+    assert base.backward < sel.backward < full.backward
+
+
+# ---- partition ------------------------------------------------------------------------------------
+
+@given(st.integers(1, 60), st.integers(1, 12))
+def test_even_split(layers, stages):
+    c = even(layers, stages)
+    assert sum(c) == layers and max(c) - min(c) <= 1 and len(c) == stages
+    if stages > 2 and layers % stages:
+        assert c[0] == c[-1] == layers // stages or layers % stages > stages - 2
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 9), st.integers(1, 4), st.floats(0.1, 5), st.floats(0, 10), st.floats(0, 10))
+def test_balanced_is_optimal_by_brute_force(layers, stages, per_layer, first, last):
+    extra = [0.0] * stages
+    extra[0] += first
+    extra[-1] += last
+    c = balanced(layers, stages, per_layer, extra)
+    slowest = max(n * per_layer + e for n, e in zip(c, extra))
+    best = min(max(n * per_layer + e for n, e in zip(split, extra))
+               for split in itertools.product(range(layers + 1), repeat=stages) if sum(split) == layers)
+    assert sum(c) == layers and min(c) >= 0
+    assert slowest == pytest.approx(best)
+
+
+# ---- footprint ------------------------------------------------------------------------------------
+
+def test_mixed_precision_adam_bytes():
+    """16 bytes a parameter (ZeRO, Sec. 3.1), 18 with Megatron-LM's fp32 gradients; ZeRO divides them by stage."""
+    assert sum(state_bytes_per_param("fp16").values()) == 16
+    assert sum(state_bytes_per_param("bf16").values()) == 18
+    assert sum(state_bytes_per_param("fp32").values()) == 16
+    for zero, expect in ((1, 2 + 4 + 12 / 8), (2, 2 + 4 / 8 + 12 / 8), (3, 18 / 8)):
+        assert sum(state_bytes_per_param("bf16", zero, 8).values()) == pytest.approx(expect)
+    assert optimizer_step_bytes("bf16") == 30 and optimizer_step_bytes("fp32") == 28
+
+
+# ---- estimate -------------------------------------------------------------------------------------
+
+def test_one_device_one_micro_batch_is_a_sum():
+    """No pipeline, no data parallelism, one micro-batch: the step is F + B of the whole model plus the optimizer."""
+    m = sim.transformer.model("megatron-1.7b")
+    e = sim.estimate(m, "a100-80gb", micro_batch=2, global_batch=2)
+    c = e.result
+    lt = layer_times(m, A100, Slice(2))
+    assert e.step_time == pytest.approx(c.makespan + e.time_parts["optimizer"])
+    assert c.makespan > m.layers * (lt.forward + lt.backward)
+    assert e.tflops_per_gpu * 1e12 * e.step_time == pytest.approx(m.flops_per_iteration(2, "none"))
+    assert e.mfu == pytest.approx(e.tflops_per_gpu * 1e12 / 312e12)
+    params = m.params().total
+    assert e.memory_parts[0]["weights"] + e.memory_parts[0]["grads"] + e.memory_parts[0]["optimizer"] == \
+        pytest.approx(18 * params)
+
+
+def test_tflops_count_the_recomputed_forward_and_mfu_does_not():
+    e = sim.estimate("megatron-1.7b", "a100-80gb", micro_batch=4, global_batch=8, dp=2, recompute="full")
+    m = e.model
+    assert e.tflops_per_gpu * 1e12 * e.step_time * 2 == pytest.approx(m.flops_per_iteration(8, "full"))
+    assert e.mfu * 312e12 * e.step_time * 2 == pytest.approx(m.flops_per_iteration(8, "none"))
+
+
+def test_1f1b_first_stage_holds_p_micro_batches():
+    """Memory comes from the simulation: under 1F1B stage s holds p - s micro-batches at its peak."""
+    e = sim.estimate("megatron-39.1b", "a100-80gb", tp=8, pp=4, dp=1, micro_batch=1, global_batch=16)
+    assert e.result.peak_activations == [4, 3, 2, 1]
+    e2 = sim.estimate("megatron-39.1b", "a100-80gb", tp=8, pp=4, dp=1, micro_batch=1, global_batch=16,
+                      schedule="gpipe")
+    assert e2.result.peak_activations == [16] * 4 and max(e2.peak_memory) > max(e.peak_memory)
+
+
+def test_stage_params_sum_to_the_model():
+    m = sim.transformer.model("gpt3-175b")
+    layers = even(m.layers, 8)
+    p = m.params()
+    one = stage_params(m, [m.layers], 1, [0])
+    assert one[0] == p.total
+    # a tied output layer on another device is a second copy of the word embedding
+    assert sum(stage_params(m, layers, 1, list(range(8)))) == pytest.approx(p.total + m.vocab * m.hidden)
+    assert sum(stage_params(m, layers, 8, list(range(8)))) * 8 == pytest.approx(p.total + m.vocab * m.hidden + 7 * p.final_norm)
+    # (the final norm is whole on every tensor-parallel rank)
+
+
+def test_balanced_partition_is_no_slower_than_even():
+    kw = dict(tp=1, pp=4, dp=1, micro_batch=4, global_batch=32)
+    ev = sim.estimate("megatron-1.7b", "a100-80gb", **kw)
+    ba = sim.estimate("megatron-1.7b", "a100-80gb", partition="balanced", **kw)
+    assert ba.step_time <= ev.step_time * (1 + 1e-9)
+    assert sum(ba.layers_per_stage) == 24 and ba.layers_per_stage != ev.layers_per_stage
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(tp=5), "tp=5 does not divide the model's 24 heads; use tp in"),
+    (dict(dp=2, micro_batch=3, global_batch=8), "global batch 8 does not split into dp=2 replicas of micro-batches of 3"),
+    (dict(zero=3, pp=2, global_batch=2), "zero=3 with pp > 1"),
+    (dict(zero=4), "zero must be one of 0, 1, 2, 3"),
+    (dict(recompute="some"), "recompute must be one of none, selective, full"),
+    (dict(precision="fp8"), "precision must be one of"),
+    (dict(sequence_parallel=True), "sequence_parallel needs tp > 1"),
+    (dict(tp=0), "tp must be a positive int"),
+    (dict(partition=[1, 2]), "partition must be 'even', 'balanced' or 1 layer counts summing to 24"),
+])
+def test_bad_layouts_are_refused_in_one_line(kwargs, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")) as e:
+        sim.estimate("megatron-1.7b", "a100-80gb", **kwargs)
+    assert "\n" not in str(e.value)
+
+
+def test_unknown_names():
+    with pytest.raises(ValueError, match="unknown model 'gpt5'"):
+        sim.estimate("gpt5")
+    with pytest.raises(ValueError, match="unknown GPU 'v100'"):
+        sim.estimate("megatron-1.7b", "v100")
