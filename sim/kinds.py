@@ -184,7 +184,7 @@ KINDS: Mapping[Kind, KindSpec] = {
     Kind.SEND_B: KindSpec(Role.SEND, "send gradient", "send", peer=(-1, Kind.RECV_B), tensor_of=-1),
     Kind.RECV_B: KindSpec(Role.RECV, "receive gradient", "recv", peer=(+1, Kind.SEND_B), tensor_of=0,
                           feeds=(Kind.B, Kind.I)),
-    Kind.REDUCE_GRAD: KindSpec(Role.COLLECTIVE, "R reduce grads", "reduce_grad", "#56B4E9", cost="grad_reduce",
+    Kind.REDUCE_GRAD: KindSpec(Role.COLLECTIVE, "R reduce grads", "reduce_grad", "#D55E00", cost="grad_reduce",
                                needs=_reduce_needs),
 }
 
