@@ -48,7 +48,7 @@ class Action(NamedTuple):
 
     def __str__(self) -> str:
         if self.kind in ONCE_PER_STAGE:
-            # micro-batch 0 always: another is refused by `check_actions`, and named so
+            # micro-batch 0 always: `Schedule` refuses another, and names it so
             return f"{self.stage}{self.kind.value}" + (f"(micro={self.micro})" if self.micro else "")
         return f"{self.stage}{self.kind.value}{self.micro}"
 
