@@ -16,6 +16,9 @@ are the simulator's (docs/rules.md):
   (its bytes stay counted until W's end), W makes the weight gradients from it.
 - `send` (SEND) issues a non-blocking `isend` of the tensor the compute before it made;
   `run` waits for every send at the end of the step.
+- `reduce_grad` (REDUCE_GRAD, the data-parallel gradient reduction) is refused: `exec`
+  runs one pipeline replica and has no data-parallel process group to reduce over
+  (`refuse_collectives`, called before a run starts).
 
 Every action leaves a record of clock marks (`Marks`), turned into `sim.Event`s in
 seconds when the step ends, together with the rank's memory over time: its static bytes
@@ -37,7 +40,7 @@ import torch.distributed as dist
 from torch import nn
 
 from sim import Action, Event, Kind, Schedule
-from sim.kinds import KINDS, Role
+from sim.kinds import KINDS, TRANSFERS, Role
 from sim.passes import compute_set, peer, waits_for
 
 from . import split_backward
@@ -45,7 +48,7 @@ from .clocks import clock_for
 from .memory import SavedBytes, param_storages
 from .shapes import TensorMeta
 
-__all__ = ["RankInterpreter", "RankTrace", "Marks", "LossFn", "isend", "transfer_tag"]
+__all__ = ["RankInterpreter", "RankTrace", "Marks", "LossFn", "isend", "transfer_tag", "refuse_collectives"]
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -66,6 +69,15 @@ def isend(tensor: torch.Tensor, dst: int, tag: int):
     if tensor.device.type == "cpu" and hasattr(os, "sched_yield"):
         os.sched_yield()
     return dist.isend(tensor, dst=dst, tag=tag)
+
+
+def refuse_collectives(schedule: Schedule) -> None:
+    """Raise ValueError if `schedule` holds a REDUCE_GRAD: exec has no data parallelism."""
+    if schedule.has_collectives:
+        raise ValueError(f"schedule {schedule.name!r} has REDUCE_GRAD actions (the data-parallel gradient reduction), "
+                         f"but exec has no data parallelism: it runs one pipeline replica, with no data-parallel "
+                         f"process group to reduce over; simulate it (sim.simulate), or run it without "
+                         f"sim.add_grad_reduce")
 
 
 class Marks(NamedTuple):
@@ -132,7 +144,7 @@ class RankInterpreter:
         self.waits = {a: waits_for(a, schedule, computes) for a in self.program if a.kind.is_compute}
         self.params = {s: param_storages(m) for s, m in stage_modules.items()}
         self.param_lists = {s: list(m.parameters()) for s, m in stage_modules.items()}
-        self.routes = {a: self._route(a) for a in self.program if not a.kind.is_compute}
+        self.routes = {a: self._route(a) for a in self.program if a.kind in TRANSFERS}
         self.handlers: dict[Kind, Callable[[Action], Marks | None]] = {
             k: getattr(self, spec.handler) for k, spec in KINDS.items()}
         # per step state
@@ -219,6 +231,10 @@ class RankInterpreter:
             got = p.buffer
             self._event(recv, p.posted, end, self.schedule.rank_of(peer(recv).stage))
         return got
+
+    def reduce_grad(self, a: Action) -> None:
+        """REDUCE_GRAD: refused (`refuse_collectives`); a run never gets here."""
+        refuse_collectives(self.schedule)
 
     # -- compute
     def forward(self, a: Action) -> Marks:

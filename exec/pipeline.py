@@ -32,6 +32,7 @@ from sim.order import order_transfers
 from .calibrate import calibrate_rank, message_sizes
 from .check import compare_grads, reference_step, split_micro_batches
 from .host import host_cores
+from .interpreter import refuse_collectives
 from .launch import launch
 from .optim import OPTIMIZERS, make_optimizer
 from .profile import costs_from_reports
@@ -240,6 +241,7 @@ def _check_run_args(spec, schedule: Schedule, steps: int, warmup: int, calibrate
         raise ValueError(f"calibrate times CPU ranks (gloo) only, not backend={backend!r}; "
                          f"simulate an NCCL run with costs written by sim.save_costs")
     lowered = sim.validate(schedule)
+    refuse_collectives(lowered)
     if backend == "nccl":  # NCCL pairs a rank's transfers by order, not tag (docs/rules.md)
         lowered = order_transfers(lowered)
     split_micro_batches(torch.empty(spec.batch_size, 0), torch.empty(spec.batch_size, 0), lowered.micro)

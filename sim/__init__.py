@@ -13,7 +13,7 @@ from .estimate import Estimate, Layout, estimate
 from .gpus import GPU, GPUS
 from .ir import Action, Schedule, ScheduleError
 from .kinds import KINDS, Kind, KindSpec, Role
-from .passes import check_deadlock, dependencies, lower, validate, waits_for
+from .passes import add_grad_reduce, check_deadlock, dependencies, lower, validate, waits_for
 from .result import Event, Result
 from .schedules import SCHEDULES, make_schedule
 from .transformer import MODELS, Transformer
@@ -22,6 +22,6 @@ from .transports import TRANSPORTS
 __all__ = [
     "Action", "Kind", "KINDS", "KindSpec", "Role", "Schedule", "ScheduleError", "Costs", "StageCosts",
     "save_costs", "load_costs", "TRANSPORTS", "simulate", "Event", "Result", "make_schedule", "SCHEDULES",
-    "lower", "validate", "check_deadlock", "dependencies", "waits_for",
+    "lower", "add_grad_reduce", "validate", "check_deadlock", "dependencies", "waits_for",
     "Transformer", "MODELS", "GPU", "GPUS", "estimate", "Estimate", "Layout",
 ]

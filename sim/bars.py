@@ -1,9 +1,11 @@
 """The compute bars of a Gantt chart: a colour per kind (from the kind table), a hatch
-per chunk where a rank holds several stages, and labels that fit their bars.
+per chunk where a rank holds several stages, and labels that fit their bars; and the
+collectives (REDUCE_GRAD) as thin bars along the bottom of their rank's row.
 
 `sim.plot` draws its charts with these; `draw_bars` puts one Rectangle per compute
 (findable by its gid, `compute 0F0`) or, for large steps, one PolyCollection per kind and
-chunk; `fit_labels` runs after layout and keeps, per bar, the longest label that fits.
+chunk, and one thin Rectangle per collective (`collective 0REDUCE_GRAD`); `fit_labels`
+runs after layout and keeps, per bar, the longest label that fits.
 """
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from .kinds import KINDS, Kind, Role
+from .kinds import COLLECTIVES, KINDS, Kind, Role
 from .result import Event, Result
 
 if TYPE_CHECKING:
@@ -22,6 +24,12 @@ if TYPE_CHECKING:
 # for the three kinds of colour blindness: tests/test_figures.py checks them simulated).
 COLORS = {k: spec.colour for k, spec in KINDS.items() if spec.role is Role.COMPUTE}
 NAMES = {k: spec.label for k, spec in KINDS.items() if spec.role is Role.COMPUTE}
+# A collective runs on its rank's stream beside the compute: a thin hatched bar in the
+# bottom part of the row (COLLECTIVE_HEIGHT of it), over any compute it overlaps.
+COLLECTIVE_COLORS = {k: KINDS[k].colour for k in COLLECTIVES}
+COLLECTIVE_NAMES = {k: KINDS[k].label for k in COLLECTIVES}
+COLLECTIVE_HEIGHT = 0.3
+COLLECTIVE_HATCH = "xxxx"
 TRACK = "#f4f4f4"          # the empty row behind the bars: what shows through is idle time
 LABEL_GID = "bar-label"    # marks the micro-batch numbers that `fit_labels` may hide
 # Where a rank holds several stages, its k-th stage (chunk k, in stage order) is drawn with
@@ -57,6 +65,7 @@ def draw_bars(ax: "Axes", result: Result, height: float, detail: bool, label: bo
     t0 = result.t0
     events = result.compute_events()
     chunk = chunks(result) if hatch_chunks else {}
+    draw_collectives(ax, result, height)
     if not detail:
         bar_collections(ax, events, t0, height, chunk, **style)
         return
@@ -76,6 +85,21 @@ def draw_bars(ax: "Axes", result: Result, height: float, detail: bool, label: bo
                            color="white", gid=LABEL_GID, clip_on=True,
                            in_layout=False)  # inside the axes: layout need not measure them
             text.sim_bar, text.sim_texts = bar, texts  # for `fit_labels`
+
+
+def draw_collectives(ax: "Axes", result: Result, height: float) -> None:
+    """Each collective (REDUCE_GRAD) as a thin hatched bar in the bottom part of its rank's
+    row (rows run down the page), findable by its gid (`collective 0REDUCE_GRAD`)."""
+    events = [e for e in result.events if e.action.kind in COLLECTIVES]
+    if not events:
+        return
+    thin = height * COLLECTIVE_HEIGHT
+    bars = ax.barh([e.rank + (height - thin) / 2 for e in events], [e.duration for e in events], height=thin,
+                   left=[e.start - result.t0 for e in events], color=[COLLECTIVE_COLORS[e.action.kind] for e in events],
+                   edgecolor="black", linewidth=0.4, hatch=COLLECTIVE_HATCH, zorder=3)
+    for e, bar in zip(events, bars):
+        bar.set_gid(f"collective {e.action}")
+        bar.set_hatchcolor(HATCH_COLOUR)
 
 
 def bar_collections(ax: "Axes", events: Sequence[Event], t0: float, height: float, chunk: dict[int, int],
@@ -104,6 +128,9 @@ def kind_legend(ax: "Axes", kinds: set[Kind], extra: Sequence = (), chunk_count:
     from matplotlib.patches import Patch
 
     handles = [Patch(facecolor=COLORS[k], label=NAMES[k]) for k in COLORS if k in kinds]
+    handles += [Patch(facecolor=COLLECTIVE_COLORS[k], hatch=COLLECTIVE_HATCH, hatchcolor=HATCH_COLOUR,
+                      edgecolor="black", linewidth=0.4, label=f"{COLLECTIVE_NAMES[k]} (its stream)")
+                for k in COLLECTIVE_COLORS if k in kinds]
     handles.append(Patch(facecolor=TRACK, edgecolor="#bbbbbb", label="idle (bubble)"))
     if chunk_count > 1:
         handles += [Patch(facecolor="#888888", hatch=HATCHES[k % len(HATCHES)], hatchcolor=HATCH_COLOUR,
@@ -117,7 +144,8 @@ def _ordinal(n: int) -> str:
 
 
 def kinds_of(result: Result) -> set[Kind]:
-    return {e.action.kind for e in result.events if e.action.kind.is_compute}
+    """The compute and collective kinds of `result`'s events: what its legend lists."""
+    return {e.action.kind for e in result.events if e.action.kind.is_compute or e.action.kind in COLLECTIVES}
 
 
 def fit_labels(fig: "Figure") -> None:

@@ -13,7 +13,7 @@ from .files import atomic_write
 
 PerStage = Union[float, Sequence[float]]
 PER_STAGE = ("forward", "backward", "backward_input", "backward_weight", "activation_bytes_sent", "activation_bytes",
-             "w_activation_bytes", "static_bytes", "weight_bytes", "grad_bytes", "optimizer_bytes")
+             "w_activation_bytes", "static_bytes", "weight_bytes", "grad_bytes", "optimizer_bytes", "grad_reduce")
 
 
 def _per_stage(name: str, value: PerStage, stages: int) -> tuple[float, ...]:
@@ -98,6 +98,11 @@ class Costs:
       "gloo-cpu" (default: the rendezvous of rule 5, with the call and arrival overheads
       and the I/O-thread tick of the gloo CPU runtime, rules 2, 3, 9 and 10) or "ideal"
       (latency + bytes / bandwidth from the moment the tensor is made; no overheads).
+    - grad_reduce: how long the data-parallel reduction of a stage's gradients (a
+      REDUCE_GRAD action: all-reduce, or reduce-scatter under ZeRO) takes on its rank's
+      collective stream, per stage; the caller's cost model (message size, algorithm,
+      the data-parallel group's links) gives it. Default 0. Only a schedule with
+      REDUCE_GRAD actions (`sim.passes.add_grad_reduce`) uses it.
     """
 
     forward: PerStage = 1.0
@@ -120,6 +125,7 @@ class Costs:
     before_compute: float = 0.0
     after_compute: float = 0.0
     transport: str = "gloo-cpu"
+    grad_reduce: PerStage = 0.0
 
     def __post_init__(self):
         for name in PER_STAGE:
@@ -164,6 +170,7 @@ class Costs:
             before_compute=float(self.before_compute),
             after_compute=float(self.after_compute),
             transport=self.transport,
+            grad_reduce=_per_stage("grad_reduce", self.grad_reduce, stages),
         )
 
     def to_dict(self) -> dict:
@@ -221,6 +228,7 @@ class StageCosts:
     before_compute: float = 0.0
     after_compute: float = 0.0
     transport: str = "gloo-cpu"
+    grad_reduce: tuple[float, ...] = ()
 
     def static_total(self, stage: int) -> float:
         """Bytes stage `stage` holds for the whole step: weights, gradients, optimizer

@@ -22,6 +22,11 @@ The rules (docs/rules.md; `exec` honours the same ones):
    before the compute starts (once its inputs are in) and `after_compute` after it ends.
 6. Memory of a device = static bytes (weights, gradients, optimizer state, the rest) + the activations of each micro-batch it holds,
    from the start of that micro-batch's F until the end of its last backward (B or W).
+7. A collective (REDUCE_GRAD, `sim.passes.add_grad_reduce`) is issued in program order and
+   does not hold the device: it runs on the rank's one collective stream, one at a time,
+   for its cost (`grad_reduce` of its stage), from the later of its issue and the end of
+   the collective before it. Its stage's backwards come before it in the program, so they
+   have ended by then. The step ends at the end of its last compute or collective.
 
 The engine knows actions, devices and links; the transport (`Costs.transport`, see
 `sim.transports`) decides when a transfer leaves its sender and what the calls cost the
@@ -52,7 +57,7 @@ from .result import Event, Result
 from .transports import Transport, transport_class
 
 INF = float("inf")
-_COMPUTE, _RECV = Role.COMPUTE, Role.RECV
+_COMPUTE, _RECV, _SEND = Role.COMPUTE, Role.RECV, Role.SEND
 
 
 class _Arrival(simpy.Event):
@@ -109,13 +114,16 @@ class _Run:
     """What a run recorded, as flat lists indexed by compute id (a transfer is numbered by
     the compute that receives it); `Event` records are made from them only on demand."""
 
-    def __init__(self, p: Plan, start, end, sent, posted, arrive):
+    def __init__(self, p: Plan, start, end, sent, posted, arrive, collective_start, collective_end, placement):
         self.plan = p
         self.start, self.end, self.sent, self.posted, self.arrive = start, end, sent, posted, arrive
+        self.collective_start, self.collective_end, self.placement = collective_start, collective_end, placement
 
     def events(self) -> list[Event]:
         p = self.plan
         out = [Event(r, a, s, e) for r, a, s, e in zip(p.rank, p.actions, self.start, self.end)]
+        out += [Event(self.placement[a.stage], a, s, e)
+                for a, s, e in zip(p.collectives, self.collective_start, self.collective_end)]
         for t, j in enumerate(p.producer):
             if j >= 0:
                 out.append(Event(p.rank[j], p.comm_action(t, True), self.sent[t], self.arrive[t], p.rank[t]))
@@ -178,14 +186,17 @@ def run(schedule: Schedule, c: StageCosts, durations: Mapping[Action, float] | N
     their program (not all of them if the ranks got stuck), and each rank's busy time."""
     p = plan(schedule)
     dur, at_start, at_end, link, busy, nlinks = _costs(p, c, schedule.placement)
+    collective_dur = [getattr(c, KINDS[a.kind].cost)[a.stage] for a in p.collectives]
     if durations:
         dur = [durations.get(a, d) for a, d in zip(p.actions, dur)]
+        collective_dur = [durations.get(a, d) for a, d in zip(p.collectives, collective_dur)]
     env = simpy.Environment()
     net = _Network(env, p, c, link, busy, nlinks, schedule.ranks)
     transport: Transport = transport_class(c.transport)(c)
     transport.prepare(p, dur)
     issued, posted_hook = transport.bind(net)
     start_of, end_of = [0.0] * len(p.actions), [0.0] * len(p.actions)
+    collective_of = ([0.0] * len(p.collectives), [0.0] * len(p.collectives), collective_dur)
     finished = [False] * schedule.ranks
     busy_time = [0.0] * schedule.ranks
     static = [0.0] * schedule.ranks
@@ -194,18 +205,19 @@ def run(schedule: Schedule, c: StageCosts, durations: Mapping[Action, float] | N
     memory = [[(0.0, static[r])] for r in range(schedule.ranks)]
     activations = [[(0.0, 0)] for _ in range(schedule.ranks)]
     device = _device_process(env, p, net, transport, c, dur, at_start, at_end, issued, posted_hook,
-                             start_of, end_of)
+                             start_of, end_of, collective_of)
     for r in range(schedule.ranks):
         env.process(device(r, static[r], memory[r], activations[r], finished, busy_time))
     env.run()
-    record = _Run(p, start_of, end_of, net.sent, net.posted, net.arrive_at)
+    record = _Run(p, start_of, end_of, net.sent, net.posted, net.arrive_at, *collective_of[:2], schedule.placement)
     return record, memory, activations, finished, busy_time
 
 
 def _device_process(env, p: Plan, net: _Network, transport: Transport, c: StageCosts, dur, at_start, at_end,
-                    issued, posted_hook, start_of, end_of):
+                    issued, posted_hook, start_of, end_of, collective_of):
     """The SimPy process of one device: it runs its program's `Op`s in order (rules 1-4,
-    11); the transport's hooks take its SENDs and RECVs."""
+    11); the transport's hooks take its SENDs and RECVs; its collectives go to its stream
+    (rule 7: `collective_of` = their starts, ends and durations)."""
     producer, sent, posted, arrive_at, waiter = p.producer, net.sent, net.posted, net.arrive_at, net.waiter
     free_until, held_until, resume = net.free_until, net.held_until, net.resume
     watch = transport.watches_devices
@@ -224,6 +236,7 @@ def _device_process(env, p: Plan, net: _Network, transport: Transport, c: StageC
         timeout = env.timeout
         now = env.now
         computing = 0.0  # this rank's busy time
+        stream = 0.0     # when this rank's collective stream is free
         prog, runnable = p.programs[r], p.runnable[r]
         for i, (role, x) in enumerate(prog if runnable == len(prog) else prog[:runnable], 1):
             if role is not _COMPUTE:
@@ -232,6 +245,11 @@ def _device_process(env, p: Plan, net: _Network, transport: Transport, c: StageC
                     posted[x] = now
                     posted_hook(x, now)
                     hold = recv_call
+                elif role is not _SEND:  # a collective: on the stream; the device goes on
+                    begin = stream if stream > now else now
+                    stream = begin + collective_of[2][x]
+                    collective_of[0][x], collective_of[1][x] = begin, stream
+                    continue
                 else:
                     sent[x] = now
                     if watch:
@@ -329,10 +347,10 @@ def simulate(schedule: Schedule, costs: Costs | None = None, durations: Mapping[
             raise AssertionError("the simulation stopped early but the schedule does not deadlock")
         # The step runs from the first action's start (each rank's first: 0 for a RECV post,
         # else its first compute's, after the runtime's own time before it) to the last
-        # compute's end: every transfer feeds a compute that starts after it arrives.
+        # compute's or collective's end: every transfer feeds a compute that starts after it arrives.
         t0 = min((record.start[prog[0].index] if prog[0].role is _COMPUTE else 0.0
                   for prog in record.plan.programs if prog), default=0.0)
-        makespan = max(record.end, default=0.0) - t0
+        makespan = max(max(record.end, default=0.0), max(record.collective_end, default=0.0)) - t0
         return Result(lowered or (lambda: lower(schedule)), record.events, memory, activations,
                       makespan=makespan, busy=busy, t0=t0)
     finally:

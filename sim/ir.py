@@ -2,8 +2,12 @@
 
 An `Action` names a model stage, a kind and a micro-batch; its text form is the one of
 torch.distributed.pipelining (`2F0` = stage 2, forward, micro-batch 0; `0SEND_F1`).
+A kind done once per stage per step (`sim.kinds.ONCE_PER_STAGE`: REDUCE_GRAD) has no
+micro-batch: its text form omits it, as torch's does (`0REDUCE_GRAD`), and its `Action`
+has micro-batch 0.
 A `Schedule` is plain data: for each device (rank) the ordered list of its actions, and
 the placement of stages on devices. Generators write compute actions only (F, B, I, W);
+`sim.passes.add_grad_reduce` adds the data-parallel reductions (REDUCE_GRAD) and
 `sim.passes.lower` derives the communication actions from the data dependencies.
 """
 from __future__ import annotations
@@ -15,11 +19,17 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import Callable, Iterable, NamedTuple, Sequence
 
-from .kinds import COMPUTE, Kind
+from .kinds import ONCE_PER_STAGE, TRANSFERS, Kind
 
 
-# Longest spellings first so that the alternation never stops at a prefix; fullmatch anyway.
-_ACTION_RE = re.compile(r"(\d+)(" + "|".join(sorted((k.value for k in Kind), key=len, reverse=True)) + r")(\d+)")
+def _alternatives(kinds) -> str:
+    # longest spellings first so that the alternation never stops at a prefix; fullmatch anyway
+    return "|".join(sorted((k.value for k in kinds), key=len, reverse=True))
+
+
+# <stage><kind><micro-batch>, or <stage><kind> for a kind done once per stage
+_ACTION_RE = re.compile(r"(\d+)(?:(" + _alternatives(set(Kind) - ONCE_PER_STAGE) + r")(\d+)|("
+                        + _alternatives(ONCE_PER_STAGE) + r"))")
 
 
 class ScheduleError(ValueError):
@@ -37,6 +47,9 @@ class Action(NamedTuple):
     micro: int
 
     def __str__(self) -> str:
+        if self.kind in ONCE_PER_STAGE:
+            # micro-batch 0 always: `Schedule` refuses another, and names it so
+            return f"{self.stage}{self.kind.value}" + (f"(micro={self.micro})" if self.micro else "")
         return f"{self.stage}{self.kind.value}{self.micro}"
 
     def __repr__(self) -> str:
@@ -44,13 +57,17 @@ class Action(NamedTuple):
 
     @classmethod
     def parse(cls, text: str) -> "Action":
-        """Parse torch.distributed.pipelining's action string, e.g. `1B3` or `0SEND_F1`."""
+        """Parse torch.distributed.pipelining's action string, e.g. `1B3`, `0SEND_F1` or
+        `0REDUCE_GRAD` (a kind done once per stage has no micro-batch)."""
         m = _ACTION_RE.fullmatch(text.strip())
         if m is None:
             raise ScheduleError(
                 f"not an action: {text!r}; expected <stage><kind><micro-batch> with kind in "
-                f"{', '.join(k.value for k in Kind)}, e.g. '2F0' or '0SEND_F1'"
+                f"{', '.join(k.value for k in Kind if k not in ONCE_PER_STAGE)}, e.g. '2F0' or '0SEND_F1', "
+                f"or <stage><kind> with kind in {', '.join(k.value for k in ONCE_PER_STAGE)}, e.g. '0REDUCE_GRAD'"
             )
+        if m.group(4):
+            return cls(int(m.group(1)), Kind(m.group(4)), 0)
         return cls(int(m.group(1)), Kind(m.group(2)), int(m.group(3)))
 
 
@@ -82,6 +99,15 @@ def check_actions(programs: Sequence[Sequence[Action]], placement: Sequence[int]
     for s in range(stages):
         for m in range(micro):
             _check_stage_micro(s, m, placement[s], cells, where)
+
+
+def _check_per_stage(programs: Sequence[Sequence[Action]], where: Where) -> None:
+    """An action of a kind done once per stage (REDUCE_GRAD) has micro-batch 0."""
+    for r, prog in enumerate(programs):
+        for i, a in enumerate(prog):
+            if a.kind in ONCE_PER_STAGE and a.micro != 0:
+                raise ScheduleError(f"{a} at {where(r, i)}: a {a.kind.value} is done once per stage and has no "
+                                    f"micro-batch; write it {a.stage}{a.kind.value} (micro-batch 0)")
 
 
 def _first_cells(programs: Sequence[Sequence[Action]], unique: set | None, where: Where) -> dict[Action, tuple[int, int]]:
@@ -166,13 +192,16 @@ class Schedule:
         if micro is None:
             micro = 1 + max((a.micro for prog in progs for a in prog), default=-1)
         check_actions(progs, placement, int(micro), where)
+        # asked often and the programs never change: compute them once
+        kinds = set(map(itemgetter(1), itertools.chain.from_iterable(progs)))
+        if not ONCE_PER_STAGE.isdisjoint(kinds):
+            _check_per_stage(progs, where)
         object.__setattr__(self, "programs", progs)
         object.__setattr__(self, "placement", placement)
         object.__setattr__(self, "micro", int(micro))
         object.__setattr__(self, "name", name)
-        # asked often and the programs never change: compute it once
-        object.__setattr__(self, "_lowered",
-                           not COMPUTE.issuperset(map(itemgetter(1), itertools.chain.from_iterable(progs))))
+        object.__setattr__(self, "_lowered", not TRANSFERS.isdisjoint(kinds))
+        object.__setattr__(self, "_collectives", not ONCE_PER_STAGE.isdisjoint(kinds))
 
     @property
     def ranks(self) -> int:
@@ -186,14 +215,20 @@ class Schedule:
         return self.placement[stage]
 
     def compute_only(self) -> "Schedule":
-        """The same schedule without communication actions."""
-        return Schedule([[a for a in p if a.kind.is_compute] for p in self.programs],
+        """The same schedule without its transfers (SEND, RECV): what `sim.lower` started
+        from. Collectives (REDUCE_GRAD) stay where they are."""
+        return Schedule([[a for a in p if a.kind not in TRANSFERS] for p in self.programs],
                         self.placement, self.micro, self.name)
 
     @property
     def is_lowered(self) -> bool:
         """Whether the programs hold SEND/RECV actions (see `sim.passes.lower`)."""
         return self._lowered
+
+    @property
+    def has_collectives(self) -> bool:
+        """Whether the programs hold collectives (REDUCE_GRAD, `sim.passes.add_grad_reduce`)."""
+        return self._collectives
 
     def to_csv(self) -> str:
         """torch's CSV: no header, row i = rank i, one action string per cell."""

@@ -13,6 +13,9 @@ The dependencies are written once here, as functions of (stage, micro-batch):
 - B(s, m) and I(s, m) need F(s, m) (the activations it saved) and, except on the last
   stage, the input gradient of stage s+1, made by B(s+1, m) or I(s+1, m).
 - W(s, m) needs I(s, m) (the output gradient it saw).
+- REDUCE_GRAD(s), once per stage per step, the data-parallel reduction of stage s's
+  gradients, needs every backward of stage s that makes weight gradients (B, or W where
+  the backward is split): all of them run on its own rank, before it in program order.
 
 A result that another rank consumes travels as a transfer: the producer's kind names its
 SEND (on the producer's rank) and its RECV (on the consumer's rank, one compute early).
@@ -35,6 +38,7 @@ class Kind(str, enum.Enum):
     RECV_F = "RECV_F"  # receive this stage's input activation from the previous stage
     SEND_B = "SEND_B"  # send this stage's input gradient to the previous stage
     RECV_B = "RECV_B"  # receive this stage's output gradient from the next stage
+    REDUCE_GRAD = "REDUCE_GRAD"  # reduce this stage's gradients over its data-parallel group (once per step)
 
     @property
     def spec(self) -> "KindSpec":
@@ -60,6 +64,9 @@ class Role(enum.Enum):
     COMPUTE = "compute"  # occupies its device for a cost; may need tensors from other ranks
     SEND = "send"        # issues the transfer of a tensor made on this rank
     RECV = "recv"        # posts the receive of a tensor a later compute on this rank needs
+    # issued in program order, runs on the rank's one collective stream (FIFO) while the
+    # device goes on with its program; one per stage, with no micro-batch (`ONCE_PER_STAGE`)
+    COLLECTIVE = "collective"
 
 
 Key = tuple  # (stage, Kind, micro): a compute action as a plain tuple (an `Action` is one)
@@ -82,7 +89,7 @@ class MemoryEffect:
 class KindSpec:
     """Everything about one kind of action.
 
-    - role: compute, send or recv.
+    - role: compute, send, recv or collective.
     - label, colour: how figures name and draw it.
     - handler: the name of the method of `exec`'s interpreter that runs it.
     Compute kinds:
@@ -93,6 +100,9 @@ class KindSpec:
       of F, -1 at the end of B or I); what W still needs after I is counted in bytes
       (`w_activation_bytes`), not as a micro-batch held.
     - send, recv: the SEND and RECV kinds that carry its result to a compute on another rank.
+    Collective kinds (REDUCE_GRAD):
+    - cost: the per-stage `Costs` field with its time on the collective stream.
+    - needs(stage, micro, stages, computes): the computes that must end before it starts.
     Transfer kinds (SEND, RECV):
     - peer: (stage offset, kind) of the other half of the transfer.
     - tensor_of: the stage offset whose output has the tensor's shape (the gradient with
@@ -140,6 +150,20 @@ def _weight_needs(s: int, m: int, stages: int, computes: Computes) -> list[Key]:
     return [(s, _I, m)]
 
 
+def _reduce_needs(s: int, m: int, stages: int, computes: Computes) -> list[Key]:
+    """Every backward of stage s that makes weight gradients, micro-batch 0, 1, ... as
+    long as `computes` has one (a complete schedule has them all)."""
+    out, m = [], 0
+    while True:
+        if (s, _B, m) in computes:
+            out.append((s, _B, m))
+        elif (s, Kind.W, m) in computes:
+            out.append((s, Kind.W, m))
+        else:
+            return out
+        m += 1
+
+
 _TAKE = MemoryEffect("activation_bytes", +1, "start")
 _GIVE_BACK = MemoryEffect("activation_bytes", -1, "end")
 _KEEP_FOR_W = MemoryEffect("w_activation_bytes", +1, "end")     # I: what W still needs stays
@@ -160,11 +184,18 @@ KINDS: Mapping[Kind, KindSpec] = {
     Kind.SEND_B: KindSpec(Role.SEND, "send gradient", "send", peer=(-1, Kind.RECV_B), tensor_of=-1),
     Kind.RECV_B: KindSpec(Role.RECV, "receive gradient", "recv", peer=(+1, Kind.SEND_B), tensor_of=0,
                           feeds=(Kind.B, Kind.I)),
+    Kind.REDUCE_GRAD: KindSpec(Role.COLLECTIVE, "R reduce grads", "reduce_grad", "#D55E00", cost="grad_reduce",
+                               needs=_reduce_needs),
 }
 
 COMPUTE = frozenset(k for k, spec in KINDS.items() if spec.role is Role.COMPUTE)
 SENDS = frozenset(k for k, spec in KINDS.items() if spec.role is Role.SEND)
 RECVS = frozenset(k for k, spec in KINDS.items() if spec.role is Role.RECV)
+TRANSFERS = SENDS | RECVS  # what `sim.lower` adds: a schedule with any of these is lowered
+COLLECTIVES = frozenset(k for k, spec in KINDS.items() if spec.role is Role.COLLECTIVE)
+# Kinds done once per stage per step: an action of one has micro-batch 0, and its text form
+# omits it (`0REDUCE_GRAD`, as torch.distributed.pipelining writes it).
+ONCE_PER_STAGE = COLLECTIVES
 NEEDS = {k: KINDS[k].needs for k in COMPUTE}  # kind -> its dependency function, for hot loops
 
 

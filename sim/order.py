@@ -45,7 +45,7 @@ def transfers_by_pair(schedule: Schedule) -> dict[tuple[int, int], tuple[list[Po
     for r, prog in enumerate(schedule.programs):
         for i, a in enumerate(prog):
             role = KINDS[a.kind].role
-            if role is Role.COMPUTE:
+            if role is not Role.SEND and role is not Role.RECV:  # a compute or a collective
                 continue
             other = schedule.rank_of(peer_key(*a)[0])
             key = (r, other) if role is Role.SEND else (other, r)

@@ -1,7 +1,8 @@
 """Passes over a `Schedule`: the one dependency function, validation, and lowering.
 
-Data flows one way: generators write compute actions -> `plan` numbers them and places
-the communication (`lower` writes it out as SEND/RECV actions) -> `sim.simulate` or `exec`
+Data flows one way: generators write compute actions -> `add_grad_reduce` may add the
+data-parallel gradient reductions (REDUCE_GRAD) -> `plan` numbers them and places the
+communication (`lower` writes it out as SEND/RECV actions) -> `sim.simulate` or `exec`
 run it; `check_deadlock` proves or explains whether it can finish.
 """
 from __future__ import annotations
@@ -11,16 +12,20 @@ import itertools
 from collections import Counter, deque
 from operator import itemgetter
 from functools import partial
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
+from .grad_reduce import add_grad_reduce, check_collectives
 from .ir import Action, Schedule, ScheduleError
-from .kinds import COMPUTE, KINDS, NEEDS, RECVS, SENDS, Computes, Kind, Role, needs, peer_key, \
-    recv_consumer, remote_inputs
+from .kinds import COLLECTIVES, COMPUTE, KINDS, NEEDS, RECVS, SENDS, TRANSFERS, Computes, Kind, Role, needs, \
+    peer_key, recv_consumer, remote_inputs
 
 # Hot loops name the kinds by these module globals: `Kind.F` is an attribute lookup on an
 # Enum class, several times slower than a global, and the passes make millions of them.
 _F, _B, _I, _W = Kind.F, Kind.B, Kind.I, Kind.W
-_COMPUTE, _SEND, _RECV = Role.COMPUTE, Role.SEND, Role.RECV
+_COMPUTE, _SEND, _RECV, _COLLECTIVE = Role.COMPUTE, Role.SEND, Role.RECV, Role.COLLECTIVE
+
+__all__ = ["dependencies", "waits_for", "compute_set", "check_complete", "add_grad_reduce", "lower", "Op", "Plan",
+           "plan", "peer", "check_deadlock", "check_communication", "validate"]
 
 
 def dependencies(a: Action, stages: int, computes: Computes) -> list[Action]:
@@ -57,6 +62,8 @@ def check_complete(schedule: Schedule) -> None:
     for s, r in enumerate(schedule.placement):
         if not 0 <= r < R:
             raise ScheduleError(f"stage {s} is placed on rank {r}, but there are only ranks 0..{R - 1}")
+    if schedule.has_collectives:
+        check_collectives(schedule)
     # A quick pass that counts with C-level tools; only a schedule that fails it is walked
     # action by action, to say exactly what is wrong.
     counts = Counter(itertools.chain.from_iterable(schedule.programs))
@@ -187,6 +194,8 @@ class Plan(NamedTuple):
     - runnable[r]: how far rank r gets: the index in programs[r] of the first compute that
       needs the result of a compute later in its own program, where it is stuck for good
       (len(programs[r]) if there is none)
+    - collectives[x]: collective x (a REDUCE_GRAD), numbered in program order over the
+      ranks; an `Op` of role COLLECTIVE names it by x
     """
 
     actions: list[Action]
@@ -194,6 +203,7 @@ class Plan(NamedTuple):
     producer: list[int]
     programs: list[list[Op]]
     runnable: list[int]
+    collectives: Sequence[Action] = ()
 
     def comm_action(self, t: int, sending: bool) -> Action:
         """The SEND (on the producer's rank) or the RECV (on the consumer's) of transfer t."""
@@ -205,6 +215,8 @@ class Plan(NamedTuple):
     def action(self, op: Op) -> Action:
         """The action that `op` stands for."""
         role, x = op
+        if role is _COLLECTIVE:
+            return self.collectives[x]
         return self.actions[x] if role is _COMPUTE else self.comm_action(x, role is _SEND)
 
 
@@ -213,6 +225,12 @@ def plan(schedule: Schedule) -> Plan:
     SENDs and RECVs stay where they are; for a compute-only one this is where the rules of
     `lower` place them, written once for `lower` and for the engine."""
     progs = schedule.compute_only().programs if schedule.is_lowered else schedule.programs
+    collectives: list[Action] = []
+    if schedule.has_collectives:  # numbered apart; `_insert_collectives` puts them back
+        places = [[(sum(a.kind in COMPUTE for a in prog[:i]), a) for i, a in enumerate(prog) if a.kind in COLLECTIVES]
+                  for prog in progs]
+        progs = [[a for a in prog if a.kind not in COLLECTIVES] for prog in progs]
+        collectives = [a for rank_places in places for _, a in rank_places]
     actions: list[Action] = list(itertools.chain.from_iterable(progs))
     n, stages = len(actions), schedule.stages
     rank = list(itertools.chain.from_iterable(itertools.repeat(r, len(p)) for r, p in enumerate(progs)))
@@ -231,10 +249,14 @@ def plan(schedule: Schedule) -> Plan:
                 stuck[rank[i]] = i
     computes = list(map(_new_op, zip(itertools.repeat(_COMPUTE), range(n))))
     if schedule.is_lowered:
+        collective_id = {a: x for x, a in enumerate(collectives)}
+
         def number(a: Action) -> Op:
             role = KINDS[a.kind].role
             if role is _COMPUTE:
                 return computes[cid[a]]
+            if role is _COLLECTIVE:
+                return Op(role, collective_id[a])
             recv = peer_key(*a) if role is _SEND else a  # the RECV: its consumer names the transfer
             return Op(role, cid[recv_consumer(*recv, cid)])
 
@@ -250,15 +272,34 @@ def plan(schedule: Schedule) -> Plan:
         for lo, hi in zip(first, first[1:]):
             steps = itertools.chain.from_iterable(zip(recvs[lo + 1:hi] + [None], computes[lo:hi], sends[lo:hi]))
             programs.append([op for op in itertools.chain(recvs[lo:lo + 1], steps) if op is not None])
+        if collectives:
+            _insert_collectives(programs, places, first, computes, sends)
     starts = [None if i is None else computes[i] for i in stuck]
     runnable = [len(prog) if op is None else prog.index(op) for prog, op in zip(programs, starts)]
-    return Plan(actions, rank, producer, programs, runnable)
+    return Plan(actions, rank, producer, programs, runnable, collectives)
+
+
+def _insert_collectives(programs: list[list[Op]], places, first: list[int], computes: list[Op], sends) -> None:
+    """Put each collective back after the compute it followed (and that compute's SEND):
+    `places[r]` holds (number of rank r's computes before it, the collective) in order."""
+    x = sum(map(len, places))
+    for r in reversed(range(len(programs))):
+        prog = programs[r]
+        for before, _ in reversed(places[r]):
+            x -= 1
+            at = 0
+            if before:
+                j = first[r] + before - 1   # the compute it follows
+                at = prog.index(computes[j]) + 1
+                if at < len(prog) and sends[j] is not None and prog[at] is sends[j]:
+                    at += 1
+            prog.insert(at, Op(_COLLECTIVE, x))
 
 
 def peer(a: Action) -> Action:
     """The other half of the transfer that a SEND or RECV action belongs to."""
-    if a.kind in COMPUTE:
-        raise ValueError(f"{a} is a compute action; only SEND/RECV have a peer")
+    if a.kind not in TRANSFERS:
+        raise ValueError(f"{a} is a {KINDS[a.kind].role.value} action; only SEND/RECV have a peer")
     return Action(*peer_key(*a))
 
 
@@ -285,7 +326,7 @@ def check_deadlock(schedule: Schedule) -> None:
 
 def _check_communication(schedule: Schedule, computes: Computes) -> None:
     """The SENDs and RECVs of a lowered schedule are exactly those that `lower` adds."""
-    comm = [a for p in schedule.programs for a in p if not a.kind in COMPUTE]
+    comm = [a for p in schedule.programs for a in p if a.kind in TRANSFERS]
     comm_set = {_key(a) for a in comm}
     for a in comm:
         if peer_key(*_key(a)) not in comm_set:
@@ -308,6 +349,8 @@ def _run_abstractly(schedule: Schedule, computes: Computes) -> None:
         s, k, m = a.stage, a.kind, a.micro
         if k in RECVS:
             return None
+        if k in COLLECTIVES:  # its rank's own backwards
+            return next((d for d in KINDS[k].needs(s, m, stages, computes) if d not in done), None)
         if k in SENDS:  # the tensor it sends: made by the compute its peer's consumer needs
             recv = peer_key(s, k, m)
             src = next(d for d in NEEDS[recv_consumer(*recv, computes)[1]](recv[0], m, stages, computes)

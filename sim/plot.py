@@ -121,8 +121,9 @@ def draw_timeline(result: Result, ax: "Axes", legend: bool | Sequence[Result] = 
     """Draw `result` as a Gantt chart on `ax`: one row per device (rank 0 on top), one
     bar per compute action coloured by kind (F, B, I, W) with its micro-batch number.
 
-    Only compute is drawn; the light track that shows through between bars is time the
-    device sits idle (the pipeline bubble). Times are relative to `result.t0`. A large
+    Compute is drawn, and each collective (REDUCE_GRAD) as a thin hatched bar along the
+    bottom of its row, as it runs beside the compute; the light track that shows through
+    between compute bars is time the device sits idle (the pipeline bubble). Times are relative to `result.t0`. A large
     step is drawn as `timeline_style` says: bars without outlines and numbers, or a heat
     map of the share of each time bin each device computes. `legend`: whether to draw
     one, or the results whose kinds and chunks it lists (a comparison's legend)."""

@@ -9,6 +9,7 @@ from typing import Callable
 
 from .files import atomic_write
 from .ir import Action, Schedule
+from .kinds import COLLECTIVES
 
 
 @dataclass(slots=True)
@@ -17,7 +18,8 @@ class Event:
 
     Compute actions (F, B, I, W) span the time the device computes. A SEND spans from
     the moment the rank issues it to the moment the data arrives at `peer`; a RECV from
-    the moment the rank posts it to the moment the data is there.
+    the moment the rank posts it to the moment the data is there. A collective
+    (REDUCE_GRAD) spans its time on the rank's collective stream.
     """
 
     rank: int
@@ -33,6 +35,10 @@ class Event:
     @property
     def is_compute(self) -> bool:
         return self.action.kind.is_compute
+
+    @property
+    def is_collective(self) -> bool:
+        return self.action.kind in COLLECTIVES
 
 
 class Result:
@@ -97,7 +103,7 @@ class Result:
         return len(self.memory)  # one series per rank; does not make a lazy schedule
 
     def busy(self) -> list[float]:
-        """Compute time of each rank."""
+        """Compute time of each rank (its collectives run beside it, on their stream)."""
         if self._busy is not None:
             return list(self._busy)
         busy = [0.0] * self.ranks
@@ -105,6 +111,14 @@ class Result:
             if e.action.kind.is_compute:
                 busy[e.rank] += e.end - e.start
         return busy
+
+    def collective_time(self) -> list[float]:
+        """Per rank, the time its collective stream is busy (its REDUCE_GRADs)."""
+        out = [0.0] * self.ranks
+        for e in self.events:
+            if e.action.kind in COLLECTIVES:
+                out[e.rank] += e.end - e.start
+        return out
 
     @property
     def bubble_fraction(self) -> float:
@@ -114,8 +128,9 @@ class Result:
         return 1.0 - sum(self.busy()) / (self.ranks * self.makespan)
 
     def spans(self) -> list[tuple[float, float]]:
-        """Per rank, (start of its first compute, end of its last); (0, 0) for a rank
-        that computes nothing."""
+        """Per rank, (start of its first compute, end of its last compute or collective:
+        its stages' weights are ready for the next step once their gradients are
+        reduced); (0, 0) for a rank that computes nothing."""
         if self._spans is not None:
             return list(self._spans)
         # events not made yet are made for this and let go (0.6 KB per stage x micro-batch
@@ -125,6 +140,8 @@ class Result:
         for e in events:
             if e.action.kind.is_compute:
                 first[e.rank] = min(first[e.rank], e.start)
+                last[e.rank] = max(last[e.rank], e.end)
+            elif e.action.kind in COLLECTIVES:
                 last[e.rank] = max(last[e.rank], e.end)
         self._spans = [(a, b) if b >= a else (0.0, 0.0) for a, b in zip(first, last)]
         return list(self._spans)

@@ -139,7 +139,8 @@ class GlooCpu(Rendezvous):
         the rank next lets its transport thread run if nothing makes it wait: at a SEND
         (it yields the core first), at a compute with an input from another rank (it
         waits for the data or takes it in), or at its end. A compute in between holds the
-        rank for its cost and the runtime's own time around it; a RECV post for its call."""
+        rank for its cost and the runtime's own time around it; a RECV post for its call;
+        a collective not at all."""
         if not self.watches_devices:
             return
         around = self.costs.before_compute + self.costs.after_compute
@@ -151,6 +152,8 @@ class GlooCpu(Rendezvous):
                 role, x = prog[i]
                 if role is Role.RECV:
                     ahead += self.recv_call
+                elif role is Role.COLLECTIVE:
+                    pass  # it goes to the collective stream: the rank does not stop
                 elif role is Role.SEND or plan.producer[x] >= 0:
                     ahead = 0.0
                 else:

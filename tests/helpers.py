@@ -34,12 +34,16 @@ def reference_times(schedule, costs):
     in late (rule 10), this records the windows in which each rank's transport thread may
     run (a SEND call's start, a wait for data and its taking in, the end) as the ranks
     advance, and finds the first one at or after the notice. With the `ideal` transport
-    the data leaves as the SEND is issued. What each kind does comes from `sim.KINDS`."""
+    the data leaves as the SEND is issued. What each kind does comes from `sim.KINDS`.
+    A collective (REDUCE_GRAD) does not hold its rank: it runs on the rank's own stream,
+    one at a time, from the later of its issue, the end of every backward (B or W) of its
+    stage and the end of the collective before it, for its stage's `grad_reduce`."""
     low = sim.lower(schedule) if not schedule.is_lowered else schedule
     c = costs.for_stages(low.stages)
     role = {k: spec.role for k, spec in KINDS.items()}
     rendezvous = c.transport != "ideal"
     clock = [0.0] * low.ranks           # when each rank is free
+    stream = [0.0] * low.ranks          # when each rank's collective stream is free
     windows = [[] for _ in range(low.ranks)]  # (from, to): its transport thread may run; to=None: open
     sent, posted, left, end = {}, {}, {}, {}
     pc = [0] * low.ranks
@@ -81,6 +85,11 @@ def reference_times(schedule, costs):
                     elif role[a.kind] is Role.RECV:
                         posted[a] = clock[r]
                         clock[r] += c.recv_overhead
+                    elif role[a.kind] is Role.COLLECTIVE:
+                        backwards = [t for x, t in end.items() if x.stage == a.stage and x.kind in (Kind.B, Kind.W)]
+                        assert len(backwards) == low.micro, f"{a} comes before its stage's backwards"
+                        start = max([clock[r], stream[r]] + backwards)
+                        end[a] = stream[r] = start + c.grad_reduce[a.stage]
                     else:
                         recvs = [x for x in posted if x.stage == a.stage and x.micro == a.micro and x not in end
                                  and a.kind in KINDS[x.kind].feeds]
@@ -103,7 +112,7 @@ def reference_times(schedule, costs):
                 if pc[r] == len(prog) and (not windows[r] or windows[r][-1][1] != math.inf):
                     windows[r].append((clock[r], math.inf))  # done: it waits for its sends
         if all(pc[r] == len(p) for r, p in enumerate(low.programs)):
-            return {a: t for a, t in end.items() if role[a.kind] is Role.COMPUTE}
+            return {a: t for a, t in end.items() if role[a.kind] in (Role.COMPUTE, Role.COLLECTIVE)}
         # Stuck: every rank left waits on a transfer whose notice came while its sender
         # was waiting. Each of those waits lasts past the earliest such notice (everything
         # it waits for comes after it), so that transfer leaves at its notice.
@@ -116,12 +125,12 @@ def reference_times(schedule, costs):
 
 
 def assert_matches_reference(schedule, costs):
-    """Simulate `schedule` and check every compute's end, and the makespan, against
-    `reference_times`; returns the `sim.Result`."""
+    """Simulate `schedule` and check every compute's and collective's end, and the
+    makespan, against `reference_times`; returns the `sim.Result`."""
     r = sim.simulate(schedule, costs)
     ref = reference_times(schedule, costs)
     for e in r.events:
-        if e.is_compute:
+        if e.is_compute or e.is_collective:
             assert e.end == pytest.approx(ref[e.action], rel=1e-9, abs=1e-9), str(e.action)
     assert r.t0 + r.makespan == pytest.approx(max(ref.values()))
     return r

@@ -348,6 +348,18 @@ def test_every_kind_has_its_handler_in_the_interpreter():
         assert callable(getattr(RankInterpreter, spec.handler, None)), (kind, spec.handler)
 
 
+def test_a_schedule_with_gradient_reductions_is_refused_before_any_rank_starts():
+    """exec has no data parallelism: a REDUCE_GRAD (sim.add_grad_reduce) is refused with
+    the reason, before a process starts; the handler says the same."""
+    from exec.interpreter import RankInterpreter
+    from exec.pipeline import run_pipeline
+    schedule = sim.add_grad_reduce(sim.make_schedule("1f1b", 2, 4), overlap=True)
+    with pytest.raises(ValueError, match=r"'1f1b' has REDUCE_GRAD actions .* exec has no data parallelism"):
+        run_pipeline(ModelSpec(layers=4, hidden=32, seq=8, batch_size=8), schedule, timeout=30)
+    with pytest.raises(ValueError, match="no data-parallel process group"):
+        RankInterpreter.reduce_grad(type("R", (), {"schedule": schedule})(), Action(0, Kind.REDUCE_GRAD, 0))
+
+
 # ---------------------------------------------------------------------------- the command line
 
 SMALL = ["--layers", "4", "--hidden", "32", "--seq", "8", "--batch-size", "8", "--micro", "4"]

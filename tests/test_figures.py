@@ -13,6 +13,7 @@ from matplotlib.patches import Rectangle
 import sim
 from helpers import gpipe_like, reference_times
 from sim import Kind
+from sim.bars import COLLECTIVE_COLORS
 from sim.plot import COLORS, HATCHES, plot_compare, plot_result, save_figure, timeline_style
 from sim.schedules import SCHEDULES, make_schedule
 
@@ -132,11 +133,12 @@ def _linear(hex_colour: str) -> np.ndarray:
 
 @pytest.mark.parametrize("vision", ["normal"] + list(DEFICIENCIES))
 def test_kind_colours_stay_apart_for_colour_blind_readers(vision):
-    """F, B, I and W are at least 5 just-noticeable differences apart, in normal vision
-    and simulated for each full dichromacy (the Okabe-Ito colours reach 17 at the closest)."""
-    assert set(COLORS) == {Kind.F, Kind.B, Kind.I, Kind.W}
+    """F, B, I, W and the gradient reduction R are at least 5 just-noticeable differences
+    apart, in normal vision and simulated for each full dichromacy (the Okabe-Ito colours
+    of F, B, I, W reach 17 at the closest, R's vermillion 8 from them)."""
+    assert set(COLORS) == {Kind.F, Kind.B, Kind.I, Kind.W} and set(COLLECTIVE_COLORS) == {Kind.REDUCE_GRAD}
     m = np.eye(3) if vision == "normal" else np.array(DEFICIENCIES[vision])
-    lab = {k: _lab(m @ _linear(c)) for k, c in COLORS.items()}
+    lab = {k: _lab(m @ _linear(c)) for k, c in {**COLORS, **COLLECTIVE_COLORS}.items()}
     for a, b in itertools.combinations(lab, 2):
         assert np.linalg.norm(lab[a] - lab[b]) >= 5 * JND, (vision, a, b)
 
@@ -211,3 +213,32 @@ def test_compare_lists_every_kind_and_chunk_of_its_schedules(v_split):
     assert fig._suptitle.get_text().startswith("4 devices, 8 micro-batches")
     assert "v-split (8 stages): makespan" in fig.axes[2].get_title(loc="left")
     assert "(steady " in fig.axes[0].get_title(loc="left")
+
+
+# ---------------------------------------------------------------- gradient reductions
+
+@pytest.mark.parametrize("micro", [4, 60])  # outlined bars, and dense ones
+def test_gradient_reductions_are_drawn_beside_the_compute(micro, tmp_path):
+    """Each REDUCE_GRAD is a thin bar in the bottom part of its rank's row, over the time
+    it runs, and the legend names it; the chart spans the step up to the last one."""
+    s = sim.add_grad_reduce(make_schedule("interleaved-1f1b", 2, micro, 2), overlap=True)
+    result = sim.simulate(s, sim.Costs(grad_reduce=3.0))
+    fig = plot_result(result)
+    chart = fig.axes[0]
+    bars = {p.get_gid().split()[1]: p for p in chart.patches if (p.get_gid() or "").startswith("collective")}
+    events = {str(e.action): e for e in result.events if e.action.kind is Kind.REDUCE_GRAD}
+    assert set(bars) == set(events) == {f"{st}REDUCE_GRAD" for st in range(4)}
+    for name, bar in bars.items():
+        e = events[name]
+        assert (bar.get_x(), bar.get_width()) == pytest.approx((e.start - result.t0, e.end - e.start))
+        assert e.rank < bar.get_y() and bar.get_y() + bar.get_height() <= e.rank + 0.45  # bottom of the row
+        assert bar.get_height() < 0.4
+    assert chart.get_xlim()[1] == pytest.approx(result.makespan) and result.makespan == max(e.end for e in events.values())
+    assert "R reduce grads (its stream)" in [t.get_text() for t in chart.get_legend().get_texts()]
+    save_figure(fig, tmp_path / "reduce.png")
+
+
+def test_chrome_trace_puts_reductions_on_the_comm_thread():
+    r = sim.simulate(sim.add_grad_reduce(make_schedule("1f1b", 2, 2), overlap=False), sim.Costs(grad_reduce=1.0))
+    reductions = [e for e in r.chrome_trace()["traceEvents"] if e.get("cat") == "REDUCE_GRAD"]
+    assert sorted((e["name"], e["tid"]) for e in reductions) == [("0REDUCE_GRAD", 1000), ("1REDUCE_GRAD", 1001)]

@@ -22,6 +22,9 @@ def test_every_kind_has_one_entry_that_names_real_fields():
         if spec.role is Role.COMPUTE:
             assert spec.cost in COST_FIELDS and spec.needs is not None and spec.peer is None
             assert all(e.field in COST_FIELDS and e.sign in (-1, 1) and e.at in ("start", "end") for e in spec.memory)
+        elif spec.role is Role.COLLECTIVE:  # once per stage, no memory, no transfer of its own
+            assert spec.cost in COST_FIELDS and spec.needs is not None and spec.peer is None
+            assert not spec.memory and spec.send is None and spec.recv is None
         else:
             assert spec.cost is None and spec.needs is None and spec.peer is not None
 
