@@ -16,13 +16,16 @@ estimate does not model is listed in docs/planner.md.
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 from .costs import Costs
 from .engine import simulate
 from .footprint import optimizer_step_bytes, state_bytes_per_param
 from .gpus import GPU, gpu as gpu_by_name
+from .grad_reduce import add_grad_reduce
 from .kernels import collective_time, gemm_time, link_bandwidth, memory_time, precision_bytes
+from .kinds import Kind
 from .layer import LayerTimes, Slice, layer_times
 from .partition import balanced, even
 from .result import Result
@@ -67,7 +70,7 @@ class Estimate:
     step_time: float
     tflops_per_gpu: float      # FLOPs executed (recompute included; Narayanan et al. 2021, Eq. 3) / s / GPU
     mfu: float                 # model FLOPs (no recompute; Korthikanti et al. 2022, Eq. 7) / (s * peak)
-    bubble_fraction: float
+    bubble_fraction: float     # the pipeline's: idle share of device-time until the last compute ends
     peak_memory: list[float]
     fits: bool
     result: Result
@@ -109,24 +112,47 @@ def estimate(model: Transformer | str, gpu: GPU | str = "a100-80gb", *, tp: int 
                  virtual, recompute, sequence_parallel, zero, precision, gpus_per_node, overlap_grad_reduce,
                  partition if isinstance(partition, str) else tuple(partition))
     warnings = check_layout(m, g, lay)
-    sched = make_schedule(lay.schedule, pp, lay.micro_batches, virtual, **schedule_options)
-    stages = sched.stages
     x = Slice(micro_batch, tp, sequence_parallel, precision, tp_network=tp > gpus_per_node)
     lt = layer_times(m, g, x, recompute)
     ends = _ends(m, g, x)
-    layers = _partition(m.layers, stages, lay.partition, lt, ends)
+    sched = _schedule(m, g, lay, x, lt, ends, schedule_options)
+    layers = _partition(m.layers, sched.stages, lay.partition, lt, ends)
     costs, parts = _stage_costs(m, g, lay, x, lt, ends, layers, sched.placement)
+    if any(costs.grad_reduce):
+        sched = add_grad_reduce(sched, overlap=overlap_grad_reduce)
     result = simulate(sched, costs)
     opt = optimizer_time(m, g, lay, layers, sched.placement)
     step = result.makespan + opt
+    # a split backward (I, W) cannot hide the tensor-parallel collectives under W as B does
+    splits = Counter(a.stage for prog in sched.programs for a in prog if a.kind is Kind.I)
+    parts["tp_collectives"] += sum(n * layers[s] for s, n in splits.items()) * (
+        lt.backward_input + lt.backward_weight - lt.backward) / pp
+    computed = max(e.end for e in result.events if e.is_compute)  # the last compute's end
+    busy = sum(result.busy()) / pp
+    parts.update(pipeline_bubble=computed - busy, grad_reduce=result.makespan - computed, optimizer=opt)
     peak = result.peak_memory
     flops = m.flops_per_iteration(lay.global_batch, recompute)
     model_flops = m.flops_per_iteration(lay.global_batch, "none")
-    parts["optimizer"] = opt
     return Estimate(m, g, lay, step_time=step, tflops_per_gpu=flops / step / lay.gpus / 1e12,
-                    mfu=model_flops / step / lay.gpus / g.flops(precision), bubble_fraction=result.bubble_fraction,
+                    mfu=model_flops / step / lay.gpus / g.flops(precision), bubble_fraction=1 - busy / computed,
                     peak_memory=peak, fits=max(peak) <= g.memory, result=result, layers_per_stage=layers,
                     time_parts=parts, memory_parts=_memory_parts(costs, sched, result), warnings=warnings)
+
+
+def _schedule(m: Transformer, g: GPU, lay: Layout, x: Slice, lt: LayerTimes, ends: dict, options: dict):
+    """The layout's schedule. zb-auto searches its order under this run's own costs and the
+    memory the GPU has left after the static bytes (unless the options say otherwise)."""
+    options = dict(options)
+    if lay.schedule == "zb-auto" and "costs" not in options:
+        placement = list(range(lay.pp))
+        layers = _partition(m.layers, lay.pp, lay.partition, lt, ends)
+        costs, _ = _stage_costs(m, g, lay, x, lt, ends, layers, placement)
+        c = costs.for_stages(lay.pp)
+        room = g.memory - max(map(c.static_total, placement))
+        options["costs"] = costs
+        if "memory_limit" not in options and room >= max(map(max, c.activation_bytes, c.w_activation_bytes)):
+            options["memory_limit"] = room
+    return make_schedule(lay.schedule, lay.pp, lay.micro_batches, lay.virtual, **options)
 
 
 def check_layout(m: Transformer, g: GPU, lay: Layout) -> list[str]:
@@ -223,25 +249,20 @@ def _stage_costs(m: Transformer, g: GPU, lay: Layout, x: Slice, lt: LayerTimes, 
     params = stage_params(m, layers, lay.tp, placement)
     network_pp = lay.tp * lay.dp >= lay.gpus_per_node or lay.tp > lay.gpus_per_node
     sent = sbh * e / lay.tp  # Narayanan et al. 2021, Sec. 4.1: scatter/gather across the tp ranks' links
-    reduce = grad_reduce_times(m, g, lay, params)
-    costs = Costs(forward=fwd, backward=bwd, backward_input=bi, backward_weight=bw, activation_bytes=act,
-                  w_activation_bytes=w_act, activation_bytes_sent=sent,
-                  weight_bytes=[p * per["weights"] for p in params], grad_bytes=[p * per["grads"] for p in params],
-                  optimizer_bytes=[p * per["optimizer"] for p in params],
+    reduce = grad_reduce_times(m, g, lay, params, placement)
+    costs = Costs(forward=tuple(fwd), backward=tuple(bwd), backward_input=tuple(bi), backward_weight=tuple(bw),
+                  activation_bytes=tuple(act), w_activation_bytes=tuple(w_act), activation_bytes_sent=sent,
+                  weight_bytes=tuple(p * per["weights"] for p in params),
+                  grad_bytes=tuple(p * per["grads"] for p in params),
+                  optimizer_bytes=tuple(p * per["optimizer"] for p in params),
                   latency=g.network_latency if network_pp else g.nvlink_latency,
                   bandwidth=link_bandwidth(g, network_pp), transport="ideal",
-                  **_reduce_field(reduce))
-    mb = lay.micro_batches
-    parts = {k: mb * sum(layers) * v / lay.pp for k, v in lt.parts.items()}
+                  grad_reduce=tuple(reduce))
+    # per device on average: the compute by part (the rest of the step: `estimate`)
+    mb, names = lay.micro_batches, {"gemm": "gemm", "memory": "memory_bound", "collectives": "tp_collectives"}
+    parts = {names[k]: mb * sum(layers) * v / lay.pp for k, v in lt.parts.items()}
     parts["embedding_and_output"] = mb * sum(ends.values()) / lay.pp
-    parts["grad_reduce"] = max(reduce)
     return costs, parts
-
-
-def _reduce_field(reduce: list[float]) -> dict:
-    """The data-parallel reduction as the engine's REDUCE_GRAD cost, where the engine has it."""
-    import dataclasses
-    return {"grad_reduce": reduce} if "grad_reduce" in {f.name for f in dataclasses.fields(Costs)} else {}
 
 
 def stage_params(m: Transformer, layers: list[int], tp: int, placement) -> list[float]:
@@ -258,15 +279,24 @@ def stage_params(m: Transformer, layers: list[int], tp: int, placement) -> list[
     return out
 
 
-def grad_reduce_times(m: Transformer, g: GPU, lay: Layout, params: list[float]) -> list[float]:
-    """Per stage, the data-parallel reduction of its gradients: a ring all-reduce of its
-    gradient bytes over dp ranks (ZeRO 1-2: a reduce-scatter and, after the optimizer, an
-    all-gather of the updated weights, the same bytes; ZeRO-3: 1.5x, Rajbhandari et al. 2020,
-    Sec. 7.2), through the network once tp fills a node."""
+def grad_reduce_times(m: Transformer, g: GPU, lay: Layout, params: list[float], placement) -> list[float]:
+    """Per stage, the reduction of its gradients (the engine's REDUCE_GRAD): a ring all-reduce
+    of its gradient bytes over the dp replicas (ZeRO 1-2: a reduce-scatter and, after the
+    optimizer, an all-gather of the updated weights, the same bytes; ZeRO-3: 1.5x,
+    Rajbhandari et al. 2020, Sec. 7.2), through the network once tp*dp exceeds a node; on the
+    first and last stage, where they are on two devices and the output layer is tied, also
+    the all-reduce of the word embedding's gradient between its two copies (Megatron-LM's
+    embedding group)."""
     grad = state_bytes_per_param(lay.precision)["grads"]
     network = lay.tp * lay.dp > lay.gpus_per_node
     scale = 1.5 if lay.zero == 3 else 1.0
-    return [scale * collective_time(g, "all_reduce", p * grad, lay.dp, network) for p in params]
+    out = [scale * collective_time(g, "all_reduce", p * grad, lay.dp, network) for p in params]
+    if m.params().tied and placement[0] != placement[-1]:
+        pipe_network = lay.tp * lay.dp >= lay.gpus_per_node
+        tied = collective_time(g, "all_reduce", m.vocab * m.hidden / lay.tp * grad, 2, pipe_network)
+        out[0] += tied
+        out[-1] += tied
+    return out
 
 
 def optimizer_time(m: Transformer, g: GPU, lay: Layout, layers: list[int], placement) -> float:

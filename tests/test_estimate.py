@@ -227,3 +227,27 @@ def test_unknown_names():
         sim.estimate("gpt5")
     with pytest.raises(ValueError, match="unknown GPU 'v100'"):
         sim.estimate("megatron-1.7b", "v100")
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(),
+    dict(tp=2, pp=4, dp=2, micro_batch=2, global_batch=32, schedule="interleaved-1f1b", recompute="selective",
+         sequence_parallel=True),
+    dict(tp=8, pp=2, dp=4, micro_batch=1, global_batch=32, schedule="zbv", zero=1, overlap_grad_reduce=True),
+])
+def test_time_parts_add_up_to_the_step(kwargs):
+    e = sim.estimate("megatron-3.6b", "a100-40gb", **kwargs)
+    assert sum(e.time_parts.values()) == pytest.approx(e.step_time)
+    assert min(e.time_parts.values()) >= 0 and 0 <= e.bubble_fraction < 1
+
+
+def test_the_data_parallel_reduction_ends_the_step():
+    """pp = 1: the stage's gradients are all-reduced after its last backward, so doubling the replicas
+    (and the batch) lengthens the step by exactly that all-reduce; the figure's schedule has one R."""
+    from sim.estimate import grad_reduce_times
+    one = sim.estimate("megatron-1.7b", "a100-80gb", micro_batch=4, global_batch=8)
+    two = sim.estimate("megatron-1.7b", "a100-80gb", micro_batch=4, global_batch=16, dp=2)
+    reduce = grad_reduce_times(two.model, A100, two.layout, stage_params(two.model, [24], 1, [0]), [0])
+    assert two.step_time - one.step_time == pytest.approx(reduce[0])
+    assert two.time_parts["grad_reduce"] == pytest.approx(reduce[0]) and one.time_parts["grad_reduce"] == 0
+    assert [str(a) for a in two.result.schedule.programs[0] if a.kind.value == "REDUCE_GRAD"] == ["0REDUCE_GRAD"]
