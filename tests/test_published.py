@@ -75,10 +75,9 @@ def test_table_5_ratio_is_at_most_the_layers_ratio(table_5):
     g = sim.GPUS[published.A100]
     for r, row in zip(table_5, published.KORTHIKANTI_TABLE_5):
         m = sim.MODELS[row[0]]
-        full = layer_times(m, g, Slice(row[4], x["tp"], False, published.KORTHIKANTI_PRECISION),
-"full")
-        present = layer_times(m, g, Slice(row[4], x["tp"], True, published.KORTHIKANTI_PRECISION),
-                                        "selective")
+        prec = published.KORTHIKANTI_PRECISION
+        full = layer_times(m, g, Slice(row[4], x["tp"], False, prec), "full")
+        present = layer_times(m, g, Slice(row[4], x["tp"], True, prec), "selective")
         assert 1.0 < r["ratio"] <= (full.forward + full.backward) / (present.forward + present.backward), r["model"]
 
 
