@@ -24,7 +24,8 @@ nbformat = pytest.importorskip("nbformat")
 
 def test_there_are_tutorials():
     names = [p.name for p in NOTEBOOKS]
-    for expected in ("01_why_pipelines.ipynb", "02_memory.ipynb", "03_real_runs.ipynb", "04_modern_schedules.ipynb"):
+    for expected in ("01_why_pipelines.ipynb", "02_memory.ipynb", "03_real_runs.ipynb", "04_modern_schedules.ipynb",
+                     "05_planning_a_real_run.ipynb"):
         assert expected in names
 
 

@@ -1,0 +1,123 @@
+"""How close is `sim.estimate` to published measurements? Prints four tables, each row with
+the predicted value, the published one and the error in %.
+
+    PYTHONPATH=. python benchmarks/bench_published.py          # the tables (a few seconds)
+    PYTHONPATH=. python benchmarks/bench_published.py --json   # the same rows as JSON
+
+(a) Narayanan et al. 2021, Table 1: TFLOP/s per GPU of ten GPT models on A100-80GB, fp16,
+    full recompute, micro-batch and interleaving of Megatron-LM's examples/sc21/run_table_1.sh.
+(b) Korthikanti et al. 2022, Table 4: one layer of the 22B model (t=8, b=4), forward and
+    backward in ms, for the five techniques.
+(c) Korthikanti et al. 2022, Table 5: iteration time with full recompute and with selective
+    recompute + sequence parallelism (no data parallelism), their ratio and MFU.
+(d) Where the time of one step goes (Table 1's 145.6B row, the only GPT-3-sized row with
+    data parallelism).
+
+The published settings and the comparisons are in sim/published.py; results and what they
+say about the model: docs/measurements.md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from sim import published  # noqa: E402
+
+PARTS_ROW = 6  # Table 1's 145.6B row: t=8, p=8, d=24, interleaved over 2 chunks
+
+
+def table(headers: list[str], rows: list[list]) -> str:
+    """A plain text table, columns right-aligned."""
+    cells = [[str(h) for h in headers]] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def pct(x: float) -> str:
+    return f"{x * 100:+.1f}%"
+
+
+def print_narayanan(rows: list[dict]) -> None:
+    print("(a) Narayanan et al. 2021, Table 1: TFLOP/s per GPU, A100-80GB, fp16, full recompute")
+    print(table(["model", "t", "p", "d", "b", "v", "m", "bubble", "fits", "predicted", "published", "error"],
+                [[r["model"], r["tp"], r["pp"], r["dp"], r["micro_batch"], r["virtual"], r["micro_batches"],
+                  f"{r['bubble']:.1%}", r["fits"], f"{r['predicted']:.1f}", r["published"], pct(r["error"])]
+                 for r in rows]))
+    errors = [abs(r["error"]) for r in rows]
+    print(f"mean |error| {sum(errors) / len(errors):.1%}, largest {max(errors):.1%}\n")
+
+
+def print_layer(rows: list[dict]) -> None:
+    print("(b) Korthikanti et al. 2022, Table 4: one 22B layer (t=8, b=4, s=2048), ms; "
+          "the paper says 'mixed precision' (bf16 and fp16 time alike here)")
+    print(table(["technique", "forward", "published", "error", "backward", "published", "error",
+                 "F+B", "published", "error"],
+                [[r["technique"], f"{r['forward']:.2f}", r["forward_published"], pct(r["forward_error"]),
+                  f"{r['backward']:.2f}", r["backward_published"], pct(r["backward_error"]),
+                  f"{r['combined']:.2f}", f"{r['combined_published']:.1f}", pct(r["combined_error"])]
+                 for r in rows]))
+    base = rows[0]["combined"]
+    print("overhead over the baseline, predicted (published): " + ", ".join(
+        f"{r['technique']} {r['combined'] / base - 1:+.0%} ({r['combined_published'] / rows[0]['combined_published'] - 1:+.0%})"
+        for r in rows[1:]) + "\n")
+
+
+def print_steps(rows: list[dict]) -> None:
+    print("(c) Korthikanti et al. 2022, Table 5: iteration time (s), t=8, no data parallelism; "
+          "'present' = selective recompute + sequence parallelism")
+    print(table(["model", "p", "v", "full", "published", "error", "present", "published", "error",
+                 "full/present", "published", "MFU", "published", "MFU from published time"],
+                [[r["model"], r["pp"], r["virtual"], f"{r['full']:.2f}", r["full_published"], pct(r["full_error"]),
+                  f"{r['present']:.2f}", r["present_published"], pct(r["present_error"]),
+                  f"{r['ratio']:.3f}", f"{r['ratio_published']:.3f}", f"{r['mfu']:.1%}", f"{r['mfu_published']:.1%}",
+                  f"{r['mfu_from_published_time']:.1%}"] for r in rows]))
+    print("'MFU from published time': Table 5's time with our model FLOPs (Eq. 7) at 312 TFLOP/s, "
+          "a check of the FLOP count\n")
+
+
+def parts_of_a_row() -> dict:
+    row = published.NARAYANAN_TABLE_1[PARTS_ROW]
+    e = published.narayanan_estimate(row)
+    return {"model": row[0], "step_time": e.step_time, "makespan": e.result.makespan,
+            "parts": published.time_parts(e)}
+
+
+def print_parts(p: dict) -> None:
+    print(f"(d) Where the time goes: {p['model']} as Table 1 ran it; seconds per pipeline device "
+          f"(mean over the {published.NARAYANAN_TABLE_1[PARTS_ROW][2]} devices)")
+    parts = p["parts"]
+    print(table(["part", "seconds", "of the step"],
+                [[k, f"{v:.3f}", f"{v / p['step_time']:.1%}"] for k, v in parts.items()]
+                + [["sum of the parts", f"{sum(parts.values()):.3f}", f"{sum(parts.values()) / p['step_time']:.1%}"],
+                   ["step_time", f"{p['step_time']:.3f}", "100.0%"]]))
+    print("step_time = the simulated makespan + the optimizer step; a part the simulation does not run "
+          "on the step's path (grad_reduce, while the engine has no REDUCE_GRAD action) is listed, not added\n")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true", help="print the rows as JSON instead of tables")
+    args = ap.parse_args(argv)
+    t = time.perf_counter()
+    out = {"narayanan_table_1": published.narayanan_table_1(), "korthikanti_table_4": published.korthikanti_table_4(),
+           "korthikanti_table_5": published.korthikanti_table_5(), "time_parts": parts_of_a_row()}
+    if args.json:
+        print(json.dumps(out, indent=1))
+        return 0
+    print_narayanan(out["narayanan_table_1"])
+    print_layer(out["korthikanti_table_4"])
+    print_steps(out["korthikanti_table_5"])
+    print_parts(out["time_parts"])
+    print(f"ran in {time.perf_counter() - t:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
