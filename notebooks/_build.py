@@ -1259,9 +1259,10 @@ show(plot_result(small.result))
 
 `est.time_parts` splits the step of one pipeline device (the mean over the devices): the
 layers' matmuls (`gemm`), their memory-bound kernels (LayerNorm, softmax, GeLU, dropout:
-`memory`), the tensor-parallel collectives the layers wait for (`collectives`), the embedding
-and output layer, the data-parallel gradient reduction, the optimizer step. What is left of the
-makespan is the pipeline's idle time (the bubble).
+`memory_bound`), the tensor-parallel collectives the layers wait for (`tp_collectives`), the
+embedding and output layer, the pipeline's idle time until the last compute ends
+(`pipeline_bubble`), the data-parallel gradient reduction the step still waits for after it
+(`grad_reduce`), the optimizer step. They add up to the step.
 
 `est.memory_parts` gives, per pipeline device, the bytes of weights, gradients, optimizer
 state (mixed-precision Adam: 2 + 4 + 12 bytes a parameter, divided by ZeRO) and the peak of
@@ -1270,7 +1271,7 @@ activations the schedule holds.
     code('''
 from sim import published
 
-parts = published.time_parts(est)   # est.time_parts and the idle time
+parts = est.time_parts
 fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(12, 4), gridspec_kw={"width_ratios": [1, 1.3]})
 ax_t.barh(list(parts), list(parts.values()), color="#4c72b0")
 ax_t.invert_yaxis()

@@ -155,9 +155,3 @@ def korthikanti_table_5() -> list[dict]:
                     "mfu": present.mfu, "mfu_published": row[8], "mfu_from_published_time": published_mfu(row),
                     "fits": [full.fits, present.fits]})
     return out
-
-
-def time_parts(e: Estimate) -> dict[str, float]:
-    """Where one step's time goes, seconds per pipeline device: the estimate's `time_parts`
-    and the idle time of the pipeline (bubble fraction times the makespan)."""
-    return {**e.time_parts, "idle (bubble)": e.bubble_fraction * e.result.makespan}
