@@ -82,7 +82,7 @@ class Slice:
     tp_network: bool = False
 
 
-def _gemms(m: Transformer, x: Slice) -> dict[str, tuple[int, int, int, int]]:
+def gemm_shapes(m: Transformer, x: Slice) -> dict[str, tuple[int, int, int, int]]:
     """Forward matmuls of one layer on one GPU as (m, n, k, batch), M = bs tokens."""
     b, s, h, f, t, a = x.micro_batch, m.seq, m.hidden, m.ffn, x.tp, m.heads
     tokens, head = b * s, h // a
@@ -106,7 +106,7 @@ def _kernel_bytes(m: Transformer, x: Slice, kernels, only=None) -> float:
 def layer_times(m: Transformer, gpu: GPU, x: Slice, recompute: str = "none") -> LayerTimes:
     """The times of one layer's passes on one GPU (see the module's docstring)."""
     _recompute(recompute)
-    p, shapes = x.precision, _gemms(m, x)
+    p, shapes = x.precision, gemm_shapes(m, x)
     fwd = {k: gemm_time(gpu, p, mm, n, kk, nb) for k, (mm, n, kk, nb) in shapes.items()}
     dx = {k: gemm_time(gpu, p, mm, kk, n, nb) for k, (mm, n, kk, nb) in shapes.items()}   # dY W^T
     dw = {k: gemm_time(gpu, p, kk, n, mm, nb) for k, (mm, n, kk, nb) in shapes.items()}   # X^T dY

@@ -11,7 +11,7 @@ from sim.estimate import stage_params
 from sim.footprint import optimizer_step_bytes, state_bytes_per_param
 from sim.gpus import gpu
 from sim.kernels import TILE, collective_time, gemm_flops, gemm_time
-from sim.layer import Slice, _gemms, layer_times
+from sim.layer import Slice, gemm_shapes, layer_times
 from sim.partition import balanced, even
 from sim.transformer import Transformer
 
@@ -71,7 +71,7 @@ def test_the_layer_matmuls_are_the_papers_flops(m, tp, b):
     gradients Qi et al.'s I and W: two independent counts of the same thing."""
     if m.heads % tp:
         return
-    shapes_ = _gemms(m, Slice(b, tp))
+    shapes_ = gemm_shapes(m, Slice(b, tp))
     fwd = sum(gemm_flops(*s) for s in shapes_.values())
     p = m.pass_flops(b)
     assert fwd * tp == pytest.approx(p["F"])
