@@ -16,6 +16,9 @@ Two models:
   transformer blocks (pre-LN causal self-attention + MLP), and the last layer is the
   final LayerNorm + LM head; random token ids, next-token targets, cross entropy.
 
+`ModelSpec.recompute` ("full", or "selective" for the GPT's attention core) runs the blocks
+under activation recomputation (`recomputed`, torch.utils.checkpoint).
+
 Splitting into stages (`partition`): "layers" gives every stage as equal a number of
 layers as possible; "time" profiles each layer's forward + backward on one
 micro-batch and chooses the contiguous cuts that minimise the slowest stage, preferring
