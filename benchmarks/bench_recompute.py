@@ -6,13 +6,15 @@
 For each schedule and recompute mode (`exec.models.ModelSpec.recompute`), `--rounds` runs of
 `exec.pipeline.run_pipeline` on the same GPT, each calibrated inside the run as `exec.run`
 does (a calibration round before every measured step), each giving its median measured
-step and the simulated step under its own costs. The tables give the medians over the
-rounds (peak memory is the same in every round and step).
+step and the simulated step under its own costs. A round runs every config once, so that
+a change of the machine's load falls on all of them. The tables give the medians over the
+rounds (peak memory is the same in every round and step); a mode's time cost against none
+is the median over rounds of the cost within each round.
 
 First table: step time measured and simulated and the error (simulated - measured) /
 measured; peak memory per rank (KiB), measured and simulated. Second table, each mode
 against none on the same schedule: the memory saved (peak none - peak mode, per rank), the
-time recompute costs ((step mode - step none) / step none), measured and simulated; the
+time recompute costs ((step mode - step none) / step none, paired by round), measured and simulated; the
 error of the simulated saving in % of the measured one, and of the simulated time cost in
 percentage points of the step (simulated cost - measured cost: a cost near 0 has no useful
 relative error).
@@ -33,25 +35,43 @@ from sim.files import atomic_write
 SPEC = ModelSpec("gpt", layers=4, batch_size=16)  # exec's default widths (hidden 128, seq 64), 4 blocks
 
 
-def one_config(spec: ModelSpec, schedule: str, micro: int, rounds: int, steps: int, warmup: int) -> dict:
-    """Medians over `rounds` runs of the measured and the simulated step; the peak memory."""
-    measured, simulated, peaks = [], [], set()
+def one_run(spec: ModelSpec, schedule: str, micro: int, steps: int, warmup: int) -> tuple[float, float, tuple, tuple]:
+    """One run calibrated inside: its median measured step, the simulated step under its
+    costs, and the measured and simulated peak memory per rank."""
+    run = run_pipeline(spec, schedule, 2, micro, steps=steps, warmup=warmup, calibrate=1, timeout=600)
+    if not run.grad_match:
+        raise RuntimeError(f"{schedule} recompute={spec.recompute}: gradients differ by {run.max_grad_diff}")
+    simulated = sim.simulate(run.schedule, run.costs)
+    print(f"  {schedule} {spec.recompute}: measured {run.measured_step_s * 1e3:.1f} ms, "
+          f"simulated {simulated.makespan * 1e3:.1f} ms", file=sys.stderr, flush=True)
+    return run.measured_step_s, simulated.makespan, tuple(run.result.peak_memory), tuple(simulated.peak_memory)
+
+
+def measure(schedules, modes, micro: int, rounds: int, steps: int, warmup: int) -> list[dict]:
+    """Every (schedule, mode) once per round, rounds one after the other, so that a change
+    of the machine's load falls on every mode alike; per config the medians over the rounds,
+    and each mode's time cost against none paired round by round."""
+    runs = {(n, m): [] for n in schedules for m in modes}
     for _ in range(rounds):
-        run = run_pipeline(spec, schedule, 2, micro, steps=steps, warmup=warmup, calibrate=1, timeout=600)
-        if not run.grad_match:
-            raise RuntimeError(f"{schedule} recompute={spec.recompute}: gradients differ by {run.max_grad_diff}")
-        sim_result = sim.simulate(run.schedule, run.costs)
-        measured.append(run.measured_step_s)
-        simulated.append(sim_result.makespan)
-        peaks.add((tuple(run.result.peak_memory), tuple(sim_result.peak_memory)))
-        print(f"  {schedule} {spec.recompute}: measured {run.measured_step_s * 1e3:.1f} ms, "
-              f"simulated {sim_result.makespan * 1e3:.1f} ms", file=sys.stderr, flush=True)
-    if len(peaks) != 1:
-        raise RuntimeError(f"{schedule} recompute={spec.recompute}: peak memory changed between rounds: {peaks}")
-    (meas_peak, sim_peak), = peaks
-    return {"schedule": schedule, "recompute": spec.recompute, "measured_s": statistics.median(measured),
-            "simulated_s": statistics.median(simulated), "measured_rounds_s": measured,
-            "simulated_rounds_s": simulated, "measured_peak": list(meas_peak), "simulated_peak": list(sim_peak)}
+        for name in schedules:
+            for mode in modes:
+                runs[(name, mode)].append(one_run(replace(SPEC, recompute=mode), name, micro, steps, warmup))
+    rows = []
+    for (name, mode), rs in runs.items():
+        peaks = {(r[2], r[3]) for r in rs}
+        if len(peaks) != 1:
+            raise RuntimeError(f"{name} recompute={mode}: peak memory changed between rounds: {peaks}")
+        (meas_peak, sim_peak), = peaks
+        row = {"schedule": name, "recompute": mode, "measured_s": statistics.median(r[0] for r in rs),
+               "simulated_s": statistics.median(r[1] for r in rs), "measured_rounds_s": [r[0] for r in rs],
+               "simulated_rounds_s": [r[1] for r in rs], "measured_peak": list(meas_peak),
+               "simulated_peak": list(sim_peak)}
+        if (name, "none") in runs and mode != "none":
+            base = runs[(name, "none")]
+            row["cost_measured"] = statistics.median(r[0] / b[0] - 1 for r, b in zip(rs, base))
+            row["cost_simulated"] = statistics.median(r[1] / b[1] - 1 for r, b in zip(rs, base))
+        rows.append(row)
+    return rows
 
 
 def _err(sim_value: float, meas_value: float) -> str:
@@ -78,8 +98,7 @@ def tables(rows: list[dict]) -> str:
             continue
         saved_m = [x - y for x, y in zip(b["measured_peak"], r["measured_peak"])]
         saved_s = [x - y for x, y in zip(b["simulated_peak"], r["simulated_peak"])]
-        cost_m = r["measured_s"] / b["measured_s"] - 1
-        cost_s = r["simulated_s"] / b["simulated_s"] - 1
+        cost_m, cost_s = r["cost_measured"], r["cost_simulated"]
         errs = "/".join(_err(s, m) for s, m in zip(saved_s, saved_m))
         out.append(f"{r['schedule']:<8} {r['recompute']:<9} {_kib(saved_m):>21} {_kib(saved_s):>20} {errs:>13}  "
                    f"{cost_m * 100:+13.1f}% {cost_s * 100:+6.1f}% {(cost_s - cost_m) * 100:+8.1f}")
@@ -96,8 +115,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--json", help="also write every number to this file")
     args = ap.parse_args()
-    rows = [one_config(replace(SPEC, recompute=mode), name, args.micro, args.rounds, args.steps, args.warmup)
-            for name in args.schedules for mode in args.modes]
+    rows = measure(args.schedules, args.modes, args.micro, args.rounds, args.steps, args.warmup)
     print(f"model: {SPEC}, micro {args.micro}, 2 gloo ranks, {args.rounds} rounds x {args.steps} steps")
     print(tables(rows))
     if args.json:
