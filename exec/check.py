@@ -7,6 +7,7 @@ the pipelined step and the reference see the same samples.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Sequence
 
 import torch
@@ -29,10 +30,12 @@ def split_micro_batches(inputs: torch.Tensor, targets: torch.Tensor, micro: int
 def reference_step(spec, micro: int) -> tuple[float, list[torch.Tensor]]:
     """The same step in one process, without a pipeline: the whole model on the whole
     batch. Returns the loss and every parameter's gradient, in model order (the order of
-    the stages' parameters one after the other). `micro` is checked to divide the batch."""
+    the stages' parameters one after the other). `micro` is checked to divide the batch.
+    It never recomputes (`ModelSpec.recompute` is set to "none"), so that a pipeline that
+    does is checked against one that does not."""
     inputs, targets = spec.batch()
     split_micro_batches(inputs, targets, micro)  # the same error as the pipeline for a bad micro
-    model = nn.Sequential(*spec.build_layers())
+    model = nn.Sequential(*replace(spec, recompute="none").build_layers())
     loss = spec.loss(model(inputs), targets)
     loss.backward()
     return loss.item(), [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)

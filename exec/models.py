@@ -16,6 +16,9 @@ Two models:
   transformer blocks (pre-LN causal self-attention + MLP), and the last layer is the
   final LayerNorm + LM head; random token ids, next-token targets, cross entropy.
 
+`ModelSpec.recompute` ("full", or "selective" for the GPT's attention core) runs the blocks
+under activation recomputation (`recomputed`, torch.utils.checkpoint).
+
 Splitting into stages (`partition`): "layers" gives every stage as equal a number of
 layers as possible; "time" profiles each layer's forward + backward on one
 micro-batch and chooses the contiguous cuts that minimise the slowest stage, preferring
@@ -32,22 +35,38 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
-__all__ = ["ModelSpec", "MLPBlock", "Embedding", "Block", "Head", "balanced_cuts", "layer_times", "stage_bounds"]
+from sim.transformer import RECOMPUTE
+
+__all__ = ["ModelSpec", "MLPBlock", "Embedding", "Block", "Head", "balanced_cuts", "layer_times", "stage_bounds",
+           "RECOMPUTE"]
 
 
 # ---------------------------------------------------------------------------- layers
 
-class MLPBlock(nn.Module):
-    """x + Linear(GELU(Linear(LayerNorm(x)))): a pre-LN residual MLP block."""
+def recomputed(fn, *args: torch.Tensor) -> torch.Tensor:
+    """`fn(*args)`, keeping for the backward only `args` (autograd saves them); the backward
+    runs `fn` again first to get what it needs (torch.utils.checkpoint, non-reentrant: the
+    graph is the ordinary one, its saved tensors are recomputed on first use)."""
+    return checkpoint(fn, *args, use_reentrant=False)
 
-    def __init__(self, hidden: int, ffn: int):
+
+class MLPBlock(nn.Module):
+    """x + Linear(GELU(Linear(LayerNorm(x)))): a pre-LN residual MLP block. With
+    `recompute="full"` it keeps only its input for the backward (`recomputed`)."""
+
+    def __init__(self, hidden: int, ffn: int, recompute: str = "none"):
         super().__init__()
+        self.recompute = recompute
         self.ln = nn.LayerNorm(hidden)
         self.fc1 = nn.Linear(hidden, ffn)
         self.fc2 = nn.Linear(ffn, hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return recomputed(self._forward, x) if self.recompute == "full" else self._forward(x)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.fc2(F.gelu(self.fc1(self.ln(x))))
 
 
@@ -65,13 +84,17 @@ class Embedding(nn.Module):
 
 
 class Block(nn.Module):
-    """A pre-LN transformer block: x + attn(ln1(x)), then x + mlp(ln2(x)); causal."""
+    """A pre-LN transformer block: x + attn(ln1(x)), then x + mlp(ln2(x)); causal.
 
-    def __init__(self, hidden: int, heads: int):
+    `recompute`: "full" keeps only the block's input for the backward; "selective" only
+    recomputes the attention core, softmax(QK^T)V (Korthikanti et al. 2022, Sec. 4.3), and
+    keeps everything else (`recomputed`)."""
+
+    def __init__(self, hidden: int, heads: int, recompute: str = "none"):
         super().__init__()
         if hidden % heads:
             raise ValueError(f"hidden ({hidden}) must be a multiple of heads ({heads})")
-        self.heads = heads
+        self.heads, self.recompute = heads, recompute
         self.ln1 = nn.LayerNorm(hidden)
         self.qkv = nn.Linear(hidden, 3 * hidden)
         self.proj = nn.Linear(hidden, hidden)
@@ -80,12 +103,20 @@ class Block(nn.Module):
         self.fc2 = nn.Linear(4 * hidden, hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return recomputed(self._forward, x) if self.recompute == "full" else self._forward(x)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, h = x.shape
         q, k, v = self.qkv(self.ln1(x)).split(h, dim=2)
         q, k, v = (z.view(b, t, self.heads, h // self.heads).transpose(1, 2) for z in (q, k, v))
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        a = recomputed(_attention, q, k, v) if self.recompute == "selective" else _attention(q, k, v)
         x = x + self.proj(a.transpose(1, 2).reshape(b, t, h))
         return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The attention core: causal softmax(QK^T / sqrt(d)) V."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
 class Head(nn.Module):
@@ -109,6 +140,11 @@ class ModelSpec:
     `layers` counts the MLP blocks ("mlp") or the transformer blocks ("gpt"; the model
     then has `layers + 2` layers with the embedding and the head). `ffn` optionally gives
     each MLP block its own inner width (default 4 * hidden), to make uneven models.
+    `recompute` (activation recomputation, one of `RECOMPUTE`): "full" runs every block
+    under `torch.utils.checkpoint`, so that it keeps only its input from its forward to
+    its backward, which recomputes the forward first; "selective" ("gpt" only) recomputes
+    the attention core alone. The embedding and the head are never recomputed. It
+    changes what is kept and when it is computed, never a number.
     The defaults run a step on 2 CPU ranks in a fraction of a second, with enough
     compute per micro-batch (milliseconds per stage) that it dominates python overhead.
     """
@@ -123,6 +159,7 @@ class ModelSpec:
     seed: int = 0
     dtype: str = "float32"
     ffn: tuple[int, ...] | None = None
+    recompute: str = "none"
 
     def __post_init__(self):
         if self.model not in ("mlp", "gpt"):
@@ -138,6 +175,11 @@ class ModelSpec:
             if self.model != "mlp" or len(self.ffn) != self.layers:
                 raise ValueError(f"ModelSpec.ffn gives one inner width per MLP block: {self.layers} values "
                                  f"for model 'mlp', got {len(self.ffn)} for model {self.model!r}")
+        if self.recompute not in RECOMPUTE:
+            raise ValueError(f"ModelSpec.recompute must be one of {', '.join(RECOMPUTE)}, got {self.recompute!r}")
+        if self.recompute == "selective" and self.model != "gpt":
+            raise ValueError("ModelSpec.recompute='selective' recomputes the attention core, which only model 'gpt' "
+                             "has; use recompute='full' for model 'mlp'")
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -154,10 +196,10 @@ class ModelSpec:
             torch.manual_seed(self.seed)
             if self.model == "mlp":
                 widths = self.ffn or (4 * self.hidden,) * self.layers
-                layers: list[nn.Module] = [MLPBlock(self.hidden, w) for w in widths]
+                layers: list[nn.Module] = [MLPBlock(self.hidden, w, self.recompute) for w in widths]
             else:
                 layers = [Embedding(self.vocab, self.seq, self.hidden)]
-                layers += [Block(self.hidden, self.heads) for _ in range(self.layers)]
+                layers += [Block(self.hidden, self.heads, self.recompute) for _ in range(self.layers)]
                 layers.append(Head(self.hidden, self.vocab))
         return [layer.to(self.torch_dtype) for layer in layers]
 

@@ -13,7 +13,8 @@ the simulator needs: read with `--costs FILE`, or calibrated inside the run, on 
 modules, processes and cores of the steps, a round before each measured step
 (`exec.pipeline.run_pipeline(calibrate=1)`); `--out` keeps them as `costs.json`
 (`sim.save_costs`). `--optimizer` picks SGD (default) or AdamW; its state counts in
-every rank's static memory, measured and simulated.
+every rank's static memory, measured and simulated. `--recompute full` (or `selective`,
+gpt only) recomputes activations (`exec.models.ModelSpec.recompute`).
 
 Exit status: 0 ok (even if the gradients do not match: read `grad_match`), 1 a rank
 failed or the run timed out, 2 bad arguments.
@@ -32,6 +33,7 @@ from typing import NoReturn, Sequence
 from sim.cli import OneLineParser, number, whole
 
 from exec.optim import OPTIMIZERS  # torch is imported only once the arguments are read
+from sim.transformer import RECOMPUTE
 
 PROG = "exec.run"
 
@@ -58,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--seq", type=whole, help="sequence length")
     m.add_argument("--batch-size", type=whole, help="samples per step (a multiple of --micro)")
     m.add_argument("--seed", type=int, help="weights and batch seed")
+    m.add_argument("--recompute", choices=list(RECOMPUTE), default="none",
+                   help="activation recomputation: full = every block keeps only its input and recomputes "
+                        "its forward before its backward; selective (gpt) = the attention core only (default none)")
     r = p.add_argument_group("run")
     r.add_argument("--backend", choices=["gloo", "nccl"], default="gloo",
                    help="gloo: CPU processes; nccl: one GPU per rank (default gloo)")
@@ -108,7 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                              max_grad_diff=run.max_grad_diff)
     summary = run.summary()
     summary.update(simulated_step_s=None, error_pct=None, model=spec.model, backend=args.backend,
-                   balance=args.balance)
+                   balance=args.balance, recompute=spec.recompute)
     if comparison is not None:
         cj = comparison.as_json()
         summary.update({k: v for k, v in cj.items() if k not in summary or k in ("simulated_step_s", "error_pct")})
@@ -135,7 +140,8 @@ def _check(parser: argparse.ArgumentParser, args):
     from exec.models import ModelSpec
     from exec.pipeline import parse_fault
 
-    sizes = {k: getattr(args, k) for k in ("layers", "hidden", "seq", "batch_size", "seed") if getattr(args, k) is not None}
+    sizes = {k: getattr(args, k) for k in ("layers", "hidden", "seq", "batch_size", "seed", "recompute")
+             if getattr(args, k) is not None}
     try:
         spec = ModelSpec(model=args.model, **sizes)
         fault = parse_fault(args.fault)
@@ -203,6 +209,7 @@ def _table(s: dict) -> str:
         ("schedule", f"{s['schedule']}: {s['stages']} stages on {s['ranks']} ranks, {s['micro']} micro-batches"),
         ("stage layers", ", ".join(f"{a}-{b - 1}" for a, b in zip(s["bounds"], s["bounds"][1:]))),
         ("optimizer", s["optimizer"]),
+        ("recompute", s.get("recompute", "none")),
         ("measured step", f"{s['measured_step_s'] * 1e3:.2f} ms (median of {len(s['step_times_s'])}; "
                           f"min {min(s['step_times_s']) * 1e3:.2f}, max {max(s['step_times_s']) * 1e3:.2f})"),
     ]

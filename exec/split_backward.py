@@ -20,6 +20,13 @@ written out small:
 4. `backward_weight` runs, per group, `torch.autograd.grad` from those nodes, with the kept
    gradients, to the group's parameters only, adds the results to `.grad`, and frees the rest.
 
+Under activation recomputation (`exec.models.recomputed`, torch.utils.checkpoint) the graph
+is the same and its saved tensors are recomputed on first use: I recomputes each block's
+forward. W recomputes it once more: torch's checkpoint hands each recomputed tensor out once
+per backward call, and a weight-edge node that I runs (for its input gradient) uses the
+tensors W needs too (a matmul's input). W's calls, one per group, share one recomputation
+(`GraphExecGroup`); between I and W the stage keeps only the blocks' inputs.
+
 Where the input needs no gradient (the first stage) there are no weight edges to cut at: I
 keeps the whole graph and does nothing, and W is the whole backward, to the weights only
 (torch does the same). So is any stage with a parameter that no path from its input
@@ -27,10 +34,16 @@ reaches (its gradient could not be cut from I's walk).
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 import torch
 from torch.autograd.graph import GradientEdge, Node
+
+try:  # a checkpointed region recomputes once for all the backward calls inside it (pytorch/pytorch#166536)
+    from torch.utils.checkpoint import GraphExecGroup as _OneRecompute
+except ImportError:  # older torch: each of W's calls recomputes (the same numbers, more time)
+    _OneRecompute = contextlib.nullcontext
 
 __all__ = ["WeightWork", "backward_input", "backward_weight"]
 
@@ -154,7 +167,12 @@ def backward_input(out: torch.Tensor, grad: torch.Tensor | None, x: torch.Tensor
 
 def backward_weight(work: WeightWork) -> None:
     """W: the weight gradients from what I kept, added to each parameter's `.grad`; frees
-    what I kept."""
+    what I kept. A recomputed block is recomputed once for all of W's calls."""
+    with _OneRecompute():
+        _weight_gradients(work)
+
+
+def _weight_gradients(work: WeightWork) -> None:
     if work.whole is not None:
         out, grad = work.whole
         torch.autograd.backward(out, grad, inputs=[p for p in work.params if p.requires_grad])
