@@ -250,6 +250,11 @@ def _stage_costs(m: Transformer, g: GPU, lay: Layout, x: Slice, lt: LayerTimes, 
     network_pp = lay.tp * lay.dp >= lay.gpus_per_node or lay.tp > lay.gpus_per_node
     sent = sbh * e / lay.tp  # Narayanan et al. 2021, Sec. 4.1: scatter/gather across the tp ranks' links
     reduce = grad_reduce_times(m, g, lay, params, placement)
+    gather, scatter = zero3_times(g, lay, params)
+    fwd = [t + a for t, a in zip(fwd, gather)]
+    bwd = [t + a + r for t, a, r in zip(bwd, gather, scatter)]
+    bi = [t + a for t, a in zip(bi, gather)]
+    bw = [t + r for t, r in zip(bw, scatter)]
     costs = Costs(forward=tuple(fwd), backward=tuple(bwd), backward_input=tuple(bi), backward_weight=tuple(bw),
                   activation_bytes=tuple(act), w_activation_bytes=tuple(w_act), activation_bytes_sent=sent,
                   weight_bytes=tuple(p * per["weights"] for p in params),
@@ -262,6 +267,7 @@ def _stage_costs(m: Transformer, g: GPU, lay: Layout, x: Slice, lt: LayerTimes, 
     mb, names = lay.micro_batches, {"gemm": "gemm", "memory": "memory_bound", "collectives": "tp_collectives"}
     parts = {names[k]: mb * sum(layers) * v / lay.pp for k, v in lt.parts.items()}
     parts["embedding_and_output"] = mb * sum(ends.values()) / lay.pp
+    parts["zero3_collectives"] = mb * (2 * sum(gather) + sum(scatter)) / lay.pp
     return costs, parts
 
 
@@ -282,21 +288,37 @@ def stage_params(m: Transformer, layers: list[int], tp: int, placement) -> list[
 def grad_reduce_times(m: Transformer, g: GPU, lay: Layout, params: list[float], placement) -> list[float]:
     """Per stage, the reduction of its gradients (the engine's REDUCE_GRAD): a ring all-reduce
     of its gradient bytes over the dp replicas (ZeRO 1-2: a reduce-scatter and, after the
-    optimizer, an all-gather of the updated weights, the same bytes; ZeRO-3: 1.5x,
-    Rajbhandari et al. 2020, Sec. 7.2), through the network once tp*dp exceeds a node; on the
+    optimizer, an all-gather of the updated weights, the same bytes, Rajbhandari et al. 2020,
+    Sec. 7.2; ZeRO-3 reduces each micro-batch's in its backward instead: `zero3_times`),
+    through the network once tp*dp exceeds a node; on the
     first and last stage, where they are on two devices and the output layer is tied, also
     the all-reduce of the word embedding's gradient between its two copies (Megatron-LM's
     embedding group)."""
     grad = state_bytes_per_param(lay.precision)["grads"]
     network = lay.tp * lay.dp > lay.gpus_per_node
-    scale = 1.5 if lay.zero == 3 else 1.0
-    out = [scale * collective_time(g, "all_reduce", p * grad, lay.dp, network) for p in params]
+    # ZeRO-3 reduce-scatters every micro-batch's gradients in its backward (`zero3_times`)
+    out = [0.0 if lay.zero == 3 else collective_time(g, "all_reduce", p * grad, lay.dp, network) for p in params]
     if m.params().tied and placement[0] != placement[-1]:
         pipe_network = lay.tp * lay.dp >= lay.gpus_per_node
         tied = collective_time(g, "all_reduce", m.vocab * m.hidden / lay.tp * grad, 2, pipe_network)
         out[0] += tied
         out[-1] += tied
     return out
+
+
+def zero3_times(g: GPU, lay: Layout, params: list[float]) -> tuple[list[float], list[float]]:
+    """Per stage and micro-batch under ZeRO-3, the all-gather of the stage's 16-bit weights
+    from their dp shards (before F, and again before the backward) and the reduce-scatter of
+    its gradients (after it): DeepSpeed's ZeRO-3, 1.5x a data-parallel all-reduce's bytes per
+    micro-batch (Rajbhandari et al. 2020, Sec. 7.2.2). Taken as not overlapped with the
+    compute (DeepSpeed prefetches some of it; not modelled). Zero for other stages."""
+    if lay.zero != 3:
+        return [0.0] * len(params), [0.0] * len(params)
+    network = lay.tp * lay.dp > lay.gpus_per_node
+    weight = precision_bytes(lay.precision)
+    gather = [collective_time(g, "all_gather", p * weight, lay.dp, network) for p in params]
+    scatter = [collective_time(g, "reduce_scatter", p * weight, lay.dp, network) for p in params]
+    return gather, scatter
 
 
 def optimizer_time(m: Transformer, g: GPU, lay: Layout, layers: list[int], placement) -> float:
