@@ -135,8 +135,7 @@ class Plan:
 
     def summary(self) -> dict:
         """The plan as plain data (JSON-ready)."""
-        from .estimate import _model_name
-        return {"model": _model_name(self.model), "gpu": self.gpu.name, "gpus": self.gpus,
+        return {"model": model_name(self.model), "gpu": self.gpu.name, "gpus": self.gpus,
                 "global_batch": self.global_batch, "enumerated": self.enumerated, "simulated": self.simulated,
                 "seconds": self.seconds, "dropped": dict(self.dropped), "rows": [r.summary() for r in self.rows]}
 
@@ -421,7 +420,7 @@ def search(model: Transformer | str, gpu: GPU | str, gpus: int, global_batch: in
     value or a list), max_micro_batch, max_virtual. `progress(done, total)` is called as
     configurations are settled. Raises ValueError naming the fix for what cannot run."""
     start = time.perf_counter()
-    m = model_by_name(model) if isinstance(model, str) else model
+    m = find_model(model) if isinstance(model, str) else model
     g = gpu_by_name(gpu) if isinstance(gpu, str) else gpu
     _positive("gpus", gpus), _positive("global_batch", global_batch), _positive("gpus_per_node", gpus_per_node)
     if top is not None:
@@ -484,6 +483,26 @@ def search(model: Transformer | str, gpu: GPU | str, gpus: int, global_batch: in
                                                  **rows[0].config.kwargs()), keep=True)
     return Plan(m, g, gpus, global_batch, rows, points, dropped, len(configs), len(points),
                 time.perf_counter() - start)
+
+
+def find_model(name: str) -> Transformer:
+    """A preset by name: `sim.MODELS`, or SageMaker's GPT-2 models (`sim.sagemaker.MODELS`)."""
+    from .sagemaker import MODELS as SAGEMAKER
+    from .transformer import MODELS
+    key = name.strip().lower().replace("_", "-") if isinstance(name, str) else name
+    if key in SAGEMAKER:
+        return SAGEMAKER[key]
+    if key not in MODELS:
+        raise ValueError(f"unknown model {name!r}; known: {', '.join([*MODELS, *SAGEMAKER])}")
+    return model_by_name(key)
+
+
+def model_name(m: Transformer) -> str:
+    """The preset's name of `m`, or its shape."""
+    from .sagemaker import MODELS as SAGEMAKER
+    from .transformer import MODELS
+    return next((n for n, x in {**MODELS, **SAGEMAKER}.items() if x == m),
+                f"l{m.layers}-h{m.hidden}-a{m.heads}-s{m.seq}-v{m.vocab}")
 
 
 def rank_of(plan: Plan, step_time: float) -> int:
