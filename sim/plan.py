@@ -214,9 +214,10 @@ def layouts(m: Transformer, gpus: int, global_batch: int, *, tp=None, pp=None, m
                     continue
                 out.append((t, p, d, b))
     if not out:
-        raise ValueError(f"no layout of {gpus} GPUs splits a global batch of {global_batch} into whole "
-                         f"micro-batches{'' if micro_batch is None else f' of {micro_batch}'} over dp replicas; "
-                         f"make the global batch a multiple of dp * micro_batch (dp = gpus / (tp * pp))")
+        sizes = "" if micro_batch is None else f" of {','.join(map(str, _choices('micro_batch', micro_batch, [])))}"
+        raise ValueError(f"global batch {global_batch} does not split into whole micro-batches{sizes} over the dp "
+                         f"replicas of any layout of {gpus} GPUs; make it a multiple of dp * micro_batch "
+                         f"(dp = gpus / (tp * pp))")
     return out
 
 

@@ -60,8 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--micro-batch", type=_ints, help="micro-batch sizes (default: divisors up to --max-micro-batch)")
     p.add_argument("--schedules", type=_words,
                    help=f"schedules (default: all but zb-auto): {', '.join(SCHEDULES)}")
-    p.add_argument("--virtual", type=_ints, help=f"chunks per device for the schedules that take them "
-                                                 f"(default: 2..--max-virtual where pp*V divides the layers)")
+    p.add_argument("--virtual", type=_ints, help="chunks per device for the schedules that take them "
+                                                 "(default: 2..--max-virtual where pp*V divides the layers)")
     p.add_argument("--recompute", type=_words, help=f"any of {', '.join(RECOMPUTE)} (default: all)")
     p.add_argument("--zero", type=_zeros, help="ZeRO stages, any of 0,1,2,3 (default: all)")
     p.add_argument("--sequence-parallel", choices=("both", "on", "off"), default="both",
