@@ -1,0 +1,519 @@
+"""The planner: search the parallel layouts of a training run for the fastest that fits.
+
+    >>> import sim.plan
+    >>> plan = sim.plan.search("megatron-1.7b", "a100-80gb", gpus=16, global_batch=64, top=3)  # doctest: +SKIP
+    >>> [(r.config.tp, r.config.pp, r.config.schedule, round(r.step_time, 3)) for r in plan]  # doctest: +SKIP
+
+What is searched (each can be narrowed): tp, powers of two within a node that divide the
+model's heads, KV heads, MLP width and vocabulary; pp, every divisor of gpus/tp up to the
+layers; dp = gpus / (tp*pp), which must divide the global batch; the micro-batch b, every
+divisor of global_batch/dp up to `max_micro_batch`; every schedule of `sim.SCHEDULES` with
+the chunks V it takes (interleaved-1f1b and looped-bfs: each V of 2..`max_virtual` with
+pp*V dividing the layers, as Megatron-LM requires); recompute none, selective, full; ZeRO 0-3
+(1-3 only where dp > 1, 3 only where pp = 1, as `sim.estimate` allows); sequence
+parallelism off and on (on only where tp > 1). With pp = 1 every schedule is gradient
+accumulation over the micro-batches, so only 1f1b is tried. zb-auto is searched only when
+named (`schedules`): its own search simulates dozens of steps for each one it builds; it is
+built as `sim.estimate` builds it, the heuristic under unit costs (F = I = W).
+
+Each configuration is then checked by `sim.estimate`, which simulates its step. To keep a
+search of thousands of configurations within seconds, two lower bounds drop configurations
+before they are simulated; neither can drop one that would have ranked (tests check both
+bounds against the estimate over many layouts):
+
+- memory: a device holds at least the average, over the pp devices, of the weights,
+  gradients and optimizer state (`sim.footprint`, ZeRO included) of the model's parameters
+  over tp, plus one micro-batch's activations of the fewest layers a chunk has (even split);
+  a configuration whose bound exceeds the GPU's memory cannot fit.
+- time: a device runs its computes one after another, so the step lasts at least the
+  average over the pp devices of the micro-batches' forward and backward of all layers
+  (`sim.layer`: F + B, the backward's all-reduces hidden as in B; a split I + W is never
+  shorter), plus the optimizer step over the average device's share. Configurations are
+  simulated in the order of this bound; once it exceeds the `top`-th best step time found
+  among those that fit, no later one can enter the top, and the search stops.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Sequence
+
+from .costs import Costs
+from .engine import simulate
+from .estimate import Estimate, estimate, stage_params
+from .footprint import ZERO_STAGES, optimizer_step_bytes, state_bytes_per_param
+from .gpus import GPU, gpu as gpu_by_name
+from .ir import Schedule, ScheduleError
+from .kernels import memory_time, precision_bytes
+from .layer import Slice, layer_times
+from .partition import even
+from .kinds import Kind, memory_delta
+from .schedules import SCHEDULES, lookup, make_schedule
+from .transformer import RECOMPUTE, Transformer, model as model_by_name
+
+MAX_MICRO_BATCH = 16   # largest micro-batch tried by default (Megatron-LM's Table 1 runs use 1 to 16)
+MAX_VIRTUAL = 4        # most chunks per device tried for interleaved-1f1b and looped-bfs
+MAX_CONFIGS = 200_000  # most configurations a search enumerates before it refuses
+TOP = 10
+# Every schedule but zb-auto, whose own search simulates dozens of candidate steps for each
+# one it builds (minutes for pp=64 and hundreds of micro-batches); name it to include it.
+DEFAULT_SCHEDULES = tuple(name for name in SCHEDULES if name != "zb-auto")
+
+
+@dataclass(frozen=True)
+class Config:
+    """One point of the search: how the run is split (the arguments of `sim.estimate`)."""
+    tp: int
+    pp: int
+    dp: int
+    micro_batch: int
+    schedule: str
+    virtual: int
+    recompute: str
+    zero: int
+    sequence_parallel: bool
+
+    def kwargs(self) -> dict:
+        """Keyword arguments of `sim.estimate` for this configuration."""
+        return dict(tp=self.tp, pp=self.pp, dp=self.dp, micro_batch=self.micro_batch, schedule=self.schedule,
+                    virtual=self.virtual, recompute=self.recompute, zero=self.zero,
+                    sequence_parallel=self.sequence_parallel)
+
+
+@dataclass(frozen=True)
+class Row:
+    """A simulated configuration: what its estimate predicts. `estimate` is kept for the
+    ranked rows only (it holds the simulated step)."""
+    config: Config
+    micro_batches: int
+    step_time: float
+    tflops_per_gpu: float
+    mfu: float
+    bubble_fraction: float
+    peak_memory: float          # bytes, the fullest pipeline device
+    fits: bool
+    estimate: Estimate | None = field(default=None, compare=False, repr=False)
+
+    def summary(self) -> dict:
+        return {**self.config.kwargs(), "micro_batches": self.micro_batches, "step_time": self.step_time,
+                "tflops_per_gpu": self.tflops_per_gpu, "mfu": self.mfu, "bubble_fraction": self.bubble_fraction,
+                "peak_memory": self.peak_memory, "fits": self.fits}
+
+
+@dataclass
+class Plan:
+    """What a search found: `rows`, the configurations that fit, fastest first (iterating
+    the plan walks them); `points`, every simulated one (for the scatter); `dropped`,
+    how many configurations were left out, by reason."""
+    model: Transformer
+    gpu: GPU
+    gpus: int
+    global_batch: int
+    rows: list[Row]
+    points: list[Row]
+    dropped: Counter
+    enumerated: int
+    simulated: int
+    seconds: float
+
+    def __iter__(self) -> Iterator[Row]:
+        return iter(self.rows)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        return self.rows[i]
+
+    @property
+    def best(self) -> Row | None:
+        return self.rows[0] if self.rows else None
+
+    def summary(self) -> dict:
+        """The plan as plain data (JSON-ready)."""
+        return {"model": model_name(self.model), "gpu": self.gpu.name, "gpus": self.gpus,
+                "global_batch": self.global_batch, "enumerated": self.enumerated, "simulated": self.simulated,
+                "seconds": self.seconds, "dropped": dict(self.dropped), "rows": [r.summary() for r in self.rows]}
+
+
+# ----------------------------------------------------------------------------- the space
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _tp_ok(m: Transformer, tp: int) -> bool:
+    return all(n % tp == 0 for n in (m.heads, m.kv_heads, m.ffn, m.vocab))
+
+
+def _choices(name: str, given, default: Sequence) -> list:
+    """The user's values for a searched dimension (one value or several), else the default."""
+    if given is None:
+        return list(default)
+    values = list(given) if isinstance(given, (list, tuple, set, frozenset, range)) else [given]
+    if not values:
+        raise ValueError(f"{name}: give at least one value")
+    return values
+
+
+def _positive(name: str, v) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ValueError(f"{name} must be a positive int, got {v!r}")
+    return v
+
+
+def _tensor_sizes(m: Transformer, gpus: int, tp, gpus_per_node: int) -> list[int]:
+    powers = [2 ** k for k in range(gpus_per_node.bit_length()) if 2 ** k <= gpus_per_node]
+    if tp is None:
+        return [t for t in powers if gpus % t == 0 and _tp_ok(m, t)]
+    sizes = _choices("tp", tp, powers)
+    ok = [t for t in powers if _tp_ok(m, t)]
+    for t in sizes:
+        _positive("tp", t)
+        if not _tp_ok(m, t):
+            raise ValueError(f"tp={t} does not divide the model's {m.heads} heads, {m.kv_heads} KV heads, "
+                             f"{m.ffn} MLP width and {m.vocab} vocabulary; use tp in {ok}")
+        if t > gpus_per_node:
+            raise ValueError(f"tp={t} spans nodes of {gpus_per_node} GPUs; use tp <= {gpus_per_node} "
+                             f"(or set gpus_per_node)")
+        if gpus % t:
+            raise ValueError(f"{gpus} GPUs do not split into tensor-parallel groups of {t}; "
+                             f"give a GPU count that is a multiple of {t}")
+    return sorted(set(sizes))
+
+
+def layouts(m: Transformer, gpus: int, global_batch: int, *, tp=None, pp=None, micro_batch=None,
+            gpus_per_node: int = 8, max_micro_batch: int = MAX_MICRO_BATCH,
+            dropped: Counter | None = None) -> list[tuple[int, int, int, int]]:
+    """Every (tp, pp, dp, micro_batch) with tp*pp*dp = gpus and global_batch = dp * b * m
+    for a whole number m of micro-batches. Raises ValueError naming the fix when the given
+    sizes leave none."""
+    dropped = Counter() if dropped is None else dropped
+    out = []
+    for t in _tensor_sizes(m, gpus, tp, gpus_per_node):
+        pps = [p for p in _divisors(gpus // t) if p <= m.layers] if pp is None else _choices("pp", pp, [])
+        for p in pps:
+            _positive("pp", p)
+            if (gpus // t) % p:
+                raise ValueError(f"{gpus} GPUs are not a multiple of tp*pp = {t}*{p} = {t * p}; give a GPU "
+                                 f"count that is a multiple of {t * p} or another pp")
+            d = gpus // (t * p)
+            if global_batch % d:
+                dropped["dp does not divide the global batch (tp x pp layouts)"] += 1
+                continue
+            per = global_batch // d
+            bs = [b for b in _divisors(per) if b <= max_micro_batch] if micro_batch is None \
+                else [_positive("micro_batch", b) for b in _choices("micro_batch", micro_batch, [])]
+            for b in bs:
+                if per % b:
+                    dropped["batch does not split into micro-batches (layouts)"] += 1
+                    continue
+                out.append((t, p, d, b))
+    if not out:
+        sizes = "" if micro_batch is None else f" of {','.join(map(str, _choices('micro_batch', micro_batch, [])))}"
+        raise ValueError(f"global batch {global_batch} does not split into whole micro-batches{sizes} over the dp "
+                         f"replicas of any layout of {gpus} GPUs; make it a multiple of dp * micro_batch "
+                         f"(dp = gpus / (tp * pp))")
+    return out
+
+
+def _schedule_chunks(m: Transformer, pp: int, micro: int, names: Sequence[str], max_virtual: int,
+                     virtual, dropped: Counter) -> list[tuple[str, int]]:
+    """(schedule, V) pairs that the schedule accepts for pp devices and `micro` micro-batches."""
+    if pp == 1:
+        return [("1f1b", 1)] if "1f1b" in names or not names else [(names[0], 1)]
+    out = []
+    for name in names:
+        gen = SCHEDULES[name]
+        if virtual is not None:
+            vs = _choices("virtual", virtual, [])
+        elif name in ("interleaved-1f1b", "looped-bfs"):
+            vs = [v for v in range(2, max_virtual + 1) if m.layers % (pp * v) == 0]
+        else:
+            vs = [gen.virtual]
+        for v in vs:
+            if pp * v > m.layers:
+                dropped["more stages than layers"] += 1
+            elif gen.check(pp, micro, v):
+                dropped["the schedule refuses these sizes"] += 1
+            else:
+                out.append((name, v))
+    return out
+
+
+def configurations(m: Transformer, gpus: int, global_batch: int, *, schedules=None, recompute=None, zero=None,
+                   sequence_parallel=None, virtual=None, max_virtual: int = MAX_VIRTUAL,
+                   dropped: Counter | None = None, **layout_limits) -> list[Config]:
+    """Every configuration of the search space (see the module's docstring)."""
+    dropped = Counter() if dropped is None else dropped
+    names = [lookup(s)[0] for s in _choices("schedules", schedules, DEFAULT_SCHEDULES)]
+    recomputes = _choices("recompute", recompute, RECOMPUTE)
+    for r in recomputes:
+        if r not in RECOMPUTE:
+            raise ValueError(f"recompute must be one of {', '.join(RECOMPUTE)}; got {r!r}")
+    zeros = _choices("zero", zero, ZERO_STAGES)
+    for z in zeros:
+        if z not in ZERO_STAGES:
+            raise ValueError(f"zero must be one of 0, 1, 2, 3 (ZeRO stage); got {z!r}")
+    sps = _choices("sequence_parallel", sequence_parallel, (False, True))
+    out = []
+    for t, p, d, b in layouts(m, gpus, global_batch, dropped=dropped, **layout_limits):
+        micro = global_batch // (d * b)
+        zs = [z for z in zeros if (z == 0 or d > 1) and (z < 3 or p == 1)] or [0]
+        for (name, v), r, z, sp in itertools.product(
+                _schedule_chunks(m, p, micro, names, max_virtual, virtual, dropped), recomputes, zs,
+                [s for s in sps if t > 1 or not s] or [False]):
+            out.append(Config(t, p, d, b, name, v, r, z, sp))
+    return out
+
+
+# ----------------------------------------------------------------------------- the bounds
+
+class _Unit:
+    """Per-stage costs for counting what a device holds: one unit of activation_bytes per
+    micro-batch of a stage, nothing else."""
+
+    def __getattr__(self, name: str):
+        return _ONES if name == "activation_bytes" else _ZEROS
+
+
+class _Constant:
+    def __getitem__(self, stage: int) -> float:
+        return self.value
+
+    def __init__(self, value: float):
+        self.value = value
+
+
+_ONES, _ZEROS = _Constant(1.0), _Constant(0.0)
+
+
+def held(schedule: Schedule) -> list[int]:
+    """Per device, the most micro-batch chunks whose activations it holds at once. Memory
+    follows each device's program order (`sim.kinds`: from the start of F to the end of B
+    or I), not the timing, so no simulation is needed."""
+    unit = _Unit()
+    delta = {k: (memory_delta(k, "start", unit, 0), memory_delta(k, "end", unit, 0)) for k in Kind}
+    out = []
+    for prog in schedule.programs:
+        now = peak = 0.0
+        for a in prog:
+            start, end = delta[a.kind]
+            now += start
+            if now > peak:
+                peak = now
+            now += end
+        out.append(round(peak))
+    return out
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """What the bounds need of a schedule: its placement, layers per stage (the even
+    split), the stages of each device, micro-batch chunks held per device, and whether it
+    splits the backward."""
+    schedule: Schedule
+    layers: list[int]
+    stages_of: list[list[int]]
+    held: list[int]
+    split: bool
+
+    def per_device(self, per_stage: Sequence[float], pick=sum) -> list[float]:
+        return [pick([per_stage[s] for s in stages]) for stages in self.stages_of]
+
+
+class Bounds:
+    """Lower bounds on a configuration's peak memory and step time (see the module's
+    docstring and docs/planner.md, "Planner"), cached by what they depend on. They take
+    the layers of each stage from `sim.partition.even`, as `sim.estimate` does; with another
+    partition, only the averages over the devices."""
+
+    def __init__(self, m: Transformer, g: GPU, global_batch: int, precision: str, gpus_per_node: int,
+                 partition="even"):
+        self.m, self.g, self.batch, self.precision, self.gpn = m, g, global_batch, precision, gpus_per_node
+        self.even = partition == "even"
+        self.params = m.params()
+        self._layer, self._shape, self._unit = {}, {}, {}
+
+    def layer(self, c: Config):
+        key = (c.micro_batch, c.tp, c.sequence_parallel, c.recompute)
+        if key not in self._layer:
+            x = Slice(c.micro_batch, c.tp, c.sequence_parallel, self.precision, tp_network=c.tp > self.gpn)
+            self._layer[key] = layer_times(self.m, self.g, x, c.recompute)
+        return self._layer[key]
+
+    def _key(self, c: Config) -> tuple:
+        return c.schedule, c.pp, self.batch // (c.dp * c.micro_batch), c.virtual
+
+    def shape(self, c: Config) -> _Shape:
+        key = self._key(c)
+        if key not in self._shape:
+            sched = make_schedule(*key)
+            split = any(a.kind is Kind.I for prog in sched.programs for a in prog)
+            stages_of = [[s for s, r in enumerate(sched.placement) if r == d] for d in range(sched.ranks)]
+            self._shape[key] = _Shape(sched, even(self.m.layers, sched.stages), stages_of, held(sched), split)
+        return self._shape[key]
+
+    def memory(self, c: Config) -> float:
+        """The fullest device holds at least its stages' weights, gradients and optimizer
+        state (`sim.estimate.stage_params`, `sim.footprint`) and, at its peak, its most
+        chunks held times its smallest chunk's activations."""
+        per = sum(state_bytes_per_param(self.precision, c.zero, c.dp).values())
+        average = self.params.total / (c.tp * c.pp) * per  # the stages' parameters sum to the model's over tp
+        if not self.even or average > self.g.memory:
+            return average
+        sh = self.shape(c)
+        act = self.m.activation_bytes_per_layer(c.micro_batch, c.tp, c.sequence_parallel, c.recompute) \
+            * precision_bytes(self.precision) / 2
+        static = sh.per_device([p * per for p in stage_params(self.m, sh.layers, c.tp, sh.schedule.placement)])
+        smallest = sh.per_device([n * act for n in sh.layers], min)
+        return max(s + h * a for s, h, a in zip(static, sh.held, smallest))
+
+    def _optimizer(self, c: Config) -> float:
+        share = c.dp if c.zero >= 1 else 1
+        return memory_time(self.g, self.params.total / (c.tp * c.pp * share) * optimizer_step_bytes(self.precision))
+
+    def time(self, c: Config) -> float:
+        """The busiest device's computes one after another (F + B of its layers for every
+        micro-batch), then the optimizer step."""
+        lt = self.layer(c)
+        micro = self.batch // (c.dp * c.micro_batch)
+        most = max(self.shape(c).per_device(self.shape(c).layers)) if self.even else self.m.layers / c.pp
+        return micro * most * (lt.forward + lt.backward) + self._optimizer(c)
+
+    def schedule_time(self, c: Config) -> float:
+        """The schedule's makespan with each stage's F, B, I, W at (1, 2, 1, 1) per layer
+        and free transfers, times the smallest ratio of a layer's real times to those: a
+        makespan is a longest path through the programs' order and the dependencies, so it
+        grows with every duration and scales with them all. A simulation per schedule,
+        pp, micro-batches and V: asked only of configurations about to be simulated."""
+        if not self.even:
+            return self.time(c)
+        key, sh, lt = self._key(c), self.shape(c), self.layer(c)
+        if key not in self._unit:
+            n = [float(k) for k in sh.layers]
+            unit = Costs(forward=n, backward=[2 * k for k in n], backward_input=n, backward_weight=n,
+                         transport="ideal")
+            self._unit[key] = simulate(sh.schedule, unit).makespan
+        ratio = min(lt.forward, lt.backward_input, lt.backward_weight) if sh.split else min(lt.forward, lt.backward / 2)
+        return max(self.time(c), ratio * self._unit[key] + self._optimizer(c))
+
+
+# ----------------------------------------------------------------------------- the search
+
+def _row(c: Config, e: Estimate, keep: bool) -> Row:
+    return Row(c, e.layout.micro_batches, e.step_time, e.tflops_per_gpu, e.mfu, e.bubble_fraction,
+               max(e.peak_memory), e.fits, e if keep else None)
+
+
+def search(model: Transformer | str, gpu: GPU | str, gpus: int, global_batch: int, *, top: int | None = TOP,
+           max_step_time: float | None = None, precision: str = "bf16", gpus_per_node: int = 8,
+           partition="even", max_configs: int = MAX_CONFIGS,
+           progress: Callable[[int, int], None] | None = None, **limits) -> Plan:
+    """Search the layouts of `gpus` GPUs for a step of `global_batch` sequences of `model`
+    (see the module's docstring); return the `top` fastest that fit (all with top=None),
+    skipping those whose time bound exceeds `max_step_time`. `limits` narrow the space:
+    tp, pp, micro_batch, schedules, virtual, recompute, zero, sequence_parallel (each one
+    value or a list), max_micro_batch, max_virtual. `progress(done, total)` is called as
+    configurations are settled. Raises ValueError naming the fix for what cannot run."""
+    start = time.perf_counter()
+    m = find_model(model) if isinstance(model, str) else model
+    g = gpu_by_name(gpu) if isinstance(gpu, str) else gpu
+    _positive("gpus", gpus), _positive("global_batch", global_batch), _positive("gpus_per_node", gpus_per_node)
+    if top is not None:
+        _positive("top", top)
+    precision_bytes(precision)
+    dropped = Counter()
+    configs = configurations(m, gpus, global_batch, gpus_per_node=gpus_per_node, dropped=dropped, **limits)
+    if len(configs) > max_configs:
+        raise ValueError(f"the search has {len(configs)} configurations, more than max_configs={max_configs}; "
+                         f"narrow it (tp, pp, micro_batch, schedules, recompute, zero) or raise max_configs")
+    bounds = Bounds(m, g, global_batch, precision, gpus_per_node, partition)
+    queue = []
+    for c in configs:
+        if bounds.memory(c) > g.memory:
+            dropped["static memory over the GPU's (bound, not simulated)"] += 1
+        elif max_step_time is not None and bounds.time(c) > max_step_time:
+            dropped["step-time bound over max_step_time (not simulated)"] += 1
+        else:
+            queue.append((bounds.time(c), c))
+    queue.sort(key=lambda q: q[0])
+    done, total = len(configs) - len(queue), len(configs)
+    best: list[tuple[float, int, Row]] = []   # a max-heap (negated) of the `top` fastest that fit
+    points: list[Row] = []
+    for i, (bound, c) in enumerate(queue):
+        if top is not None and len(best) == top and bound > -best[0][0]:
+            dropped["step-time bound above the top's (not simulated)"] += len(queue) - i
+            break
+        limit = min(-best[0][0] if top is not None and len(best) == top else math.inf,
+                    math.inf if max_step_time is None else max_step_time)
+        if limit < math.inf and bounds.schedule_time(c) > limit:
+            dropped["schedule's step-time bound above the top's (not simulated)"] += 1
+            done += 1
+            continue
+        try:
+            e = estimate(m, g, precision=precision, gpus_per_node=gpus_per_node, partition=partition,
+                         global_batch=global_batch, **c.kwargs())
+        except (ValueError, ScheduleError) as err:
+            dropped[f"refused by the estimate: {str(err).splitlines()[0][:60]}"] += 1
+            continue
+        finally:
+            done += 1
+            if progress is not None:
+                progress(done, total)
+        row = _row(c, e, keep=False)
+        points.append(row)
+        if not row.fits:
+            dropped["does not fit (simulated)"] += 1
+            continue
+        kept = _row(c, e, keep=top is not None)  # with top=None the rows do not keep their steps
+        if top is None or len(best) < top:
+            heapq.heappush(best, (-row.step_time, -i, kept))
+        elif row.step_time < -best[0][0]:
+            heapq.heapreplace(best, (-row.step_time, -i, kept))
+    if progress is not None:
+        progress(total, total)
+    rows = sorted((r for _, _, r in best), key=lambda r: (r.step_time, r.peak_memory))
+    if rows and rows[0].estimate is None:  # the best keeps its step, for the figures
+        rows[0] = _row(rows[0].config, estimate(m, g, precision=precision, gpus_per_node=gpus_per_node,
+                                                 partition=partition, global_batch=global_batch,
+                                                 **rows[0].config.kwargs()), keep=True)
+    return Plan(m, g, gpus, global_batch, rows, points, dropped, len(configs), len(points),
+                time.perf_counter() - start)
+
+
+def find_model(name: str) -> Transformer:
+    """A preset by name: `sim.MODELS`, or SageMaker's GPT-2 models (`sim.sagemaker.MODELS`)."""
+    from .sagemaker import MODELS as SAGEMAKER
+    from .transformer import MODELS
+    key = name.strip().lower().replace("_", "-") if isinstance(name, str) else name
+    if key in SAGEMAKER:
+        return SAGEMAKER[key]
+    if key not in MODELS:
+        raise ValueError(f"unknown model {name!r}; known: {', '.join([*MODELS, *SAGEMAKER])}")
+    return model_by_name(key)
+
+
+def model_name(m: Transformer) -> str:
+    """The preset's name of `m`, or its shape."""
+    from .sagemaker import MODELS as SAGEMAKER
+    from .transformer import MODELS
+    return next((n for n, x in {**MODELS, **SAGEMAKER}.items() if x == m),
+                f"l{m.layers}-h{m.hidden}-a{m.heads}-s{m.seq}-v{m.vocab}")
+
+
+def rank_of(plan: Plan, step_time: float) -> int:
+    """Where a configuration of `step_time` would rank among the plan's rows (1 = fastest);
+    the plan must hold every row at least as fast (search with top=None and max_step_time)."""
+    return 1 + sum(r.step_time < step_time for r in plan.rows)
+
+
+if __name__ == "__main__":
+    import sys
+
+    from sim.plan_cli import main
+    sys.exit(main())

@@ -1,0 +1,216 @@
+"""The planner (`sim.plan`, `python -m sim.plan`): its answers against an exhaustive loop over
+`sim.estimate`, its bounds against the estimates they bound, its command line, and SageMaker's
+reference configurations."""
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+
+import sim
+import sim.plan as plan
+from sim import sagemaker
+from sim.plan_cli import main
+from sim.plan_figures import write_figures
+
+SMALL = dict(model="megatron-1.7b", gpu="a100-40gb", gpus=8, global_batch=32)
+SMALL_SPACE = dict(schedules=["1f1b", "gpipe", "zb-h1", "zbv", "interleaved-1f1b"], recompute=["none", "full"],
+                   zero=[0, 1, 3])
+
+
+def divisors(n):
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def exhaustive(model, gpu, gpus, global_batch, schedules, recompute, zero):
+    """Every configuration of the documented space, by plain loops, each estimated; the
+    space's rules written again here: tp a power of two within a node dividing the heads,
+    pp up to the layers, pp*V dividing the layers for interleaved 1F1B (V = 2, 3, 4),
+    pp = 1 only 1F1B, ZeRO > 0 only with dp > 1, sequence parallelism only with tp > 1."""
+    m = sim.MODELS[model]
+    out = []
+    for tp in (1, 2, 4, 8):
+        if gpus % tp or m.heads % tp:
+            continue
+        for pp in divisors(gpus // tp):
+            dp = gpus // (tp * pp)
+            if pp > m.layers or global_batch % dp:
+                continue
+            for b in [d for d in divisors(global_batch // dp) if d <= plan.MAX_MICRO_BATCH]:
+                for name in (["1f1b"] if pp == 1 else schedules):
+                    vs = [v for v in (2, 3, 4) if m.layers % (pp * v) == 0] if name == "interleaved-1f1b" else [None]
+                    for v, r, z, sp in itertools.product(vs, recompute, zero, (False, True)):
+                        if (z and dp == 1) or (sp and tp == 1):
+                            continue
+                        try:
+                            e = sim.estimate(m, gpu, tp=tp, pp=pp, dp=dp, micro_batch=b, global_batch=global_batch,
+                                             schedule=name, virtual=v, recompute=r, zero=z, sequence_parallel=sp)
+                        except (ValueError, sim.ScheduleError):
+                            continue
+                        out.append(e)
+    return out
+
+
+@pytest.fixture(scope="module")
+def estimates():
+    return exhaustive(**SMALL, **SMALL_SPACE)
+
+
+@pytest.fixture(scope="module")
+def small_plan():
+    return plan.search(**SMALL, top=5, **SMALL_SPACE)
+
+
+def test_top_rows_equal_the_exhaustive_best(estimates, small_plan):
+    fitting = sorted(e.step_time for e in estimates if e.fits)
+    assert len(fitting) > 5 and any(not e.fits for e in estimates)  # the memory limit bites
+    assert [r.step_time for r in small_plan] == pytest.approx(fitting[:5], rel=1e-12)
+    assert small_plan.simulated < len(estimates)  # the bounds spared some simulations
+
+
+def test_every_configuration_is_enumerated_once(estimates):
+    configs = plan.configurations(sim.MODELS[SMALL["model"]], SMALL["gpus"], SMALL["global_batch"], **SMALL_SPACE)
+    assert len(set(configs)) == len(configs)
+    found = {(e.layout.tp, e.layout.pp, e.layout.micro_batch, e.layout.schedule, e.result.schedule.stages // e.layout.pp,
+              e.layout.recompute, e.layout.zero, e.layout.sequence_parallel) for e in estimates}
+    mine = {(c.tp, c.pp, c.micro_batch, c.schedule, c.virtual, c.recompute, c.zero, c.sequence_parallel)
+            for c in configs}
+    assert found == mine and len(estimates) == len(configs)  # the same space, every point of it valid
+
+
+def test_bounds_never_exceed_the_estimate(estimates):
+    """The memory bound and both step-time bounds are lower bounds of every estimate."""
+    m, g = sim.MODELS[SMALL["model"]], sim.GPUS[SMALL["gpu"]]
+    bounds = plan.Bounds(m, g, SMALL["global_batch"], "bf16", 8)
+    for e in estimates:
+        lay = e.layout
+        c = plan.Config(lay.tp, lay.pp, lay.dp, lay.micro_batch, lay.schedule, e.result.schedule.stages // lay.pp,
+                        lay.recompute, lay.zero, lay.sequence_parallel)
+        assert bounds.memory(c) <= max(e.peak_memory) * (1 + 1e-9), c
+        assert bounds.time(c) <= e.step_time * (1 + 1e-9), c
+        assert bounds.schedule_time(c) <= e.step_time * (1 + 1e-9), c
+
+
+@pytest.mark.parametrize("schedule, pp, dp, v", [("naive", 8, 2, None), ("gpipe", 8, 2, None), ("1f1b", 16, 1, None),
+                                                 ("interleaved-1f1b", 8, 2, 3), ("zbv", 8, 2, None),
+                                                 ("zb-h2", 8, 1, None), ("dualpipev", 4, 2, None)])
+def test_bounds_hold_for_gpt3(schedule, pp, dp, v):
+    """The same on GPT-3 175B (uneven stages where 96 layers do not split evenly)."""
+    m, g = sim.MODELS["gpt3-175b"], sim.GPUS["a100-80gb"]
+    bounds = plan.Bounds(m, g, 32, "bf16", 8)
+    for r, z in (("selective", 1), ("full", 0)):
+        c = plan.Config(8, pp, dp, 1, schedule, v or sim.SCHEDULES[schedule].virtual, r, z, True)
+        e = sim.estimate(m, g, global_batch=32, **c.kwargs())
+        assert bounds.memory(c) <= max(e.peak_memory) * (1 + 1e-9)
+        assert bounds.schedule_time(c) <= e.step_time * (1 + 1e-9)
+        assert bounds.time(c) <= e.step_time * (1 + 1e-9)
+
+
+def test_held_counts_follow_the_closed_forms():
+    """Micro-batches held at once: GPipe all m on every device, 1F1B min(p - r, m)."""
+    s = sim.make_schedule
+    assert plan.held(s("gpipe", 4, 6)) == [6] * 4
+    assert plan.held(s("1f1b", 4, 6)) == [4, 3, 2, 1]
+    assert plan.held(s("1f1b", 4, 2)) == [2, 2, 2, 1]
+    assert plan.held(s("naive", 4, 6)) == [1] * 4
+
+
+def run(argv, capsys):
+    """`python -m sim.plan` in this process: (exit status, stdout, stderr)."""
+    try:
+        status = main(argv)
+    except SystemExit as e:
+        status = e.code
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+BASE = ["--model", "gpt3-175b", "--gpu", "a100-80gb", "--gpus", "1024", "--global-batch", "1536", "--no-figures"]
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"--model": "gpt5"}, "unknown model 'gpt5'; known:"),
+    ({"--gpu": "v100"}, "unknown GPU 'v100'; known:"),
+    ({"--tp": "5"}, "tp=5 does not divide the model's 96 heads"),
+    ({"--tp": "8", "--pp": "3"}, "1024 GPUs are not a multiple of tp*pp = 8*3 = 24"),
+    ({"--gpus": "12", "--tp": "8"}, "12 GPUs do not split into tensor-parallel groups of 8"),
+    ({"--global-batch": "1000", "--micro-batch": "3"}, "does not split"),
+    ({"--top": "0"}, "need an integer >= 1"),
+])
+def test_bad_input_is_one_line_and_status_2(change, words, capsys):
+    argv = list(BASE)
+    for flag, value in change.items():
+        if flag in argv:
+            argv[argv.index(flag) + 1] = value
+        else:
+            argv += [flag, value]
+    status, out, err = run(argv, capsys)
+    assert status == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("sim.plan: error: ") and words in err, err
+
+
+def test_json_is_ranked_and_every_row_splits_the_gpus_and_the_batch(capsys):
+    argv = ["--model", "megatron-1.7b", "--gpu", "a100-40gb", "--gpus", "16", "--global-batch", "48", "--json",
+            "--no-figures", "--top", "8", "--recompute", "none,full", "--schedules", "1f1b,zb-h1,interleaved-1f1b"]
+    status, out, err = run(argv, capsys)
+    assert status == 0, err
+    data = json.loads(out)
+    rows = data["rows"]
+    assert len(rows) == 8 and data["enumerated"] > data["simulated"] > 0
+    assert [r["step_time"] for r in rows] == sorted(r["step_time"] for r in rows)
+    for r in rows:
+        assert r["tp"] * r["pp"] * r["dp"] == 16 and r["fits"]
+        assert r["dp"] * r["micro_batch"] * r["micro_batches"] == 48
+    assert sum(data["dropped"].values()) + data["simulated"] >= data["enumerated"] - 1
+
+
+def test_progress_bar_on_request_only(capsys):
+    argv = ["--model", "megatron-1.7b", "--gpu", "a100-80gb", "--gpus", "8", "--global-batch", "8", "--no-figures",
+            "--schedules", "1f1b", "--recompute", "none"]
+    assert run(argv, capsys)[2] == ""                # not a terminal: no bar
+    status, out, err = run(argv + ["--progress"], capsys)
+    assert status == 0 and "settled" in err and err.endswith("\n")
+    assert "rank" in out and "dropped:" in out
+
+
+def test_figures_are_written(small_plan, tmp_path):
+    paths = write_figures(small_plan, tmp_path)
+    assert [p.name.rsplit("_", 1)[1] for p in paths] == ["best.png", "scatter.png"]
+    for p in paths:
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not list(tmp_path.glob(".*.tmp"))  # written whole: no temporary left
+
+
+# ---------------------------------------------------------------- SageMaker's reference configurations
+
+def test_sagemaker_shapes_count_their_names():
+    counts = {k: m.params().total / 1e9 for k, m in sagemaker.MODELS.items()}
+    assert counts["sagemaker-gpt2-10b"] == pytest.approx(10, rel=0.02)
+    assert counts["sagemaker-gpt2-30b"] == pytest.approx(30, rel=0.02)
+    assert counts["sagemaker-gpt2-60b"] == pytest.approx(60, rel=0.02)
+    for r in sagemaker.REFERENCES.values():
+        assert r.tp * r.pp * r.dp == r.gpus and sagemaker.MODELS[r.model].heads % r.tp == 0
+
+
+@pytest.mark.parametrize("row", sorted(sagemaker.REFERENCES))
+def test_sagemaker_rows_fit_and_break_without_checkpointing_or_sharding(row):
+    """Each row fits in 40 GB as documented; without activation checkpointing or without
+    optimizer state sharding it does not."""
+    assert sagemaker.estimate(row).fits
+    assert not sagemaker.estimate(row, recompute="none").fits
+    assert not sagemaker.estimate(row, zero=0).fits
+
+
+@pytest.mark.parametrize("row", ["10b", "30b"])
+def test_planner_finds_the_sagemaker_row_and_no_slower_best(row):
+    """Restricted to the row's own choices, the planner's one configuration is the row
+    (same predicted step); with the recompute and ZeRO choices open, its best is no slower."""
+    r = sagemaker.REFERENCES[row]
+    ref = sagemaker.estimate(row)
+    same = dict(tp=r.tp, pp=r.pp, micro_batch=r.batch_size // r.microbatches, precision="fp16",
+                sequence_parallel=[False], schedules=["1f1b"])
+    only = plan.search(r.model, sagemaker.GPU, r.gpus, r.global_batch, recompute="full", zero=1, **same)
+    assert len(only) == 1 and only[0].step_time == pytest.approx(ref.step_time, rel=1e-12)
+    wider = plan.search(r.model, sagemaker.GPU, r.gpus, r.global_batch, top=1, **same)
+    assert wider[0].step_time <= ref.step_time
