@@ -1426,21 +1426,36 @@ The planner searches the layouts (t, p, d, micro-batch, schedule, recompute, ZeR
 a cluster, keeps those that fit, and ranks them by step time: `sim.plan.search(...)`, and from
 the shell `python -m sim.plan`. The SageMaker model parallel library's best practices give
 reference configurations to compare with (GPT-2 shapes, sequence 512, on 8 x A100-40GB nodes;
-the page gives no hidden size or layers, so they cannot be estimated as they are):
+the page gives no hidden size or layers: `sim.sagemaker` picks GPT-2-style shapes of those sizes):
 """),
     code('''
-import importlib.util
-
 print("params  instances  GPUs  pipeline  tensor  optimizer sharding  checkpointing           batch  micro-batches")
 for billions, nodes, pp, tp, sharding, checkpointing, batch, micro in published.SAGEMAKER_REFERENCE:
     print(f"{billions:>5}B  {nodes:>9}  {8 * nodes:>4}  {pp:>8}  {tp:>6}  {str(sharding):>18}  {checkpointing:<22}  "
           f"{batch:>5}  {micro or '-':>13}")
 
-if importlib.util.find_spec("sim.plan") is None:
-    print("\\nThe planner comes with sim.plan (python -m sim.plan); this cell will use sim.plan.search then.")
-else:
-    import sim.plan
-    print("\\nsim.plan is here: the search over layouts goes in this cell.")
+import sim.plan
+import sim.sagemaker
+
+# sim.sagemaker chooses GPT-2-style shapes of those sizes (its docstring says which and why) and
+# reads each row as sim.estimate's arguments: does it fit in 40 GB, and what breaks without
+# checkpointing (recompute="none") or optimizer-state sharding (zero=0)?
+print("\\nrow   as published          no checkpointing      no sharding")
+for key in sim.sagemaker.REFERENCES:
+    cells = []
+    for overrides in ({}, {"recompute": "none"}, {"zero": 0}):
+        e = sim.sagemaker.estimate(key, **overrides)
+        cells.append(f"{max(e.peak_memory) / GiB:5.1f} GiB {'fits' if e.fits else 'OOM ':4}")
+    print(f"{key:>4}  " + "     ".join(cells))
+
+# the planner over a narrowed space (the whole space: python -m sim.plan, a minute or two)
+plan = sim.plan.search(MODEL, GPU, gpus=1024, global_batch=1536, top=5, tp=8, recompute="selective", zero=1,
+                       sequence_parallel=True, schedules=["1f1b", "interleaved-1f1b", "zbv"])
+print(f"\\n{plan.enumerated} configurations, {plan.simulated} simulated; the fastest that fit:")
+for r in plan:
+    c = r.config
+    print(f"t={c.tp} p={c.pp} d={c.dp} b={c.micro_batch} {c.schedule:<16} V={c.virtual}  "
+          f"{r.step_time:6.2f} s  MFU {r.mfu:.1%}  peak {r.peak_memory / GiB:5.1f} GiB")
 '''),
 ]
 
