@@ -29,8 +29,8 @@ from .kinds import Kind
 from .layer import LayerTimes, Slice, layer_times
 from .partition import balanced, even
 from .result import Result
-from .schedules import SCHEDULES, lookup, make_schedule
-from .transformer import Transformer, _recompute, model as model_by_name
+from .schedules import lookup, make_schedule
+from .transformer import MODELS, Transformer, _recompute, model as model_by_name
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,6 @@ class Estimate:
 
 
 def _model_name(m: Transformer) -> str:
-    from .transformer import MODELS
     return next((name for name, x in MODELS.items() if x == m), repr(m))
 
 
@@ -108,7 +107,7 @@ def estimate(model: Transformer | str, gpu: GPU | str = "a100-80gb", *, tp: int 
     m = model_by_name(model) if isinstance(model, str) else model
     g = gpu_by_name(gpu) if isinstance(gpu, str) else gpu
     lay = Layout(tp, pp, dp, micro_batch, dp * micro_batch if global_batch is None else global_batch,
-                 lookup(schedule)[0] if isinstance(schedule, str) and schedule.lower() in SCHEDULES else schedule,
+                 lookup(schedule)[0],
                  virtual, recompute, sequence_parallel, zero, precision, gpus_per_node, overlap_grad_reduce,
                  partition if isinstance(partition, str) else tuple(partition))
     warnings = check_layout(m, g, lay)

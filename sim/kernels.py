@@ -21,7 +21,7 @@ Three physical models, each from its source, and nothing fitted:
     >>> from sim.gpus import gpu
     >>> g = gpu("a100-80gb")
     >>> round(gemm_time(g, "bf16", 8192, 8192, 8192) * 1e3, 2)   # ms, 1.1 TFLOP
-    4.64
+    4.06
 """
 from __future__ import annotations
 

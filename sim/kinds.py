@@ -231,6 +231,19 @@ def recv_consumer(stage: int, kind: Kind, micro: int, computes: Computes) -> Key
     return (stage, feeds[-1], micro)  # none is in the schedule: name the last candidate
 
 
+def program_peak(program, costs) -> float:
+    """The most bytes of activations a device holds while it runs `program` (its actions in
+    order), from the order alone: a device computes one action at a time, and each takes or
+    gives back its bytes at its start or end as this table says (`costs`: a
+    `sim.costs.StageCosts`). No simulation is needed."""
+    held = peak = 0.0
+    for a in program:
+        for at in ("start", "end"):
+            held += memory_delta(a.kind, at, costs, a.stage)
+            peak = max(peak, held)
+    return peak
+
+
 def memory_delta(kind: Kind, at: str, costs, stage: int) -> float:
     """Bytes that an action of `kind` on `stage` takes (> 0) or gives back (< 0) at its
     "start" or "end", under `costs` (a `sim.costs.StageCosts`)."""

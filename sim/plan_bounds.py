@@ -17,7 +17,7 @@ from .footprint import optimizer_step_bytes, state_bytes_per_param
 from .gpus import GPU
 from .ir import Schedule
 from .kernels import memory_time, precision_bytes
-from .kinds import Kind, memory_delta
+from .kinds import Kind, program_peak
 from .layer import Slice, layer_times
 from .partition import even
 from .schedules import make_schedule
@@ -27,42 +27,12 @@ if TYPE_CHECKING:
     from .plan import Config
 
 
-class _Unit:
-    """Per-stage costs for counting what a device holds: one unit of activation_bytes per
-    micro-batch of a stage, nothing else."""
-
-    def __getattr__(self, name: str):
-        return _ONES if name == "activation_bytes" else _ZEROS
-
-
-class _Constant:
-    def __getitem__(self, stage: int) -> float:
-        return self.value
-
-    def __init__(self, value: float):
-        self.value = value
-
-
-_ONES, _ZEROS = _Constant(1.0), _Constant(0.0)
-
-
 def held(schedule: Schedule) -> list[int]:
     """Per device, the most micro-batch chunks whose activations it holds at once. Memory
     follows each device's program order (`sim.kinds`: from the start of F to the end of B
-    or I), not the timing, so no simulation is needed."""
-    unit = _Unit()
-    delta = {k: (memory_delta(k, "start", unit, 0), memory_delta(k, "end", unit, 0)) for k in Kind}
-    out = []
-    for prog in schedule.programs:
-        now = peak = 0.0
-        for a in prog:
-            start, end = delta[a.kind]
-            now += start
-            if now > peak:
-                peak = now
-            now += end
-        out.append(round(peak))
-    return out
+    or I), not the timing, so no simulation is needed: one byte per micro-batch of a stage."""
+    unit = Costs(activation_bytes=1.0, w_activation_bytes=0.0).for_stages(schedule.stages)
+    return [round(program_peak(prog, unit)) for prog in schedule.programs]
 
 
 @dataclass(frozen=True)

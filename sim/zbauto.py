@@ -43,7 +43,7 @@ from functools import lru_cache
 from .costs import Costs, StageCosts
 from .engine import simulate
 from .ir import Action, Kind, Schedule, ScheduleError
-from .kinds import memory_delta
+from .kinds import program_peak
 
 FILLS = ("fit", "always", "balance")
 
@@ -240,14 +240,7 @@ def order_peak(schedule: Schedule, c: StageCosts) -> float:
     """The most bytes of activations any device holds, from the program order alone: a
     device computes one action at a time, and each takes or gives back its bytes at its
     start or end as the action-kind table says (`sim.kinds`)."""
-    peak = 0.0
-    for prog in schedule.programs:
-        held = 0.0
-        for a in prog:
-            for at in ("start", "end"):
-                held += memory_delta(a.kind, at, c, a.stage)
-                peak = max(peak, held)
-    return peak
+    return max((program_peak(prog, c) for prog in schedule.programs), default=0.0)
 
 
 def device_bubble(result) -> float:

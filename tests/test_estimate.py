@@ -42,7 +42,7 @@ def test_one_tile_past_a_full_wave_costs_a_whole_wave(m, n, k):
 
 
 def test_a_thin_gemm_is_memory_bound():
-    m, n, k = 65536, 65536, 8  # 8 FLOPs... per output element: far below the ridge point
+    m, n, k = 65536, 65536, 8  # 16 FLOPs per output element: far below the ridge point
     assert gemm_time(A100, "bf16", m, n, k) == pytest.approx(
         (m * k + k * n + m * n) * 2 / (A100.hbm_bandwidth * A100.hbm_efficiency))
 
