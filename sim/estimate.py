@@ -50,6 +50,7 @@ class Layout:
     gpus_per_node: int = 8
     overlap_grad_reduce: bool = False
     partition: str | tuple = "even"
+    tp_overlap: bool = True
 
     @property
     def gpus(self) -> int:
@@ -100,7 +101,7 @@ def estimate(model: Transformer | str, gpu: GPU | str = "a100-80gb", *, tp: int 
              micro_batch: int = 1, global_batch: int | None = None, gpus_per_node: int = 8, schedule: str = "1f1b",
              virtual: int | None = None, recompute: str = "none", sequence_parallel: bool = False, zero: int = 0,
              precision: str = "bf16", overlap_grad_reduce: bool = False, partition="even",
-             **schedule_options) -> Estimate:
+             tp_overlap: bool = True, **schedule_options) -> Estimate:
     """Simulate one training step of `model` on `gpu`s split as given (see `Layout` and the
     module's docstring); `global_batch` defaults to one micro-batch per replica. Raises
     ValueError naming the fix for a layout that cannot run."""
@@ -109,10 +110,10 @@ def estimate(model: Transformer | str, gpu: GPU | str = "a100-80gb", *, tp: int 
     lay = Layout(tp, pp, dp, micro_batch, dp * micro_batch if global_batch is None else global_batch,
                  lookup(schedule)[0],
                  virtual, recompute, sequence_parallel, zero, precision, gpus_per_node, overlap_grad_reduce,
-                 partition if isinstance(partition, str) else tuple(partition))
+                 partition if isinstance(partition, str) else tuple(partition), tp_overlap)
     warnings = check_layout(m, g, lay)
     x = Slice(micro_batch, tp, sequence_parallel, precision, tp_network=tp > gpus_per_node)
-    lt = layer_times(m, g, x, recompute)
+    lt = layer_times(m, g, x, recompute, tp_overlap)
     ends = _ends(m, g, x)
     sched = _schedule(m, g, lay, x, lt, ends, schedule_options)
     layers = _partition(m.layers, sched.stages, lay.partition, lt, ends)
@@ -176,8 +177,9 @@ def check_layout(m: Transformer, g: GPU, lay: Layout) -> list[str]:
                          "DeepSpeed and Megatron-LM do not combine it with pipelining; use zero <= 2")
     if lay.sequence_parallel and lay.tp == 1:
         raise ValueError("sequence_parallel needs tp > 1 (it splits what tensor parallelism leaves whole)")
-    if not isinstance(lay.overlap_grad_reduce, bool):
-        raise ValueError(f"overlap_grad_reduce must be True or False, got {lay.overlap_grad_reduce!r}")
+    for name in ("overlap_grad_reduce", "tp_overlap"):
+        if not isinstance(getattr(lay, name), bool):
+            raise ValueError(f"{name} must be True or False, got {getattr(lay, name)!r}")
     warnings = []
     if lay.tp > lay.gpus_per_node:
         warnings.append(f"tp={lay.tp} spans nodes of {lay.gpus_per_node} GPUs: its all-reduces go over the network")
@@ -248,11 +250,16 @@ def _stage_costs(m: Transformer, g: GPU, lay: Layout, x: Slice, lt: LayerTimes, 
     params = stage_params(m, layers, lay.tp, placement)
     network_pp = lay.tp * lay.dp >= lay.gpus_per_node or lay.tp > lay.gpus_per_node
     sent = sbh * e / lay.tp  # Narayanan et al. 2021, Sec. 4.1: scatter/gather across the tp ranks' links
+    # Sec. 4.1 again: the receiver all-gathers the t pieces over its tensor-parallel group
+    # before the compute that takes them (none under sequence parallelism: the piece is its own)
+    regather = 0.0 if lay.sequence_parallel else collective_time(g, "all_gather", sbh * e, lay.tp, x.tp_network)
+    into_f = [regather if s and placement[s - 1] != placement[s] else 0.0 for s in range(stages)]
+    into_b = [regather if s < stages - 1 and placement[s + 1] != placement[s] else 0.0 for s in range(stages)]
     reduce = grad_reduce_times(m, g, lay, params, placement)
     gather, scatter = zero3_times(g, lay, params)
-    fwd = [t + a for t, a in zip(fwd, gather)]
-    bwd = [t + a + r for t, a, r in zip(bwd, gather, scatter)]
-    bi = [t + a for t, a in zip(bi, gather)]
+    fwd = [t + a + r for t, a, r in zip(fwd, gather, into_f)]
+    bwd = [t + a + r + q for t, a, r, q in zip(bwd, gather, scatter, into_b)]
+    bi = [t + a + q for t, a, q in zip(bi, gather, into_b)]
     bw = [t + r for t, r in zip(bw, scatter)]
     costs = Costs(forward=tuple(fwd), backward=tuple(bwd), backward_input=tuple(bi), backward_weight=tuple(bw),
                   activation_bytes=tuple(act), w_activation_bytes=tuple(w_act), activation_bytes_sent=sent,
@@ -267,6 +274,7 @@ def _stage_costs(m: Transformer, g: GPU, lay: Layout, x: Slice, lt: LayerTimes, 
     parts = {names[k]: mb * sum(layers) * v / lay.pp for k, v in lt.parts.items()}
     parts["embedding_and_output"] = mb * sum(ends.values()) / lay.pp
     parts["zero3_collectives"] = mb * (2 * sum(gather) + sum(scatter)) / lay.pp
+    parts["tp_collectives"] += mb * (sum(into_f) + sum(into_b)) / lay.pp
     return costs, parts
 
 

@@ -14,7 +14,10 @@ Sec. 4) and timed alone; a pass is their sum, except where Megatron-LM overlaps 
 - In a full backward B Megatron-LM overlaps each backward all-reduce with the weight-gradient
   matmul of the same linear layer (Korthikanti et al. 2022, Sec. 6.2: why full recompute costs
   39 %, not 33 %); a split backward runs that matmul later, in W, so I waits for the
-  all-reduces.
+  all-reduces. `tp_overlap=False` is an executor without that overlap (Megatron-LM before
+  its asynchronous tensor-parallel all-reduce, `--no-async-tensor-model-parallel-allreduce`;
+  the SC'21 paper, Narayanan et al. 2021, Sec. 3.3, describes the backward all-reduces with
+  no overlap): B then waits for every collective, as I does.
 - Recompute runs before the backward: "full" the whole forward, collectives included;
   "selective" the attention core (scores, softmax, dropout, values), which needs none.
 
@@ -103,8 +106,9 @@ def _kernel_bytes(m: Transformer, x: Slice, kernels, only=None) -> float:
     return sum(per * size[tensor] * scale for name, per, tensor in kernels if only is None or name in only)
 
 
-def layer_times(m: Transformer, gpu: GPU, x: Slice, recompute: str = "none") -> LayerTimes:
-    """The times of one layer's passes on one GPU (see the module's docstring)."""
+def layer_times(m: Transformer, gpu: GPU, x: Slice, recompute: str = "none", tp_overlap: bool = True) -> LayerTimes:
+    """The times of one layer's passes on one GPU (see the module's docstring); `tp_overlap`:
+    B hides its tensor-parallel collectives under the weight-gradient matmuls."""
     _recompute(recompute)
     p, shapes = x.precision, gemm_shapes(m, x)
     fwd = {k: gemm_time(gpu, p, mm, n, kk, nb) for k, (mm, n, kk, nb) in shapes.items()}
@@ -112,6 +116,7 @@ def layer_times(m: Transformer, gpu: GPU, x: Slice, recompute: str = "none") -> 
     dw = {k: gemm_time(gpu, p, kk, n, mm, nb) for k, (mm, n, kk, nb) in shapes.items()}   # X^T dY
     weightless = ("scores", "values")  # both their gradients are input gradients (Qi et al. 2024, Table 1)
     comm_f, comm_i, hidden = _collectives(m, gpu, x, dx, dw)
+    hidden = hidden if tp_overlap else 0.0
     f = {"gemm": sum(fwd.values()), "memory": memory_time(gpu, _kernel_bytes(m, x, _FORWARD[m.arch])),
          "collectives": comm_f}
     core = {"gemm": fwd["scores"] + fwd["values"], "collectives": 0.0,

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import sim
-from sim.estimate import stage_params
+from sim.estimate import _ends, stage_params
 from sim.footprint import optimizer_step_bytes, state_bytes_per_param
 from sim.gpus import gpu
 from sim.kernels import TILE, collective_time, gemm_flops, gemm_time
@@ -100,6 +100,42 @@ def test_recompute_adds_what_it_redoes(m, tp, b, sp):
         assert t.backward_input + t.backward_weight - t.parts["collectives"] <= t.backward + 1e-15
         assert t.backward <= t.backward_input + t.backward_weight
         assert sum(t.parts.values()) == pytest.approx(t.forward + t.backward)
+
+
+@settings(max_examples=30, deadline=None)
+@given(shapes, st.sampled_from([1, 2, 8]), st.integers(1, 4), st.booleans(), st.sampled_from(["none", "full"]))
+def test_without_the_overlap_b_waits_for_every_collective(m, tp, b, sp, recompute):
+    """tp_overlap=False: B is I then W (nothing hidden); F, I and W are those of the overlapped run,
+    which hides no more than the collectives it has."""
+    if m.heads % tp or (sp and tp == 1):
+        return
+    x = Slice(b, tp, sp)
+    on, off = layer_times(m, A100, x, recompute), layer_times(m, A100, x, recompute, tp_overlap=False)
+    assert off.backward == pytest.approx(off.backward_input + off.backward_weight)
+    assert (off.forward, off.backward_input, off.backward_weight) == (on.forward, on.backward_input, on.backward_weight)
+    assert on.backward <= off.backward <= on.backward + on.parts["collectives"]
+    assert sum(off.parts.values()) == pytest.approx(off.forward + off.backward)
+    if tp == 1:
+        assert off.backward == on.backward
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_the_receiver_gathers_the_scattered_activation(sp):
+    """Narayanan et al. 2021, Sec. 4.1: each of the t ranks sends bsh/t and the receiver
+    all-gathers bsh before computing, except under sequence parallelism. Two stages of 12
+    layers: each F and B lasts its layers, its end layer and, where it receives, that gather."""
+    m, b = sim.transformer.model("megatron-1.7b"), 2
+    e = sim.estimate(m, "a100-80gb", tp=8, pp=2, micro_batch=b, global_batch=4, sequence_parallel=sp)
+    x = Slice(b, 8, sp, "bf16")
+    lt, ends = layer_times(m, A100, x), _ends(m, A100, x)
+    g = 0.0 if sp else collective_time(A100, "all_gather", b * m.seq * m.hidden * 2, 8, False)
+    assert g > 0 or sp
+    want = {(0, "F"): 12 * lt.forward + ends["first_F"], (1, "F"): 12 * lt.forward + ends["last_F"] + g,
+            (0, "B"): 12 * lt.backward + ends["first_I"] + ends["first_W"] + g,
+            (1, "B"): 12 * lt.backward + ends["last_I"] + ends["last_W"]}
+    got = {(ev.action.stage, ev.action.kind.value): ev.end - ev.start for ev in e.result.events
+           if ev.action.kind.value in "FB"}
+    assert got == pytest.approx(want)
 
 
 def test_no_tensor_parallelism_no_collectives():
@@ -213,6 +249,7 @@ def test_balanced_partition_is_no_slower_than_even():
     (dict(recompute="some"), "recompute must be one of none, selective, full"),
     (dict(precision="fp8"), "precision must be one of"),
     (dict(sequence_parallel=True), "sequence_parallel needs tp > 1"),
+    (dict(tp_overlap=1), "tp_overlap must be True or False"),
     (dict(tp=0), "tp must be a positive int"),
     (dict(partition=[1, 2]), "partition must be 'even', 'balanced' or 1 layer counts summing to 24"),
 ])
@@ -234,6 +271,8 @@ def test_unknown_names():
     dict(tp=2, pp=4, dp=2, micro_batch=2, global_batch=32, schedule="interleaved-1f1b", recompute="selective",
          sequence_parallel=True),
     dict(tp=8, pp=2, dp=4, micro_batch=1, global_batch=32, schedule="zbv", zero=1, overlap_grad_reduce=True),
+    dict(tp=4, pp=4, dp=2, micro_batch=1, global_batch=16, schedule="interleaved-1f1b", recompute="full",
+         tp_overlap=False),
 ])
 def test_time_parts_add_up_to_the_step(kwargs):
     e = sim.estimate("megatron-3.6b", "a100-40gb", **kwargs)
