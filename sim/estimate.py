@@ -25,7 +25,7 @@ from .footprint import optimizer_step_bytes, state_bytes_per_param
 from .gpus import GPU, gpu as gpu_by_name
 from .grad_reduce import add_grad_reduce
 from .kernels import collective_time, gemm_time, link_bandwidth, memory_time, precision_bytes
-from .kinds import Kind
+from .kinds import Kind, program_peak
 from .layer import LayerTimes, Slice, layer_times
 from .partition import balanced, even
 from .result import Result
@@ -116,7 +116,8 @@ def estimate(model: Transformer | str, gpu: GPU | str = "a100-80gb", *, tp: int 
     lt = layer_times(m, g, x, recompute, tp_overlap)
     ends = _ends(m, g, x)
     sched = _schedule(m, g, lay, x, lt, ends, schedule_options)
-    layers = _partition(m.layers, sched.stages, lay.partition, lt, ends)
+    caps = _memory_caps(m, g, lay, x, lt, ends, sched) if lay.partition == "balanced" else None
+    layers = _partition(m.layers, sched.stages, lay.partition, lt, ends, caps)
     costs, parts = _stage_costs(m, g, lay, x, lt, ends, layers, sched.placement)
     if any(costs.grad_reduce):
         sched = add_grad_reduce(sched, overlap=overlap_grad_reduce)
@@ -205,13 +206,15 @@ def _ends(m: Transformer, g: GPU, x: Slice) -> dict[str, float]:
     return {f"first_{k}": v for k, v in embed.items()} | {f"last_{k}": v for k, v in head.items()}
 
 
-def _partition(layers: int, stages: int, partition, lt: LayerTimes, ends: dict) -> list[int]:
+def _partition(layers: int, stages: int, partition, lt: LayerTimes, ends: dict, caps=None) -> list[int]:
     if partition == "even":
         return even(layers, stages)
     if partition == "balanced":
         extra = [0.0] * stages
         extra[0] += ends["first_F"] + ends["first_I"] + ends["first_W"]
         extra[-1] += ends["last_F"] + ends["last_I"] + ends["last_W"]
+        if caps is not None and sum(caps) >= layers:
+            return balanced(layers, stages, lt.forward + lt.backward, extra, caps)
         return balanced(layers, stages, lt.forward + lt.backward, extra)
     counts = list(partition) if not isinstance(partition, str) else None
     if not counts or len(counts) != stages or sum(counts) != layers or min(counts) < 0 \
@@ -219,6 +222,30 @@ def _partition(layers: int, stages: int, partition, lt: LayerTimes, ends: dict) 
         raise ValueError(f"partition must be 'even', 'balanced' or {stages} layer counts summing to {layers}, "
                          f"got {partition!r}")
     return counts
+
+
+def _memory_caps(m: Transformer, g: GPU, lay: Layout, x: Slice, lt: LayerTimes, ends: dict, sched) -> list[int] | None:
+    """The most layers each stage can hold with its device still fitting the GPU, from the
+    static bytes and the program-order peak of its activations (`sim.kinds.program_peak`,
+    the schedule's own count of micro-batches held); None unless every device holds one stage
+    (with several, their layers share one memory and no cap is a stage's own)."""
+    if sched.stages != lay.pp or sorted(sched.placement) != list(range(lay.pp)):
+        return None
+    rank_of = sched.placement
+
+    def fit(n: int) -> list[bool]:
+        c = _stage_costs(m, g, lay, x, lt, ends, [n] * lay.pp, sched.placement)[0].for_stages(lay.pp)
+        return [c.static_total(s) + program_peak(sched.programs[rank_of[s]], c) <= g.memory for s in range(lay.pp)]
+
+    lo, hi = [-1] * lay.pp, [m.layers + 1] * lay.pp  # per stage: fits with lo layers (or -1), not with hi
+    while any(h - l > 1 for l, h in zip(lo, hi)):
+        mids = [(l + h) // 2 for l, h in zip(lo, hi)]
+        for n in sorted(set(mid for mid, l, h in zip(mids, lo, hi) if h - l > 1)):
+            ok = fit(n)
+            for s in range(lay.pp):
+                if mids[s] == n and hi[s] - lo[s] > 1:
+                    lo[s], hi[s] = (n, hi[s]) if ok[s] else (lo[s], n)
+    return [max(n, 0) for n in lo]
 
 
 def _stage_costs(m: Transformer, g: GPU, lay: Layout, x: Slice, lt: LayerTimes, ends: dict, layers: list[int],

@@ -162,17 +162,25 @@ def test_even_split(layers, stages):
         assert c[0] == c[-1] == layers // stages or layers % stages > stages - 2
 
 
-@settings(max_examples=60, deadline=None)
-@given(st.integers(1, 9), st.integers(1, 4), st.floats(0.1, 5), st.floats(0, 10), st.floats(0, 10))
-def test_balanced_is_optimal_by_brute_force(layers, stages, per_layer, first, last):
+@settings(max_examples=80, deadline=None)
+@given(st.integers(1, 9), st.integers(1, 4), st.floats(0.1, 5), st.floats(0, 10), st.floats(0, 10),
+       st.lists(st.integers(0, 9), min_size=4, max_size=4) | st.none())
+def test_balanced_is_optimal_by_brute_force(layers, stages, per_layer, first, last, caps):
+    """The fastest split, among those that keep every stage within its cap (memory), if any."""
     extra = [0.0] * stages
     extra[0] += first
     extra[-1] += last
-    c = balanced(layers, stages, per_layer, extra)
+    most = None if caps is None else caps[:stages]
+    allowed = [split for split in itertools.product(range(layers + 1), repeat=stages)
+               if sum(split) == layers and (most is None or all(n <= c for n, c in zip(split, most)))]
+    if not allowed:
+        with pytest.raises(ValueError, match="hold fewer than"):
+            balanced(layers, stages, per_layer, extra, most)
+        return
+    c = balanced(layers, stages, per_layer, extra, most)
     slowest = max(n * per_layer + e for n, e in zip(c, extra))
-    best = min(max(n * per_layer + e for n, e in zip(split, extra))
-               for split in itertools.product(range(layers + 1), repeat=stages) if sum(split) == layers)
-    assert sum(c) == layers and min(c) >= 0
+    best = min(max(n * per_layer + e for n, e in zip(split, extra)) for split in allowed)
+    assert tuple(c) in allowed
     assert slowest == pytest.approx(best)
 
 
@@ -239,6 +247,28 @@ def test_balanced_partition_is_no_slower_than_even():
     ba = sim.estimate("megatron-1.7b", "a100-80gb", partition="balanced", **kw)
     assert ba.step_time <= ev.step_time * (1 + 1e-9)
     assert sum(ba.layers_per_stage) == 24 and ba.layers_per_stage != ev.layers_per_stage
+
+
+def test_balanced_partition_keeps_every_stage_within_memory():
+    """GPT-3 on 8 A100-80GB stages without recompute: the even split does not fit (the first
+    stage holds 8 micro-batches); the balanced one moves layers back until each fits. Each
+    stage's cap, found from the schedule's program order, is checked against the simulation:
+    that many layers on the stage fit its device, one more does not."""
+    from sim.estimate import _memory_caps
+    kw = dict(tp=8, pp=8, micro_batch=1, global_batch=16)
+    ev = sim.estimate("gpt3-175b", "a100-80gb", **kw)
+    ba = sim.estimate("gpt3-175b", "a100-80gb", partition="balanced", **kw)
+    assert not ev.fits and ba.fits and sum(ba.layers_per_stage) == 96
+    x = Slice(1, 8, False, "bf16")
+    caps = _memory_caps(ev.model, A100, ev.layout, x, layer_times(ev.model, A100, x), _ends(ev.model, A100, x),
+                        ev.result.schedule)
+    assert all(n <= c for n, c in zip(ba.layers_per_stage, caps))
+    for s in (0, 3, 7):
+        for n, fits in ((caps[s], True), (caps[s] + 1, False)):
+            counts = [0] * 8
+            counts[s], counts[(s + 1) % 8] = n, 96 - n
+            e = sim.estimate("gpt3-175b", "a100-80gb", partition=counts, **kw)
+            assert (e.peak_memory[s] <= A100.memory) is fits, (s, n)
 
 
 @pytest.mark.parametrize("kwargs, message", [
