@@ -1,0 +1,125 @@
+"""Activation offloading as actions: the pass that adds an OFFLOAD after each forward and a RELOAD ahead of each backward, and the check of where they stand.
+
+SageMaker's model-parallel library offloads the checkpointed activations of a micro-batch
+to CPU memory "as soon as the forward pass for a particular checkpointed layer is
+computed" and loads them back "shortly before they are needed for the backward pass",
+both over PCIe while the GPU computes; `activation_loading_horizon` (default 4) sets how
+early (Amazon SageMaker developer guide, "Activation Offloading",
+docs.aws.amazon.com/sagemaker/latest/dg/model-parallel-extended-features-pytorch-activation-offloading.html).
+Here `sOFFLOAD m` copies what stage s keeps for micro-batch m to the host and `sRELOAD m`
+copies it back; each runs on one of its rank's two copy engines (device to host, host to
+device) while the device goes on with its program, and the backward of (s, m) waits for
+its RELOAD's end (docs/rules.md, rule 14).
+"""
+from __future__ import annotations
+
+import math
+
+from .ir import Action, Schedule, ScheduleError
+from .kinds import COPIES, Kind
+
+_F, _B, _I, _OFFLOAD, _RELOAD = Kind.F, Kind.B, Kind.I, Kind.OFFLOAD, Kind.RELOAD
+
+# SageMaker's `activation_loading_horizon` default (the guide above): how many backwards
+# ahead a RELOAD is issued.
+DEFAULT_HORIZON = 4
+
+
+def copy_time(nbytes: float, bandwidth: float, latency: float = 0.0) -> float:
+    """Seconds one copy of `nbytes` over PCIe takes: nbytes / bandwidth + latency
+    (bandwidth in bytes/s in the copy's direction; math.inf = free)."""
+    if not bandwidth > 0 or not latency >= 0 or not nbytes >= 0:
+        raise ValueError(f"copy_time needs nbytes >= 0, bandwidth > 0 and latency >= 0, "
+                         f"got {nbytes!r}, {bandwidth!r}, {latency!r}")
+    return (0.0 if math.isinf(bandwidth) else nbytes / bandwidth) + latency
+
+
+def add_offload(schedule: Schedule, horizon: int = DEFAULT_HORIZON) -> Schedule:
+    """`schedule` (compute actions, and REDUCE_GRADs if any) with, for every (stage s,
+    micro-batch m), `sOFFLOAD m` right after `sF m` and `sRELOAD m` ahead of the backward
+    that needs the activations back (B, or I where the backward is split).
+
+    A RELOAD is issued `horizon` backwards ahead on its rank: just before the rank's
+    backward (B or I, of any of its stages) that comes `horizon` earlier in its program
+    than its own (before the rank's first backward where there are fewer), or, if its
+    OFFLOAD comes later than that, right after its OFFLOAD. horizon=0: just before its
+    own backward, with no prefetch."""
+    if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 0:
+        raise ValueError(f"horizon must be an int >= 0 (SageMaker's activation_loading_horizon, default "
+                         f"{DEFAULT_HORIZON}), got {horizon!r}")
+    if schedule.is_lowered or schedule.has_copies:
+        raise ScheduleError(f"add_offload takes a schedule without SEND/RECV or OFFLOAD/RELOAD (as the generators "
+                            f"write it, before sim.lower); {schedule.name!r} has them")
+    return Schedule([_offload_program(prog, horizon) for prog in schedule.programs],
+                    schedule.placement, schedule.micro, schedule.name)
+
+
+def _offload_program(prog, horizon: int) -> list[Action]:
+    """One rank's program with its OFFLOADs and RELOADs (see `add_offload`)."""
+    forward_at = {(a.stage, a.micro): i for i, a in enumerate(prog) if a.kind is _F}
+    backwards = [i for i, a in enumerate(prog) if a.kind is _B or a.kind is _I]
+    after: dict[int, list[Action]] = {}   # position i -> the copies issued right after prog[i]
+    for i in forward_at.values():
+        after[i] = [Action(prog[i].stage, _OFFLOAD, prog[i].micro)]
+    for k, i in enumerate(backwards):
+        a = prog[i]
+        ahead = backwards[max(k - horizon, 0)] - 1   # right before the backward `horizon` earlier
+        after.setdefault(max(ahead, forward_at[a.stage, a.micro]), []).append(Action(a.stage, _RELOAD, a.micro))
+    return [x for i, a in enumerate(prog) for x in [a] + after.get(i, [])]
+
+
+def _at(r: int, i: int, a: Action) -> str:
+    return f"rank {r} step {i} ({a})"
+
+
+def check_copies(schedule: Schedule) -> None:
+    """Each OFFLOAD and RELOAD names a stage on its own rank and an existing micro-batch, at
+    most once; `sOFFLOAD m` comes after `sF m`, `sRELOAD m` after `sOFFLOAD m` and before the
+    backward that needs it (B or I); an OFFLOAD has its RELOAD. Raises `ScheduleError`."""
+    S, M = schedule.stages, schedule.micro
+    for r, prog in enumerate(schedule.programs):
+        done: set[Action] = set()
+        for i, a in enumerate(prog):
+            if a.kind in COPIES:
+                if not 0 <= a.stage < S:
+                    raise ScheduleError(f"{_at(r, i, a)}: stage {a.stage} does not exist (stages 0..{S - 1})")
+                if schedule.placement[a.stage] != r:
+                    raise ScheduleError(f"{_at(r, i, a)}: stage {a.stage} lives on rank "
+                                        f"{schedule.placement[a.stage]}, not {r}")
+                if not 0 <= a.micro < M:
+                    raise ScheduleError(f"{_at(r, i, a)}: micro-batch {a.micro} does not exist (0..{M - 1})")
+                if a in done:
+                    raise ScheduleError(f"{_at(r, i, a)}: {a} appears twice; a micro-batch's activations are "
+                                        f"offloaded and reloaded once")
+                need = Action(a.stage, _F if a.kind is _OFFLOAD else _OFFLOAD, a.micro)
+                if need not in done:
+                    raise ScheduleError(f"{_at(r, i, a)} comes before {need}; put it after (sim.add_offload does)")
+            elif (a.kind is _B or a.kind is _I) and Action(a.stage, _OFFLOAD, a.micro) in done \
+                    and Action(a.stage, _RELOAD, a.micro) not in done:
+                raise ScheduleError(f"{_at(r, i, a)} comes before {Action(a.stage, _RELOAD, a.micro)}, which "
+                                    f"brings back its activations; put the RELOAD before it (sim.add_offload does)")
+            done.add(a)
+        for a in sorted(x for x in done if x.kind is _OFFLOAD):
+            if Action(a.stage, _RELOAD, a.micro) not in done:
+                raise ScheduleError(f"{a} on rank {r} has no {Action(a.stage, _RELOAD, a.micro)}; every offloaded "
+                                    f"micro-batch is reloaded before its backward")
+
+
+def reload_waits(result) -> list[float]:
+    """Per rank, how long its backwards waited for their RELOADs in `result` (a simulated
+    step): for each backward with a RELOAD, how much later than the end of the rank's
+    compute before it (and the arrival of its input from another rank) its RELOAD ended,
+    as the `ideal` transport runs them (no call overheads). Zero where the copies were on time."""
+    events = result.events
+    reload_end = {(e.action.stage, e.action.micro): e.end for e in events if e.action.kind is _RELOAD}
+    arrived = {(e.action.stage, e.action.micro): e.end for e in events
+               if e.action.kind is Kind.RECV_B}   # a backward's input from another rank
+    out = [0.0] * result.ranks
+    last = [0.0] * result.ranks     # the end of each rank's compute before
+    for e in sorted((e for e in events if e.is_compute), key=lambda e: (e.start, e.end)):
+        key = (e.action.stage, e.action.micro)
+        if (e.action.kind is _B or e.action.kind is _I) and key in reload_end:
+            ready = max(last[e.rank], arrived.get(key, 0.0))
+            out[e.rank] += max(0.0, min(e.start, reload_end[key]) - ready)
+        last[e.rank] = e.end
+    return out
