@@ -41,9 +41,11 @@ def add_offload(schedule: Schedule, horizon: int = DEFAULT_HORIZON) -> Schedule:
 
     A RELOAD is issued `horizon` backwards ahead on its rank: just before the rank's
     backward (B or I, of any of its stages) that comes `horizon` earlier in its program
-    than its own (before the rank's first backward where there are fewer), or, if its
-    OFFLOAD comes later than that, right after its OFFLOAD. horizon=0: just before its
-    own backward, with no prefetch."""
+    than its own (before the rank's first backward where there are fewer). horizon=0: just
+    before its own backward, with no prefetch. A micro-batch whose RELOAD would be issued
+    before the rank computes anything after its F (its backward is within `horizon` of
+    its forward: the last stage of 1F1B, or a horizon as deep as the pipeline) is not
+    offloaded: the copies would cost PCIe time and save no memory."""
     if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 0:
         raise ValueError(f"horizon must be an int >= 0 (SageMaker's activation_loading_horizon, default "
                          f"{DEFAULT_HORIZON}), got {horizon!r}")
@@ -59,12 +61,14 @@ def _offload_program(prog, horizon: int) -> list[Action]:
     forward_at = {(a.stage, a.micro): i for i, a in enumerate(prog) if a.kind is _F}
     backwards = [i for i, a in enumerate(prog) if a.kind is _B or a.kind is _I]
     after: dict[int, list[Action]] = {}   # position i -> the copies issued right after prog[i]
-    for i in forward_at.values():
-        after[i] = [Action(prog[i].stage, _OFFLOAD, prog[i].micro)]
     for k, i in enumerate(backwards):
         a = prog[i]
+        f = forward_at[a.stage, a.micro]
         ahead = backwards[max(k - horizon, 0)] - 1   # right before the backward `horizon` earlier
-        after.setdefault(max(ahead, forward_at[a.stage, a.micro]), []).append(Action(a.stage, _RELOAD, a.micro))
+        if not any(x.kind.is_compute for x in prog[f + 1:ahead + 1]):
+            continue  # it would come back before the rank computes anything: no memory saved
+        after.setdefault(f, []).insert(0, Action(a.stage, _OFFLOAD, a.micro))
+        after.setdefault(ahead, []).append(Action(a.stage, _RELOAD, a.micro))
     return [x for i, a in enumerate(prog) for x in [a] + after.get(i, [])]
 
 
