@@ -58,6 +58,7 @@ import simpy
 from .costs import Costs, StageCosts
 from .ir import Action, Schedule
 from .kinds import KINDS, Role, memory_delta
+from .offload import CopyEngines
 from .passes import Plan, check_communication, check_complete, check_deadlock, lower, plan
 from .result import Event, Result
 from .transports import Transport, transport_class
@@ -202,7 +203,7 @@ def run(schedule: Schedule, c: StageCosts, durations: Mapping[Action, float] | N
     env = simpy.Environment()
     net = _Network(env, p, c, link, busy, nlinks, schedule.ranks)
     transport: Transport = transport_class(c.transport)(c)
-    copies = _Copies(p, c, durations, schedule.ranks) if p.copies else None
+    copies = CopyEngines(p, c, durations, schedule.ranks) if p.copies else None
     if copies and transport.watches_devices:
         raise ValueError("a schedule with OFFLOAD/RELOAD (copies to host memory, a GPU's) cannot run under "
                          "Costs.io_tick > 0 (a CPU rank's I/O thread, rule 10); set io_tick=0")
@@ -229,56 +230,8 @@ def run(schedule: Schedule, c: StageCosts, durations: Mapping[Action, float] | N
     return record, memory, activations, finished, busy_time
 
 
-class _Copies:
-    """The copies of a run (OFFLOAD, RELOAD; rule 8 above): each rank's two copy engines,
-    when each copy starts and ends, when each backward may start (its RELOAD's end), and
-    what the copies do to each rank's memory, merged into its series after the run."""
-
-    def __init__(self, p: Plan, c: StageCosts, durations, ranks: int):
-        self.after, self.feeds = p.copy_after, p.copy_feeds
-        self.dur = [getattr(c, KINDS[a.kind].cost)[a.stage] for a in p.copies]
-        if durations:
-            self.dur = [durations.get(a, d) for a, d in zip(p.copies, self.dur)]
-        self.engine = [0 if KINDS[a.kind].stream == "to host" else 1 for a in p.copies]
-        self.effect = [(memory_delta(a.kind, "start", c, a.stage), memory_delta(a.kind, "end", c, a.stage))
-                       for a in p.copies]
-        self.start, self.end = [0.0] * len(p.copies), [0.0] * len(p.copies)
-        self.ready = [0.0] * len(p.actions)     # per compute: the end of the RELOAD it waits for
-        self.free = [[0.0, 0.0] for _ in range(ranks)]  # per rank: when each copy engine is free
-        self.changes: list[list] = [[] for _ in range(ranks)]
-
-    def issue(self, r: int, y: int, now: float) -> None:
-        """Rank r issues copy y at `now`: it runs on its engine once that is free (and, for a
-        RELOAD, its OFFLOAD has ended)."""
-        free, k = self.free[r], self.engine[y]
-        begin = max(now, free[k], self.end[self.after[y]] if self.after[y] >= 0 else 0.0)
-        end = free[k] = begin + self.dur[y]
-        self.start[y], self.end[y] = begin, end
-        if self.feeds[y] >= 0:
-            self.ready[self.feeds[y]] = end
-        take, give = self.effect[y]
-        if take:
-            self.changes[r].append((begin, 2, take))   # at one time: after the computes' changes
-        if give:
-            self.changes[r].append((end, 0, give))     # before them
-
-    def merge(self, r: int, series: list) -> list:
-        """Rank r's memory series with its copies' changes: the computes' changes keep their
-        order; at one time a copy gives back before them and takes after them."""
-        if not self.changes[r]:
-            return series
-        steps = [(series[0][0], -1, series[0][1])]
-        steps += [(t, 1, b - prev) for (_, prev), (t, b) in zip(series, series[1:])]
-        merged = sorted(steps + self.changes[r], key=lambda x: x[:2])
-        held, out = 0.0, []
-        for t, _, change in merged:
-            held += change
-            out.append((t, held))
-        return out
-
-
 def _device_process(env, p: Plan, net: _Network, transport: Transport, c: StageCosts, dur, at_start, at_end,
-                    issued, posted_hook, start_of, end_of, collective_of, copies: _Copies | None):
+                    issued, posted_hook, start_of, end_of, collective_of, copies: CopyEngines | None):
     """The SimPy process of one device: it runs its program's `Op`s in order (rules 1-4,
     11); the transport's hooks take its SENDs and RECVs; its collectives go to its stream
     (rule 7: `collective_of` = their starts, ends and durations), its copies to its copy

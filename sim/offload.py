@@ -1,4 +1,4 @@
-"""Activation offloading as actions: the pass that adds an OFFLOAD after each forward and a RELOAD ahead of each backward, and the check of where they stand.
+"""Activation offloading as actions: the pass that adds an OFFLOAD after each forward and a RELOAD ahead of each backward, the check of where they stand, and the copy engines the engine runs them on.
 
 SageMaker's model-parallel library offloads the checkpointed activations of a micro-batch
 to CPU memory "as soon as the forward pass for a particular checkpointed layer is
@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 
 from .ir import Action, Schedule, ScheduleError
-from .kinds import COPIES, Kind
+from .kinds import COPIES, KINDS, Kind, memory_delta
 
 _F, _B, _I, _OFFLOAD, _RELOAD = Kind.F, Kind.B, Kind.I, Kind.OFFLOAD, Kind.RELOAD
 
@@ -70,6 +70,54 @@ def _offload_program(prog, horizon: int) -> list[Action]:
         after.setdefault(f, []).insert(0, Action(a.stage, _OFFLOAD, a.micro))
         after.setdefault(ahead, []).append(Action(a.stage, _RELOAD, a.micro))
     return [x for i, a in enumerate(prog) for x in [a] + after.get(i, [])]
+
+
+class CopyEngines:
+    """The copies of a run (OFFLOAD, RELOAD; `sim.engine` rule 8): each rank's two copy engines,
+    when each copy starts and ends, when each backward may start (its RELOAD's end), and
+    what the copies do to each rank's memory, merged into its series after the run."""
+
+    def __init__(self, p, c, durations, ranks: int):
+        self.after, self.feeds = p.copy_after, p.copy_feeds
+        self.dur = [getattr(c, KINDS[a.kind].cost)[a.stage] for a in p.copies]
+        if durations:
+            self.dur = [durations.get(a, d) for a, d in zip(p.copies, self.dur)]
+        self.engine = [0 if KINDS[a.kind].stream == "to host" else 1 for a in p.copies]
+        self.effect = [(memory_delta(a.kind, "start", c, a.stage), memory_delta(a.kind, "end", c, a.stage))
+                       for a in p.copies]
+        self.start, self.end = [0.0] * len(p.copies), [0.0] * len(p.copies)
+        self.ready = [0.0] * len(p.actions)     # per compute: the end of the RELOAD it waits for
+        self.free = [[0.0, 0.0] for _ in range(ranks)]  # per rank: when each copy engine is free
+        self.changes: list[list] = [[] for _ in range(ranks)]
+
+    def issue(self, r: int, y: int, now: float) -> None:
+        """Rank r issues copy y at `now`: it runs on its engine once that is free (and, for a
+        RELOAD, its OFFLOAD has ended)."""
+        free, k = self.free[r], self.engine[y]
+        begin = max(now, free[k], self.end[self.after[y]] if self.after[y] >= 0 else 0.0)
+        end = free[k] = begin + self.dur[y]
+        self.start[y], self.end[y] = begin, end
+        if self.feeds[y] >= 0:
+            self.ready[self.feeds[y]] = end
+        take, give = self.effect[y]
+        if take:
+            self.changes[r].append((begin, 2, take))   # at one time: after the computes' changes
+        if give:
+            self.changes[r].append((end, 0, give))     # before them
+
+    def merge(self, r: int, series: list) -> list:
+        """Rank r's memory series with its copies' changes: the computes' changes keep their
+        order; at one time a copy gives back before them and takes after them."""
+        if not self.changes[r]:
+            return series
+        steps = [(series[0][0], -1, series[0][1])]
+        steps += [(t, 1, b - prev) for (_, prev), (t, b) in zip(series, series[1:])]
+        merged = sorted(steps + self.changes[r], key=lambda x: x[:2])
+        held, out = 0.0, []
+        for t, _, change in merged:
+            held += change
+            out.append((t, held))
+        return out
 
 
 def _at(r: int, i: int, a: Action) -> str:
