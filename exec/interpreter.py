@@ -19,6 +19,8 @@ are the simulator's (docs/rules.md):
 - `reduce_grad` (REDUCE_GRAD, the data-parallel gradient reduction) is refused: `exec`
   runs one pipeline replica and has no data-parallel process group to reduce over
   (`refuse_collectives`, called before a run starts).
+- `offload`, `reload` (OFFLOAD, RELOAD, activation offloading to host memory) are refused:
+  on a CPU rank the host memory is the device's memory (`refuse_offload`).
 
 Every action leaves a record of clock marks (`Marks`), turned into `sim.Event`s in
 seconds when the step ends, together with the rank's memory over time: its static bytes
@@ -48,7 +50,8 @@ from .clocks import clock_for
 from .memory import SavedBytes, param_storages
 from .shapes import TensorMeta
 
-__all__ = ["RankInterpreter", "RankTrace", "Marks", "LossFn", "isend", "transfer_tag", "refuse_collectives"]
+__all__ = ["RankInterpreter", "RankTrace", "Marks", "LossFn", "isend", "transfer_tag", "refuse_collectives",
+           "refuse_offload"]
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -78,6 +81,14 @@ def refuse_collectives(schedule: Schedule) -> None:
                          f"but exec has no data parallelism: it runs one pipeline replica, with no data-parallel "
                          f"process group to reduce over; simulate it (sim.simulate), or run it without "
                          f"sim.add_grad_reduce")
+
+
+def refuse_offload(schedule: Schedule) -> None:
+    """Raise ValueError if `schedule` holds an OFFLOAD or RELOAD: on CPU ranks host memory is device memory."""
+    if schedule.has_copies:
+        raise ValueError(f"schedule {schedule.name!r} has OFFLOAD/RELOAD actions (activation offloading to host "
+                         f"memory), but exec runs on CPU ranks, whose host memory is their device memory; simulate "
+                         f"it (sim.simulate), or run it without sim.add_offload")
 
 
 class Marks(NamedTuple):
@@ -235,6 +246,14 @@ class RankInterpreter:
     def reduce_grad(self, a: Action) -> None:
         """REDUCE_GRAD: refused (`refuse_collectives`); a run never gets here."""
         refuse_collectives(self.schedule)
+
+    def offload(self, a: Action) -> None:
+        """OFFLOAD: refused (`refuse_offload`); a run never gets here."""
+        refuse_offload(self.schedule)
+
+    def reload(self, a: Action) -> None:
+        """RELOAD: refused (`refuse_offload`); a run never gets here."""
+        refuse_offload(self.schedule)
 
     # -- compute
     def forward(self, a: Action) -> Marks:

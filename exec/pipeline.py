@@ -32,7 +32,7 @@ from sim.order import order_transfers
 from .calibrate import calibrate_rank, message_sizes
 from .check import compare_grads, reference_step, split_micro_batches
 from .host import host_cores
-from .interpreter import refuse_collectives
+from .interpreter import refuse_collectives, refuse_offload
 from .launch import launch
 from .optim import OPTIMIZERS, make_optimizer
 from .profile import costs_from_reports
@@ -242,6 +242,7 @@ def _check_run_args(spec, schedule: Schedule, steps: int, warmup: int, calibrate
                          f"simulate an NCCL run with costs written by sim.save_costs")
     lowered = sim.validate(schedule)
     refuse_collectives(lowered)
+    refuse_offload(lowered)
     if backend == "nccl":  # NCCL pairs a rank's transfers by order, not tag (docs/rules.md)
         lowered = order_transfers(lowered)
     split_micro_batches(torch.empty(spec.batch_size, 0), torch.empty(spec.batch_size, 0), lowered.micro)

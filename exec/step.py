@@ -22,7 +22,7 @@ from sim.kinds import KINDS, Role
 from sim.order import transfer_order
 from sim.passes import peer
 
-from .interpreter import LossFn, RankInterpreter, RankTrace, refuse_collectives
+from .interpreter import LossFn, RankInterpreter, RankTrace, refuse_collectives, refuse_offload
 from .memory import static_memory
 from .shapes import TensorMeta, infer_shapes
 
@@ -60,6 +60,7 @@ def _check_step_args(ctx, schedule: Schedule, stage_modules: dict, micro_inputs:
     if not schedule.is_lowered and schedule.ranks > 1:
         raise ValueError(f"schedule {schedule.name!r} has no SEND/RECV actions; pass sim.lower(schedule)")
     refuse_collectives(schedule)
+    refuse_offload(schedule)
     if schedule.ranks != ctx.world_size:
         raise ValueError(f"schedule {schedule.name!r} has {schedule.ranks} ranks but "
                          f"the process group has {ctx.world_size}; launch one process per rank")

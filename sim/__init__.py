@@ -13,6 +13,7 @@ from .estimate import Estimate, Layout, estimate
 from .gpus import GPU, GPUS
 from .ir import Action, Schedule, ScheduleError
 from .kinds import KINDS, Kind, KindSpec, Role
+from .offload import add_offload
 from .passes import add_grad_reduce, check_deadlock, dependencies, lower, validate, waits_for
 from .result import Event, Result
 from .schedules import SCHEDULES, make_schedule
@@ -22,6 +23,6 @@ from .transports import TRANSPORTS
 __all__ = [
     "Action", "Kind", "KINDS", "KindSpec", "Role", "Schedule", "ScheduleError", "Costs", "StageCosts",
     "save_costs", "load_costs", "TRANSPORTS", "simulate", "Event", "Result", "make_schedule", "SCHEDULES",
-    "lower", "add_grad_reduce", "validate", "check_deadlock", "dependencies", "waits_for",
+    "lower", "add_grad_reduce", "add_offload", "validate", "check_deadlock", "dependencies", "waits_for",
     "Transformer", "MODELS", "GPU", "GPUS", "estimate", "Estimate", "Layout",
 ]

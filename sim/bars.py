@@ -1,10 +1,12 @@
 """The compute bars of a Gantt chart: a colour per kind (from the kind table), a hatch
 per chunk where a rank holds several stages, and labels that fit their bars; and the
-collectives (REDUCE_GRAD) as thin bars along the bottom of their rank's row.
+collectives (REDUCE_GRAD) as thin bars along the bottom of their rank's row, and the
+copies to host memory and back (OFFLOAD, RELOAD) as thin bars along its top.
 
 `sim.plot` draws its charts with these; `draw_bars` puts one Rectangle per compute
 (findable by its gid, `compute 0F0`) or, for large steps, one PolyCollection per kind and
-chunk, and one thin Rectangle per collective (`collective 0REDUCE_GRAD`); `fit_labels`
+chunk, and one thin Rectangle per collective (`collective 0REDUCE_GRAD`) and per copy
+(`copy 0OFFLOAD3`); `fit_labels`
 runs after layout and keeps, per bar, the longest label that fits.
 """
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from .kinds import COLLECTIVES, KINDS, Kind, Role
+from .kinds import COLLECTIVES, COPIES, KINDS, Kind, Role
 from .result import Event, Result
 
 if TYPE_CHECKING:
@@ -30,6 +32,10 @@ COLLECTIVE_COLORS = {k: KINDS[k].colour for k in COLLECTIVES}
 COLLECTIVE_NAMES = {k: KINDS[k].label for k in COLLECTIVES}
 COLLECTIVE_HEIGHT = 0.3
 COLLECTIVE_HATCH = "xxxx"
+# A copy runs on its rank's copy engine beside the compute: a thin bar in the top part of
+# the row, with an edge so that back-to-back copies stay apart.
+COPY_COLORS = {k: KINDS[k].colour for k in COPIES}
+COPY_NAMES = {k: KINDS[k].label for k in COPIES}
 TRACK = "#f4f4f4"          # the empty row behind the bars: what shows through is idle time
 LABEL_GID = "bar-label"    # marks the micro-batch numbers that `fit_labels` may hide
 # Where a rank holds several stages, its k-th stage (chunk k, in stage order) is drawn with
@@ -66,6 +72,7 @@ def draw_bars(ax: "Axes", result: Result, height: float, detail: bool, label: bo
     events = result.compute_events()
     chunk = chunks(result) if hatch_chunks else {}
     draw_collectives(ax, result, height)
+    draw_copies(ax, result, height)
     if not detail:
         bar_collections(ax, events, t0, height, chunk, **style)
         return
@@ -102,6 +109,20 @@ def draw_collectives(ax: "Axes", result: Result, height: float) -> None:
         bar.set_hatchcolor(HATCH_COLOUR)
 
 
+def draw_copies(ax: "Axes", result: Result, height: float) -> None:
+    """Each copy (OFFLOAD, RELOAD) as a thin bar in the top part of its rank's row (rows run
+    down the page), findable by its gid (`copy 0OFFLOAD3`)."""
+    events = [e for e in result.events if e.action.kind in COPIES]
+    if not events:
+        return
+    thin = height * COLLECTIVE_HEIGHT
+    bars = ax.barh([e.rank - (height - thin) / 2 for e in events], [e.duration for e in events], height=thin,
+                   left=[e.start - result.t0 for e in events], color=[COPY_COLORS[e.action.kind] for e in events],
+                   edgecolor="black", linewidth=0.4, zorder=3)
+    for e, bar in zip(events, bars):
+        bar.set_gid(f"copy {e.action}")
+
+
 def bar_collections(ax: "Axes", events: Sequence[Event], t0: float, height: float, chunk: dict[int, int],
                      **style) -> None:
     from matplotlib.collections import PolyCollection
@@ -131,6 +152,8 @@ def kind_legend(ax: "Axes", kinds: set[Kind], extra: Sequence = (), chunk_count:
     handles += [Patch(facecolor=COLLECTIVE_COLORS[k], hatch=COLLECTIVE_HATCH, hatchcolor=HATCH_COLOUR,
                       edgecolor="black", linewidth=0.4, label=f"{COLLECTIVE_NAMES[k]} (its stream)")
                 for k in COLLECTIVE_COLORS if k in kinds]
+    handles += [Patch(facecolor=COPY_COLORS[k], edgecolor="black", linewidth=0.4,
+                      label=f"{COPY_NAMES[k]} (copy engine)") for k in COPY_COLORS if k in kinds]
     handles.append(Patch(facecolor=TRACK, edgecolor="#bbbbbb", label="idle (bubble)"))
     if chunk_count > 1:
         handles += [Patch(facecolor="#888888", hatch=HATCHES[k % len(HATCHES)], hatchcolor=HATCH_COLOUR,
@@ -144,8 +167,9 @@ def _ordinal(n: int) -> str:
 
 
 def kinds_of(result: Result) -> set[Kind]:
-    """The compute and collective kinds of `result`'s events: what its legend lists."""
-    return {e.action.kind for e in result.events if e.action.kind.is_compute or e.action.kind in COLLECTIVES}
+    """The compute, collective and copy kinds of `result`'s events: what its legend lists."""
+    return {e.action.kind for e in result.events
+            if e.action.kind.is_compute or e.action.kind in COLLECTIVES or e.action.kind in COPIES}
 
 
 def fit_labels(fig: "Figure") -> None:

@@ -13,7 +13,8 @@ from .files import atomic_write
 
 PerStage = Union[float, Sequence[float]]
 PER_STAGE = ("forward", "backward", "backward_input", "backward_weight", "activation_bytes_sent", "activation_bytes",
-             "w_activation_bytes", "static_bytes", "weight_bytes", "grad_bytes", "optimizer_bytes", "grad_reduce")
+             "w_activation_bytes", "static_bytes", "weight_bytes", "grad_bytes", "optimizer_bytes", "grad_reduce",
+             "offload_bytes", "offload", "reload")
 
 
 def _per_stage(name: str, value: PerStage, stages: int) -> tuple[float, ...]:
@@ -103,6 +104,11 @@ class Costs:
       collective stream, per stage; the caller's cost model (message size, algorithm,
       the data-parallel group's links) gives it. Default 0. Only a schedule with
       REDUCE_GRAD actions (`sim.passes.add_grad_reduce`) uses it.
+    - offload_bytes: bytes of a micro-batch's activations that a stage copies to host
+      memory after its F and back before its backward (OFFLOAD, RELOAD: `sim.add_offload`,
+      rule 14); at most its `activation_bytes`. offload, reload: how long each copy takes
+      on its rank's copy engine, per stage (bytes / PCIe bandwidth + latency:
+      `sim.offload.copy_time`). Default 0; only a schedule with OFFLOAD/RELOAD uses them.
     """
 
     forward: PerStage = 1.0
@@ -126,6 +132,9 @@ class Costs:
     after_compute: float = 0.0
     transport: str = "gloo-cpu"
     grad_reduce: PerStage = 0.0
+    offload_bytes: PerStage = 0.0
+    offload: PerStage = 0.0
+    reload: PerStage = 0.0
 
     def __post_init__(self):
         for name in PER_STAGE:
@@ -148,6 +157,11 @@ class Costs:
         bwd = _per_stage("backward", self.backward, stages)
         half = tuple(b / 2 for b in bwd)
         act = _per_stage("activation_bytes", self.activation_bytes, stages)
+        off = _per_stage("offload_bytes", self.offload_bytes, stages)
+        if any(o > a for o, a in zip(off, act)):
+            s = next(s for s, (o, a) in enumerate(zip(off, act)) if o > a)
+            raise ValueError(f"Costs.offload_bytes of stage {s} ({off[s]:g}) exceeds its activation_bytes "
+                             f"({act[s]:g}); a stage offloads at most the activations it keeps")
         return StageCosts(
             forward=_per_stage("forward", self.forward, stages),
             backward=bwd,
@@ -171,6 +185,9 @@ class Costs:
             after_compute=float(self.after_compute),
             transport=self.transport,
             grad_reduce=_per_stage("grad_reduce", self.grad_reduce, stages),
+            offload_bytes=off,
+            offload=_per_stage("offload", self.offload, stages),
+            reload=_per_stage("reload", self.reload, stages),
         )
 
     def to_dict(self) -> dict:
@@ -229,6 +246,9 @@ class StageCosts:
     after_compute: float = 0.0
     transport: str = "gloo-cpu"
     grad_reduce: tuple[float, ...] = ()
+    offload_bytes: tuple[float, ...] = ()
+    offload: tuple[float, ...] = ()
+    reload: tuple[float, ...] = ()
 
     def static_total(self, stage: int) -> float:
         """Bytes stage `stage` holds for the whole step: weights, gradients, optimizer

@@ -27,6 +27,12 @@ The rules (docs/rules.md; `exec` honours the same ones):
    for its cost (`grad_reduce` of its stage), from the later of its issue and the end of
    the collective before it. Its stage's backwards come before it in the program, so they
    have ended by then. The step ends at the end of its last compute or collective.
+8. A copy (OFFLOAD, RELOAD: `sim.add_offload`) is issued in program order and does not
+   hold the device either: it runs on one of the rank's two copy engines (to host, from
+   host), one at a time each, for its cost (`offload`, `reload` of its stage), from the
+   latest of its issue, the end of the copy before it on its engine and, for a RELOAD,
+   its OFFLOAD's end. Its memory effect comes at its own start or end. The backward that
+   needs a RELOAD's activations starts no earlier than the RELOAD's end (rule 14).
 
 The engine knows actions, devices and links; the transport (`Costs.transport`, see
 `sim.transports`) decides when a transfer leaves its sender and what the calls cost the
@@ -52,12 +58,13 @@ import simpy
 from .costs import Costs, StageCosts
 from .ir import Action, Schedule
 from .kinds import KINDS, Role, memory_delta
+from .offload import CopyEngines
 from .passes import Plan, check_communication, check_complete, check_deadlock, lower, plan
 from .result import Event, Result
 from .transports import Transport, transport_class
 
 INF = float("inf")
-_COMPUTE, _RECV, _SEND = Role.COMPUTE, Role.RECV, Role.SEND
+_COMPUTE, _RECV, _SEND, _COLLECTIVE = Role.COMPUTE, Role.RECV, Role.SEND, Role.COLLECTIVE
 
 
 class _Arrival(simpy.Event):
@@ -114,16 +121,19 @@ class _Run:
     """What a run recorded, as flat lists indexed by compute id (a transfer is numbered by
     the compute that receives it); `Event` records are made from them only on demand."""
 
-    def __init__(self, p: Plan, start, end, sent, posted, arrive, collective_start, collective_end, placement):
+    def __init__(self, p: Plan, start, end, sent, posted, arrive, collective_start, collective_end, placement,
+                 copy_start=(), copy_end=()):
         self.plan = p
         self.start, self.end, self.sent, self.posted, self.arrive = start, end, sent, posted, arrive
         self.collective_start, self.collective_end, self.placement = collective_start, collective_end, placement
+        self.copy_start, self.copy_end = copy_start, copy_end
 
     def events(self) -> list[Event]:
         p = self.plan
         out = [Event(r, a, s, e) for r, a, s, e in zip(p.rank, p.actions, self.start, self.end)]
         out += [Event(self.placement[a.stage], a, s, e)
                 for a, s, e in zip(p.collectives, self.collective_start, self.collective_end)]
+        out += [Event(self.placement[a.stage], a, s, e) for a, s, e in zip(p.copies, self.copy_start, self.copy_end)]
         for t, j in enumerate(p.producer):
             if j >= 0:
                 out.append(Event(p.rank[j], p.comm_action(t, True), self.sent[t], self.arrive[t], p.rank[t]))
@@ -193,6 +203,10 @@ def run(schedule: Schedule, c: StageCosts, durations: Mapping[Action, float] | N
     env = simpy.Environment()
     net = _Network(env, p, c, link, busy, nlinks, schedule.ranks)
     transport: Transport = transport_class(c.transport)(c)
+    copies = CopyEngines(p, c, durations, schedule.ranks) if p.copies else None
+    if copies and transport.watches_devices:
+        raise ValueError("a schedule with OFFLOAD/RELOAD (copies to host memory, a GPU's) cannot run under "
+                         "Costs.io_tick > 0 (a CPU rank's I/O thread, rule 10); set io_tick=0")
     transport.prepare(p, dur)
     issued, posted_hook = transport.bind(net)
     start_of, end_of = [0.0] * len(p.actions), [0.0] * len(p.actions)
@@ -205,19 +219,23 @@ def run(schedule: Schedule, c: StageCosts, durations: Mapping[Action, float] | N
     memory = [[(0.0, static[r])] for r in range(schedule.ranks)]
     activations = [[(0.0, 0)] for _ in range(schedule.ranks)]
     device = _device_process(env, p, net, transport, c, dur, at_start, at_end, issued, posted_hook,
-                             start_of, end_of, collective_of)
+                             start_of, end_of, collective_of, copies)
     for r in range(schedule.ranks):
         env.process(device(r, static[r], memory[r], activations[r], finished, busy_time))
     env.run()
-    record = _Run(p, start_of, end_of, net.sent, net.posted, net.arrive_at, *collective_of[:2], schedule.placement)
+    record = _Run(p, start_of, end_of, net.sent, net.posted, net.arrive_at, *collective_of[:2], schedule.placement,
+                  *((copies.start, copies.end) if copies else ()))
+    if copies:
+        memory = [copies.merge(r, series) for r, series in enumerate(memory)]
     return record, memory, activations, finished, busy_time
 
 
 def _device_process(env, p: Plan, net: _Network, transport: Transport, c: StageCosts, dur, at_start, at_end,
-                    issued, posted_hook, start_of, end_of, collective_of):
+                    issued, posted_hook, start_of, end_of, collective_of, copies: CopyEngines | None):
     """The SimPy process of one device: it runs its program's `Op`s in order (rules 1-4,
     11); the transport's hooks take its SENDs and RECVs; its collectives go to its stream
-    (rule 7: `collective_of` = their starts, ends and durations)."""
+    (rule 7: `collective_of` = their starts, ends and durations), its copies to its copy
+    engines (rule 8: `copies`)."""
     producer, sent, posted, arrive_at, waiter = p.producer, net.sent, net.posted, net.arrive_at, net.waiter
     free_until, held_until, resume = net.free_until, net.held_until, net.resume
     watch = transport.watches_devices
@@ -229,6 +247,7 @@ def _device_process(env, p: Plan, net: _Network, transport: Transport, c: StageC
     ahead = not watch and not net.queues
     take_in, before, after = transport.take_in, c.before_compute, c.after_compute
     send_call, recv_call = transport.send_call, transport.recv_call  # how long a call holds its rank
+    ready = copies.ready if copies else None   # per compute: when its RELOAD has ended
 
     def device(r: int, held_bytes: float, memory: list, activations: list, finished: list, busy_time: list):
         held = 0
@@ -245,7 +264,10 @@ def _device_process(env, p: Plan, net: _Network, transport: Transport, c: StageC
                     posted[x] = now
                     posted_hook(x, now)
                     hold = recv_call
-                elif role is not _SEND:  # a collective: on the stream; the device goes on
+                elif role is not _SEND:  # a collective or a copy: beside the device, which goes on
+                    if role is not _COLLECTIVE:
+                        copies.issue(r, x, now)
+                        continue
                     begin = stream if stream > now else now
                     stream = begin + collective_of[2][x]
                     collective_of[0][x], collective_of[1][x] = begin, stream
@@ -284,6 +306,8 @@ def _device_process(env, p: Plan, net: _Network, transport: Transport, c: StageC
                 start += take_in  # the device takes the tensor in (0 unless modelled)
                 free_until[r] = start
             start += before
+            if ready is not None and ready[x] > start:  # a backward waits for its RELOAD
+                start = ready[x]
             change = at_start[x]
             if change is not None:  # e.g. F takes its micro-batch's activations
                 held_bytes += change[0]

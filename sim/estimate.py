@@ -17,7 +17,7 @@ estimate does not model is listed in docs/planner.md.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .costs import Costs
 from .engine import simulate
@@ -27,6 +27,7 @@ from .grad_reduce import add_grad_reduce
 from .kernels import collective_time, gemm_time, link_bandwidth, memory_time, precision_bytes
 from .kinds import Kind, program_peak
 from .layer import LayerTimes, Slice, layer_times
+from .offload import add_offload, copy_time, reload_waits
 from .partition import balanced, even
 from .result import Result
 from .schedules import lookup, make_schedule
@@ -51,6 +52,7 @@ class Layout:
     overlap_grad_reduce: bool = False
     partition: str | tuple = "even"
     tp_overlap: bool = True
+    offload: bool = False
 
     @property
     def gpus(self) -> int:
@@ -87,7 +89,7 @@ class Estimate:
                 "dp": lay.dp, "micro_batch": lay.micro_batch, "global_batch": lay.global_batch,
                 "micro_batches": lay.micro_batches, "schedule": lay.schedule, "virtual": self.result.schedule.stages // lay.pp,
                 "recompute": lay.recompute, "sequence_parallel": lay.sequence_parallel, "zero": lay.zero,
-                "precision": lay.precision, "step_time": self.step_time, "tflops_per_gpu": self.tflops_per_gpu,
+                "precision": lay.precision, "offload": lay.offload, "step_time": self.step_time, "tflops_per_gpu": self.tflops_per_gpu,
                 "mfu": self.mfu, "bubble_fraction": self.bubble_fraction, "peak_memory": max(self.peak_memory),
                 "fits": self.fits, "layers_per_stage": self.layers_per_stage, "time_parts": self.time_parts,
                 "warnings": self.warnings}
@@ -101,16 +103,19 @@ def estimate(model: Transformer | str, gpu: GPU | str = "a100-80gb", *, tp: int 
              micro_batch: int = 1, global_batch: int | None = None, gpus_per_node: int = 8, schedule: str = "1f1b",
              virtual: int | None = None, recompute: str = "none", sequence_parallel: bool = False, zero: int = 0,
              precision: str = "bf16", overlap_grad_reduce: bool = False, partition="even",
-             tp_overlap: bool = True, **schedule_options) -> Estimate:
+             tp_overlap: bool = True, offload: bool = False, **schedule_options) -> Estimate:
     """Simulate one training step of `model` on `gpu`s split as given (see `Layout` and the
     module's docstring); `global_batch` defaults to one micro-batch per replica. Raises
-    ValueError naming the fix for a layout that cannot run."""
+    ValueError naming the fix for a layout that cannot run. `offload=True` (with
+    recompute="full") copies each micro-batch's checkpointed layer inputs to host memory
+    after its forward and back before its backward, SageMaker's `offload_activations`
+    (`_offload`)."""
     m = model_by_name(model) if isinstance(model, str) else model
     g = gpu_by_name(gpu) if isinstance(gpu, str) else gpu
     lay = Layout(tp, pp, dp, micro_batch, dp * micro_batch if global_batch is None else global_batch,
                  lookup(schedule)[0],
                  virtual, recompute, sequence_parallel, zero, precision, gpus_per_node, overlap_grad_reduce,
-                 partition if isinstance(partition, str) else tuple(partition), tp_overlap)
+                 partition if isinstance(partition, str) else tuple(partition), tp_overlap, offload)
     warnings = check_layout(m, g, lay)
     x = Slice(micro_batch, tp, sequence_parallel, precision, tp_network=tp > gpus_per_node)
     lt = layer_times(m, g, x, recompute, tp_overlap)
@@ -119,6 +124,8 @@ def estimate(model: Transformer | str, gpu: GPU | str = "a100-80gb", *, tp: int 
     caps = _memory_caps(m, g, lay, x, lt, ends, sched) if lay.partition == "balanced" else None
     layers = _partition(m.layers, sched.stages, lay.partition, lt, ends, caps)
     costs, parts = _stage_costs(m, g, lay, x, lt, ends, layers, sched.placement)
+    if lay.offload:
+        sched, costs = _offload(m, g, lay, layers, sched, costs)
     if any(costs.grad_reduce):
         sched = add_grad_reduce(sched, overlap=overlap_grad_reduce)
     result = simulate(sched, costs)
@@ -130,7 +137,10 @@ def estimate(model: Transformer | str, gpu: GPU | str = "a100-80gb", *, tp: int 
         lt.backward_input + lt.backward_weight - lt.backward) / pp
     computed = max(e.end for e in result.events if e.is_compute)  # the last compute's end
     busy = sum(result.busy()) / pp
-    parts.update(pipeline_bubble=computed - busy, grad_reduce=result.makespan - computed, optimizer=opt)
+    waits = sum(reload_waits(result)) / pp if lay.offload else 0.0  # backwards waiting for their RELOAD
+    parts.update(pipeline_bubble=computed - busy - waits, grad_reduce=result.makespan - computed, optimizer=opt)
+    if lay.offload:
+        parts["offload_wait"] = waits
     peak = result.peak_memory
     flops = m.flops_per_iteration(lay.global_batch, recompute)
     model_flops = m.flops_per_iteration(lay.global_batch, "none")
@@ -138,6 +148,19 @@ def estimate(model: Transformer | str, gpu: GPU | str = "a100-80gb", *, tp: int 
                     mfu=model_flops / step / lay.gpus / g.flops(precision), bubble_fraction=1 - busy / computed,
                     peak_memory=peak, fits=max(peak) <= g.memory, result=result, layers_per_stage=layers,
                     time_parts=parts, memory_parts=_memory_parts(costs, sched, result), warnings=warnings)
+
+
+def _offload(m: Transformer, g: GPU, lay: Layout, layers: list[int], sched, costs: Costs):
+    """The schedule with SageMaker's activation offloading (`sim.add_offload`, its default
+    horizon) and the costs of its copies: per micro-batch, each stage offloads what full
+    recompute keeps of its layers, their inputs (`Transformer.activation_bytes_per_layer`),
+    over PCIe at the GPU's `pcie_bandwidth` each way; the embedding's and output layer's
+    activations stay on the GPU."""
+    e = precision_bytes(lay.precision)
+    per_layer = m.activation_bytes_per_layer(lay.micro_batch, lay.tp, lay.sequence_parallel, "full") * e / 2
+    nbytes = tuple(n * per_layer for n in layers)
+    times = tuple(copy_time(b, g.pcie_bandwidth) for b in nbytes)
+    return add_offload(sched), replace(costs, offload_bytes=nbytes, offload=times, reload=times)
 
 
 def _schedule(m: Transformer, g: GPU, lay: Layout, x: Slice, lt: LayerTimes, ends: dict, options: dict):
@@ -178,9 +201,13 @@ def check_layout(m: Transformer, g: GPU, lay: Layout) -> list[str]:
                          "DeepSpeed and Megatron-LM do not combine it with pipelining; use zero <= 2")
     if lay.sequence_parallel and lay.tp == 1:
         raise ValueError("sequence_parallel needs tp > 1 (it splits what tensor parallelism leaves whole)")
-    for name in ("overlap_grad_reduce", "tp_overlap"):
+    for name in ("overlap_grad_reduce", "tp_overlap", "offload"):
         if not isinstance(getattr(lay, name), bool):
             raise ValueError(f"{name} must be True or False, got {getattr(lay, name)!r}")
+    if lay.offload and lay.recompute != "full":
+        raise ValueError(f"offload=True offloads the layer inputs that full recompute keeps (SageMaker's "
+                         f"offload_activations needs activation checkpointing); set recompute='full', "
+                         f"not {lay.recompute!r}")
     warnings = []
     if lay.tp > lay.gpus_per_node:
         warnings.append(f"tp={lay.tp} spans nodes of {lay.gpus_per_node} GPUs: its all-reduces go over the network")

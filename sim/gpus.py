@@ -78,6 +78,13 @@ _A100 = dict(sms=108, gemm_efficiency=271.2 / 312, hbm_efficiency=1.80 / 2.04, n
              network_efficiency=24 / 25,
              peak_flops={"bf16": 312e12, "fp16": 312e12, "tf32": 156e12, "fp32": 19.5e12},
              nvlink_bandwidth=600 * GB / 2, network_bandwidth=200e9 / 8, pcie_bandwidth=64 * GB / 2)
+# pcie_bandwidth (activation offloading, `sim.offload`): the line rate per direction, PCIe Gen4
+# x16 on the A100 SXM4 (datasheet: 64 GB/s both ways), Gen5 x16 on H100/H200 SXM (128 GB/s).
+# Achieved figures exist but are not applied: nvbandwidth's SM-driven copies reach 25.1 GB/s
+# host to device on an A100-SXM4-40GB (NVIDIA/nvbandwidth#42) and, on an H100 cluster, 35.2 host
+# to device but 52.8 device to host (NVIDIA/nvbandwidth#24); they are SM copies, not the copy
+# engines that cudaMemcpyAsync uses, and differ by direction, so the copies' times here are
+# lower bounds.
 # NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022), Table 1, H100 SXM5: dense BF16/FP16
 # 989.4 TFLOPS (1978.9 with sparsity), TF32 494.7, FP32 66.9 (no tensor cores). H100 datasheet,
 # SXM column: HBM3 80 GB at 3.35 TB/s; NVLink 900 GB/s; PCIe Gen5 128 GB/s. DGX H100 user

@@ -7,7 +7,8 @@ micro-batch: its text form omits it, as torch's does (`0REDUCE_GRAD`), and its `
 has micro-batch 0.
 A `Schedule` is plain data: for each device (rank) the ordered list of its actions, and
 the placement of stages on devices. Generators write compute actions only (F, B, I, W);
-`sim.passes.add_grad_reduce` adds the data-parallel reductions (REDUCE_GRAD) and
+`sim.passes.add_grad_reduce` adds the data-parallel reductions (REDUCE_GRAD),
+`sim.add_offload` the copies of activations to host memory and back (OFFLOAD, RELOAD), and
 `sim.passes.lower` derives the communication actions from the data dependencies.
 """
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import Callable, Iterable, NamedTuple, Sequence
 
-from .kinds import ONCE_PER_STAGE, TRANSFERS, Kind
+from .kinds import COPIES, ONCE_PER_STAGE, TRANSFERS, Kind
 
 
 def _alternatives(kinds) -> str:
@@ -202,6 +203,7 @@ class Schedule:
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "_lowered", not TRANSFERS.isdisjoint(kinds))
         object.__setattr__(self, "_collectives", not ONCE_PER_STAGE.isdisjoint(kinds))
+        object.__setattr__(self, "_copies", not COPIES.isdisjoint(kinds))
 
     @property
     def ranks(self) -> int:
@@ -216,7 +218,7 @@ class Schedule:
 
     def compute_only(self) -> "Schedule":
         """The same schedule without its transfers (SEND, RECV): what `sim.lower` started
-        from. Collectives (REDUCE_GRAD) stay where they are."""
+        from. Collectives (REDUCE_GRAD) and copies (OFFLOAD, RELOAD) stay where they are."""
         return Schedule([[a for a in p if a.kind not in TRANSFERS] for p in self.programs],
                         self.placement, self.micro, self.name)
 
@@ -229,6 +231,11 @@ class Schedule:
     def has_collectives(self) -> bool:
         """Whether the programs hold collectives (REDUCE_GRAD, `sim.passes.add_grad_reduce`)."""
         return self._collectives
+
+    @property
+    def has_copies(self) -> bool:
+        """Whether the programs hold copies to host memory and back (OFFLOAD, RELOAD: `sim.add_offload`)."""
+        return self._copies
 
     def to_csv(self) -> str:
         """torch's CSV: no header, row i = rank i, one action string per cell."""

@@ -16,6 +16,9 @@ The dependencies are written once here, as functions of (stage, micro-batch):
 - REDUCE_GRAD(s), once per stage per step, the data-parallel reduction of stage s's
   gradients, needs every backward of stage s that makes weight gradients (B, or W where
   the backward is split): all of them run on its own rank, before it in program order.
+- OFFLOAD(s, m), the copy of the activations F(s, m) keeps to host memory, needs F(s, m);
+  RELOAD(s, m), their copy back, needs OFFLOAD(s, m), and the backward of (s, m) that
+  consumes them (B, or I) waits for its end (`sim.offload`, docs/rules.md rule 14).
 
 A result that another rank consumes travels as a transfer: the producer's kind names its
 SEND (on the producer's rank) and its RECV (on the consumer's rank, one compute early).
@@ -39,6 +42,8 @@ class Kind(str, enum.Enum):
     SEND_B = "SEND_B"  # send this stage's input gradient to the previous stage
     RECV_B = "RECV_B"  # receive this stage's output gradient from the next stage
     REDUCE_GRAD = "REDUCE_GRAD"  # reduce this stage's gradients over its data-parallel group (once per step)
+    OFFLOAD = "OFFLOAD"  # copy the activations this stage keeps for a micro-batch to host memory
+    RELOAD = "RELOAD"    # copy them back from host memory, before the backward that needs them
 
     @property
     def spec(self) -> "KindSpec":
@@ -67,6 +72,9 @@ class Role(enum.Enum):
     # issued in program order, runs on the rank's one collective stream (FIFO) while the
     # device goes on with its program; one per stage, with no micro-batch (`ONCE_PER_STAGE`)
     COLLECTIVE = "collective"
+    # issued in program order, runs on one of the rank's two copy engines (device to host,
+    # host to device; FIFO each) while the device goes on; a RELOAD's backward waits for it
+    COPY = "copy"
 
 
 Key = tuple  # (stage, Kind, micro): a compute action as a plain tuple (an `Action` is one)
@@ -103,6 +111,13 @@ class KindSpec:
     Collective kinds (REDUCE_GRAD):
     - cost: the per-stage `Costs` field with its time on the collective stream.
     - needs(stage, micro, stages, computes): the computes that must end before it starts.
+    Copy kinds (OFFLOAD, RELOAD):
+    - cost: the per-stage `Costs` field with its time on its copy engine.
+    - needs: the action of its rank whose end it waits for (OFFLOAD: the F whose
+      activations it copies; RELOAD: the OFFLOAD that put them on the host).
+    - stream: which of the rank's copy engines runs it ("to host" or "from host").
+    - memory: as for a compute, at the copy's own start or end.
+    - feeds: on a RELOAD, the compute kinds that wait for it (B or I).
     Transfer kinds (SEND, RECV):
     - peer: (stage offset, kind) of the other half of the transfer.
     - tensor_of: the stage offset whose output has the tensor's shape (the gradient with
@@ -122,6 +137,7 @@ class KindSpec:
     peer: tuple[int, Kind] | None = None
     tensor_of: int = 0
     feeds: tuple[Kind, ...] = ()
+    stream: str = ""
 
 
 # The dependency functions run once per compute of a schedule (millions of times in a
@@ -164,10 +180,20 @@ def _reduce_needs(s: int, m: int, stages: int, computes: Computes) -> list[Key]:
         m += 1
 
 
+def _offload_needs(s: int, m: int, stages: int, computes: Computes) -> list[Key]:
+    return [(s, _F, m)]
+
+
+def _reload_needs(s: int, m: int, stages: int, computes: Computes) -> list[Key]:
+    return [(s, Kind.OFFLOAD, m)]
+
+
 _TAKE = MemoryEffect("activation_bytes", +1, "start")
 _GIVE_BACK = MemoryEffect("activation_bytes", -1, "end")
 _KEEP_FOR_W = MemoryEffect("w_activation_bytes", +1, "end")     # I: what W still needs stays
 _GIVE_BACK_W = MemoryEffect("w_activation_bytes", -1, "end")
+_TO_HOST = MemoryEffect("offload_bytes", -1, "end")      # OFFLOAD: the device's copy is freed once on the host
+_FROM_HOST = MemoryEffect("offload_bytes", +1, "start")  # RELOAD: the device's copy is allocated first
 
 KINDS: Mapping[Kind, KindSpec] = {
     Kind.F: KindSpec(Role.COMPUTE, "F forward", "forward", "#0072B2", cost="forward", needs=_forward_needs,
@@ -186,6 +212,10 @@ KINDS: Mapping[Kind, KindSpec] = {
                           feeds=(Kind.B, Kind.I)),
     Kind.REDUCE_GRAD: KindSpec(Role.COLLECTIVE, "R reduce grads", "reduce_grad", "#D55E00", cost="grad_reduce",
                                needs=_reduce_needs),
+    Kind.OFFLOAD: KindSpec(Role.COPY, "O offload", "offload", "#56B4E9", cost="offload", needs=_offload_needs,
+                           memory=(_TO_HOST,), stream="to host"),
+    Kind.RELOAD: KindSpec(Role.COPY, "L reload", "reload", "#F0E442", cost="reload", needs=_reload_needs,
+                          memory=(_FROM_HOST,), stream="from host", feeds=(Kind.B, Kind.I)),
 }
 
 COMPUTE = frozenset(k for k, spec in KINDS.items() if spec.role is Role.COMPUTE)
@@ -193,6 +223,7 @@ SENDS = frozenset(k for k, spec in KINDS.items() if spec.role is Role.SEND)
 RECVS = frozenset(k for k, spec in KINDS.items() if spec.role is Role.RECV)
 TRANSFERS = SENDS | RECVS  # what `sim.lower` adds: a schedule with any of these is lowered
 COLLECTIVES = frozenset(k for k, spec in KINDS.items() if spec.role is Role.COLLECTIVE)
+COPIES = frozenset(k for k, spec in KINDS.items() if spec.role is Role.COPY)
 # Kinds done once per stage per step: an action of one has micro-batch 0, and its text form
 # omits it (`0REDUCE_GRAD`, as torch.distributed.pipelining writes it).
 ONCE_PER_STAGE = COLLECTIVES

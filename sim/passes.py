@@ -1,7 +1,8 @@
 """Passes over a `Schedule`: the one dependency function, validation, and lowering.
 
 Data flows one way: generators write compute actions -> `add_grad_reduce` may add the
-data-parallel gradient reductions (REDUCE_GRAD) -> `plan` numbers them and places the
+data-parallel gradient reductions (REDUCE_GRAD), `sim.add_offload` the copies of
+activations to host memory and back (OFFLOAD, RELOAD) -> `plan` numbers them and places the
 communication (`lower` writes it out as SEND/RECV actions) -> `sim.simulate` or `exec`
 run it; `check_deadlock` proves or explains whether it can finish.
 """
@@ -16,13 +17,14 @@ from typing import NamedTuple, Sequence
 
 from .grad_reduce import add_grad_reduce, check_collectives
 from .ir import Action, Schedule, ScheduleError
-from .kinds import COLLECTIVES, COMPUTE, KINDS, NEEDS, RECVS, SENDS, TRANSFERS, Computes, Kind, Role, needs, \
+from .offload import check_copies
+from .kinds import COLLECTIVES, COMPUTE, COPIES, KINDS, NEEDS, RECVS, SENDS, TRANSFERS, Computes, Kind, Role, needs, \
     peer_key, recv_consumer, remote_inputs
 
 # Hot loops name the kinds by these module globals: `Kind.F` is an attribute lookup on an
 # Enum class, several times slower than a global, and the passes make millions of them.
 _F, _B, _I, _W = Kind.F, Kind.B, Kind.I, Kind.W
-_COMPUTE, _SEND, _RECV, _COLLECTIVE = Role.COMPUTE, Role.SEND, Role.RECV, Role.COLLECTIVE
+_COMPUTE, _SEND, _RECV, _COLLECTIVE, _COPY = Role.COMPUTE, Role.SEND, Role.RECV, Role.COLLECTIVE, Role.COPY
 
 __all__ = ["dependencies", "waits_for", "compute_set", "check_complete", "add_grad_reduce", "lower", "Op", "Plan",
            "plan", "peer", "check_deadlock", "check_communication", "validate"]
@@ -64,6 +66,8 @@ def check_complete(schedule: Schedule) -> None:
             raise ScheduleError(f"stage {s} is placed on rank {r}, but there are only ranks 0..{R - 1}")
     if schedule.has_collectives:
         check_collectives(schedule)
+    if schedule.has_copies:
+        check_copies(schedule)
     # A quick pass that counts with C-level tools; only a schedule that fails it is walked
     # action by action, to say exactly what is wrong.
     counts = Counter(itertools.chain.from_iterable(schedule.programs))
@@ -196,6 +200,9 @@ class Plan(NamedTuple):
       (len(programs[r]) if there is none)
     - collectives[x]: collective x (a REDUCE_GRAD), numbered in program order over the
       ranks; an `Op` of role COLLECTIVE names it by x
+    - copies[y]: copy y (an OFFLOAD or RELOAD), numbered the same way; an `Op` of role COPY
+      names it by y. copy_after[y]: the copy whose end it waits for (a RELOAD's OFFLOAD),
+      or -1; copy_feeds[y]: the compute that waits for its end (a RELOAD's backward), or -1
     """
 
     actions: list[Action]
@@ -204,6 +211,9 @@ class Plan(NamedTuple):
     programs: list[list[Op]]
     runnable: list[int]
     collectives: Sequence[Action] = ()
+    copies: Sequence[Action] = ()
+    copy_after: Sequence[int] = ()
+    copy_feeds: Sequence[int] = ()
 
     def comm_action(self, t: int, sending: bool) -> Action:
         """The SEND (on the producer's rank) or the RECV (on the consumer's) of transfer t."""
@@ -217,6 +227,8 @@ class Plan(NamedTuple):
         role, x = op
         if role is _COLLECTIVE:
             return self.collectives[x]
+        if role is _COPY:
+            return self.copies[x]
         return self.actions[x] if role is _COMPUTE else self.comm_action(x, role is _SEND)
 
 
@@ -226,11 +238,19 @@ def plan(schedule: Schedule) -> Plan:
     `lower` place them, written once for `lower` and for the engine."""
     progs = schedule.compute_only().programs if schedule.is_lowered else schedule.programs
     collectives: list[Action] = []
-    if schedule.has_collectives:  # numbered apart; `_insert_collectives` puts them back
-        places = [[(sum(a.kind in COMPUTE for a in prog[:i]), a) for i, a in enumerate(prog) if a.kind in COLLECTIVES]
-                  for prog in progs]
-        progs = [[a for a in prog if a.kind not in COLLECTIVES] for prog in progs]
-        collectives = [a for rank_places in places for _, a in rank_places]
+    copies: list[Action] = []
+    side_ids: dict[Action, Op] = {}   # each collective and copy -> its Op
+    if schedule.has_collectives or schedule.has_copies:  # numbered apart; `_insert_side` puts them back
+        side = COLLECTIVES | COPIES
+        for prog in progs:
+            for a in prog:
+                if a.kind in side:
+                    kept = collectives if a.kind in COLLECTIVES else copies
+                    side_ids[a] = Op(KINDS[a.kind].role, len(kept))
+                    kept.append(a)
+        places = [[(sum(a.kind in COMPUTE for a in prog[:i]), side_ids[a]) for i, a in enumerate(prog)
+                   if a.kind in side] for prog in progs]
+        progs = [[a for a in prog if a.kind not in side] for prog in progs]
     actions: list[Action] = list(itertools.chain.from_iterable(progs))
     n, stages = len(actions), schedule.stages
     rank = list(itertools.chain.from_iterable(itertools.repeat(r, len(p)) for r, p in enumerate(progs)))
@@ -249,14 +269,12 @@ def plan(schedule: Schedule) -> Plan:
                 stuck[rank[i]] = i
     computes = list(map(_new_op, zip(itertools.repeat(_COMPUTE), range(n))))
     if schedule.is_lowered:
-        collective_id = {a: x for x, a in enumerate(collectives)}
-
         def number(a: Action) -> Op:
             role = KINDS[a.kind].role
             if role is _COMPUTE:
                 return computes[cid[a]]
-            if role is _COLLECTIVE:
-                return Op(role, collective_id[a])
+            if role is _COLLECTIVE or role is _COPY:
+                return side_ids[a]
             recv = peer_key(*a) if role is _SEND else a  # the RECV: its consumer names the transfer
             return Op(role, cid[recv_consumer(*recv, cid)])
 
@@ -272,28 +290,36 @@ def plan(schedule: Schedule) -> Plan:
         for lo, hi in zip(first, first[1:]):
             steps = itertools.chain.from_iterable(zip(recvs[lo + 1:hi] + [None], computes[lo:hi], sends[lo:hi]))
             programs.append([op for op in itertools.chain(recvs[lo:lo + 1], steps) if op is not None])
-        if collectives:
-            _insert_collectives(programs, places, first, computes, sends)
+        if side_ids:
+            _insert_side(programs, places, first, computes, sends)
     starts = [None if i is None else computes[i] for i in stuck]
     runnable = [len(prog) if op is None else prog.index(op) for prog, op in zip(programs, starts)]
-    return Plan(actions, rank, producer, programs, runnable, collectives)
+    copy_after, copy_feeds = _copy_links(copies, cid)
+    return Plan(actions, rank, producer, programs, runnable, collectives, copies, copy_after, copy_feeds)
 
 
-def _insert_collectives(programs: list[list[Op]], places, first: list[int], computes: list[Op], sends) -> None:
-    """Put each collective back after the compute it followed (and that compute's SEND):
-    `places[r]` holds (number of rank r's computes before it, the collective) in order."""
-    x = sum(map(len, places))
+def _copy_links(copies: list[Action], cid: dict) -> tuple[list[int], list[int]]:
+    """Per copy: the copy whose end it waits for (a RELOAD's OFFLOAD) and the compute that
+    waits for its end (a RELOAD's B or I), as numbers; -1 where there is none."""
+    copy_id = {a: y for y, a in enumerate(copies)}
+    after = [copy_id.get(Action(*KINDS[a.kind].needs(a.stage, a.micro, 0, cid)[0]), -1) for a in copies]
+    feeds = [cid.get(recv_consumer(*a, cid), -1) if KINDS[a.kind].feeds else -1 for a in copies]
+    return after, feeds
+
+
+def _insert_side(programs: list[list[Op]], places, first: list[int], computes: list[Op], sends) -> None:
+    """Put each collective and copy back after the compute it followed (and that compute's
+    SEND): `places[r]` holds (number of rank r's computes before it, its Op) in order."""
     for r in reversed(range(len(programs))):
         prog = programs[r]
-        for before, _ in reversed(places[r]):
-            x -= 1
+        for before, op in reversed(places[r]):
             at = 0
             if before:
                 j = first[r] + before - 1   # the compute it follows
                 at = prog.index(computes[j]) + 1
                 if at < len(prog) and sends[j] is not None and prog[at] is sends[j]:
                     at += 1
-            prog.insert(at, Op(_COLLECTIVE, x))
+            prog.insert(at, op)
 
 
 def peer(a: Action) -> Action:
@@ -349,7 +375,7 @@ def _run_abstractly(schedule: Schedule, computes: Computes) -> None:
         s, k, m = a.stage, a.kind, a.micro
         if k in RECVS:
             return None
-        if k in COLLECTIVES:  # its rank's own backwards
+        if k in COLLECTIVES or k in COPIES:  # its rank's own backwards; its F, or its OFFLOAD
             return next((d for d in KINDS[k].needs(s, m, stages, computes) if d not in done), None)
         if k in SENDS:  # the tensor it sends: made by the compute its peer's consumer needs
             recv = peer_key(s, k, m)

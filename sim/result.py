@@ -9,7 +9,7 @@ from typing import Callable
 
 from .files import atomic_write
 from .ir import Action, Schedule
-from .kinds import COLLECTIVES
+from .kinds import COLLECTIVES, COPIES
 
 
 @dataclass(slots=True)
@@ -19,7 +19,8 @@ class Event:
     Compute actions (F, B, I, W) span the time the device computes. A SEND spans from
     the moment the rank issues it to the moment the data arrives at `peer`; a RECV from
     the moment the rank posts it to the moment the data is there. A collective
-    (REDUCE_GRAD) spans its time on the rank's collective stream.
+    (REDUCE_GRAD) spans its time on the rank's collective stream, a copy (OFFLOAD, RELOAD)
+    its time on the rank's copy engine.
     """
 
     rank: int
@@ -39,6 +40,10 @@ class Event:
     @property
     def is_collective(self) -> bool:
         return self.action.kind in COLLECTIVES
+
+    @property
+    def is_copy(self) -> bool:
+        return self.action.kind in COPIES
 
 
 class Result:

@@ -26,6 +26,11 @@ def gpipe_like(placement, micro, split=False, name="gpipe-like"):
 
 
 def reference_times(schedule, costs):
+    """The end of every compute, collective and copy under the rules (`reference_run`)."""
+    return reference_run(schedule, costs)[1]
+
+
+def reference_run(schedule, costs):
     """The rules of docs/rules.md computed directly, without SimPy, for infinite bandwidth:
     walk every rank's lowered program, advancing whichever rank can advance. Returns the
     end of every compute.
@@ -37,13 +42,21 @@ def reference_times(schedule, costs):
     the data leaves as the SEND is issued. What each kind does comes from `sim.KINDS`.
     A collective (REDUCE_GRAD) does not hold its rank: it runs on the rank's own stream,
     one at a time, from the later of its issue, the end of every backward (B or W) of its
-    stage and the end of the collective before it, for its stage's `grad_reduce`."""
+    stage and the end of the collective before it, for its stage's `grad_reduce`.
+    A copy (OFFLOAD, RELOAD) does not hold its rank either: it runs on its rank's copy
+    engine for its direction, one at a time, from the later of its issue, the end of the
+    copy before it there and the end of what it needs (a RELOAD's OFFLOAD); a backward
+    whose activations a RELOAD brings back starts no earlier than that RELOAD's end.
+    Returns (start, end) of each of them, as two dicts."""
     low = sim.lower(schedule) if not schedule.is_lowered else schedule
     c = costs.for_stages(low.stages)
     role = {k: spec.role for k, spec in KINDS.items()}
     rendezvous = c.transport != "ideal"
     clock = [0.0] * low.ranks           # when each rank is free
     stream = [0.0] * low.ranks          # when each rank's collective stream is free
+    engines = [{"to host": 0.0, "from host": 0.0} for _ in range(low.ranks)]  # each rank's copy engines
+    computes = {a for p in low.programs for a in p if a.kind.is_compute}
+    start = {}
     windows = [[] for _ in range(low.ranks)]  # (from, to): its transport thread may run; to=None: open
     sent, posted, left, end = {}, {}, {}, {}
     pc = [0] * low.ranks
@@ -88,8 +101,13 @@ def reference_times(schedule, costs):
                     elif role[a.kind] is Role.COLLECTIVE:
                         backwards = [t for x, t in end.items() if x.stage == a.stage and x.kind in (Kind.B, Kind.W)]
                         assert len(backwards) == low.micro, f"{a} comes before its stage's backwards"
-                        start = max([clock[r], stream[r]] + backwards)
-                        end[a] = stream[r] = start + c.grad_reduce[a.stage]
+                        start[a] = max([clock[r], stream[r]] + backwards)
+                        end[a] = stream[r] = start[a] + c.grad_reduce[a.stage]
+                    elif role[a.kind] is Role.COPY:
+                        spec = KINDS[a.kind]
+                        needed = [end[Action(*d)] for d in spec.needs(a.stage, a.micro, low.stages, computes)]
+                        start[a] = max([clock[r], engines[r][spec.stream]] + needed)
+                        end[a] = engines[r][spec.stream] = start[a] + getattr(c, spec.cost)[a.stage]
                     else:
                         recvs = [x for x in posted if x.stage == a.stage and x.micro == a.micro and x not in end
                                  and a.kind in KINDS[x.kind].feeds]
@@ -105,14 +123,19 @@ def reference_times(schedule, costs):
                             if windows[r] and windows[r][-1] == (clock[r], None):
                                 windows[r].pop()
                             windows[r].append((clock[r], ready))
-                        end[a] = ready + c.before_compute + getattr(c, KINDS[a.kind].cost)[a.stage]
+                        start[a] = ready + c.before_compute
+                        reload = Action(a.stage, Kind.RELOAD, a.micro)
+                        if a.kind in KINDS[Kind.RELOAD].feeds and reload in end:
+                            start[a] = max(start[a], end[reload])
+                        end[a] = start[a] + getattr(c, KINDS[a.kind].cost)[a.stage]
                         clock[r] = end[a] + c.after_compute
                     pc[r] += 1
                     changed = True
                 if pc[r] == len(prog) and (not windows[r] or windows[r][-1][1] != math.inf):
                     windows[r].append((clock[r], math.inf))  # done: it waits for its sends
         if all(pc[r] == len(p) for r, p in enumerate(low.programs)):
-            return {a: t for a, t in end.items() if role[a.kind] in (Role.COMPUTE, Role.COLLECTIVE)}
+            kept = (Role.COMPUTE, Role.COLLECTIVE, Role.COPY)
+            return start, {a: t for a, t in end.items() if role[a.kind] in kept}
         # Stuck: every rank left waits on a transfer whose notice came while its sender
         # was waiting. Each of those waits lasts past the earliest such notice (everything
         # it waits for comes after it), so that transfer leaves at its notice.
@@ -125,12 +148,37 @@ def reference_times(schedule, costs):
 
 
 def assert_matches_reference(schedule, costs):
-    """Simulate `schedule` and check every compute's and collective's end, and the
+    """Simulate `schedule` and check every compute's, collective's and copy's end, and the
     makespan, against `reference_times`; returns the `sim.Result`."""
     r = sim.simulate(schedule, costs)
     ref = reference_times(schedule, costs)
     for e in r.events:
-        if e.is_compute or e.is_collective:
+        if e.is_compute or e.is_collective or e.is_copy:
             assert e.end == pytest.approx(ref[e.action], rel=1e-9, abs=1e-9), str(e.action)
     assert r.t0 + r.makespan == pytest.approx(max(ref.values()))
     return r
+
+
+def reference_peak_memory(schedule, costs):
+    """Per rank, the most bytes it holds, from `reference_run`'s starts and ends and the
+    memory effects of the kind table: its stages' static bytes, then each action's
+    change at its start or end. At one time, the computes' changes come in program order;
+    a copy gives back before them and takes after them."""
+    low = sim.lower(schedule) if not schedule.is_lowered else schedule
+    c = costs.for_stages(low.stages)
+    start, end = reference_run(low, costs)
+    peaks = []
+    for r, prog in enumerate(low.programs):
+        static = sum(c.static_total(s) for s, rank in enumerate(low.placement) if rank == r)
+        changes = []
+        for i, a in enumerate(prog):
+            for effect in KINDS[a.kind].memory:
+                t = start[a] if effect.at == "start" else end[a]
+                order = 1 if a.kind.is_compute else (0 if effect.sign < 0 else 2)
+                changes.append((t, order, i, effect.at == "end", effect.sign * getattr(c, effect.field)[a.stage]))
+        held = peak = static
+        for *_, change in sorted(changes):
+            held += change
+            peak = max(peak, held)
+        peaks.append(peak)
+    return peaks

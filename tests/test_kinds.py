@@ -25,6 +25,11 @@ def test_every_kind_has_one_entry_that_names_real_fields():
         elif spec.role is Role.COLLECTIVE:  # once per stage, no memory, no transfer of its own
             assert spec.cost in COST_FIELDS and spec.needs is not None and spec.peer is None
             assert not spec.memory and spec.send is None and spec.recv is None
+        elif spec.role is Role.COPY:  # a copy engine each way; memory at its own start or end
+            assert spec.cost in COST_FIELDS and spec.needs is not None and spec.peer is None
+            assert spec.stream in ("to host", "from host") and spec.send is None and spec.recv is None
+            assert all(e.field in COST_FIELDS and e.sign in (-1, 1) and e.at in ("start", "end") for e in spec.memory)
+            assert all(KINDS[k].role is Role.COMPUTE for k in spec.feeds)
         else:
             assert spec.cost is None and spec.needs is None and spec.peer is not None
 
@@ -43,8 +48,9 @@ def test_transfer_kinds_pair_up():
 
 def test_memory_effects_balance():
     """What a micro-batch takes on a stage it gives back by the end of its backward, for the
-    full backward (F, B) and for the split one (F, I, W)."""
-    for kinds in ((Kind.F, Kind.B), (Kind.F, Kind.I, Kind.W)):
+    full backward (F, B) and for the split one (F, I, W), with and without offloading."""
+    for kinds in ((Kind.F, Kind.B), (Kind.F, Kind.I, Kind.W), (Kind.F, Kind.OFFLOAD, Kind.RELOAD, Kind.B),
+                  (Kind.F, Kind.OFFLOAD, Kind.RELOAD, Kind.I, Kind.W)):
         total = {}
         for k in kinds:
             for e in KINDS[k].memory:
