@@ -119,9 +119,9 @@ def estimate(model: Transformer | str, gpu: GPU | str = "a100-80gb", *, tp: int 
     warnings = check_layout(m, g, lay)
     x = Slice(micro_batch, tp, sequence_parallel, precision, tp_network=tp > gpus_per_node)
     lt = layer_times(m, g, x, recompute, tp_overlap)
-    ends = _ends(m, g, x)
+    ends = end_times(m, g, x)
     sched = _schedule(m, g, lay, x, lt, ends, schedule_options)
-    caps = _memory_caps(m, g, lay, x, lt, ends, sched) if lay.partition == "balanced" else None
+    caps = memory_caps(m, g, lay, x, lt, ends, sched) if lay.partition == "balanced" else None
     layers = _partition(m.layers, sched.stages, lay.partition, lt, ends, caps)
     costs, parts = _stage_costs(m, g, lay, x, lt, ends, layers, sched.placement)
     if lay.offload:
@@ -214,7 +214,7 @@ def check_layout(m: Transformer, g: GPU, lay: Layout) -> list[str]:
     return warnings
 
 
-def _ends(m: Transformer, g: GPU, x: Slice) -> dict[str, float]:
+def end_times(m: Transformer, g: GPU, x: Slice) -> dict[str, float]:
     """Times of the embedding (first stage) and of the final norm, output layer and loss (last
     stage), per micro-batch: F, I, W. The embedding lookup writes bsh elements and, split over
     tp (vocabulary-parallel), all-reduces them (Shoeybi et al. 2019, Sec. 3); its backward adds
@@ -251,7 +251,7 @@ def _partition(layers: int, stages: int, partition, lt: LayerTimes, ends: dict, 
     return counts
 
 
-def _memory_caps(m: Transformer, g: GPU, lay: Layout, x: Slice, lt: LayerTimes, ends: dict, sched) -> list[int] | None:
+def memory_caps(m: Transformer, g: GPU, lay: Layout, x: Slice, lt: LayerTimes, ends: dict, sched) -> list[int] | None:
     """The most layers each stage can hold with its device still fitting the GPU, from the
     static bytes and the program-order peak of its activations (`sim.kinds.program_peak`,
     the schedule's own count of micro-batches held); None unless every device holds one stage

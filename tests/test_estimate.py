@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import sim
-from sim.estimate import _ends, stage_params
+from sim.estimate import end_times, stage_params
 from sim.footprint import optimizer_step_bytes, state_bytes_per_param
 from sim.gpus import gpu
 from sim.kernels import TILE, collective_time, gemm_flops, gemm_time
@@ -127,7 +127,7 @@ def test_the_receiver_gathers_the_scattered_activation(sp):
     m, b = sim.transformer.model("megatron-1.7b"), 2
     e = sim.estimate(m, "a100-80gb", tp=8, pp=2, micro_batch=b, global_batch=4, sequence_parallel=sp)
     x = Slice(b, 8, sp, "bf16")
-    lt, ends = layer_times(m, A100, x), _ends(m, A100, x)
+    lt, ends = layer_times(m, A100, x), end_times(m, A100, x)
     g = 0.0 if sp else collective_time(A100, "all_gather", b * m.seq * m.hidden * 2, 8, False)
     assert g > 0 or sp
     want = {(0, "F"): 12 * lt.forward + ends["first_F"], (1, "F"): 12 * lt.forward + ends["last_F"] + g,
@@ -254,13 +254,13 @@ def test_balanced_partition_keeps_every_stage_within_memory():
     stage holds 8 micro-batches); the balanced one moves layers back until each fits. Each
     stage's cap, found from the schedule's program order, is checked against the simulation:
     that many layers on the stage fit its device, one more does not."""
-    from sim.estimate import _memory_caps
+    from sim.estimate import memory_caps
     kw = dict(tp=8, pp=8, micro_batch=1, global_batch=16)
     ev = sim.estimate("gpt3-175b", "a100-80gb", **kw)
     ba = sim.estimate("gpt3-175b", "a100-80gb", partition="balanced", **kw)
     assert not ev.fits and ba.fits and sum(ba.layers_per_stage) == 96
     x = Slice(1, 8, False, "bf16")
-    caps = _memory_caps(ev.model, A100, ev.layout, x, layer_times(ev.model, A100, x), _ends(ev.model, A100, x),
+    caps = memory_caps(ev.model, A100, ev.layout, x, layer_times(ev.model, A100, x), end_times(ev.model, A100, x),
                         ev.result.schedule)
     assert all(n <= c for n, c in zip(ba.layers_per_stage, caps))
     for s in (0, 3, 7):
