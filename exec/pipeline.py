@@ -235,7 +235,14 @@ class PipelineRun:
             "peak_memory": self.result.peak_memory,
             "loss": self.losses[0], "reference_loss": self.reference_loss, "loss_match": self.loss_match,
             "grad_match": self.grad_match, "max_grad_diff": self.max_grad_diff, "worst_param": self.worst_param,
+            "grad_reduce_s": self.grad_reduce_s,
         }
+
+    @property
+    def grad_reduce_s(self) -> list[float] | None:
+        """Per stage, how long its REDUCE_GRAD took in the median step (None without them)."""
+        spans = {e.action.stage: e.duration for e in self.result.events if e.is_collective}
+        return [spans.get(s, 0.0) for s in range(self.schedule.stages)] if spans else None
 
 
 def median_step(results: Sequence[Result]) -> Result:
