@@ -252,7 +252,7 @@ def _table(s: dict) -> str:
         rows.append(("simulated step", f"{s['simulated_step_s'] * 1e3:.2f} ms (error {s['error_pct']:+.1f}%)"))
         world, cores = s.get("world_size", s["ranks"]), s.get("cores")
         if cores is not None and world > cores:
-            rows.append(("note", f"{world} ranks share {cores} cores: rule 9 (each rank on its own cores) does not "
+            rows.append(("note", f"{world} ranks on {cores} cores: rule 9 (each rank on its own cores) does not "
                                  f"hold, so measured and simulated times cannot agree; the run checks correctness"))
         rows.append(("bubble", f"{s['bubble_fraction']:.3f} measured, {s['simulated_bubble']:.3f} simulated"))
     else:

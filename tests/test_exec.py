@@ -445,13 +445,16 @@ def test_cli_bad_arguments_exit_2_with_one_line(args, says, capsys):
 
 def test_more_ranks_than_cores_calibrate_with_a_warning():
     """Three ranks calibrate (ranks 0 and 1 time the transport without the third one) and
-    the run says at its start, in one line, that it has more ranks than cores."""
+    the run says at its start, in one line, that it has more ranks than cores, and its
+    table says it again beside the simulated step."""
     p = _cli("--schedule", "1f1b", "--stages", "3", *SMALL, "--steps", "1", "--warmup", "0", "--json",
              "--timeout", "150", timeout=200)
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["grad_match"] is True
     warned = [line for line in p.stderr.splitlines() if "ranks share" in line]
     assert len(warned) == (1 if len(host_cores()) < 3 else 0)
+    noted = [line for line in p.stderr.splitlines() if line.startswith("note") and "rule 9" in line]
+    assert len(noted) == len(warned)  # and the table says so beside the simulated step
 
 
 def test_a_silent_rank_gets_a_progress_line_every_few_seconds():
