@@ -9,7 +9,9 @@ program order fixes (docs/rules.md, rules 9 and 13).
 """
 from __future__ import annotations
 
+import os
 import statistics
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -22,7 +24,7 @@ from sim import Kind  # noqa: E402
 from exec.calibrate import calibrate_rank  # noqa: E402
 from exec.check import compare_grads, reference_step  # noqa: E402
 from exec.dp import Grid, check_dp, replica_context, shard  # noqa: E402
-from exec.launch import launch  # noqa: E402
+from exec.launch import _children_of, launch  # noqa: E402
 from exec.models import ModelSpec  # noqa: E402
 from exec.pipeline import pipeline_worker, run_pipeline  # noqa: E402
 from exec.profile import costs_from_reports  # noqa: E402
@@ -99,6 +101,22 @@ def dp_runs():
     jobs = [(SPEC, schedules[o], 2, 0, bounds, 0.01, None, False, 0, "sgd", DP) for o in (True, False)]
     per_rank = launch(_dp_jobs, PP * DP, jobs, schedules[True], timeout=TIMEOUT)
     return schedules, [r[0] for r in per_rank], [r[1] for r in per_rank]
+
+
+def _rank_processes() -> list[int]:
+    """Rank processes of this test process still around (the resource tracker is not one)."""
+    out = []
+    for pid in _children_of([os.getpid()]):
+        try:
+            if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                out.append(pid)
+        except OSError:
+            continue
+    return out
+
+
+def test_the_run_leaves_no_rank_process_behind(dp_runs):
+    assert _rank_processes() == []
 
 
 def test_the_two_placements_of_the_reduction_differ():
