@@ -10,6 +10,8 @@ One concern per module:
 - `exec.interpreter`: `RankInterpreter`, one rank interpreting its lowered program
   action by action; `exec.clocks` its clocks, `exec.memory` its memory counting,
   `exec.optim` the optimizers and their state.
+- `exec.dp`: data parallelism: pp x dp ranks in Megatron-LM's order, a replica's view of
+  its pipeline, its shard of the batch, the gradient reduction on a collective stream.
 - `exec.step`: `run_step`, one training step on every rank, as one `sim.Result`.
 - `exec.check`: the same step in one process, and the gradients compared.
 - `exec.pipeline`: `run_pipeline`, a whole run (warm-up, measured steps, calibration,

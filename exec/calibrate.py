@@ -16,7 +16,13 @@ merges every rank's reports into `sim.Costs`. A report holds:
 - memory per stage: the activation bytes autograd saves during its F (as the runtime
   counts them, `exec.memory.SavedBytes`), the part of them that W still needs after a
   split backward's I (`w_activation_bytes`), the bytes it sends on, and its weights,
-  gradients and optimizer state (`exec.memory.static_memory`).
+  gradients and optimizer state (`exec.memory.static_memory`);
+- with data parallelism, where the schedule reduces gradients (REDUCE_GRAD): each
+  stage's reduction on the rank's collective stream (`reduce_times`), as a step issues
+  it, every data-parallel group at once (`grad_reduce`, rule 13).
+
+With data parallelism (`exec.dp.ReplicaContext`) every rank of every replica times its
+computes; the transport between ranks 0 and 1 is timed in replica 0 only.
 """
 from __future__ import annotations
 
@@ -30,13 +36,15 @@ from sim import Kind
 from sim.kinds import KINDS
 
 from .calibrate_link import call_costs, late_notice, pingpong
+from .clocks import CpuClock
+from .dp import CollectiveStream
 from .interpreter import RankInterpreter
 from .memory import SavedBytes, param_storages, static_memory
 from .optim import make_optimizer
 from .split_backward import backward_input
 
-__all__ = ["calibrate_rank", "compute_times", "activation_bytes", "w_activation_bytes", "stage_inputs",
-           "activation_message_bytes", "message_sizes"]
+__all__ = ["calibrate_rank", "compute_times", "reduce_times", "activation_bytes", "w_activation_bytes",
+           "stage_inputs", "activation_message_bytes", "message_sizes"]
 
 
 # ---------------------------------------------------------------------------- inputs, once per process
@@ -177,8 +185,8 @@ def compute_times(ctx, spec, bounds, schedule: sim.Schedule, micro: int, steps: 
     interpreter's own handlers on `modules` (stage -> module; default: a fresh copy of
     this rank's stages), every tensor from another rank already there.
 
-    If `alone`, the ranks take turns (the others wait in a barrier), else they all run at
-    once. Returns, without the first (warm-up) step, {(stage, kind): [seconds...]}: each
+    If `alone`, the ranks of the world take turns (the others wait in a barrier), else
+    they all run at once. Returns, without the first (warm-up) step, {(stage, kind): [seconds...]}: each
     compute between the marks the interpreter records in a step; and {"before": [...],
     "after": [...]}: the runtime's own time per compute (rule 11), from entering the
     handler to the start mark and from the end mark to leaving it, on the same clock."""
@@ -202,9 +210,9 @@ def compute_times(ctx, spec, bounds, schedule: sim.Schedule, micro: int, steps: 
         mod.zero_grad(set_to_none=True)
     for step in range(steps + 1):
         if alone:
-            for r in range(ctx.world_size):
+            for r in range(dist.get_world_size()):  # every replica's ranks
                 dist.barrier()
-                if r == ctx.rank:
+                if r == dist.get_rank():
                     one_step(step > 0)
         else:
             dist.barrier()
@@ -214,6 +222,26 @@ def compute_times(ctx, spec, bounds, schedule: sim.Schedule, micro: int, steps: 
 
 
 # ---------------------------------------------------------------------------- communication
+
+def reduce_times(ctx, modules: dict, repeats: int) -> dict[int, list[float]]:
+    """Per stage of this rank, the time of its REDUCE_GRAD on the collective stream
+    (`exec.dp.CollectiveStream`, as the interpreter issues it: the gradients flattened,
+    averaged over `ctx.dp_group`), from its start to its end, `repeats` times after a
+    warm-up. Every rank of the world issues at once (after a barrier), so that every
+    data-parallel group reduces at the same time; the ranks do not compute meanwhile.
+    The gradients are zeros of the stage's parameters' shapes: the run's stay untouched."""
+    stream = CollectiveStream(ctx.dp_group, dist.get_world_size(ctx.dp_group), CpuClock())
+    params = {s: [torch.nn.Parameter(torch.zeros_like(p)) for p in m.parameters()] for s, m in modules.items()}
+    out: dict[int, list[float]] = {s: [] for s in modules}
+    for i in range(repeats + 1):
+        for s in sorted(modules):
+            dist.barrier()
+            r = stream.issue(sim.Action(s, Kind.REDUCE_GRAD, 0), params[s])
+            stream.finish_all()
+            if i > 0:
+                out[s].append(r.end - r.start)
+    return out
+
 
 def activation_message_bytes(spec, micro: int) -> int:
     """Bytes of the activation passed between stages for one micro-batch (b, seq, hidden)."""
@@ -239,18 +267,27 @@ def calibrate_rank(ctx, spec, schedule: sim.Schedule, micro: int, bounds: Sequen
     taking turns ("alone"), on `modules` (stage -> module) when the caller will run those
     very modules (same weights in the same memory), else on a fresh copy; and, on ranks 0
     and 1 if `sizes` is given, the ping-pong. Merge every rank's report (one or several
-    rounds) with `exec.profile.costs_from_reports`."""
+    rounds) with `exec.profile.costs_from_reports`. With a data-parallel group
+    (`exec.dp.ReplicaContext`) and REDUCE_GRAD actions in `schedule`, also the time of
+    each of its stages' reductions (`reduce_times`, on `modules` or the fresh copy)."""
+    reduces = schedule.has_collectives and getattr(ctx, "dp_group", None) is not None
     schedule = schedule.compute_only()
     mine = [s for s, r in enumerate(schedule.placement) if r == ctx.rank]
     memory = _memory(spec, schedule, bounds, micro, mine, modules, optimizer)
     concurrent, own = compute_times(ctx, spec, bounds, schedule, micro, steps, alone=False, modules=modules)
     alone, own_alone = compute_times(ctx, spec, bounds, schedule, micro, steps, alone=True, modules=modules)
+    grad_reduce = None
+    if reduces:
+        layers = _prepared(spec, bounds, micro)[0]
+        stages = modules if modules is not None else \
+            {s: torch.nn.Sequential(*layers[bounds[s]:bounds[s + 1]]) for s in mine}
+        grad_reduce = {str(s): v for s, v in reduce_times(ctx, stages, repeats).items()}
     comm = None
-    if ctx.world_size > 1:  # the call costs are measured every time: they move with the load
+    if ctx.world_size > 1 and getattr(ctx, "replica", 0) == 0:  # call costs every time: they move with the load
         comm = pingpong(ctx, sizes, repeats) if sizes else {}
         comm["busy"] = call_costs(ctx, activation_message_bytes(spec, micro), repeats)
         comm["late"] = late_notice(ctx, max(4, repeats // 2))
     return {"rank": ctx.rank, "memory": memory, "concurrent": {f"{s}{k}": v for (s, k), v in concurrent.items()},
             "alone": {f"{s}{k}": v for (s, k), v in alone.items()}, "comm": comm,
-            "runtime": {"concurrent": own, "alone": own_alone},
+            "runtime": {"concurrent": own, "alone": own_alone}, "grad_reduce": grad_reduce,
             "threads": torch.get_num_threads()}

@@ -59,7 +59,7 @@ def call_costs(ctx, nbytes: int, repeats: int) -> dict:
     out: dict[str, list[float]] = {"isend_busy": [], "irecv_busy": [], "arrive_busy": []}
     if ctx.rank > 1:
         return {}
-    peer, compute = 1 - ctx.rank, _work_of(0.004)
+    peer, compute = ctx.global_rank(1 - ctx.rank), _work_of(0.004)
     buf_in, buf_out = torch.zeros(max(1, nbytes // 4)), torch.zeros(max(1, nbytes // 4))
     for poster in (0, 1):
         for _ in range(repeats):
@@ -89,11 +89,11 @@ def call_costs(ctx, nbytes: int, repeats: int) -> dict:
     return res
 
 
-def _pair_barrier(peer: int) -> None:
+def _pair_barrier(ctx, peer: int) -> None:
     """Ranks 0 and 1 both reach this point before either leaves it (the other ranks do
     not take part: a `dist.barrier()` here would wait for them for ever)."""
     token = torch.zeros(1)
-    if peer == 1:
+    if ctx.rank == 0:
         dist.send(token, peer, tag=11)
         dist.recv(token, peer, tag=11)
     else:
@@ -114,12 +114,12 @@ def late_notice(ctx, repeats: int, hold: float = 0.012) -> dict:
     out: dict[str, list[float]] = {"notice_free": [], "notice_busy": []}
     if ctx.rank > 1:
         return {}
-    peer = 1 - ctx.rank
+    peer = ctx.global_rank(1 - ctx.rank)
     x, buf = torch.randn(128, 128), torch.zeros(1024)
     for sender in (0, 1):
         for i in range(2 * repeats):
             busy = i % 2 == 1
-            _pair_barrier(peer)
+            _pair_barrier(ctx, peer)
             if ctx.rank == sender:
                 w = isend(buf, peer, tag=9)
                 if busy:
@@ -138,7 +138,7 @@ def late_notice(ctx, repeats: int, hold: float = 0.012) -> dict:
 def _pingpong_size(ctx, buf: torch.Tensor, repeats: int) -> tuple[list, list, list]:
     """Round trips of `buf` between ranks 0 and 1: rank 0's round trips and isend posts,
     rank 1's irecv posts (two warm-up trips first)."""
-    peer, rtts, posts_s, posts_r = 1 - ctx.rank, [], [], []
+    peer, rtts, posts_s, posts_r = ctx.global_rank(1 - ctx.rank), [], [], []
     for i in range(repeats + 2):
         if ctx.rank == 0:
             t0 = time.perf_counter()
@@ -163,7 +163,7 @@ def _pingpong_size(ctx, buf: torch.Tensor, repeats: int) -> tuple[list, list, li
 
 def _wait_ready(ctx, buf: torch.Tensor, nbytes: int, repeats: int) -> list[float]:
     """Rank 1 times a wait that finds its data already there."""
-    peer, waits = 1 - ctx.rank, []
+    peer, waits = ctx.global_rank(1 - ctx.rank), []
     for _ in range(repeats):
         if ctx.rank == 0:
             dist.isend(buf, peer).wait()

@@ -16,11 +16,18 @@ are the simulator's (docs/rules.md):
   (its bytes stay counted until W's end), W makes the weight gradients from it.
 - `send` (SEND) issues a non-blocking `isend` of the tensor the compute before it made;
   `run` waits for every send at the end of the step.
-- `reduce_grad` (REDUCE_GRAD, the data-parallel gradient reduction) is refused: `exec`
-  runs one pipeline replica and has no data-parallel process group to reduce over
-  (`refuse_collectives`, called before a run starts).
+- `reduce_grad` (REDUCE_GRAD, the data-parallel gradient reduction) flattens the stage's
+  gradients into one buffer and issues its average over the rank's data-parallel group
+  (`ctx.dp_group`, `exec.dp.ReplicaContext`) on the rank's collective stream
+  (`exec.dp.CollectiveStream`: asynchronous, one at a time, in issue order), and goes
+  on; `run` waits for every reduction at the end of the step, before the optimizer, and
+  the gradients become views of the averaged buffer. Its record spans its time on the
+  stream (docs/rules.md, rule 13).
 - `offload`, `reload` (OFFLOAD, RELOAD, activation offloading to host memory) are refused:
   on a CPU rank the host memory is the device's memory (`refuse_offload`).
+
+Point-to-point calls name world ranks: `ctx.global_rank(r)` of the schedule's rank r (the
+same rank without data parallelism); the events name the schedule's ranks.
 
 Every action leaves a record of clock marks (`Marks`), turned into `sim.Event`s in
 seconds when the step ends, together with the rank's memory over time: its static bytes
@@ -47,11 +54,11 @@ from sim.passes import compute_set, peer, waits_for
 
 from . import split_backward
 from .clocks import clock_for
+from .dp import CollectiveStream
 from .memory import SavedBytes, param_storages
 from .shapes import TensorMeta
 
-__all__ = ["RankInterpreter", "RankTrace", "Marks", "LossFn", "isend", "transfer_tag", "refuse_collectives",
-           "refuse_offload"]
+__all__ = ["RankInterpreter", "RankTrace", "Marks", "LossFn", "isend", "transfer_tag", "refuse_offload"]
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -72,15 +79,6 @@ def isend(tensor: torch.Tensor, dst: int, tag: int):
     if tensor.device.type == "cpu" and hasattr(os, "sched_yield"):
         os.sched_yield()
     return dist.isend(tensor, dst=dst, tag=tag)
-
-
-def refuse_collectives(schedule: Schedule) -> None:
-    """Raise ValueError if `schedule` holds a REDUCE_GRAD: exec has no data parallelism."""
-    if schedule.has_collectives:
-        raise ValueError(f"schedule {schedule.name!r} has REDUCE_GRAD actions (the data-parallel gradient reduction), "
-                         f"but exec has no data parallelism: it runs one pipeline replica, with no data-parallel "
-                         f"process group to reduce over; simulate it (sim.simulate), or run it without "
-                         f"sim.add_grad_reduce")
 
 
 def refuse_offload(schedule: Schedule) -> None:
@@ -168,17 +166,21 @@ class RankInterpreter:
         self.saved: dict[tuple[int, int], SavedBytes] = {}  # their count, until B or I
         self.w_held: dict[tuple[int, int], int] = {}   # bytes kept for W, from I until W
         self.sends: list[tuple[Any, torch.Tensor]] = []  # (work, tensor kept alive until waited)
+        dp_group = getattr(ctx, "dp_group", None)
+        self.stream = CollectiveStream(dp_group, dist.get_world_size(dp_group) if dp_group is not None else 1,
+                                       self.clock)
         self.loss_sum: torch.Tensor | None = None
         self.trace = RankTrace(ctx.rank)
         self._events: list[Marks] = []                  # clock marks, resolved at the end
         self._held: list[tuple[Any, int, int]] = []    # (mark, change in bytes, change in micro-batches)
         self._samples: list[tuple[Any, int]] = []      # CUDA: (mark, memory_allocated)
 
-    def _route(self, a: Action) -> tuple[int, int]:
-        """A SEND's or RECV's peer rank and the tag of its transfer."""
+    def _route(self, a: Action) -> tuple[int, int, int]:
+        """A SEND's or RECV's peer rank (the schedule's), its world rank and the tag of its transfer."""
         other = peer(a)
         recv = other if KINDS[other.kind].role is Role.RECV else a
-        return self.schedule.rank_of(other.stage), transfer_tag(recv, self.M)
+        rank = self.schedule.rank_of(other.stage)
+        return rank, self.ctx.global_rank(rank), transfer_tag(recv, self.M)
 
     # -- the loop, and the public API that calibration uses
     def run(self) -> RankTrace:
@@ -189,6 +191,8 @@ class RankInterpreter:
             self.run_action(a)
         for work, _ in self.sends:
             work.wait()
+        for r in self.stream.finish_all():  # before the optimizer: the gradients are the average
+            self._event(r.action, r.start, r.end)
         self.clock.finish()
         self._resolve()
         if self.loss_sum is not None:
@@ -213,7 +217,7 @@ class RankInterpreter:
     def recv(self, a: Action) -> None:
         meta = self.shapes[a.stage + KINDS[a.kind].tensor_of]
         buf = torch.empty(meta.shape, dtype=meta.dtype, device=self.device)
-        src, tag = self.routes[a]
+        _, src, tag = self.routes[a]
         posted = self.clock.mark()
         self.pending[a] = _Pending(dist.irecv(buf, src=src, tag=tag), buf, posted)
 
@@ -222,9 +226,9 @@ class RankInterpreter:
         key = (a.stage, a.micro)
         tensor = self.outputs[key].detach() if a.kind is Kind.SEND_F else self.input_grads.pop(key)
         tensor = tensor.contiguous()
-        dst, tag = self.routes[a]
+        dst, world_dst, tag = self.routes[a]
         start = self.clock.mark()
-        work = isend(tensor, dst, tag)
+        work = isend(tensor, world_dst, tag)
         self.sends.append((work, tensor))
         return self._event(a, start, start, dst)  # end: the RECV's, filled in by `exec.step`
 
@@ -244,8 +248,10 @@ class RankInterpreter:
         return got
 
     def reduce_grad(self, a: Action) -> None:
-        """REDUCE_GRAD: refused (`refuse_collectives`); a run never gets here."""
-        refuse_collectives(self.schedule)
+        """REDUCE_GRAD: issue the average of stage `a.stage`'s gradients over the
+        data-parallel group on the collective stream, and go on; `run` waits for it and
+        records it (its marks: `exec.dp.CollectiveStream`)."""
+        self.stream.issue(a, self.param_lists[a.stage])
 
     def offload(self, a: Action) -> None:
         """OFFLOAD: refused (`refuse_offload`); a run never gets here."""

@@ -81,6 +81,12 @@ class RankContext:
         import torch
         return torch.device(f"cuda:{self.local_rank}") if self.backend == "nccl" else torch.device("cpu")
 
+    dp_group = None  # no data parallelism (`exec.dp.ReplicaContext` has one)
+
+    def global_rank(self, pipe_rank: int) -> int:
+        """The world rank of the schedule's rank `pipe_rank`: itself, with one pipeline."""
+        return pipe_rank
+
     @property
     def is_first(self) -> bool:
         return self.rank == 0

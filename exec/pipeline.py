@@ -2,6 +2,7 @@
 
     >>> run = run_pipeline(ModelSpec(), "1f1b", stages=2, micro=8, calibrate=1)   # doctest: +SKIP
     >>> run.grad_match, run.result.makespan, run.costs                            # doctest: +SKIP
+    >>> run = run_pipeline(ModelSpec(), "1f1b", stages=2, micro=4, dp=2)          # doctest: +SKIP
 
 `run_pipeline` validates and lowers the schedule, starts the ranks (`exec.launch`), each
 of which runs `pipeline_worker`: it builds its stages and its optimizer (`exec.optim`),
@@ -9,6 +10,12 @@ learns the receive shapes (`exec.shapes`), and runs `warmup + steps` steps
 (`exec.step.run_step`), calibrating (`exec.calibrate`) before every `calibrate` measured
 steps if asked. The parent checks the first step's gradients against one process
 (`exec.check`) and merges the calibration into `sim.Costs` (`exec.profile`).
+
+With `dp` > 1 the run has `dp` pipeline replicas, pp * dp processes in Megatron-LM's
+order (`exec.dp`): each replica trains on its own contiguous 1/dp of the batch, and the
+schedule's REDUCE_GRAD actions average each stage's gradients over its replicas
+(`sim.add_grad_reduce`; a schedule named by a string gets them, a `Schedule` must have
+them). Every replica's gradients are checked against one process on the whole batch.
 
 A rank can be made to fail on purpose (`fault="raise:1"`, `"exit:1"`, `"hang:1"`) to test
 how a run ends.
@@ -20,7 +27,7 @@ import os
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 import torch
@@ -31,8 +38,9 @@ from sim.order import order_transfers
 
 from .calibrate import calibrate_rank, message_sizes
 from .check import compare_grads, reference_step, split_micro_batches
+from .dp import Grid, check_dp, replica_context, shard
 from .host import host_cores
-from .interpreter import refuse_collectives, refuse_offload
+from .interpreter import refuse_offload
 from .launch import launch
 from .optim import OPTIMIZERS, make_optimizer
 from .profile import costs_from_reports
@@ -70,14 +78,14 @@ def _inject(fault: tuple[str, int] | None, rank: int) -> None:
 # ---------------------------------------------------------------------------- inside a rank
 
 def _build_rank(ctx, spec, schedule: Schedule, bounds: Sequence[int], lr: float, optimizer: str):
-    """This rank's stages (stage -> module), its optimizer, the micro-batches and the
-    receive shapes."""
+    """This rank's stages (stage -> module), its optimizer, its replica's micro-batches
+    and the receive shapes (`ctx`: its `exec.dp.ReplicaContext`)."""
     mine = [s for s, r in enumerate(schedule.placement) if r == ctx.rank]
     all_stages = spec.build_stages(schedule.stages, bounds=bounds)
     modules = {s: all_stages[s].to(ctx.device) for s in mine}
     del all_stages
     opt = make_optimizer(optimizer, [p for s in mine for p in modules[s].parameters()], lr)
-    inputs, targets = spec.batch()
+    inputs, targets = shard(*spec.batch(), ctx.dp, ctx.replica)
     micro_inputs, micro_targets = split_micro_batches(inputs, targets, schedule.micro)
     shapes = infer_shapes(ctx, schedule, modules, micro_inputs[0])
     return modules, opt, micro_inputs, micro_targets, shapes
@@ -123,26 +131,32 @@ class _Progress:
 
 def pipeline_worker(ctx, spec, schedule: Schedule, steps: int, warmup: int, bounds: Sequence[int], lr: float,
                     fault: tuple[str, int] | None, progress: bool, calibrate: int = 0,
-                    optimizer: str = "sgd") -> dict:
-    """The function every rank runs (via `exec.launch.launch`): build this rank's stages
-    and its `optimizer` (a name from `exec.optim.OPTIMIZERS`), run `warmup + steps`
-    steps, and return what the parent needs.
+                    optimizer: str = "sgd", dp: int = 1) -> dict:
+    """The function every rank runs (via `exec.launch.launch`, on `schedule.ranks * dp`
+    ranks): build this rank's stages and its `optimizer` (a name from
+    `exec.optim.OPTIMIZERS`), run `warmup + steps` steps, and return what the parent needs.
+    `fault` names a world rank; the ranks of replica d are `exec.dp.Grid.pipe_ranks(d)`.
 
     Every rank returns the gradients of its stages after the first step (numpy arrays,
     before the optimizer moved the weights, so they compare with `reference_step`) and
-    the step losses; rank 0 also returns the measured steps' `sim.Result`s.
+    the step losses (the mean over the replicas); world rank 0 also returns the measured
+    steps' `sim.Result`s (its replica's pipeline).
 
     With `calibrate` = k > 0, the run also measures what the simulator needs: before
     every k measured steps, the ranks calibrate (`exec.calibrate.calibrate_rank`) on these
     very modules and this optimizer, so that calibration and measurement share the same
     processes, cores and time window (the first round also bounces messages for the
     transfer fit). Every rank returns its reports, one per round, for
-    `exec.profile.costs_from_reports`."""
+    `exec.profile.costs_from_reports`. With `dp` > 1 calibration runs on a replica's
+    shard of the batch (the micro-batches a step computes)."""
+    world_rank = ctx.rank
+    ctx = replica_context(ctx, schedule.ranks, dp)
     modules, opt, micro_inputs, micro_targets, shapes = _build_rank(ctx, spec, schedule, bounds, lr, optimizer)
-    out: dict[str, Any] = {"rank": ctx.rank, "losses": [], "results": [], "grads": {}, "reports": []}
-    say = _Progress(progress and ctx.rank == 0, f"warm-up 1/{warmup}" if warmup else f"step 1/{steps}")
+    out: dict[str, Any] = {"rank": world_rank, "losses": [], "results": [], "grads": {}, "reports": []}
+    say = _Progress(progress and world_rank == 0, f"warm-up 1/{warmup}" if warmup else f"step 1/{steps}")
+    shard_spec = replace(spec, batch_size=spec.batch_size // dp)  # what one replica computes, for calibration
     try:
-        _steps(ctx, spec, schedule, steps, warmup, bounds, fault, calibrate, modules, opt,
+        _steps(ctx, shard_spec, schedule, steps, warmup, bounds, fault, calibrate, modules, opt,
                micro_inputs, micro_targets, shapes, out, say)
     finally:
         say.close()
@@ -151,10 +165,11 @@ def pipeline_worker(ctx, spec, schedule: Schedule, steps: int, warmup: int, boun
 
 def _steps(ctx, spec, schedule, steps, warmup, bounds, fault, calibrate, modules, opt, micro_inputs,
            micro_targets, shapes, out, say: _Progress) -> None:
-    """`pipeline_worker`'s loop: warm-up and measured steps, calibration rounds between."""
+    """`pipeline_worker`'s loop: warm-up and measured steps, calibration rounds between
+    (on `spec`, the batch of one replica)."""
     for i in range(warmup + steps):
         if i == warmup:
-            _inject(fault, ctx.rank)
+            _inject(fault, ctx.world_rank)
         measured = i >= warmup
         if calibrate and measured and (i - warmup) % calibrate == 0:
             rnd = (i - warmup) // calibrate
@@ -168,7 +183,7 @@ def _steps(ctx, spec, schedule, steps, warmup, bounds, fault, calibrate, modules
         out["losses"].append(step.loss)
         if i == 0:
             out["grads"] = _grads(modules)
-        if measured and ctx.rank == 0:
+        if measured and ctx.world_rank == 0:
             out["results"].append(step.result)
         what = f"step {i - warmup + 1}/{steps}" if measured else f"warm-up {i + 1}/{warmup}"
         span = f"{step.result.makespan * 1e3:.2f} ms" if measured else f"{(time.perf_counter() - t) * 1e3:.0f} ms wall"
@@ -195,6 +210,7 @@ class PipelineRun:
     calibration: dict | None = None   # its details (`exec.profile.costs_from_reports`)
     reports: list[list[dict]] = field(default_factory=list)  # per round, every rank's report
     optimizer: str = "sgd"
+    dp: int = 1                       # pipeline replicas; result, losses: replica 0's pipeline, the mean loss
 
     @property
     def step_times(self) -> list[float]:
@@ -212,13 +228,21 @@ class PipelineRun:
         s = self.schedule
         return {
             "schedule": s.name, "stages": s.stages, "ranks": s.ranks, "micro": s.micro, "bounds": self.bounds,
+            "dp": self.dp, "world_size": s.ranks * self.dp,
             "optimizer": self.optimizer,
             "measured_step_s": self.measured_step_s, "step_times_s": self.step_times,
             "bubble_fraction": self.result.bubble_fraction, "peak_activations": self.result.peak_activations,
             "peak_memory": self.result.peak_memory,
             "loss": self.losses[0], "reference_loss": self.reference_loss, "loss_match": self.loss_match,
             "grad_match": self.grad_match, "max_grad_diff": self.max_grad_diff, "worst_param": self.worst_param,
+            "grad_reduce_s": self.grad_reduce_s,
         }
+
+    @property
+    def grad_reduce_s(self) -> list[float] | None:
+        """Per stage, how long its REDUCE_GRAD took in the median step (None without them)."""
+        spans = {e.action.stage: e.duration for e in self.result.events if e.is_collective}
+        return [spans.get(s, 0.0) for s in range(self.schedule.stages)] if spans else None
 
 
 def median_step(results: Sequence[Result]) -> Result:
@@ -230,7 +254,7 @@ def median_step(results: Sequence[Result]) -> Result:
 
 
 def _check_run_args(spec, schedule: Schedule, steps: int, warmup: int, calibrate: int, backend: str,
-                    optimizer: str, fault: str | None) -> tuple[Schedule, tuple[str, int] | None]:
+                    optimizer: str, fault: str | None, dp: int = 1) -> tuple[Schedule, tuple[str, int] | None]:
     """The lowered schedule and the parsed fault, or a ValueError before anything starts."""
     for what, n, least in (("steps", steps, 1), ("warmup", warmup, 0), ("calibrate", calibrate, 0)):
         if isinstance(n, bool) or not isinstance(n, int) or n < least:
@@ -240,23 +264,43 @@ def _check_run_args(spec, schedule: Schedule, steps: int, warmup: int, calibrate
     if calibrate and backend != "gloo":
         raise ValueError(f"calibrate times CPU ranks (gloo) only, not backend={backend!r}; "
                          f"simulate an NCCL run with costs written by sim.save_costs")
+    check_dp(dp, spec.batch_size, schedule.micro)
+    if dp > 1 and not schedule.has_collectives:
+        raise ValueError(f"dp={dp} replicas must average their gradients, but schedule {schedule.name!r} has no "
+                         f"REDUCE_GRAD actions; pass sim.add_grad_reduce(schedule, overlap) (a schedule name gets them)")
+    if schedule.has_collectives and backend != "gloo":
+        raise ValueError(f"exec runs REDUCE_GRAD (data parallelism) on CPU ranks (gloo) only, not backend={backend!r}")
     lowered = sim.validate(schedule)
-    refuse_collectives(lowered)
     refuse_offload(lowered)
     if backend == "nccl":  # NCCL pairs a rank's transfers by order, not tag (docs/rules.md)
         lowered = order_transfers(lowered)
     split_micro_batches(torch.empty(spec.batch_size, 0), torch.empty(spec.batch_size, 0), lowered.micro)
     injected = parse_fault(fault)
-    if injected is not None and injected[1] >= lowered.ranks:
-        raise ValueError(f"fault {fault!r} names rank {injected[1]} but the run has ranks 0..{lowered.ranks - 1}")
+    if injected is not None and injected[1] >= lowered.ranks * dp:
+        raise ValueError(f"fault {fault!r} names rank {injected[1]} but the run has ranks 0..{lowered.ranks * dp - 1}")
     return lowered, injected
+
+
+def _check_replicas(per_rank: list[dict], lowered: Schedule, dp: int, ref_grads, rtol: float, atol: float
+                    ) -> tuple[bool, float, str]:
+    """Every replica's gradients after the first step against one process on the whole
+    batch: (all match, largest difference, where; "replica d: stageS.name" with dp > 1)."""
+    grid, checks = Grid(lowered.ranks, dp), []
+    for d in range(dp):
+        grads = [(f"stage{s}.{n}", g) for s in range(lowered.stages)
+                 for n, g in per_rank[grid.rank(lowered.rank_of(s), d)]["grads"][s]]
+        match, worst, where = compare_grads(grads, ref_grads, rtol, atol)
+        checks.append((worst, match, f"replica {d}: {where}" if dp > 1 else where))
+    worst, _, where = max(checks, key=lambda c: c[0])
+    return all(match for _, match, _ in checks), worst, where
 
 
 def run_pipeline(spec, schedule: Schedule | str, stages: int | None = None, micro: int | None = None, *,
                  steps: int = 5, warmup: int = 2, balance: str = "layers", bounds: Sequence[int] | None = None,
                  backend: str = "gloo", timeout: float = 300.0, threads: int | None = None, lr: float = 0.01,
                  fault: str | None = None, progress: bool = False, rtol: float = 1e-4, atol: float = 1e-5,
-                 calibrate: int = 0, optimizer: str = "sgd") -> PipelineRun:
+                 calibrate: int = 0, optimizer: str = "sgd", dp: int = 1,
+                 overlap_grad_reduce: bool = False) -> PipelineRun:
     """Run `schedule` (a `sim.Schedule`, or a name from `sim.SCHEDULES` with `stages` and
     `micro`) on one process per rank, `warmup` + `steps` training steps of `spec` with
     `optimizer` ("sgd" or "adamw", `exec.optim`), and check the first step's loss and
@@ -266,25 +310,33 @@ def run_pipeline(spec, schedule: Schedule | str, stages: int | None = None, micr
     calibration round before every k measured steps (`pipeline_worker`); the run's
     `costs` pool every round (`exec.profile.costs_from_reports`). CPU ranks (gloo) only.
 
+    `dp` = number of pipeline replicas (data parallelism, `exec.dp`): schedule.ranks * dp
+    processes, each replica on its own 1/dp of the batch, the batch a multiple of dp *
+    micro. A schedule name with dp > 1 gets `sim.add_grad_reduce(schedule,
+    overlap_grad_reduce)`; a `Schedule` must hold its REDUCE_GRAD actions already. The
+    gradients of every replica are checked (`grad_match`: all of them match).
+
     Raises `exec.launch.RankError` / `TimeoutError` if a rank fails or the run is too slow."""
     if isinstance(schedule, str):
         if stages is None or micro is None:
             raise ValueError("a schedule name needs stages and micro, e.g. run_pipeline(spec, '1f1b', 2, 8)")
         schedule = sim.make_schedule(schedule, stages, micro)
-    lowered, injected = _check_run_args(spec, schedule, steps, warmup, calibrate, backend, optimizer, fault)
-    bounds = list(bounds) if bounds is not None else spec.partition(lowered.stages, balance, lowered.micro)
-    if progress and backend == "gloo" and lowered.ranks > len(host_cores()):
-        _say(f"warning: {lowered.ranks} ranks share {len(host_cores())} cores, so they wait for each other's "
+        if isinstance(dp, int) and dp > 1:
+            schedule = sim.add_grad_reduce(schedule, overlap_grad_reduce)
+    lowered, injected = _check_run_args(spec, schedule, steps, warmup, calibrate, backend, optimizer, fault, dp)
+    # balance="time" profiles a micro-batch of the size a replica computes
+    bounds = list(bounds) if bounds is not None else spec.partition(lowered.stages, balance, lowered.micro * dp)
+    world = lowered.ranks * dp
+    if progress and backend == "gloo" and world > len(host_cores()):
+        _say(f"warning: {world} ranks share {len(host_cores())} cores, so they wait for each other's "
              f"cores and measured times cannot match the simulation (docs/rules.md, rule 9)")
-    per_rank = launch(pipeline_worker, lowered.ranks, spec, lowered, steps, warmup, bounds, lr,
-                      injected, progress, calibrate, optimizer, backend=backend, timeout=timeout, threads=threads)
-    grads = [(f"stage{s}.{n}", g) for s in range(lowered.stages)
-             for n, g in per_rank[lowered.rank_of(s)]["grads"][s]]
+    per_rank = launch(pipeline_worker, world, spec, lowered, steps, warmup, bounds, lr,
+                      injected, progress, calibrate, optimizer, dp, backend=backend, timeout=timeout, threads=threads)
     ref_loss, ref_grads = reference_step(spec, lowered.micro)
-    match, worst, where = compare_grads(grads, ref_grads, rtol, atol)
+    match, worst, where = _check_replicas(per_rank, lowered, dp, ref_grads, rtol, atol)
     results = per_rank[0]["results"]
     run = PipelineRun(lowered, bounds, median_step(results), results, per_rank[0]["losses"],
-                      ref_loss, match, worst, where, optimizer=optimizer)
+                      ref_loss, match, worst, where, optimizer=optimizer, dp=dp)
     if calibrate:
         run.reports = [list(rnd) for rnd in zip(*(r["reports"] for r in per_rank))]
         run.costs, run.calibration = costs_from_reports([rep for rnd in run.reports for rep in rnd], lowered)

@@ -19,6 +19,9 @@ into the simulator's costs:
   computes over one to a sender that waits (`io_tick_from`);
 - transfers: the ping-pong's one-way times fitted by least squares to `latency + bytes /
   bandwidth` (`fit_latency_bandwidth`, rule 6);
+- the data-parallel reduction (`grad_reduce`, rule 13): per stage, the mean time of its
+  REDUCE_GRAD on the collective stream over every replica and round, where the reports
+  have it (0 elsewhere);
 - memory: per stage, the activation bytes, the part of them W still needs after I
   (`w_activation_bytes`), the bytes sent on, and the static memory split
   into `weight_bytes`, `grad_bytes` and `optimizer_bytes` (`static_bytes` stays 0), so
@@ -120,6 +123,19 @@ def _call_costs(reports: Sequence[dict]) -> dict[str, float]:
     }
 
 
+def _grad_reduce(reports: Sequence[dict], stages: int) -> dict[str, list[float]]:
+    """`grad_reduce` per stage: the mean of every report's samples for it (every replica,
+    every round; `exec.calibrate.reduce_times`), 0 for a stage without any; nothing
+    where no report timed a reduction."""
+    samples: dict[int, list[float]] = {}
+    for r in reports:
+        for s, v in (r.get("grad_reduce") or {}).items():
+            samples.setdefault(int(s), []).extend(v)
+    if not samples:
+        return {}
+    return {"grad_reduce": [statistics.fmean(samples[s]) if samples.get(s) else 0.0 for s in range(stages)]}
+
+
 def _memory_costs(memory: dict[int, dict], stages: int) -> dict[str, list[float]]:
     """The per-stage memory fields of `sim.Costs` from the reports' memory."""
     fields = ("activation_bytes_sent", "activation_bytes", "w_activation_bytes") + STATIC_FIELDS
@@ -172,7 +188,7 @@ def costs_from_reports(reports: Sequence[dict], schedule: sim.Schedule, use: str
     # mean, stalls included), not the median
     costs = sim.Costs(
         forward=[mean[use][f"{s}F"] for s in range(stages)], **_backward_costs(mean[use], stages), latency=latency, bandwidth=bandwidth, before_compute=before, after_compute=after,
-        **_call_costs(reports), **_memory_costs(memory, stages))
+        **_call_costs(reports), **_memory_costs(memory, stages), **_grad_reduce(reports, stages))
     # how much slower a compute runs while every rank computes than while it runs alone
     slowdown = {k: med["concurrent"][k] / med["alone"][k] for k in med["alone"] if k in med["concurrent"]}
     details = {

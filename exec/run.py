@@ -4,6 +4,7 @@
     python -m exec.run --schedule gpipe --stages 2 --micro 4 --model gpt --json
     python -m exec.run --schedule 1f1b --stages 2 --micro 8 --out runs/1f1b   # trace + figures
     python -m exec.run --schedule interleaved-1f1b --stages 2 --virtual 2 --micro 4   # 2 stages per rank
+    python -m exec.run --schedule 1f1b --stages 2 --micro 4 --dp 2   # 2 pipeline replicas: 4 ranks
 
 One process per rank (gloo on CPU, or nccl with one GPU per rank) runs `--warmup` steps,
 then `--steps` measured ones; the median step is reported. The first step's loss and
@@ -14,7 +15,10 @@ modules, processes and cores of the steps, a round before each measured step
 (`exec.pipeline.run_pipeline(calibrate=1)`); `--out` keeps them as `costs.json`
 (`sim.save_costs`). `--optimizer` picks SGD (default) or AdamW; its state counts in
 every rank's static memory, measured and simulated. `--recompute full` (or `selective`,
-gpt only) recomputes activations (`exec.models.ModelSpec.recompute`).
+gpt only) recomputes activations (`exec.models.ModelSpec.recompute`). `--dp N` runs N
+pipeline replicas (stages x N ranks, gloo), each on its 1/N of the batch, with one
+gradient reduction per stage (`sim.add_grad_reduce`, after the rank's last compute, or
+after each stage's last backward with `--overlap-grad-reduce`).
 
 Exit status: 0 ok (even if the gradients do not match: read `grad_match`), 1 a rank
 failed or the run timed out, 2 bad arguments.
@@ -51,6 +55,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--micro", type=whole, default=8, help="micro-batches per step (default 8)")
     p.add_argument("--virtual", type=whole, metavar="V",
                    help="model stages (chunks) per rank: P x V stages (default: the schedule's own, 1 or 2)")
+    p.add_argument("--dp", type=whole, default=1, metavar="N",
+                   help="data-parallel pipeline replicas: P x N ranks, each replica on 1/N of the batch (default 1)")
+    p.add_argument("--overlap-grad-reduce", action="store_true",
+                   help="with --dp: reduce each stage's gradients right after its last backward, not after the "
+                        "rank's last compute (Megatron-LM's flag; the same with one stage per rank)")
     m = p.add_argument_group("model (exec.models.ModelSpec)")
     m.add_argument("--model", choices=["mlp", "gpt"], default="mlp", help="default mlp")
     m.add_argument("--balance", choices=["layers", "time"], default="layers",
@@ -58,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--layers", type=whole, help="MLP or transformer blocks")
     m.add_argument("--hidden", type=whole, help="hidden width")
     m.add_argument("--seq", type=whole, help="sequence length")
-    m.add_argument("--batch-size", type=whole, help="samples per step (a multiple of --micro)")
+    m.add_argument("--batch-size", type=whole, help="samples per step (a multiple of --dp x --micro)")
     m.add_argument("--seed", type=int, help="weights and batch seed")
     m.add_argument("--recompute", choices=list(RECOMPUTE), default="none",
                    help="activation recomputation: full = every block keeps only its input and recomputes "
@@ -113,7 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                              max_grad_diff=run.max_grad_diff)
     summary = run.summary()
     summary.update(simulated_step_s=None, error_pct=None, model=spec.model, backend=args.backend,
-                   balance=args.balance, recompute=spec.recompute)
+                   balance=args.balance, recompute=spec.recompute, cores=_cores(args))
     if comparison is not None:
         cj = comparison.as_json()
         summary.update({k: v for k, v in cj.items() if k not in summary or k in ("simulated_step_s", "error_pct")})
@@ -136,6 +145,10 @@ def _check(parser: argparse.ArgumentParser, args):
         schedule = sim.make_schedule(args.schedule, args.stages, args.micro, args.virtual)
     except sim.ScheduleError as e:
         parser.error(str(e))
+    if args.overlap_grad_reduce and args.dp == 1:
+        parser.error("--overlap-grad-reduce places the data-parallel gradient reduction; give --dp 2 or more")
+    if args.dp > 1:
+        schedule = sim.add_grad_reduce(schedule, args.overlap_grad_reduce)
     import torch
     from exec.models import ModelSpec
     from exec.pipeline import parse_fault
@@ -147,11 +160,14 @@ def _check(parser: argparse.ArgumentParser, args):
         fault = parse_fault(args.fault)
     except ValueError as e:
         parser.error(str(e))
-    if fault is not None and fault[1] >= schedule.ranks:
-        parser.error(f"--fault {args.fault} names rank {fault[1]}, but the run has ranks 0..{schedule.ranks - 1}")
-    if spec.batch_size % args.micro:
-        parser.error(f"--batch-size {spec.batch_size} does not split into --micro {args.micro} equal micro-batches; "
-                     f"choose --micro among the divisors of {spec.batch_size}")
+    world = schedule.ranks * args.dp
+    if fault is not None and fault[1] >= world:
+        parser.error(f"--fault {args.fault} names rank {fault[1]}, but the run has ranks 0..{world - 1}")
+    if spec.batch_size % (args.dp * args.micro):
+        parser.error(f"--batch-size {spec.batch_size} does not split into --dp {args.dp} x --micro {args.micro} "
+                     f"equal micro-batches; choose --dp x --micro among the divisors of {spec.batch_size}")
+    if args.dp > 1 and args.backend != "gloo":
+        parser.error("--dp runs its gradient reductions on CPU ranks (gloo) only; use --backend gloo")
     if schedule.stages > spec.num_layers:
         v = f" x V {schedule.stages // args.stages}" if schedule.stages != args.stages else ""
         parser.error(f"--stages {args.stages}{v} = {schedule.stages} model stages is more than the model's "
@@ -192,29 +208,52 @@ def _run(args, schedule, spec):
     from exec.launch import RankError
     from exec.pipeline import run_pipeline
 
-    _progress(args, f"{schedule.name} on {schedule.ranks} ranks ({args.backend}), {args.micro} micro-batches, "
+    replicas = f" x {args.dp} replicas" if args.dp > 1 else ""
+    _progress(args, f"{schedule.name} on {schedule.ranks} ranks{replicas} ({args.backend}), {args.micro} micro-batches, "
                     f"{spec.model} model, {args.optimizer}; {args.warmup} warm-up + {args.steps} measured steps")
     try:
         calibrate = 0 if args.no_compare or args.costs is not None else 1
         run = run_pipeline(spec, schedule, steps=args.steps, warmup=args.warmup, balance=args.balance,
                            backend=args.backend, timeout=args.timeout, threads=args.threads, lr=args.lr,
-                           fault=args.fault, progress=not args.quiet, calibrate=calibrate, optimizer=args.optimizer)
+                           fault=args.fault, progress=not args.quiet, calibrate=calibrate, optimizer=args.optimizer,
+                           dp=args.dp)
     except (RankError, TimeoutError) as e:
         _fail(str(e))
     return run
 
 
+def _cores(args) -> int | None:
+    """The host's cores the gloo ranks share (None for nccl: one GPU per rank)."""
+    from exec.host import host_cores
+    return len(host_cores()) if args.backend == "gloo" else None
+
+
+def _ms(xs) -> str:
+    return " ".join(f"{x * 1e3:.2f}" for x in xs)
+
+
 def _table(s: dict) -> str:
+    dp = s.get("dp", 1)
+    replicas = f" x {dp} replicas = {s['world_size']} ranks" if dp > 1 else ""
     rows = [
-        ("schedule", f"{s['schedule']}: {s['stages']} stages on {s['ranks']} ranks, {s['micro']} micro-batches"),
+        ("schedule", f"{s['schedule']}: {s['stages']} stages on {s['ranks']} ranks{replicas}, "
+                     f"{s['micro']} micro-batches"),
         ("stage layers", ", ".join(f"{a}-{b - 1}" for a, b in zip(s["bounds"], s["bounds"][1:]))),
         ("optimizer", s["optimizer"]),
         ("recompute", s.get("recompute", "none")),
         ("measured step", f"{s['measured_step_s'] * 1e3:.2f} ms (median of {len(s['step_times_s'])}; "
                           f"min {min(s['step_times_s']) * 1e3:.2f}, max {max(s['step_times_s']) * 1e3:.2f})"),
     ]
+    if s.get("grad_reduce_s") is not None:
+        cost = s.get("costs", {}).get("grad_reduce")
+        rows.append(("grad reduce (ms)", f"{_ms(s['grad_reduce_s'])} per stage measured"
+                     + (f", {_ms(cost)} calibrated" if isinstance(cost, list) else "")))
     if s.get("simulated_step_s") is not None:
         rows.append(("simulated step", f"{s['simulated_step_s'] * 1e3:.2f} ms (error {s['error_pct']:+.1f}%)"))
+        world, cores = s.get("world_size", s["ranks"]), s.get("cores")
+        if cores is not None and world > cores:
+            rows.append(("note", f"{world} ranks on {cores} cores: rule 9 (each rank on its own cores) does not "
+                                 f"hold, so measured and simulated times cannot agree; the run checks correctness"))
         rows.append(("bubble", f"{s['bubble_fraction']:.3f} measured, {s['simulated_bubble']:.3f} simulated"))
     else:
         rows.append(("bubble", f"{s['bubble_fraction']:.3f} measured"))

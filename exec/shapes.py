@@ -44,13 +44,13 @@ def infer_shapes(ctx, schedule: Schedule, stage_modules: dict[int, nn.Module],
         here, prev = schedule.rank_of(s), schedule.rank_of(s - 1) if s > 0 else None
         if here != ctx.rank:
             if prev == ctx.rank:  # we own s-1 and must tell rank `here` its input shape
-                _send_meta(metas[s - 1], here)
+                _send_meta(metas[s - 1], ctx.global_rank(here))
             continue
         if s == 0:
             x = micro_input.to(device)
         else:
             if prev != ctx.rank:
-                metas[s - 1] = _recv_meta(prev)
+                metas[s - 1] = _recv_meta(ctx.global_rank(prev))
             x = torch.zeros(metas[s - 1].shape, dtype=metas[s - 1].dtype, device=device)
         with torch.no_grad():
             y = stage_modules[s](x)

@@ -6,7 +6,9 @@
 `run_step` zeroes the gradients, starts every rank together at a barrier, runs this
 rank's `exec.interpreter.RankInterpreter`, steps the optimizer, and gathers every
 rank's trace into the same `sim.Result` the simulator produces (`source="measured"`), so
-metrics, plots and the Chrome trace work unchanged.
+metrics, plots and the Chrome trace work unchanged. With data parallelism
+(`exec.dp.ReplicaContext`) each replica's ranks get their own pipeline's `Result`, and
+the step's loss is the mean over the replicas (each the mean over its equal shard).
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from sim.kinds import KINDS, Role
 from sim.order import transfer_order
 from sim.passes import peer
 
-from .interpreter import LossFn, RankInterpreter, RankTrace, refuse_collectives, refuse_offload
+from .interpreter import LossFn, RankInterpreter, RankTrace, refuse_offload
 from .memory import static_memory
 from .shapes import TensorMeta, infer_shapes
 
@@ -59,8 +61,13 @@ def _check_step_args(ctx, schedule: Schedule, stage_modules: dict, micro_inputs:
                      micro_targets: Sequence) -> None:
     if not schedule.is_lowered and schedule.ranks > 1:
         raise ValueError(f"schedule {schedule.name!r} has no SEND/RECV actions; pass sim.lower(schedule)")
-    refuse_collectives(schedule)
     refuse_offload(schedule)
+    if schedule.has_collectives and getattr(ctx, "dp_group", None) is None:
+        raise ValueError(f"schedule {schedule.name!r} has REDUCE_GRAD actions but the rank has no data-parallel "
+                         f"group to reduce over; pass exec.dp.replica_context(ctx, pp, dp) as ctx (run_pipeline does)")
+    if schedule.has_collectives and ctx.device.type != "cpu":
+        raise ValueError(f"schedule {schedule.name!r} has REDUCE_GRAD actions, which exec runs and times on CPU "
+                         f"ranks (gloo) only; run it with backend='gloo'")
     if schedule.ranks != ctx.world_size:
         raise ValueError(f"schedule {schedule.name!r} has {schedule.ranks} ranks but "
                          f"the process group has {ctx.world_size}; launch one process per rank")
@@ -103,7 +110,8 @@ def run_step(ctx, schedule_lowered: Schedule, stage_modules: dict[int, nn.Module
     trace = interp.run()
     if optimizer is not None:
         optimizer.step()
-    traces: list[RankTrace | None] = [None] * ctx.world_size
-    dist.all_gather_object(traces, trace if record else RankTrace(ctx.rank, loss=trace.loss))
-    loss = next(t.loss for t in traces if t.loss is not None)
-    return StepResult(assemble_result(schedule_lowered, traces) if record else None, loss)
+    gathered: list[RankTrace | None] = [None] * dist.get_world_size()  # every replica's ranks
+    dist.all_gather_object(gathered, trace if record else RankTrace(ctx.rank, loss=trace.loss))
+    losses = [t.loss for t in gathered if t.loss is not None]  # one per replica: its last stage's
+    traces = [gathered[ctx.global_rank(r)] for r in range(ctx.world_size)]
+    return StepResult(assemble_result(schedule_lowered, traces) if record else None, sum(losses) / len(losses))

@@ -348,18 +348,6 @@ def test_every_kind_has_its_handler_in_the_interpreter():
         assert callable(getattr(RankInterpreter, spec.handler, None)), (kind, spec.handler)
 
 
-def test_a_schedule_with_gradient_reductions_is_refused_before_any_rank_starts():
-    """exec has no data parallelism: a REDUCE_GRAD (sim.add_grad_reduce) is refused with
-    the reason, before a process starts; the handler says the same."""
-    from exec.interpreter import RankInterpreter
-    from exec.pipeline import run_pipeline
-    schedule = sim.add_grad_reduce(sim.make_schedule("1f1b", 2, 4), overlap=True)
-    with pytest.raises(ValueError, match=r"'1f1b' has REDUCE_GRAD actions .* exec has no data parallelism"):
-        run_pipeline(ModelSpec(layers=4, hidden=32, seq=8, batch_size=8), schedule, timeout=30)
-    with pytest.raises(ValueError, match="no data-parallel process group"):
-        RankInterpreter.reduce_grad(type("R", (), {"schedule": schedule})(), Action(0, Kind.REDUCE_GRAD, 0))
-
-
 # ---------------------------------------------------------------------------- the command line
 
 SMALL = ["--layers", "4", "--hidden", "32", "--seq", "8", "--batch-size", "8", "--micro", "4"]
@@ -441,6 +429,10 @@ def test_cli_under_torchrun_reports_once(tmp_path):
     (["--optimizer", "adam"], "--optimizer"),
     (["--fault", "raise:7"], "names rank 7"),
     (["--out", __file__], "is a file"),
+    (["--dp", "0"], "--dp"),
+    (["--dp", "3", "--micro", "4", "--batch-size", "8"], "does not split into --dp 3 x --micro 4"),
+    (["--dp", "2", "--fault", "raise:4"], "names rank 4"),
+    (["--overlap-grad-reduce"], "give --dp 2 or more"),
 ])
 def test_cli_bad_arguments_exit_2_with_one_line(args, says, capsys):
     from exec.run import main
@@ -453,13 +445,16 @@ def test_cli_bad_arguments_exit_2_with_one_line(args, says, capsys):
 
 def test_more_ranks_than_cores_calibrate_with_a_warning():
     """Three ranks calibrate (ranks 0 and 1 time the transport without the third one) and
-    the run says at its start, in one line, that it has more ranks than cores."""
+    the run says at its start, in one line, that it has more ranks than cores, and its
+    table says it again beside the simulated step."""
     p = _cli("--schedule", "1f1b", "--stages", "3", *SMALL, "--steps", "1", "--warmup", "0", "--json",
              "--timeout", "150", timeout=200)
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["grad_match"] is True
     warned = [line for line in p.stderr.splitlines() if "ranks share" in line]
     assert len(warned) == (1 if len(host_cores()) < 3 else 0)
+    noted = [line for line in p.stderr.splitlines() if line.startswith("note") and "rule 9" in line]
+    assert len(noted) == len(warned)  # and the table says so beside the simulated step
 
 
 def test_a_silent_rank_gets_a_progress_line_every_few_seconds():

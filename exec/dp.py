@@ -1,0 +1,192 @@
+"""Data parallelism: pp x dp ranks in Megatron-LM's order, a replica's view of its pipeline, its shard of the batch, and the gradient reduction on a collective stream.
+
+    >>> grid = Grid(pp=2, dp=2)
+    >>> [grid.rank(p, d) for p in range(2) for d in range(2)]   # (pipeline rank, replica) -> world rank
+    [0, 1, 2, 3]
+    >>> grid.dp_ranks(1), grid.pipe_ranks(1)                    # a data-parallel group, a pipeline
+    ([2, 3], [1, 3])
+
+A run of `dp` pipeline replicas of `pp` ranks each has `pp * dp` processes. They are
+numbered as `sim.estimate.Layout` numbers them (Megatron-LM's default order, with tp = 1):
+the data-parallel index fastest, then the pipeline rank, so world rank = pipeline rank *
+dp + replica. The ranks that hold the same pipeline position in every replica form one
+data-parallel process group (`torch.distributed.new_group`); all the stages a rank hosts
+reduce over it (docs/rules.md, rule 13).
+
+`ReplicaContext` is what a rank of a replica passes where `exec` takes a rank context
+(`exec.launch.RankContext`): its `rank` and `world_size` are its pipeline's (the schedule's
+rank and rank count), `global_rank(r)` maps pipeline rank r of this replica to the world
+rank that point-to-point calls name, and `dp_group` is its data-parallel group.
+
+`CollectiveStream` is a rank's one collective stream: REDUCE_GRAD's all-reduce, issued
+asynchronously (`async_op=True`), runs on gloo's own threads while the rank goes on with
+its program; the next one is handed to gloo when the one before it has ended (gloo runs
+up to two collectives of a group at once on its two threads; the rule is one at a time,
+first issued first served). Its marks are the rule's: a reduction starts at the later of
+its issue and the end of the one before it, and ends when gloo completes its future.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["Grid", "ReplicaContext", "replica_context", "shard", "CollectiveStream", "Reduction",
+           "check_dp"]
+
+
+def check_dp(dp: int, batch_size: int, micro: int) -> None:
+    """Raise ValueError unless `dp` is a positive integer and the batch splits into dp
+    shards of `micro` equal micro-batches each."""
+    if isinstance(dp, bool) or not isinstance(dp, int) or dp < 1:
+        raise ValueError(f"dp must be an integer >= 1 (the number of pipeline replicas), got {dp!r}")
+    if batch_size % (dp * micro):
+        raise ValueError(f"the batch of {batch_size} samples does not split into dp x micro = {dp} x {micro} "
+                         f"equal micro-batches; choose dp x micro among the divisors of {batch_size}")
+
+
+@dataclass(frozen=True)
+class Grid:
+    """The world of a pp x dp run (tensor parallelism 1): world rank = pipeline rank * dp + replica."""
+
+    pp: int
+    dp: int
+
+    @property
+    def world_size(self) -> int:
+        return self.pp * self.dp
+
+    def rank(self, pipe_rank: int, replica: int) -> int:
+        """The world rank of pipeline rank `pipe_rank` in replica `replica`."""
+        return pipe_rank * self.dp + replica
+
+    def coords(self, rank: int) -> tuple[int, int]:
+        """World rank -> (pipeline rank, replica)."""
+        return divmod(rank, self.dp)
+
+    def dp_ranks(self, pipe_rank: int) -> list[int]:
+        """The world ranks of one data-parallel group: pipeline position `pipe_rank` in every replica."""
+        return [self.rank(pipe_rank, d) for d in range(self.dp)]
+
+    def pipe_ranks(self, replica: int) -> list[int]:
+        """The world ranks of replica `replica`'s pipeline, in pipeline order."""
+        return [self.rank(p, replica) for p in range(self.pp)]
+
+
+@dataclass(frozen=True)
+class ReplicaContext:
+    """A rank as its pipeline replica sees it (see the module docstring)."""
+
+    rank: int              # pipeline rank: the schedule's
+    world_size: int        # pp: the schedule's ranks
+    replica: int
+    dp: int
+    world_rank: int
+    local_rank: int
+    backend: str
+    cores: tuple[int, ...] | None
+    dp_group: Any          # the torch.distributed group of this pipeline position
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device(f"cuda:{self.local_rank}") if self.backend == "nccl" else torch.device("cpu")
+
+    def global_rank(self, pipe_rank: int) -> int:
+        """The world rank of pipeline rank `pipe_rank` of this replica."""
+        return Grid(self.world_size, self.dp).rank(pipe_rank, self.replica)
+
+
+def replica_context(ctx, pp: int, dp: int) -> ReplicaContext:
+    """This rank's `ReplicaContext` in a run of `dp` replicas of `pp` ranks. Every rank of
+    the world calls it at once: it makes every data-parallel group (`new_group` is a
+    collective of the whole world, called for every group in the same order)."""
+    grid = Grid(pp, dp)
+    if ctx.world_size != grid.world_size:
+        raise ValueError(f"pp={pp} x dp={dp} needs {grid.world_size} ranks, but the process group has "
+                         f"{ctx.world_size}; launch pp * dp processes")
+    pipe_rank, replica = grid.coords(ctx.rank)
+    groups = [dist.new_group(grid.dp_ranks(p)) for p in range(pp)]
+    return ReplicaContext(pipe_rank, pp, replica, dp, ctx.rank, ctx.local_rank, ctx.backend, ctx.cores,
+                          groups[pipe_rank])
+
+
+def shard(inputs: torch.Tensor, targets: torch.Tensor, dp: int, replica: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Replica `replica`'s contiguous 1/dp of the batch (samples [replica * n/dp, (replica+1) * n/dp))."""
+    n = inputs.shape[0]
+    if n % dp:
+        raise ValueError(f"the batch of {n} samples does not split into dp={dp} equal shards")
+    size = n // dp
+    return inputs[replica * size:(replica + 1) * size], targets[replica * size:(replica + 1) * size]
+
+
+class Reduction:
+    """One REDUCE_GRAD in flight: the stage's gradients flattened into one buffer (a
+    bucket), averaged over the data-parallel group, and its clock marks."""
+
+    def __init__(self, action, params: Sequence[torch.nn.Parameter], issued):
+        self.action, self.params, self.issued = action, list(params), issued
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        self.buffer = torch.cat([g.reshape(-1) for g in grads]) if grads else torch.zeros(0)
+        self.start = self.end = None
+        self.done = torch.futures.Future()
+
+    def finish(self) -> None:
+        """Wait for the all-reduce, then point each gradient at its slice of the averaged
+        buffer (no copy back, as DDP's `gradient_as_bucket_view`)."""
+        self.done.wait()
+        offset = 0
+        for p in self.params:
+            n = p.numel()
+            p.grad = self.buffer[offset:offset + n].view_as(p)
+            offset += n
+
+
+class CollectiveStream:
+    """A rank's one collective stream over its data-parallel `group` (of `size` ranks):
+    reductions run one at a time, in the order issued, beside the rank's compute.
+    `clock` gives the marks (a CPU clock: gloo's threads take them)."""
+
+    def __init__(self, group, size: int, clock):
+        self.group, self.size, self.clock = group, size, clock
+        self.tail: torch.futures.Future | None = None
+        self.inflight: list[Reduction] = []
+
+    def issue(self, action, params: Sequence[torch.nn.Parameter]) -> Reduction:
+        """Flatten the gradients of `params` and queue their average over the group; the
+        caller goes on at once."""
+        r = Reduction(action, params, self.clock.mark())
+        r.buffer.div_(self.size)  # sum of the 1/dp shares = the mean (gloo has no ReduceOp.AVG), as DDP's hook
+
+        def start(_=None) -> None:
+            try:
+                r.start = self.clock.mark()
+                work = dist.all_reduce(r.buffer, group=self.group, async_op=True)
+                work.get_future().then(end)
+            except Exception as e:  # noqa: BLE001 - the rank's wait raises it
+                r.done.set_exception(e)
+
+        def end(fut) -> None:
+            r.end = self.clock.mark()
+            try:
+                fut.wait()
+            except Exception as e:  # noqa: BLE001
+                r.done.set_exception(e)
+                return
+            r.done.set_result(None)
+
+        before, self.tail = self.tail, r.done
+        if before is None or before.done():
+            start()
+        else:  # the one before it is still on the stream: hand this one to gloo when it ends
+            before.then(start)
+        self.inflight.append(r)
+        return r
+
+    def finish_all(self) -> list[Reduction]:
+        """Wait for every reduction issued (in issue order) and return them."""
+        done, self.inflight, self.tail = self.inflight, [], None
+        for r in done:
+            r.finish()
+        return done
