@@ -61,6 +61,11 @@ TOP = 10
 # Every schedule but zb-auto, whose own search simulates dozens of candidate steps for each
 # one it builds (minutes for pp=64 and hundreds of micro-batches); name it to include it.
 DEFAULT_SCHEDULES = tuple(name for name in SCHEDULES if name != "zb-auto")
+_MEMORY = "static memory over the GPU's (bound, not simulated)"
+_TIGHTER = ("time", "schedule_time")  # the `Bounds` asked in turn after `average`
+_LEFT = ("step-time bound (average device) above the top's (not simulated)",  # by the level they reached
+         "step-time bound (path per device) above the top's (not simulated)",
+         "schedule's step-time bound above the top's (not simulated)")
 
 
 @dataclass(frozen=True)
@@ -300,27 +305,36 @@ def search(model: Transformer | str, gpu: GPU | str, gpus: int, global_batch: in
         raise ValueError(f"the search has {len(configs)} configurations, more than max_configs={max_configs}; "
                          f"narrow it (tp, pp, micro_batch, schedules, recompute, zero) or raise max_configs")
     bounds = Bounds(m, g, global_batch, precision, gpus_per_node, partition)
+    cap = math.inf if max_step_time is None else max_step_time
+    # Best first: a heap of (step-time bound, enumeration index, level); a configuration's
+    # bound is tightened level by level (_TIGHTER) as it comes up, and it is simulated
+    # once its tightest bound still comes first.
     queue = []
-    for c in configs:
-        if bounds.memory(c) > g.memory:
-            dropped["static memory over the GPU's (bound, not simulated)"] += 1
-        elif max_step_time is not None and bounds.time(c) > max_step_time:
-            dropped["step-time bound over max_step_time (not simulated)"] += 1
+    for i, c in enumerate(configs):
+        if bounds.static_average(c) > g.memory:
+            dropped[_MEMORY] += 1
         else:
-            queue.append((bounds.time(c), c))
-    queue.sort(key=lambda q: q[0])
+            queue.append((bounds.average(c), i, 0))
+    heapq.heapify(queue)
     done, total = len(configs) - len(queue), len(configs)
-    best: list[tuple[float, int, Row]] = []   # a max-heap (negated) of the `top` fastest that fit
+    best: list[tuple[float, int, Row]] = []   # a max-heap of the `top` fastest that fit, by (step time, index)
     points: list[Row] = []
-    for i, (bound, c) in enumerate(queue):
-        if top is not None and len(best) == top and bound > -best[0][0]:
-            dropped["step-time bound above the top's (not simulated)"] += len(queue) - i
+    while queue:
+        bound, i, level = queue[0]
+        full = top is not None and len(best) == top
+        limit = min(-best[0][0] if full else math.inf, cap)
+        if bound > limit:  # and so are all the others' bounds: none can enter the top
+            dropped.update(_LEFT[lv] for _, _, lv in queue)
+            done = total
             break
-        limit = min(-best[0][0] if top is not None and len(best) == top else math.inf,
-                    math.inf if max_step_time is None else max_step_time)
-        if limit < math.inf and bounds.schedule_time(c) > limit:
-            dropped["schedule's step-time bound above the top's (not simulated)"] += 1
+        heapq.heappop(queue)
+        c = configs[i]
+        if level == 0 and bounds.memory(c) > g.memory:
+            dropped[_MEMORY] += 1
             done += 1
+            continue
+        if level < len(_TIGHTER) and (level == 0 or limit < math.inf):
+            heapq.heappush(queue, (max(bound, getattr(bounds, _TIGHTER[level])(c)), i, level + 1))
             continue
         try:
             e = estimate(m, g, precision=precision, gpus_per_node=gpus_per_node, partition=partition,
@@ -340,11 +354,11 @@ def search(model: Transformer | str, gpu: GPU | str, gpus: int, global_batch: in
         kept = _row(c, e, keep=top is not None)  # with top=None the rows do not keep their steps
         if top is None or len(best) < top:
             heapq.heappush(best, (-row.step_time, -i, kept))
-        elif row.step_time < -best[0][0]:
+        elif (-row.step_time, -i) > best[0][:2]:  # faster, or as fast and enumerated first
             heapq.heapreplace(best, (-row.step_time, -i, kept))
     if progress is not None:
         progress(total, total)
-    rows = sorted((r for _, _, r in best), key=lambda r: (r.step_time, r.peak_memory))
+    rows = [r for _, _, r in sorted(best, key=lambda b: (-b[0], b[2].peak_memory, -b[1])) if r.step_time <= cap]
     if rows and rows[0].estimate is None:  # the best keeps its step, for the figures
         rows[0] = _row(rows[0].config, estimate(m, g, precision=precision, gpus_per_node=gpus_per_node,
                                                  partition=partition, global_batch=global_batch,
