@@ -311,7 +311,7 @@ def search(model: Transformer | str, gpu: GPU | str, gpus: int, global_batch: in
     # once its tightest bound still comes first.
     queue = []
     for i, c in enumerate(configs):
-        if bounds.static_average(c) > g.memory:
+        if bounds.memory_average(c) > g.memory:
             dropped[_MEMORY] += 1
         else:
             queue.append((bounds.average(c), i, 0))

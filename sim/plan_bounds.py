@@ -105,23 +105,29 @@ class Bounds:
             self._shape[key] = _shape(self.m, key)
         return self._shape[key]
 
-    def static_average(self, c: Config) -> float:
-        """The average device's weights, gradients and optimizer state: the stages'
-        parameters sum to the model's over tp. No schedule needed."""
+    def _activations(self, c: Config) -> float:
+        """One micro-batch's activations of one layer on one GPU."""
+        return self.m.activation_bytes_per_layer(c.micro_batch, c.tp, c.sequence_parallel, c.recompute) \
+            * precision_bytes(self.precision) / 2
+
+    def memory_average(self, c: Config) -> float:
+        """The average device's weights, gradients and optimizer state (the stages'
+        parameters sum to the model's over tp) and, with the even split, one micro-batch's
+        activations of the fewest layers a stage has (a device holds at least the one its
+        forward takes in). No schedule needed: the pp * V stages are known."""
         per = sum(state_bytes_per_param(self.precision, c.zero, c.dp).values())
-        return self.params.total / (c.tp * c.pp) * per
+        fewest = self.m.layers // (c.pp * c.virtual) if self.even else 0
+        return self.params.total / (c.tp * c.pp) * per + fewest * self._activations(c)
 
     def memory(self, c: Config) -> float:
         """The fullest device holds at least its stages' weights, gradients and optimizer
         state (`sim.estimate.stage_params`, `sim.footprint`) and, at its peak, its most
         chunks held times its smallest chunk's activations."""
-        average = self.static_average(c)
+        average = self.memory_average(c)
         if not self.even or average > self.g.memory:
             return average
         per = sum(state_bytes_per_param(self.precision, c.zero, c.dp).values())
-        sh = self.shape(c)
-        act = self.m.activation_bytes_per_layer(c.micro_batch, c.tp, c.sequence_parallel, c.recompute) \
-            * precision_bytes(self.precision) / 2
+        sh, act = self.shape(c), self._activations(c)
         static = sh.per_device([p * per for p in stage_params(self.m, sh.layers, c.tp, sh.schedule.placement)])
         smallest = sh.per_device([n * act for n in sh.layers], min)
         return max(s + h * a for s, h, a in zip(static, sh.held, smallest))
