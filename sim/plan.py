@@ -228,12 +228,14 @@ def layouts(m: Transformer, gpus: int, global_batch: int, *, tp=None, pp=None, m
 def _schedule_chunks(m: Transformer, pp: int, micro: int, names: Sequence[str], max_virtual: int,
                      virtual, dropped: Counter) -> list[tuple[str, int]]:
     """(schedule, V) pairs that the schedule accepts for pp devices and `micro` micro-batches."""
-    if pp == 1:
-        return [("1f1b", 1)] if "1f1b" in names or not names else [(names[0], 1)]
+    if pp == 1:  # gradient accumulation whatever the schedule: one of them, V = 1 (if it takes that)
+        names = ["1f1b"] if "1f1b" in names or not names else names[:1]
     out = []
     for name in names:
         gen = SCHEDULES[name]
-        if virtual is not None:
+        if pp == 1:
+            vs = [1]
+        elif virtual is not None:
             vs = _choices("virtual", virtual, [])
         elif name in ("interleaved-1f1b", "looped-bfs"):
             vs = [v for v in range(2, max_virtual + 1) if m.layers % (pp * v) == 0]
