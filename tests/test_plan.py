@@ -127,7 +127,8 @@ def problems(draw):
 def test_bounds_never_exceed_the_estimate_of_random_layouts(problem, precision, partition, rnd):
     """Each bound, on a few configurations of a random problem's space (zb-auto, built
     under the run's own costs, included): the memory bounds at most the estimate's peak,
-    each step-time bound at least the one before it and at most the estimate's step."""
+    each step-time bound at least the one before it and at most the estimate's step; the
+    path bound the step itself where there is one device."""
     m, gpu, gpus, batch, per_node = problem
     configs = [c for c in plan.configurations(m, gpus, batch, schedules=list(sim.SCHEDULES), gpus_per_node=per_node,
                                               max_micro_batch=4)
@@ -141,6 +142,8 @@ def test_bounds_never_exceed_the_estimate_of_random_layouts(problem, precision, 
             continue
         assert bounds.memory_average(c) <= bounds.memory(c) <= max(e.peak_memory) * (1 + 1e-9), c
         assert bounds.average(c) <= bounds.time(c) <= bounds.schedule_time(c) <= e.step_time * (1 + 1e-9), c
+        if c.pp == 1:  # one device: the path is all its computes, then its reduction: the step itself
+            assert bounds.time(c) == pytest.approx(e.step_time, rel=1e-9), c
 
 
 @settings(max_examples=25, deadline=None)
