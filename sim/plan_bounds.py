@@ -48,7 +48,8 @@ class _Shape:
     """What the bounds need of a schedule: its placement, layers per stage (the even
     split), the stages of each device, micro-batch chunks held per device, whether it
     splits the backward, its compute actions per stage by kind, and the kind of each
-    device's last compute (None where the estimate may build another order)."""
+    device's last compute. Where the estimate may build another order (zb-auto), held is 1
+    and the last kind None."""
     schedule: Schedule
     layers: list[int]
     stages_of: list[list[int]]
@@ -68,8 +69,11 @@ def _shape(m: Transformer, key: tuple) -> _Shape:
         for a in prog:
             counts[a.stage][a.kind] += 1
     stages_of = [[s for s, r in enumerate(sched.placement) if r == d] for d in range(sched.ranks)]
-    last = [None if key[0] in _COST_DEPENDENT else prog[-1].kind for prog in sched.programs]
-    return _Shape(sched, even(m.layers, sched.stages), stages_of, held(sched), bool(any(c[Kind.I] for c in counts)),
+    if key[0] in _COST_DEPENDENT:  # the estimate's order may differ: only what every order has
+        last, most = [None] * sched.ranks, [1] * sched.ranks
+    else:
+        last, most = [prog[-1].kind for prog in sched.programs], held(sched)
+    return _Shape(sched, even(m.layers, sched.stages), stages_of, most, bool(any(c[Kind.I] for c in counts)),
                   counts, last)
 
 
