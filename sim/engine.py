@@ -374,9 +374,10 @@ def simulate(schedule: Schedule, costs: Costs | None = None, durations: Mapping[
         # compute's or collective's end: every transfer feeds a compute that starts after it arrives.
         t0 = min((record.start[prog[0].index] if prog[0].role is _COMPUTE else 0.0
                   for prog in record.plan.programs if prog), default=0.0)
-        makespan = max(max(record.end, default=0.0), max(record.collective_end, default=0.0)) - t0
+        computed = max(record.end, default=0.0)
+        makespan = max(computed, max(record.collective_end, default=0.0)) - t0
         return Result(lowered or (lambda: lower(schedule)), record.events, memory, activations,
-                      makespan=makespan, busy=busy, t0=t0)
+                      makespan=makespan, busy=busy, t0=t0, compute_end=computed)
     finally:
         if collecting:
             gc.enable()

@@ -135,7 +135,7 @@ def estimate(model: Transformer | str, gpu: GPU | str = "a100-80gb", *, tp: int 
     splits = Counter(a.stage for prog in sched.programs for a in prog if a.kind is Kind.I)
     parts["tp_collectives"] += sum(n * layers[s] for s, n in splits.items()) * (
         lt.backward_input + lt.backward_weight - lt.backward) / pp
-    computed = max(e.end for e in result.events if e.is_compute)  # the last compute's end
+    computed = result.compute_end  # the last compute's end
     busy = sum(result.busy()) / pp
     waits = sum(reload_waits(result)) / pp if lay.offload else 0.0  # backwards waiting for their RELOAD
     parts.update(pipeline_bubble=computed - busy - waits, grad_reduce=result.makespan - computed, optimizer=opt)

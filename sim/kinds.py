@@ -267,11 +267,19 @@ def program_peak(program, costs) -> float:
     order), from the order alone: a device computes one action at a time, and each takes or
     gives back its bytes at its start or end as this table says (`costs`: a
     `sim.costs.StageCosts`). No simulation is needed."""
+    delta = {}  # (stage, kind) -> its bytes at the start and at the end, worked out once
     held = peak = 0.0
     for a in program:
-        for at in ("start", "end"):
-            held += memory_delta(a.kind, at, costs, a.stage)
-            peak = max(peak, held)
+        d = delta.get((a.stage, a.kind))
+        if d is None:
+            d = delta[a.stage, a.kind] = (memory_delta(a.kind, "start", costs, a.stage),
+                                          memory_delta(a.kind, "end", costs, a.stage))
+        held += d[0]
+        if held > peak:
+            peak = held
+        held += d[1]
+        if held > peak:
+            peak = held
     return peak
 
 

@@ -12,25 +12,27 @@ the chunks V it takes (interleaved-1f1b and looped-bfs: each V of 2..`max_virtua
 pp*V dividing the layers, as Megatron-LM requires); recompute none, selective, full; ZeRO 0-3
 (1-3 only where dp > 1, 3 only where pp = 1, as `sim.estimate` allows); sequence
 parallelism off and on (on only where tp > 1). With pp = 1 every schedule is gradient
-accumulation over the micro-batches, so only 1f1b is tried. zb-auto is searched only when
-named (`schedules`): its own search simulates dozens of steps for each one it builds; it is
-built as `sim.estimate` builds it, the heuristic under unit costs (F = I = W).
+accumulation over the micro-batches, so only one is tried: 1f1b (or, where it is not named,
+the first named, with V = 1 if it takes that). zb-auto is searched only when named
+(`schedules`): its own search simulates dozens of steps for each one it builds.
 
-Each configuration is then checked by `sim.estimate`, which simulates its step. To keep a
-search of thousands of configurations within seconds, two lower bounds drop configurations
-before they are simulated; neither can drop one that would have ranked (tests check both
-bounds against the estimate over many layouts):
+Each configuration is then checked by `sim.estimate`, which simulates its step; the rows are
+the `top` that fit with the shortest steps (the first enumerated on a tie), shown by step
+time, then peak memory. To keep a search of thousands of configurations within seconds,
+lower bounds (`sim.plan_bounds`) drop configurations before they are simulated; none can
+drop one that would have ranked (tests check each against the estimate, and the search
+against an exhaustive loop):
 
-- memory: a device holds at least the average, over the pp devices, of the weights,
-  gradients and optimizer state (`sim.footprint`, ZeRO included) of the model's parameters
-  over tp, plus one micro-batch's activations of the fewest layers a chunk has (even split);
-  a configuration whose bound exceeds the GPU's memory cannot fit.
-- time: a device runs its computes one after another, so the step lasts at least the
-  average over the pp devices of the micro-batches' forward and backward of all layers
-  (`sim.layer`: F + B, the backward's all-reduces hidden as in B; a split I + W is never
-  shorter), plus the optimizer step over the average device's share. Configurations are
-  simulated in the order of this bound; once it exceeds the `top`-th best step time found
-  among those that fit, no later one can enter the top, and the search stops.
+- memory: the average device's weights, gradients and optimizer state plus one stage's
+  activations, then, with the schedule, each device's stages' and its most micro-batches
+  held at once; a configuration whose bound exceeds the GPU's memory cannot fit.
+- time, from the cheapest to the tightest: the average device's computes one after another;
+  a path per device through the step's dependencies (the forward up to its first stage,
+  all its computes, then the backward down or its gradient reductions); the schedule's
+  makespan under unit costs. The search is best first: configurations wait in a heap by
+  their bound, a bound is tightened as its configuration comes to the front, and it is
+  simulated when its tightest bound still comes first. Once the front's bound exceeds the
+  `top`-th best step found (or `max_step_time`), so do all the others', and the search stops.
 """
 from __future__ import annotations
 
@@ -61,6 +63,14 @@ TOP = 10
 # Every schedule but zb-auto, whose own search simulates dozens of candidate steps for each
 # one it builds (minutes for pp=64 and hundreds of micro-batches); name it to include it.
 DEFAULT_SCHEDULES = tuple(name for name in SCHEDULES if name != "zb-auto")
+_MEMORY = "static memory over the GPU's (bound, not simulated)"
+# The bounds add the estimate's own numbers in another order than the simulation does, and
+# some (pp = 1) are exact: one may come out above the value it bounds by a rounding error.
+_ROUNDING = 1e-9
+_TIGHTER = ("time", "schedule_time")  # the `Bounds` asked in turn after `average`
+_LEFT = ("step-time bound (average device) above the top's (not simulated)",  # by the level they reached
+         "step-time bound (path per device) above the top's (not simulated)",
+         "schedule's step-time bound above the top's (not simulated)")
 
 
 @dataclass(frozen=True)
@@ -223,12 +233,14 @@ def layouts(m: Transformer, gpus: int, global_batch: int, *, tp=None, pp=None, m
 def _schedule_chunks(m: Transformer, pp: int, micro: int, names: Sequence[str], max_virtual: int,
                      virtual, dropped: Counter) -> list[tuple[str, int]]:
     """(schedule, V) pairs that the schedule accepts for pp devices and `micro` micro-batches."""
-    if pp == 1:
-        return [("1f1b", 1)] if "1f1b" in names or not names else [(names[0], 1)]
+    if pp == 1:  # gradient accumulation whatever the schedule: one of them, V = 1 (if it takes that)
+        names = ["1f1b"] if "1f1b" in names or not names else names[:1]
     out = []
     for name in names:
         gen = SCHEDULES[name]
-        if virtual is not None:
+        if pp == 1:
+            vs = [1]
+        elif virtual is not None:
             vs = _choices("virtual", virtual, [])
         elif name in ("interleaved-1f1b", "looped-bfs"):
             vs = [v for v in range(2, max_virtual + 1) if m.layers % (pp * v) == 0]
@@ -272,6 +284,38 @@ def configurations(m: Transformer, gpus: int, global_batch: int, *, schedules=No
 
 # ----------------------------------------------------------------------------- the search
 
+def _best_first(configs: list[Config], bounds: Bounds, memory: float, limit: Callable[[], float],
+                dropped: Counter) -> Iterator[tuple[int, Config, int]]:
+    """Yield (index, configuration, how many still wait) in the order of their step-time
+    bounds, each once its tightest bound still comes first, until the next bound exceeds
+    `limit()`: then so do all the others', and they are dropped. A heap of (bound, index,
+    level): a configuration enters with `Bounds.average` (if its schedule-free memory bound
+    fits), and as it comes to the front its memory is bounded with its schedule and its
+    step-time bound tightened, one level of `_TIGHTER` at a time."""
+    memory *= 1 + _ROUNDING
+    queue = []
+    for i, c in enumerate(configs):
+        if bounds.memory_average(c) > memory:
+            dropped[_MEMORY] += 1
+        else:
+            queue.append((bounds.average(c), i, 0))
+    heapq.heapify(queue)
+    while queue:
+        bound, i, level = queue[0]
+        if bound > limit() * (1 + _ROUNDING):
+            dropped.update(_LEFT[lv] for _, _, lv in queue)
+            return
+        heapq.heappop(queue)
+        c = configs[i]
+        if level == 0 and bounds.memory(c) > memory:
+            dropped[_MEMORY] += 1
+        elif level < len(_TIGHTER) and (level == 0 or limit() < math.inf):
+            # (the unit-cost simulation only once there is a limit to compare it with)
+            heapq.heappush(queue, (max(bound, getattr(bounds, _TIGHTER[level])(c)), i, level + 1))
+        else:
+            yield i, c, len(queue)
+
+
 def _row(c: Config, e: Estimate, keep: bool) -> Row:
     return Row(c, e.layout.micro_batches, e.step_time, e.tflops_per_gpu, e.mfu, e.bubble_fraction,
                max(e.peak_memory), e.fits, e if keep else None)
@@ -283,7 +327,7 @@ def search(model: Transformer | str, gpu: GPU | str, gpus: int, global_batch: in
            progress: Callable[[int, int], None] | None = None, **limits) -> Plan:
     """Search the layouts of `gpus` GPUs for a step of `global_batch` sequences of `model`
     (see the module's docstring); return the `top` fastest that fit (all with top=None),
-    skipping those whose time bound exceeds `max_step_time`. `limits` narrow the space:
+    only those at most `max_step_time` if it is given. `limits` narrow the space:
     tp, pp, micro_batch, schedules, virtual, recompute, zero, sequence_parallel (each one
     value or a list), max_micro_batch, max_virtual. `progress(done, total)` is called as
     configurations are settled. Raises ValueError naming the fix for what cannot run."""
@@ -300,28 +344,16 @@ def search(model: Transformer | str, gpu: GPU | str, gpus: int, global_batch: in
         raise ValueError(f"the search has {len(configs)} configurations, more than max_configs={max_configs}; "
                          f"narrow it (tp, pp, micro_batch, schedules, recompute, zero) or raise max_configs")
     bounds = Bounds(m, g, global_batch, precision, gpus_per_node, partition)
-    queue = []
-    for c in configs:
-        if bounds.memory(c) > g.memory:
-            dropped["static memory over the GPU's (bound, not simulated)"] += 1
-        elif max_step_time is not None and bounds.time(c) > max_step_time:
-            dropped["step-time bound over max_step_time (not simulated)"] += 1
-        else:
-            queue.append((bounds.time(c), c))
-    queue.sort(key=lambda q: q[0])
-    done, total = len(configs) - len(queue), len(configs)
-    best: list[tuple[float, int, Row]] = []   # a max-heap (negated) of the `top` fastest that fit
+    cap = math.inf if max_step_time is None else max_step_time
+    best: list[tuple[float, int, Row]] = []   # a max-heap of the `top` fastest that fit, by (step time, index)
     points: list[Row] = []
-    for i, (bound, c) in enumerate(queue):
-        if top is not None and len(best) == top and bound > -best[0][0]:
-            dropped["step-time bound above the top's (not simulated)"] += len(queue) - i
-            break
-        limit = min(-best[0][0] if top is not None and len(best) == top else math.inf,
-                    math.inf if max_step_time is None else max_step_time)
-        if limit < math.inf and bounds.schedule_time(c) > limit:
-            dropped["schedule's step-time bound above the top's (not simulated)"] += 1
-            done += 1
-            continue
+
+    def limit() -> float:
+        """The step time a configuration must not exceed to enter the rows."""
+        return min(-best[0][0] if top is not None and len(best) == top else math.inf, cap)
+
+    total = len(configs)
+    for i, c, waiting in _best_first(configs, bounds, g.memory, limit, dropped):
         try:
             e = estimate(m, g, precision=precision, gpus_per_node=gpus_per_node, partition=partition,
                          global_batch=global_batch, **c.kwargs())
@@ -329,9 +361,8 @@ def search(model: Transformer | str, gpu: GPU | str, gpus: int, global_batch: in
             dropped[f"refused by the estimate: {str(err).splitlines()[0][:60]}"] += 1
             continue
         finally:
-            done += 1
             if progress is not None:
-                progress(done, total)
+                progress(total - waiting, total)
         row = _row(c, e, keep=False)
         points.append(row)
         if not row.fits:
@@ -340,11 +371,11 @@ def search(model: Transformer | str, gpu: GPU | str, gpus: int, global_batch: in
         kept = _row(c, e, keep=top is not None)  # with top=None the rows do not keep their steps
         if top is None or len(best) < top:
             heapq.heappush(best, (-row.step_time, -i, kept))
-        elif row.step_time < -best[0][0]:
+        elif (-row.step_time, -i) > best[0][:2]:  # faster, or as fast and enumerated first
             heapq.heapreplace(best, (-row.step_time, -i, kept))
     if progress is not None:
         progress(total, total)
-    rows = sorted((r for _, _, r in best), key=lambda r: (r.step_time, r.peak_memory))
+    rows = [r for _, _, r in sorted(best, key=lambda b: (-b[0], b[2].peak_memory, -b[1])) if r.step_time <= cap]
     if rows and rows[0].estimate is None:  # the best keeps its step, for the figures
         rows[0] = _row(rows[0].config, estimate(m, g, precision=precision, gpus_per_node=gpus_per_node,
                                                  partition=partition, global_batch=global_batch,

@@ -1,23 +1,27 @@
 """Lower bounds on a planned configuration's peak memory and step time, for `sim.plan`.
 
-Neither can exceed what `sim.estimate` predicts (docs/planner.md, "Planner", says why;
+None can exceed what `sim.estimate` predicts (docs/planner.md, "Planner", says why;
 tests/test_plan.py checks them against the estimate of every configuration of an exhaustive
-search): `sim.plan` drops a configuration whose memory bound exceeds the GPU's memory, and
-stops simulating once the step-time bound exceeds the best steps it keeps.
+search, and of random small ones): `sim.plan` drops a configuration whose memory bound
+exceeds the GPU's memory, and stops simulating once the step-time bound of every
+configuration left exceeds the best steps it keeps. From the cheapest to the tightest:
+`average` (no schedule needed), `time` (a path through the step's dependencies, one per
+device) and `schedule_time` (a simulation of the schedule under unit costs).
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
-from .costs import Costs
+from .costs import Costs, StageCosts
 from .engine import simulate
-from .estimate import stage_params
+from .estimate import Layout, _ends, _partition, _stage_costs, optimizer_time, stage_params
 from .footprint import optimizer_step_bytes, state_bytes_per_param
 from .gpus import GPU
 from .ir import Schedule
 from .kernels import memory_time, precision_bytes
-from .kinds import Kind, program_peak
+from .kinds import KINDS, Kind, program_peak
 from .layer import Slice, layer_times
 from .partition import even
 from .schedules import make_schedule
@@ -25,6 +29,10 @@ from .transformer import Transformer
 
 if TYPE_CHECKING:
     from .plan import Config
+
+# Schedules that `sim.estimate` builds under the run's own costs (`sim.estimate._schedule`):
+# the unit-cost one built here may order their actions otherwise.
+_COST_DEPENDENT = ("zb-auto",)
 
 
 def held(schedule: Schedule) -> list[int]:
@@ -38,36 +46,58 @@ def held(schedule: Schedule) -> list[int]:
 @dataclass(frozen=True)
 class _Shape:
     """What the bounds need of a schedule: its placement, layers per stage (the even
-    split), the stages of each device, micro-batch chunks held per device, and whether it
-    splits the backward."""
+    split), the stages of each device, micro-batch chunks held per device, whether it
+    splits the backward, its compute actions per stage by kind, and the kind of each
+    device's last compute. Where the estimate may build another order (zb-auto), held is 1
+    and the last kind None."""
     schedule: Schedule
     layers: list[int]
     stages_of: list[list[int]]
     held: list[int]
     split: bool
+    counts: list[Counter]
+    last: list[Kind | None]
 
     def per_device(self, per_stage: Sequence[float], pick=sum) -> list[float]:
         return [pick([per_stage[s] for s in stages]) for stages in self.stages_of]
 
 
+def _shape(m: Transformer, key: tuple) -> _Shape:
+    sched = make_schedule(*key)
+    counts = [Counter() for _ in range(sched.stages)]
+    for prog in sched.programs:
+        for a in prog:
+            counts[a.stage][a.kind] += 1
+    stages_of = [[s for s, r in enumerate(sched.placement) if r == d] for d in range(sched.ranks)]
+    if key[0] in _COST_DEPENDENT:  # the estimate's order may differ: only what every order has
+        last, most = [None] * sched.ranks, [1] * sched.ranks
+    else:
+        last, most = [prog[-1].kind for prog in sched.programs], held(sched)
+    return _Shape(sched, even(m.layers, sched.stages), stages_of, most, bool(any(c[Kind.I] for c in counts)),
+                  counts, last)
+
+
 class Bounds:
     """Lower bounds on a configuration's peak memory and step time (see the module's
-    docstring and docs/planner.md, "Planner"), cached by what they depend on. They take
-    the layers of each stage from `sim.partition.even`, as `sim.estimate` does; with another
-    partition, only the averages over the devices."""
+    docstring and docs/planner.md, "Planner"), cached by what they depend on. The memory
+    bound and `schedule_time` take the layers of each stage from `sim.partition.even`, as
+    `sim.estimate` does; with another partition, only the averages over the devices."""
 
     def __init__(self, m: Transformer, g: GPU, global_batch: int, precision: str, gpus_per_node: int,
                  partition="even"):
         self.m, self.g, self.batch, self.precision, self.gpn = m, g, global_batch, precision, gpus_per_node
+        self.partition = partition if isinstance(partition, str) else tuple(partition)
         self.even = partition == "even"
         self.params = m.params()
-        self._layer, self._shape, self._unit = {}, {}, {}
+        self._layer, self._ends, self._shape, self._unit = {}, {}, {}, {}
+
+    def _slice(self, c: Config) -> Slice:
+        return Slice(c.micro_batch, c.tp, c.sequence_parallel, self.precision, tp_network=c.tp > self.gpn)
 
     def layer(self, c: Config):
         key = (c.micro_batch, c.tp, c.sequence_parallel, c.recompute)
         if key not in self._layer:
-            x = Slice(c.micro_batch, c.tp, c.sequence_parallel, self.precision, tp_network=c.tp > self.gpn)
-            self._layer[key] = layer_times(self.m, self.g, x, c.recompute)
+            self._layer[key] = layer_times(self.m, self.g, self._slice(c), c.recompute)
         return self._layer[key]
 
     def _key(self, c: Config) -> tuple:
@@ -76,23 +106,32 @@ class Bounds:
     def shape(self, c: Config) -> _Shape:
         key = self._key(c)
         if key not in self._shape:
-            sched = make_schedule(*key)
-            split = any(a.kind is Kind.I for prog in sched.programs for a in prog)
-            stages_of = [[s for s, r in enumerate(sched.placement) if r == d] for d in range(sched.ranks)]
-            self._shape[key] = _Shape(sched, even(self.m.layers, sched.stages), stages_of, held(sched), split)
+            self._shape[key] = _shape(self.m, key)
         return self._shape[key]
+
+    def _activations(self, c: Config) -> float:
+        """One micro-batch's activations of one layer on one GPU."""
+        return self.m.activation_bytes_per_layer(c.micro_batch, c.tp, c.sequence_parallel, c.recompute) \
+            * precision_bytes(self.precision) / 2
+
+    def memory_average(self, c: Config) -> float:
+        """The average device's weights, gradients and optimizer state (the stages'
+        parameters sum to the model's over tp) and, with the even split, one micro-batch's
+        activations of the fewest layers a stage has (a device holds at least the one its
+        forward takes in). No schedule needed: the pp * V stages are known."""
+        per = sum(state_bytes_per_param(self.precision, c.zero, c.dp).values())
+        fewest = self.m.layers // (c.pp * c.virtual) if self.even else 0
+        return self.params.total / (c.tp * c.pp) * per + fewest * self._activations(c)
 
     def memory(self, c: Config) -> float:
         """The fullest device holds at least its stages' weights, gradients and optimizer
         state (`sim.estimate.stage_params`, `sim.footprint`) and, at its peak, its most
         chunks held times its smallest chunk's activations."""
-        per = sum(state_bytes_per_param(self.precision, c.zero, c.dp).values())
-        average = self.params.total / (c.tp * c.pp) * per  # the stages' parameters sum to the model's over tp
+        average = self.memory_average(c)
         if not self.even or average > self.g.memory:
             return average
-        sh = self.shape(c)
-        act = self.m.activation_bytes_per_layer(c.micro_batch, c.tp, c.sequence_parallel, c.recompute) \
-            * precision_bytes(self.precision) / 2
+        per = sum(state_bytes_per_param(self.precision, c.zero, c.dp).values())
+        sh, act = self.shape(c), self._activations(c)
         static = sh.per_device([p * per for p in stage_params(self.m, sh.layers, c.tp, sh.schedule.placement)])
         smallest = sh.per_device([n * act for n in sh.layers], min)
         return max(s + h * a for s, h, a in zip(static, sh.held, smallest))
@@ -101,13 +140,57 @@ class Bounds:
         share = c.dp if c.zero >= 1 else 1
         return memory_time(self.g, self.params.total / (c.tp * c.pp * share) * optimizer_step_bytes(self.precision))
 
-    def time(self, c: Config) -> float:
-        """The busiest device's computes one after another (F + B of its layers for every
-        micro-batch), then the optimizer step."""
+    def average(self, c: Config) -> float:
+        """The average device's computes one after another (F + B of the layers for every
+        micro-batch; a split I + W is never shorter), then the optimizer step over the
+        average device's share. No schedule needed."""
         lt = self.layer(c)
         micro = self.batch // (c.dp * c.micro_batch)
-        most = max(self.shape(c).per_device(self.shape(c).layers)) if self.even else self.m.layers / c.pp
-        return micro * most * (lt.forward + lt.backward) + self._optimizer(c)
+        return micro * self.m.layers / c.pp * (lt.forward + lt.backward) + self._optimizer(c)
+
+    def costs(self, c: Config) -> tuple[StageCosts, list[int], Layout]:
+        """The per-stage costs, layers per stage and layout that `sim.estimate` simulates `c`
+        with (its own functions, so the bound follows any change to the estimate)."""
+        sh, lt, x = self.shape(c), self.layer(c), self._slice(c)
+        key = (c.micro_batch, c.tp, c.sequence_parallel)
+        if key not in self._ends:
+            self._ends[key] = _ends(self.m, self.g, x)
+        ends = self._ends[key]
+        lay = Layout(global_batch=self.batch, precision=self.precision, gpus_per_node=self.gpn,
+                     partition=self.partition, **c.kwargs())
+        layers = _partition(self.m.layers, sh.schedule.stages, self.partition, lt, ends)
+        costs, _ = _stage_costs(self.m, self.g, lay, x, lt, ends, layers, sh.schedule.placement)
+        return costs.for_stages(sh.schedule.stages), layers, lay
+
+    def time(self, c: Config) -> float:
+        """The longest of one path per device d through the step's dependencies: the
+        forward of one micro-batch through the stages below d's first (on other devices,
+        each hop a transfer) up to d's first compute; all of d's computes one after
+        another; then either the backward of d's last micro-batch down through those
+        stages (where d's last compute is a B or I of its first stage) or d's gradient
+        reductions, which follow its last compute on its collective stream; then the
+        optimizer step of the fullest device. With the estimate's own durations."""
+        sh = self.shape(c)
+        sc, layers, lay = self.costs(c)
+        place, n = sh.schedule.placement, sh.schedule.stages
+        hop = [sc.latency + sc.transfer_time(sc.activation_bytes_sent[s]) if place[s] != place[s + 1] else 0.0
+               for s in range(n - 1)]
+        head, tail = [0.0], [0.0]  # the forward up to stage s; the backward down from it
+        for s in range(n - 1):
+            head.append(head[-1] + sc.forward[s] + hop[s])
+            tail.append(tail[-1] + min(sc.backward[s], sc.backward_input[s]) + hop[s])
+        micro = sh.schedule.micro
+        busy = [sum(k * getattr(sc, KINDS[kind].cost)[s] for kind, k in sh.counts[s].items())
+                if sh.last[place[s]] is not None else
+                micro * (sc.forward[s] + min(sc.backward[s], sc.backward_input[s] + sc.backward_weight[s]))
+                for s in range(n)]
+        longest = 0.0
+        for d, stages in enumerate(sh.stages_of):
+            first = stages[0]
+            after = tail[first] if sh.last[d] in (Kind.B, Kind.I) else 0.0
+            reduce = sum(sc.grad_reduce[s] for s in stages)
+            longest = max(longest, head[first] + sum(busy[s] for s in stages) + max(after, reduce))
+        return max(self.average(c), longest + optimizer_time(self.m, self.g, lay, layers, place))
 
     def schedule_time(self, c: Config) -> float:
         """The schedule's makespan with each stage's F, B, I, W at (1, 2, 1, 1) per layer
@@ -115,7 +198,7 @@ class Bounds:
         makespan is a longest path through the programs' order and the dependencies, so it
         grows with every duration and scales with them all. A simulation per schedule,
         pp, micro-batches and V: asked only of configurations about to be simulated."""
-        if not self.even:
+        if not self.even or c.schedule in _COST_DEPENDENT:
             return self.time(c)
         key, sh, lt = self._key(c), self.shape(c), self.layer(c)
         if key not in self._unit:

@@ -54,17 +54,17 @@ class Result:
 
     `schedule` and `events` may be given as functions that make them: the simulator does
     so, and a sweep that reads only the makespan, the bubble and the peaks never pays for
-    a million `Event` records. It then also gives `makespan` and `busy`, which are
-    otherwise derived from the events, and `t0`, the first event's start.
+    a million `Event` records. It then also gives `makespan`, `busy` and `compute_end`,
+    which are otherwise derived from the events, and `t0`, the first event's start.
     """
 
     def __init__(self, schedule: Schedule | Callable[[], Schedule], events: list[Event] | Callable[[], list[Event]],
                  memory: list[list[tuple[float, float]]], activations: list[list[tuple[float, int]]],
                  source: str = "simulated", *, makespan: float | None = None, busy: list[float] | None = None,
-                 t0: float = 0.0):
+                 t0: float = 0.0, compute_end: float | None = None):
         self._schedule, self._events = schedule, events
         self.memory, self.activations, self.source = memory, activations, source
-        self._makespan, self._busy = makespan, busy
+        self._makespan, self._busy, self._compute_end = makespan, busy, compute_end
         self._spans: list[tuple[float, float]] | None = None
         self._t0 = t0 if makespan is not None else None
 
@@ -102,6 +102,13 @@ class Result:
         if self._t0 is None:
             self._t0 = min((e.start for e in self.events), default=0.0)
         return self._t0
+
+    @property
+    def compute_end(self) -> float:
+        """When the last compute ends (the pipeline's flush; collectives may run on after it)."""
+        if self._compute_end is None:
+            self._compute_end = max((e.end for e in self.events if e.action.kind.is_compute), default=0.0)
+        return self._compute_end
 
     @property
     def ranks(self) -> int:

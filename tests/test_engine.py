@@ -121,6 +121,7 @@ def test_properties(cfg):
     from_events = sim.Result(r.schedule, r.events, r.memory, r.activations)
     assert from_events.makespan == pytest.approx(r.makespan, abs=1e-9)
     assert from_events.busy() == pytest.approx(r.busy(), abs=1e-9)
+    assert from_events.compute_end == r.compute_end == max(e.end for e in r.events if e.is_compute)
     # a given lowered schedule simulates exactly as the compute-only one
     again = sim.simulate(r.schedule, costs)
     assert again.makespan == r.makespan and sorted(map(tuple, again.memory)) == sorted(map(tuple, r.memory))

@@ -122,6 +122,7 @@ def test_closed_forms_one_stage_per_rank(name, p, m, F, B, g):
     s = sim.add_grad_reduce(sim.make_schedule(name, p, m), overlap=True)
     r = sim.simulate(s, Costs(forward=F, backward=B, grad_reduce=g))
     assert r.makespan == pytest.approx(T + g, rel=1e-12)
+    assert r.compute_end == pytest.approx(T, rel=1e-12)  # the last compute, before the reductions end
     for stage, (lo, hi) in reductions(r).items():
         assert (lo, hi) == pytest.approx((T - stage * B, T - stage * B + g), rel=1e-12)
     assert r.busy() == pytest.approx([m * (F + B)] * p)

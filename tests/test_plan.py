@@ -3,16 +3,19 @@
 reference configurations."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 
 import pytest
+from hypothesis import assume, given, settings, strategies as st
 
 import sim
 import sim.plan as plan
 from sim import sagemaker
 from sim.plan_cli import main
 from sim.plan_figures import write_figures
+from sim.transformer import RECOMPUTE
 
 SMALL = dict(model="megatron-1.7b", gpu="a100-40gb", gpus=8, global_batch=32)
 SMALL_SPACE = dict(schedules=["1f1b", "gpipe", "zb-h1", "zbv", "interleaved-1f1b"], recompute=["none", "full"],
@@ -87,9 +90,8 @@ def test_bounds_never_exceed_the_estimate(estimates):
         lay = e.layout
         c = plan.Config(lay.tp, lay.pp, lay.dp, lay.micro_batch, lay.schedule, e.result.schedule.stages // lay.pp,
                         lay.recompute, lay.zero, lay.sequence_parallel)
-        assert bounds.memory(c) <= max(e.peak_memory) * (1 + 1e-9), c
-        assert bounds.time(c) <= e.step_time * (1 + 1e-9), c
-        assert bounds.schedule_time(c) <= e.step_time * (1 + 1e-9), c
+        assert bounds.memory_average(c) <= bounds.memory(c) <= max(e.peak_memory) * (1 + 1e-9), c
+        assert bounds.average(c) <= bounds.time(c) <= bounds.schedule_time(c) <= e.step_time * (1 + 1e-9), c
 
 
 @pytest.mark.parametrize("schedule, pp, dp, v", [("naive", 8, 2, None), ("gpipe", 8, 2, None), ("1f1b", 16, 1, None),
@@ -102,9 +104,77 @@ def test_bounds_hold_for_gpt3(schedule, pp, dp, v):
     for r, z in (("selective", 1), ("full", 0)):
         c = plan.Config(8, pp, dp, 1, schedule, v or sim.SCHEDULES[schedule].virtual, r, z, True)
         e = sim.estimate(m, g, global_batch=32, **c.kwargs())
-        assert bounds.memory(c) <= max(e.peak_memory) * (1 + 1e-9)
-        assert bounds.schedule_time(c) <= e.step_time * (1 + 1e-9)
-        assert bounds.time(c) <= e.step_time * (1 + 1e-9)
+        assert bounds.memory_average(c) <= bounds.memory(c) <= max(e.peak_memory) * (1 + 1e-9)
+        assert bounds.average(c) <= bounds.time(c) <= bounds.schedule_time(c) <= e.step_time * (1 + 1e-9)
+
+
+@st.composite
+def problems(draw):
+    """A small random model, GPU and cluster: (model, gpu, gpus, global batch, gpus per node)."""
+    heads = draw(st.sampled_from([2, 4, 8]))
+    arch = draw(st.sampled_from(["gpt", "llama"]))
+    m = sim.Transformer(layers=draw(st.integers(2, 12)), hidden=heads * draw(st.sampled_from([16, 32, 64])),
+                        heads=heads, seq=draw(st.sampled_from([64, 256])), vocab=draw(st.sampled_from([512, 1000])),
+                        kv_heads=heads // draw(st.sampled_from([1, 2])) if arch == "llama" else None, arch=arch)
+    gpus = draw(st.sampled_from([2, 4, 8, 16]))
+    return m, draw(st.sampled_from(sorted(sim.GPUS))), gpus, gpus * draw(st.integers(1, 4)), \
+        draw(st.sampled_from([2, 4, 8]))
+
+
+@settings(max_examples=100, deadline=None)
+@given(problems(), st.sampled_from(["bf16", "fp16"]), st.sampled_from(["even", "balanced"]),
+       st.randoms(use_true_random=False))
+def test_bounds_never_exceed_the_estimate_of_random_layouts(problem, precision, partition, rnd):
+    """Each bound, on a few configurations of a random problem's space (zb-auto, built
+    under the run's own costs, included): the memory bounds at most the estimate's peak,
+    each step-time bound at least the one before it and at most the estimate's step; the
+    path bound the step itself where there is one device."""
+    m, gpu, gpus, batch, per_node = problem
+    configs = [c for c in plan.configurations(m, gpus, batch, schedules=list(sim.SCHEDULES), gpus_per_node=per_node,
+                                              max_micro_batch=4)
+               if c.schedule != "zb-auto" or (c.pp <= 4 and batch // (c.dp * c.micro_batch) <= 6)]  # its search: seconds
+    bounds = plan.Bounds(m, sim.GPUS[gpu], batch, precision, per_node, partition)
+    for c in rnd.sample(configs, min(4, len(configs))):
+        try:
+            e = sim.estimate(m, gpu, global_batch=batch, precision=precision, gpus_per_node=per_node,
+                             partition=partition, **c.kwargs())
+        except (ValueError, sim.ScheduleError):
+            continue
+        assert bounds.memory_average(c) <= bounds.memory(c) <= max(e.peak_memory) * (1 + 1e-9), c
+        assert bounds.average(c) <= bounds.time(c) <= bounds.schedule_time(c) <= e.step_time * (1 + 1e-9), c
+        if c.pp == 1:  # one device: the path is all its computes, then its reduction: the step itself
+            assert bounds.time(c) == pytest.approx(e.step_time, rel=1e-9), c
+
+
+@settings(max_examples=25, deadline=None)
+@given(problems(), st.integers(1, 6), st.floats(0.2, 1.0), st.randoms(use_true_random=False))
+def test_pruned_search_ranks_as_an_exhaustive_loop(problem, top, room, rnd):
+    """On a random problem (a random part of the space, a GPU memory that leaves some
+    configurations out), the search's rows are the `top` fastest that fit by an estimate
+    of every configuration, the first enumerated on a tie, shown by step time then peak
+    memory; with top=None and max_step_time, every fitting one at least that fast."""
+    m, gpu, gpus, batch, per_node = problem
+    space = dict(schedules=rnd.sample(plan.DEFAULT_SCHEDULES, 4), recompute=rnd.sample(RECOMPUTE, 2),
+                 max_micro_batch=2, gpus_per_node=per_node)
+    configs = plan.configurations(m, gpus, batch, **space)
+    everything = []
+    for i, c in enumerate(configs):
+        try:
+            e = sim.estimate(m, gpu, global_batch=batch, gpus_per_node=per_node, **c.kwargs())
+        except (ValueError, sim.ScheduleError):
+            continue
+        everything.append((e.step_time, i, max(e.peak_memory), c))
+    assume(everything)
+    peaks = sorted(p for _, _, p, _ in everything)
+    g = dataclasses.replace(sim.GPUS[gpu], memory=int(peaks[int(room * (len(peaks) - 1))]))
+    fitting = sorted(x for x in everything if x[2] <= g.memory)
+    ranked = sorted(fitting[:top], key=lambda x: (x[0], x[2], x[1]))
+    found = plan.search(m, g, gpus, batch, top=top, **space)
+    assert [(r.config, r.step_time) for r in found] == [(c, t) for t, _, _, c in ranked]
+    assert found.simulated <= len(everything)
+    limit = fitting[len(fitting) // 2][0]
+    every = plan.search(m, g, gpus, batch, top=None, max_step_time=limit, **space)
+    assert {r.config for r in every} == {c for t, _, _, c in fitting if t <= limit} and len(every) == len({r.config for r in every})
 
 
 def test_held_counts_follow_the_closed_forms():
