@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from .costs import Costs, StageCosts
 from .engine import simulate
-from .estimate import Layout, _ends, _partition, _stage_costs, optimizer_time, stage_params
+from .estimate import Layout, _partition, end_times, _stage_costs, optimizer_time, stage_params
 from .footprint import optimizer_step_bytes, state_bytes_per_param
 from .gpus import GPU
 from .ir import Schedule
@@ -154,7 +154,7 @@ class Bounds:
         sh, lt, x = self.shape(c), self.layer(c), self._slice(c)
         key = (c.micro_batch, c.tp, c.sequence_parallel)
         if key not in self._ends:
-            self._ends[key] = _ends(self.m, self.g, x)
+            self._ends[key] = end_times(self.m, self.g, x)
         ends = self._ends[key]
         lay = Layout(global_batch=self.batch, precision=self.precision, gpus_per_node=self.gpn,
                      partition=self.partition, **c.kwargs())
