@@ -1448,7 +1448,7 @@ for key in sim.sagemaker.REFERENCES:
         cells.append(f"{max(e.peak_memory) / GiB:5.1f} GiB {'fits' if e.fits else 'OOM ':4}")
     print(f"{key:>4}  " + "     ".join(cells))
 
-# the planner over a narrowed space (the whole space: python -m sim.plan, a minute or two)
+# the planner over a narrowed space (the whole space: python -m sim.plan, about ten seconds)
 plan = sim.plan.search(MODEL, GPU, gpus=1024, global_batch=1536, top=5, tp=8, recompute="selective", zero=1,
                        sequence_parallel=True, schedules=["1f1b", "interleaved-1f1b", "zbv"])
 print(f"\\n{plan.enumerated} configurations, {plan.simulated} simulated; the fastest that fit:")
