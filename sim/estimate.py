@@ -18,10 +18,12 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from functools import cache
 
 from .costs import Costs
+from .data_parallel import grad_reduce_times, optimizer_time, stage_params, zero3_times
 from .engine import simulate
-from .footprint import optimizer_step_bytes, state_bytes_per_param
+from .footprint import state_bytes_per_param
 from .gpus import GPU, gpu as gpu_by_name
 from .grad_reduce import add_grad_reduce
 from .kernels import collective_time, gemm_time, link_bandwidth, memory_time, precision_bytes
@@ -240,9 +242,8 @@ def _partition(layers: int, stages: int, partition, lt: LayerTimes, ends: dict, 
         extra = [0.0] * stages
         extra[0] += ends["first_F"] + ends["first_I"] + ends["first_W"]
         extra[-1] += ends["last_F"] + ends["last_I"] + ends["last_W"]
-        if caps is not None and sum(caps) >= layers:
-            return balanced(layers, stages, lt.forward + lt.backward, extra, caps)
-        return balanced(layers, stages, lt.forward + lt.backward, extra)
+        fitting = caps if caps is not None and sum(caps) >= layers else None  # none fits: time alone
+        return balanced(layers, stages, lt.forward + lt.backward, extra, fitting)
     counts = list(partition) if not isinstance(partition, str) else None
     if not counts or len(counts) != stages or sum(counts) != layers or min(counts) < 0 \
             or not all(isinstance(n, int) for n in counts):
@@ -258,21 +259,21 @@ def memory_caps(m: Transformer, g: GPU, lay: Layout, x: Slice, lt: LayerTimes, e
     (with several, their layers share one memory and no cap is a stage's own)."""
     if sched.stages != lay.pp or sorted(sched.placement) != list(range(lay.pp)):
         return None
-    rank_of = sched.placement
 
-    def fit(n: int) -> list[bool]:
+    @cache
+    def fits(n: int) -> tuple[bool, ...]:  # per stage: does its device fit with n layers on every stage?
         c = _stage_costs(m, g, lay, x, lt, ends, [n] * lay.pp, sched.placement)[0].for_stages(lay.pp)
-        return [c.static_total(s) + program_peak(sched.programs[rank_of[s]], c) <= g.memory for s in range(lay.pp)]
+        return tuple(c.static_total(s) + program_peak(sched.programs[sched.placement[s]], c) <= g.memory
+                     for s in range(lay.pp))
 
-    lo, hi = [-1] * lay.pp, [m.layers + 1] * lay.pp  # per stage: fits with lo layers (or -1), not with hi
-    while any(h - l > 1 for l, h in zip(lo, hi)):
-        mids = [(l + h) // 2 for l, h in zip(lo, hi)]
-        for n in sorted(set(mid for mid, l, h in zip(mids, lo, hi) if h - l > 1)):
-            ok = fit(n)
-            for s in range(lay.pp):
-                if mids[s] == n and hi[s] - lo[s] > 1:
-                    lo[s], hi[s] = (n, hi[s]) if ok[s] else (lo[s], n)
-    return [max(n, 0) for n in lo]
+    def cap(s: int) -> int:
+        lo, hi = -1, m.layers + 1  # fits with lo layers (or -1: not even with none), not with hi
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if fits(mid)[s] else (lo, mid)
+        return max(lo, 0)
+
+    return [cap(s) for s in range(lay.pp)]
 
 
 def _stage_costs(m: Transformer, g: GPU, lay: Layout, x: Slice, lt: LayerTimes, ends: dict, layers: list[int],
@@ -330,67 +331,6 @@ def _stage_costs(m: Transformer, g: GPU, lay: Layout, x: Slice, lt: LayerTimes, 
     parts["zero3_collectives"] = mb * (2 * sum(gather) + sum(scatter)) / lay.pp
     parts["tp_collectives"] += mb * (sum(into_f) + sum(into_b)) / lay.pp
     return costs, parts
-
-
-def stage_params(m: Transformer, layers: list[int], tp: int, placement) -> list[float]:
-    """Parameters one GPU holds for each stage: its layers' share over tp, the embedding on
-    the first stage, the final norm and the output layer on the last. A tied output layer
-    is the embedding itself where the first and last stage share a device, else a second
-    copy of the word embedding (Megatron-LM keeps one on each end of the pipeline and
-    all-reduces their gradients: Shoeybi et al. 2019; Narayanan et al. 2021, Sec. 5)."""
-    p = m.params()
-    out = [n * p.per_layer / tp for n in layers]
-    out[0] += p.embedding / tp
-    copy = p.tied and placement[0] != placement[-1]
-    out[-1] += (m.vocab * m.hidden if copy else p.output) / tp + p.final_norm
-    return out
-
-
-def grad_reduce_times(m: Transformer, g: GPU, lay: Layout, params: list[float], placement) -> list[float]:
-    """Per stage, the reduction of its gradients (the engine's REDUCE_GRAD): a ring all-reduce
-    of its gradient bytes over the dp replicas (ZeRO 1-2: a reduce-scatter and, after the
-    optimizer, an all-gather of the updated weights, the same bytes, Rajbhandari et al. 2020,
-    Sec. 7.2; ZeRO-3 reduces each micro-batch's in its backward instead: `zero3_times`),
-    through the network once tp*dp exceeds a node; on the
-    first and last stage, where they are on two devices and the output layer is tied, also
-    the all-reduce of the word embedding's gradient between its two copies (Megatron-LM's
-    embedding group)."""
-    grad = state_bytes_per_param(lay.precision)["grads"]
-    network = lay.tp * lay.dp > lay.gpus_per_node
-    # ZeRO-3 reduce-scatters every micro-batch's gradients in its backward (`zero3_times`)
-    out = [0.0 if lay.zero == 3 else collective_time(g, "all_reduce", p * grad, lay.dp, network) for p in params]
-    if m.params().tied and placement[0] != placement[-1]:
-        pipe_network = lay.tp * lay.dp >= lay.gpus_per_node
-        tied = collective_time(g, "all_reduce", m.vocab * m.hidden / lay.tp * grad, 2, pipe_network)
-        out[0] += tied
-        out[-1] += tied
-    return out
-
-
-def zero3_times(g: GPU, lay: Layout, params: list[float]) -> tuple[list[float], list[float]]:
-    """Per stage and micro-batch under ZeRO-3, the all-gather of the stage's 16-bit weights
-    from their dp shards (before F, and again before the backward) and the reduce-scatter of
-    its gradients (after it): DeepSpeed's ZeRO-3, 1.5x a data-parallel all-reduce's bytes per
-    micro-batch (Rajbhandari et al. 2020, Sec. 7.2.2). Taken as not overlapped with the
-    compute (DeepSpeed prefetches some of it; not modelled). Zero for other stages."""
-    if lay.zero != 3:
-        return [0.0] * len(params), [0.0] * len(params)
-    network = lay.tp * lay.dp > lay.gpus_per_node
-    weight = precision_bytes(lay.precision)
-    gather = [collective_time(g, "all_gather", p * weight, lay.dp, network) for p in params]
-    scatter = [collective_time(g, "reduce_scatter", p * weight, lay.dp, network) for p in params]
-    return gather, scatter
-
-
-def optimizer_time(m: Transformer, g: GPU, lay: Layout, layers: list[int], placement) -> float:
-    """The AdamW step after the pipeline flush: memory-bound over the parameters each GPU
-    updates (all it holds; 1/dp of them under ZeRO), on the device that holds the most."""
-    params = stage_params(m, layers, lay.tp, placement)
-    per_rank = [0.0] * lay.pp
-    for s, r in enumerate(placement):
-        per_rank[r] += params[s]
-    share = lay.dp if lay.zero >= 1 else 1
-    return memory_time(g, max(per_rank) / share * optimizer_step_bytes(lay.precision))
 
 
 def _memory_parts(costs: Costs, sched, result: Result) -> list[dict]:

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Sequence
 
 from .costs import Costs, StageCosts
 from .engine import simulate
-from .estimate import Layout, _partition, end_times, _stage_costs, optimizer_time, stage_params
+from .data_parallel import optimizer_time, stage_params
+from .estimate import Layout, _partition, _stage_costs, end_times
 from .footprint import optimizer_step_bytes, state_bytes_per_param
 from .gpus import GPU
 from .ir import Schedule

@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import sim
-from sim.estimate import end_times, stage_params
+from sim.data_parallel import stage_params
+from sim.estimate import end_times
 from sim.footprint import optimizer_step_bytes, state_bytes_per_param
 from sim.gpus import gpu
 from sim.kernels import TILE, collective_time, gemm_flops, gemm_time
@@ -313,7 +314,7 @@ def test_time_parts_add_up_to_the_step(kwargs):
 def test_the_data_parallel_reduction_ends_the_step():
     """pp = 1: the stage's gradients are all-reduced after its last backward, so doubling the replicas
     (and the batch) lengthens the step by exactly that all-reduce; the figure's schedule has one R."""
-    from sim.estimate import grad_reduce_times
+    from sim.data_parallel import grad_reduce_times
     one = sim.estimate("megatron-1.7b", "a100-80gb", micro_batch=4, global_batch=8)
     two = sim.estimate("megatron-1.7b", "a100-80gb", micro_batch=4, global_batch=16, dp=2)
     reduce = grad_reduce_times(two.model, A100, two.layout, stage_params(two.model, [24], 1, [0]), [0])
