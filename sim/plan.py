@@ -323,18 +323,20 @@ def _row(c: Config, e: Estimate, keep: bool) -> Row:
 
 def search(model: Transformer | str, gpu: GPU | str, gpus: int, global_batch: int, *, top: int | None = TOP,
            max_step_time: float | None = None, precision: str = "bf16", gpus_per_node: int = 8,
-           partition="even", max_configs: int = MAX_CONFIGS,
+           nics_per_node: int | None = None, partition="even", max_configs: int = MAX_CONFIGS,
            progress: Callable[[int, int], None] | None = None, **limits) -> Plan:
     """Search the layouts of `gpus` GPUs for a step of `global_batch` sequences of `model`
     (see the module's docstring); return the `top` fastest that fit (all with top=None),
     only those at most `max_step_time` if it is given. `limits` narrow the space:
     tp, pp, micro_batch, schedules, virtual, recompute, zero, sequence_parallel (each one
-    value or a list), max_micro_batch, max_virtual. `progress(done, total)` is called as
+    value or a list), max_micro_batch, max_virtual. `nics_per_node` (default: gpus_per_node)
+    are the network cards of a node (`sim.topology`). `progress(done, total)` is called as
     configurations are settled. Raises ValueError naming the fix for what cannot run."""
     start = time.perf_counter()
     m = find_model(model) if isinstance(model, str) else model
     g = gpu_by_name(gpu) if isinstance(gpu, str) else gpu
     _positive("gpus", gpus), _positive("global_batch", global_batch), _positive("gpus_per_node", gpus_per_node)
+    nics_per_node = gpus_per_node if nics_per_node is None else _positive("nics_per_node", nics_per_node)
     if top is not None:
         _positive("top", top)
     precision_bytes(precision)
@@ -343,7 +345,7 @@ def search(model: Transformer | str, gpu: GPU | str, gpus: int, global_batch: in
     if len(configs) > max_configs:
         raise ValueError(f"the search has {len(configs)} configurations, more than max_configs={max_configs}; "
                          f"narrow it (tp, pp, micro_batch, schedules, recompute, zero) or raise max_configs")
-    bounds = Bounds(m, g, global_batch, precision, gpus_per_node, partition)
+    bounds = Bounds(m, g, global_batch, precision, gpus_per_node, partition, nics_per_node)
     cap = math.inf if max_step_time is None else max_step_time
     best: list[tuple[float, int, Row]] = []   # a max-heap of the `top` fastest that fit, by (step time, index)
     points: list[Row] = []
@@ -355,8 +357,8 @@ def search(model: Transformer | str, gpu: GPU | str, gpus: int, global_batch: in
     total = len(configs)
     for i, c, waiting in _best_first(configs, bounds, g.memory, limit, dropped):
         try:
-            e = estimate(m, g, precision=precision, gpus_per_node=gpus_per_node, partition=partition,
-                         global_batch=global_batch, **c.kwargs())
+            e = estimate(m, g, precision=precision, gpus_per_node=gpus_per_node, nics_per_node=nics_per_node,
+                         partition=partition, global_batch=global_batch, **c.kwargs())
         except (ValueError, ScheduleError) as err:
             dropped[f"refused by the estimate: {str(err).splitlines()[0][:60]}"] += 1
             continue
@@ -378,7 +380,7 @@ def search(model: Transformer | str, gpu: GPU | str, gpus: int, global_batch: in
     rows = [r for _, _, r in sorted(best, key=lambda b: (-b[0], b[2].peak_memory, -b[1])) if r.step_time <= cap]
     if rows and rows[0].estimate is None:  # the best keeps its step, for the figures
         rows[0] = _row(rows[0].config, estimate(m, g, precision=precision, gpus_per_node=gpus_per_node,
-                                                 partition=partition, global_batch=global_batch,
+                                                 nics_per_node=nics_per_node, partition=partition, global_batch=global_batch,
                                                  **rows[0].config.kwargs()), keep=True)
     return Plan(m, g, gpus, global_batch, rows, points, dropped, len(configs), len(points),
                 time.perf_counter() - start)
