@@ -70,7 +70,7 @@ class Group:
 
 
 def one_node(size: int) -> Group:
-    """A group of `size` GPUs inside one node (NVLink only)."""
+    """A group of `size` GPUs inside one node (NVLink only: no NIC share)."""
     return Group(size, size, 1, 0.0)
 
 
@@ -119,9 +119,10 @@ class Topology:
     def placed(self, ranks) -> Group:
         """How the group of `ranks` sits on the nodes, its axis's groups all communicating."""
         counts = Counter(self.node(r) for r in ranks).values()
+        if len(counts) == 1:
+            return one_node(len(ranks))
         k = min(counts)
-        share = min(float(self.nics_per_node), k * self.nics_per_node / self.gpus_per_node)
-        return Group(len(ranks), k, len(counts), share)
+        return Group(len(ranks), k, len(counts), min(float(self.nics_per_node), k * self.nics_per_node / self.gpus_per_node))
 
     def group(self, axis: str) -> Group:
         """The slowest group of `axis` (see the module's docstring)."""
