@@ -2,9 +2,9 @@
 
 A layer's passes are its matmuls (`sim.kernels.gemm_time`, per GPU: the tensor-parallel
 slice), its memory-bound kernels (`sim.kernels.memory_time`) and its tensor-parallel
-collectives (`sim.network.collective_time`, over the group `Slice.tp_group`), each listed here from Megatron-LM's layer
-(Shoeybi et al. 2019, Sec. 3; Narayanan et al. 2021, Sec. 3.3; Korthikanti et al. 2022,
-Sec. 4) and timed alone; a pass is their sum, except where Megatron-LM overlaps them:
+collectives (`sim.network.collective_time` over `Slice.tp_group`), each listed here from
+Megatron-LM's layer (Shoeybi et al. 2019, Sec. 3; Narayanan et al. 2021, Sec. 3.3;
+Korthikanti et al. 2022, Sec. 4) and timed alone; a pass is their sum, except where Megatron-LM overlaps them:
 
 - Tensor parallelism splits the QKV and MLP-in matmuls by columns and the projection and
   MLP-out by rows, and joins them with an all-reduce after each row-parallel matmul in F and

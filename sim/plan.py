@@ -327,16 +327,15 @@ def search(model: Transformer | str, gpu: GPU | str, gpus: int, global_batch: in
            progress: Callable[[int, int], None] | None = None, **limits) -> Plan:
     """Search the layouts of `gpus` GPUs for a step of `global_batch` sequences of `model`
     (see the module's docstring); return the `top` fastest that fit (all with top=None),
-    only those at most `max_step_time` if it is given. `limits` narrow the space:
-    tp, pp, micro_batch, schedules, virtual, recompute, zero, sequence_parallel (each one
-    value or a list), max_micro_batch, max_virtual. `nics_per_node` (default: gpus_per_node)
-    are the network cards of a node (`sim.topology`). `progress(done, total)` is called as
-    configurations are settled. Raises ValueError naming the fix for what cannot run."""
+    only those at most `max_step_time` if it is given; `nics_per_node` defaults to gpus_per_node.
+    `limits` narrow the space: tp, pp, micro_batch, schedules, virtual, recompute, zero,
+    sequence_parallel (each one value or a list), max_micro_batch, max_virtual. `progress(done,
+    total)` is called as configurations are settled. Raises ValueError naming the fix."""
     start = time.perf_counter()
     m = find_model(model) if isinstance(model, str) else model
     g = gpu_by_name(gpu) if isinstance(gpu, str) else gpu
     _positive("gpus", gpus), _positive("global_batch", global_batch), _positive("gpus_per_node", gpus_per_node)
-    nics_per_node = gpus_per_node if nics_per_node is None else _positive("nics_per_node", nics_per_node)
+    nics_per_node = _positive("nics_per_node", gpus_per_node if nics_per_node is None else nics_per_node)
     if top is not None:
         _positive("top", top)
     precision_bytes(precision)
@@ -379,9 +378,9 @@ def search(model: Transformer | str, gpu: GPU | str, gpus: int, global_batch: in
         progress(total, total)
     rows = [r for _, _, r in sorted(best, key=lambda b: (-b[0], b[2].peak_memory, -b[1])) if r.step_time <= cap]
     if rows and rows[0].estimate is None:  # the best keeps its step, for the figures
-        rows[0] = _row(rows[0].config, estimate(m, g, precision=precision, gpus_per_node=gpus_per_node,
-                                                 nics_per_node=nics_per_node, partition=partition, global_batch=global_batch,
-                                                 **rows[0].config.kwargs()), keep=True)
+        best_kw = dict(precision=precision, gpus_per_node=gpus_per_node, nics_per_node=nics_per_node,
+                       partition=partition, global_batch=global_batch, **rows[0].config.kwargs())
+        rows[0] = _row(rows[0].config, estimate(m, g, **best_kw), keep=True)
     return Plan(m, g, gpus, global_batch, rows, points, dropped, len(configs), len(points),
                 time.perf_counter() - start)
 

@@ -122,7 +122,8 @@ class Topology:
         if len(counts) == 1:
             return one_node(len(ranks))
         k = min(counts)
-        return Group(len(ranks), k, len(counts), min(float(self.nics_per_node), k * self.nics_per_node / self.gpus_per_node))
+        share = min(float(self.nics_per_node), k * self.nics_per_node / self.gpus_per_node)
+        return Group(len(ranks), k, len(counts), share)
 
     def group(self, axis: str) -> Group:
         """The slowest group of `axis` (see the module's docstring)."""
