@@ -12,6 +12,8 @@ the predicted value, the published one and the error in %.
     recompute + sequence parallelism (no data parallelism), their ratio and MFU.
 (d) Where the time of one step goes (Table 1's 145.6B row, the only GPT-3-sized row with
     data parallelism).
+(e) vTrain's 1,440 single-node Megatron-DeepSpeed runs on A100 80GB (data/vtrain-a100): MAPE in
+    all, on the rows the A100 profile was not fitted on (the odd ones), by tp and by micro-batch.
 
 The published settings and the comparisons are in sim/published.py; results and what they
 say about the model: docs/measurements.md.
@@ -27,6 +29,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from sim import published  # noqa: E402
+from calibrate_a100 import by, vtrain_errors, vtrain_rows  # noqa: E402  (benchmarks/, beside this file)
 
 PARTS_ROW = 6  # Table 1's 145.6B row: t=8, p=8, d=24, interleaved over 2 chunks
 
@@ -100,13 +103,34 @@ def print_parts(p: dict) -> None:
     print("step_time = the simulated makespan (the reduction of the gradients included) + the optimizer step\n")
 
 
+def single_node() -> dict:
+    """The A100 80GB default profile against every single-node run, and by tp and micro-batch."""
+    import sim
+    rows = vtrain_rows()
+    errors = vtrain_errors(sim.profile("a100-80gb"), rows)
+    odd = [e for r, e in zip(rows, errors) if r["index"] % 2]
+    return {"profile": sim.profile("a100-80gb").name, "rows": len(rows), "mape": sum(map(abs, errors)) / len(errors),
+            "mape_unfitted": sum(map(abs, odd)) / len(odd), "median": sorted(errors)[len(errors) // 2],
+            "by_tp": by(rows, errors, "tp"), "by_micro_batch": by(rows, errors, "micro"), "by_pp": by(rows, errors, "pp")}
+
+
+def print_single_node(s: dict) -> None:
+    print(f"(e) vTrain single-node runs (A100 80GB, Megatron-DeepSpeed), profile {s['profile']}: "
+          f"MAPE {s['mape']:.1%} over {s['rows']} rows, {s['mape_unfitted']:.1%} on the odd rows (not fitted), "
+          f"median error {s['median']:+.1%}")
+    for key in ("by_tp", "by_micro_batch", "by_pp"):
+        print(f"  MAPE {key.replace('_', ' ')}: " + ", ".join(f"{k}: {v:.1%}" for k, v in s[key].items()))
+    print()
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print the rows as JSON instead of tables")
     args = ap.parse_args(argv)
     t = time.perf_counter()
     out = {"narayanan_table_1": published.narayanan_table_1(), "korthikanti_table_4": published.korthikanti_table_4(),
-           "korthikanti_table_5": published.korthikanti_table_5(), "time_parts": parts_of_a_row()}
+           "korthikanti_table_5": published.korthikanti_table_5(), "time_parts": parts_of_a_row(),
+           "single_node": single_node()}
     if args.json:
         print(json.dumps(out, indent=1))
         return 0
@@ -114,6 +138,7 @@ def main(argv=None) -> int:
     print_layer(out["korthikanti_table_4"])
     print_steps(out["korthikanti_table_5"])
     print_parts(out["time_parts"])
+    print_single_node(out["single_node"])
     print(f"ran in {time.perf_counter() - t:.1f} s")
     return 0
 

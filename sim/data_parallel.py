@@ -3,7 +3,8 @@ the reduction of their gradients over the replicas, ZeRO-3's gathers, and the Ad
 
 `sim.estimate` puts the reductions on the step as REDUCE_GRAD actions, the ZeRO-3 gathers into
 each micro-batch's passes and the AdamW step after the pipeline flush; `Layout` is the
-estimate's (its tp, dp, pp, ZeRO stage, precision and GPUs per node).
+estimate's (its tp, dp, pp, ZeRO stage, precision, and nodes: `Layout.topology`, which says
+how each data-parallel group sits on them); collectives are timed by `sim.network`.
 """
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from typing import TYPE_CHECKING
 
 from .footprint import optimizer_step_bytes, state_bytes_per_param
 from .device_profile import DeviceProfile
-from .kernels import collective_time, memory_time, precision_bytes
+from .kernels import memory_time, precision_bytes
+from .network import collective_time, links_of
 from .transformer import Transformer
 
 if TYPE_CHECKING:
@@ -37,17 +39,23 @@ def grad_reduce_times(m: Transformer, g: DeviceProfile, lay: Layout, params: lis
     of its gradient bytes over the dp replicas (ZeRO 1-2: a reduce-scatter and, after the
     optimizer, an all-gather of the updated weights, the same bytes, Rajbhandari et al. 2020,
     Sec. 7.2; ZeRO-3 reduces each micro-batch's in its backward instead: `zero3_times`),
-    through the network once tp*dp exceeds a node; on the
+    over the data-parallel group's link (`sim.topology`); on the
     first and last stage, where they are on two devices and the output layer is tied, also
     the all-reduce of the word embedding's gradient between its two copies (Megatron-LM's
     embedding group)."""
     grad = state_bytes_per_param(lay.precision)["grads"]
-    network = lay.tp * lay.dp > lay.gpus_per_node
+    topo, links = lay.topology(), links_of(g)
+    dp = topo.group("dp")
+
+    def reduce(nbytes: float) -> float:
+        if lay.zero == 0:
+            return collective_time(links, "all_reduce", nbytes, dp)
+        return collective_time(links, "reduce_scatter", nbytes, dp) + collective_time(links, "all_gather", nbytes, dp)
+
     # ZeRO-3 reduce-scatters every micro-batch's gradients in its backward (`zero3_times`)
-    out = [0.0 if lay.zero == 3 else collective_time(g, "all_reduce", p * grad, lay.dp, network) for p in params]
+    out = [0.0 if lay.zero == 3 else reduce(p * grad) for p in params]
     if m.params().tied and placement[0] != placement[-1]:
-        pipe_network = lay.tp * lay.dp >= lay.gpus_per_node
-        tied = collective_time(g, "all_reduce", m.vocab * m.hidden / lay.tp * grad, 2, pipe_network)
+        tied = collective_time(links, "all_reduce", m.vocab * m.hidden / lay.tp * grad, topo.group("embedding"))
         out[0] += tied
         out[-1] += tied
     return out
@@ -61,10 +69,10 @@ def zero3_times(g: DeviceProfile, lay: Layout, params: list[float]) -> tuple[lis
     compute (DeepSpeed prefetches some of it; not modelled). Zero for other stages."""
     if lay.zero != 3:
         return [0.0] * len(params), [0.0] * len(params)
-    network = lay.tp * lay.dp > lay.gpus_per_node
+    links, dp = links_of(g), lay.topology().group("dp")
     weight = precision_bytes(lay.precision)
-    gather = [collective_time(g, "all_gather", p * weight, lay.dp, network) for p in params]
-    scatter = [collective_time(g, "reduce_scatter", p * weight, lay.dp, network) for p in params]
+    gather = [collective_time(links, "all_gather", p * weight, dp) for p in params]
+    scatter = [collective_time(links, "reduce_scatter", p * weight, dp) for p in params]
     return gather, scatter
 
 

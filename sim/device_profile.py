@@ -28,7 +28,7 @@ COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
 LINKS = ("node", "network")
 PRESETS = Path(__file__).with_name("profiles")
 # The default profile of each GPU preset: the best sourced one we have (docs/planner.md says why).
-DEFAULT_PROFILES = {"a100-40gb": "a100-40gb-best-case", "a100-80gb": "a100-80gb-best-case",
+DEFAULT_PROFILES = {"a100-40gb": "a100-40gb-best-case", "a100-80gb": "a100-80gb-vtrain",
                     "h100-80gb": "h100-80gb-best-case", "h200": "h200-best-case"}
 
 

@@ -8,8 +8,9 @@
 The layout is Megatron-LM's: tp-way tensor parallelism inside each layer (within a node
 unless tp exceeds it), pp pipeline devices each holding `virtual` chunks of contiguous
 layers, dp data-parallel replicas; ranks are numbered tp fastest, then dp, then pp (Megatron-
-LM's default order), so pipeline neighbours and data-parallel peers are on other nodes once
-tp*dp, resp. tp, fills one. Each stage's costs come from `sim.layer` (its layers) and the
+LM's default order). Which link each group uses (NVLink, or the nodes' NICs and how many of
+them) is `sim.topology`'s answer, and what a collective or a send over it costs is
+`sim.network`'s (NCCL's model). Each stage's costs come from `sim.layer` (its layers) and the
 embedding and output layer on the first and last stage; the schedule runs on `sim.simulate`
 with the ideal transport (NCCL on GPUs: a send leaves when its tensor is made). What the
 estimate does not model is listed in docs/planner.md.
@@ -26,14 +27,16 @@ from .engine import simulate
 from .footprint import state_bytes_per_param
 from .gpus import GPU
 from .grad_reduce import add_grad_reduce
-from .kernels import collective_time, gemm_time, link_bandwidth, link_latency, memory_time, precision_bytes
+from .kernels import gemm_time, memory_time, precision_bytes
 from .kinds import Kind, program_peak
 from .layer import LayerTimes, Slice, layer_times
+from .network import collective_time, links_of, p2p_link
 from .offload import add_offload, copy_time, reload_waits
 from .partition import balanced, even
 from .device_profile import DeviceProfile, resolve
 from .result import Result
 from .schedules import lookup, make_schedule
+from .topology import Topology
 from .transformer import MODELS, Transformer, _recompute, model as model_by_name
 
 
@@ -56,10 +59,15 @@ class Layout:
     partition: str | tuple = "even"
     tp_overlap: bool = True
     offload: bool = False
+    nics_per_node: int | None = None  # None: one a GPU
 
     @property
     def gpus(self) -> int:
         return self.tp * self.pp * self.dp
+
+    def topology(self) -> Topology:
+        """Where the layout's GPUs sit and which links its groups use (`sim.topology`)."""
+        return Topology(self.tp, self.pp, self.dp, self.gpus_per_node, self.nics_per_node)
 
     @property
     def micro_batches(self) -> int:
@@ -110,7 +118,8 @@ def estimate(model: Transformer | str, gpu: DeviceProfile | GPU | str = "a100-80
              micro_batch: int = 1, global_batch: int | None = None, gpus_per_node: int = 8, schedule: str = "1f1b",
              virtual: int | None = None, recompute: str = "none", sequence_parallel: bool = False, zero: int = 0,
              precision: str = "bf16", overlap_grad_reduce: bool = False, partition="even",
-             tp_overlap: bool = True, offload: bool = False, **schedule_options) -> Estimate:
+             tp_overlap: bool = True, offload: bool = False, nics_per_node: int | None = None,
+             **schedule_options) -> Estimate:
     """Simulate one training step of `model` on `gpu`s split as given (see `Layout` and the
     module's docstring); `gpu` is a device profile (`sim.load_profile`), a profile's or GPU
     preset's name (its default profile, `sim.profile.DEFAULT_PROFILES`) or a preset `GPU`;
@@ -118,15 +127,17 @@ def estimate(model: Transformer | str, gpu: DeviceProfile | GPU | str = "a100-80
     ValueError naming the fix for a layout that cannot run. `offload=True` (with
     recompute="full") copies each micro-batch's checkpointed layer inputs to host memory
     after its forward and back before its backward, SageMaker's `offload_activations`
-    (`_offload`)."""
+    (`_offload`). `nics_per_node` (default `gpus_per_node`: one a GPU, as on a DGX) are the
+    network cards of a node that collectives and sends between nodes share (`sim.topology`)."""
     m = model_by_name(model) if isinstance(model, str) else model
     g = resolve(gpu)
     lay = Layout(tp, pp, dp, micro_batch, dp * micro_batch if global_batch is None else global_batch,
                  lookup(schedule)[0],
                  virtual, recompute, sequence_parallel, zero, precision, gpus_per_node, overlap_grad_reduce,
-                 partition if isinstance(partition, str) else tuple(partition), tp_overlap, offload)
+                 partition if isinstance(partition, str) else tuple(partition), tp_overlap, offload,
+                 gpus_per_node if nics_per_node is None else nics_per_node)
     warnings = check_layout(m, g, lay)
-    x = Slice(micro_batch, tp, sequence_parallel, precision, tp_network=tp > gpus_per_node)
+    x = Slice(micro_batch, tp, sequence_parallel, precision, tp_group=lay.topology().group("tp"))
     lt = layer_times(m, g, x, recompute, tp_overlap)
     ends = end_times(m, g, x)
     sched = _schedule(m, g, lay, x, lt, ends, schedule_options)
@@ -194,8 +205,10 @@ def _schedule(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: Layer
 def check_layout(m: Transformer, g: DeviceProfile, lay: Layout) -> list[str]:
     """Raise ValueError (one line, naming the fix) for a layout that cannot run; return the
     warnings for one that runs badly."""
-    for name in ("tp", "pp", "dp", "micro_batch", "global_batch", "gpus_per_node"):
+    for name in ("tp", "pp", "dp", "micro_batch", "global_batch", "gpus_per_node", "nics_per_node"):
         v = getattr(lay, name)
+        if name == "nics_per_node" and v is None:
+            continue
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name} must be a positive int, got {v!r}")
     _recompute(lay.recompute)
@@ -221,7 +234,7 @@ def check_layout(m: Transformer, g: DeviceProfile, lay: Layout) -> list[str]:
                          f"offload_activations needs activation checkpointing); set recompute='full', "
                          f"not {lay.recompute!r}")
     warnings = []
-    if lay.tp > lay.gpus_per_node:
+    if lay.topology().group("tp").network:
         warnings.append(f"tp={lay.tp} spans nodes of {lay.gpus_per_node} GPUs: its all-reduces go over the network")
     return warnings
 
@@ -237,7 +250,7 @@ def end_kernels(m: Transformer, g: DeviceProfile, x: Slice) -> dict[str, list[fl
     b, s, h, t, e = x.micro_batch, m.seq, m.hidden, x.tp, precision_bytes(x.precision)
     tokens = b * s
     sbh = tokens * h * e / (t if x.sequence_parallel else 1)
-    ar = [collective_time(g, "all_reduce", tokens * h * e, t, x.tp_network)] if t > 1 else []
+    ar = [collective_time(links_of(g), "all_reduce", tokens * h * e, x.tensor_group)] if t > 1 else []
     logits = tokens * m.vocab / t
     head = dict(F=[gemm_time(g, x.precision, tokens, m.vocab // t, h), memory_time(g, 2 * sbh, "norm"),
                    memory_time(g, 6 * logits)] + ar,
@@ -337,11 +350,12 @@ def _stage_costs(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: La
     w_act = [n * w_layer + ((2 * sbh * e / 2) / split + e * logits if la else 0.0) for n, la in zip(layers, last)]
     per = state_bytes_per_param(lay.precision, lay.zero, lay.dp)
     params = stage_params(m, layers, lay.tp, placement)
-    network_pp = lay.tp * lay.dp >= lay.gpus_per_node or lay.tp > lay.gpus_per_node
+    links = links_of(g)
+    pipe = p2p_link(links, lay.topology().pipeline_send(placement))  # the slowest of its links
     sent = sbh * e / lay.tp  # Narayanan et al. 2021, Sec. 4.1: scatter/gather across the tp ranks' links
     # Sec. 4.1 again: the receiver all-gathers the t pieces over its tensor-parallel group
     # before the compute that takes them (none under sequence parallelism: the piece is its own)
-    regather = 0.0 if lay.sequence_parallel else collective_time(g, "all_gather", sbh * e, lay.tp, x.tp_network)
+    regather = 0.0 if lay.sequence_parallel else collective_time(links, "all_gather", sbh * e, x.tensor_group)
     into_f = [regather if s and placement[s - 1] != placement[s] else 0.0 for s in range(stages)]
     into_b = [regather if s < stages - 1 and placement[s + 1] != placement[s] else 0.0 for s in range(stages)]
     reduce = grad_reduce_times(m, g, lay, params, placement)
@@ -355,8 +369,7 @@ def _stage_costs(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: La
                   weight_bytes=tuple(p * per["weights"] for p in params),
                   grad_bytes=tuple(p * per["grads"] for p in params),
                   optimizer_bytes=tuple(p * per["optimizer"] for p in params),
-                  latency=link_latency(g, network_pp),
-                  bandwidth=link_bandwidth(g, network_pp), transport="ideal",
+                  latency=pipe.latency, bandwidth=pipe.bandwidth, transport="ideal",
                   grad_reduce=tuple(reduce))
     # per device on average: the compute by part (the rest of the step: `estimate`)
     mb, names = lay.micro_batches, {"gemm": "gemm", "memory": "memory_bound", "collectives": "tp_collectives"}

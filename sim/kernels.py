@@ -1,6 +1,6 @@
-"""How long one device takes for the pieces of a training step: matmuls, memory-bound kernels, collectives.
+"""How long one device takes for the compute of a training step: matmuls and memory-bound kernels.
 
-Three physical models, each from its source, whose achieved rates come from a device profile
+Two physical models, each from its source, whose achieved rates come from a device profile
 (`sim.device_profile`, docs/profiles.md): measured tables where the profile has them, else these.
 
 - A matmul (GEMM) runs on the tensor cores tile by tile: the output is cut into tiles, each
@@ -13,10 +13,7 @@ Three physical models, each from its source, whose achieved rates come from a de
 - An elementwise kernel (LayerNorm, softmax, GeLU, dropout, residual add) moves its bytes at
   the profile's memory-bound bandwidth of its class: its arithmetic intensity is far below the
   GPU's FLOPs-to-bytes ratio (same guide, Table 1: ReLU 0.25 FLOP/B against A100's 139 FLOP/B).
-- A collective runs as NCCL's ring (Patarasuk and Yuan 2009; NCCL's tuning model,
-  src/graph/tuning.cc): an all-reduce over n ranks moves 2(n-1)/n of the bytes through each
-  rank's link, a reduce-scatter or all-gather (n-1)/n; each of its 2(n-1) or (n-1) steps
-  pays the link's hop latency, and the collective a base latency.
+- Collectives and sends: `sim.network` (NCCL's model over the cluster's links, `sim.topology`).
 
     >>> from sim.device_profile import profile
     >>> p = profile("a100-80gb-best-case")
@@ -35,7 +32,6 @@ BYTES = {"bf16": 2, "fp16": 2, "tf32": 4, "fp32": 4}
 # User's Guide", Sec. "Dimension quantization effects": "the 256x128 tile ... the most
 # efficient"; CUTLASS's default SM80 GEMM configuration).
 TILE = (256, 128)
-COLLECTIVE_STEPS = {"all_reduce": 2, "reduce_scatter": 1, "all_gather": 1}
 
 
 def precision_bytes(precision: str) -> int:
@@ -75,42 +71,3 @@ def memory_time(dev: DeviceProfile, nbytes: float, kind: str = "elementwise") ->
     """Seconds for a memory-bound kernel of class `kind` that reads and writes `nbytes` in all,
     at the bandwidth the profile gives that class."""
     return nbytes / dev.memory_class_bandwidth(kind)
-
-
-def collective_time(dev: DeviceProfile, op: str, nbytes: float, ranks: int, network: bool) -> float:
-    """Seconds for a ring `op` ("all_reduce", "reduce_scatter", "all_gather") of `nbytes`
-    (the whole buffer) over `ranks` devices, through the node's link or, if `network`, the
-    network's (the slowest link of the ring): the profile's measured table where it has this
-    (op, link, ranks), else NCCL's ring model. 0 on one rank."""
-    if op not in COLLECTIVE_STEPS:
-        raise ValueError(f"collective must be one of {', '.join(COLLECTIVE_STEPS)}; got {op!r}")
-    if ranks <= 1 or nbytes <= 0:
-        return 0.0
-    name = "network" if network else "node"
-    measured = dev.collective_lookup(op, name, ranks, nbytes)
-    if measured is not None:
-        return measured
-    link = dev.link(name)
-    steps = COLLECTIVE_STEPS[op] * (ranks - 1)
-    return link.base_latency + steps * link.hop_latency + steps / ranks * nbytes / link.bus_bandwidth
-
-
-def p2p_time(dev: DeviceProfile, nbytes: float, network: bool) -> float:
-    """Seconds for a point-to-point send of `nbytes` over one link: the profile's measured
-    table, else latency + bytes / bandwidth."""
-    name = "network" if network else "node"
-    measured = dev.p2p_lookup(name, nbytes)
-    if measured is not None:
-        return measured
-    link = dev.link(name)
-    return link.p2p_latency + nbytes / link.p2p_bandwidth
-
-
-def link_bandwidth(dev: DeviceProfile, network: bool) -> float:
-    """Bytes/s of one send through a device's link, one way (the profile's p2p bandwidth)."""
-    return dev.link("network" if network else "node").p2p_bandwidth
-
-
-def link_latency(dev: DeviceProfile, network: bool) -> float:
-    """Seconds of latency of one send through a device's link."""
-    return dev.link("network" if network else "node").p2p_latency

@@ -2,9 +2,9 @@
 
 A layer's passes are its matmuls (`sim.kernels.gemm_time`, per GPU: the tensor-parallel
 slice), its memory-bound kernels (`sim.kernels.memory_time`) and its tensor-parallel
-collectives (`sim.kernels.collective_time`), each listed here from Megatron-LM's layer
-(Shoeybi et al. 2019, Sec. 3; Narayanan et al. 2021, Sec. 3.3; Korthikanti et al. 2022,
-Sec. 4) and timed alone; a pass is their sum, except where Megatron-LM overlaps them:
+collectives (`sim.network.collective_time` over `Slice.tp_group`), each listed here from
+Megatron-LM's layer (Shoeybi et al. 2019, Sec. 3; Narayanan et al. 2021, Sec. 3.3;
+Korthikanti et al. 2022, Sec. 4) and timed alone; a pass is their sum, except where Megatron-LM overlaps them:
 
 - Tensor parallelism splits the QKV and MLP-in matmuls by columns and the projection and
   MLP-out by rows, and joins them with an all-reduce after each row-parallel matmul in F and
@@ -34,8 +34,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .kernels import collective_time, gemm_time, memory_time, precision_bytes
-from .device_profile import DeviceProfile
+from .device_profile import DeviceProfile, resolve
+from .kernels import gemm_time, memory_time, precision_bytes
+from .network import collective_time, links_of
+from .topology import Group, one_node
 from .transformer import Transformer, _recompute
 
 # (name, bytes per element of the tensor it works on, which tensor) per layer, forward and
@@ -80,12 +82,22 @@ class LayerTimes:
 @dataclass(frozen=True)
 class Slice:
     """How one GPU holds a layer: its micro-batch, tensor-parallel size, sequence parallelism
-    and precision, and whether its tensor-parallel group spans nodes."""
+    and precision, and how its tensor-parallel group sits on the nodes (`sim.topology`;
+    None: inside one node)."""
     micro_batch: int
     tp: int = 1
     sequence_parallel: bool = False
     precision: str = "bf16"
-    tp_network: bool = False
+    tp_group: Group | None = None
+
+    def __post_init__(self):
+        if self.tp_group is not None and self.tp_group.size != self.tp:
+            raise ValueError(f"tp_group has {self.tp_group.size} GPUs, tp is {self.tp}; give the group of tp={self.tp}")
+
+    @property
+    def tensor_group(self) -> Group:
+        """The tensor-parallel group its collectives run over."""
+        return one_node(self.tp) if self.tp_group is None else self.tp_group
 
 
 def gemm_shapes(m: Transformer, x: Slice) -> dict[str, tuple[int, int, int, int]]:
@@ -122,13 +134,14 @@ def _count(kernels, only=None) -> int:
     return sum(1 for name, _, _ in kernels if only is None or name in only)
 
 
-def layer_times(m: Transformer, dev: DeviceProfile, x: Slice, recompute: str = "none",
+def layer_times(m: Transformer, dev: DeviceProfile | str, x: Slice, recompute: str = "none",
                 tp_overlap: bool = True) -> LayerTimes:
     """The times of one layer's passes on one device (see the module's docstring), under the
     device profile `dev`; `tp_overlap`: B hides its tensor-parallel collectives under the
     weight-gradient matmuls. Times are device times; the host's launch floor over a whole
     stage's pass is `sim.estimate`'s (from `kernels`)."""
     _recompute(recompute)
+    dev = resolve(dev)
     p, shapes = x.precision, gemm_shapes(m, x)
     fwd = {k: gemm_time(dev, p, mm, n, kk, nb) for k, (mm, n, kk, nb) in shapes.items()}
     dx = {k: gemm_time(dev, p, mm, kk, n, nb) for k, (mm, n, kk, nb) in shapes.items()}   # dY W^T
@@ -173,10 +186,11 @@ def _collectives(m: Transformer, dev: DeviceProfile, x: Slice, dx: dict, dw: dic
     weight-gradient matmul in B)."""
     buf = x.micro_batch * m.seq * m.hidden * precision_bytes(x.precision)
     column = ("qkv", "mlp_in")
+    links, group = links_of(dev), x.tensor_group
     if not x.sequence_parallel:
-        ar = collective_time(dev, "all_reduce", buf, x.tp, x.tp_network)
+        ar = collective_time(links, "all_reduce", buf, group)
         return 2 * ar, 2 * ar, sum(min(ar, dw[k]) for k in column)
-    ag = collective_time(dev, "all_gather", buf, x.tp, x.tp_network)
-    rs = collective_time(dev, "reduce_scatter", buf, x.tp, x.tp_network)
+    ag = collective_time(links, "all_gather", buf, group)
+    rs = collective_time(links, "reduce_scatter", buf, group)
     comm_i = 2 * ag + sum(max(0.0, ag - dx[k]) + rs for k in column)
     return 2 * (ag + rs), comm_i, sum(min(rs, dw[k]) for k in column)

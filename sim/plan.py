@@ -328,18 +328,19 @@ def _row(c: Config, e: Estimate, keep: bool) -> Row:
 
 def search(model: Transformer | str, gpu: DeviceProfile | GPU | str, gpus: int, global_batch: int, *, top: int | None = TOP,
            max_step_time: float | None = None, precision: str = "bf16", gpus_per_node: int = 8,
-           partition="even", max_configs: int = MAX_CONFIGS,
+           nics_per_node: int | None = None, partition="even", max_configs: int = MAX_CONFIGS,
            progress: Callable[[int, int], None] | None = None, **limits) -> Plan:
     """Search the layouts of `gpus` GPUs for a step of `global_batch` sequences of `model`
     (see the module's docstring); return the `top` fastest that fit (all with top=None),
-    only those at most `max_step_time` if it is given. `limits` narrow the space:
-    tp, pp, micro_batch, schedules, virtual, recompute, zero, sequence_parallel (each one
-    value or a list), max_micro_batch, max_virtual. `progress(done, total)` is called as
-    configurations are settled. Raises ValueError naming the fix for what cannot run."""
+    only those at most `max_step_time` if it is given; `nics_per_node` defaults to gpus_per_node.
+    `limits` narrow the space: tp, pp, micro_batch, schedules, virtual, recompute, zero,
+    sequence_parallel (each one value or a list), max_micro_batch, max_virtual. `progress(done,
+    total)` is called as configurations are settled. Raises ValueError naming the fix."""
     start = time.perf_counter()
     m = find_model(model) if isinstance(model, str) else model
     g = resolve(gpu)
     _positive("gpus", gpus), _positive("global_batch", global_batch), _positive("gpus_per_node", gpus_per_node)
+    nics_per_node = _positive("nics_per_node", gpus_per_node if nics_per_node is None else nics_per_node)
     if top is not None:
         _positive("top", top)
     precision_bytes(precision)
@@ -348,7 +349,7 @@ def search(model: Transformer | str, gpu: DeviceProfile | GPU | str, gpus: int, 
     if len(configs) > max_configs:
         raise ValueError(f"the search has {len(configs)} configurations, more than max_configs={max_configs}; "
                          f"narrow it (tp, pp, micro_batch, schedules, recompute, zero) or raise max_configs")
-    bounds = Bounds(m, g, global_batch, precision, gpus_per_node, partition)
+    bounds = Bounds(m, g, global_batch, precision, gpus_per_node, partition, nics_per_node)
     cap = math.inf if max_step_time is None else max_step_time
     best: list[tuple[float, int, Row]] = []   # a max-heap of the `top` fastest that fit, by (step time, index)
     points: list[Row] = []
@@ -360,8 +361,8 @@ def search(model: Transformer | str, gpu: DeviceProfile | GPU | str, gpus: int, 
     total = len(configs)
     for i, c, waiting in _best_first(configs, bounds, g.memory, limit, dropped):
         try:
-            e = estimate(m, g, precision=precision, gpus_per_node=gpus_per_node, partition=partition,
-                         global_batch=global_batch, **c.kwargs())
+            e = estimate(m, g, precision=precision, gpus_per_node=gpus_per_node, nics_per_node=nics_per_node,
+                         partition=partition, global_batch=global_batch, **c.kwargs())
         except (ValueError, ScheduleError) as err:
             dropped[f"refused by the estimate: {str(err).splitlines()[0][:60]}"] += 1
             continue
@@ -382,9 +383,9 @@ def search(model: Transformer | str, gpu: DeviceProfile | GPU | str, gpus: int, 
         progress(total, total)
     rows = [r for _, _, r in sorted(best, key=lambda b: (-b[0], b[2].peak_memory, -b[1])) if r.step_time <= cap]
     if rows and rows[0].estimate is None:  # the best keeps its step, for the figures
-        rows[0] = _row(rows[0].config, estimate(m, g, precision=precision, gpus_per_node=gpus_per_node,
-                                                 partition=partition, global_batch=global_batch,
-                                                 **rows[0].config.kwargs()), keep=True)
+        best_kw = dict(precision=precision, gpus_per_node=gpus_per_node, nics_per_node=nics_per_node,
+                       partition=partition, global_batch=global_batch, **rows[0].config.kwargs())
+        rows[0] = _row(rows[0].config, estimate(m, g, **best_kw), keep=True)
     return Plan(m, g, gpus, global_batch, rows, points, dropped, len(configs), len(points),
                 time.perf_counter() - start)
 

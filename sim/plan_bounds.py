@@ -19,13 +19,14 @@ from .engine import simulate
 from .data_parallel import optimizer_time, stage_params
 from .estimate import Layout, _partition, _stage_costs, end_times
 from .footprint import optimizer_step_bytes, state_bytes_per_param
-from .device_profile import DeviceProfile
+from .device_profile import DeviceProfile, resolve
 from .ir import Schedule
 from .kernels import memory_time, precision_bytes
 from .kinds import KINDS, Kind, program_peak
 from .layer import Slice, layer_times
 from .partition import even
 from .schedules import make_schedule
+from .topology import Topology
 from .transformer import Transformer
 
 if TYPE_CHECKING:
@@ -85,20 +86,23 @@ class Bounds:
     `sim.estimate` does; with another partition, only the averages over the devices."""
 
     def __init__(self, m: Transformer, g: DeviceProfile, global_batch: int, precision: str, gpus_per_node: int,
-                 partition="even"):
-        self.m, self.g, self.batch, self.precision, self.gpn = m, g, global_batch, precision, gpus_per_node
+                 partition="even", nics_per_node: int | None = None):
+        self.m, self.g, self.batch, self.precision, self.gpn = m, resolve(g), global_batch, precision, gpus_per_node
+        self.nics = gpus_per_node if nics_per_node is None else nics_per_node
         self.partition = partition if isinstance(partition, str) else tuple(partition)
         self.even = partition == "even"
         self.params = m.params()
         self._layer, self._ends, self._shape, self._unit = {}, {}, {}, {}
 
     def _slice(self, c: Config) -> Slice:
-        return Slice(c.micro_batch, c.tp, c.sequence_parallel, self.precision, tp_network=c.tp > self.gpn)
+        group = Topology(c.tp, c.pp, c.dp, self.gpn, self.nics).group("tp")
+        return Slice(c.micro_batch, c.tp, c.sequence_parallel, self.precision, tp_group=group)
 
     def layer(self, c: Config):
-        key = (c.micro_batch, c.tp, c.sequence_parallel, c.recompute)
+        x = self._slice(c)
+        key = (x, c.recompute)
         if key not in self._layer:
-            self._layer[key] = layer_times(self.m, self.g, self._slice(c), c.recompute)
+            self._layer[key] = layer_times(self.m, self.g, x, c.recompute)
         return self._layer[key]
 
     def _key(self, c: Config) -> tuple:
@@ -153,12 +157,11 @@ class Bounds:
         """The per-stage costs, layers per stage and layout that `sim.estimate` simulates `c`
         with (its own functions, so the bound follows any change to the estimate)."""
         sh, lt, x = self.shape(c), self.layer(c), self._slice(c)
-        key = (c.micro_batch, c.tp, c.sequence_parallel)
-        if key not in self._ends:
-            self._ends[key] = end_times(self.m, self.g, x)
-        ends = self._ends[key]
+        if x not in self._ends:
+            self._ends[x] = end_times(self.m, self.g, x)
+        ends = self._ends[x]
         lay = Layout(global_batch=self.batch, precision=self.precision, gpus_per_node=self.gpn,
-                     partition=self.partition, **c.kwargs())
+                     partition=self.partition, nics_per_node=self.nics, **c.kwargs())
         layers = _partition(self.m.layers, sh.schedule.stages, self.partition, lt, ends)
         costs, _ = _stage_costs(self.m, self.g, lay, x, lt, ends, layers, sh.schedule.placement)
         return costs.for_stages(sh.schedule.stages), layers, lay

@@ -68,6 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sequence parallelism (only where tp > 1)")
     p.add_argument("--precision", default="bf16", help="bf16, fp16 or fp32")
     p.add_argument("--gpus-per-node", type=whole, default=8, help="GPUs joined by NVLink")
+    p.add_argument("--nics-per-node", type=whole, help="network cards a node's GPUs share "
+                                                       "(default: --gpus-per-node, one a GPU)")
     p.add_argument("--max-micro-batch", type=whole, default=MAX_MICRO_BATCH, help="largest micro-batch tried")
     p.add_argument("--max-virtual", type=whole, default=MAX_VIRTUAL, help="most chunks per device tried")
     p.add_argument("--max-configs", type=whole, default=MAX_CONFIGS, help="refuse a larger search")
@@ -141,7 +143,8 @@ def _limits(args: argparse.Namespace) -> dict:
     sp = {"both": None, "on": [True], "off": [False]}[args.sequence_parallel]
     return dict(tp=args.tp, pp=args.pp, micro_batch=args.micro_batch, schedules=args.schedules,
                 virtual=args.virtual, recompute=args.recompute, zero=args.zero, sequence_parallel=sp,
-                precision=args.precision, gpus_per_node=args.gpus_per_node, max_micro_batch=args.max_micro_batch,
+                precision=args.precision, gpus_per_node=args.gpus_per_node,
+                nics_per_node=args.nics_per_node, max_micro_batch=args.max_micro_batch,
                 max_virtual=args.max_virtual, max_configs=args.max_configs, top=args.top)
 
 

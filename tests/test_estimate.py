@@ -11,7 +11,9 @@ from sim.data_parallel import stage_params
 from sim.estimate import end_times
 from sim.footprint import optimizer_step_bytes, state_bytes_per_param
 from sim.gpus import gpu
-from sim.kernels import TILE, collective_time, gemm_flops, gemm_time
+from sim.kernels import TILE, gemm_flops, gemm_time
+from sim.network import collective_time, links_of
+from sim.topology import one_node
 from sim.layer import Slice, gemm_shapes, layer_times
 from sim.partition import balanced, even
 from sim.transformer import Transformer
@@ -46,21 +48,6 @@ def test_a_thin_gemm_is_memory_bound():
     m, n, k = 65536, 65536, 8  # 16 FLOPs per output element: far below the ridge point
     assert gemm_time(A100, "bf16", m, n, k) == pytest.approx(
         (m * k + k * n + m * n) * 2 / A100.memory_bandwidth)
-
-
-@given(st.integers(2, 64), st.floats(1e3, 1e10), st.booleans())
-def test_ring_collectives_closed_form(n, nbytes, network):
-    """All-reduce = reduce-scatter + all-gather in bytes and steps; each of its 2(n-1) steps moves 1/n."""
-    ar = collective_time(A100, "all_reduce", nbytes, n, network)
-    rs = collective_time(A100, "reduce_scatter", nbytes, n, network)
-    ag = collective_time(A100, "all_gather", nbytes, n, network)
-    link = A100.link("network" if network else "node")
-    base = link.base_latency
-    assert rs == pytest.approx(ag)
-    assert ar - base == pytest.approx(2 * (rs - base))
-    bw, hop = link.bus_bandwidth, link.hop_latency
-    assert ar == pytest.approx(base + 2 * (n - 1) * (hop + nbytes / n / bw))
-    assert collective_time(A100, "all_reduce", nbytes, 1, network) == 0.0
 
 
 # ---- layer ----------------------------------------------------------------------------------------
@@ -129,7 +116,7 @@ def test_the_receiver_gathers_the_scattered_activation(sp):
     e = sim.estimate(m, "a100-80gb", tp=8, pp=2, micro_batch=b, global_batch=4, sequence_parallel=sp)
     x = Slice(b, 8, sp, "bf16")
     lt, ends = layer_times(m, A100, x), end_times(m, A100, x)
-    g = 0.0 if sp else collective_time(A100, "all_gather", b * m.seq * m.hidden * 2, 8, False)
+    g = 0.0 if sp else collective_time(links_of(A100), "all_gather", b * m.seq * m.hidden * 2, one_node(8))
     assert g > 0 or sp
     want = {(0, "F"): 12 * lt.forward + ends["first_F"], (1, "F"): 12 * lt.forward + ends["last_F"] + g,
             (0, "B"): 12 * lt.backward + ends["first_I"] + ends["first_W"] + g,

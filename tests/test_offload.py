@@ -348,6 +348,6 @@ def test_estimate_with_offloading():
     for parts, peak in zip(off.memory_parts, off.peak_memory):
         assert sum(parts.values()) == pytest.approx(peak)
     assert all(o <= p for o, p in zip(off.peak_memory, plain.peak_memory)) and off.peak_memory[0] < plain.peak_memory[0]
-    free = dataclasses.replace(g, pcie_bandwidth=math.inf)
+    free = dataclasses.replace(sim.profile(g.name), gpu=dataclasses.replace(g, pcie_bandwidth=math.inf))
     fast = sim.estimate("gpt3-175b", free, **GPT, offload=True)
     assert fast.step_time == pytest.approx(plain.step_time, rel=1e-12) and fast.time_parts["offload_wait"] == 0

@@ -123,8 +123,8 @@ def problems(draw):
 
 @settings(max_examples=100, deadline=None)
 @given(problems(), st.sampled_from(["bf16", "fp16"]), st.sampled_from(["even", "balanced"]),
-       st.randoms(use_true_random=False))
-def test_bounds_never_exceed_the_estimate_of_random_layouts(problem, precision, partition, rnd):
+       st.sampled_from([None, 1, 4]), st.randoms(use_true_random=False))
+def test_bounds_never_exceed_the_estimate_of_random_layouts(problem, precision, partition, nics, rnd):
     """Each bound, on a few configurations of a random problem's space (zb-auto, built
     under the run's own costs, included): the memory bounds at most the estimate's peak,
     each step-time bound at least the one before it and at most the estimate's step; the
@@ -133,11 +133,11 @@ def test_bounds_never_exceed_the_estimate_of_random_layouts(problem, precision, 
     configs = [c for c in plan.configurations(m, gpus, batch, schedules=list(sim.SCHEDULES), gpus_per_node=per_node,
                                               max_micro_batch=4)
                if c.schedule != "zb-auto" or (c.pp <= 4 and batch // (c.dp * c.micro_batch) <= 6)]  # its search: seconds
-    bounds = plan.Bounds(m, sim.GPUS[gpu], batch, precision, per_node, partition)
+    bounds = plan.Bounds(m, sim.GPUS[gpu], batch, precision, per_node, partition, nics)
     for c in rnd.sample(configs, min(4, len(configs))):
         try:
             e = sim.estimate(m, gpu, global_batch=batch, precision=precision, gpus_per_node=per_node,
-                             partition=partition, **c.kwargs())
+                             nics_per_node=nics, partition=partition, **c.kwargs())
         except (ValueError, sim.ScheduleError):
             continue
         assert bounds.memory_average(c) <= bounds.memory(c) <= max(e.peak_memory) * (1 + 1e-9), c
@@ -166,7 +166,7 @@ def test_pruned_search_ranks_as_an_exhaustive_loop(problem, top, room, rnd):
         everything.append((e.step_time, i, max(e.peak_memory), c))
     assume(everything)
     peaks = sorted(p for _, _, p, _ in everything)
-    g = dataclasses.replace(sim.GPUS[gpu], memory=int(peaks[int(room * (len(peaks) - 1))]))
+    g = dataclasses.replace(sim.profile(gpu), gpu=dataclasses.replace(sim.GPUS[gpu], memory=int(peaks[int(room * (len(peaks) - 1))])))
     fitting = sorted(x for x in everything if x[2] <= g.memory)
     ranked = sorted(fitting[:top], key=lambda x: (x[0], x[2], x[1]))
     found = plan.search(m, g, gpus, batch, top=top, **space)
@@ -207,6 +207,8 @@ BASE = ["--model", "gpt3-175b", "--gpu", "a100-80gb", "--gpus", "1024", "--globa
     ({"--gpus": "12", "--tp": "8"}, "12 GPUs do not split into tensor-parallel groups of 8"),
     ({"--global-batch": "1000", "--micro-batch": "3"}, "does not split"),
     ({"--top": "0"}, "need an integer >= 1"),
+    ({"--nics-per-node": "0"}, "need an integer >= 1"),
+    ({"--nics-per-node": "four"}, "'four' is not a whole number"),
 ])
 def test_bad_input_is_one_line_and_status_2(change, words, capsys):
     argv = list(BASE)

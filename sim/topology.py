@@ -1,0 +1,162 @@
+"""Where a run's GPUs sit on the nodes, and which link each of its communicating groups uses.
+
+Ranks are numbered as Megatron-LM numbers them: tensor parallelism fastest, then data
+parallelism, then the pipeline (megatron/core/parallel_state.py, `initialize_model_parallel`,
+default `order="tp-cp-ep-dp-pp"`, with no context or expert parallelism; DeepSpeed's
+`PipeModelDataParallelTopology` orders its axes the same way). The rank of tensor-parallel
+index t, replica d and pipeline device p is
+
+    rank = t + tp * (d + dp * p)
+
+and rank r sits on node r // gpus_per_node. A group of an axis is the ranks that differ only in
+that axis's index: "tp" (Megatron's tensor-parallel group: t varies), "dp" (the gradients'
+data-parallel group: d varies), "pp" (a pipeline: p varies) and "embedding" (the first and
+last device of each pipeline, which all-reduce the tied word embedding's gradient: Megatron's
+embedding group).
+
+What a collective over a group costs depends on how the group sits on the nodes (`Group`):
+its size n, the nodes it spans N, and k, the fewest of its GPUs on one of those nodes. One
+node: NVLink (through the NVSwitch every GPU has its own links, so concurrent groups do not
+share them). More than one: NCCL builds one ring (or tree) per channel and sends each
+channel's node-to-node traffic through a different NIC, the one nearest the GPU that sends it,
+so the k GPUs of a group on a node drive k NICs at once (NVIDIA/nccl `src/graph/search.cc`
+and `tuning.cc`: a ring's bus bandwidth is its channels times the bandwidth of each). But
+every group of an axis communicates at the same time (all dp groups reduce their gradients
+together; all tp groups of a stage run the same layer), so the groups with GPUs on one node
+share its NICs: gpus_per_node / k groups on the node, nics_per_node NICs in all, so a group's
+k GPUs get
+
+    nic_share = k * nics_per_node / gpus_per_node    NICs (at most nics_per_node)
+
+(`sim.network` caps the product with NVLink's bandwidth: the ring also runs through NVLink
+inside the node). With one NIC a GPU (DGX A100 / H100: `nics_per_node = gpus_per_node`, the
+default) that is k NICs; with 4 NICs for 8 GPUs, k/2. A pipeline send from one GPU to the next
+stage's is a group of two; every GPU of a stage sends at once, so each gets the GPU's share,
+nics_per_node / gpus_per_node NICs.
+
+Where an axis's groups sit differently (sizes that do not divide the node), `Topology.group`
+answers with the slowest: one that crosses nodes before one that does not, then the fewest
+GPUs on a node (the smallest NIC share), then the most nodes.
+
+    >>> t = Topology(tp=16, pp=1, dp=2, gpus_per_node=8, nics_per_node=4)
+    >>> t.group("tp")
+    Group(size=16, per_node=8, nodes=2, nic_share=4.0)
+    >>> t.group("dp")     # rank r and r + 16: one GPU of the group on each of two nodes
+    Group(size=2, per_node=1, nodes=2, nic_share=0.5)
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from functools import lru_cache
+
+AXES = ("tp", "dp", "pp", "embedding")
+
+
+@dataclass(frozen=True)
+class Group:
+    """How one communicating group sits on the nodes: its GPUs, the fewest of them on one node
+    it spans (k), the nodes it spans, and the NICs its k GPUs on a node get while every group
+    of its axis communicates (see the module's docstring)."""
+    size: int
+    per_node: int
+    nodes: int
+    nic_share: float
+
+    @property
+    def network(self) -> bool:
+        """Whether the group spans nodes (its traffic goes through the NICs)."""
+        return self.nodes > 1
+
+
+def one_node(size: int) -> Group:
+    """A group of `size` GPUs inside one node (NVLink only: no NIC share)."""
+    return Group(size, size, 1, 0.0)
+
+
+@dataclass(frozen=True)
+class Topology:
+    """tp x dp x pp GPUs in Megatron-LM's rank order on nodes of `gpus_per_node` GPUs and
+    `nics_per_node` network cards (default: one a GPU)."""
+    tp: int
+    pp: int
+    dp: int
+    gpus_per_node: int = 8
+    nics_per_node: int | None = None
+
+    def __post_init__(self):
+        if self.nics_per_node is None:
+            object.__setattr__(self, "nics_per_node", self.gpus_per_node)
+        for name in ("tp", "pp", "dp", "gpus_per_node", "nics_per_node"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.dp * self.pp
+
+    def rank(self, t: int, d: int, p: int) -> int:
+        """The global rank of tensor-parallel index t, replica d, pipeline device p."""
+        return t + self.tp * (d + self.dp * p)
+
+    def node(self, rank: int) -> int:
+        return rank // self.gpus_per_node
+
+    def groups(self, axis: str) -> list[tuple[int, ...]]:
+        """Every group of `axis` ("tp", "dp", "pp", "embedding"), each as its ranks in order."""
+        r, tp, dp, pp = self.rank, self.tp, self.dp, self.pp
+        if axis == "tp":
+            return [tuple(r(t, d, p) for t in range(tp)) for p in range(pp) for d in range(dp)]
+        if axis == "dp":
+            return [tuple(r(t, d, p) for d in range(dp)) for p in range(pp) for t in range(tp)]
+        if axis == "pp":
+            return [tuple(r(t, d, p) for p in range(pp)) for d in range(dp) for t in range(tp)]
+        if axis == "embedding":
+            return [(g[0], g[-1]) if pp > 1 else g for g in self.groups("pp")]
+        raise ValueError(f"axis must be one of {', '.join(AXES)}; got {axis!r}")
+
+    def placed(self, ranks) -> Group:
+        """How the group of `ranks` sits on the nodes, its axis's groups all communicating."""
+        counts = Counter(self.node(r) for r in ranks).values()
+        if len(counts) == 1:
+            return one_node(len(ranks))
+        k = min(counts)
+        share = min(float(self.nics_per_node), k * self.nics_per_node / self.gpus_per_node)
+        return Group(len(ranks), k, len(counts), share)
+
+    def group(self, axis: str) -> Group:
+        """The slowest group of `axis` (see the module's docstring)."""
+        return _slowest(self, axis)
+
+    def send(self, a: int, b: int) -> Group:
+        """A pipeline send from device a to device b: the slowest of its tp*dp pairs (a group of
+        two, one send per GPU of the stage at once: each GPU's share of the NICs)."""
+        return _send(self, a, b)
+
+    def pipeline_send(self, placement) -> Group:
+        """The slowest send between consecutive stages of a schedule (stage s on device
+        placement[s]); a one-GPU group where no two consecutive stages are on two devices."""
+        sends = [self.send(a, b) for a, b in zip(placement, placement[1:]) if a != b]
+        return min(sends, key=_slowness, default=one_node(1))
+
+
+def _slowness(g: Group) -> tuple:
+    return (not g.network, g.per_node, -g.nodes)
+
+
+@lru_cache(maxsize=4096)
+def _slowest(topo: Topology, axis: str) -> Group:
+    return min((topo.placed(g) for g in topo.groups(axis)), key=_slowness)
+
+
+@lru_cache(maxsize=65536)
+def _send(topo: Topology, a: int, b: int) -> Group:
+    for p in (a, b):
+        if not (isinstance(p, int) and 0 <= p < topo.pp):
+            raise ValueError(f"pipeline devices are 0..{topo.pp - 1}; got {p!r}")
+    crosses = any(topo.node(topo.rank(t, d, a)) != topo.node(topo.rank(t, d, b))
+                  for d in range(topo.dp) for t in range(topo.tp))
+    if not crosses:
+        return one_node(2)
+    return Group(2, 1, 2, min(float(topo.nics_per_node), topo.nics_per_node / topo.gpus_per_node))
