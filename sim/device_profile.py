@@ -135,15 +135,14 @@ class DeviceProfile:
 
 
 def _interpolate(pts: list[tuple[float, float]], x: float) -> float:
-    """Piecewise linear through `pts` (sorted by x); the first point's y below it, the last
-    two points' slope above them."""
-    if x <= pts[0][0] or len(pts) == 1:
-        return pts[0][1] if x <= pts[0][0] else pts[0][1] * x / pts[0][0]
+    """Piecewise linear through `pts` (sorted by x); the first point's y below it (a latency
+    floor), the last point's rate above it (time in proportion to bytes: bandwidth-bound)."""
+    if x <= pts[0][0]:
+        return pts[0][1]
     for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
         if x <= x1:
             return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
-    (x0, y0), (x1, y1) = pts[-2], pts[-1]
-    return y1 + (y1 - y0) * (x - x1) / (x1 - x0)
+    return pts[-1][1] * x / pts[-1][0]
 
 
 # ---------------------------------------------------------------------------- reading

@@ -151,7 +151,7 @@ class Bounds:
         average device's share. No schedule needed."""
         lt = self.layer(c)
         micro = self.batch // (c.dp * c.micro_batch)
-        return micro * self.m.layers / c.pp * (lt.forward + lt.backward) + self._optimizer(c)
+        return micro * self.m.layers / c.pp * (lt.forward + lt.backward) + self._optimizer(c) + self.g.step_overhead
 
     def costs(self, c: Config) -> tuple[StageCosts, list[int], Layout]:
         """The per-stage costs, layers per stage and layout that `sim.estimate` simulates `c`
@@ -194,7 +194,7 @@ class Bounds:
             after = tail[first] if sh.last[d] in (Kind.B, Kind.I) else 0.0
             reduce = sum(sc.grad_reduce[s] for s in stages)
             longest = max(longest, head[first] + sum(busy[s] for s in stages) + max(after, reduce))
-        return max(self.average(c), longest + optimizer_time(self.m, self.g, lay, layers, place))
+        return max(self.average(c), longest + optimizer_time(self.m, self.g, lay, layers, place) + self.g.step_overhead)
 
     def schedule_time(self, c: Config) -> float:
         """The schedule's makespan with each stage's F, B, I, W at (1, 2, 1, 1) per layer
