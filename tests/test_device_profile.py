@@ -198,7 +198,7 @@ def _monotone_table(draw):
 @settings(max_examples=40, deadline=None)
 @given(pts=_monotone_table(), where=st.floats(0, 1), beyond=st.floats(0, 4))
 def test_collective_and_p2p_tables_interpolate(pts, where, beyond):
-    """Linear between rows, the last two rows' slope above them, the first row's time below."""
+    """Linear between rows, the last row's bandwidth above it, the first row's time below."""
     coll = _with("collectives", "table", [["all_reduce", "node", 4, x, y] for x, y in pts])
     p2p = _with("p2p", "table", [["network", x, y] for x, y in pts])
 
@@ -214,7 +214,7 @@ def test_collective_and_p2p_tables_interpolate(pts, where, beyond):
     assert both(x) == pytest.approx(y0 + where * (y1 - y0), rel=1e-9, abs=1e-15)
     (xa, ya), (xb, yb) = pts[-2], pts[-1]
     far = xb + beyond * (xb - xa)
-    assert both(far) == pytest.approx(yb + beyond * (yb - ya), rel=1e-9)
+    assert both(far) == pytest.approx(yb * far / xb, rel=1e-9)  # the last row's bandwidth
     assert both(pts[0][0] / 2) == pts[0][1]
     assert coll.collective_lookup("all_reduce", "node", 8, x) is None      # no rows of 8 ranks: the model
     assert coll.collective_lookup("all_gather", "node", 4, x) is None
