@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -114,12 +115,21 @@ class DeviceProfile:
     def collective_lookup(self, op: str, link: str, ranks: int, nbytes: float) -> float | None:
         """Seconds of a collective from the measured table, interpolated in bytes; None if the
         table has no row of (op, link, ranks)."""
-        pts = sorted((r[3], r[4]) for r in self.collective_rows if r[:3] == (op, link, ranks))
+        pts = self._collective_points.get((op, link, ranks))
         return _interpolate(pts, nbytes) if pts else None
 
     def p2p_lookup(self, link: str, nbytes: float) -> float | None:
-        pts = sorted((r[1], r[2]) for r in self.p2p_rows if r[0] == link)
+        pts = self._p2p_points.get(link)
         return _interpolate(pts, nbytes) if pts else None
+
+    @cached_property
+    def _collective_points(self) -> dict:
+        """The collective table's (bytes, seconds), sorted, by (op, link, ranks): built once."""
+        return _by_key(((r[:3], (r[3], r[4])) for r in self.collective_rows))
+
+    @cached_property
+    def _p2p_points(self) -> dict:
+        return _by_key(((r[0], (r[1], r[2])) for r in self.p2p_rows))
 
     def source(self, path: str) -> dict:
         """Where the number at dotted `path` (e.g. "collectives.node.bus_bandwidth") comes from."""
@@ -132,6 +142,13 @@ class DeviceProfile:
 
     def to_dict(self) -> dict:
         return json.loads(json.dumps(self.data))
+
+
+def _by_key(pairs) -> dict:
+    out: dict = {}
+    for key, pt in pairs:
+        out.setdefault(key, []).append(pt)
+    return {k: sorted(v) for k, v in out.items()}
 
 
 def _interpolate(pts: list[tuple[float, float]], x: float) -> float:
