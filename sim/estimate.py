@@ -158,8 +158,7 @@ def _offload(m: Transformer, g: GPU, lay: Layout, layers: list[int], sched, cost
     recompute keeps of its layers, their inputs (`Transformer.activation_bytes_per_layer`),
     over PCIe at the GPU's `pcie_bandwidth` each way; the embedding's and output layer's
     activations stay on the GPU."""
-    e = precision_bytes(lay.precision)
-    per_layer = m.activation_bytes_per_layer(lay.micro_batch, lay.tp, lay.sequence_parallel, "full") * e / 2
+    per_layer = m.activation_bytes_per_layer(lay.micro_batch, lay.tp, lay.sequence_parallel, "full", lay.precision)
     nbytes = tuple(n * per_layer for n in layers)
     times = tuple(copy_time(b, g.pcie_bandwidth) for b in nbytes)
     return add_offload(sched), replace(costs, offload_bytes=nbytes, offload=times, reload=times)
@@ -291,16 +290,13 @@ def _stage_costs(m: Transformer, g: GPU, lay: Layout, x: Slice, lt: LayerTimes, 
            + (ends["last_I"] + ends["last_W"] if la else 0.0) for n, f, la in zip(layers, first, last)]
     e = precision_bytes(lay.precision)
     sbh = m.seq * lay.micro_batch * m.hidden
-    split = lay.tp if lay.sequence_parallel else 1
-    act_layer = m.activation_bytes_per_layer(lay.micro_batch, lay.tp, lay.sequence_parallel, lay.recompute) * e / 2
-    w_layer = m.w_activation_bytes_per_layer(lay.micro_batch, lay.tp, lay.sequence_parallel) * e / 2
-    # Korthikanti et al. 2022, Sec. 4.3: the embedding's dropout mask (sbh, 1 byte) on the first
-    # stage; the final LayerNorm's and output layer's inputs (2sbh each) and the fp32 logits
-    # (4sbV/t) on the last; W of the output layer needs its input and the logits' gradient.
-    logits = m.seq * lay.micro_batch * m.vocab / lay.tp
-    act = [n * act_layer + (sbh / split if f else 0.0) + ((4 * sbh * e / 2) / split + 4 * logits if la else 0.0)
+    act_layer = m.activation_bytes_per_layer(lay.micro_batch, lay.tp, lay.sequence_parallel, lay.recompute,
+                                             lay.precision)
+    w_layer = m.w_activation_bytes_per_layer(lay.micro_batch, lay.tp, lay.sequence_parallel, lay.precision)
+    ends_b = m.end_activation_bytes(lay.micro_batch, lay.tp, lay.sequence_parallel, lay.precision)
+    act = [n * act_layer + (ends_b["first"] if f else 0.0) + (ends_b["last"] if la else 0.0)
            for n, f, la in zip(layers, first, last)]
-    w_act = [n * w_layer + ((2 * sbh * e / 2) / split + e * logits if la else 0.0) for n, la in zip(layers, last)]
+    w_act = [n * w_layer + (ends_b["last_w"] if la else 0.0) for n, la in zip(layers, last)]
     per = state_bytes_per_param(lay.precision, lay.zero, lay.dp)
     params = stage_params(m, layers, lay.tp, placement)
     network_pp = lay.tp * lay.dp >= lay.gpus_per_node or lay.tp > lay.gpus_per_node
