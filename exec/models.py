@@ -34,9 +34,7 @@ slowest stage, preferring cuts where the tensor passed between stages is small
 """
 from __future__ import annotations
 
-import math
 import statistics
-import time
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -46,6 +44,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from sim.partition import balanced, even
+
+from .cuts import balanced_cuts, layer_times
 from sim.transformer import RECOMPUTE, Transformer
 
 __all__ = ["ModelSpec", "MLPBlock", "Embedding", "Block", "Head", "balanced_cuts", "layer_times", "stage_bounds",
@@ -329,87 +329,18 @@ class ModelSpec:
         bounds[-1] = self.num_layers
         return bounds
 
+    def build_stages(self, stages: int, balance: str = "layers", micro: int = 1,
+                     bounds: Sequence[int] | None = None) -> list[nn.Module]:
+        """The model cut into `stages` nn.Sequential of consecutive layers (see
+        `partition`; pass `bounds` to reuse a partition already made)."""
+        bounds = list(bounds) if bounds is not None else self.partition(stages, balance, micro)
+        if len(bounds) != stages + 1 or bounds[0] != 0 or bounds[-1] != self.num_layers or \
+                any(a >= b for a, b in zip(bounds, bounds[1:])):
+            raise ValueError(f"bounds must rise strictly from 0 to {self.num_layers} in {stages + 1} steps, got {bounds}")
+        layers = self.build_layers()
+        return [nn.Sequential(*layers[a:b]) for a, b in zip(bounds, bounds[1:])]
+
 
 def stage_bounds(n: int, cuts: Sequence[int]) -> list[int]:
     """Cut points -> boundaries: cuts (1..n-1, rising) become [0, *cuts, n]."""
     return [0, *cuts, n]
-
-
-# ---------------------------------------------------------------------------- profiling and splitting
-
-def layer_times(spec: ModelSpec, micro: int = 1, repeats: int = 5) -> tuple[list[float], list[int]]:
-    """Per layer, the median seconds of forward + backward on one micro-batch (the last
-    layer includes the loss), and the bytes of each layer's output."""
-    layers = spec.build_layers()
-    x, y = spec.micro_batches(micro)[0]
-    times, out_bytes = [], []
-    for i, layer in enumerate(layers):
-        last = i == len(layers) - 1
-        inp = x.detach().requires_grad_(x.is_floating_point())
-        samples = []
-        for _ in range(repeats + 1):  # the first run warms up
-            t = time.perf_counter()
-            out = layer(inp)
-            if last:
-                spec.loss(out, y).backward()
-            else:
-                out.backward(torch.ones_like(out))
-            samples.append(time.perf_counter() - t)
-        times.append(statistics.median(samples[1:]))
-        out_bytes.append(out.numel() * out.element_size())
-        x = out.detach()
-    return times, out_bytes
-
-
-def balanced_cuts(costs: Sequence[float], stages: int, cut_bytes: Sequence[float] | None = None,
-                  tolerance: float = 0.0) -> list[int]:
-    """Contiguous split of layers with `costs` into `stages` non-empty stages.
-
-    Returns the stages - 1 cut points c (1 <= c < n; stage boundaries [0, *cuts, n]).
-    First the smallest possible slowest stage T* is found exactly; then, among the splits
-    whose every stage costs at most T* * (1 + tolerance), the one with the fewest bytes
-    crossing cuts (`cut_bytes[i]` = bytes sent when cutting after layer i, n - 1 values;
-    all zero if None), then with the smallest slowest stage. Dynamic programming,
-    O(stages * n^2)."""
-    n = len(costs)
-    if stages < 1 or stages > n:
-        raise ValueError(f"cannot cut {n} layers into {stages} stages; need 1 <= stages <= {n}")
-    if cut_bytes is None:
-        cut_bytes = [0.0] * (n - 1)
-    if len(cut_bytes) != n - 1:
-        raise ValueError(f"cut_bytes needs one value per gap between layers ({n - 1}), got {len(cut_bytes)}")
-
-    def cost(a: int, b: int) -> float:  # layers [a, b)
-        return math.fsum(costs[a:b])
-
-    # best[k][i]: objective of splitting layers [0, i) into k stages, and the last cut
-    inf = (math.inf, math.inf)
-
-    def solve(bound: float, objective) -> tuple[tuple[float, float], list[int]]:
-        best = [[inf] * (n + 1) for _ in range(stages + 1)]
-        back = [[0] * (n + 1) for _ in range(stages + 1)]
-        best[0][0] = (0.0, 0.0)
-        for k in range(1, stages + 1):
-            for i in range(k, n - (stages - k) + 1):
-                for j in range(k - 1, i):
-                    if best[k - 1][j] == inf:
-                        continue
-                    c = cost(j, i)
-                    if c > bound:
-                        continue
-                    cand = objective(best[k - 1][j], c, j)
-                    if cand < best[k][i]:
-                        best[k][i], back[k][i] = cand, j
-        cuts, i = [], n
-        for k in range(stages, 0, -1):
-            i = back[k][i]
-            cuts.append(i)
-        return best[stages][n], sorted(cuts)[1:]
-
-    # pass 1: minimise the slowest stage (objective (max, 0))
-    (t_star, _), _ = solve(math.inf, lambda prev, c, j: (max(prev[0], c), 0.0))
-    # pass 2: minimise (bytes at cuts, slowest stage) among splits within the bound
-    bound = t_star * (1 + tolerance)
-    _, cuts = solve(bound, lambda prev, c, j: (prev[0] + (cut_bytes[j - 1] if j > 0 else 0.0), max(prev[1], c)))
-    return cuts
-

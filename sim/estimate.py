@@ -292,11 +292,13 @@ def _stage_costs(m: Transformer, g: GPU, lay: Layout, x: Slice, lt: LayerTimes, 
     sbh = m.seq * lay.micro_batch * m.hidden
     act_layer = m.activation_bytes_per_layer(lay.micro_batch, lay.tp, lay.sequence_parallel, lay.recompute,
                                              lay.precision)
-    w_layer = m.w_activation_bytes_per_layer(lay.micro_batch, lay.tp, lay.sequence_parallel, lay.precision)
+    w_layer = m.w_activation_bytes_per_layer(lay.micro_batch, lay.tp, lay.sequence_parallel, lay.precision,
+                                             lay.recompute)
     ends_b = m.end_activation_bytes(lay.micro_batch, lay.tp, lay.sequence_parallel, lay.precision)
     act = [n * act_layer + (ends_b["first"] if f else 0.0) + (ends_b["last"] if la else 0.0)
            for n, f, la in zip(layers, first, last)]
-    w_act = [n * w_layer + (ends_b["last_w"] if la else 0.0) for n, la in zip(layers, last)]
+    w_act = [n * w_layer + (ends_b["first_w"] if f else 0.0) + (ends_b["last_w"] if la else 0.0)
+             for n, f, la in zip(layers, first, last)]
     per = state_bytes_per_param(lay.precision, lay.zero, lay.dp)
     params = stage_params(m, layers, lay.tp, placement)
     network_pp = lay.tp * lay.dp >= lay.gpus_per_node or lay.tp > lay.gpus_per_node

@@ -235,19 +235,23 @@ class Transformer:
         the fp32 logits (4sbV/t); W needs its input and the logits' gradient. kernels="torch":
         the embedding keeps its int64 token ids (and a dropout mask if any); the last stage
         the norm's and output layer's inputs, the norm's fp32 statistics, the log-softmax of
-        the logits (at `precision`), the int64 targets and the loss's fp32 total weight."""
+        the logits (at `precision`), the int64 targets and the loss's fp32 total weight.
+        "first_w": what the first stage's W needs of the embedding's bytes (torch: all; the
+        first stage's I has no input gradient to compute, W runs its whole backward); torch's
+        "last_w": everything below the output layer's weight node (the two inputs, the statistics)."""
         _positive_int("micro_batch", micro_batch)
         e, sb = _element_bytes(precision), self.seq * micro_batch
         split = tp if sequence_parallel else 1
         sbh, logits = sb * self.hidden / split, sb * self.vocab / tp
         if self.kernels == "megatron":
-            return {"first": sbh, "last": 2 * e * sbh + 4 * logits, "last_w": e * sbh + e * logits}
+            return {"first": sbh, "last": 2 * e * sbh + 4 * logits, "first_w": 0.0, "last_w": e * sbh + e * logits}
         stats = self._a["norm_stats"] * _FP32 * sb / split
-        return {"first": _INT64 * sb + (sbh if self.dropout else 0.0),
-                "last": 2 * e * sbh + stats + e * logits + _INT64 * sb + _FP32, "last_w": e * sbh + e * logits}
+        first = _INT64 * sb + (sbh if self.dropout else 0.0)
+        return {"first": first, "last": 2 * e * sbh + stats + e * logits + _INT64 * sb + _FP32,
+                "first_w": first, "last_w": 2 * e * sbh + stats}
 
     def w_activation_bytes_per_layer(self, micro_batch: int, tp: int = 1, sequence_parallel: bool = False,
-                                     precision: str = "bf16") -> float:
+                                     precision: str = "bf16", recompute: str = "none") -> float:
         """Bytes W still needs after I, per GPU: each weight matmul's input and output gradient.
         Qi et al. 2024, Table 1: 32sbh (for arch="gpt", ffn=4h): inputs QKV 2, projection 2,
         MLP 2 + 8 (14sbh) and output gradients QKV 6, projection 2, MLP 8 + 2 (18sbh). Under
@@ -255,8 +259,15 @@ class Transformer:
         gradients of the row-parallel ones (projection, MLP out) are whole on every rank, 8sbh,
         unless sequence parallel; the rest, 24sbh, is split: sbh(8 + 24/t), or 32sbh/t with
         sequence parallelism. The same with any recompute: recompute restores them before I.
-        Elements of `precision` (16-bit above: 2 bytes)."""
+        Elements of `precision` (16-bit above: 2 bytes). kernels="torch": torch's split backward
+        (torch.distributed.pipelining's stage_backward_weight, exec.split_backward) keeps the
+        weight-gradient nodes, and through them every node between them and the input: I frees
+        none of the layer's saved tensors, all of `activation_bytes_per_layer` (with
+        `recompute`) stays until W (which recomputes them from the layer input if asked); the
+        output gradients it keeps are not counted, as exec does not count them."""
         _positive_int("micro_batch", micro_batch)
+        if self.kernels == "torch":
+            return self.activation_bytes_per_layer(micro_batch, tp, sequence_parallel, recompute, precision)
         e = _element_bytes(precision)
         sbh, sbf, m = self.seq * micro_batch * self.hidden, self.seq * micro_batch * self.ffn, self._a["mlp_matrices"]
         replicated = 4 * e * sbh
