@@ -14,6 +14,7 @@ from .gpus import GPU, GPUS
 from .ir import Action, Schedule, ScheduleError
 from .kinds import KINDS, Kind, KindSpec, Role
 from .offload import add_offload
+from .device_profile import DeviceProfile, ProfileError, load_profile, profile, save_profile
 from .passes import add_grad_reduce, check_deadlock, dependencies, lower, validate, waits_for
 from .result import Event, Result
 from .schedules import SCHEDULES, make_schedule
@@ -25,4 +26,5 @@ __all__ = [
     "save_costs", "load_costs", "TRANSPORTS", "simulate", "Event", "Result", "make_schedule", "SCHEDULES",
     "lower", "add_grad_reduce", "add_offload", "validate", "check_deadlock", "dependencies", "waits_for",
     "Transformer", "MODELS", "GPU", "GPUS", "estimate", "Estimate", "Layout",
+    "DeviceProfile", "ProfileError", "load_profile", "save_profile", "profile",
 ]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .footprint import optimizer_step_bytes, state_bytes_per_param
-from .gpus import GPU
+from .device_profile import DeviceProfile
 from .kernels import collective_time, memory_time, precision_bytes
 from .transformer import Transformer
 
@@ -32,7 +32,7 @@ def stage_params(m: Transformer, layers: list[int], tp: int, placement) -> list[
     return out
 
 
-def grad_reduce_times(m: Transformer, g: GPU, lay: Layout, params: list[float], placement) -> list[float]:
+def grad_reduce_times(m: Transformer, g: DeviceProfile, lay: Layout, params: list[float], placement) -> list[float]:
     """Per stage, the reduction of its gradients (the engine's REDUCE_GRAD): a ring all-reduce
     of its gradient bytes over the dp replicas (ZeRO 1-2: a reduce-scatter and, after the
     optimizer, an all-gather of the updated weights, the same bytes, Rajbhandari et al. 2020,
@@ -53,7 +53,7 @@ def grad_reduce_times(m: Transformer, g: GPU, lay: Layout, params: list[float], 
     return out
 
 
-def zero3_times(g: GPU, lay: Layout, params: list[float]) -> tuple[list[float], list[float]]:
+def zero3_times(g: DeviceProfile, lay: Layout, params: list[float]) -> tuple[list[float], list[float]]:
     """Per stage and micro-batch under ZeRO-3, the all-gather of the stage's 16-bit weights
     from their dp shards (before F, and again before the backward) and the reduce-scatter of
     its gradients (after it): DeepSpeed's ZeRO-3, 1.5x a data-parallel all-reduce's bytes per
@@ -68,7 +68,7 @@ def zero3_times(g: GPU, lay: Layout, params: list[float]) -> tuple[list[float], 
     return gather, scatter
 
 
-def optimizer_time(m: Transformer, g: GPU, lay: Layout, layers: list[int], placement) -> float:
+def optimizer_time(m: Transformer, g: DeviceProfile, lay: Layout, layers: list[int], placement) -> float:
     """The AdamW step after the pipeline flush: memory-bound over the parameters each GPU
     updates (all it holds; 1/dp of them under ZeRO), on the device that holds the most."""
     params = stage_params(m, layers, lay.tp, placement)
@@ -76,4 +76,4 @@ def optimizer_time(m: Transformer, g: GPU, lay: Layout, layers: list[int], place
     for s, r in enumerate(placement):
         per_rank[r] += params[s]
     share = lay.dp if lay.zero >= 1 else 1
-    return memory_time(g, max(per_rank) / share * optimizer_step_bytes(lay.precision))
+    return memory_time(g, max(per_rank) / share * optimizer_step_bytes(lay.precision), "optimizer")

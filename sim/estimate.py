@@ -24,13 +24,14 @@ from .costs import Costs
 from .data_parallel import grad_reduce_times, optimizer_time, stage_params, zero3_times
 from .engine import simulate
 from .footprint import state_bytes_per_param
-from .gpus import GPU, gpu as gpu_by_name
+from .gpus import GPU
 from .grad_reduce import add_grad_reduce
-from .kernels import collective_time, gemm_time, link_bandwidth, memory_time, precision_bytes
+from .kernels import collective_time, gemm_time, link_bandwidth, link_latency, memory_time, precision_bytes
 from .kinds import Kind, program_peak
 from .layer import LayerTimes, Slice, layer_times
 from .offload import add_offload, copy_time, reload_waits
 from .partition import balanced, even
+from .device_profile import DeviceProfile, resolve
 from .result import Result
 from .schedules import lookup, make_schedule
 from .transformer import MODELS, Transformer, _recompute, model as model_by_name
@@ -70,7 +71,7 @@ class Layout:
 class Estimate:
     """A predicted training step. Times in seconds, memory in bytes (one value per pipeline device)."""
     model: Transformer
-    gpu: GPU
+    profile: DeviceProfile     # the device profile it was timed with; `gpu` is its datasheet
     layout: Layout
     step_time: float
     tflops_per_gpu: float      # FLOPs executed (recompute included; Narayanan et al. 2021, Eq. 3) / s / GPU
@@ -84,10 +85,14 @@ class Estimate:
     memory_parts: list = field(default_factory=list)  # per pipeline device: weights, grads, optimizer, activations
     warnings: list = field(default_factory=list)
 
+    @property
+    def gpu(self) -> GPU:
+        return self.profile.gpu
+
     def summary(self) -> dict:
         """The estimate as plain data (no result)."""
         lay = self.layout
-        return {"model": _model_name(self.model), "gpu": self.gpu.name, "gpus": lay.gpus, "tp": lay.tp, "pp": lay.pp,
+        return {"model": _model_name(self.model), "gpu": self.gpu.name, "profile": self.profile.name, "gpus": lay.gpus, "tp": lay.tp, "pp": lay.pp,
                 "dp": lay.dp, "micro_batch": lay.micro_batch, "global_batch": lay.global_batch,
                 "micro_batches": lay.micro_batches, "schedule": lay.schedule, "virtual": self.result.schedule.stages // lay.pp,
                 "recompute": lay.recompute, "sequence_parallel": lay.sequence_parallel, "zero": lay.zero,
@@ -101,19 +106,21 @@ def _model_name(m: Transformer) -> str:
     return next((name for name, x in MODELS.items() if x == m), repr(m))
 
 
-def estimate(model: Transformer | str, gpu: GPU | str = "a100-80gb", *, tp: int = 1, pp: int = 1, dp: int = 1,
+def estimate(model: Transformer | str, gpu: DeviceProfile | GPU | str = "a100-80gb", *, tp: int = 1, pp: int = 1, dp: int = 1,
              micro_batch: int = 1, global_batch: int | None = None, gpus_per_node: int = 8, schedule: str = "1f1b",
              virtual: int | None = None, recompute: str = "none", sequence_parallel: bool = False, zero: int = 0,
              precision: str = "bf16", overlap_grad_reduce: bool = False, partition="even",
              tp_overlap: bool = True, offload: bool = False, **schedule_options) -> Estimate:
     """Simulate one training step of `model` on `gpu`s split as given (see `Layout` and the
-    module's docstring); `global_batch` defaults to one micro-batch per replica. Raises
+    module's docstring); `gpu` is a device profile (`sim.load_profile`), a profile's or GPU
+    preset's name (its default profile, `sim.profile.DEFAULT_PROFILES`) or a preset `GPU`;
+    `global_batch` defaults to one micro-batch per replica. Raises
     ValueError naming the fix for a layout that cannot run. `offload=True` (with
     recompute="full") copies each micro-batch's checkpointed layer inputs to host memory
     after its forward and back before its backward, SageMaker's `offload_activations`
     (`_offload`)."""
     m = model_by_name(model) if isinstance(model, str) else model
-    g = gpu_by_name(gpu) if isinstance(gpu, str) else gpu
+    g = resolve(gpu)
     lay = Layout(tp, pp, dp, micro_batch, dp * micro_batch if global_batch is None else global_batch,
                  lookup(schedule)[0],
                  virtual, recompute, sequence_parallel, zero, precision, gpus_per_node, overlap_grad_reduce,
@@ -132,7 +139,7 @@ def estimate(model: Transformer | str, gpu: GPU | str = "a100-80gb", *, tp: int 
         sched = add_grad_reduce(sched, overlap=overlap_grad_reduce)
     result = simulate(sched, costs)
     opt = optimizer_time(m, g, lay, layers, sched.placement)
-    step = result.makespan + opt
+    step = result.makespan + opt + g.step_overhead
     # a split backward (I, W) cannot hide the tensor-parallel collectives under W as B does
     splits = Counter(a.stage for prog in sched.programs for a in prog if a.kind is Kind.I)
     parts["tp_collectives"] += sum(n * layers[s] for s, n in splits.items()) * (
@@ -140,7 +147,8 @@ def estimate(model: Transformer | str, gpu: GPU | str = "a100-80gb", *, tp: int 
     computed = result.compute_end  # the last compute's end
     busy = sum(result.busy()) / pp
     waits = sum(reload_waits(result)) / pp if lay.offload else 0.0  # backwards waiting for their RELOAD
-    parts.update(pipeline_bubble=computed - busy - waits, grad_reduce=result.makespan - computed, optimizer=opt)
+    parts.update(pipeline_bubble=computed - busy - waits, grad_reduce=result.makespan - computed, optimizer=opt,
+                 step_overhead=g.step_overhead)
     if lay.offload:
         parts["offload_wait"] = waits
     peak = result.peak_memory
@@ -152,7 +160,7 @@ def estimate(model: Transformer | str, gpu: GPU | str = "a100-80gb", *, tp: int 
                     time_parts=parts, memory_parts=_memory_parts(costs, sched, result), warnings=warnings)
 
 
-def _offload(m: Transformer, g: GPU, lay: Layout, layers: list[int], sched, costs: Costs):
+def _offload(m: Transformer, g: DeviceProfile, lay: Layout, layers: list[int], sched, costs: Costs):
     """The schedule with SageMaker's activation offloading (`sim.add_offload`, its default
     horizon) and the costs of its copies: per micro-batch, each stage offloads what full
     recompute keeps of its layers, their inputs (`Transformer.activation_bytes_per_layer`),
@@ -160,11 +168,13 @@ def _offload(m: Transformer, g: GPU, lay: Layout, layers: list[int], sched, cost
     activations stay on the GPU."""
     per_layer = m.activation_bytes_per_layer(lay.micro_batch, lay.tp, lay.sequence_parallel, "full", lay.precision)
     nbytes = tuple(n * per_layer for n in layers)
-    times = tuple(copy_time(b, g.pcie_bandwidth) for b in nbytes)
+    if g.gpu.pcie_bandwidth is None:
+        raise ValueError(f"offload=True needs the device's PCIe bandwidth; {g.gpu.name}'s datasheet has none")
+    times = tuple(copy_time(b, g.gpu.pcie_bandwidth) for b in nbytes)
     return add_offload(sched), replace(costs, offload_bytes=nbytes, offload=times, reload=times)
 
 
-def _schedule(m: Transformer, g: GPU, lay: Layout, x: Slice, lt: LayerTimes, ends: dict, options: dict):
+def _schedule(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: LayerTimes, ends: dict, options: dict):
     """The layout's schedule. zb-auto searches its order under this run's own costs and the
     memory the GPU has left after the static bytes (unless the options say otherwise)."""
     options = dict(options)
@@ -180,7 +190,7 @@ def _schedule(m: Transformer, g: GPU, lay: Layout, x: Slice, lt: LayerTimes, end
     return make_schedule(lay.schedule, lay.pp, lay.micro_batches, lay.virtual, **options)
 
 
-def check_layout(m: Transformer, g: GPU, lay: Layout) -> list[str]:
+def check_layout(m: Transformer, g: DeviceProfile, lay: Layout) -> list[str]:
     """Raise ValueError (one line, naming the fix) for a layout that cannot run; return the
     warnings for one that runs badly."""
     for name in ("tp", "pp", "dp", "micro_batch", "global_batch", "gpus_per_node"):
@@ -215,23 +225,32 @@ def check_layout(m: Transformer, g: GPU, lay: Layout) -> list[str]:
     return warnings
 
 
-def end_times(m: Transformer, g: GPU, x: Slice) -> dict[str, float]:
-    """Times of the embedding (first stage) and of the final norm, output layer and loss (last
-    stage), per micro-batch: F, I, W. The embedding lookup writes bsh elements and, split over
-    tp (vocabulary-parallel), all-reduces them (Shoeybi et al. 2019, Sec. 3); its backward adds
-    the gradient rows into the table. The output layer is a (bs, V/t, h) matmul; the
-    vocabulary-parallel cross entropy reads the logits and keeps fp32 softmax (6 bytes a logit
-    each way); the final LayerNorm moves 4 and 6 bytes a hidden element."""
+def end_kernels(m: Transformer, g: DeviceProfile, x: Slice) -> dict[str, list[float]]:
+    """The kernels of the embedding (first stage) and of the final norm, output layer and loss
+    (last stage), per micro-batch and pass (F, I, W), as a list of their times. The embedding
+    lookup writes bsh elements and, split over tp (vocabulary-parallel), all-reduces them
+    (Shoeybi et al. 2019, Sec. 3); its backward adds the gradient rows into the table. The
+    output layer is a (bs, V/t, h) matmul; the vocabulary-parallel cross entropy reads the
+    logits and keeps fp32 softmax (6 bytes a logit each way); the final LayerNorm moves 4 and
+    6 bytes a hidden element."""
     b, s, h, t, e = x.micro_batch, m.seq, m.hidden, x.tp, precision_bytes(x.precision)
     tokens = b * s
     sbh = tokens * h * e / (t if x.sequence_parallel else 1)
-    ar = collective_time(g, "all_reduce", tokens * h * e, t, x.tp_network)
+    ar = [collective_time(g, "all_reduce", tokens * h * e, t, x.tp_network)] if t > 1 else []
     logits = tokens * m.vocab / t
-    head = dict(F=gemm_time(g, x.precision, tokens, m.vocab // t, h) + memory_time(g, 6 * logits + 2 * sbh) + ar,
-                I=gemm_time(g, x.precision, tokens, h, m.vocab // t) + memory_time(g, 6 * logits + 3 * sbh) + ar,
-                W=gemm_time(g, x.precision, h, m.vocab // t, tokens))
-    embed = dict(F=memory_time(g, 2 * tokens * h * e) + ar, I=0.0, W=memory_time(g, 3 * tokens * h * e))
+    head = dict(F=[gemm_time(g, x.precision, tokens, m.vocab // t, h), memory_time(g, 2 * sbh, "norm"),
+                   memory_time(g, 6 * logits)] + ar,
+                I=[gemm_time(g, x.precision, tokens, h, m.vocab // t), memory_time(g, 6 * logits),
+                   memory_time(g, 3 * sbh, "norm")] + ar,
+                W=[gemm_time(g, x.precision, h, m.vocab // t, tokens)])
+    embed = dict(F=[memory_time(g, 2 * tokens * h * e, "embedding")] + ar, I=[],
+                 W=[memory_time(g, 3 * tokens * h * e, "embedding")])
     return {f"first_{k}": v for k, v in embed.items()} | {f"last_{k}": v for k, v in head.items()}
+
+
+def end_times(m: Transformer, g: DeviceProfile, x: Slice) -> dict[str, float]:
+    """The seconds of `end_kernels`, per end and pass."""
+    return {k: sum(v) for k, v in end_kernels(m, g, x).items()}
 
 
 def _partition(layers: int, stages: int, partition, lt: LayerTimes, ends: dict, caps=None) -> list[int]:
@@ -251,7 +270,7 @@ def _partition(layers: int, stages: int, partition, lt: LayerTimes, ends: dict, 
     return counts
 
 
-def memory_caps(m: Transformer, g: GPU, lay: Layout, x: Slice, lt: LayerTimes, ends: dict, sched) -> list[int] | None:
+def memory_caps(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: LayerTimes, ends: dict, sched) -> list[int] | None:
     """The most layers each stage can hold with its device still fitting the GPU, from the
     static bytes and the program-order peak of its activations (`sim.kinds.program_peak`,
     the schedule's own count of micro-batches held); None unless every device holds one stage
@@ -275,19 +294,34 @@ def memory_caps(m: Transformer, g: GPU, lay: Layout, x: Slice, lt: LayerTimes, e
     return [cap(s) for s in range(lay.pp)]
 
 
-def _stage_costs(m: Transformer, g: GPU, lay: Layout, x: Slice, lt: LayerTimes, ends: dict, layers: list[int],
+def pass_times(m: Transformer, g: DeviceProfile, x: Slice, lt: LayerTimes, ends: dict,
+               layers: list[int]) -> tuple[list[float], list[float], list[float], list[float], float]:
+    """Per stage, the seconds of its F, B, I and W for one micro-batch: its layers' and ends'
+    device times under the host's launch floor (`DeviceProfile.pass_time`: the kernels of the
+    pass, from the same lists that time it, times the launch cost); and what the floor adds to
+    one micro-batch's F + B over all stages."""
+    stages = len(layers)
+    counts = {k: len(v) for k, v in end_kernels(m, g, x).items()}
+    out, added = [], 0.0
+    for key, ends_of, layer_time in (("F", ("F",), lt.forward), ("B", ("I", "W"), lt.backward),
+                                     ("I", ("I",), lt.backward_input), ("W", ("W",), lt.backward_weight)):
+        times = []
+        for s, n in enumerate(layers):
+            sides = (["first"] if s == 0 else []) + (["last"] if s == stages - 1 else [])
+            device = n * layer_time + sum(ends[f"{side}_{p}"] for side in sides for p in ends_of)
+            kernels = n * lt.kernels[key] + sum(counts[f"{side}_{p}"] for side in sides for p in ends_of)
+            times.append(g.pass_time(device, kernels))
+            added += (times[-1] - device) if key in ("F", "B") else 0.0
+        out.append(times)
+    return (*out, added)
+
+
+def _stage_costs(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: LayerTimes, ends: dict, layers: list[int],
                  placement) -> tuple[Costs, dict]:
     """Per-stage `Costs` (seconds and bytes on one GPU) and the step's time by part."""
     stages = len(placement)
     first, last = [s == 0 for s in range(stages)], [s == stages - 1 for s in range(stages)]
-
-    def per_stage(layer_value, end_key):
-        return [n * layer_value + (ends[f"first_{end_key}"] if f else 0.0) + (ends[f"last_{end_key}"] if la else 0.0)
-                for n, f, la in zip(layers, first, last)]
-
-    fwd, bi, bw = per_stage(lt.forward, "F"), per_stage(lt.backward_input, "I"), per_stage(lt.backward_weight, "W")
-    bwd = [n * lt.backward + (ends["first_I"] + ends["first_W"] if f else 0.0)
-           + (ends["last_I"] + ends["last_W"] if la else 0.0) for n, f, la in zip(layers, first, last)]
+    fwd, bwd, bi, bw, floor = pass_times(m, g, x, lt, ends, layers)
     e = precision_bytes(lay.precision)
     sbh = m.seq * lay.micro_batch * m.hidden
     act_layer = m.activation_bytes_per_layer(lay.micro_batch, lay.tp, lay.sequence_parallel, lay.recompute,
@@ -319,13 +353,14 @@ def _stage_costs(m: Transformer, g: GPU, lay: Layout, x: Slice, lt: LayerTimes, 
                   weight_bytes=tuple(p * per["weights"] for p in params),
                   grad_bytes=tuple(p * per["grads"] for p in params),
                   optimizer_bytes=tuple(p * per["optimizer"] for p in params),
-                  latency=g.network_latency if network_pp else g.nvlink_latency,
+                  latency=link_latency(g, network_pp),
                   bandwidth=link_bandwidth(g, network_pp), transport="ideal",
                   grad_reduce=tuple(reduce))
     # per device on average: the compute by part (the rest of the step: `estimate`)
     mb, names = lay.micro_batches, {"gemm": "gemm", "memory": "memory_bound", "collectives": "tp_collectives"}
     parts = {names[k]: mb * sum(layers) * v / lay.pp for k, v in lt.parts.items()}
     parts["embedding_and_output"] = mb * sum(ends.values()) / lay.pp
+    parts["launch_floor"] = mb * floor / lay.pp
     parts["zero3_collectives"] = mb * (2 * sum(gather) + sum(scatter)) / lay.pp
     parts["tp_collectives"] += mb * (sum(into_f) + sum(into_b)) / lay.pp
     return costs, parts

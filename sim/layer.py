@@ -34,8 +34,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .gpus import GPU
 from .kernels import collective_time, gemm_time, memory_time, precision_bytes
+from .device_profile import DeviceProfile
 from .transformer import Transformer, _recompute
 
 # (name, bytes per element of the tensor it works on, which tensor) per layer, forward and
@@ -60,6 +60,8 @@ _BACKWARD = {
               ("rotary", 4, "sbqk"), ("context_transpose", 4, "sbh/t")],
 }
 _ATTENTION_CORE = ("softmax", "attention_dropout")  # recomputed by "selective", with the scores and values
+# The memory-bound class of each kernel (`sim.profile.MEMORY_CLASSES`); the rest are "elementwise".
+_CLASS = {"layernorm": "norm", "rmsnorm": "norm", "softmax": "softmax", "context_transpose": "copy"}
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,7 @@ class LayerTimes:
     backward_weight: float  # W of a split backward: the weight-gradient matmuls
     recompute: float        # the part of B and I that recomputes the forward
     parts: dict             # of F + B: {"gemm": s, "memory": s, "collectives": s}
+    kernels: dict           # kernels launched per pass, {"F", "B", "I", "W"}: the host's launch floor
 
 
 @dataclass(frozen=True)
@@ -96,45 +99,67 @@ def gemm_shapes(m: Transformer, x: Slice) -> dict[str, tuple[int, int, int, int]
             "mlp_out": (tokens, h, f // t, 1)}
 
 
-def _kernel_bytes(m: Transformer, x: Slice, kernels, only=None) -> float:
-    """Bytes moved by `kernels` (the `only` ones if given) on one GPU."""
+def _kernel_bytes(m: Transformer, x: Slice, kernels, only=None) -> dict[str, float]:
+    """Bytes moved by `kernels` (the `only` ones if given) on one GPU, by memory-bound class."""
     b, s, h, t = x.micro_batch, m.seq, m.hidden, x.tp
     scale = precision_bytes(x.precision) / 2  # the table is for 16-bit elements
     size = {"sbh": s * b * h / (t if x.sequence_parallel else 1), "sbf": s * b * m.ffn / t, "sbh/t": s * b * h / t,
             "sbqkv": s * b * h * (1 + 2 * m.kv_heads / m.heads) / t,
             "as2b": m.heads * s * s * b / t, "sbqk": s * b * h * (1 + m.kv_heads / m.heads) / t}
-    return sum(per * size[tensor] * scale for name, per, tensor in kernels if only is None or name in only)
+    out: dict[str, float] = {}
+    for name, per, tensor in kernels:
+        if only is None or name in only:
+            kind = _CLASS.get(name, "elementwise")
+            out[kind] = out.get(kind, 0.0) + per * size[tensor] * scale
+    return out
 
 
-def layer_times(m: Transformer, gpu: GPU, x: Slice, recompute: str = "none", tp_overlap: bool = True) -> LayerTimes:
-    """The times of one layer's passes on one GPU (see the module's docstring); `tp_overlap`:
-    B hides its tensor-parallel collectives under the weight-gradient matmuls."""
+def _memory_time(dev: DeviceProfile, by_class: dict[str, float]) -> float:
+    return sum(memory_time(dev, nbytes, kind) for kind, nbytes in by_class.items())
+
+
+def _count(kernels, only=None) -> int:
+    return sum(1 for name, _, _ in kernels if only is None or name in only)
+
+
+def layer_times(m: Transformer, dev: DeviceProfile, x: Slice, recompute: str = "none",
+                tp_overlap: bool = True) -> LayerTimes:
+    """The times of one layer's passes on one device (see the module's docstring), under the
+    device profile `dev`; `tp_overlap`: B hides its tensor-parallel collectives under the
+    weight-gradient matmuls. Times are device times; the host's launch floor over a whole
+    stage's pass is `sim.estimate`'s (from `kernels`)."""
     _recompute(recompute)
     p, shapes = x.precision, gemm_shapes(m, x)
-    fwd = {k: gemm_time(gpu, p, mm, n, kk, nb) for k, (mm, n, kk, nb) in shapes.items()}
-    dx = {k: gemm_time(gpu, p, mm, kk, n, nb) for k, (mm, n, kk, nb) in shapes.items()}   # dY W^T
-    dw = {k: gemm_time(gpu, p, kk, n, mm, nb) for k, (mm, n, kk, nb) in shapes.items()}   # X^T dY
+    fwd = {k: gemm_time(dev, p, mm, n, kk, nb) for k, (mm, n, kk, nb) in shapes.items()}
+    dx = {k: gemm_time(dev, p, mm, kk, n, nb) for k, (mm, n, kk, nb) in shapes.items()}   # dY W^T
+    dw = {k: gemm_time(dev, p, kk, n, mm, nb) for k, (mm, n, kk, nb) in shapes.items()}   # X^T dY
     weightless = ("scores", "values")  # both their gradients are input gradients (Qi et al. 2024, Table 1)
-    comm_f, comm_i, hidden = _collectives(m, gpu, x, dx, dw)
+    comm_f, comm_i, hidden = _collectives(m, dev, x, dx, dw)
     hidden = hidden if tp_overlap else 0.0
-    f = {"gemm": sum(fwd.values()), "memory": memory_time(gpu, _kernel_bytes(m, x, _FORWARD[m.arch])),
-         "collectives": comm_f}
+    fk, bk = _FORWARD[m.arch], _BACKWARD[m.arch]
+    f = {"gemm": sum(fwd.values()), "memory": _memory_time(dev, _kernel_bytes(m, x, fk)), "collectives": comm_f}
     core = {"gemm": fwd["scores"] + fwd["values"], "collectives": 0.0,
-            "memory": memory_time(gpu, _kernel_bytes(m, x, _FORWARD[m.arch], _ATTENTION_CORE))}
+            "memory": _memory_time(dev, _kernel_bytes(m, x, fk, _ATTENTION_CORE))}
     redo = {"none": dict.fromkeys(f, 0.0), "selective": core, "full": f}[recompute]
     i = {"gemm": sum(dx.values()) + sum(dw[k] for k in weightless),
-         "memory": memory_time(gpu, _kernel_bytes(m, x, _BACKWARD[m.arch])), "collectives": comm_i}
+         "memory": _memory_time(dev, _kernel_bytes(m, x, bk)), "collectives": comm_i}
     w = sum(v for k, v in dw.items() if k not in weightless)
     parts = {k: f[k] + redo[k] + i[k] for k in f}
     parts["gemm"] += w
     parts["collectives"] -= hidden
     backward_input = sum(redo.values()) + sum(i.values())
+    collectives = 2 if not x.sequence_parallel else 4  # per pass: all-reduces, or all-gathers and reduce-scatters
+    n = {"F": len(fwd) + _count(fk) + collectives * (x.tp > 1),
+         "W": len(dw) - len(weightless)}
+    n_redo = {"none": 0, "selective": len(weightless) + _count(fk, _ATTENTION_CORE), "full": n["F"]}[recompute]
+    n["I"] = n_redo + len(dx) + len(weightless) + _count(bk) + (collectives + 2 * x.sequence_parallel) * (x.tp > 1)
+    n["B"] = n["I"] + n["W"]
     return LayerTimes(forward=sum(f.values()), backward=backward_input + w - hidden,
                       backward_input=backward_input, backward_weight=w, recompute=sum(redo.values()),
-                      parts=parts)
+                      parts=parts, kernels=n)
 
 
-def _collectives(m: Transformer, gpu: GPU, x: Slice, dx: dict, dw: dict) -> tuple[float, float, float]:
+def _collectives(m: Transformer, dev: DeviceProfile, x: Slice, dx: dict, dw: dict) -> tuple[float, float, float]:
     """Tensor-parallel collectives of one layer: their time in F, in I, and how much of I's a
     full backward hides under the weight-gradient matmuls. Each moves a 2bsh-byte buffer.
 
@@ -149,9 +174,9 @@ def _collectives(m: Transformer, gpu: GPU, x: Slice, dx: dict, dw: dict) -> tupl
     buf = x.micro_batch * m.seq * m.hidden * precision_bytes(x.precision)
     column = ("qkv", "mlp_in")
     if not x.sequence_parallel:
-        ar = collective_time(gpu, "all_reduce", buf, x.tp, x.tp_network)
+        ar = collective_time(dev, "all_reduce", buf, x.tp, x.tp_network)
         return 2 * ar, 2 * ar, sum(min(ar, dw[k]) for k in column)
-    ag = collective_time(gpu, "all_gather", buf, x.tp, x.tp_network)
-    rs = collective_time(gpu, "reduce_scatter", buf, x.tp, x.tp_network)
+    ag = collective_time(dev, "all_gather", buf, x.tp, x.tp_network)
+    rs = collective_time(dev, "reduce_scatter", buf, x.tp, x.tp_network)
     comm_i = 2 * ag + sum(max(0.0, ag - dx[k]) + rs for k in column)
     return 2 * (ag + rs), comm_i, sum(min(rs, dw[k]) for k in column)

@@ -46,7 +46,8 @@ from typing import Callable, Iterator, Sequence
 
 from .estimate import Estimate, estimate
 from .footprint import ZERO_STAGES
-from .gpus import GPU, gpu as gpu_by_name
+from .gpus import GPU
+from .device_profile import DeviceProfile, resolve
 from .ir import ScheduleError
 from .kernels import precision_bytes
 from .plan_bounds import Bounds, held
@@ -119,7 +120,7 @@ class Plan:
     the plan walks them); `points`, every simulated one (for the scatter); `dropped`,
     how many configurations were left out, by reason."""
     model: Transformer
-    gpu: GPU
+    profile: DeviceProfile  # the device profile it was timed with; `gpu` is its datasheet
     gpus: int
     global_batch: int
     rows: list[Row]
@@ -128,6 +129,10 @@ class Plan:
     enumerated: int
     simulated: int
     seconds: float
+
+    @property
+    def gpu(self) -> GPU:
+        return self.profile.gpu
 
     def __iter__(self) -> Iterator[Row]:
         return iter(self.rows)
@@ -144,7 +149,7 @@ class Plan:
 
     def summary(self) -> dict:
         """The plan as plain data (JSON-ready)."""
-        return {"model": model_name(self.model), "gpu": self.gpu.name, "gpus": self.gpus,
+        return {"model": model_name(self.model), "gpu": self.gpu.name, "profile": self.profile.name, "gpus": self.gpus,
                 "global_batch": self.global_batch, "enumerated": self.enumerated, "simulated": self.simulated,
                 "seconds": self.seconds, "dropped": dict(self.dropped), "rows": [r.summary() for r in self.rows]}
 
@@ -321,7 +326,7 @@ def _row(c: Config, e: Estimate, keep: bool) -> Row:
                max(e.peak_memory), e.fits, e if keep else None)
 
 
-def search(model: Transformer | str, gpu: GPU | str, gpus: int, global_batch: int, *, top: int | None = TOP,
+def search(model: Transformer | str, gpu: DeviceProfile | GPU | str, gpus: int, global_batch: int, *, top: int | None = TOP,
            max_step_time: float | None = None, precision: str = "bf16", gpus_per_node: int = 8,
            partition="even", max_configs: int = MAX_CONFIGS,
            progress: Callable[[int, int], None] | None = None, **limits) -> Plan:
@@ -333,7 +338,7 @@ def search(model: Transformer | str, gpu: GPU | str, gpus: int, global_batch: in
     configurations are settled. Raises ValueError naming the fix for what cannot run."""
     start = time.perf_counter()
     m = find_model(model) if isinstance(model, str) else model
-    g = gpu_by_name(gpu) if isinstance(gpu, str) else gpu
+    g = resolve(gpu)
     _positive("gpus", gpus), _positive("global_batch", global_batch), _positive("gpus_per_node", gpus_per_node)
     if top is not None:
         _positive("top", top)

@@ -19,7 +19,7 @@ from .engine import simulate
 from .data_parallel import optimizer_time, stage_params
 from .estimate import Layout, _partition, _stage_costs, end_times
 from .footprint import optimizer_step_bytes, state_bytes_per_param
-from .gpus import GPU
+from .device_profile import DeviceProfile
 from .ir import Schedule
 from .kernels import memory_time, precision_bytes
 from .kinds import KINDS, Kind, program_peak
@@ -84,7 +84,7 @@ class Bounds:
     bound and `schedule_time` take the layers of each stage from `sim.partition.even`, as
     `sim.estimate` does; with another partition, only the averages over the devices."""
 
-    def __init__(self, m: Transformer, g: GPU, global_batch: int, precision: str, gpus_per_node: int,
+    def __init__(self, m: Transformer, g: DeviceProfile, global_batch: int, precision: str, gpus_per_node: int,
                  partition="even"):
         self.m, self.g, self.batch, self.precision, self.gpn = m, g, global_batch, precision, gpus_per_node
         self.partition = partition if isinstance(partition, str) else tuple(partition)
@@ -139,7 +139,7 @@ class Bounds:
 
     def _optimizer(self, c: Config) -> float:
         share = c.dp if c.zero >= 1 else 1
-        return memory_time(self.g, self.params.total / (c.tp * c.pp * share) * optimizer_step_bytes(self.precision))
+        return memory_time(self.g, self.params.total / (c.tp * c.pp * share) * optimizer_step_bytes(self.precision), "optimizer")
 
     def average(self, c: Config) -> float:
         """The average device's computes one after another (F + B of the layers for every

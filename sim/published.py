@@ -16,6 +16,7 @@ comparisons follow the estimate as it changes.
 from __future__ import annotations
 
 from .estimate import Estimate, estimate
+from .device_profile import resolve
 from .gpus import gpu as gpu_by_name
 from .layer import Slice, layer_times
 from .transformer import model as model_by_name
@@ -115,7 +116,7 @@ def korthikanti_layer(sequence_parallel: bool, recompute: str):
     """`sim.layer.layer_times` of one layer of the 22B model as Table 4 ran it."""
     c = KORTHIKANTI_22B_LAYER
     x = Slice(c["micro_batch"], c["tp"], sequence_parallel, KORTHIKANTI_PRECISION)
-    return layer_times(model_by_name(c["model"]), gpu_by_name(A100), x, recompute)
+    return layer_times(model_by_name(c["model"]), resolve(A100), x, recompute)
 
 
 def korthikanti_table_4() -> list[dict]:

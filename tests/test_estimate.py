@@ -16,7 +16,7 @@ from sim.layer import Slice, gemm_shapes, layer_times
 from sim.partition import balanced, even
 from sim.transformer import Transformer
 
-A100 = gpu("a100-80gb")
+A100 = sim.profile("a100-80gb-best-case")  # the tile model, not a table
 shapes = st.builds(lambda l, a, hd, s, v: Transformer(layers=l, hidden=a * hd, heads=a, seq=s, vocab=v),
                    st.integers(1, 8), st.sampled_from([8, 16, 32]), st.sampled_from([64, 128]),
                    st.sampled_from([256, 512, 2048]), st.sampled_from([1024, 51200]))
@@ -26,26 +26,26 @@ shapes = st.builds(lambda l, a, hd, s, v: Transformer(layers=l, hidden=a * hd, h
 
 def test_a_gemm_of_whole_waves_runs_at_the_achieved_peak():
     """M x N a whole number of waves of 256x128 tiles, compute-bound: time = FLOPs / (peak * efficiency)."""
-    m, n, k = TILE[0] * A100.sms, TILE[1] * 4, 8192
+    m, n, k = TILE[0] * A100.gpu.sms, TILE[1] * 4, 8192
     t = gemm_time(A100, "bf16", m, n, k)
-    assert t == pytest.approx(gemm_flops(m, n, k) / (312e12 * A100.gemm_efficiency), rel=1e-12)
+    assert t == pytest.approx(gemm_flops(m, n, k) / (312e12 * A100.matmul_efficiency), rel=1e-12)
 
 
 @given(st.integers(1, 4096), st.integers(1, 4096), st.integers(1, 8192))
 def test_one_tile_past_a_full_wave_costs_a_whole_wave(m, n, k):
     """Wave quantization: time is a step function of the tile count, never below the achieved peak."""
     t = gemm_time(A100, "bf16", m, n, k)
-    assert t >= gemm_flops(m, n, k) / (312e12 * A100.gemm_efficiency) * (1 - 1e-12)
+    assert t >= gemm_flops(m, n, k) / (312e12 * A100.matmul_efficiency) * (1 - 1e-12)
     tiles = math.ceil(m / TILE[0]) * math.ceil(n / TILE[1])
-    waves = math.ceil(tiles / A100.sms)
-    compute = waves * 2 * TILE[0] * TILE[1] * k / (312e12 * A100.gemm_efficiency / A100.sms)
-    assert t == pytest.approx(max(compute, (m * k + k * n + m * n) * 2 / (A100.hbm_bandwidth * A100.hbm_efficiency)))
+    waves = math.ceil(tiles / A100.gpu.sms)
+    compute = waves * 2 * TILE[0] * TILE[1] * k / (312e12 * A100.matmul_efficiency / A100.gpu.sms)
+    assert t == pytest.approx(max(compute, (m * k + k * n + m * n) * 2 / A100.memory_bandwidth))
 
 
 def test_a_thin_gemm_is_memory_bound():
     m, n, k = 65536, 65536, 8  # 16 FLOPs per output element: far below the ridge point
     assert gemm_time(A100, "bf16", m, n, k) == pytest.approx(
-        (m * k + k * n + m * n) * 2 / (A100.hbm_bandwidth * A100.hbm_efficiency))
+        (m * k + k * n + m * n) * 2 / A100.memory_bandwidth)
 
 
 @given(st.integers(2, 64), st.floats(1e3, 1e10), st.booleans())
@@ -54,11 +54,11 @@ def test_ring_collectives_closed_form(n, nbytes, network):
     ar = collective_time(A100, "all_reduce", nbytes, n, network)
     rs = collective_time(A100, "reduce_scatter", nbytes, n, network)
     ag = collective_time(A100, "all_gather", nbytes, n, network)
-    base = sim.gpus.NCCL_BASE_LATENCY
+    link = A100.link("network" if network else "node")
+    base = link.base_latency
     assert rs == pytest.approx(ag)
     assert ar - base == pytest.approx(2 * (rs - base))
-    bw = A100.network_bandwidth * A100.network_efficiency if network else A100.nvlink_bandwidth * A100.nvlink_efficiency
-    hop = A100.network_latency if network else A100.nvlink_latency
+    bw, hop = link.bus_bandwidth, link.hop_latency
     assert ar == pytest.approx(base + 2 * (n - 1) * (hop + nbytes / n / bw))
     assert collective_time(A100, "all_reduce", nbytes, 1, network) == 0.0
 
@@ -293,7 +293,7 @@ def test_bad_layouts_are_refused_in_one_line(kwargs, message):
 def test_unknown_names():
     with pytest.raises(ValueError, match="unknown model 'gpt5'"):
         sim.estimate("gpt5")
-    with pytest.raises(ValueError, match="unknown GPU 'v100'"):
+    with pytest.raises(ValueError, match="unknown GPU or profile 'v100'"):
         sim.estimate("megatron-1.7b", "v100")
 
 

@@ -201,7 +201,7 @@ BASE = ["--model", "gpt3-175b", "--gpu", "a100-80gb", "--gpus", "1024", "--globa
 
 @pytest.mark.parametrize("change, words", [
     ({"--model": "gpt5"}, "unknown model 'gpt5'; known:"),
-    ({"--gpu": "v100"}, "unknown GPU 'v100'; known:"),
+    ({"--gpu": "v100"}, "unknown GPU or profile 'v100'; known GPUs:"),
     ({"--tp": "5"}, "tp=5 does not divide the model's 96 heads"),
     ({"--tp": "8", "--pp": "3"}, "1024 GPUs are not a multiple of tp*pp = 8*3 = 24"),
     ({"--gpus": "12", "--tp": "8"}, "12 GPUs do not split into tensor-parallel groups of 8"),
