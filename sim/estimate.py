@@ -335,7 +335,8 @@ def _stage_costs(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: La
              for n, f, la in zip(layers, first, last)]
     per = state_bytes_per_param(lay.precision, lay.zero, lay.dp)
     params = stage_params(m, layers, lay.tp, placement)
-    network_pp = lay.tp * lay.dp >= lay.gpus_per_node or lay.tp > lay.gpus_per_node
+    # a pipeline of one stage has no hop between devices: no link to look up
+    network_pp = lay.pp > 1 and (lay.tp * lay.dp >= lay.gpus_per_node or lay.tp > lay.gpus_per_node)
     sent = sbh * e / lay.tp  # Narayanan et al. 2021, Sec. 4.1: scatter/gather across the tp ranks' links
     # Sec. 4.1 again: the receiver all-gathers the t pieces over its tensor-parallel group
     # before the compute that takes them (none under sequence parallelism: the piece is its own)
