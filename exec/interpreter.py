@@ -109,6 +109,7 @@ class RankTrace:
     memory: list[tuple[float, float]] = field(default_factory=list)
     activations: list[tuple[float, int]] = field(default_factory=list)
     loss: float | None = None
+    step_end: float | None = None  # when the optimizer step ended (`exec.step.run_step`)
 
 
 class _Arrived:

@@ -12,23 +12,29 @@ Two models:
 
 - "mlp": `layers` residual MLP blocks (pre-LayerNorm, Linear-GELU-Linear + residual) on
   float inputs of shape (batch, seq, hidden); regression targets, mean squared error.
-- "gpt": a small GPT. Layer 0 is the token + position embedding, then `layers`
-  transformer blocks (pre-LN causal self-attention + MLP), and the last layer is the
-  final LayerNorm + LM head; random token ids, next-token targets, cross entropy.
+- "gpt": a small GPT, the one `ModelSpec.transformer()` describes to the planner
+  (`sim.Transformer(arch="gpt", attention="flash", dropout=False, tied=False,
+  kernels="torch")`). Layer 0 is the token + position embedding, then `layers`
+  transformer blocks (pre-LN causal self-attention through torch's fused
+  scaled_dot_product_attention + GeLU MLP of width `ffn`, biases, no dropout), and the
+  last layer is the final LayerNorm + the LM head (no bias, not tied to the embedding);
+  random token ids, next-token targets, cross entropy. Llama's arch is not built here.
 
 `ModelSpec.recompute` ("full", or "selective" for the GPT's attention core) runs the blocks
 under activation recomputation (`recomputed`, torch.utils.checkpoint).
 
 Splitting into stages (`partition`): "layers" gives every stage as equal a number of
-layers as possible; "time" profiles each layer's forward + backward on one
-micro-batch and chooses the contiguous cuts that minimise the slowest stage, preferring
-cuts where the tensor passed between stages is small (`balanced_cuts`).
+layers as possible; for the GPT that is the planner's split (`sim.partition.even` over the
+blocks, the embedding on the first stage and the head on the last). "time" profiles each
+layer's forward + backward on one micro-batch; the GPT's stages are then the planner's
+`sim.partition.balanced` (equal blocks, the embedding's and head's times as the end stages'
+extra), the MLP's (whose blocks may differ in width) the contiguous cuts that minimise the
+slowest stage, preferring cuts where the tensor passed between stages is small
+(`balanced_cuts`).
 """
 from __future__ import annotations
 
-import math
 import statistics
-import time
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -37,7 +43,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from sim.transformer import RECOMPUTE
+from sim.partition import balanced, even
+
+from .cuts import balanced_cuts, layer_times
+from sim.transformer import RECOMPUTE, Transformer
 
 __all__ = ["ModelSpec", "MLPBlock", "Embedding", "Block", "Head", "balanced_cuts", "layer_times", "stage_bounds",
            "RECOMPUTE"]
@@ -79,8 +88,9 @@ class Embedding(nn.Module):
         self.pos = nn.Embedding(seq, hidden)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        pos = torch.arange(ids.shape[1], device=ids.device)
-        return self.tok(ids) + self.pos(pos)
+        # the positions as a slice of the table: the backward keeps nothing for them, and the
+        # token lookup keeps its ids (int64), as sim.Transformer(kernels="torch") counts
+        return self.tok(ids) + self.pos.weight[: ids.shape[1]]
 
 
 class Block(nn.Module):
@@ -90,17 +100,18 @@ class Block(nn.Module):
     recomputes the attention core, softmax(QK^T)V (Korthikanti et al. 2022, Sec. 4.3), and
     keeps everything else (`recomputed`)."""
 
-    def __init__(self, hidden: int, heads: int, recompute: str = "none"):
+    def __init__(self, hidden: int, heads: int, recompute: str = "none", ffn: int | None = None):
         super().__init__()
         if hidden % heads:
             raise ValueError(f"hidden ({hidden}) must be a multiple of heads ({heads})")
+        ffn = 4 * hidden if ffn is None else ffn
         self.heads, self.recompute = heads, recompute
         self.ln1 = nn.LayerNorm(hidden)
         self.qkv = nn.Linear(hidden, 3 * hidden)
         self.proj = nn.Linear(hidden, hidden)
         self.ln2 = nn.LayerNorm(hidden)
-        self.fc1 = nn.Linear(hidden, 4 * hidden)
-        self.fc2 = nn.Linear(4 * hidden, hidden)
+        self.fc1 = nn.Linear(hidden, ffn)
+        self.fc2 = nn.Linear(ffn, hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return recomputed(self._forward, x) if self.recompute == "full" else self._forward(x)
@@ -115,17 +126,19 @@ class Block(nn.Module):
 
 
 def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """The attention core: causal softmax(QK^T / sqrt(d)) V."""
+    """The attention core: causal softmax(QK^T / sqrt(d)) V, torch's fused kernel (on CPU its
+    flash attention, which keeps q, k, v, its output and a log-sum-exp per head and token:
+    sim.Transformer(attention="flash"))."""
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
 class Head(nn.Module):
-    """Final LayerNorm + LM head: the last GPT layer, (b, seq, hidden) -> logits."""
+    """Final LayerNorm + LM head (no bias, as GPT-2's): the last GPT layer, (b, seq, hidden) -> logits."""
 
     def __init__(self, hidden: int, vocab: int):
         super().__init__()
         self.ln = nn.LayerNorm(hidden)
-        self.out = nn.Linear(hidden, vocab)
+        self.out = nn.Linear(hidden, vocab, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.out(self.ln(x))
@@ -139,7 +152,8 @@ class ModelSpec:
 
     `layers` counts the MLP blocks ("mlp") or the transformer blocks ("gpt"; the model
     then has `layers + 2` layers with the embedding and the head). `ffn` optionally gives
-    each MLP block its own inner width (default 4 * hidden), to make uneven models.
+    each block its own inner width (default 4 * hidden): uneven MLP models; the GPT's
+    blocks all have the same (`ModelSpec.from_transformer` sets it from `sim.Transformer.ffn`).
     `recompute` (activation recomputation, one of `RECOMPUTE`): "full" runs every block
     under `torch.utils.checkpoint`, so that it keeps only its input from its forward to
     its backward, which recomputes the forward first; "selective" ("gpt" only) recomputes
@@ -172,9 +186,13 @@ class ModelSpec:
             raise ValueError(f"ModelSpec.dtype must name a torch dtype such as 'float32', got {self.dtype!r}")
         if self.ffn is not None:
             object.__setattr__(self, "ffn", tuple(int(w) for w in self.ffn))
-            if self.model != "mlp" or len(self.ffn) != self.layers:
-                raise ValueError(f"ModelSpec.ffn gives one inner width per MLP block: {self.layers} values "
-                                 f"for model 'mlp', got {len(self.ffn)} for model {self.model!r}")
+            if len(self.ffn) != self.layers or min(self.ffn) < 1:
+                raise ValueError(f"ModelSpec.ffn gives one positive inner width per block: {self.layers} values, "
+                                 f"got {list(self.ffn)}")
+            if self.model == "gpt" and len(set(self.ffn)) > 1:
+                raise ValueError(f"ModelSpec.ffn: the GPT's blocks share one inner width, got {list(self.ffn)}")
+        if self.model == "gpt" and self.hidden % self.heads:
+            raise ValueError(f"ModelSpec: hidden {self.hidden} is not divisible by heads {self.heads}")
         if self.recompute not in RECOMPUTE:
             raise ValueError(f"ModelSpec.recompute must be one of {', '.join(RECOMPUTE)}, got {self.recompute!r}")
         if self.recompute == "selective" and self.model != "gpt":
@@ -184,6 +202,35 @@ class ModelSpec:
     @property
     def torch_dtype(self) -> torch.dtype:
         return getattr(torch, self.dtype)
+
+    @classmethod
+    def from_transformer(cls, t: Transformer, batch_size: int, **fields) -> "ModelSpec":
+        """The GPT that `t` describes (see `transformer`); one clear ValueError for what the
+        torch module does not build (llama's arch, grouped-query attention, dropout, a tied
+        output layer, unfused attention)."""
+        built = cls(model="gpt", layers=t.layers, hidden=t.hidden, heads=t.heads, seq=t.seq, vocab=t.vocab,
+                    batch_size=batch_size, ffn=(t.ffn,) * t.layers, **fields)
+        if built.transformer() != t:
+            raise ValueError(f"exec builds the GPT of {built.transformer()!r} (arch 'gpt', no grouped-query "
+                             f"attention, flash attention, no dropout, untied, torch kernels); it cannot build {t!r}")
+        return built
+
+    def transformer(self) -> Transformer:
+        """The planner's description of this GPT (`sim.Transformer`): what its blocks compute
+        and keep for their backward, exactly (tests/test_saved_bytes.py)."""
+        if self.model != "gpt":
+            raise ValueError("ModelSpec.transformer(): only model 'gpt' is a transformer")
+        return Transformer(layers=self.layers, hidden=self.hidden, heads=self.heads, seq=self.seq, vocab=self.vocab,
+                           ffn=self.ffn[0] if self.ffn else None, arch="gpt", attention="flash", dropout=False,
+                           tied=False, kernels="torch")
+
+    @property
+    def precision(self) -> str:
+        """The planner's name of `dtype` (sim.estimate's `precision`)."""
+        names = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+        if self.dtype not in names:
+            raise ValueError(f"the planner has no precision for dtype {self.dtype!r}; use one of {', '.join(names)}")
+        return names[self.dtype]
 
     @property
     def num_layers(self) -> int:
@@ -198,8 +245,9 @@ class ModelSpec:
                 widths = self.ffn or (4 * self.hidden,) * self.layers
                 layers: list[nn.Module] = [MLPBlock(self.hidden, w, self.recompute) for w in widths]
             else:
+                widths = self.ffn or (4 * self.hidden,) * self.layers
                 layers = [Embedding(self.vocab, self.seq, self.hidden)]
-                layers += [Block(self.hidden, self.heads, self.recompute) for _ in range(self.layers)]
+                layers += [Block(self.hidden, self.heads, self.recompute, w) for w in widths]
                 layers.append(Head(self.hidden, self.vocab))
         return [layer.to(self.torch_dtype) for layer in layers]
 
@@ -245,6 +293,8 @@ class ModelSpec:
         if stages > n:
             raise ValueError(f"cannot cut {n} layers into {stages} stages; every stage needs at least one layer "
                              f"(use stages <= {n} or a model with more layers)")
+        if balance == "layers" and self.model == "gpt":
+            return self._gpt_bounds(even(self.layers, stages))
         if balance == "layers":
             return stage_bounds(n, [round(n * s / stages) for s in range(1, stages)])
         if balance != "time":
@@ -260,7 +310,24 @@ class ModelSpec:
 
     def _time_bounds(self, stages: int, micro: int, repeats: int) -> list[int]:
         times, out_bytes = layer_times(self, micro, repeats)
+        if self.model == "gpt":  # the planner's split: equal blocks, the embedding and head as extras
+            extra = [0.0] * stages
+            extra[0] += times[0]
+            extra[-1] += times[-1]
+            return self._gpt_bounds(balanced(self.layers, stages, statistics.median(times[1:-1]), extra))
         return stage_bounds(self.num_layers, balanced_cuts(times, stages, out_bytes[:-1], tolerance=0.02))
+
+    def _gpt_bounds(self, blocks: Sequence[int]) -> list[int]:
+        """Stage boundaries of the GPT with `blocks[s]` transformer blocks on stage s, the
+        embedding (layer 0) on the first and the head (the last layer) on the last."""
+        if any(n == 0 for n in blocks[1:-1]):
+            raise ValueError(f"the split {list(blocks)} of {self.layers} blocks leaves a middle stage without one; "
+                             f"use fewer stages or more layers")
+        bounds = [0]
+        for s, n in enumerate(blocks):
+            bounds.append(bounds[-1] + n + (1 if s == 0 else 0))
+        bounds[-1] = self.num_layers
+        return bounds
 
     def build_stages(self, stages: int, balance: str = "layers", micro: int = 1,
                      bounds: Sequence[int] | None = None) -> list[nn.Module]:
@@ -277,83 +344,3 @@ class ModelSpec:
 def stage_bounds(n: int, cuts: Sequence[int]) -> list[int]:
     """Cut points -> boundaries: cuts (1..n-1, rising) become [0, *cuts, n]."""
     return [0, *cuts, n]
-
-
-# ---------------------------------------------------------------------------- profiling and splitting
-
-def layer_times(spec: ModelSpec, micro: int = 1, repeats: int = 5) -> tuple[list[float], list[int]]:
-    """Per layer, the median seconds of forward + backward on one micro-batch (the last
-    layer includes the loss), and the bytes of each layer's output."""
-    layers = spec.build_layers()
-    x, y = spec.micro_batches(micro)[0]
-    times, out_bytes = [], []
-    for i, layer in enumerate(layers):
-        last = i == len(layers) - 1
-        inp = x.detach().requires_grad_(x.is_floating_point())
-        samples = []
-        for _ in range(repeats + 1):  # the first run warms up
-            t = time.perf_counter()
-            out = layer(inp)
-            if last:
-                spec.loss(out, y).backward()
-            else:
-                out.backward(torch.ones_like(out))
-            samples.append(time.perf_counter() - t)
-        times.append(statistics.median(samples[1:]))
-        out_bytes.append(out.numel() * out.element_size())
-        x = out.detach()
-    return times, out_bytes
-
-
-def balanced_cuts(costs: Sequence[float], stages: int, cut_bytes: Sequence[float] | None = None,
-                  tolerance: float = 0.0) -> list[int]:
-    """Contiguous split of layers with `costs` into `stages` non-empty stages.
-
-    Returns the stages - 1 cut points c (1 <= c < n; stage boundaries [0, *cuts, n]).
-    First the smallest possible slowest stage T* is found exactly; then, among the splits
-    whose every stage costs at most T* * (1 + tolerance), the one with the fewest bytes
-    crossing cuts (`cut_bytes[i]` = bytes sent when cutting after layer i, n - 1 values;
-    all zero if None), then with the smallest slowest stage. Dynamic programming,
-    O(stages * n^2)."""
-    n = len(costs)
-    if stages < 1 or stages > n:
-        raise ValueError(f"cannot cut {n} layers into {stages} stages; need 1 <= stages <= {n}")
-    if cut_bytes is None:
-        cut_bytes = [0.0] * (n - 1)
-    if len(cut_bytes) != n - 1:
-        raise ValueError(f"cut_bytes needs one value per gap between layers ({n - 1}), got {len(cut_bytes)}")
-
-    def cost(a: int, b: int) -> float:  # layers [a, b)
-        return math.fsum(costs[a:b])
-
-    # best[k][i]: objective of splitting layers [0, i) into k stages, and the last cut
-    inf = (math.inf, math.inf)
-
-    def solve(bound: float, objective) -> tuple[tuple[float, float], list[int]]:
-        best = [[inf] * (n + 1) for _ in range(stages + 1)]
-        back = [[0] * (n + 1) for _ in range(stages + 1)]
-        best[0][0] = (0.0, 0.0)
-        for k in range(1, stages + 1):
-            for i in range(k, n - (stages - k) + 1):
-                for j in range(k - 1, i):
-                    if best[k - 1][j] == inf:
-                        continue
-                    c = cost(j, i)
-                    if c > bound:
-                        continue
-                    cand = objective(best[k - 1][j], c, j)
-                    if cand < best[k][i]:
-                        best[k][i], back[k][i] = cand, j
-        cuts, i = [], n
-        for k in range(stages, 0, -1):
-            i = back[k][i]
-            cuts.append(i)
-        return best[stages][n], sorted(cuts)[1:]
-
-    # pass 1: minimise the slowest stage (objective (max, 0))
-    (t_star, _), _ = solve(math.inf, lambda prev, c, j: (max(prev[0], c), 0.0))
-    # pass 2: minimise (bytes at cuts, slowest stage) among splits within the bound
-    bound = t_star * (1 + tolerance)
-    _, cuts = solve(bound, lambda prev, c, j: (prev[0] + (cut_bytes[j - 1] if j > 0 else 0.0), max(prev[1], c)))
-    return cuts
-

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import os
+import statistics
 import sys
 import threading
 import time
@@ -152,7 +153,8 @@ def pipeline_worker(ctx, spec, schedule: Schedule, steps: int, warmup: int, boun
     world_rank = ctx.rank
     ctx = replica_context(ctx, schedule.ranks, dp)
     modules, opt, micro_inputs, micro_targets, shapes = _build_rank(ctx, spec, schedule, bounds, lr, optimizer)
-    out: dict[str, Any] = {"rank": world_rank, "losses": [], "results": [], "grads": {}, "reports": []}
+    out: dict[str, Any] = {"rank": world_rank, "losses": [], "results": [], "train_steps": [], "grads": {},
+                           "reports": []}
     say = _Progress(progress and world_rank == 0, f"warm-up 1/{warmup}" if warmup else f"step 1/{steps}")
     shard_spec = replace(spec, batch_size=spec.batch_size // dp)  # what one replica computes, for calibration
     try:
@@ -185,6 +187,7 @@ def _steps(ctx, spec, schedule, steps, warmup, bounds, fault, calibrate, modules
             out["grads"] = _grads(modules)
         if measured and ctx.world_rank == 0:
             out["results"].append(step.result)
+            out["train_steps"].append(step.train_step_s)
         what = f"step {i - warmup + 1}/{steps}" if measured else f"warm-up {i + 1}/{warmup}"
         span = f"{step.result.makespan * 1e3:.2f} ms" if measured else f"{(time.perf_counter() - t) * 1e3:.0f} ms wall"
         nxt = f"warm-up {i + 2}/{warmup}" if i + 1 < warmup else f"step {i - warmup + 2}/{steps}"
@@ -211,6 +214,7 @@ class PipelineRun:
     reports: list[list[dict]] = field(default_factory=list)  # per round, every rank's report
     optimizer: str = "sgd"
     dp: int = 1                       # pipeline replicas; result, losses: replica 0's pipeline, the mean loss
+    train_step_times: list[float] = field(default_factory=list)  # per measured step, start to the optimizer's end
 
     @property
     def step_times(self) -> list[float]:
@@ -231,6 +235,8 @@ class PipelineRun:
             "dp": self.dp, "world_size": s.ranks * self.dp,
             "optimizer": self.optimizer,
             "measured_step_s": self.measured_step_s, "step_times_s": self.step_times,
+            "measured_train_step_s": statistics.median(self.train_step_times) if self.train_step_times else None,
+            "train_step_times_s": self.train_step_times,
             "bubble_fraction": self.result.bubble_fraction, "peak_activations": self.result.peak_activations,
             "peak_memory": self.result.peak_memory,
             "loss": self.losses[0], "reference_loss": self.reference_loss, "loss_match": self.loss_match,
@@ -336,7 +342,8 @@ def run_pipeline(spec, schedule: Schedule | str, stages: int | None = None, micr
     match, worst, where = _check_replicas(per_rank, lowered, dp, ref_grads, rtol, atol)
     results = per_rank[0]["results"]
     run = PipelineRun(lowered, bounds, median_step(results), results, per_rank[0]["losses"],
-                      ref_loss, match, worst, where, optimizer=optimizer, dp=dp)
+                      ref_loss, match, worst, where, optimizer=optimizer, dp=dp,
+                      train_step_times=per_rank[0]["train_steps"])
     if calibrate:
         run.reports = [list(rnd) for rnd in zip(*(r["reports"] for r in per_rank))]
         run.costs, run.calibration = costs_from_reports([rep for rnd in run.reports for rep in rnd], lowered)

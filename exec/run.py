@@ -61,12 +61,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --dp: reduce each stage's gradients right after its last backward, not after the "
                         "rank's last compute (Megatron-LM's flag; the same with one stage per rank)")
     m = p.add_argument_group("model (exec.models.ModelSpec)")
-    m.add_argument("--model", choices=["mlp", "gpt"], default="mlp", help="default mlp")
+    m.add_argument("--model", default="mlp", metavar="MODEL",
+                   help="mlp, gpt (a small GPT) or a GPT preset of sim.MODELS (its sizes; the flags below "
+                        "override them) (default mlp)")
     m.add_argument("--balance", choices=["layers", "time"], default="layers",
                    help="cut stages by layer count or by profiled time (default layers)")
     m.add_argument("--layers", type=whole, help="MLP or transformer blocks")
     m.add_argument("--hidden", type=whole, help="hidden width")
     m.add_argument("--seq", type=whole, help="sequence length")
+    m.add_argument("--heads", type=whole, help="attention heads (gpt)")
+    m.add_argument("--vocab", type=whole, help="vocabulary size (gpt)")
+    m.add_argument("--ffn", type=whole, help="MLP width of every block (default 4 x hidden)")
     m.add_argument("--batch-size", type=whole, help="samples per step (a multiple of --dp x --micro)")
     m.add_argument("--seed", type=int, help="weights and batch seed")
     m.add_argument("--recompute", choices=list(RECOMPUTE), default="none",
@@ -122,7 +127,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                              max_grad_diff=run.max_grad_diff)
     summary = run.summary()
     summary.update(simulated_step_s=None, error_pct=None, model=spec.model, backend=args.backend,
-                   balance=args.balance, recompute=spec.recompute, cores=_cores(args))
+                   balance=args.balance, recompute=spec.recompute, cores=_cores(args),
+                   measured_peak_memory=summary["peak_memory"], sizes=_sizes(spec))
     if comparison is not None:
         cj = comparison.as_json()
         summary.update({k: v for k, v in cj.items() if k not in summary or k in ("simulated_step_s", "error_pct")})
@@ -150,13 +156,10 @@ def _check(parser: argparse.ArgumentParser, args):
     if args.dp > 1:
         schedule = sim.add_grad_reduce(schedule, args.overlap_grad_reduce)
     import torch
-    from exec.models import ModelSpec
     from exec.pipeline import parse_fault
 
-    sizes = {k: getattr(args, k) for k in ("layers", "hidden", "seq", "batch_size", "seed", "recompute")
-             if getattr(args, k) is not None}
     try:
-        spec = ModelSpec(model=args.model, **sizes)
+        spec = model_spec(args)
         fault = parse_fault(args.fault)
     except ValueError as e:
         parser.error(str(e))
@@ -181,6 +184,34 @@ def _check(parser: argparse.ArgumentParser, args):
     if args.out is not None and args.out.exists() and not args.out.is_dir():
         parser.error(f"--out {args.out} is a file; give a folder (it is created if missing)")
     return schedule, spec, _given_costs(parser, args, schedule)
+
+
+def model_spec(args):
+    """The `exec.models.ModelSpec` the flags ask for: --model mlp or gpt with their defaults,
+    or a GPT preset's sizes (sim.MODELS), each overridden by the size flags. ValueError (one
+    line) for a preset exec does not build or a flag the model does not take."""
+    from exec.models import ModelSpec
+    sizes = {k: getattr(args, k) for k in ("layers", "hidden", "seq", "heads", "vocab", "batch_size", "seed",
+                                           "recompute") if getattr(args, k) is not None}
+    name = args.model
+    if name not in ("mlp", "gpt"):
+        import sim
+        t = sim.transformer.MODELS.get(name.strip().lower().replace("_", "-"))
+        if t is None:
+            raise ValueError(f"--model must be mlp, gpt or a preset of {', '.join(sim.transformer.MODELS)}; got {name!r}")
+        if t.arch != "gpt" or t.kv_heads != t.heads:
+            raise ValueError(f"--model {name}: exec builds GPT-style models only (arch 'gpt', no grouped-query "
+                             f"attention), not arch {t.arch!r}")
+        sizes = dict(layers=t.layers, hidden=t.hidden, heads=t.heads, seq=t.seq, vocab=t.vocab,
+                     ffn=t.ffn if args.ffn is None else args.ffn) | sizes
+        name = "gpt"
+    elif args.ffn is not None:
+        sizes["ffn"] = args.ffn
+    if "ffn" in sizes:
+        sizes["ffn"] = (sizes["ffn"],) * sizes.get("layers", ModelSpec.layers)
+    if name == "mlp" and ({"heads", "vocab"} & set(sizes)):
+        raise ValueError("--heads and --vocab size the GPT; give --model gpt")
+    return ModelSpec(model=name, **sizes)
 
 
 def _given_costs(parser: argparse.ArgumentParser, args, schedule):
@@ -220,6 +251,14 @@ def _run(args, schedule, spec):
     except (RankError, TimeoutError) as e:
         _fail(str(e))
     return run
+
+
+def _sizes(spec) -> dict:
+    """The model's sizes; for the GPT, those of the `sim.Transformer` that describes it."""
+    if spec.model == "gpt":
+        import dataclasses
+        return dataclasses.asdict(spec.transformer()) | {"batch_size": spec.batch_size}
+    return {"layers": spec.layers, "hidden": spec.hidden, "seq": spec.seq, "batch_size": spec.batch_size}
 
 
 def _cores(args) -> int | None:

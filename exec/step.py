@@ -4,7 +4,8 @@
     >>> step.result.makespan, step.result.peak_memory, step.loss                        # doctest: +SKIP
 
 `run_step` zeroes the gradients, starts every rank together at a barrier, runs this
-rank's `exec.interpreter.RankInterpreter`, steps the optimizer, and gathers every
+rank's `exec.interpreter.RankInterpreter`, steps the optimizer (its end is the step's `train_step_s`: the planner's step, where the
+makespan of the `Result` is the pipeline's), and gathers every
 rank's trace into the same `sim.Result` the simulator produces (`source="measured"`), so
 metrics, plots and the Chrome trace work unchanged. With data parallelism
 (`exec.dp.ReplicaContext`) each replica's ranks get their own pipeline's `Result`, and
@@ -38,6 +39,7 @@ class StepResult:
 
     result: Result | None
     loss: float
+    train_step_s: float | None = None  # from the start to the last rank's optimizer step's end (recorded steps)
 
 
 def assemble_result(schedule: Schedule, traces: Sequence[RankTrace]) -> Result:
@@ -110,8 +112,13 @@ def run_step(ctx, schedule_lowered: Schedule, stage_modules: dict[int, nn.Module
     trace = interp.run()
     if optimizer is not None:
         optimizer.step()
+    end = interp.clock.mark()
+    interp.clock.finish()
+    trace.step_end = interp.clock.seconds(end)
     gathered: list[RankTrace | None] = [None] * dist.get_world_size()  # every replica's ranks
-    dist.all_gather_object(gathered, trace if record else RankTrace(ctx.rank, loss=trace.loss))
+    dist.all_gather_object(gathered, trace if record else RankTrace(ctx.rank, loss=trace.loss, step_end=trace.step_end))
     losses = [t.loss for t in gathered if t.loss is not None]  # one per replica: its last stage's
     traces = [gathered[ctx.global_rank(r)] for r in range(ctx.world_size)]
-    return StepResult(assemble_result(schedule_lowered, traces) if record else None, sum(losses) / len(losses))
+    ends = [t.step_end for t in traces if t.step_end is not None]
+    return StepResult(assemble_result(schedule_lowered, traces) if record else None, sum(losses) / len(losses),
+                      max(ends) if record and ends else None)

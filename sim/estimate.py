@@ -177,8 +177,7 @@ def _offload(m: Transformer, g: DeviceProfile, lay: Layout, layers: list[int], s
     recompute keeps of its layers, their inputs (`Transformer.activation_bytes_per_layer`),
     over PCIe at the GPU's `pcie_bandwidth` each way; the embedding's and output layer's
     activations stay on the GPU."""
-    e = precision_bytes(lay.precision)
-    per_layer = m.activation_bytes_per_layer(lay.micro_batch, lay.tp, lay.sequence_parallel, "full") * e / 2
+    per_layer = m.activation_bytes_per_layer(lay.micro_batch, lay.tp, lay.sequence_parallel, "full", lay.precision)
     nbytes = tuple(n * per_layer for n in layers)
     if g.gpu.pcie_bandwidth is None:
         raise ValueError(f"offload=True needs the device's PCIe bandwidth; {g.gpu.name}'s datasheet has none")
@@ -338,16 +337,15 @@ def _stage_costs(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: La
     fwd, bwd, bi, bw, floor = pass_times(m, g, x, lt, ends, layers)
     e = precision_bytes(lay.precision)
     sbh = m.seq * lay.micro_batch * m.hidden
-    split = lay.tp if lay.sequence_parallel else 1
-    act_layer = m.activation_bytes_per_layer(lay.micro_batch, lay.tp, lay.sequence_parallel, lay.recompute) * e / 2
-    w_layer = m.w_activation_bytes_per_layer(lay.micro_batch, lay.tp, lay.sequence_parallel) * e / 2
-    # Korthikanti et al. 2022, Sec. 4.3: the embedding's dropout mask (sbh, 1 byte) on the first
-    # stage; the final LayerNorm's and output layer's inputs (2sbh each) and the fp32 logits
-    # (4sbV/t) on the last; W of the output layer needs its input and the logits' gradient.
-    logits = m.seq * lay.micro_batch * m.vocab / lay.tp
-    act = [n * act_layer + (sbh / split if f else 0.0) + ((4 * sbh * e / 2) / split + 4 * logits if la else 0.0)
+    act_layer = m.activation_bytes_per_layer(lay.micro_batch, lay.tp, lay.sequence_parallel, lay.recompute,
+                                             lay.precision)
+    w_layer = m.w_activation_bytes_per_layer(lay.micro_batch, lay.tp, lay.sequence_parallel, lay.precision,
+                                             lay.recompute)
+    ends_b = m.end_activation_bytes(lay.micro_batch, lay.tp, lay.sequence_parallel, lay.precision)
+    act = [n * act_layer + (ends_b["first"] if f else 0.0) + (ends_b["last"] if la else 0.0)
            for n, f, la in zip(layers, first, last)]
-    w_act = [n * w_layer + ((2 * sbh * e / 2) / split + e * logits if la else 0.0) for n, la in zip(layers, last)]
+    w_act = [n * w_layer + (ends_b["first_w"] if f else 0.0) + (ends_b["last_w"] if la else 0.0)
+             for n, f, la in zip(layers, first, last)]
     per = state_bytes_per_param(lay.precision, lay.zero, lay.dp)
     params = stage_params(m, layers, lay.tp, placement)
     links = links_of(g)

@@ -116,8 +116,8 @@ class Bounds:
 
     def _activations(self, c: Config) -> float:
         """One micro-batch's activations of one layer on one GPU."""
-        return self.m.activation_bytes_per_layer(c.micro_batch, c.tp, c.sequence_parallel, c.recompute) \
-            * precision_bytes(self.precision) / 2
+        return self.m.activation_bytes_per_layer(c.micro_batch, c.tp, c.sequence_parallel, c.recompute,
+                                                 self.precision)
 
     def memory_average(self, c: Config) -> float:
         """The average device's weights, gradients and optimizer state (the stages'

@@ -12,23 +12,41 @@ parts, so that the tests can check the parts against the closed forms:
 Symbols as in Narayanan et al. 2021 (SC'21) and Korthikanti et al. 2022: l layers, h hidden,
 a heads, s sequence, V vocabulary, b (or B) micro-batch (or batch), t tensor-parallel size.
 Activations are 16-bit (2 bytes an element) and dropout masks 1 byte, as Korthikanti et al.
-2022, Sec. 4.1 assume.
+2022, Sec. 4.1 assume, unless a `precision` says otherwise.
+
+How the layer is implemented changes what its backward keeps and which kernels it runs; the
+defaults are Megatron-LM's GPT as the papers count it. `attention`: "unfused" (the scores are
+materialised: softmax output and dropout kept, as2b elements each; Korthikanti et al. 2022,
+Sec. 4.1) or "flash" (Dao et al. 2022, Alg. 2 and 4: the kernel keeps only its per-row
+log-sum-exp in fp32 and recomputes the scores in its backward). `kernels`: "megatron" (its
+fused kernels; the paper's count, which leaves out anything smaller than an sbh tensor) or
+"torch" (torch's eager modules as `exec.models` builds them: LayerNorm keeps its fp32 mean and
+reciprocal deviation per token, the embedding its int64 token ids, the loss its log-softmax
+and its int64 targets). `dropout` and `tied` default to the arch's.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 RECOMPUTE = ("none", "selective", "full")
+ATTENTION = ("unfused", "flash")
+KERNELS = ("megatron", "torch")
+# bytes of an element of an activation (the planner's precisions; sim.kernels has the same)
+_ELEMENT = {"bf16": 2, "fp16": 2, "tf32": 4, "fp32": 4}
+_FP32, _INT64 = 4, 8  # norm statistics and flash's log-sum-exp are fp32; token ids and targets int64
 
 # What differs between the two families of presets. "gpt": GPT-2/3 and Megatron-LM's GPT
 # (Radford et al. 2019; Brown et al. 2020; Narayanan et al. 2021): biases, LayerNorm (gain and
 # bias), learned positions, GeLU MLP of two matrices, dropout, output layer tied to the input
 # embedding. "llama": Touvron et al. 2023 (Llama 1, Sec. 2.2; Llama 2, Sec. 2.2): no biases,
 # RMSNorm (gain only), rotary positions (no parameters), SwiGLU MLP of three matrices, no
-# dropout, untied output layer.
+# dropout, untied output layer. norm_stats: the fp32 numbers per token a norm keeps for its
+# backward (LayerNorm: mean and 1/std; RMSNorm: 1/rms; torch's native_layer_norm, _fused_rms_norm).
 ARCHS = {
-    "gpt": dict(bias=True, norm_params=2, learned_positions=True, mlp_matrices=2, dropout=True, tied=True),
-    "llama": dict(bias=False, norm_params=1, learned_positions=False, mlp_matrices=3, dropout=False, tied=False),
+    "gpt": dict(bias=True, norm_params=2, learned_positions=True, mlp_matrices=2, dropout=True, tied=True,
+                norm_stats=2),
+    "llama": dict(bias=False, norm_params=1, learned_positions=False, mlp_matrices=3, dropout=False, tied=False,
+                  norm_stats=1),
 }
 
 # Forward matmuls that multiply two activations (no weights): their backward is all input
@@ -56,6 +74,12 @@ def _positive_int(name: str, value) -> None:
         raise ValueError(f"Transformer: {name} must be a positive int, got {value!r}")
 
 
+def _element_bytes(precision: str) -> int:
+    if precision not in _ELEMENT:
+        raise ValueError(f"precision must be one of {', '.join(_ELEMENT)}; got {precision!r}")
+    return _ELEMENT[precision]
+
+
 def _recompute(recompute: str) -> str:
     if recompute not in RECOMPUTE:
         raise ValueError(f"recompute must be one of {', '.join(RECOMPUTE)}; got {recompute!r}")
@@ -73,6 +97,10 @@ class Transformer:
     ffn: int | None = None        # MLP width; 4*hidden by default (Vaswani et al. 2017)
     kv_heads: int | None = None   # grouped-query attention (Ainslie et al. 2023); heads by default
     arch: str = "gpt"             # "gpt" or "llama": see ARCHS
+    attention: str = "unfused"    # "unfused" or "flash": see the module's docstring
+    dropout: bool | None = None   # the arch's by default
+    tied: bool | None = None      # output layer tied to the input embedding; the arch's by default
+    kernels: str = "megatron"     # "megatron" or "torch": see the module's docstring
 
     def __post_init__(self):
         for name in ("layers", "hidden", "heads", "seq", "vocab"):
@@ -89,6 +117,14 @@ class Transformer:
             raise ValueError(f"Transformer: heads {self.heads} is not divisible by kv_heads {self.kv_heads}")
         if self.arch not in ARCHS:
             raise ValueError(f"Transformer: arch must be one of {', '.join(ARCHS)}; got {self.arch!r}")
+        for name, allowed in (("attention", ATTENTION), ("kernels", KERNELS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"Transformer: {name} must be one of {', '.join(allowed)}; got {getattr(self, name)!r}")
+        for name in ("dropout", "tied"):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, ARCHS[self.arch][name])
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"Transformer: {name} must be True, False or None; got {getattr(self, name)!r}")
 
     @property
     def _a(self) -> dict:
@@ -110,8 +146,8 @@ class Transformer:
         norms = 2 * a["norm_params"] * h                                  # before attention and before the MLP
         embedding = self.vocab * h + (self.seq * h if a["learned_positions"] else 0)
         return Params(embedding=embedding, per_layer=matrices + biases + norms, layers=self.layers,
-                      final_norm=a["norm_params"] * h, output=0 if a["tied"] else self.vocab * h,
-                      tied=a["tied"])
+                      final_norm=a["norm_params"] * h, output=0 if self.tied else self.vocab * h,
+                      tied=self.tied)
 
     def layer_flops(self, micro_batch: int) -> dict[str, float]:
         """Forward FLOPs of one layer by matmul (2 FLOPs a multiply-add), as Narayanan et al. 2021,
@@ -163,38 +199,79 @@ class Transformer:
         return replicated / (tp if sequence_parallel else 1) + split / tp
 
     def activation_bytes_per_layer(self, micro_batch: int, tp: int = 1, sequence_parallel: bool = False,
-                                   recompute: str = "none") -> float:
+                                   recompute: str = "none", precision: str = "bf16") -> float:
         """Bytes one layer keeps from its forward for its backward, per GPU: Korthikanti et al.
         2022, Table 2; for arch="gpt", ffn=4h: sbh(34 + 5as/h) at tp=1, sbh(10 + 24/t + 5as/(ht))
         with tp, sbh(34/t + 5as/(ht)) with sequence parallelism; selective recompute drops the
-        5as/h; full keeps the layer input only, 2sbh."""
+        5as/h; full keeps the layer input only, 2sbh. Each activation element takes the bytes
+        of `precision` (2 above), a dropout mask 1; attention="flash" keeps a 4-byte log-sum-exp
+        per head and token instead of the 5as^2b bytes of scores (selective recompute drops it);
+        kernels="torch" adds the norms' fp32 statistics per token (see the module's docstring)."""
         _positive_int("micro_batch", micro_batch)
-        sbh, a = self.seq * micro_batch * self.hidden, self._a
+        e, sb, a = _element_bytes(precision), self.seq * micro_batch, self._a
+        sbh = sb * self.hidden
         if _recompute(recompute) == "full":
-            return 2 * sbh
-        drop = 1 if a["dropout"] else 0
-        # Sec. 4.1: two norm inputs 4sbh, QKV input 2sbh, MLP input 2sbh, two dropout masks 2sbh
-        replicated = (4 + 2 + 2 + 2 * drop) * sbh
-        # Q and K 4sbh, V 2sbh, projection input 2sbh; MLP: one 2sbf tensor per matrix (GeLU
-        # input and output; SwiGLU's two inputs and product) 16sbh for ffn=4h
-        split = (2 + 4 * self._kv + 2) * sbh + 2 * self.seq * micro_batch * self.ffn * a["mlp_matrices"]
+            return e * sbh
+        drop = 1 if self.dropout else 0
+        stats = 2 * a["norm_stats"] * _FP32 * sb if self.kernels == "torch" else 0
+        # Sec. 4.1: two norm inputs, the QKV input and the MLP input (sbh each), two dropout masks
+        replicated = 4 * e * sbh + 2 * drop * sbh + stats
+        # Q and K, V, projection input; MLP: one sbf tensor per matrix (GeLU input and output;
+        # SwiGLU's two inputs and product)
+        split = (2 + 2 * self._kv) * e * sbh + e * sb * self.ffn * a["mlp_matrices"]
         if recompute == "none":
-            # softmax output 2as^2b, its dropout mask as^2b and dropout output 2as^2b
-            split += (2 + 3 * drop) * self.heads * self.seq ** 2 * micro_batch
+            heads_sb = self.heads * sb
+            # unfused: softmax output, its dropout mask and dropout output, as^2b each; flash: the
+            # log-sum-exp, fp32, one per head and token
+            split += heads_sb * self.seq * (e + drop * (1 + e)) if self.attention == "unfused" else heads_sb * _FP32
         return self._split(replicated, split, tp, sequence_parallel)
 
-    def w_activation_bytes_per_layer(self, micro_batch: int, tp: int = 1, sequence_parallel: bool = False) -> float:
+    def end_activation_bytes(self, micro_batch: int, tp: int = 1, sequence_parallel: bool = False,
+                             precision: str = "bf16") -> dict[str, float]:
+        """Bytes the ends of the model keep per micro-batch, per GPU: "first" (the embedding),
+        "last" (final norm, output layer and loss) and "last_w" (what the output layer's W still
+        needs after I). kernels="megatron": Korthikanti et al. 2022, Sec. 4.3: the embedding's
+        dropout mask (sbh, 1 byte); the final norm's and output layer's inputs (sbh each) and
+        the fp32 logits (4sbV/t); W needs its input and the logits' gradient. kernels="torch":
+        the embedding keeps its int64 token ids (and a dropout mask if any); the last stage
+        the norm's and output layer's inputs, the norm's fp32 statistics, the log-softmax of
+        the logits (at `precision`), the int64 targets and the loss's fp32 total weight.
+        "first_w": what the first stage's W needs of the embedding's bytes (torch: all; the
+        first stage's I has no input gradient to compute, W runs its whole backward); torch's
+        "last_w": everything below the output layer's weight node (the two inputs, the statistics)."""
+        _positive_int("micro_batch", micro_batch)
+        e, sb = _element_bytes(precision), self.seq * micro_batch
+        split = tp if sequence_parallel else 1
+        sbh, logits = sb * self.hidden / split, sb * self.vocab / tp
+        if self.kernels == "megatron":
+            return {"first": sbh, "last": 2 * e * sbh + 4 * logits, "first_w": 0.0, "last_w": e * sbh + e * logits}
+        stats = self._a["norm_stats"] * _FP32 * sb / split
+        first = _INT64 * sb + (sbh if self.dropout else 0.0)
+        return {"first": first, "last": 2 * e * sbh + stats + e * logits + _INT64 * sb + _FP32,
+                "first_w": first, "last_w": 2 * e * sbh + stats}
+
+    def w_activation_bytes_per_layer(self, micro_batch: int, tp: int = 1, sequence_parallel: bool = False,
+                                     precision: str = "bf16", recompute: str = "none") -> float:
         """Bytes W still needs after I, per GPU: each weight matmul's input and output gradient.
         Qi et al. 2024, Table 1: 32sbh (for arch="gpt", ffn=4h): inputs QKV 2, projection 2,
         MLP 2 + 8 (14sbh) and output gradients QKV 6, projection 2, MLP 8 + 2 (18sbh). Under
         tensor parallelism the inputs of the column-parallel matmuls (QKV, MLP in) and the output
         gradients of the row-parallel ones (projection, MLP out) are whole on every rank, 8sbh,
         unless sequence parallel; the rest, 24sbh, is split: sbh(8 + 24/t), or 32sbh/t with
-        sequence parallelism. The same with any recompute: recompute restores them before I."""
+        sequence parallelism. The same with any recompute: recompute restores them before I.
+        Elements of `precision` (16-bit above: 2 bytes). kernels="torch": torch's split backward
+        (torch.distributed.pipelining's stage_backward_weight, exec.split_backward) keeps the
+        weight-gradient nodes, and through them every node between them and the input: I frees
+        none of the layer's saved tensors, all of `activation_bytes_per_layer` (with
+        `recompute`) stays until W (which recomputes them from the layer input if asked); the
+        output gradients it keeps are not counted, as exec does not count them."""
         _positive_int("micro_batch", micro_batch)
+        if self.kernels == "torch":
+            return self.activation_bytes_per_layer(micro_batch, tp, sequence_parallel, recompute, precision)
+        e = _element_bytes(precision)
         sbh, sbf, m = self.seq * micro_batch * self.hidden, self.seq * micro_batch * self.ffn, self._a["mlp_matrices"]
-        replicated = (2 + 2 + 2 + 2) * sbh
-        split = 2 * (1 + 2 * self._kv) * sbh + 2 * sbh + 2 * (m - 1) * sbf + 2 * sbf
+        replicated = 4 * e * sbh
+        split = e * ((1 + 2 * self._kv) * sbh + sbh + (m - 1) * sbf + sbf)
         return self._split(replicated, split, tp, sequence_parallel)
 
 

@@ -16,7 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK_DIR = ROOT / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
-NEEDS_TORCH = {"03_real_runs.ipynb", "04_modern_schedules.ipynb"}
+NEEDS_TORCH = {"03_real_runs.ipynb", "04_modern_schedules.ipynb", "06_closing_the_loop.ipynb"}
 CELL_TIMEOUT = 300  # seconds per cell
 
 nbformat = pytest.importorskip("nbformat")
@@ -25,7 +25,7 @@ nbformat = pytest.importorskip("nbformat")
 def test_there_are_tutorials():
     names = [p.name for p in NOTEBOOKS]
     for expected in ("01_why_pipelines.ipynb", "02_memory.ipynb", "03_real_runs.ipynb", "04_modern_schedules.ipynb",
-                     "05_planning_a_real_run.ipynb"):
+                     "05_planning_a_real_run.ipynb", "06_closing_the_loop.ipynb"):
         assert expected in names
 
 

@@ -43,7 +43,7 @@ def full_recompute_bytes(spec: ModelSpec, bounds, s: int, micro: int) -> int:
     if not gpt and last == spec.num_layers:
         n += 2 * b * t * h * e                  # mse_loss saves its input and the targets
     if gpt and first == 0:
-        n += b * t * 8 + t * 8                  # the embeddings' int64 indices: token ids, positions
+        n += b * t * 8                          # the token ids (int64); the positions are a slice of their table
     if gpt and last == spec.num_layers:
         n += (b * t * h * e + 2 * b * t * 4     # LayerNorm: its input, mean and rstd (float32)
               + b * t * h * e                   # the LM head's input

@@ -1,0 +1,155 @@
+"""What one rank's device achieves: matmuls by shape, memory-bound kernels by class, the host's cost per op, a step's fixed cost.
+
+Each function runs inside a rank that `exec.launch` set up as exec's runs are (its cores,
+its threads, gloo's host tuning), so that it measures the device as a pipeline rank uses
+it; every rank of the launch runs it at once (a barrier before each measurement), as the
+ranks of a run compute at once, and the caller keeps rank 0's numbers. Times are medians
+of repeated loops (`median_seconds`); on CUDA each loop is bracketed by synchronisations.
+
+The sizes are the planner's: `planner_gemms` lists the matmuls `sim.estimate` times for a
+model (`sim.layer.gemm_shapes`: forward, input gradient, weight gradient; the output
+layer's three), and the memory classes are those of docs/profiles.md.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable, Iterable
+
+import torch
+import torch.nn.functional as F
+
+from sim.footprint import optimizer_step_bytes
+from sim.layer import Slice, gemm_shapes
+
+__all__ = ["CLASSES", "median_seconds", "planner_gemms", "matmul_rows", "memory_rows", "launch_seconds",
+           "step_overhead_seconds"]
+
+CLASSES = ("elementwise", "norm", "softmax", "copy", "optimizer", "embedding")
+WIDTH = 128  # the last dimension of the norm, softmax and embedding tensors
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def median_seconds(fn: Callable[[], object], device: torch.device, loops: int = 5, least: float = 2e-3) -> float:
+    """Seconds per call of `fn`: the median over `loops` loops, each of as many calls as
+    take at least `least` seconds (found on a warmed-up call)."""
+    fn()
+    _sync(device)
+    t = time.perf_counter()
+    fn()
+    _sync(device)
+    once = max(time.perf_counter() - t, 1e-7)
+    calls = max(1, min(10_000, int(least / once)))
+    samples = []
+    for _ in range(loops):
+        _sync(device)
+        t = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        _sync(device)
+        samples.append((time.perf_counter() - t) / calls)
+    return statistics.median(samples)
+
+
+def planner_gemms(model, micro_batches: Iterable[int]) -> list[tuple[int, int, int, int]]:
+    """The (m, n, k, batch) matmuls `sim.estimate` times for `model` (a `sim.Transformer`,
+    tp = 1) at each micro-batch size: every layer matmul's forward, input gradient (m, k, n)
+    and weight gradient (k, n, m), and the output layer's (bs, V, h), (bs, h, V), (h, V, bs)."""
+    out = set()
+    for b in micro_batches:
+        for m, n, k, batch in gemm_shapes(model, Slice(b, precision="fp32")).values():
+            out |= {(m, n, k, batch), (m, k, n, batch), (k, n, m, batch)}
+        tokens = b * model.seq
+        out |= {(tokens, model.vocab, model.hidden, 1), (tokens, model.hidden, model.vocab, 1),
+                (model.hidden, model.vocab, tokens, 1)}
+    return sorted(out)
+
+
+def matmul_rows(shapes, device: torch.device, dtype: torch.dtype, precision: str, barrier: Callable[[], None],
+                say: Callable[[str], None], loops: int = 5) -> list[list]:
+    """[precision, m, n, k, batch, seconds] of `torch.mm` (batch 1) or `torch.bmm` per shape."""
+    rows = []
+    for i, (m, n, k, batch) in enumerate(shapes):
+        a = torch.randn(batch, m, k, device=device, dtype=dtype)
+        b = torch.randn(batch, k, n, device=device, dtype=dtype)
+        fn = (lambda: torch.mm(a[0], b[0])) if batch == 1 else (lambda: torch.bmm(a, b))
+        barrier()
+        rows.append([precision, m, n, k, batch, median_seconds(fn, device, loops)])
+        if i % 10 == 0 or i == len(shapes) - 1:
+            say(f"matmul {i + 1}/{len(shapes)}: {m}x{n}x{k} (batch {batch}) "
+                f"{2 * m * n * k * batch / rows[-1][-1] / 1e9:.1f} GFLOP/s")
+    return rows
+
+
+def _class_kernel(name: str, elements: int, device: torch.device, dtype: torch.dtype):
+    """A kernel of class `name` over about `elements` elements, and the bytes it moves (read + written)."""
+    e = torch.empty((), dtype=dtype).element_size()
+    rows = max(1, elements // WIDTH)
+    x = torch.randn(rows, WIDTH, device=device, dtype=dtype)
+    if name == "elementwise":
+        y, out = torch.randn_like(x), torch.empty_like(x)
+        return (lambda: torch.add(x, y, out=out)), 3 * x.numel() * e
+    if name == "norm":
+        w, b = torch.ones(WIDTH, device=device, dtype=dtype), torch.zeros(WIDTH, device=device, dtype=dtype)
+        return (lambda: F.layer_norm(x, (WIDTH,), w, b)), 2 * x.numel() * e
+    if name == "softmax":
+        return (lambda: torch.softmax(x, -1)), 2 * x.numel() * e
+    if name == "copy":
+        out = torch.empty_like(x)
+        return (lambda: out.copy_(x)), 2 * x.numel() * e
+    if name == "optimizer":
+        p = torch.nn.Parameter(x.float())
+        p.grad = torch.randn_like(p)
+        opt = torch.optim.AdamW([p], lr=1e-6)
+        return opt.step, p.numel() * optimizer_step_bytes("fp32")
+    table = torch.randn(max(rows, 1024), WIDTH, device=device, dtype=dtype)
+    ids = torch.randint(0, table.shape[0], (rows,), device=device)
+    return (lambda: F.embedding(ids, table)), 2 * x.numel() * e + ids.numel() * 8
+
+
+def memory_rows(sizes, device: torch.device, dtype: torch.dtype, barrier: Callable[[], None],
+                say: Callable[[str], None], loops: int = 5) -> dict[str, list[tuple[float, float]]]:
+    """Per class of `CLASSES`, (bytes moved, seconds) at each of `sizes` elements."""
+    out = {}
+    for name in CLASSES:
+        out[name] = []
+        for n in sizes:
+            fn, nbytes = _class_kernel(name, n, device, dtype)
+            barrier()
+            out[name].append((float(nbytes), median_seconds(fn, device, loops)))
+        best = max(b / t for b, t in out[name])
+        say(f"memory-bound {name}: up to {best / 1e9:.1f} GB/s")
+    return out
+
+
+def launch_seconds(device: torch.device, barrier: Callable[[], None], loops: int = 7) -> float:
+    """The host's cost of one op that does (almost) nothing: the median over a one-element
+    add, multiply and matmul (on CPU the dispatch of an op; on CUDA, where the host runs
+    ahead, the launch of a kernel)."""
+    a = torch.ones(1, 1, device=device)
+    b = torch.ones(1, 1, device=device)
+    barrier()
+    if device.type == "cuda":  # the host's time alone: no synchronisation inside the loop
+        times = []
+        for fn in (lambda: a + b, lambda: a * b, lambda: a @ b):
+            t = time.perf_counter()
+            for _ in range(1000):
+                fn()
+            times.append((time.perf_counter() - t) / 1000)
+            _sync(device)
+        return statistics.median(times)
+    return statistics.median(median_seconds(fn, device, loops) for fn in (lambda: a + b, lambda: a * b, lambda: a @ b))
+
+
+def step_overhead_seconds(device: torch.device, barrier: Callable[[], None], loops: int = 7) -> float:
+    """A training step's fixed cost beyond its kernels: torch.optim.AdamW's step over one
+    one-element parameter (its Python, its state bookkeeping), the optimizer exec runs."""
+    p = torch.nn.Parameter(torch.ones(1, device=device))
+    p.grad = torch.ones_like(p)
+    opt = torch.optim.AdamW([p], lr=1e-6)
+    barrier()
+    return median_seconds(opt.step, device, loops)

@@ -1,0 +1,90 @@
+"""A device profile (docs/profiles.md, format 1) from what `exec.profile_device`'s ranks measured: every number with its provenance.
+
+Measured numbers carry the command, the machine and the date; the fitted models (memory
+bandwidth per class as the slope of time over bytes, the ring and send models) say what
+they were fitted on. A CPU has no preset datasheet: an inline one gives its name, memory
+(/proc/meminfo), the best measured matmul FLOP/s as its fp32 peak, the best measured copy
+bandwidth as its memory bandwidth, and its cores.
+"""
+from __future__ import annotations
+
+import platform
+
+from .comm_bench import nonnegative_lstsq, p2p_fit, ring_fit
+
+__all__ = ["assemble", "class_bandwidth"]
+
+
+def class_bandwidth(points) -> float:
+    """Bytes/s of a memory-bound class: 1 / the slope of seconds over bytes (least squares
+    with a non-negative intercept, the op's fixed cost); the best bytes/s of a point where
+    the times do not grow with the bytes (noise on a loaded machine)."""
+    _, per_byte = nonnegative_lstsq([[1.0] * len(points), [b for b, _ in points]], [t for _, t in points])
+    return 1 / per_byte if per_byte > 0 else max(b / t for b, t in points)
+
+
+def assemble(measured: dict, collectives: list, fp: dict, cores: int | None, command: str, backend: str) -> dict:
+    """The profile's JSON object (see the module docstring)."""
+    machine = f"{fp['host']}: {fp['device']}"
+    stamp = {"source": "measured", "command": command, "machine": machine, "date": fp["date"]}
+
+    def m(value, **extra):
+        return {"value": value, **stamp, **extra}
+
+    def derived(value, sources, how):
+        return {"value": value, "source": "derived", "from": sources, "how": how}
+
+    rows = measured["matmul"]
+    peak = max(2 * mm * n * k * b / t for _, mm, n, k, b, t in rows)
+    classes = {name: m(class_bandwidth(points), points=[list(p) for p in points],
+                       how="1 / slope of seconds over bytes moved (read + written), least squares")
+               for name, points in measured["memory"].items()}
+    stream = max(b / t for b, t in measured["memory"]["copy"])
+    out = {
+        "schema": "pipeline-workbench/device-profile/1",
+        "name": f"{fp['device']}/{backend}-{fp['threads']}-threads-{fp['date']}",
+        "description": f"{fp['device']} as exec's {backend} ranks use it ({fp['threads']} threads a rank), "
+                       f"measured by exec.profile_device",
+        "datasheet": {"name": fp["device"], "memory": m(_memory_bytes(backend), how="MemTotal of /proc/meminfo"
+                                                        if backend == "gloo" else "torch.cuda total_memory"),
+                      "peak_flops": {"fp32": m(peak, how="the best FLOP/s of matmul.table")},
+                      "hbm_bandwidth": m(stream, how="the best copy bandwidth measured (memory_bound copy)"),
+                      "sms": m(cores if cores is not None else _sms(), how="cores the ranks share"
+                               if cores is not None else "multiprocessor count")},
+        "fingerprint": fp,
+        "matmul": {"table": {"rows": rows, **stamp}},
+        "memory_bound": {"bandwidth": derived(classes["copy"]["value"], ["memory_bound.classes.copy"],
+                                              "the copy class's"),
+                         "classes": classes},
+        "launch": {"per_kernel": m(measured["launch"], how="median host time of a one-element add, mul and "
+                                                           "matmul"),
+                   "host_runs_ahead": backend == "nccl"},
+        "step_overhead": m(measured["step_overhead"], how="torch.optim.AdamW.step over one one-element parameter"),
+    }
+    if collectives:
+        ring = ring_fit(collectives)
+        how = "least squares of sim.kernels' ring model (base + steps x hop + steps/n x bytes / bandwidth)"
+        out["collectives"] = {"node": {k: derived(v, ["collectives.table"], how) for k, v in ring.items()},
+                              "table": {"rows": collectives, **stamp}}
+    if measured.get("p2p"):
+        fit = p2p_fit(measured["p2p"])
+        how = "least squares of latency + bytes / bandwidth over p2p.table (half a ping-pong)"
+        out["p2p"] = {"node": {k: derived(v, ["p2p.table"], how) for k, v in fit.items()},
+                      "table": {"rows": measured["p2p"], **stamp}}
+    return out
+
+
+def _memory_bytes(backend: str) -> int:
+    if backend == "nccl":
+        import torch
+        return torch.cuda.get_device_properties(0).total_memory
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    raise OSError(f"no MemTotal in /proc/meminfo on {platform.node()}")
+
+
+def _sms() -> int:
+    import torch
+    return torch.cuda.get_device_properties(0).multi_processor_count

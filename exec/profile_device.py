@@ -1,0 +1,215 @@
+"""Measure this machine's device as exec's ranks use it and write its device profile (docs/profiles.md) for the planner.
+
+    python -m exec.profile_device --out profiles/this-cpu.json            # gloo, cores ranks
+    python -m exec.profile_device --out my.json --ranks 2 --quick         # seconds, coarser
+    python -m exec.profile_device --out gpu.json --backend nccl --ranks 1 # a GPU
+
+It measures, in ranks set up as `exec.launch` sets up a run's (each rank on its cores with
+cores / ranks threads, or one GPU each):
+
+- matmuls of the shapes the planner asks for (`exec.device_bench.planner_gemms` of the
+  GPT the flags give, at each --micro-batch) -> `matmul.table`;
+- memory-bound kernels by class, at several sizes, their bandwidth the slope of time over
+  bytes -> `memory_bound`; the best copy bandwidth is the datasheet's `hbm_bandwidth`;
+- the host's cost of an op that does nothing -> `launch.per_kernel`, and an optimizer
+  step's fixed cost -> `step_overhead`;
+- all-reduce, reduce-scatter and all-gather over 2..N ranks and sends between two, by
+  message size -> `collectives.table`, `p2p.table`, and the ring model fitted to them.
+
+Every number says how it was measured (docs/profiles.md: source "measured" with the
+command, the machine and the date; the fits "derived"). The run has a timeout and leaves no
+process behind (`exec.launch`). Exit status: 0 written, 1 a rank failed or timed out, 2 bad
+arguments or a device it cannot measure (--backend nccl without enough GPUs).
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+from sim.cli import OneLineParser, number, whole
+
+__all__ = ["main", "profile_device", "SCHEMA"]
+
+PROG = "exec.profile_device"
+SCHEMA = "pipeline-workbench/device-profile/1"
+QUICK = dict(memory=(2**12, 2**16, 2**20), messages=(2**10, 2**16, 2**20), loops=3, repeats=3)
+FULL = dict(memory=(2**12, 2**14, 2**16, 2**18, 2**20, 2**22),
+            messages=(2**10, 2**12, 2**14, 2**16, 2**18, 2**20, 2**22, 2**24), loops=5, repeats=7)
+
+
+def build_parser():
+    p = OneLineParser(error_prog=PROG, prog=PROG, description="Measure this device as exec's ranks use it; write "
+                                                            "its device profile (docs/profiles.md).")
+    p.add_argument("--out", type=Path, required=True, help="the profile to write (JSON)")
+    p.add_argument("--backend", choices=["gloo", "nccl"], default="gloo", help="gloo: CPU ranks; nccl: one GPU each")
+    p.add_argument("--ranks", type=whole, help="ranks exec will run (default: the cores for gloo, the GPUs for nccl); "
+                                               "collectives are measured over 2..ranks")
+    p.add_argument("--quick", action="store_true", help="fewer sizes and repeats (seconds; coarser)")
+    p.add_argument("--timeout", type=lambda t: number(t, minimum=1.0), default=280.0,
+                   help="seconds for each launch of ranks (default 280)")
+    g = p.add_argument_group("the GPT whose matmuls to measure (sim.Transformer; default: exec's --model gpt)")
+    g.add_argument("--hidden", type=whole, default=128)
+    g.add_argument("--heads", type=whole, default=4)
+    g.add_argument("--seq", type=whole, default=64)
+    g.add_argument("--vocab", type=whole, default=512)
+    g.add_argument("--ffn", type=whole, help="default 4 x hidden")
+    g.add_argument("--micro-batch", type=whole, action="append", dest="micro_batches",
+                   help="micro-batch size (repeat; default 1 2 4 8)")
+    return p
+
+
+def _say(text: str) -> None:
+    print(f"{PROG}: {text}", file=sys.stderr, flush=True)
+
+
+def _worker(ctx, plan: dict) -> dict:
+    """One rank: the compute measurements (if asked), then the collectives and sends."""
+    import torch
+    import torch.distributed as dist
+    from exec import comm_bench, device_bench
+
+    say = _say if ctx.rank == 0 else (lambda text: None)
+    device, out = ctx.device, {"threads": torch.get_num_threads()}
+    if plan["compute"]:
+        rows = device_bench.matmul_rows(plan["gemms"], device, torch.float32, "fp32", dist.barrier, say, plan["loops"])
+        out.update(matmul=rows,
+                   memory=device_bench.memory_rows(plan["memory"], device, torch.float32, dist.barrier, say,
+                                                   plan["loops"]),
+                   launch=device_bench.launch_seconds(device, dist.barrier),
+                   step_overhead=device_bench.step_overhead_seconds(device, dist.barrier))
+        say(f"launch {out['launch'] * 1e6:.1f} us an op, step overhead {out['step_overhead'] * 1e6:.0f} us")
+    if ctx.world_size > 1:
+        out["collectives"] = comm_bench.collective_rows(plan["messages"], device, plan["repeats"], say)
+        if plan["p2p"]:
+            out["p2p"] = comm_bench.p2p_rows(plan["messages"], device, plan["repeats"], say)
+    return out
+
+
+def fingerprint(backend: str, threads: int | None) -> dict:
+    """What was measured, with what: device, driver, CUDA, torch, NCCL, backend, host,
+    threads per rank, date (null where there is none)."""
+    import torch
+    cuda = backend == "nccl"
+    nccl = None
+    if cuda and hasattr(torch.cuda, "nccl"):
+        v = torch.cuda.nccl.version()
+        nccl = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+    return {"device": torch.cuda.get_device_name(0) if cuda else cpu_name(), "driver": _driver() if cuda else None,
+            "cuda": torch.version.cuda if cuda else None, "torch": torch.__version__, "nccl": nccl,
+            "backend": backend, "host": platform.node() or None, "threads": threads,
+            "date": datetime.date.today().isoformat()}
+
+
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo), or the platform's processor string."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _driver() -> str | None:
+    try:
+        import subprocess
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10)
+        return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def refusal(backend: str, ranks: int | None) -> str | None:
+    """Why this device cannot be measured as asked (one line), or None."""
+    import torch
+    if backend == "nccl":
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if gpus == 0:
+            return "--backend nccl needs a CUDA GPU; this machine has none (use --backend gloo)"
+        if ranks is not None and ranks > gpus:
+            return f"--backend nccl runs one rank per GPU: --ranks {ranks} needs {ranks} GPUs, this machine has {gpus}"
+    elif not hasattr(os, "sched_getaffinity") and ranks is None:
+        return "cannot tell this machine's cores; give --ranks"
+    return None
+
+
+def profile_device(out: Path, backend: str = "gloo", ranks: int | None = None, quick: bool = False,
+                   model=None, micro_batches: Sequence[int] = (1, 2, 4, 8), timeout: float = 280.0,
+                   command: str | None = None) -> dict:
+    """Measure and write the profile to `out`; return it. `model`: the `sim.Transformer`
+    whose matmuls to measure (default: exec's small GPT). Raises ValueError where the device
+    cannot be measured (`refusal`), `exec.launch.RankError` / TimeoutError where a rank fails."""
+    import torch
+    from exec.device_bench import planner_gemms
+    from exec.host import host_cores
+    from exec.launch import launch
+    from exec.models import ModelSpec
+    from exec.profile_assemble import assemble
+
+    why = refusal(backend, ranks)
+    if why:
+        raise ValueError(why)
+    cores = len(host_cores())
+    n = ranks or (torch.cuda.device_count() if backend == "nccl" else cores)
+    model = model or ModelSpec("gpt").transformer()
+    sizes = QUICK if quick else FULL
+    plan = dict(gemms=planner_gemms(model, micro_batches), memory=sizes["memory"], messages=sizes["messages"],
+                loops=sizes["loops"], repeats=sizes["repeats"])
+    t0 = time.perf_counter()
+    _say(f"{backend} on {n} rank(s), {max(1, cores // n) if backend == 'gloo' else 'GPU'} thread(s) each; "
+         f"{len(plan['gemms'])} matmul shapes, {'quick' if quick else 'full'} sizes")
+    measured, collectives = None, []
+    for world in range(min(2, n), n + 1):
+        _say(f"launching {world} rank(s)")
+        got = launch(_worker, world, plan | dict(compute=world == n, p2p=world == n), backend=backend,
+                     timeout=timeout)[0]
+        collectives += got.get("collectives", [])
+        if world == n:
+            measured = got
+    fp = fingerprint(backend, measured["threads"])
+    profile = assemble(measured, collectives, fp, cores if backend == "gloo" else None,
+                       command or f"python -m {PROG} --out {out} --backend {backend} --ranks {n}"
+                       + (" --quick" if quick else ""), backend)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(profile, indent=1) + "\n")
+    _say(f"wrote {out} in {time.perf_counter() - t0:.0f} s")
+    return profile
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    import sim
+    from exec.launch import RankError
+    if args.out.exists() and args.out.is_dir():
+        parser.error(f"--out {args.out} is a folder; give a file name")
+    why = refusal(args.backend, args.ranks)
+    if why:
+        print(f"{PROG}: {why}", file=sys.stderr)
+        return 2
+    try:
+        model = sim.Transformer(layers=1, hidden=args.hidden, heads=args.heads, seq=args.seq, vocab=args.vocab,
+                                ffn=args.ffn)
+    except ValueError as e:
+        parser.error(str(e))
+    command = "python -m exec.profile_device " + " ".join(sys.argv[1:] if argv is None else argv)
+    try:
+        profile_device(args.out, args.backend, args.ranks, args.quick, model, args.micro_batches or (1, 2, 4, 8),
+                       args.timeout, command)
+    except (RankError, TimeoutError) as e:
+        print(f"{PROG}: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""exec.profile_device writes a profile sim.load_profile reads, with provenance on every number; exec.run --json and the plan-vs-run bench carry what the loop compares. No timing assertions."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import sim  # noqa: E402
+from exec import profile_device as pd  # noqa: E402
+from exec.comm_bench import p2p_fit, ring_fit  # noqa: E402
+from sim.kernels import COLLECTIVE_STEPS  # noqa: E402
+
+sys.path.insert(0, "benchmarks")
+import bench_plan_vs_run as bench  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def profile_file(tmp_path_factory):
+    out = tmp_path_factory.mktemp("profile") / "cpu.json"
+    pd.profile_device(out, "gloo", ranks=2, quick=True, micro_batches=(2,), timeout=120)
+    return out
+
+
+def _numbers(node, path=""):
+    """Every {"value": ...} object in the profile, with its path."""
+    if isinstance(node, dict):
+        if "value" in node:
+            yield path, node
+        for k, v in node.items():
+            yield from _numbers(v, f"{path}.{k}" if path else k)
+
+
+def test_the_profile_loads_and_every_number_says_where_it_comes_from(profile_file):
+    p = sim.load_profile(profile_file)
+    raw = json.loads(profile_file.read_text())
+    assert raw["schema"] == pd.SCHEMA and raw["fingerprint"]["backend"] == "gloo"
+    assert raw["fingerprint"]["threads"] == max(1, len(__import__("exec.host").host.host_cores()) // 2)
+    assert raw["launch"]["host_runs_ahead"] is False
+    for path, n in _numbers(raw):
+        assert n["source"] in ("measured", "derived"), path
+        need = ("command", "machine", "date") if n["source"] == "measured" else ("from", "how")
+        assert all(k in n for k in need), path
+    ops = {r[0] for r in raw["collectives"]["table"]["rows"]}
+    assert ops <= set(COLLECTIVE_STEPS) and "all_reduce" in ops
+    shapes = {tuple(r[1:5]) for r in raw["matmul"]["table"]["rows"]}
+    assert set(pd_gemms()) == shapes  # the planner's shapes, each measured
+    assert p.gpu.peak_flops["fp32"] == max(2 * m * n * k * b / t for _, m, n, k, b, t in raw["matmul"]["table"]["rows"])
+
+
+def pd_gemms():
+    from exec.device_bench import planner_gemms
+    from exec.models import ModelSpec
+    return planner_gemms(ModelSpec("gpt").transformer(), (2,))
+
+
+def test_the_ring_fit_recovers_the_model_it_fits():
+    base, hop, bw = 1e-4, 2e-5, 3e9
+    rows = [[op, "node", n, b, base + COLLECTIVE_STEPS[op] * (n - 1) * hop + COLLECTIVE_STEPS[op] * (n - 1) / n * b / bw]
+            for op in COLLECTIVE_STEPS for n in (2, 3, 4) for b in (1e3, 1e6, 1e8)]
+    fit = ring_fit(rows)
+    assert fit["base_latency"] == pytest.approx(base) and fit["hop_latency"] == pytest.approx(hop)
+    assert fit["bus_bandwidth"] == pytest.approx(bw)
+    send = p2p_fit([["node", b, 5e-5 + b / 2e9] for b in (1e3, 1e5, 1e7)])
+    assert send == pytest.approx({"latency": 5e-5, "bandwidth": 2e9})
+
+
+def test_a_device_it_cannot_measure_is_refused_in_one_line(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    r = subprocess.run([sys.executable, "-m", "exec.profile_device", "--out", str(tmp_path / "x.json"),
+                        "--backend", "nccl"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "CUDA" in r.stderr
+
+
+def test_the_planner_predicts_from_the_profile_and_the_bench_measures(profile_file):
+    p = sim.load_profile(profile_file)
+    case = bench.Case("1f1b", 2, "none", 1, pp=2, batch=4)
+    model = dict(layers=2, hidden=16, heads=2, seq=8, vocab=32)
+    got = bench.compare(p, case, model, steps=1, warmup=0)
+    assert len(got["predicted_memory"]) == len(got["measured_memory"]) == 2
+    assert got["predicted_s"] > 0 and got["measured_s"] > 0 and got["load"]
+    # memory: the planner counts what exec holds (weights, grads, AdamW state, saved tensors);
+    # AdamW's per-tensor step counters (4 bytes each) are all it leaves out
+    assert got["memory_error_pct"] < 0.5
+    assert all(c.pp * c.dp <= 2 for c in bench.grid(2))
+    assert {c.schedule for c in bench.grid(2)} == set(bench.SCHEDULES)
