@@ -348,6 +348,12 @@ def simulate(schedule: Schedule, costs: Costs | None = None, durations: Mapping[
 
     A schedule that cannot finish raises `ScheduleError` showing where each rank waits: the
     run itself is the deadlock check (`sim.passes.check_deadlock` explains what it found)."""
+    if not isinstance(schedule, Schedule):
+        hint = f"sim.make_schedule({schedule!r}, stages, micro)" if isinstance(schedule, str) else "sim.make_schedule(...)"
+        raise TypeError(f"simulate needs a sim.Schedule, got {type(schedule).__name__} {schedule!r:.40}; build one "
+                        f"with {hint}")
+    if costs is not None and not isinstance(costs, Costs):
+        raise TypeError(f"simulate's costs must be a sim.Costs, got {type(costs).__name__}")
     # A step of a big schedule makes millions of small objects that all live to the end;
     # Python's cyclic garbage collector would walk them again and again (it doubles the
     # time of p=64, m=1024). None of them needs collecting before we return.

@@ -64,6 +64,10 @@ TOP = 10
 # Every schedule but zb-auto, whose own search simulates dozens of candidate steps for each
 # one it builds (minutes for pp=64 and hundreds of micro-batches); name it to include it.
 DEFAULT_SCHEDULES = tuple(name for name in SCHEDULES if name != "zb-auto")
+# Where it is named, the planner's zb-auto runs its heuristic at most this many times per
+# configuration (`sim.zbauto.zb_auto(max_runs=)`: the likeliest fastest runs first), so that
+# one configuration of hundreds of micro-batches takes seconds, not minutes.
+ZB_AUTO_RUNS = 4
 _MEMORY = "static memory over the GPU's (bound, not simulated)"
 # The bounds add the estimate's own numbers in another order than the simulation does, and
 # some (pp = 1) are exact: one may come out above the value it bounds by a rounding error.
@@ -92,6 +96,11 @@ class Config:
         return dict(tp=self.tp, pp=self.pp, dp=self.dp, micro_batch=self.micro_batch, schedule=self.schedule,
                     virtual=self.virtual, recompute=self.recompute, zero=self.zero,
                     sequence_parallel=self.sequence_parallel)
+
+    def options(self) -> dict:
+        """The schedule's options the planner adds to `kwargs` (zb-auto: its budget of runs,
+        `ZB_AUTO_RUNS`)."""
+        return {"max_runs": ZB_AUTO_RUNS} if self.schedule == "zb-auto" else {}
 
 
 @dataclass(frozen=True)
@@ -362,7 +371,7 @@ def search(model: Transformer | str, gpu: DeviceProfile | GPU | str, gpus: int, 
     for i, c, waiting in _best_first(configs, bounds, g.memory, limit, dropped):
         try:
             e = estimate(m, g, precision=precision, gpus_per_node=gpus_per_node, nics_per_node=nics_per_node,
-                         partition=partition, global_batch=global_batch, **c.kwargs())
+                         partition=partition, global_batch=global_batch, **c.kwargs(), **c.options())
         except (ValueError, ScheduleError) as err:
             dropped[f"refused by the estimate: {str(err).splitlines()[0][:60]}"] += 1
             continue
@@ -384,7 +393,8 @@ def search(model: Transformer | str, gpu: DeviceProfile | GPU | str, gpus: int, 
     rows = [r for _, _, r in sorted(best, key=lambda b: (-b[0], b[2].peak_memory, -b[1])) if r.step_time <= cap]
     if rows and rows[0].estimate is None:  # the best keeps its step, for the figures
         best_kw = dict(precision=precision, gpus_per_node=gpus_per_node, nics_per_node=nics_per_node,
-                       partition=partition, global_batch=global_batch, **rows[0].config.kwargs())
+                       partition=partition, global_batch=global_batch, **rows[0].config.kwargs(),
+                       **rows[0].config.options())
         rows[0] = _row(rows[0].config, estimate(m, g, **best_kw), keep=True)
     return Plan(m, g, gpus, global_batch, rows, points, dropped, len(configs), len(points),
                 time.perf_counter() - start)

@@ -154,7 +154,8 @@ TEXTBOOK = ("naive", "gpipe", "1f1b")  # the three that `python -m sim.plot` dra
 from .zbauto import zb_auto  # noqa: E402 (it reads SCHEDULES at call time, for zb-h1)
 
 SCHEDULES["zb-auto"] = Generator(zb_auto, "the zero-bubble paper's automatic scheduler: best found under costs "
-                                 "and memory_limit (Qi et al. 2024, Sec. 3)", options=("costs", "memory_limit"))
+                                 "and memory_limit (Qi et al. 2024, Sec. 3)",
+                                 options=("costs", "memory_limit", "max_runs"))
 
 
 def name_key(name: str) -> str:

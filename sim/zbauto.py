@@ -166,12 +166,15 @@ class _Greedy:
         return self.k.fill == "balance" and exact and self.bubble[s] + gap > max(self.bubble)
 
     def run(self) -> "_Greedy":
-        live, clock = list(range(self.P)), self.clock.__getitem__
+        live, clock, ws = list(range(self.P)), self.clock.__getitem__, self.done[Kind.W]
         while live:
-            if not self.step(min(live, key=clock)):  # the earliest device, else the next that can move
+            s = min(live, key=clock)
+            if not self.step(s):  # the earliest device, else the next that can move
                 if not any(self.step(s) for s in sorted(live, key=clock)):
                     raise ScheduleError("zb-auto heuristic stalled")  # zero costs all round
-            live = [s for s in live if self.done[Kind.W][s] < self.M]
+                live = [s for s in live if ws[s] < self.M]
+            elif ws[s] >= self.M:  # only s moved: only s can have finished
+                live.remove(s)
         return self
 
 
@@ -199,10 +202,11 @@ def split_1f1b(stages: int, micro: int) -> Schedule:
     return Schedule(programs, micro=micro, name="1f1b-split")
 
 
-def candidates(stages: int, micro: int, c: StageCosts, limit: float):
+def candidates(stages: int, micro: int, c: StageCosts, limit: float, runs: int | None = None):
     """The candidate schedules that may fit `limit`: the I/W-split 1F1B, ZB-H1 where
     `sim.SCHEDULES` has it, and the heuristic for each knob setting and each budget
-    (`budgets`) up to the first that does not bind."""
+    (`budgets`) up to the first that does not bind; with `runs`, at most that many runs of
+    the heuristic, the likeliest fastest first (`_few`)."""
     from .schedules import SCHEDULES, make_schedule  # at call time: zb-h1 may come later
     yield split_1f1b(stages, micro)
     if "zb-h1" in SCHEDULES:
@@ -210,6 +214,11 @@ def candidates(stages: int, micro: int, c: StageCosts, limit: float):
             yield make_schedule("zb-h1", stages, micro)
         except ScheduleError:
             pass  # sizes ZB-H1 refuses
+    yield from (_every if runs is None else _few)(stages, micro, c, limit, runs)
+
+
+def _every(stages: int, micro: int, c: StageCosts, limit: float, runs=None):
+    """The heuristic for every knob setting and every budget up to the first that does not bind."""
     seen = set()
     for forward_first, fill in itertools.product((False, True), FILLS):
         for budget in budgets(c, limit):
@@ -222,6 +231,35 @@ def candidates(stages: int, micro: int, c: StageCosts, limit: float):
                 yield Schedule([list(p) for p in programs], micro=micro, name="zb-auto")
             if not bound:
                 break
+
+
+def _few(stages: int, micro: int, c: StageCosts, limit: float, runs: int):
+    """At most `runs` runs of the heuristic, the likeliest fastest first: a schedule that
+    may hold more in flight has the smaller bubble, so each fill (in the order of `FILLS`),
+    each `forward_first`, with no budget, then, where that run holds more than `limit`,
+    with the largest budget that keeps every device within it (so two runs find one that
+    fits). A fill other than the first is run
+    only where the first's run asked it (else it lays out the same)."""
+    units = [u for u in map(max, c.activation_bytes, c.w_activation_bytes) if u > 0]
+    largest = max(1, math.floor(limit / max(units))) if units else None  # every device within limit
+    seen, asked, fits, tried = set(), set(), set(), set()
+    for fill, forward_first, budget in itertools.product(FILLS, (False, True), (None, largest)):
+        knobs = Knobs(budget, forward_first, fill)
+        if len(tried) >= runs:
+            return
+        if knobs in tried or (budget is not None and (forward_first, fill) in fits) or \
+                (fill != FILLS[0] and (forward_first, budget) not in asked):
+            continue
+        tried.add(knobs)
+        programs, _, did_ask = heuristic(stages, micro, c, knobs)
+        if did_ask:
+            asked.add((forward_first, budget))
+        cand = Schedule([list(p) for p in programs], micro=micro, name="zb-auto")
+        if budget is None and within(order_peak(cand, c), limit):
+            fits.add((forward_first, fill))  # no budget needed: a budget would lay out no faster
+        if programs not in seen:
+            seen.add(programs)
+            yield cand
 
 
 def budgets(c: StageCosts, limit: float):
@@ -258,12 +296,14 @@ def activation_peak(result, c: StageCosts) -> float:
 
 
 def zb_auto(stages: int, micro: int, virtual: int = 1, costs: Costs | None = None,
-            memory_limit: float | None = None) -> Schedule:
+            memory_limit: float | None = None, max_runs: int | None = None) -> Schedule:
     """The best schedule the zero-bubble heuristic finds (the module's docstring) for
     `stages` devices and `micro` micro-batches under `costs` (default F = I = W = 1),
     whose activations never exceed `memory_limit` bytes on any device (default: `stages`
     micro-batches' activation_bytes of the largest stage: the paper's ZB-1p; twice that
-    is its ZB-2p). Static bytes (weights, gradients, optimizer state) do not count."""
+    is its ZB-2p). Static bytes (weights, gradients, optimizer state) do not count.
+    `max_runs` (>= 2) bounds the search to that many runs of the heuristic, the likeliest
+    fastest first (`candidates`; the planner's budget); None runs the whole family."""
     if virtual != 1:
         raise ScheduleError(f"zb-auto holds one stage per device (V=1), got V={virtual}")
     costs = Costs(backward_input=1.0, backward_weight=1.0) if costs is None else costs
@@ -277,19 +317,23 @@ def zb_auto(stages: int, micro: int, virtual: int = 1, costs: Costs | None = Non
     limit = stages * max(c.activation_bytes) if memory_limit is None else memory_limit
     if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not limit >= one:
         raise ScheduleError(f"zb-auto memory_limit {limit!r} is below one micro-batch's activations ({one:g} bytes)")
+    if max_runs is not None and (isinstance(max_runs, bool) or not isinstance(max_runs, int) or max_runs < 2):
+        raise ScheduleError(f"zb-auto max_runs must be an integer >= 2 (a run with no budget, and one within the "
+                            f"limit) or None, got {max_runs!r}")
     try:
         hash(costs)
     except TypeError:  # costs with lists in them: search without the cache
-        return _search.__wrapped__(stages, micro, costs, float(limit))
-    return _search(stages, micro, costs, float(limit))
+        return _search.__wrapped__(stages, micro, costs, float(limit), max_runs)
+    return _search(stages, micro, costs, float(limit), max_runs)
 
 
 @lru_cache(maxsize=256)
-def _search(stages: int, micro: int, costs: Costs, limit: float) -> Schedule:
-    """Simulate every candidate that may fit `limit` and keep the best: the shortest
-    makespan, then the smallest `device_bubble`, then the smallest peak."""
+def _search(stages: int, micro: int, costs: Costs, limit: float, runs: int | None = None) -> Schedule:
+    """Simulate every candidate that may fit `limit` (at most `runs` runs of the
+    heuristic) and keep the best: the shortest makespan, then the smallest
+    `device_bubble`, then the smallest peak."""
     c, best = costs.for_stages(stages), None
-    for cand in candidates(stages, micro, c, limit):
+    for cand in candidates(stages, micro, c, limit, runs):
         peak = order_peak(cand, c)  # what the simulation finds, without rounding the static bytes in
         if not within(peak, limit):
             continue
