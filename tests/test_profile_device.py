@@ -88,3 +88,10 @@ def test_the_planner_predicts_from_the_profile_and_the_bench_measures(profile_fi
     assert got["memory_error_pct"] < 0.5
     assert all(c.pp * c.dp <= 2 for c in bench.grid(2))
     assert {c.schedule for c in bench.grid(2)} == set(bench.SCHEDULES)
+
+
+def test_a_latency_bound_send_table_gives_a_bandwidth_lower_bound():
+    """Times that do not grow with size (noise): the fastest time is the latency, the largest
+    send's bytes over its time a lower bound on the bandwidth."""
+    send = p2p_fit([["node", 1e3, 3e-4], ["node", 1e5, 2e-4], ["node", 1e6, 2.5e-4]])
+    assert send == {"latency": 2e-4, "bandwidth": 1e6 / 2.5e-4}
