@@ -95,3 +95,11 @@ def test_a_latency_bound_send_table_gives_a_bandwidth_lower_bound():
     send's bytes over its time a lower bound on the bandwidth."""
     send = p2p_fit([["node", 1e3, 3e-4], ["node", 1e5, 2e-4], ["node", 1e6, 2.5e-4]])
     assert send == {"latency": 2e-4, "bandwidth": 1e6 / 2.5e-4}
+
+
+def test_a_latency_bound_collective_table_gives_a_bandwidth_lower_bound():
+    """Collective times that do not grow with their traffic: the fastest is the base latency,
+    no hop latency, and the largest traffic over its time a lower bound on the bus bandwidth."""
+    rows = [["all_reduce", "node", 2, 1e3, 4e-4], ["all_reduce", "node", 2, 1e6, 3e-4]]
+    fit = ring_fit(rows)
+    assert fit == {"base_latency": 3e-4, "hop_latency": 0.0, "bus_bandwidth": (2 * 1 / 2 * 1e6) / 3e-4}
