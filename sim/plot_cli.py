@@ -1,7 +1,12 @@
 """The command line of `sim.plot`: simulate schedules, print a table, draw the figures.
 
-    python -m sim.plot --stages 4 --micro 8          # figures/<schedule>_p4_m8.png ...
-    python -m sim.plot --compare 1f1b,zb-h1,zb-h2,zbv   # figures/compare_p4_m8.png only
+    python -m sim.plot --stages 4 --micro 8          # out/<schedule>_p4_m8.png ..., out/compare_p4_m8.png
+    python -m sim.plot --compare 1f1b,zb-h1,zb-h2,zbv   # out/compare_1f1b+zb-h1+zb-h2+zbv_p4_m8.png only
+    python -m sim.plot --compare naive,gpipe,1f1b --out figures   # the README's figure
+
+Files go to `--out` (default `out/`, which git ignores), each named after what it shows,
+so that no command overwrites another's figure: a comparison of other schedules than
+naive, GPipe and 1F1B names them.
 
 Everything that can be refused is refused before any work, on one line with exit status
 2: bad arguments, a step too large for this machine's memory (`check_size`), an `--out`
@@ -13,7 +18,6 @@ import argparse
 import dataclasses
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import NoReturn, Sequence
@@ -130,7 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"bytes a stage sends forward per micro-batch; {per}")
     p.add_argument("--static-bytes", type=_per_stage, default="0",
                    help=f"bytes a stage holds for the whole step (weights, gradients, optimizer state and the rest together); {per}")
-    p.add_argument("--out", default="figures", help="folder for the files, created if missing")
+    p.add_argument("--out", default="out", help="folder for the files, created if missing (default out/, "
+                                                "which git ignores)")
     p.add_argument("--trace", action="store_true", help="also write a Chrome trace JSON per schedule")
     p.add_argument("--no-figures", action="store_true", help="print the table only, draw nothing")
     return p
@@ -260,15 +265,10 @@ def _schedules(args: argparse.Namespace, names: list[str], costs: Costs) -> list
 
 
 def _check_out(out: Path) -> None:
-    """Make the folder and write a file in it, before any work."""
-    if out.exists() and not out.is_dir():
-        fail(f"argument --out: {out} is a file; give a folder (it is created if missing)")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=out):
-            pass
-    except OSError as e:
-        fail(f"argument --out: cannot write to {out}: {e.strerror or e}")
+    """Make the folder and write a file in it, before any work (`sim.cli.folder_problem`)."""
+    problem = cli.folder_problem(out)
+    if problem:
+        fail(f"argument --out: {problem}")
 
 
 def _compact(values: Sequence[int]) -> str:
@@ -346,7 +346,10 @@ def _write(args: argparse.Namespace, results: list[Result], out: Path) -> list[P
             jobs.append((out / f"{r.schedule.name}_{tag}.trace.json", lambda p, r=r: r.save_chrome_trace(p),
                          "Chrome trace"))
     if not args.no_figures and (len(results) > 1 or args.compare is not None):
-        jobs.append((out / f"compare_{tag}.png", lambda p: save_figure(plot_compare(results), p), "comparison"))
+        names = [r.schedule.name for r in results]
+        which = "" if names == list(TEXTBOOK) else "+".join(names) + "_"  # the README's figure keeps its name
+        jobs.append((out / f"compare_{which}{tag}.png", lambda p: save_figure(plot_compare(results), p),
+                     "comparison"))
     start = time.perf_counter()
     for i, (path, write, what) in enumerate(jobs, 1):
         progress(f"[{i}/{len(jobs)}] writing {path} ({what}; {time.perf_counter() - start:.1f} s so far)")
