@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import sys
 import time
@@ -26,7 +27,7 @@ from . import cli
 from .cli import number, whole
 from .costs import Costs
 from .engine import simulate
-from .ir import ScheduleError
+from .ir import Kind, ScheduleError
 from .plot import format_memory, format_times, human_bytes, memory_unit, plot_compare, \
     plot_result, plural, save_figure, time_unit, timeline_style, TIME_UNIT
 from .result import Result
@@ -333,14 +334,16 @@ def _simulate(args: argparse.Namespace, schedules: list[Schedule], costs: Costs)
     return results
 
 
-def _write(args: argparse.Namespace, results: list[Result], out: Path) -> list[Path]:
+def _write(args: argparse.Namespace, results: list[Result], out: Path, counts: bool = False) -> list[Path]:
     """Draw and write what was asked for, a progress line per file; returns the paths.
-    With `--compare`, the comparison figure is the only figure."""
+    With `--compare`, the comparison figure is the only figure. `counts`: memory in
+    micro-batches of a device's activations (the default bytes), as in the table."""
+    unit = (1.0, "micro-batches") if counts else None
     tag = f"p{args.stages}_m{args.micro}" + (f"_v{args.virtual}" if args.virtual is not None else "")
     jobs = []
     for r in results:
         if not args.no_figures and args.compare is None:
-            jobs.append((out / f"{r.schedule.name}_{tag}.png", lambda p, r=r: save_figure(plot_result(r), p),
+            jobs.append((out / f"{r.schedule.name}_{tag}.png", lambda p, r=r: save_figure(plot_result(r, unit), p),
                          STYLES[timeline_style(r)]))
         if args.trace:
             jobs.append((out / f"{r.schedule.name}_{tag}.trace.json", lambda p, r=r: r.save_chrome_trace(p),
@@ -348,7 +351,7 @@ def _write(args: argparse.Namespace, results: list[Result], out: Path) -> list[P
     if not args.no_figures and (len(results) > 1 or args.compare is not None):
         names = [r.schedule.name for r in results]
         which = "" if names == list(TEXTBOOK) else "+".join(names) + "_"  # the README's figure keeps its name
-        jobs.append((out / f"compare_{which}{tag}.png", lambda p: save_figure(plot_compare(results), p),
+        jobs.append((out / f"compare_{which}{tag}.png", lambda p: save_figure(plot_compare(results, unit=unit), p),
                      "comparison"))
     start = time.perf_counter()
     for i, (path, write, what) in enumerate(jobs, 1):
@@ -368,11 +371,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.trace or not args.no_figures:
         _check_out(out)
     results = _simulate(args, schedules, costs)
+    for r in results:  # degenerate costs: nothing to draw, or times past a float's range
+        if not math.isfinite(r.makespan):
+            fail(f"the step of {r.schedule.name} lasts {r.makespan} time units: the costs overflow a float; "
+                 f"give smaller times (e.g. in ms rather than ns)")
+        if r.makespan <= 0:
+            fail(f"the step of {r.schedule.name} takes no time (every cost is 0); give --forward and --backward > 0")
     # the default bytes (1 per activation, nothing static): memory counts micro-batches' activations
     counts = args.activation_bytes == [1.0] and args.w_activation_bytes is None and args.static_bytes == [0.0]
     print(format_table(results, counts), flush=True)
+    if counts and any(r.schedule.stages != r.ranks or any(a.kind is Kind.I for p in r.schedule.programs for a in p)
+               for r in results):
+        print("peak activations: per rank, the stage micro-batches between their F and their B or I; peak memory: "
+              "what the fullest rank holds (W keeps its part after I; a chunk holds 1/V of a device's share), "
+              "in micro-batches of a device's activations", flush=True)
     try:
-        written = _write(args, results, out)
+        written = _write(args, results, out, counts)
     except OSError as e:  # e.g. the disk is full
         print(f"sim.plot: error: cannot write to {out}: {e.strerror or e}", file=sys.stderr)
         return 1
