@@ -3,7 +3,8 @@ micro-batch counts, on gloo ranks on this machine.
 
     python benchmarks/bench_exec.py                                  # naive, gpipe, 1f1b x 2,4,8,16
     python benchmarks/bench_exec.py --schedules gpipe 1f1b --micro 4 8 --rounds 5
-    python benchmarks/bench_exec.py --ranks 4 --model gpt --json out.json --figures figures/exec
+    python benchmarks/bench_exec.py --ranks 4 --model gpt --json out.json --figures out/exec
+    python benchmarks/bench_exec.py --schedules 1f1b --micro 8 --rounds 5 --steps 1 --repeat 3   # spread
 
 Each (schedule, micro) runs in one launch of `--ranks` processes, exactly as `python -m
 exec.run` calibrates and measures (`exec.pipeline.run_pipeline(calibrate=--steps)`): a
@@ -85,6 +86,7 @@ def run_config(spec: ModelSpec, name: str, ranks: int, micro: int, rounds: int, 
                slowdown=details["slowdown_median"], paired_error_pct=statistics.median(paired),
                replay_error_pct=statistics.median(replay), replay_error_no_rule11_pct=statistics.median(replay_bare),
                before_compute_s=costs.before_compute, after_compute_s=costs.after_compute,
+               **{k: v for k, v in run.load_json().items() if k in ("lost_share", "load")},
                latency_s=costs.latency, bandwidth=costs.bandwidth, grad_match=run.grad_match, sharing=sharing)
     if separate:
         row["separate_profile_error_pct"] = separate_pct
@@ -135,6 +137,24 @@ def format_detail(out: dict) -> str:
     return "\n".join(lines)
 
 
+def format_spread(rows: list[dict]) -> str:
+    """Per (schedule, micro) run `--repeat` times: the error and the replay error of each
+    run, their spread (max - min, in points) and the most of a step other processes took."""
+    by: dict[tuple, list[dict]] = {}
+    for r in rows:
+        by.setdefault((r["schedule"], r["micro"]), []).append(r)
+    lines = ["| schedule | micro | runs | errors | spread | replay errors | spread | lost to other processes |",
+             "|---|---:|---:|---|---:|---|---:|---|"]
+    for (name, micro), rs in by.items():
+        err, rep = [r["error_pct"] for r in rs], [r["replay_error_pct"] for r in rs]
+        lost = [r.get("lost_share") for r in rs]
+        lost_s = ", ".join("-" if x is None else f"{x:.0%}" for x in lost)
+        lines.append(f"| {name} | {micro} | {len(rs)} | {', '.join(f'{e:+.1f}%' for e in err)} | "
+                     f"{max(err) - min(err):.1f} | {', '.join(f'{e:+.1f}%' for e in rep)} | "
+                     f"{max(rep) - min(rep):.1f} | {lost_s} |")
+    return "\n".join(lines)
+
+
 def _us(x: float | None) -> str:
     return "-" if x is None else f"{x * 1e6:.0f} us"
 
@@ -154,31 +174,37 @@ def main(argv: list[str] | None = None) -> int:
                    help="also profile each config in a launch of its own after its run (profile_costs), "
                         "and give the same step's error against that")
     p.add_argument("--detail", action="store_true", help="per-action and per-rank breakdown of each config")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="run each config this many times and report the spread of its error and replay error")
     p.add_argument("--json", help="write every row, costs and breakdown here")
     p.add_argument("--figures", help="write an overlay PNG per config into this folder")
     args = p.parse_args(argv)
     if args.ranks < 2:
         p.error("--ranks must be at least 2 (a pipeline)")
+    if args.repeat < 1:
+        p.error("--repeat must be at least 1")
     spec = ModelSpec(args.model)
     print(f"model {spec}; {args.ranks} gloo ranks, {os.cpu_count()} cores, threads/rank "
           f"{args.threads or max(1, (os.cpu_count() or 1) // args.ranks)}", flush=True)
     outs = []
-    for name in args.schedules:
-        for micro in args.micro:
-            out = run_config(spec, name, args.ranks, micro, args.rounds, args.steps, args.balance, args.threads,
-                             args.separate_profile, args.optimizer)
-            outs.append(out)
-            r = out["row"]
-            print(f"{name:>6} micro={micro:<3} measured {r['measured_step_s'] * 1e3:8.1f} ms  simulated "
-                  f"{r['simulated_step_s'] * 1e3:8.1f} ms  error {r['error_pct']:+6.2f}%  (alone costs: "
-                  f"{r['simulated_alone_step_s'] * 1e3:.1f} ms; concurrent/alone {r['slowdown']:.2f})", flush=True)
-            if args.detail:
-                print(format_detail(out), flush=True)
-            if args.figures:
-                os.makedirs(args.figures, exist_ok=True)
-                overlay_figure(out["comparison"], os.path.join(args.figures, f"overlay_{name}_m{micro}.png"))
+    for name, micro, _ in ((n, m, k) for n in args.schedules for m in args.micro for k in range(args.repeat)):
+        out = run_config(spec, name, args.ranks, micro, args.rounds, args.steps, args.balance, args.threads,
+                         args.separate_profile, args.optimizer)
+        outs.append(out)
+        r = out["row"]
+        print(f"{name:>6} micro={micro:<3} measured {r['measured_step_s'] * 1e3:8.1f} ms  simulated "
+              f"{r['simulated_step_s'] * 1e3:8.1f} ms  error {r['error_pct']:+6.2f}%  (alone costs: "
+              f"{r['simulated_alone_step_s'] * 1e3:.1f} ms; concurrent/alone {r['slowdown']:.2f})", flush=True)
+        if args.detail:
+            print(format_detail(out), flush=True)
+        if args.figures:
+            os.makedirs(args.figures, exist_ok=True)
+            overlay_figure(out["comparison"], os.path.join(args.figures, f"overlay_{name}_m{micro}.png"))
     print()
     print(format_rows([o["row"] for o in outs]))
+    if args.repeat > 1:
+        print()
+        print(format_spread([o["row"] for o in outs]))
     if args.json:
         from sim.costs import jsonable
         from sim.files import atomic_write

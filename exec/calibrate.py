@@ -38,6 +38,7 @@ from sim.kinds import KINDS
 from .calibrate_link import call_costs, late_notice, pingpong
 from .clocks import CpuClock
 from .dp import CollectiveStream
+from .host import paused_gc
 from .interpreter import RankInterpreter
 from .memory import SavedBytes, param_storages, static_memory
 from .optim import make_optimizer
@@ -208,6 +209,13 @@ def compute_times(ctx, spec, bounds, schedule: sim.Schedule, micro: int, steps: 
 
     for mod in stages.values():  # never accumulate into the gradients a step left behind
         mod.zero_grad(set_to_none=True)
+    with paused_gc():  # as in a step (`exec.pipeline`): no collection inside a timed compute
+        _rounds(one_step, steps, alone)
+    return samples, own
+
+
+def _rounds(one_step, steps: int, alone: bool) -> None:
+    """`steps` + 1 runs of `one_step` (the first not recorded), all ranks at once or in turn."""
     for step in range(steps + 1):
         if alone:
             for r in range(dist.get_world_size()):  # every replica's ranks
@@ -218,7 +226,6 @@ def compute_times(ctx, spec, bounds, schedule: sim.Schedule, micro: int, steps: 
             dist.barrier()
             one_step(step > 0)
     dist.barrier()
-    return samples, own
 
 
 # ---------------------------------------------------------------------------- communication

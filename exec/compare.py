@@ -16,13 +16,13 @@ from __future__ import annotations
 import os
 import statistics
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 import sim
 from sim.kinds import KINDS, Role
 from sim.passes import compute_set, waits_for
 
-__all__ = ["Comparison", "compare", "breakdown", "sharing_check", "replay_error", "overlay_figure"]
+__all__ = ["Comparison", "compare", "breakdown", "sharing_check", "replay_error", "replay_median", "overlay_figure"]
 
 
 @dataclass
@@ -201,3 +201,12 @@ def replay_error(result: sim.Result, costs: sim.Costs) -> float:
     calibration and step (which the plain error also contains)."""
     durations = {e.action: e.duration for e in result.events if e.action.kind.is_compute}
     return (sim.simulate(result.schedule, costs, durations=durations).makespan - result.makespan) / result.makespan * 100
+
+
+def replay_median(results: Sequence[sim.Result], costs: sim.Costs) -> float:
+    """The median over measured steps of `replay_error`: the statistic that stays put when
+    other processes take part of the machine (docs/exec.md, "Which statistic"), since each
+    step is simulated with the compute times it had itself, not ones taken seconds apart."""
+    if not results:
+        raise ValueError("no measured steps to replay")
+    return statistics.median(replay_error(r, costs) for r in results)

@@ -8,17 +8,21 @@ sets up each rank process with these:
 - `io_thread_batch`: gloo's I/O thread gets the SCHED_BATCH policy, so it runs when the
   rank's core is free and never preempts the rank's compute thread;
 - `keep_freed_memory`: glibc's malloc keeps what the rank frees (as a GPU's caching
-  allocator does), so a compute takes no page faults in one step and not in the next.
+  allocator does), so a compute takes no page faults in one step and not in the next;
+- `paused_gc`: Python's cyclic garbage collector runs before a timed region, never inside
+  it (a collection stopped a measured step at random, as `timeit` also avoids).
 
 Everything here is Linux-only where it says so and does nothing elsewhere.
 """
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
-from typing import Sequence
+from typing import Iterator, Sequence
 
 __all__ = ["host_cores", "rank_cores", "thread_ids", "pin_threads", "keep_freed_memory", "io_thread_batch",
-           "GLOO_IO_THREAD", "MALLOC_MMAP_MAX_BLOCK"]
+           "paused_gc", "GLOO_IO_THREAD", "MALLOC_MMAP_MAX_BLOCK"]
 
 GLOO_IO_THREAD = "gloo_tcp_loop"  # the name gloo's TCP transport gives its event-loop thread
 MALLOC_MMAP_MAX_BLOCK = 32 << 20  # glibc's largest M_MMAP_THRESHOLD on 64-bit
@@ -103,3 +107,19 @@ def io_thread_batch() -> None:
                 os.sched_setscheduler(tid, os.SCHED_BATCH, os.sched_param(0))
             except OSError:  # gone, or not allowed: leave it as it is
                 pass
+
+
+@contextlib.contextmanager
+def paused_gc() -> Iterator[None]:
+    """Collect now, then keep the cyclic garbage collector off until the block ends (as it
+    was before: on or off). A step allocates thousands of objects (events, autograd
+    nodes); a collection that falls inside a timed step or compute adds its time to that
+    one at random, and a calibration round's garbage made it fall on the step after it."""
+    was = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()

@@ -38,9 +38,10 @@ from sim import Result, Schedule
 from sim.order import order_transfers
 
 from .calibrate import calibrate_rank, message_sizes
+from .busy import StepLoad, describe_load, load_summary
 from .check import compare_grads, reference_step, split_micro_batches
 from .dp import Grid, check_dp, replica_context, shard
-from .host import host_cores
+from .host import host_cores, paused_gc
 from .interpreter import refuse_offload
 from .launch import launch
 from .optim import OPTIMIZERS, make_optimizer
@@ -154,7 +155,8 @@ def pipeline_worker(ctx, spec, schedule: Schedule, steps: int, warmup: int, boun
     ctx = replica_context(ctx, schedule.ranks, dp)
     modules, opt, micro_inputs, micro_targets, shapes = _build_rank(ctx, spec, schedule, bounds, lr, optimizer)
     out: dict[str, Any] = {"rank": world_rank, "losses": [], "results": [], "train_steps": [], "grads": {},
-                           "reports": []}
+                           "reports": [],
+                           "load": []}
     say = _Progress(progress and world_rank == 0, f"warm-up 1/{warmup}" if warmup else f"step 1/{steps}")
     shard_spec = replace(spec, batch_size=spec.batch_size // dp)  # what one replica computes, for calibration
     try:
@@ -180,8 +182,11 @@ def _steps(ctx, spec, schedule, steps, warmup, bounds, fault, calibrate, modules
             out["reports"].append(calibrate_rank(ctx, spec, schedule, schedule.micro, bounds, steps=3,
                                                  sizes=sizes, modules=modules, optimizer=opt))
         t = time.perf_counter()
-        step = run_step(ctx, schedule, modules, micro_inputs, micro_targets, spec.loss, opt,
-                        record=measured, shapes=shapes)
+        with paused_gc(), StepLoad() as load:
+            step = run_step(ctx, schedule, modules, micro_inputs, micro_targets, spec.loss, opt,
+                            record=measured, shapes=shapes)
+        if measured:
+            out["load"].append(load.record)
         out["losses"].append(step.loss)
         if i == 0:
             out["grads"] = _grads(modules)
@@ -215,6 +220,7 @@ class PipelineRun:
     optimizer: str = "sgd"
     dp: int = 1                       # pipeline replicas; result, losses: replica 0's pipeline, the mean loss
     train_step_times: list[float] = field(default_factory=list)  # per measured step, start to the optimizer's end
+    load: list[list[dict]] = field(default_factory=list)  # per world rank, per measured step: exec.busy.StepLoad
 
     @property
     def step_times(self) -> list[float]:
@@ -223,6 +229,11 @@ class PipelineRun:
     @property
     def measured_step_s(self) -> float:
         return self.result.makespan
+
+    @property
+    def nonfinite_step(self) -> int | None:
+        """The index of the first step (warm-up included) whose loss is NaN or infinite, else None."""
+        return next((i for i, x in enumerate(self.losses) if not math.isfinite(x)), None)
 
     @property
     def loss_match(self) -> bool:
@@ -239,10 +250,20 @@ class PipelineRun:
             "train_step_times_s": self.train_step_times,
             "bubble_fraction": self.result.bubble_fraction, "peak_activations": self.result.peak_activations,
             "peak_memory": self.result.peak_memory,
-            "loss": self.losses[0], "reference_loss": self.reference_loss, "loss_match": self.loss_match,
+            "loss": self.losses[-1], "first_loss": self.losses[0], "steps": len(self.losses),
+            "reference_loss": self.reference_loss, "loss_match": self.loss_match,
             "grad_match": self.grad_match, "max_grad_diff": self.max_grad_diff, "worst_param": self.worst_param,
             "grad_reduce_s": self.grad_reduce_s,
         }
+
+    def load_json(self) -> dict:
+        """How busy the machine was over the measured steps (`exec.busy.load_summary`):
+        `lost_share`, the most of any rank's wall time other processes took (None without
+        scheduler statistics), and per rank that share and the CPU time it got."""
+        load = load_summary(self.load)
+        return {"lost_share": load["lost_share_max"], "lost_share_per_rank": [r["lost_share"] for r in load["ranks"]],
+                "cpu_share_per_rank": [r["cpu_share"] for r in load["ranks"]],
+                "load": describe_load(load)}
 
     @property
     def grad_reduce_s(self) -> list[float] | None:
@@ -260,11 +281,14 @@ def median_step(results: Sequence[Result]) -> Result:
 
 
 def _check_run_args(spec, schedule: Schedule, steps: int, warmup: int, calibrate: int, backend: str,
-                    optimizer: str, fault: str | None, dp: int = 1) -> tuple[Schedule, tuple[str, int] | None]:
+                    optimizer: str, fault: str | None, dp: int = 1, lr: float = 0.01
+                    ) -> tuple[Schedule, tuple[str, int] | None]:
     """The lowered schedule and the parsed fault, or a ValueError before anything starts."""
     for what, n, least in (("steps", steps, 1), ("warmup", warmup, 0), ("calibrate", calibrate, 0)):
         if isinstance(n, bool) or not isinstance(n, int) or n < least:
             raise ValueError(f"{what} must be an integer >= {least}, got {n!r}")
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not (math.isfinite(lr) and lr >= 0):
+        raise ValueError(f"lr must be a finite number >= 0, got {lr!r}")
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
     if calibrate and backend != "gloo":
@@ -329,7 +353,7 @@ def run_pipeline(spec, schedule: Schedule | str, stages: int | None = None, micr
         schedule = sim.make_schedule(schedule, stages, micro)
         if isinstance(dp, int) and dp > 1:
             schedule = sim.add_grad_reduce(schedule, overlap_grad_reduce)
-    lowered, injected = _check_run_args(spec, schedule, steps, warmup, calibrate, backend, optimizer, fault, dp)
+    lowered, injected = _check_run_args(spec, schedule, steps, warmup, calibrate, backend, optimizer, fault, dp, lr)
     # balance="time" profiles a micro-batch of the size a replica computes
     bounds = list(bounds) if bounds is not None else spec.partition(lowered.stages, balance, lowered.micro * dp)
     world = lowered.ranks * dp
@@ -343,7 +367,8 @@ def run_pipeline(spec, schedule: Schedule | str, stages: int | None = None, micr
     results = per_rank[0]["results"]
     run = PipelineRun(lowered, bounds, median_step(results), results, per_rank[0]["losses"],
                       ref_loss, match, worst, where, optimizer=optimizer, dp=dp,
-                      train_step_times=per_rank[0]["train_steps"])
+                      train_step_times=per_rank[0]["train_steps"],
+                      load=[r["load"] for r in per_rank])
     if calibrate:
         run.reports = [list(rnd) for rnd in zip(*(r["reports"] for r in per_rank))]
         run.costs, run.calibration = costs_from_reports([rep for rnd in run.reports for rep in rnd], lowered)

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import NoReturn, Sequence
 
-from sim.cli import OneLineParser, number, whole
+from sim.cli import OneLineParser, folder_problem, number, whole
 
 from exec.optim import OPTIMIZERS  # torch is imported only once the arguments are read
 from sim.transformer import RECOMPUTE
@@ -86,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--threads", type=whole, help="torch threads per rank (default cores / ranks)")
     r.add_argument("--optimizer", choices=list(OPTIMIZERS), default="sgd",
                    help="torch.optim.SGD (no momentum) or AdamW (default sgd)")
-    r.add_argument("--lr", type=float, default=0.01, help="learning rate (default 0.01)")
+    r.add_argument("--lr", type=number, default=0.01, help="learning rate, a finite number >= 0 (default 0.01)")
     c = p.add_argument_group("comparison and output")
     c.add_argument("--costs", type=Path, help="costs JSON (sim.save_costs) instead of profiling")
     c.add_argument("--no-compare", action="store_true", help="skip profiling and the simulated step")
@@ -129,18 +129,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary.update(simulated_step_s=None, error_pct=None, model=spec.model, backend=args.backend,
                    balance=args.balance, recompute=spec.recompute, cores=_cores(args),
                    measured_peak_memory=summary["peak_memory"], sizes=_sizes(spec))
+    summary.update(run.load_json())
     if comparison is not None:
+        from exec.compare import replay_median
         cj = comparison.as_json()
         summary.update({k: v for k, v in cj.items() if k not in summary or k in ("simulated_step_s", "error_pct")})
+        summary["replay_error_pct"] = replay_median(run.steps, comparison.costs)
         summary["costs"] = comparison.costs.to_dict()  # what the simulation ran on
     human = sys.stderr if args.json else sys.stdout  # with --json, stdout is the JSON alone
     print(_table(summary), file=human)
+    status = 0
     if args.out is not None:
-        _save(args.out, run, comparison)
-        print(f"wrote {args.out}/", file=human)
+        try:
+            _save(args.out, run, comparison)
+            print(f"wrote {args.out}/", file=human)
+        except OSError as e:
+            print(f"{PROG}: error: cannot write to {args.out}: {e.strerror or e}", file=sys.stderr)
+            status = 1
     if args.json:
         print(json.dumps(_jsonable(summary)))
-    return 0
+    bad = run.nonfinite_step
+    if bad is not None:
+        print(f"{PROG}: error: the loss became {run.losses[bad]} at step {bad + 1} of {len(run.losses)} "
+              f"({args.warmup} warm-up + {args.steps} measured); lower --lr", file=sys.stderr)
+        return 1
+    return status
 
 
 def _check(parser: argparse.ArgumentParser, args):
@@ -155,6 +168,10 @@ def _check(parser: argparse.ArgumentParser, args):
         parser.error("--overlap-grad-reduce places the data-parallel gradient reduction; give --dp 2 or more")
     if args.dp > 1:
         schedule = sim.add_grad_reduce(schedule, args.overlap_grad_reduce)
+    costs = _given_costs(parser, args, schedule)  # before torch: a bad file is refused at once
+    problem = folder_problem(args.out) if args.out is not None else None
+    if problem:
+        parser.error(f"--out {problem}")
     import torch
     from exec.pipeline import parse_fault
 
@@ -181,9 +198,7 @@ def _check(parser: argparse.ArgumentParser, args):
     if args.backend == "nccl" and args.costs is None and not args.no_compare:
         parser.error("--backend nccl: the profiler measures CPU ranks (gloo) only; "
                      "pass --costs FILE (sim.save_costs) or --no-compare")
-    if args.out is not None and args.out.exists() and not args.out.is_dir():
-        parser.error(f"--out {args.out} is a file; give a folder (it is created if missing)")
-    return schedule, spec, _given_costs(parser, args, schedule)
+    return schedule, spec, costs
 
 
 def model_spec(args):
@@ -288,7 +303,10 @@ def _table(s: dict) -> str:
         rows.append(("grad reduce (ms)", f"{_ms(s['grad_reduce_s'])} per stage measured"
                      + (f", {_ms(cost)} calibrated" if isinstance(cost, list) else "")))
     if s.get("simulated_step_s") is not None:
-        rows.append(("simulated step", f"{s['simulated_step_s'] * 1e3:.2f} ms (error {s['error_pct']:+.1f}%)"))
+        rows.append(("simulated step", f"{s['simulated_step_s'] * 1e3:.2f} ms (error {s['error_pct']:+.1f}%, under the "
+                                       f"costs calibrated in the run)"))
+        rows.append(("replayed steps", f"error {s['replay_error_pct']:+.1f}% (median over the steps, each simulated with "
+                                       f"its own compute times: the rules alone)"))
         world, cores = s.get("world_size", s["ranks"]), s.get("cores")
         if cores is not None and world > cores:
             rows.append(("note", f"{world} ranks on {cores} cores: rule 9 (each rank on its own cores) does not "
@@ -296,9 +314,12 @@ def _table(s: dict) -> str:
         rows.append(("bubble", f"{s['bubble_fraction']:.3f} measured, {s['simulated_bubble']:.3f} simulated"))
     else:
         rows.append(("bubble", f"{s['bubble_fraction']:.3f} measured"))
+    if s.get("load"):
+        rows.append(("machine", s["load"]))
     rows += [
         ("peak activations", " ".join(map(str, s["peak_activations"])) + " micro-batches per rank"),
-        ("loss", f"{s['loss']:.6f} (one process: {s['reference_loss']:.6f})"),
+        ("loss", f"{s['loss']:.6f} after {s['steps']} steps (first {s['first_loss']:.6f}; one process: "
+                 f"{s['reference_loss']:.6f})"),
         ("grad_match", str(s["grad_match"])),
         ("max_grad_diff", f"{s['max_grad_diff']:.3g} (at {s['worst_param']})"),
     ]

@@ -1224,7 +1224,7 @@ GiB = 2**30
 print(f"{MODEL}: {model.params().total / 1e9:.1f}B parameters on {GPUS} x {GPU}: t={TP}, p={PP}, d={DP}, "
       f"{est.layout.micro_batches} micro-batches of {MICRO_BATCH} per pipeline")
 print(f"step {est.step_time:.2f} s, {est.tflops_per_gpu:.0f} TFLOP/s per GPU, MFU {est.mfu:.1%}, "
-      f"bubble {est.bubble_fraction:.1%}, peak memory {max(est.peak_memory) / GiB:.1f} of "
+      f"pipeline bubble {est.bubble_fraction:.1%}, peak memory {max(est.peak_memory) / GiB:.1f} of "
       f"{gpu.memory / GiB:.0f} GiB: fits {est.fits}")
 steps = TOKENS / (GLOBAL_BATCH * model.seq)
 print(f"{TOKENS / 1e9:.0f}B tokens = {steps:,.0f} steps: {steps * est.step_time / 86400:.0f} days")
@@ -1407,7 +1407,7 @@ pub = [r["published"] for r in narayanan]
 ax_a.scatter(pub, [r["predicted"] for r in narayanan])
 ax_a.plot([120, 220], [120, 220], color="grey", linestyle=":", label="predicted = published")
 ax_a.set_xlabel("published TFLOP/s per GPU")
-ax_a.set_ylabel("predicted")
+ax_a.set_ylabel("predicted TFLOP/s per GPU")
 ax_a.set_title("Narayanan et al. 2021, Table 1")
 ax_a.legend(fontsize=8)
 x = range(len(korthikanti))

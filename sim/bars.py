@@ -88,8 +88,10 @@ def draw_bars(ax: "Axes", result: Result, height: float, detail: bool, label: bo
             bar.set_hatchcolor(HATCH_COLOUR)
         if label:
             texts = _bar_texts(e, one_stage)
+            # on a hatched bar the number sits on a patch of the bar's own colour, not on the hatching
+            box = dict(boxstyle="square,pad=0.15", facecolor=COLORS[e.action.kind], edgecolor="none") if k else None
             text = ax.text(e.start - t0 + e.duration / 2, e.rank, texts[0], ha="center", va="center", fontsize=7,
-                           color="white", gid=LABEL_GID, clip_on=True,
+                           color="white", gid=LABEL_GID, clip_on=True, bbox=box,
                            in_layout=False)  # inside the axes: layout need not measure them
             text.sim_bar, text.sim_texts = bar, texts  # for `fit_labels`
 

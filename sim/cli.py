@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
+import tempfile
+from pathlib import Path
 from typing import NoReturn
 
 
@@ -48,3 +51,19 @@ def whole(text: str, minimum: int = 1) -> int:
     if v < minimum:
         raise argparse.ArgumentTypeError(f"got {v}, need an integer >= {minimum}")
     return v
+
+
+def folder_problem(out: str | os.PathLike) -> str | None:
+    """Make the output folder `out` (with its parents) and write a file in it, before any
+    work: None if that worked, else one line saying why not (a file in the way, no
+    permission, a read-only or virtual file system such as /proc)."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        return f"{out} is a file; give a folder (it is created if missing)"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as e:
+        return f"cannot write to {out}: {e.strerror or e}"
+    return None

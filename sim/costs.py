@@ -270,18 +270,26 @@ def save_costs(costs: Costs, path: str | os.PathLike, details: dict | None = Non
 
 
 def load_costs(path: str | os.PathLike) -> Costs:
-    """Read `Costs` written by `save_costs`. A file that is missing, not JSON or not costs
-    raises ValueError naming the file."""
+    """Read `Costs` written by `save_costs`. A file that is missing, a folder, unreadable,
+    not JSON, not costs or with costs `Costs` refuses (a negative time, a list of the
+    wrong type) raises ValueError naming the file."""
     try:
         with open(path) as f:
             doc = json.load(f)
     except FileNotFoundError:
         raise ValueError(f"{path}: no such file; write one with sim.save_costs") from None
+    except IsADirectoryError:
+        raise ValueError(f"{path} is a directory; give the costs file (sim.save_costs writes one)") from None
+    except OSError as e:
+        raise ValueError(f"{path} cannot be read: {e.strerror or e}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{path} is not JSON ({e}); expected the costs file that sim.save_costs writes") from None
     if not isinstance(doc, dict) or "costs" not in doc:
         raise ValueError(f"{path} holds no costs; expected a JSON object with a 'costs' key as save_costs writes")
-    return Costs.from_dict(doc["costs"])
+    try:
+        return Costs.from_dict(doc["costs"])
+    except (ValueError, TypeError, AttributeError) as e:
+        raise ValueError(f"{path}: {str(e).splitlines()[0]}") from None
 
 
 def jsonable(x):

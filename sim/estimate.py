@@ -97,6 +97,13 @@ class Estimate:
     def gpu(self) -> GPU:
         return self.profile.gpu
 
+    def __repr__(self) -> str:
+        lay = self.layout
+        return (f"<Estimate {_model_name(self.model)} on {lay.gpus} x {self.gpu.name} (tp={lay.tp}, pp={lay.pp}, "
+                f"dp={lay.dp}, {lay.schedule}): step {self.step_time:.4g} s, {self.tflops_per_gpu:.0f} TFLOP/s/GPU, "
+                f"MFU {self.mfu:.1%}, bubble {self.bubble_fraction:.1%}, peak {max(self.peak_memory) / 2**30:.1f} GiB, "
+                f"fits {self.fits}; .summary() for every number, .result for the step>")
+
     def summary(self) -> dict:
         """The estimate as plain data (no result)."""
         lay = self.layout
@@ -149,6 +156,7 @@ def estimate(model: Transformer | str, gpu: DeviceProfile | GPU | str = "a100-80
     if any(costs.grad_reduce):
         sched = add_grad_reduce(sched, overlap=overlap_grad_reduce)
     result = simulate(sched, costs)
+    result.in_seconds = True  # the costs are seconds: figures say so
     opt = optimizer_time(m, g, lay, layers, sched.placement)
     step = result.makespan + opt + g.step_overhead
     # a split backward (I, W) cannot hide the tensor-parallel collectives under W as B does
@@ -166,7 +174,8 @@ def estimate(model: Transformer | str, gpu: DeviceProfile | GPU | str = "a100-80
     flops = m.flops_per_iteration(lay.global_batch, recompute)
     model_flops = m.flops_per_iteration(lay.global_batch, "none")
     return Estimate(m, g, lay, step_time=step, tflops_per_gpu=flops / step / lay.gpus / 1e12,
-                    mfu=model_flops / step / lay.gpus / g.flops(precision), bubble_fraction=1 - busy / computed,
+                    mfu=model_flops / step / lay.gpus / g.flops(precision),
+                    bubble_fraction=result.pipeline_bubble_fraction,
                     peak_memory=peak, fits=max(peak) <= g.memory, result=result, layers_per_stage=layers,
                     time_parts=parts, memory_parts=_memory_parts(costs, sched, result), warnings=warnings)
 
@@ -211,6 +220,11 @@ def check_layout(m: Transformer, g: DeviceProfile, lay: Layout) -> list[str]:
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name} must be a positive int, got {v!r}")
     _recompute(lay.recompute)
+    stages = lay.pp * (lay.virtual if isinstance(lay.virtual, int) else lookup(lay.schedule)[1].virtual)
+    if stages > m.layers:  # before any work (the schedule refuses a wrong V itself)
+        chunks = f" x V {stages // lay.pp}" if stages != lay.pp else ""
+        raise ValueError(f"pp={lay.pp}{chunks} = {stages} stages is more than the model's {m.layers} layers; "
+                         f"use pp * V <= {m.layers}")
     precision_bytes(lay.precision)
     state_bytes_per_param(lay.precision, lay.zero, lay.dp)
     for what, n in (("heads", m.heads), ("kv_heads", m.kv_heads), ("ffn", m.ffn), ("vocab", m.vocab)):

@@ -33,12 +33,15 @@ def format_times(values: Sequence[float]) -> list[str]:
 
 
 def time_unit(result: Result) -> str:
-    """Measured runs are timed in seconds; simulated ones in the unit of their costs."""
-    return "s" if result.source == "measured" else TIME_UNIT
+    """Measured runs are timed in seconds, and so are steps whose costs are in seconds
+    (`Result.in_seconds`: `sim.estimate`'s); other simulated ones in the unit of their costs."""
+    return "s" if result.in_seconds else TIME_UNIT
 
 
 def time_label(result: Result) -> str:
-    return "time since step start (s)" if result.source == "measured" else f"time ({TIME_UNIT})"
+    if result.source == "measured":
+        return "time since step start (s)"
+    return f"time ({time_unit(result)})"
 
 
 def human_bytes(n: float) -> str:

@@ -69,6 +69,11 @@ DEFAULT_SCHEDULES = tuple(name for name in SCHEDULES if name != "zb-auto")
 # one configuration of hundreds of micro-batches takes seconds, not minutes.
 ZB_AUTO_RUNS = 4
 _MEMORY = "static memory over the GPU's (bound, not simulated)"
+# What `configurations` leaves out before a configuration is made: these count layouts and
+# (schedule, V) pairs, not configurations (`Plan.not_enumerated`).
+NOT_ENUMERATED = ("dp does not divide the global batch (tp x pp layouts)",
+                  "batch does not split into micro-batches (layouts)", "more stages than layers",
+                  "the schedule refuses these sizes")
 # The bounds add the estimate's own numbers in another order than the simulation does, and
 # some (pp = 1) are exact: one may come out above the value it bounds by a rounding error.
 _ROUNDING = 1e-9
@@ -155,6 +160,17 @@ class Plan:
     @property
     def best(self) -> Row | None:
         return self.rows[0] if self.rows else None
+
+    @property
+    def not_enumerated(self) -> Counter:
+        """What was left out before the configurations were made (layouts, schedule sizes)."""
+        return Counter({k: n for k, n in self.dropped.items() if k in NOT_ENUMERATED})
+
+    @property
+    def dropped_configs(self) -> Counter:
+        """Enumerated configurations left out, by reason: with the rows that fit among the
+        simulated ones, they add up to `enumerated`."""
+        return Counter({k: n for k, n in self.dropped.items() if k not in NOT_ENUMERATED})
 
     def summary(self) -> dict:
         """The plan as plain data (JSON-ready)."""
@@ -368,6 +384,8 @@ def search(model: Transformer | str, gpu: DeviceProfile | GPU | str, gpus: int, 
         return min(-best[0][0] if top is not None and len(best) == top else math.inf, cap)
 
     total = len(configs)
+    if progress is not None:
+        progress(0, total)
     for i, c, waiting in _best_first(configs, bounds, g.memory, limit, dropped):
         try:
             e = estimate(m, g, precision=precision, gpus_per_node=gpus_per_node, nics_per_node=nics_per_node,

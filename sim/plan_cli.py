@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Sequence
@@ -75,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-configs", type=whole, default=MAX_CONFIGS, help="refuse a larger search")
     p.add_argument("--top", type=whole, default=TOP, help="configurations to rank and print")
     p.add_argument("--json", action="store_true", help="print the plan as JSON on stdout instead of a table")
-    p.add_argument("--out", default="figures", help="folder for the figures, created if missing")
+    p.add_argument("--out", default="out", help="folder for the figures, created if missing (default out/, "
+                                                "which git ignores)")
     p.add_argument("--no-figures", action="store_true", help="draw nothing")
     shown = p.add_mutually_exclusive_group()
     shown.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -85,19 +86,42 @@ def build_parser() -> argparse.ArgumentParser:
 
 class ProgressBar:
     """`sim.plan: [#####.......] 1234/5678 settled, 12.3 s` on stderr, redrawn at most 10
-    times a second; a newline when done."""
+    times a second as configurations settle, and at least once a second while one is
+    being simulated (a zb-auto configuration takes seconds: the clock keeps moving); a
+    newline when done. `close()` stops the redrawing."""
 
-    def __init__(self, width: int = 30):
-        self.width, self.start, self.last = width, time.perf_counter(), 0.0
+    def __init__(self, width: int = 30, every: float = 1.0):
+        self.width, self.start, self.last, self.every = width, time.perf_counter(), 0.0, every
+        self.state: tuple[int, int] | None = None
+        self._lock, self._done = threading.Lock(), threading.Event()
+        threading.Thread(target=self._beat, name="sim.plan-progress", daemon=True).start()
 
     def __call__(self, done: int, total: int) -> None:
         now = time.perf_counter()
+        self.state = (done, total)
         if done < total and now - self.last < 0.1:
             return
-        self.last = now
-        filled = self.width * done // max(total, 1)
-        print(f"\r{PROG}: [{'#' * filled}{'.' * (self.width - filled)}] {done}/{total} settled, "
-              f"{now - self.start:.1f} s", end="\n" if done >= total else "", file=sys.stderr, flush=True)
+        self._draw(done, total, now)
+
+    def _draw(self, done: int, total: int, now: float) -> None:
+        with self._lock:
+            if self._done.is_set():
+                return
+            self.last = now
+            filled = self.width * done // max(total, 1)
+            print(f"\r{PROG}: [{'#' * filled}{'.' * (self.width - filled)}] {done}/{total} settled, "
+                  f"{now - self.start:.1f} s", end="\n" if done >= total else "", file=sys.stderr, flush=True)
+            if done >= total:
+                self._done.set()
+
+    def _beat(self) -> None:
+        while not self._done.wait(self.every / 4):
+            now = time.perf_counter()
+            if self.state is not None and now - self.last >= self.every:
+                self._draw(*self.state, now)
+
+    def close(self) -> None:
+        self._done.set()
 
 
 def format_table(plan: Plan) -> str:
@@ -118,25 +142,27 @@ def format_table(plan: Plan) -> str:
 
 
 def format_report(plan: Plan) -> str:
+    """The header, the table, and what was left out: the enumerated configurations by
+    reason (they and the simulated ones that fit add up to the enumerated), then what was
+    not enumerated at all (layouts and schedule sizes, not configurations)."""
     from .plan import model_name
+    fit = plan.simulated - plan.dropped_configs["does not fit (simulated)"]
     lines = [f"{model_name(plan.model)} on {plan.gpus} x {plan.gpu.name}, global batch {plan.global_batch}: "
-             f"{plan.enumerated} configurations, {plan.simulated} simulated in {plan.seconds:.1f} s"]
+             f"{plan.enumerated} configurations, {plan.simulated} simulated ({fit} fit) in {plan.seconds:.1f} s"]
     lines.append(format_table(plan) if plan.rows else "no configuration fits")
-    lines.append("dropped:")
-    lines += [f"  {n:>7}  {why}" for why, n in sorted(plan.dropped.items(), key=lambda kv: -kv[1])]
+    for title, counts in ((f"dropped (of the {plan.enumerated} configurations):", plan.dropped_configs),
+                          ("not enumerated (layouts, schedule sizes):", plan.not_enumerated)):
+        if counts:
+            lines.append(title)
+            lines += [f"  {n:>7}  {why}" for why, n in sorted(counts.items(), key=lambda kv: -kv[1])]
     return "\n".join(lines)
 
 
 def _check_out(out: Path) -> None:
-    """Make the folder and write a file in it, before any work."""
-    if out.exists() and not out.is_dir():
-        cli.fail(PROG, f"argument --out: {out} is a file; give a folder (it is created if missing)")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=out):
-            pass
-    except OSError as e:
-        cli.fail(PROG, f"argument --out: cannot write to {out}: {e.strerror or e}")
+    """Make the folder and write a file in it, before any work (`sim.cli.folder_problem`)."""
+    problem = cli.folder_problem(out)
+    if problem:
+        cli.fail(PROG, f"argument --out: {problem}")
 
 
 def _limits(args: argparse.Namespace) -> dict:
@@ -159,7 +185,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         plan = search(args.model, args.gpu, args.gpus, args.global_batch, progress=bar, **_limits(args))
     except (ValueError, ScheduleError) as e:
         cli.fail(PROG, str(e).splitlines()[0])
+    finally:
+        if bar is not None:
+            bar.close()
     print(json.dumps(plan.summary(), indent=1) if args.json else format_report(plan), flush=True)
+    if not plan.rows:
+        print(f"{PROG}: no configuration fits on {args.gpus} x {args.gpu}; give more GPUs, a smaller global batch "
+              f"or a GPU with more memory", file=sys.stderr)
+        return 1
     if args.no_figures:
         return 0
     from .plan_figures import write_figures

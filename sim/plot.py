@@ -185,6 +185,10 @@ def _bubbles(result: Result) -> str:
     """`makespan 33 time units, bubble 27.3% (steady 27.3%)`: the step's length and idle
     share, and the idle share when steps repeat without a flush (`Result.steady_step`)."""
     (makespan,) = format_times([result.makespan])
+    tail = result.makespan - (result.compute_end - result.t0)
+    if tail > 1e-12 * max(result.makespan, 1.0):  # a gradient reduction after the last compute
+        return (f"makespan {makespan} {time_unit(result)}, pipeline bubble {result.pipeline_bubble_fraction:.1%} "
+                f"(to the last compute; {result.bubble_fraction:.1%} of the whole step)")
     return (f"makespan {makespan} {time_unit(result)}, bubble {result.bubble_fraction:.1%} "
             f"(steady {result.steady_bubble_fraction:.1%})")
 
@@ -196,15 +200,16 @@ def _title(result: Result) -> str:
 
 # ----------------------------------------------------------------------------- figures
 
-def plot_result(result: Result) -> "Figure":
+def plot_result(result: Result, unit: tuple[float, str] | None = None) -> "Figure":
     """The Gantt chart over the memory panel, on a shared time axis, titled with the
-    schedule, its size, the makespan and the bubble fraction."""
+    schedule, its size, the makespan and the bubble fraction. `unit`: the memory's
+    (scale, name), as `draw_memory` takes it."""
     heights = _panel_heights(result)
     fig = _new_figure(WIDTH, sum(heights) + 0.5)
     gantt, mem = fig.subplots(2, 1, sharex=True, height_ratios=heights)
     draw_timeline(result, gantt)
     gantt.set_xlabel("")  # the memory panel below carries the shared time axis
-    draw_memory(result, mem)
+    draw_memory(result, mem, unit=unit)
     fig.suptitle(_title(result), fontsize=11)
     return fig
 
@@ -246,7 +251,8 @@ def plot_overlay(simulated: Result, measured: Result) -> "Figure":
     return fig
 
 
-def plot_compare(results: Sequence[Result], shared_time: bool | None = None) -> "Figure":
+def plot_compare(results: Sequence[Result], shared_time: bool | None = None,
+                 unit: tuple[float, str] | None = None) -> "Figure":
     """For each result, its Gantt chart over its memory panel; every memory panel on one
     scale (the largest peak), so that GPipe's m micro-batches and 1F1B's p - s differ
     at a glance.
@@ -264,13 +270,19 @@ def plot_compare(results: Sequence[Result], shared_time: bool | None = None) -> 
     fig = _new_figure(WIDTH, sum(heights) + 0.6)
     axes = fig.subplots(len(heights), 1, height_ratios=heights, squeeze=False)[:, 0]
     top = max(max(r.peak_memory, default=0.0) for r in results)
-    unit = memory_unit(results, top)
+    unit = unit or memory_unit(results, top)
     for i, res in enumerate(results):
         gantt, mem = axes[2 * i], axes[2 * i + 1]
         mem.sharex(axes[1] if shared_time else gantt)
         if shared_time:
             gantt.sharex(axes[1])
-        draw_timeline(res, gantt, legend=results if i == 0 else False)
+        draw_timeline(res, gantt, legend=False)
+        if i == 0:
+            from matplotlib.lines import Line2D
+            end = [Line2D([], [], color="black", linestyle=":", linewidth=0.8, label="end of step")] \
+                if shared_time else []
+            kind_legend(gantt, set().union(*map(kinds_of, results)), extra=end,
+                        chunk_count=max(max(chunks(r).values(), default=0) for r in results) + 1)
         draw_memory(res, mem, top=top, unit=unit)
         gantt.set_xlabel("")
         gantt.tick_params(labelbottom=False)

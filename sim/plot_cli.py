@@ -1,7 +1,12 @@
 """The command line of `sim.plot`: simulate schedules, print a table, draw the figures.
 
-    python -m sim.plot --stages 4 --micro 8          # figures/<schedule>_p4_m8.png ...
-    python -m sim.plot --compare 1f1b,zb-h1,zb-h2,zbv   # figures/compare_p4_m8.png only
+    python -m sim.plot --stages 4 --micro 8          # out/<schedule>_p4_m8.png ..., out/compare_p4_m8.png
+    python -m sim.plot --compare 1f1b,zb-h1,zb-h2,zbv   # out/compare_1f1b+zb-h1+zb-h2+zbv_p4_m8.png only
+    python -m sim.plot --compare naive,gpipe,1f1b --out figures   # the README's figure
+
+Files go to `--out` (default `out/`, which git ignores), each named after what it shows,
+so that no command overwrites another's figure: a comparison of other schedules than
+naive, GPipe and 1F1B names them.
 
 Everything that can be refused is refused before any work, on one line with exit status
 2: bad arguments, a step too large for this machine's memory (`check_size`), an `--out`
@@ -11,9 +16,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import NoReturn, Sequence
@@ -22,7 +27,7 @@ from . import cli
 from .cli import number, whole
 from .costs import Costs
 from .engine import simulate
-from .ir import ScheduleError
+from .ir import Kind, ScheduleError
 from .plot import format_memory, format_times, human_bytes, memory_unit, plot_compare, \
     plot_result, plural, save_figure, time_unit, timeline_style, TIME_UNIT
 from .result import Result
@@ -130,7 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"bytes a stage sends forward per micro-batch; {per}")
     p.add_argument("--static-bytes", type=_per_stage, default="0",
                    help=f"bytes a stage holds for the whole step (weights, gradients, optimizer state and the rest together); {per}")
-    p.add_argument("--out", default="figures", help="folder for the files, created if missing")
+    p.add_argument("--out", default="out", help="folder for the files, created if missing (default out/, "
+                                                "which git ignores)")
     p.add_argument("--trace", action="store_true", help="also write a Chrome trace JSON per schedule")
     p.add_argument("--no-figures", action="store_true", help="print the table only, draw nothing")
     return p
@@ -260,15 +266,10 @@ def _schedules(args: argparse.Namespace, names: list[str], costs: Costs) -> list
 
 
 def _check_out(out: Path) -> None:
-    """Make the folder and write a file in it, before any work."""
-    if out.exists() and not out.is_dir():
-        fail(f"argument --out: {out} is a file; give a folder (it is created if missing)")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=out):
-            pass
-    except OSError as e:
-        fail(f"argument --out: cannot write to {out}: {e.strerror or e}")
+    """Make the folder and write a file in it, before any work (`sim.cli.folder_problem`)."""
+    problem = cli.folder_problem(out)
+    if problem:
+        fail(f"argument --out: {problem}")
 
 
 def _compact(values: Sequence[int]) -> str:
@@ -333,20 +334,25 @@ def _simulate(args: argparse.Namespace, schedules: list[Schedule], costs: Costs)
     return results
 
 
-def _write(args: argparse.Namespace, results: list[Result], out: Path) -> list[Path]:
+def _write(args: argparse.Namespace, results: list[Result], out: Path, counts: bool = False) -> list[Path]:
     """Draw and write what was asked for, a progress line per file; returns the paths.
-    With `--compare`, the comparison figure is the only figure."""
+    With `--compare`, the comparison figure is the only figure. `counts`: memory in
+    micro-batches of a device's activations (the default bytes), as in the table."""
+    unit = (1.0, "micro-batches") if counts else None
     tag = f"p{args.stages}_m{args.micro}" + (f"_v{args.virtual}" if args.virtual is not None else "")
     jobs = []
     for r in results:
         if not args.no_figures and args.compare is None:
-            jobs.append((out / f"{r.schedule.name}_{tag}.png", lambda p, r=r: save_figure(plot_result(r), p),
+            jobs.append((out / f"{r.schedule.name}_{tag}.png", lambda p, r=r: save_figure(plot_result(r, unit), p),
                          STYLES[timeline_style(r)]))
         if args.trace:
             jobs.append((out / f"{r.schedule.name}_{tag}.trace.json", lambda p, r=r: r.save_chrome_trace(p),
                          "Chrome trace"))
     if not args.no_figures and (len(results) > 1 or args.compare is not None):
-        jobs.append((out / f"compare_{tag}.png", lambda p: save_figure(plot_compare(results), p), "comparison"))
+        names = [r.schedule.name for r in results]
+        which = "" if names == list(TEXTBOOK) else "+".join(names) + "_"  # the README's figure keeps its name
+        jobs.append((out / f"compare_{which}{tag}.png", lambda p: save_figure(plot_compare(results, unit=unit), p),
+                     "comparison"))
     start = time.perf_counter()
     for i, (path, write, what) in enumerate(jobs, 1):
         progress(f"[{i}/{len(jobs)}] writing {path} ({what}; {time.perf_counter() - start:.1f} s so far)")
@@ -365,11 +371,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.trace or not args.no_figures:
         _check_out(out)
     results = _simulate(args, schedules, costs)
+    for r in results:  # degenerate costs: nothing to draw, or times past a float's range
+        if not math.isfinite(r.makespan):
+            fail(f"the step of {r.schedule.name} lasts {r.makespan} time units: the costs overflow a float; "
+                 f"give smaller times (e.g. in ms rather than ns)")
+        if r.makespan <= 0:
+            fail(f"the step of {r.schedule.name} takes no time (every cost is 0); give --forward and --backward > 0")
     # the default bytes (1 per activation, nothing static): memory counts micro-batches' activations
     counts = args.activation_bytes == [1.0] and args.w_activation_bytes is None and args.static_bytes == [0.0]
     print(format_table(results, counts), flush=True)
+    if counts and any(r.schedule.stages != r.ranks or any(a.kind is Kind.I for p in r.schedule.programs for a in p)
+               for r in results):
+        print("peak activations: per rank, the stage micro-batches between their F and their B or I; peak memory: "
+              "what the fullest rank holds (W keeps its part after I; a chunk holds 1/V of a device's share), "
+              "in micro-batches of a device's activations", flush=True)
     try:
-        written = _write(args, results, out)
+        written = _write(args, results, out, counts)
     except OSError as e:  # e.g. the disk is full
         print(f"sim.plot: error: cannot write to {out}: {e.strerror or e}", file=sys.stderr)
         return 1

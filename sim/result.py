@@ -67,6 +67,9 @@ class Result:
         self._makespan, self._busy, self._compute_end = makespan, busy, compute_end
         self._spans: list[tuple[float, float]] | None = None
         self._t0 = t0 if makespan is not None else None
+        # times in seconds (a measured step; a step simulated under costs in seconds, as
+        # `sim.estimate` makes), or in the costs' own unit (figures say "time units")
+        self.in_seconds = source == "measured"
 
     def __repr__(self) -> str:
         s = self.schedule
@@ -138,6 +141,17 @@ class Result:
         if self.makespan <= 0:
             return 0.0
         return 1.0 - sum(self.busy()) / (self.ranks * self.makespan)
+
+    @property
+    def pipeline_bubble_fraction(self) -> float:
+        """Idle share of device-time until the last compute ends: 1 - sum(busy) / (ranks *
+        (compute_end - t0)). The pipeline's own bubble, without the gradient reduction
+        that may run on after the last compute (`sim.Estimate.bubble_fraction`); equal to
+        `bubble_fraction` when nothing does."""
+        span = self.compute_end - self.t0
+        if span <= 0:
+            return 0.0
+        return 1.0 - sum(self.busy()) / (self.ranks * span)
 
     def spans(self) -> list[tuple[float, float]]:
         """Per rank, (start of its first compute, end of its last compute or collective:

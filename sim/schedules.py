@@ -101,6 +101,9 @@ class Generator:
         f"V={v}: this schedule holds one stage per device (V=1)"
     options: tuple[str, ...] = ()
 
+    def __repr__(self) -> str:
+        return f"<Generator V={self.virtual}: {self.summary}>"
+
 
 def _textbook(fn: Callable[..., Schedule], summary: str, options: tuple[str, ...] = ()) -> Generator:
     return Generator(lambda stages, micro, virtual, **o: fn(stages, micro, **o), summary, options=options)
@@ -110,7 +113,19 @@ def _any_virtual(p: int, m: int, v: int) -> str | None:
     return None
 
 
-SCHEDULES: dict[str, Generator] = {
+class Registry(dict):
+    """The schedules by name (a dict of `Generator`s) whose repr lists them, one a line."""
+
+    def __repr__(self) -> str:
+        width = max(map(len, self), default=0)
+        lines = [f"  {name:<{width}}  V={g.virtual}  {g.summary}" + (f" [options: {', '.join(g.options)}]"
+                                                                     if g.options else "")
+                 for name, g in self.items()]
+        return f"sim.SCHEDULES ({len(self)} schedules; make one with sim.make_schedule(name, stages, micro)):\n" + \
+            "\n".join(lines)
+
+
+SCHEDULES: dict[str, Generator] = Registry({
     "naive": _textbook(naive, "one micro-batch at a time through every stage (no pipelining)"),
     "gpipe": _textbook(gpipe, "all forwards, then all backwards (Huang et al. 2019)", ("max_active",)),
     "1f1b": _textbook(one_f_one_b, "warm-up, one forward one backward, cool-down (PipeDream-Flush)", ("max_active",)),
@@ -118,7 +133,7 @@ SCHEDULES: dict[str, Generator] = {
                                   "(Megatron-LM, Narayanan et al. 2021)", virtual=2, check=check_interleaved),
     "looped-bfs": Generator(looped_bfs, "all forwards of each chunk in turn, then the backwards in reverse "
                             "(torch's LoopedBFS)", virtual=2, check=_any_virtual),
-}
+})
 
 # The zero-bubble family (sim/zerobubble.py, sim/dualpipe.py): backward split into I and W.
 from .dualpipe import dualpipev  # noqa: E402 (they build on the helpers above)

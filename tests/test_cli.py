@@ -134,7 +134,7 @@ def test_help_shows_defaults_and_units():
     text = " ".join(proc.stdout.split())
     for default in ("pipeline devices P, a rank each; the schedule has P x V model stages (default: 4)",
                     "micro-batches per step (default: 8)",
-                    "(default: inf)", "(default: figures)", "in time units"):
+                    "(default: inf)", "(default: out)", "in time units"):
         assert default in text
     assert text.count("(default: ") >= 17
 
@@ -173,6 +173,6 @@ def test_compare_writes_one_figure_and_the_table(tmp_path):
     header, *rows = table(proc)
     assert "steady step" in header and "steady bubble" in header
     assert [row.split()[0] for row in rows] == ["1f1b", "gpipe"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["compare_p4_m8.png"]
-    width, height = png_size(tmp_path / "compare_p4_m8.png")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["compare_1f1b+gpipe_p4_m8.png"]  # named after them
+    width, height = png_size(tmp_path / "compare_1f1b+gpipe_p4_m8.png")
     assert width == WIDTH * DPI and height > 600
