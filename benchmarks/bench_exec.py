@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         print()
         print(format_spread([o["row"] for o in outs]))
     if args.json:
-        from sim.costs import jsonable
+        from sim.engine.costs import jsonable
         from sim.files import atomic_write
         doc = [{"row": o["row"], "costs": o["costs"].to_dict(), "breakdown": o["breakdown"],
                 "compute_median": o["details"]["compute_median"]} for o in outs]

@@ -79,7 +79,7 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     from exec.launch import launch
     from exec.profile import io_tick_from
-    from sim.transports import expected_wait
+    from sim.engine.transports import expected_wait
 
     holds = [float(h) / 1e3 for h in args.holds.split(",")]
     (late0, _), (late1, rows) = launch(_rank, 2, holds, args.repeats, timeout=600)

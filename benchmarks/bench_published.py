@@ -15,7 +15,7 @@ the predicted value, the published one and the error in %.
 (e) vTrain's 1,440 single-node Megatron-DeepSpeed runs on A100 80GB (data/vtrain-a100): MAPE in
     all, on the rows the A100 profile was not fitted on (the odd ones), by tp and by micro-batch.
 
-The published settings and the comparisons are in sim/published.py; results and what they
+The published settings and the comparisons are in sim/plan/published.py; results and what they
 say about the model: docs/measurements.md.
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from sim import published  # noqa: E402
+from sim.plan import published  # noqa: E402
 from calibrate_a100 import by, vtrain_errors, vtrain_rows  # noqa: E402  (benchmarks/, beside this file)
 
 PARTS_ROW = 6  # Table 1's 145.6B row: t=8, p=8, d=24, interleaved over 2 chunks

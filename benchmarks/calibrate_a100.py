@@ -1,9 +1,9 @@
 """Calibrate the A100 80GB device profile on the development set, and write it.
 
-    PYTHONPATH=. python benchmarks/calibrate_a100.py            # fit, print, write sim/profiles/a100-80gb-vtrain.json
+    PYTHONPATH=. python benchmarks/calibrate_a100.py            # fit, print, write sim/hardware/profiles/a100-80gb-vtrain.json
     PYTHONPATH=. python benchmarks/calibrate_a100.py --dry-run  # fit and print only
 
-The development set (data/vtrain-a100/README.md; sim/published.py):
+The development set (data/vtrain-a100/README.md; sim/plan/published.py):
 1. nccl-tests all-reduce on 2-8 A100s of one node (vTrain's traces): the profile keeps them as
    its measured table, and fits NCCL's ring model (bus bandwidth, hop and base latency) to
    them for the collectives the table lacks (reduce-scatter, all-gather).
@@ -35,14 +35,14 @@ from scipy.optimize import least_squares
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import sim  # noqa: E402
-from sim import published  # noqa: E402
-from sim.device_profile import PRESETS, from_dict  # noqa: E402
-from sim.layer import Slice, layer_times  # noqa: E402
+from sim.plan import published  # noqa: E402
+from sim.hardware.profile import PRESETS, from_dict  # noqa: E402
+from sim.model.layer import Slice, layer_times  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "data" / "vtrain-a100"
 OUT = PRESETS / "a100-80gb-vtrain.json"
-DATASET = "data/vtrain-a100 (vTrain f8dda84, MICRO 2024) + sim/published.py Korthikanti Table 4"
+DATASET = "data/vtrain-a100 (vTrain f8dda84, MICRO 2024) + sim/plan/published.py Korthikanti Table 4"
 COMMAND = "PYTHONPATH=. python benchmarks/calibrate_a100.py"
 DATE = "2026-11-24"
 START = {"efficiency": 0.75, "memory": 1.5e12, "launch": 40e-6, "overhead": 0.01}  # the floor binds at the start

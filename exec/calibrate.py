@@ -33,7 +33,7 @@ import torch.distributed as dist
 
 import sim
 from sim import Kind
-from sim.kinds import KINDS
+from sim.schedule.kinds import KINDS
 
 from .calibrate_link import call_costs, late_notice, pingpong
 from .clocks import CpuClock

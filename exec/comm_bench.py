@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from sim.network import OPS as COLLECTIVE_STEPS
+from sim.hardware.network import OPS as COLLECTIVE_STEPS
 
 __all__ = ["OPS", "collective_rows", "p2p_rows", "ring_fit", "p2p_fit", "nonnegative_lstsq"]
 
@@ -105,7 +105,7 @@ def nonnegative_lstsq(columns: list[list[float]], y: list[float]) -> list[float]
 
 
 def ring_fit(rows: Sequence[Sequence]) -> dict[str, float]:
-    """NCCL's ring model (`sim.network.ring_time`) fitted to collective rows:
+    """NCCL's ring model (`sim.hardware.network.ring_time`) fitted to collective rows:
     base_latency, hop_latency (seconds) and bus_bandwidth (bytes/s)."""
     ones, steps, traffic, y = [], [], [], []
     for op, _, n, nbytes, seconds in rows:

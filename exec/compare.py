@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import sim
-from sim.kinds import KINDS, Role
-from sim.passes import compute_set, waits_for
+from sim.schedule.kinds import KINDS, Role
+from sim.passes.lowering import compute_set, waits_for
 
 __all__ = ["Comparison", "compare", "breakdown", "sharing_check", "replay_error", "replay_median", "overlay_figure"]
 
@@ -153,7 +153,7 @@ def breakdown(result: sim.Result, costs: sim.Costs | None = None) -> dict:
 def overlay_figure(comparison: Comparison, path: str | os.PathLike | None = None):
     """The measured step drawn over the simulated one (`sim.plot.plot_overlay`); saved
     as PNG to `path` if given (`sim.plot.save_figure`), else returned."""
-    from sim.plot import plot_overlay, save_figure
+    from sim.plot.gantt import plot_overlay, save_figure
     fig = plot_overlay(comparison.simulated, comparison.measured)
     if path is None:
         return fig

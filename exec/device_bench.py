@@ -7,7 +7,7 @@ ranks of a run compute at once, and the caller keeps rank 0's numbers. Times are
 of repeated loops (`median_seconds`); on CUDA each loop is bracketed by synchronisations.
 
 The sizes are the planner's: `planner_gemms` lists the matmuls `sim.estimate` times for a
-model (`sim.layer.gemm_shapes`: forward, input gradient, weight gradient; the output
+model (`sim.model.layer.gemm_shapes`: forward, input gradient, weight gradient; the output
 layer's three), and the memory classes are those of docs/profiles.md.
 """
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import Callable, Iterable
 import torch
 import torch.nn.functional as F
 
-from sim.footprint import optimizer_step_bytes
-from sim.layer import Slice, gemm_shapes
+from sim.model.footprint import optimizer_step_bytes
+from sim.model.layer import Slice, gemm_shapes
 
 __all__ = ["CLASSES", "median_seconds", "planner_gemms", "matmul_rows", "memory_rows", "launch_seconds",
            "step_overhead_seconds"]

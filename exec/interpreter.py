@@ -1,6 +1,6 @@
 """The interpreter: one rank runs its lowered program for one step, action by action, and times it.
 
-Each action goes to the method that its kind names in `sim.kinds.KINDS[kind].handler` (a
+Each action goes to the method that its kind names in `sim.schedule.kinds.KINDS[kind].handler` (a
 table kind -> method built from the kinds table, as DeepSpeed's pipeline engine
 dispatches its instructions; a new kind is an entry there and a method here). The rules
 are the simulator's (docs/rules.md):
@@ -8,7 +8,7 @@ are the simulator's (docs/rules.md):
 - `recv` (RECV) posts a non-blocking `irecv` into a buffer of the right shape
   (`exec.shapes`) and keeps the handle; lowering has placed it one compute early.
 - `forward`, `backward`, `backward_input`, `backward_weight` (F, B, I, W) first wait for
-  the receives whose data they need (`sim.passes.waits_for`), then compute between two
+  the receives whose data they need (`sim.passes.lowering.waits_for`), then compute between two
   clock marks. The last stage computes the loss inside its F (scaled by 1/micro, so the
   step's gradients are the full batch's) and its B starts from that loss; other stages
   run `torch.autograd.backward(output, received_gradient)`. I and W split that backward
@@ -49,8 +49,8 @@ import torch.distributed as dist
 from torch import nn
 
 from sim import Action, Event, Kind, Schedule
-from sim.kinds import KINDS, TRANSFERS, Role
-from sim.passes import compute_set, peer, waits_for
+from sim.schedule.kinds import KINDS, TRANSFERS, Role
+from sim.passes.lowering import compute_set, peer, waits_for
 
 from . import split_backward
 from .clocks import clock_for
@@ -67,7 +67,7 @@ _RECVS = tuple(k for k, spec in KINDS.items() if spec.role is Role.RECV)  # in t
 
 def transfer_tag(recv: Action, micro: int) -> int:
     """A tag unique to one transfer of the step, named by its RECV action: both sides
-    compute it (the sender from `sim.passes.peer(send)`)."""
+    compute it (the sender from `sim.passes.lowering.peer(send)`)."""
     return len(_RECVS) * (recv.stage * micro + recv.micro) + _RECVS.index(recv.kind)
 
 
@@ -131,12 +131,12 @@ class _Pending:
 
 class RankInterpreter:
     """Runs one rank's lowered program for one step (`run`). `handlers` maps each action
-    kind to the method that runs it, as `sim.kinds.KINDS` names it. `static`: the bytes
+    kind to the method that runs it, as `sim.schedule.kinds.KINDS` names it. `static`: the bytes
     the rank holds for the whole step (`exec.memory.static_memory` over its stages).
 
     Besides `run`, its public face (what calibration uses): `run_action(a)`,
     `deliver(recv, tensor)`, `waits[a]` (the RECVs compute `a` waits for,
-    `sim.passes.waits_for`), `clock` (whose marks `run_action` returns) and `modules`."""
+    `sim.passes.lowering.waits_for`), `clock` (whose marks `run_action` returns) and `modules`."""
 
     def __init__(self, ctx, schedule: Schedule, stage_modules: dict[int, nn.Module],
                  micro_inputs: Sequence[torch.Tensor], micro_targets: Sequence[torch.Tensor],

@@ -24,10 +24,10 @@ Two models:
 under activation recomputation (`recomputed`, torch.utils.checkpoint).
 
 Splitting into stages (`partition`): "layers" gives every stage as equal a number of
-layers as possible; for the GPT that is the planner's split (`sim.partition.even` over the
+layers as possible; for the GPT that is the planner's split (`sim.search.partition.even` over the
 blocks, the embedding on the first stage and the head on the last). "time" profiles each
 layer's forward + backward on one micro-batch; the GPT's stages are then the planner's
-`sim.partition.balanced` (equal blocks, the embedding's and head's times as the end stages'
+`sim.search.partition.balanced` (equal blocks, the embedding's and head's times as the end stages'
 extra), the MLP's (whose blocks may differ in width) the contiguous cuts that minimise the
 slowest stage, preferring cuts where the tensor passed between stages is small
 (`balanced_cuts`).
@@ -43,10 +43,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from sim.partition import balanced, even
+from sim.search.partition import balanced, even
 
 from .cuts import balanced_cuts, layer_times
-from sim.transformer import RECOMPUTE, Transformer
+from sim.model.transformer import RECOMPUTE, Transformer
 
 __all__ = ["ModelSpec", "MLPBlock", "Embedding", "Block", "Head", "balanced_cuts", "layer_times", "stage_bounds",
            "RECOMPUTE"]

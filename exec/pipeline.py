@@ -35,7 +35,7 @@ import torch
 
 import sim
 from sim import Result, Schedule
-from sim.order import order_transfers
+from sim.passes.order import order_transfers
 
 from .calibrate import calibrate_rank, message_sizes
 from .busy import StepLoad, describe_load, load_summary

@@ -37,7 +37,7 @@ from typing import NoReturn, Sequence
 from sim.cli import OneLineParser, folder_problem, number, whole
 
 from exec.optim import OPTIMIZERS  # torch is imported only once the arguments are read
-from sim.transformer import RECOMPUTE
+from sim.model.transformer import RECOMPUTE
 
 PROG = "exec.run"
 
@@ -211,9 +211,9 @@ def model_spec(args):
     name = args.model
     if name not in ("mlp", "gpt"):
         import sim
-        t = sim.transformer.MODELS.get(name.strip().lower().replace("_", "-"))
+        t = sim.model.transformer.MODELS.get(name.strip().lower().replace("_", "-"))
         if t is None:
-            raise ValueError(f"--model must be mlp, gpt or a preset of {', '.join(sim.transformer.MODELS)}; got {name!r}")
+            raise ValueError(f"--model must be mlp, gpt or a preset of {', '.join(sim.model.transformer.MODELS)}; got {name!r}")
         if t.arch != "gpt" or t.kv_heads != t.heads:
             raise ValueError(f"--model {name}: exec builds GPT-style models only (arch 'gpt', no grouped-query "
                              f"attention), not arch {t.arch!r}")
@@ -337,7 +337,7 @@ def _save(out: Path, run, comparison) -> None:
         from sim import save_costs
         save_costs(run.costs, out / "costs.json", details=run.calibration)
     try:
-        from sim.plot import plot_result, save_figure
+        from sim.plot.gantt import plot_result, save_figure
     except ImportError:
         return
     save_figure(plot_result(run.result), out / f"{name}_measured.png")

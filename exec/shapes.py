@@ -5,7 +5,7 @@ Stages are visited in order. The rank of stage s runs it once, without gradients
 dummy input of the shape the rank of stage s-1 told it (a blocking send of a small int64
 header), and tells the rank of stage s+1 its output's shape in turn. A gradient has the
 shape of the output it is taken with respect to, so the outputs' shapes are all it takes
-(`sim.kinds.KINDS[kind].tensor_of` says whose output a transfer's tensor is shaped like).
+(`sim.schedule.kinds.KINDS[kind].tensor_of` says whose output a transfer's tensor is shaped like).
 """
 from __future__ import annotations
 

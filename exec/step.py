@@ -21,9 +21,9 @@ import torch.distributed as dist
 from torch import nn
 
 from sim import Event, Result, Schedule
-from sim.kinds import KINDS, Role
-from sim.order import transfer_order
-from sim.passes import peer
+from sim.schedule.kinds import KINDS, Role
+from sim.passes.order import transfer_order
+from sim.passes.lowering import peer
 
 from .interpreter import LossFn, RankInterpreter, RankTrace, refuse_offload
 from .memory import static_memory

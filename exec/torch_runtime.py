@@ -11,7 +11,7 @@ with the communication already in it, one row per rank, in the very text form of
 actions (`2F0`, `0SEND_F1`, `1RECV_B3`), so the CSV is our lowered schedule. torch's
 runtime gives every transfer the same tag and so pairs a rank's messages by order (as
 NCCL does): the export posts receives in the order the peer sends them
-(`sim.order.order_transfers`, docs/rules.md rule 12). It lists no REDUCE_GRAD actions
+(`sim.passes.order.order_transfers`, docs/rules.md rule 12). It lists no REDUCE_GRAD actions
 (torch adds them only when it lowers a compute-only CSV itself), so the runtime does not
 scale the gradients: the loss is divided by the number of micro-batches, as in our
 runtime (`exec.interpreter`), and the gradients are the full batch's.
@@ -36,7 +36,7 @@ import torch.distributed as dist
 
 import sim
 from sim import Schedule
-from sim.order import order_transfers
+from sim.passes.order import order_transfers
 
 from .check import compare_grads, reference_step
 from .launch import launch

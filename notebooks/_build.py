@@ -31,7 +31,7 @@ except ModuleNotFoundError:  # the repo is not installed (pip install -e .): fin
 
 import matplotlib.pyplot as plt
 from IPython.display import Image, display
-from sim.plot import fit_labels, format_table, plot_compare, plot_overlay, plot_result
+from sim.plot.gantt import fit_labels, format_table, plot_compare, plot_overlay, plot_result
 
 
 def show(fig, dpi=100):
@@ -1269,7 +1269,7 @@ state (mixed-precision Adam: 2 + 4 + 12 bytes a parameter, divided by ZeRO) and 
 activations the schedule holds.
 """),
     code('''
-from sim import published
+from sim.plan import published
 
 parts = est.time_parts
 fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(12, 4), gridspec_kw={"width_ratios": [1, 1.3]})
@@ -1443,16 +1443,16 @@ for billions, nodes, pp, tp, sharding, checkpointing, batch, micro in published.
           f"{batch:>5}  {micro or '-':>13}")
 
 import sim.plan
-import sim.sagemaker
+import sim.model.sagemaker
 
 # sim.sagemaker chooses GPT-2-style shapes of those sizes (its docstring says which and why) and
 # reads each row as sim.estimate's arguments: does it fit in 40 GB, and what breaks without
 # checkpointing (recompute="none") or optimizer-state sharding (zero=0)?
 print("\\nrow   as published          no checkpointing      no sharding")
-for key in sim.sagemaker.REFERENCES:
+for key in sim.model.sagemaker.REFERENCES:
     cells = []
     for overrides in ({}, {"recompute": "none"}, {"zero": 0}):
-        e = sim.sagemaker.estimate(key, **overrides)
+        e = sim.model.sagemaker.estimate(key, **overrides)
         cells.append(f"{max(e.peak_memory) / GiB:5.1f} GiB {'fits' if e.fits else 'OOM ':4}")
     print(f"{key:>4}  " + "     ".join(cells))
 

@@ -7,19 +7,19 @@
 
 `import sim` never imports torch; `exec` runs the same `Schedule` objects on devices.
 """
-from .costs import Costs, StageCosts, load_costs, save_costs
-from .engine import simulate
-from .estimate import Estimate, Layout, estimate
-from .gpus import GPU, GPUS
-from .ir import Action, Schedule, ScheduleError
-from .kinds import KINDS, Kind, KindSpec, Role
-from .offload import add_offload
-from .device_profile import DeviceProfile, ProfileError, load_profile, profile, save_profile
-from .passes import add_grad_reduce, check_deadlock, dependencies, lower, validate, waits_for
-from .result import Event, Result
-from .schedules import SCHEDULES, make_schedule
-from .transformer import MODELS, Transformer
-from .transports import TRANSPORTS
+from sim.engine.costs import Costs, StageCosts, load_costs, save_costs
+from sim.engine.core import simulate
+from sim.plan.estimation import Estimate, Layout, estimate
+from sim.hardware.gpus import GPU, GPUS
+from sim.schedule.ir import Action, Schedule, ScheduleError
+from sim.schedule.kinds import KINDS, Kind, KindSpec, Role
+from sim.passes.offload import add_offload
+from sim.hardware.profile import DeviceProfile, ProfileError, load_profile, profile, save_profile
+from sim.passes.lowering import add_grad_reduce, check_deadlock, dependencies, lower, validate, waits_for
+from sim.engine.result import Event, Result
+from sim.schedules import SCHEDULES, make_schedule
+from sim.model.transformer import MODELS, Transformer
+from sim.engine.transports import TRANSPORTS
 
 __all__ = [
     "Action", "Kind", "KINDS", "KindSpec", "Role", "Schedule", "ScheduleError", "Costs", "StageCosts",

@@ -1,7 +1,7 @@
 """Schedule generators: each writes, per device, the order of its compute actions.
 
 They only say *what runs where and in which order*; timing comes from `sim.simulate`
-and communication from `sim.passes.lower`. One stage per device here (stage s on rank s);
+and communication from `sim.passes.lowering.lower`. One stage per device here (stage s on rank s);
 several per device in `sim.interleaved`.
 """
 from __future__ import annotations
@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Callable, Iterable
 
-from .interleaved import check_interleaved, interleaved_1f1b, looped_bfs
-from .ir import Action, Kind, Schedule, ScheduleError
+from sim.schedule.interleaved import check_interleaved, interleaved_1f1b, looped_bfs
+from sim.schedule.ir import Action, Kind, Schedule, ScheduleError
 
 
 def F(s: int, m: int) -> Action:
@@ -135,9 +135,9 @@ SCHEDULES: dict[str, Generator] = Registry({
                             "(torch's LoopedBFS)", virtual=2, check=_any_virtual),
 })
 
-# The zero-bubble family (sim/zerobubble.py, sim/dualpipe.py): backward split into I and W.
-from .dualpipe import dualpipev  # noqa: E402 (they build on the helpers above)
-from .zerobubble import zb_h1, zb_h2, zbv  # noqa: E402
+# The zero-bubble family (sim/schedule/zerobubble.py, sim/schedule/dualpipe.py): backward split into I and W.
+from sim.schedule.dualpipe import dualpipev  # noqa: E402 (they build on the helpers above)
+from sim.schedule.zerobubble import zb_h1, zb_h2, zbv  # noqa: E402
 
 
 def _needs(v: int, min_micro: Callable[[int], int] = lambda p: 1, why: str = "") -> Callable:
@@ -166,7 +166,7 @@ SCHEDULES.update({
 
 TEXTBOOK = ("naive", "gpipe", "1f1b")  # the three that `python -m sim.plot` draws by default
 
-from .zbauto import zb_auto  # noqa: E402 (it reads SCHEDULES at call time, for zb-h1)
+from sim.search.zbauto import zb_auto  # noqa: E402 (it reads SCHEDULES at call time, for zb-h1)
 
 SCHEDULES["zb-auto"] = Generator(zb_auto, "the zero-bubble paper's automatic scheduler: best found under costs "
                                  "and memory_limit (Qi et al. 2024, Sec. 3)",

@@ -104,11 +104,11 @@ def private_sim_uses(text: str) -> list[str]:
 
 
 def test_private_sim_uses_are_recognised():
-    assert private_sim_uses("from sim.passes import _RECV_OF, compute_set") == ["from sim.passes import _RECV_OF"]
-    assert private_sim_uses("from sim.passes import (compute_set,\n    _lower as low)") == ["from sim.passes import _lower"]
-    assert private_sim_uses("x = sim.engine._run(y)") == ["sim.engine._run"]
+    assert private_sim_uses("from sim.passes.lowering import _RECV_OF, compute_set") == ["from sim.passes.lowering import _RECV_OF"]
+    assert private_sim_uses("from sim.passes.lowering import (compute_set,\n    _lower as low)") == ["from sim.passes.lowering import _lower"]
+    assert private_sim_uses("x = sim.engine.core._run(y)") == ["sim.engine.core._run"]
     assert private_sim_uses("import sim._x") == ["sim._x"]
-    assert private_sim_uses("from sim.kinds import KINDS\nsim.Costs()\nsim.__version__") == []
+    assert private_sim_uses("from sim.schedule.kinds import KINDS\nsim.Costs()\nsim.__version__") == []
 
 
 def _outside_sim() -> list[Path]:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.plot import DPI, MAX_HEIGHT, WIDTH
+from sim.plot.gantt import DPI, MAX_HEIGHT, WIDTH
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -72,7 +72,7 @@ def test_a_step_too_large_for_the_machine_is_refused_at_once(args, cells):
 
 
 def test_the_limit_is_what_the_memory_allows(monkeypatch):
-    from sim import plot_cli
+    from sim.plot import cli as plot_cli
 
     per = plot_cli.BYTES_PER_CELL["table"]
     monkeypatch.setattr(plot_cli, "machine_memory", lambda: 2 * plot_cli.BASE_BYTES + 2 * 3 * per * 1000)

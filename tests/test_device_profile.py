@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 import sim
 import sim.plan
-from sim.device_profile import DEFAULT_PROFILES, SOURCES, from_dict, presets
-from sim.kernels import gemm_time
+from sim.hardware.profile import DEFAULT_PROFILES, SOURCES, from_dict, presets
+from sim.hardware.kernels import gemm_time
 
 TINY = sim.Transformer(layers=2, hidden=64, heads=2, seq=128, vocab=512)
 FIXTURE = {"source": "datasheet", "citation": "test fixture: a round made-up number"}

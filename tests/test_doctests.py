@@ -7,7 +7,7 @@ import pytest
 
 import sim
 
-MODULES = sorted(m.name for m in pkgutil.iter_modules(sim.__path__, "sim.") if not m.name.endswith("__main__"))
+MODULES = sorted(m.name for m in pkgutil.walk_packages(sim.__path__, "sim.") if not m.name.endswith("__main__"))
 
 
 def test_there_are_examples():

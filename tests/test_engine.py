@@ -221,7 +221,7 @@ def test_expected_wait_is_the_mean_over_the_ticks_phase(x, tick):
     """E[min(x, U(0, tick))] against the midpoint rule over the phase. The rule is exact on
     every cell but the one with the kink at x, where it is off by at most h/2 over a width
     h = tick/n: tick / (2 n^2) on the mean."""
-    from sim.transports import expected_wait
+    from sim.engine.transports import expected_wait
     n = 20000
     mean = sum(min(x, (i + 0.5) * tick / n) for i in range(n)) / n
     assert expected_wait(x, tick) == pytest.approx(mean, rel=0, abs=tick / (2 * n * n) + 1e-12)

@@ -8,16 +8,16 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import sim
-from sim.data_parallel import stage_params
-from sim.estimate import end_times
-from sim.footprint import optimizer_step_bytes, state_bytes_per_param
-from sim.gpus import gpu
-from sim.kernels import TILE, gemm_flops, gemm_time
-from sim.network import collective_time, links_of
-from sim.topology import one_node
-from sim.layer import Slice, gemm_shapes, layer_times
-from sim.partition import balanced, even
-from sim.transformer import Transformer
+from sim.plan.data_parallel import stage_params
+from sim.plan.estimation import end_times
+from sim.model.footprint import optimizer_step_bytes, state_bytes_per_param
+from sim.hardware.gpus import gpu
+from sim.hardware.kernels import TILE, gemm_flops, gemm_time
+from sim.hardware.network import collective_time, links_of
+from sim.hardware.topology import one_node
+from sim.model.layer import Slice, gemm_shapes, layer_times
+from sim.search.partition import balanced, even
+from sim.model.transformer import Transformer
 
 # the tile model (no measured tables) and no launch floor: the closed forms below are sums of device times
 A100 = dataclasses.replace(sim.profile("a100-80gb-best-case"), launch_per_kernel=0.0)
@@ -114,7 +114,7 @@ def test_the_receiver_gathers_the_scattered_activation(sp):
     """Narayanan et al. 2021, Sec. 4.1: each of the t ranks sends bsh/t and the receiver
     all-gathers bsh before computing, except under sequence parallelism. Two stages of 12
     layers: each F and B lasts its layers, its end layer and, where it receives, that gather."""
-    m, b = sim.transformer.model("megatron-1.7b"), 2
+    m, b = sim.model.transformer.model("megatron-1.7b"), 2
     e = sim.estimate(m, A100, tp=8, pp=2, micro_batch=b, global_batch=4, sequence_parallel=sp)
     x = Slice(b, 8, sp, "bf16")
     lt, ends = layer_times(m, A100, x), end_times(m, A100, x)
@@ -129,13 +129,13 @@ def test_the_receiver_gathers_the_scattered_activation(sp):
 
 
 def test_no_tensor_parallelism_no_collectives():
-    t = layer_times(sim.transformer.model("megatron-1.7b"), A100, Slice(4, 1))
+    t = layer_times(sim.model.transformer.model("megatron-1.7b"), A100, Slice(4, 1))
     assert t.parts["collectives"] == 0.0 and t.backward == pytest.approx(t.backward_input + t.backward_weight)
 
 
 def test_korthikanti_table_4_ordering():
     """The 22B layer (t=8, b=4): sequence parallelism shortens F; recompute lengthens B, full most."""
-    m = sim.transformer.model("korthikanti-22b")
+    m = sim.model.transformer.model("korthikanti-22b")
     base, spar = layer_times(m, A100, Slice(4, 8)), layer_times(m, A100, Slice(4, 8, True))
     sel, full = layer_times(m, A100, Slice(4, 8), "selective"), layer_times(m, A100, Slice(4, 8), "full")
     assert spar.forward < base.forward
@@ -190,7 +190,7 @@ def test_mixed_precision_adam_bytes():
 
 def test_one_device_one_micro_batch_is_a_sum():
     """No pipeline, no data parallelism, one micro-batch: the step is F + B of the whole model plus the optimizer."""
-    m = sim.transformer.model("megatron-1.7b")
+    m = sim.model.transformer.model("megatron-1.7b")
     e = sim.estimate(m, A100, micro_batch=2, global_batch=2)
     c = e.result
     lt = layer_times(m, A100, Slice(2))
@@ -220,7 +220,7 @@ def test_1f1b_first_stage_holds_p_micro_batches():
 
 
 def test_stage_params_sum_to_the_model():
-    m = sim.transformer.model("gpt3-175b")
+    m = sim.model.transformer.model("gpt3-175b")
     layers = even(m.layers, 8)
     p = m.params()
     one = stage_params(m, [m.layers], 1, [0])
@@ -244,7 +244,7 @@ def test_balanced_partition_keeps_every_stage_within_memory():
     stage holds 8 micro-batches); the balanced one moves layers back until each fits. Each
     stage's cap, found from the schedule's program order, is checked against the simulation:
     that many layers on the stage fit its device, one more does not."""
-    from sim.estimate import memory_caps
+    from sim.plan.estimation import memory_caps
     kw = dict(tp=8, pp=8, micro_batch=1, global_batch=16)
     ev = sim.estimate("gpt3-175b", "a100-80gb", **kw)
     ba = sim.estimate("gpt3-175b", "a100-80gb", partition="balanced", **kw)
@@ -303,7 +303,7 @@ def test_time_parts_add_up_to_the_step(kwargs):
 def test_the_data_parallel_reduction_ends_the_step():
     """pp = 1: the stage's gradients are all-reduced after its last backward, so doubling the replicas
     (and the batch) lengthens the step by exactly that all-reduce; the figure's schedule has one R."""
-    from sim.data_parallel import grad_reduce_times
+    from sim.plan.data_parallel import grad_reduce_times
     one = sim.estimate("megatron-1.7b", A100, micro_batch=4, global_batch=8)
     two = sim.estimate("megatron-1.7b", A100, micro_batch=4, global_batch=16, dp=2)
     reduce = grad_reduce_times(two.model, A100, two.layout, stage_params(two.model, [24], 1, [0]), [0])

@@ -275,7 +275,7 @@ def test_every_action_is_measured_once_in_program_order(runs, name):
     for e in result.events:
         assert e.end >= e.start and math.isfinite(e.end)
         if not e.action.kind.is_compute:  # transfers name the other rank
-            assert e.peer == lowered.rank_of(sim.passes.peer(e.action).stage)
+            assert e.peer == lowered.rank_of(sim.passes.lowering.peer(e.action).stage)
     # a SEND ends when its data is there, after the compute that made it
     ends = {(e.rank, e.action): e.end for e in result.events}
     for e in result.events:
@@ -341,9 +341,9 @@ def test_static_memory_is_weights_gradients_and_optimizer_state(spec):
 
 
 def test_every_kind_has_its_handler_in_the_interpreter():
-    """The interpreter dispatches each kind to the method `sim.kinds.KINDS` names."""
+    """The interpreter dispatches each kind to the method `sim.schedule.kinds.KINDS` names."""
     from exec.interpreter import RankInterpreter
-    from sim.kinds import KINDS
+    from sim.schedule.kinds import KINDS
     for kind, spec in KINDS.items():
         assert callable(getattr(RankInterpreter, spec.handler, None)), (kind, spec.handler)
 

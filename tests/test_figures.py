@@ -13,8 +13,8 @@ from matplotlib.patches import Rectangle
 import sim
 from helpers import gpipe_like, reference_times
 from sim import Kind
-from sim.bars import COLLECTIVE_COLORS
-from sim.plot import COLORS, HATCHES, plot_compare, plot_result, save_figure, timeline_style
+from sim.plot.bars import COLLECTIVE_COLORS
+from sim.plot.gantt import COLORS, HATCHES, plot_compare, plot_result, save_figure, timeline_style
 from sim.schedules import SCHEDULES, make_schedule
 
 

@@ -2,7 +2,7 @@
 import pytest
 
 import sim
-from sim.gpus import GIB, GPU, GPUS, MIB, PRECISIONS, gpu
+from sim.hardware.gpus import GIB, GPU, GPUS, MIB, PRECISIONS, gpu
 
 
 @pytest.mark.parametrize("name", sorted(GPUS))

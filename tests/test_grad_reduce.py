@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import sim
-import sim.order
+import sim.passes.order
 from sim import Action, Costs, Kind, Schedule, ScheduleError
 
 from helpers import assert_matches_reference, gpipe_like
@@ -101,7 +101,7 @@ def test_lowering_keeps_each_reduction_after_its_compute_and_send():
                 assert all(x.kind is RG or sim.KINDS[x.kind].role is sim.Role.SEND for x in prog[prog.index(before) + 1:i])
     sim.check_deadlock(low)
     assert sim.validate(low) is low
-    sim.order.transfer_order(sim.order.order_transfers(low))
+    sim.passes.order.transfer_order(sim.passes.order.order_transfers(low))
     # a lowered schedule runs as the compute-only one it came from
     costs = Costs(grad_reduce=[1.0, 2.0, 3.0, 4.0], latency=0.1)
     a, b = sim.simulate(s, costs), sim.simulate(low, costs)

@@ -3,7 +3,7 @@ import pytest
 
 import sim
 from sim import Action, Kind, Schedule, ScheduleError
-from sim.passes import check_complete
+from sim.passes.lowering import check_complete
 
 
 @pytest.mark.parametrize("text,stage,kind,micro", [

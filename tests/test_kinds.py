@@ -7,8 +7,8 @@ from hypothesis import given, settings, strategies as st
 
 import sim
 from sim import KINDS, Action, Kind, Role
-from sim.costs import StageCosts
-from sim.kinds import peer_key, recv_consumer, remote_inputs
+from sim.engine.costs import StageCosts
+from sim.schedule.kinds import peer_key, recv_consumer, remote_inputs
 
 from helpers import gpipe_like
 

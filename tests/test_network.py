@@ -10,12 +10,12 @@ from hypothesis import given, settings, strategies as st
 
 import sim
 import sim.plan
-from sim import network
-from sim.data_parallel import grad_reduce_times, stage_params
-from sim.footprint import state_bytes_per_param
-from sim.layer import Slice, layer_times
-from sim.network import Group, OPS, algorithm, bus_bandwidth, collective_time, links_of, ring_time, tree_time
-from sim.topology import Topology, one_node
+from sim.hardware import network
+from sim.plan.data_parallel import grad_reduce_times, stage_params
+from sim.model.footprint import state_bytes_per_param
+from sim.model.layer import Slice, layer_times
+from sim.hardware.network import Group, OPS, algorithm, bus_bandwidth, collective_time, links_of, ring_time, tree_time
+from sim.hardware.topology import Topology, one_node
 
 A100 = sim.profile("a100-80gb-best-case")
 LINKS = links_of(A100)
@@ -123,7 +123,7 @@ def test_p2p_inside_a_node_is_nvlink_and_across_it_the_gpus_nic_share():
     assert link.bandwidth == pytest.approx(0.5 * 24e9) and link.latency == NETWORK_HOP
     assert network.p2p_time(LINKS, 1e6, across) == pytest.approx(NETWORK_HOP + 1e6 / 12e9)
     # the estimate's pipeline link (the costs it simulates, as the planner's bounds take them)
-    bounds = sim.plan.Bounds(sim.MODELS["megatron-1.7b"], A100, 4, "bf16", 8, nics_per_node=4)
+    bounds = sim.plan.bounds.Bounds(sim.MODELS["megatron-1.7b"], A100, 4, "bf16", 8, nics_per_node=4)
     costs, _, _ = bounds.costs(sim.plan.Config(8, 2, 1, 1, "1f1b", 1, "none", 0, False))
     assert (costs.bandwidth, costs.latency) == (link.bandwidth, link.latency)
 

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 import sim
-from sim.plan import Config, search
-from sim.plan_cli import ProgressBar
-from sim.zbauto import order_peak, split_1f1b, zb_auto
+from sim.plan.planner import Config, search
+from sim.plan.cli import ProgressBar
+from sim.search.zbauto import order_peak, split_1f1b, zb_auto
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -177,7 +177,7 @@ def test_one_bubble_per_planned_step():
     assert e.bubble_fraction == pytest.approx(r.pipeline_bubble_fraction)
     assert r.makespan > r.compute_end - r.t0  # a gradient reduction runs after the last compute
     assert r.bubble_fraction > r.pipeline_bubble_fraction
-    from sim.plot import plot_result
+    from sim.plot.gantt import plot_result
     fig = plot_result(r)
     assert f"pipeline bubble {e.bubble_fraction:.1%}" in fig._suptitle.get_text()
     assert r.in_seconds and fig.axes[-1].get_xlabel() == "time (s)"
@@ -240,9 +240,9 @@ def test_progress_bar_moves_while_nothing_settles(capsys):
 def test_planner_bounds_do_not_search_zb_auto():
     """The bounds read zb-auto's shape from the split 1F1B: a configuration of 768
     micro-batches on 64 devices is bounded in well under a second (it took minutes)."""
-    from sim.plan_bounds import Bounds
-    from sim.gpus import gpu
-    from sim.transformer import model
+    from sim.plan.bounds import Bounds
+    from sim.hardware.gpus import gpu
+    from sim.model.transformer import model
     b = Bounds(model("gpt3-175b"), gpu("a100-80gb"), 1536, "bf16", 8)
     c = Config(8, 64, 2, 1, "zb-auto", 1, "full", 1, True)
     t = time.perf_counter()

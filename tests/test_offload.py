@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import sim
-import sim.order
+import sim.passes.order
 from sim import Action, Costs, Kind, Schedule, ScheduleError
-from sim.offload import copy_time, reload_waits
+from sim.passes.offload import copy_time, reload_waits
 
 from helpers import assert_matches_reference, gpipe_like, reference_peak_memory
 
@@ -129,7 +129,7 @@ def test_lowering_keeps_the_copies_and_runs_the_same():
     assert low.is_lowered and low.has_copies and low.compute_only().programs == s.programs
     sim.check_deadlock(low)
     assert sim.validate(low) is low
-    sim.order.transfer_order(sim.order.order_transfers(low))
+    sim.passes.order.transfer_order(sim.passes.order.order_transfers(low))
     costs = Costs(activation_bytes=3.0, offload_bytes=2.0, offload=0.3, reload=0.7, latency=0.1, grad_reduce=0.5)
     a, b = sim.simulate(s, costs), sim.simulate(low, costs)
     assert a.makespan == b.makespan and copies(a, REL) == copies(b, REL) and a.peak_memory == b.peak_memory
@@ -264,7 +264,7 @@ def test_copies_never_speed_up_a_step_nor_raise_its_memory(name, p, m, horizon, 
 
 def test_copies_are_drawn_along_the_top_of_their_row(tmp_path):
     from matplotlib.patches import Rectangle
-    from sim.plot import plot_result, save_figure
+    from sim.plot.gantt import plot_result, save_figure
     s = sim.add_offload(sim.make_schedule("gpipe", 2, 4), horizon=1)
     result = sim.simulate(s, Costs(offload=0.4, reload=0.6, offload_bytes=0.5))
     fig = plot_result(result)
@@ -332,7 +332,7 @@ def test_estimate_with_offloading():
     micro-batches in flight, 5 of them reloaded: SageMaker's horizon 4). With PCIe free the step
     is the one without offloading."""
     import dataclasses
-    from sim.transformer import model
+    from sim.model.transformer import model
     plain = sim.estimate("gpt3-175b", "a100-80gb", **GPT)
     off = sim.estimate("gpt3-175b", "a100-80gb", **GPT, offload=True)
     m, g = model("gpt3-175b"), sim.GPUS["a100-80gb"]

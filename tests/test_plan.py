@@ -11,11 +11,11 @@ import pytest
 from hypothesis import assume, given, settings, strategies as st
 
 import sim
-import sim.plan as plan
-from sim import sagemaker
-from sim.plan_cli import main
-from sim.plan_figures import write_figures
-from sim.transformer import RECOMPUTE
+import sim.plan.planner as plan
+from sim.model import sagemaker
+from sim.plan.cli import main
+from sim.plan.figures import write_figures
+from sim.model.transformer import RECOMPUTE
 
 SMALL = dict(model="megatron-1.7b", gpu="a100-40gb", gpus=8, global_batch=32)
 SMALL_SPACE = dict(schedules=["1f1b", "gpipe", "zb-h1", "zbv", "interleaved-1f1b"], recompute=["none", "full"],

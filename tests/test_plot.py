@@ -11,9 +11,9 @@ import pytest
 from matplotlib.patches import Rectangle
 
 import sim
-from sim import heatmap
+from sim.plot import heatmap
 from sim.schedules import TEXTBOOK  # what the CLI draws unless told
-from sim.plot import DPI, MAX_HEIGHT, WIDTH, counts_micro_batches, format_times, human_bytes, plot_compare, plot_overlay, \
+from sim.plot.gantt import DPI, MAX_HEIGHT, WIDTH, counts_micro_batches, format_times, human_bytes, plot_compare, plot_overlay, \
     plot_result, save_figure, timeline_style
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -187,7 +187,7 @@ def zoo(monkeypatch):
 
 
 def run_main(capsys, *args: str) -> tuple[int, str, str]:
-    from sim import plot_cli
+    from sim.plot import cli as plot_cli
 
     try:
         code = plot_cli.main(list(args))

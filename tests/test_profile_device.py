@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 import sim  # noqa: E402
 from exec import profile_device as pd  # noqa: E402
 from exec.comm_bench import p2p_fit, ring_fit  # noqa: E402
-from sim.network import OPS as COLLECTIVE_STEPS  # noqa: E402
+from sim.hardware.network import OPS as COLLECTIVE_STEPS  # noqa: E402
 
 sys.path.insert(0, "benchmarks")
 import bench_plan_vs_run as bench  # noqa: E402

@@ -17,7 +17,7 @@ import sim  # noqa: E402
 from exec.calibrate import activation_bytes, w_activation_bytes  # noqa: E402
 from exec.memory import SavedBytes, param_storages  # noqa: E402
 from exec.models import ModelSpec  # noqa: E402
-from sim.transformer import RECOMPUTE  # noqa: E402
+from sim.model.transformer import RECOMPUTE  # noqa: E402
 
 
 @st.composite

@@ -12,7 +12,7 @@ from hypothesis import given, settings, strategies as st
 
 import sim
 import sim.plan
-from sim.topology import AXES, Group, Topology, one_node
+from sim.hardware.topology import AXES, Group, Topology, one_node
 
 sizes = st.integers(1, 6)
 layouts = st.builds(Topology, sizes, sizes, sizes, st.integers(1, 12), st.integers(1, 12))

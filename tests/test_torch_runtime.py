@@ -6,7 +6,7 @@ torch = pytest.importorskip("torch")
 
 import sim  # noqa: E402
 from sim import Schedule  # noqa: E402
-from sim.order import order_transfers, transfer_order  # noqa: E402
+from sim.passes.order import order_transfers, transfer_order  # noqa: E402
 from torch.distributed.pipelining.schedules import _Action, _validate_schedule  # noqa: E402
 
 from exec.models import ModelSpec  # noqa: E402
@@ -45,7 +45,7 @@ def test_torch_runtime_runs_our_1f1b_with_the_gradients_of_one_process():
 def test_torch_runtime_needs_receives_in_send_order():
     """torch's runtime tags every transfer alike, so gloo pairs them by order, as NCCL does:
     an interleaved schedule as sim.lower posts it crosses two transfers of equal shape
-    and gets wrong gradients; posted by sim.order.order_transfers it gets the right ones."""
+    and gets wrong gradients; posted by sim.passes.order.order_transfers it gets the right ones."""
     s = interleaved_mismatch()
     good = run_torch_runtime(SMALL, s, steps=1, warmup=0, timeout=180)
     assert good.grad_match, (good.max_grad_diff, good.worst_param)

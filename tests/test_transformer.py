@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import sim
-from sim.transformer import MODELS, Transformer, llama_ffn, model
+from sim.model.transformer import MODELS, Transformer, llama_ffn, model
 
 V, S = 51200, 2048
 

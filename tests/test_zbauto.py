@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 import sim
 from sim import Costs, ScheduleError
 from sim.schedules import Generator
-from sim.zbauto import activation_peak, device_bubble, order_peak, split_1f1b, zb_auto
+from sim.search.zbauto import activation_peak, device_bubble, order_peak, split_1f1b, zb_auto
 
 EQUAL_FREE = Costs(backward_input=1.0, backward_weight=1.0, transport="ideal")  # F = I = W = 1, free transfers
 times = st.sampled_from([0.25, 0.5, 1.0, 1.5, 2.0, 3.0])

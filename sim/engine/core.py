@@ -1,0 +1,389 @@
+"""The discrete-event engine: one SimPy process per device runs its lowered program.
+
+The rules (docs/rules.md; `exec` honours the same ones):
+1. A device runs its actions in program order, one at a time.
+2. A compute action (F, B, I, W) starts when the device reaches it and every tensor it
+   needs from another device has arrived and been taken in (`arrive_overhead` after the
+   later of the two); it then occupies the device for its cost.
+3. A SEND is issued right after the compute that made its tensor and does not wait for
+   the transfer. A RECV only posts the receive (one compute ahead, see `sim.passes.lowering.lower`).
+   Issuing a SEND holds the device for `send_overhead`, posting a RECV for
+   `recv_overhead` (the CPU time of the call).
+4. Transfers (here as the default `gloo-cpu` transport moves them; `sim.transports`)
+   rendezvous: posting the RECV sends a ready notice, which reaches the sender
+   `latency` later. If it is there when the SEND is issued, the data leaves at once;
+   otherwise the data leaves when the sender's transport handles the notice: at once if
+   the sender waits or has ended, else at its next yield (a SEND, a wait for data, its
+   end) or the scheduler tick, whichever comes first (`io_tick`, rule 10; the expected
+   time over the tick's phase). The data then waits for its link (one per direction
+   between two devices, FIFO), occupies it for bytes / bandwidth, and arrives `latency`
+   later; the latency does not hold the link.
+5. Around each compute the runtime holds the device for its own work: `before_compute`
+   before the compute starts (once its inputs are in) and `after_compute` after it ends.
+6. Memory of a device = static bytes (weights, gradients, optimizer state, the rest) + the activations of each micro-batch it holds,
+   from the start of that micro-batch's F until the end of its last backward (B or W).
+7. A collective (REDUCE_GRAD, `sim.passes.lowering.add_grad_reduce`) is issued in program order and
+   does not hold the device: it runs on the rank's one collective stream, one at a time,
+   for its cost (`grad_reduce` of its stage), from the later of its issue and the end of
+   the collective before it. Its stage's backwards come before it in the program, so they
+   have ended by then. The step ends at the end of its last compute or collective.
+8. A copy (OFFLOAD, RELOAD: `sim.add_offload`) is issued in program order and does not
+   hold the device either: it runs on one of the rank's two copy engines (to host, from
+   host), one at a time each, for its cost (`offload`, `reload` of its stage), from the
+   latest of its issue, the end of the copy before it on its engine and, for a RELOAD,
+   its OFFLOAD's end. Its memory effect comes at its own start or end. The backward that
+   needs a RELOAD's activations starts no earlier than the RELOAD's end (rule 14).
+
+The engine knows actions, devices and links; the transport (`Costs.transport`, see
+`sim.transports`) decides when a transfer leaves its sender and what the calls cost the
+two ends, and the action-kind table (`sim.kinds`) what each compute costs and does to
+memory.
+
+How it stays fast (docs/performance.md): it runs the numbered `sim.passes.lowering.plan`, not
+`Action` objects. A compute whose input's arrival time is known waits and computes in one
+timeout; a transfer is an event only when its receiver already waits for it, or when its
+sender must first see the notice. Link queueing needs no process: each link keeps the
+time it is next free. A run that stops with ranks unfinished is a deadlock, explained by
+`sim.passes.lowering.check_deadlock`.
+"""
+from __future__ import annotations
+
+import gc
+import math
+from operator import itemgetter
+from typing import Mapping
+
+import simpy
+
+from .costs import Costs, StageCosts
+from sim.schedule.ir import Action, Schedule
+from sim.schedule.kinds import KINDS, Role, memory_delta
+from sim.passes.offload import CopyEngines
+from sim.passes.lowering import Plan, check_communication, check_complete, check_deadlock, lower, plan
+from .result import Event, Result
+from .transports import Transport, transport_class
+
+INF = float("inf")
+_COMPUTE, _RECV, _SEND, _COLLECTIVE = Role.COMPUTE, Role.RECV, Role.SEND, Role.COLLECTIVE
+
+
+class _Arrival(simpy.Event):
+    """The arrival of a transfer that a receiver is already waiting for: the sender
+    triggers it with a delay, as a Timeout would be."""
+
+    def arrive_after(self, delay: float) -> None:
+        self._ok = True
+        self._value = None
+        self.env.schedule(self, delay=delay)
+
+
+def _costs(p: Plan, c: StageCosts, placement: tuple[int, ...]):
+    """Per compute id: its duration (its kind's cost field) and what it does to memory at
+    its start and at its end ((bytes, micro-batches) or None; `sim.kinds`); per transfer
+    (named by the compute that receives it): its link (numbered per sender -> receiver
+    pair) and the time it holds the link. These lists are as long as the schedule, so
+    they are built with map and zip, from values worked out once per (stage, kind)."""
+    stage = list(map(itemgetter(0), p.actions))
+    by_kind = {}
+    for k, spec in KINDS.items():
+        if spec.role is _COMPUTE:
+            for s, t in enumerate(getattr(c, spec.cost)):
+                by_kind[s, k] = (t, _memory(k, "start", c, s), _memory(k, "end", c, s))
+    per = list(map(by_kind.__getitem__, zip(stage, map(itemgetter(1), p.actions))))
+    dur, at_start, at_end = (list(map(itemgetter(i), per)) for i in range(3))
+    # A transfer's link and hold time depend only on the stages at its two ends: work them
+    # out once per pair of stages.
+    transfers = [t for t, j in enumerate(p.producer) if j >= 0]
+    ends = list(zip(map(stage.__getitem__, map(p.producer.__getitem__, transfers)), map(stage.__getitem__, transfers)))
+    links: dict[tuple[int, int], int] = {}   # (sending rank, receiving rank) -> link number
+    channel = {}                            # (sending stage, receiving stage) -> (link, hold time)
+    for s, d in set(ends):
+        link_number = links.setdefault((placement[s], placement[d]), len(links))
+        # the tensor between stages s and s+1 has the size of stage s's output
+        channel[s, d] = (link_number, c.transfer_time(c.activation_bytes_sent[min(s, d)]))
+    link, busy = [0] * len(stage), [0.0] * len(stage)
+    for t, (l, b) in zip(transfers, map(channel.__getitem__, ends)):
+        link[t], busy[t] = l, b
+    return dur, at_start, at_end, link, busy, len(links)
+
+
+def _memory(kind, at: str, c: StageCosts, stage: int) -> tuple[float, int] | None:
+    """(bytes, micro-batches) that a compute of `kind` on `stage` adds to its rank's
+    memory at its start or end; None if its kind does nothing to memory then. The
+    micro-batches held count the activations' comings and goings."""
+    effects = [e for e in KINDS[kind].memory if e.at == at]
+    if not effects:
+        return None
+    return memory_delta(kind, at, c, stage), sum(e.sign for e in effects if e.field == "activation_bytes")
+
+
+class _Run:
+    """What a run recorded, as flat lists indexed by compute id (a transfer is numbered by
+    the compute that receives it); `Event` records are made from them only on demand."""
+
+    def __init__(self, p: Plan, start, end, sent, posted, arrive, collective_start, collective_end, placement,
+                 copy_start=(), copy_end=()):
+        self.plan = p
+        self.start, self.end, self.sent, self.posted, self.arrive = start, end, sent, posted, arrive
+        self.collective_start, self.collective_end, self.placement = collective_start, collective_end, placement
+        self.copy_start, self.copy_end = copy_start, copy_end
+
+    def events(self) -> list[Event]:
+        p = self.plan
+        out = [Event(r, a, s, e) for r, a, s, e in zip(p.rank, p.actions, self.start, self.end)]
+        out += [Event(self.placement[a.stage], a, s, e)
+                for a, s, e in zip(p.collectives, self.collective_start, self.collective_end)]
+        out += [Event(self.placement[a.stage], a, s, e) for a, s, e in zip(p.copies, self.copy_start, self.copy_end)]
+        for t, j in enumerate(p.producer):
+            if j >= 0:
+                out.append(Event(p.rank[j], p.comm_action(t, True), self.sent[t], self.arrive[t], p.rank[t]))
+                out.append(Event(p.rank[t], p.comm_action(t, False), self.posted[t], self.arrive[t], p.rank[j]))
+        return out
+
+
+class _Network:
+    """What the engine knows of transfers while it runs, and what a transport's hooks
+    read and call (`sim.transports`): when each SEND was issued and each RECV posted,
+    `leave` (the data takes its link and arrives), `later` (run a function at a later
+    time), and, if the transport watches the devices, each rank's state."""
+
+    def __init__(self, env, p: Plan, c: StageCosts, link, busy, nlinks: int, ranks: int):
+        n = len(p.actions)
+        self.env, self.plan = env, p
+        self.sent: list[float | None] = [None] * n
+        self.posted: list[float | None] = [None] * n
+        self.arrive_at: list[float | None] = [None] * n   # known once the data has left
+        self.waiter: list[_Arrival | None] = [None] * n   # a receiver blocked on it
+        # each rank's state, for a transport that watches it: until when its transport thread
+        # may run at once (it waits, or has ended, or is in a SEND call), until when its
+        # current action holds it, and where its program goes on
+        self.free_until = [-1.0] * ranks
+        self.held_until = [0.0] * ranks
+        self.resume = [0] * ranks
+        self.leave = self._leave_function(c.latency, link, busy, nlinks)
+
+    def later(self, delay: float, fn, *args) -> None:
+        self.env.timeout(delay).callbacks.append(lambda _: fn(*args))
+
+    def _leave_function(self, latency: float, link, busy, nlinks: int):
+        env, later, arrive_at, waiter = self.env, self.later, self.arrive_at, self.waiter
+        link_free = [0.0] * nlinks
+        # With every transfer's link time 0 (free bandwidth), links never make one wait: a
+        # transfer's departure and arrival are known as soon as its leaving time is.
+        queues = self.queues = any(busy)
+
+        def leave(t: int, at: float) -> None:
+            """The data of transfer t leaves its sender at `at` (now or later): it takes the
+            link from when the link is free for busy[t], and arrives `latency` after that.
+            Links serve transfers in the order they leave, so a later one waits for `at`."""
+            now = env.now
+            if queues:
+                if at > now:
+                    return later(at - now, leave, t, at)
+                free = link_free[link[t]]
+                at = (at if at >= free else free) + busy[t]
+                link_free[link[t]] = at
+            arrive_at[t] = at + latency
+            if waiter[t] is not None:
+                waiter[t].arrive_after(at + latency - now)
+
+        return leave
+
+
+def run(schedule: Schedule, c: StageCosts, durations: Mapping[Action, float] | None = None):
+    """Run a schedule (compute-only, or lowered with complete communication). Return the
+    `_Run` record, each rank's memory and activations over time, which ranks finished
+    their program (not all of them if the ranks got stuck), and each rank's busy time."""
+    p = plan(schedule)
+    dur, at_start, at_end, link, busy, nlinks = _costs(p, c, schedule.placement)
+    collective_dur = [getattr(c, KINDS[a.kind].cost)[a.stage] for a in p.collectives]
+    if durations:
+        dur = [durations.get(a, d) for a, d in zip(p.actions, dur)]
+        collective_dur = [durations.get(a, d) for a, d in zip(p.collectives, collective_dur)]
+    env = simpy.Environment()
+    net = _Network(env, p, c, link, busy, nlinks, schedule.ranks)
+    transport: Transport = transport_class(c.transport)(c)
+    copies = CopyEngines(p, c, durations, schedule.ranks) if p.copies else None
+    if copies and transport.watches_devices:
+        raise ValueError("a schedule with OFFLOAD/RELOAD (copies to host memory, a GPU's) cannot run under "
+                         "Costs.io_tick > 0 (a CPU rank's I/O thread, rule 10); set io_tick=0")
+    transport.prepare(p, dur)
+    issued, posted_hook = transport.bind(net)
+    start_of, end_of = [0.0] * len(p.actions), [0.0] * len(p.actions)
+    collective_of = ([0.0] * len(p.collectives), [0.0] * len(p.collectives), collective_dur)
+    finished = [False] * schedule.ranks
+    busy_time = [0.0] * schedule.ranks
+    static = [0.0] * schedule.ranks
+    for s, r in enumerate(schedule.placement):
+        static[r] += c.static_total(s)
+    memory = [[(0.0, static[r])] for r in range(schedule.ranks)]
+    activations = [[(0.0, 0)] for _ in range(schedule.ranks)]
+    device = _device_process(env, p, net, transport, c, dur, at_start, at_end, issued, posted_hook,
+                             start_of, end_of, collective_of, copies)
+    for r in range(schedule.ranks):
+        env.process(device(r, static[r], memory[r], activations[r], finished, busy_time))
+    env.run()
+    record = _Run(p, start_of, end_of, net.sent, net.posted, net.arrive_at, *collective_of[:2], schedule.placement,
+                  *((copies.start, copies.end) if copies else ()))
+    if copies:
+        memory = [copies.merge(r, series) for r, series in enumerate(memory)]
+    return record, memory, activations, finished, busy_time
+
+
+def _device_process(env, p: Plan, net: _Network, transport: Transport, c: StageCosts, dur, at_start, at_end,
+                    issued, posted_hook, start_of, end_of, collective_of, copies: CopyEngines | None):
+    """The SimPy process of one device: it runs its program's `Op`s in order (rules 1-4,
+    11); the transport's hooks take its SENDs and RECVs; its collectives go to its stream
+    (rule 7: `collective_of` = their starts, ends and durations), its copies to its copy
+    engines (rule 8: `copies`)."""
+    producer, sent, posted, arrive_at, waiter = p.producer, net.sent, net.posted, net.arrive_at, net.waiter
+    free_until, held_until, resume = net.free_until, net.held_until, net.resume
+    watch = transport.watches_devices
+    # Run ahead: where neither the transport nor the links depend on the order in which
+    # things happen at one time (no device watching, free links), when a transfer leaves
+    # is the later of its SEND and its notice, whichever the engine learns first. Then a
+    # device needs SimPy only to wait for data that has not left yet: it keeps its own
+    # clock, which is never behind SimPy's, and computes without a timeout.
+    ahead = not watch and not net.queues
+    take_in, before, after = transport.take_in, c.before_compute, c.after_compute
+    send_call, recv_call = transport.send_call, transport.recv_call  # how long a call holds its rank
+    ready = copies.ready if copies else None   # per compute: when its RELOAD has ended
+
+    def device(r: int, held_bytes: float, memory: list, activations: list, finished: list, busy_time: list):
+        held = 0
+        mem, act = memory.append, activations.append
+        timeout = env.timeout
+        now = env.now
+        computing = 0.0  # this rank's busy time
+        stream = 0.0     # when this rank's collective stream is free
+        prog, runnable = p.programs[r], p.runnable[r]
+        for i, (role, x) in enumerate(prog if runnable == len(prog) else prog[:runnable], 1):
+            if role is not _COMPUTE:
+                # Post a RECV or issue a SEND at `now`; the transport decides when the data leaves.
+                if role is _RECV:
+                    posted[x] = now
+                    posted_hook(x, now)
+                    hold = recv_call
+                elif role is not _SEND:  # a collective or a copy: beside the device, which goes on
+                    if role is not _COLLECTIVE:
+                        copies.issue(r, x, now)
+                        continue
+                    begin = stream if stream > now else now
+                    stream = begin + collective_of[2][x]
+                    collective_of[0][x], collective_of[1][x] = begin, stream
+                    continue
+                else:
+                    sent[x] = now
+                    if watch:
+                        free_until[r] = now  # the runtime yields the core before the call
+                    issued(x, now)
+                    hold = send_call
+                if hold and ahead:
+                    now += hold
+                elif hold:  # the call holds the device
+                    if watch:
+                        held_until[r] = now + hold
+                        resume[r] = i
+                    yield timeout(hold)
+                    now = env.now
+                continue
+            # Compute x. Start when the remote input is here. Where its arrival time is
+            # known, waiting, computing and the runtime's work around it are one timeout;
+            # only a tensor that has not left yet needs an event, which the sender triggers
+            # at the arrival.
+            start = now
+            if producer[x] >= 0:
+                at = arrive_at[x]
+                if at is None:
+                    waiter[x] = _Arrival(env)
+                    free_until[r] = INF  # the rank waits: its transport thread runs
+                    yield waiter[x]
+                    at = arrive_at[x]
+                    if not ahead:
+                        now = at
+                if at > start:
+                    start = at
+                start += take_in  # the device takes the tensor in (0 unless modelled)
+                free_until[r] = start
+            start += before
+            if ready is not None and ready[x] > start:  # a backward waits for its RELOAD
+                start = ready[x]
+            change = at_start[x]
+            if change is not None:  # e.g. F takes its micro-batch's activations
+                held_bytes += change[0]
+                held += change[1]
+                mem((start, held_bytes))
+                act((start, held))
+            end = start + dur[x]
+            if watch:
+                held_until[r] = end + after
+                resume[r] = i
+            if ahead:
+                now = end + after
+            else:
+                yield timeout(end + after - now)
+                now = env.now
+            start_of[x], end_of[x] = start, end
+            computing += end - start
+            change = at_end[x]
+            if change is not None:  # e.g. the last backward (W where it is split) frees them
+                held_bytes += change[0]
+                held += change[1]
+                mem((end, held_bytes))
+                act((end, held))
+        free_until[r] = INF  # done (or stuck): it waits for its sends
+        busy_time[r] = computing
+        finished[r] = runnable == len(prog)  # if not, the next compute waits on a later one
+
+    return device
+
+
+def simulate(schedule: Schedule, costs: Costs | None = None, durations: Mapping[Action, float] | None = None
+             ) -> Result:
+    """Simulate one training step of `schedule` (compute-only or lowered) under `costs`.
+
+    `durations` (compute action -> time) overrides the cost of those actions: to replay a
+    measured step under the rules with the very compute times it had
+    (`exec.compare.replay_error`).
+
+    A schedule that cannot finish raises `ScheduleError` showing where each rank waits: the
+    run itself is the deadlock check (`sim.passes.lowering.check_deadlock` explains what it found)."""
+    if not isinstance(schedule, Schedule):
+        hint = f"sim.make_schedule({schedule!r}, stages, micro)" if isinstance(schedule, str) else "sim.make_schedule(...)"
+        raise TypeError(f"simulate needs a sim.Schedule, got {type(schedule).__name__} {schedule!r:.40}; build one "
+                        f"with {hint}")
+    if costs is not None and not isinstance(costs, Costs):
+        raise TypeError(f"simulate's costs must be a sim.Costs, got {type(costs).__name__}")
+    # A step of a big schedule makes millions of small objects that all live to the end;
+    # Python's cyclic garbage collector would walk them again and again (it doubles the
+    # time of p=64, m=1024). None of them needs collecting before we return.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        check_complete(schedule)
+        if schedule.is_lowered:
+            check_communication(schedule)
+        c = (costs or Costs()).for_stages(schedule.stages)
+        if durations:
+            bad = [f"{a}: {t!r}" for a, t in durations.items()
+                   if not (isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and t >= 0)]
+            if bad:
+                raise ValueError(f"durations must be finite numbers >= 0, got {', '.join(bad[:3])}")
+        record, memory, activations, finished, busy = run(schedule, c, durations)
+        lowered = schedule if schedule.is_lowered else None
+        if not all(finished):
+            lowered = lowered or lower(schedule)
+            check_deadlock(lowered)  # raises, naming each stuck rank and what it waits for
+            raise AssertionError("the simulation stopped early but the schedule does not deadlock")
+        # The step runs from the first action's start (each rank's first: 0 for a RECV post,
+        # else its first compute's, after the runtime's own time before it) to the last
+        # compute's or collective's end: every transfer feeds a compute that starts after it arrives.
+        t0 = min((record.start[prog[0].index] if prog[0].role is _COMPUTE else 0.0
+                  for prog in record.plan.programs if prog), default=0.0)
+        computed = max(record.end, default=0.0)
+        makespan = max(computed, max(record.collective_end, default=0.0)) - t0
+        return Result(lowered or (lambda: lower(schedule)), record.events, memory, activations,
+                      makespan=makespan, busy=busy, t0=t0, compute_end=computed)
+    finally:
+        if collecting:
+            gc.enable()

@@ -1,0 +1,73 @@
+"""How long one device takes for the compute of a training step: matmuls and memory-bound kernels.
+
+Two physical models, each from its source, whose achieved rates come from a device profile
+(`sim.device_profile`, docs/profiles.md): measured tables where the profile has them, else these.
+
+- A matmul (GEMM) runs on the tensor cores tile by tile: the output is cut into tiles, each
+  streaming multiprocessor (SM) computes one tile at a time, and the tiles run in waves of
+  one per SM. A GEMM whose tiles do not fill the last wave wastes the rest of it (tile and
+  wave quantization: NVIDIA, "Matrix Multiplication Background User's Guide", Sec. "Dimension
+  quantization effects"). Its time is that of its waves at the SMs' share of the profile's
+  matmul efficiency times the datasheet peak, or of its bytes at the profile's memory-bound
+  bandwidth, whichever is longer (the roofline; same guide, "Math and memory bounds").
+- An elementwise kernel (LayerNorm, softmax, GeLU, dropout, residual add) moves its bytes at
+  the profile's memory-bound bandwidth of its class: its arithmetic intensity is far below the
+  GPU's FLOPs-to-bytes ratio (same guide, Table 1: ReLU 0.25 FLOP/B against A100's 139 FLOP/B).
+- Collectives and sends: `sim.network` (NCCL's model over the cluster's links, `sim.topology`).
+
+    >>> from sim.hardware.profile import profile
+    >>> p = profile("a100-80gb-best-case")
+    >>> round(gemm_time(p, "bf16", 8192, 8192, 8192) * 1e3, 2)   # ms, 1.1 TFLOP
+    4.06
+"""
+from __future__ import annotations
+
+import math
+
+from .profile import DeviceProfile
+
+BYTES = {"bf16": 2, "fp16": 2, "tf32": 4, "fp32": 4}
+# The CUTLASS/cuBLAS tile of a large half-precision GEMM on A100 and H100: 256 x 128 outputs
+# per thread block, one block per SM at a time (NVIDIA, "Matrix Multiplication Background
+# User's Guide", Sec. "Dimension quantization effects": "the 256x128 tile ... the most
+# efficient"; CUTLASS's default SM80 GEMM configuration).
+TILE = (256, 128)
+
+
+def precision_bytes(precision: str) -> int:
+    """Bytes of one element at `precision`."""
+    try:
+        return BYTES[precision]
+    except KeyError:
+        raise ValueError(f"precision must be one of {', '.join(BYTES)}; got {precision!r}") from None
+
+
+def gemm_time(dev: DeviceProfile, precision: str, m: int, n: int, k: int, batch: int = 1) -> float:
+    """Seconds for `batch` independent (m x k) @ (k x n) products at `precision`: the profile's
+    measured table where it has the precision, else the waves of 256x128 output tiles over the
+    SMs at their share of the achieved peak, or the bytes of the operands and result at the
+    memory-bound bandwidth, whichever is longer."""
+    if min(m, n, k, batch) <= 0:
+        raise ValueError(f"GEMM sizes must be positive, got m={m}, n={n}, k={k}, batch={batch}")
+    measured = dev.matmul_lookup(precision, m, n, k, batch)
+    if measured is not None:
+        return measured
+    if dev.matmul_efficiency is None:
+        raise ValueError(f"profile {dev.name!r} has no {precision} matmuls and no matmul efficiency")
+    tiles = batch * math.ceil(m / TILE[0]) * math.ceil(n / TILE[1])
+    waves = math.ceil(tiles / dev.gpu.sms)
+    per_sm = dev.flops(precision) * dev.matmul_efficiency / dev.gpu.sms
+    compute = waves * 2 * TILE[0] * TILE[1] * k / per_sm
+    memory = batch * (m * k + k * n + m * n) * precision_bytes(precision) / dev.memory_bandwidth
+    return max(compute, memory)
+
+
+def gemm_flops(m: int, n: int, k: int, batch: int = 1) -> float:
+    """FLOPs of `batch` (m x k) @ (k x n) products: 2mnk each (a multiply and an add)."""
+    return 2 * batch * m * n * k
+
+
+def memory_time(dev: DeviceProfile, nbytes: float, kind: str = "elementwise") -> float:
+    """Seconds for a memory-bound kernel of class `kind` that reads and writes `nbytes` in all,
+    at the bandwidth the profile gives that class."""
+    return nbytes / dev.memory_class_bandwidth(kind)

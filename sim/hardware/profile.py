@@ -1,0 +1,345 @@
+"""Device profiles: what one software stack achieves on a device, every number with its source.
+
+The format is docs/profiles.md's (version 1). A `DeviceProfile` holds a datasheet (`sim.GPU`)
+and the achieved figures: matmul efficiency or a measured matmul table, memory-bound
+bandwidth by kernel class, collective and point-to-point links (NCCL's ring model, or a
+measured table), the host's launch cost per kernel and a step's fixed overhead. `sim.kernels`
+turns them into times; nothing here models anything, it only reads, checks and looks up.
+
+    >>> p = profile("a100-80gb-best-case")
+    >>> p.gpu.name, p.source("launch.per_kernel")["source"]
+    ('a100-80gb', 'published')
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Mapping
+
+from .gpus import GPU, GPUS, PRECISIONS
+
+SCHEMA = "pipeline-workbench/device-profile/1"
+SOURCES = {"datasheet": ("citation",), "published": ("citation",), "measured": ("command", "machine", "date"),
+           "calibrated": ("dataset", "rows", "method", "residual"), "derived": ("from", "how")}
+MEMORY_CLASSES = ("elementwise", "norm", "softmax", "copy", "optimizer", "embedding")
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
+LINKS = ("node", "network")
+PRESETS = Path(__file__).with_name("profiles")
+# The default profile of each GPU preset: the best sourced one we have (docs/planner.md says why).
+DEFAULT_PROFILES = {"a100-40gb": "a100-40gb-best-case", "a100-80gb": "a100-80gb-vtrain",
+                    "h100-80gb": "h100-80gb-best-case", "h200": "h200-best-case"}
+
+
+class ProfileError(ValueError):
+    """A device profile that cannot be read: the message names the file and the field."""
+
+
+@dataclass(frozen=True)
+class Link:
+    """NCCL's ring model of one link (src/graph/tuning.cc): bytes/s per rank one way, and the
+    latencies of one ring step and of one collective; and one send's bandwidth and latency."""
+    bus_bandwidth: float
+    hop_latency: float
+    base_latency: float
+    p2p_bandwidth: float
+    p2p_latency: float
+
+
+@dataclass(frozen=True, eq=False)
+class DeviceProfile:
+    """A datasheet and what a software stack achieves on it (docs/profiles.md). Build with
+    `load_profile`, `profile` or `from_dict`; times come from `sim.kernels`."""
+    name: str
+    description: str
+    gpu: GPU
+    fingerprint: Mapping[str, Any]
+    matmul_efficiency: float | None
+    matmul_rows: tuple          # (precision, m, n, k, batch, seconds)
+    memory_bandwidth: float     # bytes/s, read + written, of a memory-bound kernel
+    memory_classes: Mapping[str, float]
+    links: Mapping[str, Link]
+    collective_rows: tuple      # (op, link, ranks, bytes, seconds)
+    p2p_rows: tuple             # (link, bytes, seconds)
+    launch_per_kernel: float
+    host_runs_ahead: bool
+    step_overhead: float
+    data: Mapping[str, Any] = field(repr=False)
+
+    def __repr__(self) -> str:
+        return f"DeviceProfile({self.name!r} on {self.gpu.name}, {self.fingerprint.get('date')})"
+
+    # the datasheet's, for code that sizes memory and MFU
+    @property
+    def memory(self) -> int:
+        return self.gpu.memory
+
+    def flops(self, precision: str) -> float:
+        """The datasheet's peak dense FLOP/s at `precision`."""
+        return self.gpu.flops(precision)
+
+    def memory_class_bandwidth(self, kind: str) -> float:
+        """Bytes/s of a memory-bound kernel of class `kind` (one of MEMORY_CLASSES)."""
+        if kind not in MEMORY_CLASSES:
+            raise ValueError(f"memory-bound kernel class must be one of {', '.join(MEMORY_CLASSES)}; got {kind!r}")
+        return self.memory_classes.get(kind, self.memory_bandwidth)
+
+    def link(self, name: str) -> Link:
+        if name not in LINKS:
+            raise ValueError(f"link must be one of {', '.join(LINKS)}; got {name!r}")
+        if name not in self.links:
+            raise ValueError(f"profile {self.name!r} has no {name!r} link")
+        return self.links[name]
+
+    def pass_time(self, device_seconds: float, kernels: float) -> float:
+        """A pass of `kernels` kernels that keep the device busy `device_seconds`: the host's
+        launch floor taken as a max where it runs ahead of the device, added where it is the device."""
+        host = kernels * self.launch_per_kernel
+        return max(device_seconds, host) if self.host_runs_ahead else device_seconds + host
+
+    def matmul_lookup(self, precision: str, m: int, n: int, k: int, batch: int) -> float | None:
+        """Seconds of a matmul from the measured table: exact, or the nearest row's achieved
+        FLOP/s (log-distance over m, n, k, batch) times this one's FLOPs; None if the table has
+        no row of `precision`."""
+        rows = [r for r in self.matmul_rows if r[0] == precision]
+        if not rows:
+            return None
+        q = (m, n, k, batch)
+        best = min(rows, key=lambda r: sum((math.log(a) - math.log(b)) ** 2 for a, b in zip(r[1:5], q)))
+        if tuple(best[1:5]) == q:
+            return best[5]
+        return best[5] * (m * n * k * batch) / (best[1] * best[2] * best[3] * best[4])
+
+    def collective_lookup(self, op: str, link: str, ranks: int, nbytes: float) -> float | None:
+        """Seconds of a collective from the measured table, interpolated in bytes; None if the
+        table has no row of (op, link, ranks)."""
+        pts = self._collective_points.get((op, link, ranks))
+        return _interpolate(pts, nbytes) if pts else None
+
+    def p2p_lookup(self, link: str, nbytes: float) -> float | None:
+        pts = self._p2p_points.get(link)
+        return _interpolate(pts, nbytes) if pts else None
+
+    @cached_property
+    def _collective_points(self) -> dict:
+        """The collective table's (bytes, seconds), sorted, by (op, link, ranks): built once."""
+        return _by_key(((r[:3], (r[3], r[4])) for r in self.collective_rows))
+
+    @cached_property
+    def _p2p_points(self) -> dict:
+        return _by_key(((r[0], (r[1], r[2])) for r in self.p2p_rows))
+
+    def source(self, path: str) -> dict:
+        """Where the number at dotted `path` (e.g. "collectives.node.bus_bandwidth") comes from."""
+        node = self.data
+        for part in path.split("."):
+            if not isinstance(node, Mapping) or part not in node:
+                raise KeyError(f"profile {self.name!r} has no {path!r}")
+            node = node[part]
+        return {k: v for k, v in node.items() if k not in ("value", "rows")}
+
+    def to_dict(self) -> dict:
+        return json.loads(json.dumps(self.data))
+
+
+def _by_key(pairs) -> dict:
+    out: dict = {}
+    for key, pt in pairs:
+        out.setdefault(key, []).append(pt)
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def _interpolate(pts: list[tuple[float, float]], x: float) -> float:
+    """Piecewise linear through `pts` (sorted by x); the first point's y below it (a latency
+    floor), the last point's rate above it (time in proportion to bytes: bandwidth-bound)."""
+    if x <= pts[0][0]:
+        return pts[0][1]
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+        if x <= x1:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return pts[-1][1] * x / pts[-1][0]
+
+
+# ---------------------------------------------------------------------------- reading
+
+class _Reader:
+    """Reads the fields of one profile's JSON, naming the file and field in every error."""
+
+    def __init__(self, data: Mapping, where: str):
+        self.data, self.where = data, where
+
+    def fail(self, msg: str):
+        raise ProfileError(f"{self.where}: {msg}")
+
+    def section(self, path: str, required: bool = True) -> Mapping | None:
+        node = self.data
+        for part in path.split("."):
+            node = node.get(part) if isinstance(node, Mapping) else None
+        if node is None and required:
+            self.fail(f"missing {path!r}")
+        if node is not None and not isinstance(node, Mapping):
+            self.fail(f"{path!r} must be an object")
+        return node
+
+    def provenance(self, node: Mapping, path: str) -> None:
+        src = node.get("source")
+        if src not in SOURCES:
+            self.fail(f"{path!r} needs a source, one of {', '.join(SOURCES)}; got {src!r}")
+        missing = [k for k in SOURCES[src] if node.get(k) in (None, "")]
+        if missing:
+            self.fail(f"{path!r} is {src} but says no {', '.join(missing)}")
+
+    def number(self, path: str, required: bool = True, positive: bool = True) -> float | None:
+        node = self.section(path, required)
+        if node is None:
+            return None
+        v = node.get("value")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 \
+                or (positive and v == 0):
+            self.fail(f"{path!r} value must be a {'positive' if positive else 'non-negative'} number, got {v!r}")
+        self.provenance(node, path)
+        return float(v)
+
+    def rows(self, path: str, shape: tuple) -> tuple:
+        node = self.section(path, required=False)
+        if node is None:
+            return ()
+        self.provenance(node, path)
+        rows = node.get("rows")
+        if not isinstance(rows, list) or not rows:
+            self.fail(f"{path!r} needs a non-empty list 'rows'")
+        for i, r in enumerate(rows):
+            ok = isinstance(r, list) and len(r) == len(shape) and all(
+                (t is str and isinstance(x, str) and (not choices or x in choices))
+                or (t is not str and not isinstance(x, (bool, str)) and isinstance(x, (int, float)) and x > 0)
+                for x, (t, choices) in zip(r, shape))
+            if not ok:
+                self.fail(f"{path!r} row {i} must be [{', '.join(t.__name__ for t, _ in shape)}] "
+                          f"(positive numbers), got {r!r}")
+        return tuple(tuple(r) for r in rows)
+
+    def datasheet(self) -> GPU:
+        ds = self.data.get("datasheet")
+        if isinstance(ds, str):
+            if ds not in GPUS:
+                self.fail(f"datasheet {ds!r} is not a GPU preset ({', '.join(GPUS)}); give an inline datasheet")
+            return GPUS[ds]
+        if not isinstance(ds, Mapping):
+            self.fail("'datasheet' must be a GPU preset name or an object")
+        peak = self.section("datasheet.peak_flops")
+        flops = {p: self.number(f"datasheet.peak_flops.{p}") for p in peak if p in PRECISIONS}
+        if not flops or set(peak) - set(PRECISIONS):
+            self.fail(f"datasheet.peak_flops needs precisions among {', '.join(PRECISIONS)}; got {sorted(peak)}")
+        opt = {k: self.number(f"datasheet.{k}", required=False)
+               for k in ("nvlink_bandwidth", "network_bandwidth", "pcie_bandwidth")}
+        if not isinstance(ds.get("name"), str):
+            self.fail("datasheet.name must be a string")
+        try:
+            return GPU(ds["name"], peak_flops=flops, memory=int(self.number("datasheet.memory")),
+                       hbm_bandwidth=self.number("datasheet.hbm_bandwidth"),
+                       sms=int(self.number("datasheet.sms")), **{k: v for k, v in opt.items() if v is not None})
+        except ValueError as e:
+            self.fail(str(e))
+
+    def link(self, name: str) -> Link | None:
+        c, p = f"collectives.{name}", f"p2p.{name}"
+        if self.section(c, required=False) is None:
+            return None
+        return Link(self.number(f"{c}.bus_bandwidth"), self.number(f"{c}.hop_latency", positive=False),
+                    self.number(f"{c}.base_latency", positive=False), self.number(f"{p}.bandwidth"),
+                    self.number(f"{p}.latency", positive=False))
+
+
+def from_dict(data: Mapping, where: str = "profile") -> DeviceProfile:
+    """A `DeviceProfile` from the parsed JSON `data`; ProfileError names `where` and the field."""
+    r = _Reader(data, where)
+    if not isinstance(data, Mapping) or data.get("schema") != SCHEMA:
+        r.fail(f"not a device profile: 'schema' must be {SCHEMA!r}")
+    if not isinstance(data.get("name"), str) or not data["name"]:
+        r.fail("'name' must be a non-empty string")
+    gpu = r.datasheet()
+    fp = r.section("fingerprint")
+    if not isinstance(fp.get("date"), str):
+        r.fail("fingerprint.date must be an ISO date string")
+    eff = r.number("matmul.efficiency", required=False)
+    mm = r.rows("matmul.table", ((str, PRECISIONS), (int, None), (int, None), (int, None), (int, None), (float, None)))
+    if eff is None and not mm:
+        r.fail("'matmul' needs an 'efficiency' or a 'table'")
+    classes = r.section("memory_bound.classes", required=False) or {}
+    if set(classes) - set(MEMORY_CLASSES):
+        r.fail(f"memory_bound.classes must be among {', '.join(MEMORY_CLASSES)}; got {sorted(classes)}")
+    launch = r.section("launch")
+    if not isinstance(launch.get("host_runs_ahead"), bool):
+        r.fail("launch.host_runs_ahead must be true or false")
+    links = {name: link for name in LINKS if (link := r.link(name)) is not None}
+    if "node" not in links:
+        r.fail("'collectives.node' and 'p2p.node' are needed (the link inside a node)")
+    return DeviceProfile(
+        name=data["name"], description=str(data.get("description", "")), gpu=gpu, fingerprint=dict(fp),
+        matmul_efficiency=eff, matmul_rows=mm, memory_bandwidth=r.number("memory_bound.bandwidth"),
+        memory_classes={k: r.number(f"memory_bound.classes.{k}") for k in classes}, links=links,
+        collective_rows=r.rows("collectives.table", ((str, COLLECTIVES), (str, LINKS), (int, None), (float, None),
+                                                     (float, None))),
+        p2p_rows=r.rows("p2p.table", ((str, LINKS), (float, None), (float, None))),
+        launch_per_kernel=r.number("launch.per_kernel", positive=False), host_runs_ahead=launch["host_runs_ahead"],
+        step_overhead=r.number("step_overhead", positive=False), data=data)
+
+
+def load_profile(path) -> DeviceProfile:
+    """Read and check the device profile at `path` (docs/profiles.md)."""
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text())
+    except OSError as e:
+        raise ProfileError(f"{p}: cannot read: {e.strerror or e}") from None
+    except json.JSONDecodeError as e:
+        raise ProfileError(f"{p}: not JSON: {e}") from None
+    return from_dict(data, str(p))
+
+
+def save_profile(profile: DeviceProfile | Mapping, path) -> None:
+    """Write `profile` (or its dict, checked first) to `path` as JSON."""
+    data = profile.to_dict() if isinstance(profile, DeviceProfile) else dict(profile)
+    from_dict(data, str(path))
+    Path(path).write_text(json.dumps(data, indent=1) + "\n")
+
+
+def presets() -> list[str]:
+    """The names of the shipped profiles (sim/hardware/profiles/*.json)."""
+    return sorted(p.stem for p in PRESETS.glob("*.json"))
+
+
+def profile(name: str) -> DeviceProfile:
+    """A shipped profile by name, or a GPU preset's default profile by the GPU's name."""
+    key = name.strip().lower().replace("_", "-")
+    key = DEFAULT_PROFILES.get(key, key)
+    if key not in presets():
+        raise ValueError(f"unknown GPU or profile {name!r}; known GPUs: {', '.join(GPUS)}; "
+                         f"profiles: {', '.join(presets())}")
+    return _cached(key)
+
+
+_CACHE: dict[str, DeviceProfile] = {}
+
+
+def _cached(key: str) -> DeviceProfile:
+    if key not in _CACHE:
+        _CACHE[key] = load_profile(PRESETS / f"{key}.json")
+    return _CACHE[key]
+
+
+def resolve(gpu) -> DeviceProfile:
+    """A `DeviceProfile` from what `sim.estimate(gpu=...)` takes: a profile, a GPU or profile
+    name, or a datasheet `GPU` (its preset's default profile, for a preset)."""
+    if isinstance(gpu, DeviceProfile):
+        return gpu
+    if isinstance(gpu, str):
+        return profile(gpu)
+    if isinstance(gpu, GPU):
+        if gpu.name in DEFAULT_PROFILES and GPUS.get(gpu.name) == gpu:
+            return profile(gpu.name)
+        raise ValueError(f"GPU {gpu.name!r} is a datasheet without a profile: give sim.load_profile(path) "
+                         f"or a preset name ({', '.join(GPUS)})")
+    raise TypeError(f"gpu must be a GPU or profile name, a sim.GPU or a sim.DeviceProfile; got {type(gpu).__name__}")

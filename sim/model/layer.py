@@ -1,0 +1,196 @@
+"""What one transformer layer's passes cost one GPU: the times of F, I, W and the recompute.
+
+A layer's passes are its matmuls (`sim.hardware.kernels.gemm_time`, per GPU: the tensor-parallel
+slice), its memory-bound kernels (`sim.hardware.kernels.memory_time`) and its tensor-parallel
+collectives (`sim.hardware.network.collective_time` over `Slice.tp_group`), each listed here from
+Megatron-LM's layer (Shoeybi et al. 2019, Sec. 3; Narayanan et al. 2021, Sec. 3.3;
+Korthikanti et al. 2022, Sec. 4) and timed alone; a pass is their sum, except where Megatron-LM overlaps them:
+
+- Tensor parallelism splits the QKV and MLP-in matmuls by columns and the projection and
+  MLP-out by rows, and joins them with an all-reduce after each row-parallel matmul in F and
+  after each column-parallel one in the backward: two of 2bsh bytes each way (Shoeybi et
+  al. 2019, Fig. 3). Sequence parallelism turns each into an all-gather and a
+  reduce-scatter of the same bytes (Korthikanti et al. 2022, Sec. 4.2.2), the same ring time.
+- In a full backward B Megatron-LM overlaps each backward all-reduce with the weight-gradient
+  matmul of the same linear layer (Korthikanti et al. 2022, Sec. 6.2: why full recompute costs
+  39 %, not 33 %); a split backward runs that matmul later, in W, so I waits for the
+  all-reduces. `tp_overlap=False` is an executor without that overlap (Megatron-LM before
+  its asynchronous tensor-parallel all-reduce, `--no-async-tensor-model-parallel-allreduce`;
+  the SC'21 paper, Narayanan et al. 2021, Sec. 3.3, describes the backward all-reduces with
+  no overlap): B then waits for every collective, as I does.
+- Recompute runs before the backward: "full" the whole forward, collectives included;
+  "selective" the attention core (scores, softmax, dropout, values), which needs none.
+
+Memory-bound kernels, in bytes moved (read + written), per layer, for 16-bit elements and
+1-byte dropout masks (the tensors of Korthikanti et al. 2022, Sec. 4.1; Megatron-LM's fused
+kernels: bias-GeLU, bias-dropout-add, scale-mask-softmax). "split" kernels work on a tensor
+that tensor parallelism divides by t; "replicated" ones on a whole sbh tensor on every rank
+unless sequence parallel. Each backward kernel reads its output gradient and what it saved
+and writes its input gradient; each bias's gradient reads its output gradient once more; the
+attention's output is permuted back to [s, b, h] (a copy each way, Megatron-LM's
+`permute(...).contiguous()`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sim.hardware.profile import DeviceProfile, resolve
+from sim.hardware.kernels import gemm_time, memory_time, precision_bytes
+from sim.hardware.network import collective_time, links_of
+from sim.hardware.topology import Group, one_node
+from .transformer import Transformer, _recompute
+
+# (name, bytes per element of the tensor it works on, which tensor) per layer, forward and
+# backward. Tensors: "sbh" (a hidden state), "sbf" (an MLP activation), "as2b" (the attention
+# scores of all heads). The dropout ones are left out for arch="llama", which has none.
+_FORWARD = {
+    "gpt": [("context_transpose", 4, "sbh/t"), ("layernorm", 4, "sbh"), ("bias_dropout_add", 7, "sbh"),
+            ("layernorm", 4, "sbh"),
+            ("bias_dropout_add", 7, "sbh"), ("bias_gelu", 4, "sbf"), ("softmax", 4, "as2b"),
+            ("attention_dropout", 5, "as2b")],
+    "llama": [("rmsnorm", 4, "sbh"), ("residual_add", 6, "sbh"), ("rmsnorm", 4, "sbh"),
+              ("residual_add", 6, "sbh"), ("swiglu", 6, "sbf"), ("softmax", 4, "as2b"),
+              ("rotary", 4, "sbqk"), ("context_transpose", 4, "sbh/t")],
+}
+_BACKWARD = {
+    "gpt": [("context_transpose", 4, "sbh/t"), ("bias_grad", 2, "sbqkv"), ("bias_grad", 2, "sbh"),
+            ("bias_grad", 2, "sbf"), ("bias_grad", 2, "sbh"), ("layernorm", 6, "sbh"), ("layernorm", 6, "sbh"), ("dropout_add", 5, "sbh"),
+            ("dropout_add", 5, "sbh"), ("residual_grad", 6, "sbh"), ("residual_grad", 6, "sbh"),
+            ("gelu", 6, "sbf"), ("softmax", 6, "as2b"), ("attention_dropout", 5, "as2b")],
+    "llama": [("rmsnorm", 6, "sbh"), ("rmsnorm", 6, "sbh"), ("residual_grad", 6, "sbh"),
+              ("residual_grad", 6, "sbh"), ("swiglu", 10, "sbf"), ("softmax", 6, "as2b"),
+              ("rotary", 4, "sbqk"), ("context_transpose", 4, "sbh/t")],
+}
+_ATTENTION_CORE = ("softmax", "attention_dropout")  # recomputed by "selective", with the scores and values
+# The memory-bound class of each kernel (`sim.profile.MEMORY_CLASSES`); the rest are "elementwise".
+_CLASS = {"layernorm": "norm", "rmsnorm": "norm", "softmax": "softmax", "context_transpose": "copy"}
+
+
+@dataclass(frozen=True)
+class LayerTimes:
+    """Seconds one GPU spends on one layer for one micro-batch, by pass, and the time of F + B
+    by part (matmuls, memory-bound kernels, collectives as they add to the time)."""
+    forward: float          # F
+    backward: float         # B: I and W at once, the backward all-reduces under the weight-gradient matmuls
+    backward_input: float   # I of a split backward, recompute included
+    backward_weight: float  # W of a split backward: the weight-gradient matmuls
+    recompute: float        # the part of B and I that recomputes the forward
+    parts: dict             # of F + B: {"gemm": s, "memory": s, "collectives": s}
+    kernels: dict           # kernels launched per pass, {"F", "B", "I", "W"}: the host's launch floor
+
+
+@dataclass(frozen=True)
+class Slice:
+    """How one GPU holds a layer: its micro-batch, tensor-parallel size, sequence parallelism
+    and precision, and how its tensor-parallel group sits on the nodes (`sim.topology`;
+    None: inside one node)."""
+    micro_batch: int
+    tp: int = 1
+    sequence_parallel: bool = False
+    precision: str = "bf16"
+    tp_group: Group | None = None
+
+    def __post_init__(self):
+        if self.tp_group is not None and self.tp_group.size != self.tp:
+            raise ValueError(f"tp_group has {self.tp_group.size} GPUs, tp is {self.tp}; give the group of tp={self.tp}")
+
+    @property
+    def tensor_group(self) -> Group:
+        """The tensor-parallel group its collectives run over."""
+        return one_node(self.tp) if self.tp_group is None else self.tp_group
+
+
+def gemm_shapes(m: Transformer, x: Slice) -> dict[str, tuple[int, int, int, int]]:
+    """Forward matmuls of one layer on one GPU as (m, n, k, batch), M = bs tokens."""
+    b, s, h, f, t, a = x.micro_batch, m.seq, m.hidden, m.ffn, x.tp, m.heads
+    tokens, head = b * s, h // a
+    gated = m._a["mlp_matrices"] - 1
+    return {"qkv": (tokens, h * (a + 2 * m.kv_heads) // a // t, h, 1),
+            "scores": (s, s, head, b * a // t), "values": (s, head, s, b * a // t),
+            "projection": (tokens, h, h // t, 1), "mlp_in": (tokens, gated * f // t, h, 1),
+            "mlp_out": (tokens, h, f // t, 1)}
+
+
+def _kernel_bytes(m: Transformer, x: Slice, kernels, only=None) -> dict[str, float]:
+    """Bytes moved by `kernels` (the `only` ones if given) on one GPU, by memory-bound class."""
+    b, s, h, t = x.micro_batch, m.seq, m.hidden, x.tp
+    scale = precision_bytes(x.precision) / 2  # the table is for 16-bit elements
+    size = {"sbh": s * b * h / (t if x.sequence_parallel else 1), "sbf": s * b * m.ffn / t, "sbh/t": s * b * h / t,
+            "sbqkv": s * b * h * (1 + 2 * m.kv_heads / m.heads) / t,
+            "as2b": m.heads * s * s * b / t, "sbqk": s * b * h * (1 + m.kv_heads / m.heads) / t}
+    out: dict[str, float] = {}
+    for name, per, tensor in kernels:
+        if only is None or name in only:
+            kind = _CLASS.get(name, "elementwise")
+            out[kind] = out.get(kind, 0.0) + per * size[tensor] * scale
+    return out
+
+
+def _memory_time(dev: DeviceProfile, by_class: dict[str, float]) -> float:
+    return sum(memory_time(dev, nbytes, kind) for kind, nbytes in by_class.items())
+
+
+def _count(kernels, only=None) -> int:
+    return sum(1 for name, _, _ in kernels if only is None or name in only)
+
+
+def layer_times(m: Transformer, dev: DeviceProfile | str, x: Slice, recompute: str = "none",
+                tp_overlap: bool = True) -> LayerTimes:
+    """The times of one layer's passes on one device (see the module's docstring), under the
+    device profile `dev`; `tp_overlap`: B hides its tensor-parallel collectives under the
+    weight-gradient matmuls. Times are device times; the host's launch floor over a whole
+    stage's pass is `sim.estimate`'s (from `kernels`)."""
+    _recompute(recompute)
+    dev = resolve(dev)
+    p, shapes = x.precision, gemm_shapes(m, x)
+    fwd = {k: gemm_time(dev, p, mm, n, kk, nb) for k, (mm, n, kk, nb) in shapes.items()}
+    dx = {k: gemm_time(dev, p, mm, kk, n, nb) for k, (mm, n, kk, nb) in shapes.items()}   # dY W^T
+    dw = {k: gemm_time(dev, p, kk, n, mm, nb) for k, (mm, n, kk, nb) in shapes.items()}   # X^T dY
+    weightless = ("scores", "values")  # both their gradients are input gradients (Qi et al. 2024, Table 1)
+    comm_f, comm_i, hidden = _collectives(m, dev, x, dx, dw)
+    hidden = hidden if tp_overlap else 0.0
+    fk, bk = _FORWARD[m.arch], _BACKWARD[m.arch]
+    f = {"gemm": sum(fwd.values()), "memory": _memory_time(dev, _kernel_bytes(m, x, fk)), "collectives": comm_f}
+    core = {"gemm": fwd["scores"] + fwd["values"], "collectives": 0.0,
+            "memory": _memory_time(dev, _kernel_bytes(m, x, fk, _ATTENTION_CORE))}
+    redo = {"none": dict.fromkeys(f, 0.0), "selective": core, "full": f}[recompute]
+    i = {"gemm": sum(dx.values()) + sum(dw[k] for k in weightless),
+         "memory": _memory_time(dev, _kernel_bytes(m, x, bk)), "collectives": comm_i}
+    w = sum(v for k, v in dw.items() if k not in weightless)
+    parts = {k: f[k] + redo[k] + i[k] for k in f}
+    parts["gemm"] += w
+    parts["collectives"] -= hidden
+    backward_input = sum(redo.values()) + sum(i.values())
+    collectives = 2 if not x.sequence_parallel else 4  # per pass: all-reduces, or all-gathers and reduce-scatters
+    n = {"F": len(fwd) + _count(fk) + collectives * (x.tp > 1),
+         "W": len(dw) - len(weightless)}
+    n_redo = {"none": 0, "selective": len(weightless) + _count(fk, _ATTENTION_CORE), "full": n["F"]}[recompute]
+    n["I"] = n_redo + len(dx) + len(weightless) + _count(bk) + (collectives + 2 * x.sequence_parallel) * (x.tp > 1)
+    n["B"] = n["I"] + n["W"]
+    return LayerTimes(forward=sum(f.values()), backward=backward_input + w - hidden,
+                      backward_input=backward_input, backward_weight=w, recompute=sum(redo.values()),
+                      parts=parts, kernels=n)
+
+
+def _collectives(m: Transformer, dev: DeviceProfile, x: Slice, dx: dict, dw: dict) -> tuple[float, float, float]:
+    """Tensor-parallel collectives of one layer: their time in F, in I, and how much of I's a
+    full backward hides under the weight-gradient matmuls. Each moves a 2bsh-byte buffer.
+
+    Without sequence parallelism: an all-reduce after each row-parallel matmul in F, and one
+    of each column-parallel matmul's input gradient in the backward (Shoeybi et al. 2019,
+    Fig. 3), which B runs under that matmul's weight gradient. With it (Megatron-LM's
+    sequence-parallel linear layers): F all-gathers each column-parallel input and
+    reduce-scatters each row-parallel output; the backward all-gathers the row-parallel
+    output gradients, all-gathers each column-parallel input again for its weight gradient
+    (under its input-gradient matmul) and reduce-scatters its input gradient (under its
+    weight-gradient matmul in B)."""
+    buf = x.micro_batch * m.seq * m.hidden * precision_bytes(x.precision)
+    column = ("qkv", "mlp_in")
+    links, group = links_of(dev), x.tensor_group
+    if not x.sequence_parallel:
+        ar = collective_time(links, "all_reduce", buf, group)
+        return 2 * ar, 2 * ar, sum(min(ar, dw[k]) for k in column)
+    ag = collective_time(links, "all_gather", buf, group)
+    rs = collective_time(links, "reduce_scatter", buf, group)
+    comm_i = 2 * ag + sum(max(0.0, ag - dx[k]) + rs for k in column)
+    return 2 * (ag + rs), comm_i, sum(min(rs, dw[k]) for k in column)

@@ -1,0 +1,210 @@
+"""The command line of `sim.plan`: search the layouts of a run, print the best, draw them.
+
+    python -m sim.plan --model gpt3-175b --gpu a100-80gb --gpus 1024 --global-batch 1536
+    python -m sim.plan --model megatron-1.7b --gpu a100-80gb --gpus 16 --global-batch 64 --json
+
+Bad input (an unknown model or GPU, a tp that does not divide the heads, GPUs that tp*pp
+does not divide, a batch that does not split into micro-batches) is one line on stderr and
+exit status 2, before any work. A progress bar goes to stderr when it is a terminal (or
+with --progress), never with --quiet.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Sequence
+
+from sim import cli
+from sim.cli import whole
+from sim.hardware.gpus import GIB, GPUS
+from sim.schedule.ir import ScheduleError
+from .planner import MAX_CONFIGS, MAX_MICRO_BATCH, MAX_VIRTUAL, TOP, Plan, search
+from sim.plot.cli import _Formatter
+from sim.schedules import SCHEDULES
+from sim.model.transformer import RECOMPUTE
+
+PROG = "sim.plan"
+
+
+def _ints(text: str) -> list[int]:
+    """`4` or `1,2,4`: positive integers."""
+    return [whole(t.strip()) for t in text.split(",")]
+
+
+def _zeros(text: str) -> list[int]:
+    return [whole(t.strip(), minimum=0) for t in text.split(",")]
+
+
+def _words(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = cli.OneLineParser(
+        error_prog=PROG, prog="python -m sim.plan", formatter_class=_Formatter,
+        description="Search tensor, pipeline and data parallelism, micro-batch size, schedule, chunks, "
+                    "recompute and ZeRO stage for the fastest training step that fits; print the best, "
+                    "draw its step and a scatter of all simulated configurations.",
+        epilog="Lists are comma-separated. What is searched and the bounds that drop configurations "
+               "before they are simulated: docs/planner.md, 'Planner'.")
+    p.add_argument("--model", required=True, help="a preset of sim.MODELS or sagemaker-gpt2-10b/30b/60b")
+    p.add_argument("--gpu", required=True, help=f"one of {', '.join(GPUS)}")
+    p.add_argument("--gpus", type=whole, required=True, help="GPUs in all: tp * pp * dp")
+    p.add_argument("--global-batch", type=whole, required=True, help="sequences per step")
+    p.add_argument("--tp", type=_ints, help="tensor-parallel sizes (default: powers of two within a node)")
+    p.add_argument("--pp", type=_ints, help="pipeline sizes (default: every divisor of gpus/tp up to the layers)")
+    p.add_argument("--micro-batch", type=_ints, help="micro-batch sizes (default: divisors up to --max-micro-batch)")
+    p.add_argument("--schedules", type=_words,
+                   help=f"schedules (default: all but zb-auto): {', '.join(SCHEDULES)}")
+    p.add_argument("--virtual", type=_ints, help="chunks per device for the schedules that take them "
+                                                 "(default: 2..--max-virtual where pp*V divides the layers)")
+    p.add_argument("--recompute", type=_words, help=f"any of {', '.join(RECOMPUTE)} (default: all)")
+    p.add_argument("--zero", type=_zeros, help="ZeRO stages, any of 0,1,2,3 (default: all)")
+    p.add_argument("--sequence-parallel", choices=("both", "on", "off"), default="both",
+                   help="sequence parallelism (only where tp > 1)")
+    p.add_argument("--precision", default="bf16", help="bf16, fp16 or fp32")
+    p.add_argument("--gpus-per-node", type=whole, default=8, help="GPUs joined by NVLink")
+    p.add_argument("--nics-per-node", type=whole, help="network cards a node's GPUs share "
+                                                       "(default: --gpus-per-node, one a GPU)")
+    p.add_argument("--max-micro-batch", type=whole, default=MAX_MICRO_BATCH, help="largest micro-batch tried")
+    p.add_argument("--max-virtual", type=whole, default=MAX_VIRTUAL, help="most chunks per device tried")
+    p.add_argument("--max-configs", type=whole, default=MAX_CONFIGS, help="refuse a larger search")
+    p.add_argument("--top", type=whole, default=TOP, help="configurations to rank and print")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON on stdout instead of a table")
+    p.add_argument("--out", default="out", help="folder for the figures, created if missing (default out/, "
+                                                "which git ignores)")
+    p.add_argument("--no-figures", action="store_true", help="draw nothing")
+    shown = p.add_mutually_exclusive_group()
+    shown.add_argument("--quiet", action="store_true", help="no progress bar")
+    shown.add_argument("--progress", action="store_true", help="a progress bar even when stderr is not a terminal")
+    return p
+
+
+class ProgressBar:
+    """`sim.plan: [#####.......] 1234/5678 settled, 12.3 s` on stderr, redrawn at most 10
+    times a second as configurations settle, and at least once a second while one is
+    being simulated (a zb-auto configuration takes seconds: the clock keeps moving); a
+    newline when done. `close()` stops the redrawing."""
+
+    def __init__(self, width: int = 30, every: float = 1.0):
+        self.width, self.start, self.last, self.every = width, time.perf_counter(), 0.0, every
+        self.state: tuple[int, int] | None = None
+        self._lock, self._done = threading.Lock(), threading.Event()
+        threading.Thread(target=self._beat, name="sim.plan-progress", daemon=True).start()
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.perf_counter()
+        self.state = (done, total)
+        if done < total and now - self.last < 0.1:
+            return
+        self._draw(done, total, now)
+
+    def _draw(self, done: int, total: int, now: float) -> None:
+        with self._lock:
+            if self._done.is_set():
+                return
+            self.last = now
+            filled = self.width * done // max(total, 1)
+            print(f"\r{PROG}: [{'#' * filled}{'.' * (self.width - filled)}] {done}/{total} settled, "
+                  f"{now - self.start:.1f} s", end="\n" if done >= total else "", file=sys.stderr, flush=True)
+            if done >= total:
+                self._done.set()
+
+    def _beat(self) -> None:
+        while not self._done.wait(self.every / 4):
+            now = time.perf_counter()
+            if self.state is not None and now - self.last >= self.every:
+                self._draw(*self.state, now)
+
+    def close(self) -> None:
+        self._done.set()
+
+
+def format_table(plan: Plan) -> str:
+    """One aligned line per ranked configuration."""
+    head = ("rank", "tp", "pp", "dp", "b", "m", "schedule", "V", "recompute", "zero", "sp", "step s",
+            "TFLOP/s/GPU", "MFU", "bubble", "peak GiB", "fits")
+    rows = [head]
+    for i, r in enumerate(plan.rows, 1):
+        c = r.config
+        rows.append((str(i), str(c.tp), str(c.pp), str(c.dp), str(c.micro_batch), str(r.micro_batches), c.schedule,
+                     str(c.virtual), c.recompute, str(c.zero), "on" if c.sequence_parallel else "off",
+                     f"{r.step_time:.4g}", f"{r.tflops_per_gpu:.1f}", f"{r.mfu:.1%}", f"{r.bubble_fraction:.1%}",
+                     f"{r.peak_memory / GIB:.1f}", "yes" if r.fits else "no"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    left = {6, 8}
+    return "\n".join("  ".join(v.ljust(w) if i in left else v.rjust(w) for i, (v, w) in enumerate(zip(row, widths)))
+                     .rstrip() for row in rows)
+
+
+def format_report(plan: Plan) -> str:
+    """The header, the table, and what was left out: the enumerated configurations by
+    reason (they and the simulated ones that fit add up to the enumerated), then what was
+    not enumerated at all (layouts and schedule sizes, not configurations)."""
+    from .planner import model_name
+    fit = plan.simulated - plan.dropped_configs["does not fit (simulated)"]
+    lines = [f"{model_name(plan.model)} on {plan.gpus} x {plan.gpu.name}, global batch {plan.global_batch}: "
+             f"{plan.enumerated} configurations, {plan.simulated} simulated ({fit} fit) in {plan.seconds:.1f} s"]
+    lines.append(format_table(plan) if plan.rows else "no configuration fits")
+    for title, counts in ((f"dropped (of the {plan.enumerated} configurations):", plan.dropped_configs),
+                          ("not enumerated (layouts, schedule sizes):", plan.not_enumerated)):
+        if counts:
+            lines.append(title)
+            lines += [f"  {n:>7}  {why}" for why, n in sorted(counts.items(), key=lambda kv: -kv[1])]
+    return "\n".join(lines)
+
+
+def _check_out(out: Path) -> None:
+    """Make the folder and write a file in it, before any work (`sim.cli.folder_problem`)."""
+    problem = cli.folder_problem(out)
+    if problem:
+        cli.fail(PROG, f"argument --out: {problem}")
+
+
+def _limits(args: argparse.Namespace) -> dict:
+    sp = {"both": None, "on": [True], "off": [False]}[args.sequence_parallel]
+    return dict(tp=args.tp, pp=args.pp, micro_batch=args.micro_batch, schedules=args.schedules,
+                virtual=args.virtual, recompute=args.recompute, zero=args.zero, sequence_parallel=sp,
+                precision=args.precision, gpus_per_node=args.gpus_per_node,
+                nics_per_node=args.nics_per_node, max_micro_batch=args.max_micro_batch,
+                max_virtual=args.max_virtual, max_configs=args.max_configs, top=args.top)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status (2 for what is refused)."""
+    args = build_parser().parse_args(argv)
+    out = Path(args.out)
+    if not args.no_figures:
+        _check_out(out)
+    bar = None if args.quiet or not (args.progress or sys.stderr.isatty()) else ProgressBar()
+    try:
+        plan = search(args.model, args.gpu, args.gpus, args.global_batch, progress=bar, **_limits(args))
+    except (ValueError, ScheduleError) as e:
+        cli.fail(PROG, str(e).splitlines()[0])
+    finally:
+        if bar is not None:
+            bar.close()
+    print(json.dumps(plan.summary(), indent=1) if args.json else format_report(plan), flush=True)
+    if not plan.rows:
+        print(f"{PROG}: no configuration fits on {args.gpus} x {args.gpu}; give more GPUs, a smaller global batch "
+              f"or a GPU with more memory", file=sys.stderr)
+        return 1
+    if args.no_figures:
+        return 0
+    from .figures import write_figures
+    try:
+        written = write_figures(plan, out)
+    except OSError as e:
+        print(f"{PROG}: error: cannot write to {out}: {e.strerror or e}", file=sys.stderr)
+        return 1
+    for path in written:
+        print(f"wrote {path}", file=sys.stderr if args.json else sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

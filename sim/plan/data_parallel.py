@@ -1,0 +1,87 @@
+"""What data parallelism and the optimizer step cost one GPU: the parameters each stage holds,
+the reduction of their gradients over the replicas, ZeRO-3's gathers, and the AdamW step.
+
+`sim.estimate` puts the reductions on the step as REDUCE_GRAD actions, the ZeRO-3 gathers into
+each micro-batch's passes and the AdamW step after the pipeline flush; `Layout` is the
+estimate's (its tp, dp, pp, ZeRO stage, precision, and nodes: `Layout.topology`, which says
+how each data-parallel group sits on them); collectives are timed by `sim.network`.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sim.model.footprint import optimizer_step_bytes, state_bytes_per_param
+from sim.hardware.profile import DeviceProfile
+from sim.hardware.kernels import memory_time, precision_bytes
+from sim.hardware.network import collective_time, links_of
+from sim.model.transformer import Transformer
+
+if TYPE_CHECKING:
+    from .estimation import Layout
+
+
+def stage_params(m: Transformer, layers: list[int], tp: int, placement) -> list[float]:
+    """Parameters one GPU holds for each stage: its layers' share over tp, the embedding on
+    the first stage, the final norm and the output layer on the last. A tied output layer
+    is the embedding itself where the first and last stage share a device, else a second
+    copy of the word embedding (Megatron-LM keeps one on each end of the pipeline and
+    all-reduces their gradients: Shoeybi et al. 2019; Narayanan et al. 2021, Sec. 5)."""
+    p = m.params()
+    out = [n * p.per_layer / tp for n in layers]
+    out[0] += p.embedding / tp
+    copy = p.tied and placement[0] != placement[-1]
+    out[-1] += (m.vocab * m.hidden if copy else p.output) / tp + p.final_norm
+    return out
+
+
+def grad_reduce_times(m: Transformer, g: DeviceProfile, lay: Layout, params: list[float], placement) -> list[float]:
+    """Per stage, the reduction of its gradients (the engine's REDUCE_GRAD): a ring all-reduce
+    of its gradient bytes over the dp replicas (ZeRO 1-2: a reduce-scatter and, after the
+    optimizer, an all-gather of the updated weights, the same bytes, Rajbhandari et al. 2020,
+    Sec. 7.2; ZeRO-3 reduces each micro-batch's in its backward instead: `zero3_times`),
+    over the data-parallel group's link (`sim.topology`); on the
+    first and last stage, where they are on two devices and the output layer is tied, also
+    the all-reduce of the word embedding's gradient between its two copies (Megatron-LM's
+    embedding group)."""
+    grad = state_bytes_per_param(lay.precision)["grads"]
+    topo, links = lay.topology(), links_of(g)
+    dp = topo.group("dp")
+
+    def reduce(nbytes: float) -> float:
+        if lay.zero == 0:
+            return collective_time(links, "all_reduce", nbytes, dp)
+        return collective_time(links, "reduce_scatter", nbytes, dp) + collective_time(links, "all_gather", nbytes, dp)
+
+    # ZeRO-3 reduce-scatters every micro-batch's gradients in its backward (`zero3_times`)
+    out = [0.0 if lay.zero == 3 else reduce(p * grad) for p in params]
+    if m.params().tied and placement[0] != placement[-1]:
+        tied = collective_time(links, "all_reduce", m.vocab * m.hidden / lay.tp * grad, topo.group("embedding"))
+        out[0] += tied
+        out[-1] += tied
+    return out
+
+
+def zero3_times(g: DeviceProfile, lay: Layout, params: list[float]) -> tuple[list[float], list[float]]:
+    """Per stage and micro-batch under ZeRO-3, the all-gather of the stage's 16-bit weights
+    from their dp shards (before F, and again before the backward) and the reduce-scatter of
+    its gradients (after it): DeepSpeed's ZeRO-3, 1.5x a data-parallel all-reduce's bytes per
+    micro-batch (Rajbhandari et al. 2020, Sec. 7.2.2). Taken as not overlapped with the
+    compute (DeepSpeed prefetches some of it; not modelled). Zero for other stages."""
+    if lay.zero != 3:
+        return [0.0] * len(params), [0.0] * len(params)
+    links, dp = links_of(g), lay.topology().group("dp")
+    weight = precision_bytes(lay.precision)
+    gather = [collective_time(links, "all_gather", p * weight, dp) for p in params]
+    scatter = [collective_time(links, "reduce_scatter", p * weight, dp) for p in params]
+    return gather, scatter
+
+
+def optimizer_time(m: Transformer, g: DeviceProfile, lay: Layout, layers: list[int], placement) -> float:
+    """The AdamW step after the pipeline flush: memory-bound over the parameters each GPU
+    updates (all it holds; 1/dp of them under ZeRO), on the device that holds the most."""
+    params = stage_params(m, layers, lay.tp, placement)
+    per_rank = [0.0] * lay.pp
+    for s, r in enumerate(placement):
+        per_rank[r] += params[s]
+    share = lay.dp if lay.zero >= 1 else 1
+    return memory_time(g, max(per_rank) / share * optimizer_step_bytes(lay.precision), "optimizer")

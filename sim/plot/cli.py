@@ -1,0 +1,399 @@
+"""The command line of `sim.plot`: simulate schedules, print a table, draw the figures.
+
+    python -m sim.plot --stages 4 --micro 8          # out/<schedule>_p4_m8.png ..., out/compare_p4_m8.png
+    python -m sim.plot --compare 1f1b,zb-h1,zb-h2,zbv   # out/compare_1f1b+zb-h1+zb-h2+zbv_p4_m8.png only
+    python -m sim.plot --compare naive,gpipe,1f1b --out figures   # the README's figure
+
+Files go to `--out` (default `out/`, which git ignores), each named after what it shows,
+so that no command overwrites another's figure: a comparison of other schedules than
+naive, GPipe and 1F1B names them.
+
+Everything that can be refused is refused before any work, on one line with exit status
+2: bad arguments, a step too large for this machine's memory (`check_size`), an `--out`
+that cannot be written. Progress goes to stderr, a line per figure.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import NoReturn, Sequence
+
+from sim import cli
+from sim.cli import number, whole
+from sim.engine.costs import Costs
+from sim.engine.core import simulate
+from sim.schedule.ir import Kind, ScheduleError
+from .gantt import format_memory, format_times, human_bytes, memory_unit, plot_compare, \
+    plot_result, plural, save_figure, time_unit, timeline_style, TIME_UNIT
+from sim.engine.result import Result
+from sim.schedule.ir import Schedule
+from sim.schedules import SCHEDULES, TEXTBOOK, lookup, make_schedule
+
+# What a run holds at its peak: a fixed part plus, per stage x micro-batch of each
+# schedule, what the table, the figures and a Chrome trace need; each rounds up the largest
+# measured (docs/measurements.md, "sim.plot: memory of a big step").
+BASE_BYTES = 100 * 2**20
+BYTES_PER_CELL = {"table": 3_800, "figures": 400, "trace": 1_600}
+MEMORY_SHARE = 0.5  # of the machine's memory, which other work shares
+BIG_STEP = 100_000
+STYLES = {"bars": "a bar per compute", "dense": "bars without outlines", "heat": "heat map of busy time"}
+# The options some generators take (`Generator.options`), as command-line flags: (flag,
+# metavar, type, help). A generator whose options include "costs" gets the step's `Costs`.
+OPTION_FLAGS = {
+    "max_active": ("--max-active", "N", whole, "most micro-batches in flight per device"),
+    "memory_limit": ("--memory-limit", "BYTES", lambda t: number(t, strict=True), "activation bytes a device may hold"),
+}
+PER_STAGE = ("forward", "backward", "backward_input", "backward_weight", "activation_bytes",
+             "activation_bytes_sent", "w_activation_bytes", "static_bytes")
+
+
+def fail(message: str) -> NoReturn:
+    """Print `sim.plot: error: <message>` on one line to stderr and exit with status 2."""
+    cli.fail("sim.plot", message)
+
+
+def progress(message: str) -> None:
+    print(f"sim.plot: {message}", file=sys.stderr, flush=True)
+
+
+def _per_stage(text: str) -> list[float]:
+    """`'1'` or `'1,2,1,2'`: one number for all stages or one per stage."""
+    return [number(t.strip()) for t in text.split(",")]
+
+
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each option's default, except for flags and options with none to show."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default in (None, False, argparse.SUPPRESS):
+            return action.help or ""
+        return super()._get_help_string(action)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = cli.OneLineParser(
+        error_prog="sim.plot", prog="python -m sim.plot", formatter_class=_Formatter,
+        description="Simulate pipeline schedules, print their makespan, bubble and peak memory, "
+                    "and draw their timelines and memory.",
+        epilog=f"Times are in {TIME_UNIT}: any one unit, used for every time option (seconds, if you give "
+               "seconds). Memory is in bytes; left at the defaults (1 byte per activation, no static "
+               "bytes) it counts the micro-batches whose activations a device holds. A cost given as one "
+               "number is a device's share of the model: a schedule with V chunks per device takes 1/V of "
+               "it per chunk (times and bytes held), so that compared schedules run the same model; a "
+               "per-stage list gives each of the P x V model stages its own. The schedules: "
+               + "; ".join(f"{n}: {g.summary}" for n, g in SCHEDULES.items()) + ".")
+    p.add_argument("--stages", type=whole, default=4,
+                   help="pipeline devices P, a rank each; the schedule has P x V model stages")
+    p.add_argument("--micro", type=whole, default=8, help="micro-batches per step")
+    p.add_argument("--virtual", type=whole, metavar="V",
+                   help="model stages (chunks) per device (default: the schedule's own, 1 or 2 for the V-shaped ones)")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--schedule", action="append", metavar="NAME",
+                       help=f"schedule(s) to draw, repeatable or comma-separated: {', '.join(SCHEDULES)} "
+                            f"(default: {','.join(TEXTBOOK)})")
+    which.add_argument("--compare", metavar="NAMES",
+                       help="comma-separated schedules to draw in one comparison figure only (each its Gantt "
+                            "chart over its memory, memory on one scale), e.g. 1f1b,zb-h1,zb-h2,zbv")
+    for option, (flag, metavar, kind, text) in OPTION_FLAGS.items():
+        takers = [n for n, g in SCHEDULES.items() if option in g.options]
+        p.add_argument(flag, type=kind, metavar=metavar,
+                       help=f"{text}, for the schedules that take it: {', '.join(takers) or 'none yet'}")
+    per = "one number, or a comma-separated list with one per stage"
+    t = TIME_UNIT
+    p.add_argument("--forward", type=_per_stage, default="1", help=f"forward time per micro-batch in {t}; {per}")
+    p.add_argument("--backward", type=_per_stage, default="2", help=f"backward time per micro-batch in {t}; {per}")
+    p.add_argument("--backward-input", type=_per_stage,
+                   help=f"time of I, the input-gradient half of a split backward, in {t} (default: half of --backward); {per}")
+    p.add_argument("--backward-weight", type=_per_stage,
+                   help=f"time of W, the weight-gradient half of a split backward, in {t} (default: half of --backward); {per}")
+    p.add_argument("--latency", type=number, default="0", help=f"fixed delay of every transfer, in {t}")
+    p.add_argument("--send-overhead", type=number, default="0",
+                   help=f"time issuing a SEND holds its device (the isend call), in {t}")
+    p.add_argument("--recv-overhead", type=number, default="0",
+                   help=f"time posting a RECV holds its device (the irecv call), in {t}")
+    p.add_argument("--arrive-overhead", type=number, default="0",
+                   help=f"time taking in an arrived tensor holds the receiving device, in {t}")
+    p.add_argument("--before-compute", type=number, default="0",
+                   help=f"the runtime's own time before each compute starts, holding its device, in {t}")
+    p.add_argument("--after-compute", type=number, default="0",
+                   help=f"the runtime's own time after each compute ends, holding its device, in {t}")
+    p.add_argument("--io-tick", type=lambda s: number(s, allow_inf=True), default="0",
+                   help=f"longest a late ready notice waits for a computing sender's transport thread, in {t} "
+                        "(the scheduler tick; 0: at once; inf: only at the sender's yields)")
+    p.add_argument("--bandwidth", type=lambda s: number(s, strict=True, allow_inf=True), default="inf",
+                   help=f"bytes per {t[:-1]} of each link (inf: transfers are free)")
+    p.add_argument("--activation-bytes", type=_per_stage, default="1",
+                   help=f"bytes a stage keeps per micro-batch until its backward; {per}")
+    p.add_argument("--w-activation-bytes", type=_per_stage,
+                   help=f"of those, the bytes W still needs from the end of I until W (default: all of them); {per}")
+    p.add_argument("--activation-bytes-sent", type=_per_stage, default="0",
+                   help=f"bytes a stage sends forward per micro-batch; {per}")
+    p.add_argument("--static-bytes", type=_per_stage, default="0",
+                   help=f"bytes a stage holds for the whole step (weights, gradients, optimizer state and the rest together); {per}")
+    p.add_argument("--out", default="out", help="folder for the files, created if missing (default out/, "
+                                                "which git ignores)")
+    p.add_argument("--trace", action="store_true", help="also write a Chrome trace JSON per schedule")
+    p.add_argument("--no-figures", action="store_true", help="print the table only, draw nothing")
+    return p
+
+
+def _schedule_names(args: argparse.Namespace) -> list[str]:
+    """The schedules asked for (`--schedule` or `--compare`), each once ('GPipe' and 'gpipe'
+    are one), checked."""
+    flag = "--compare" if args.compare is not None else "--schedule"
+    items = [args.compare] if args.compare is not None else args.schedule or [",".join(TEXTBOOK)]
+    given = [n.strip() for item in items for n in item.split(",") if n.strip()]
+    if not given:
+        fail(f"argument {flag}: no name given; choose from {', '.join(SCHEDULES)}")
+    names: list[str] = []
+    for n in given:
+        try:
+            key, _ = lookup(n)
+        except ScheduleError:
+            fail(f"argument {flag}: unknown schedule {n!r}; choose from {', '.join(SCHEDULES)}")
+        if key not in names:
+            names.append(key)
+    return names
+
+
+def _virtual(args: argparse.Namespace, name: str) -> int:
+    """V of `name`: `--virtual`, or the schedule's own."""
+    return args.virtual if args.virtual is not None else SCHEDULES[name].virtual
+
+
+def _options(args: argparse.Namespace, names: list[str], costs: Costs) -> dict[str, dict]:
+    """Per schedule, the options it gets: each option flag given goes to the schedules
+    that take it, and is refused if none of them does; "costs" goes to those that take it."""
+    options: dict[str, dict] = {n: {} for n in names}
+    for option, (flag, *_) in OPTION_FLAGS.items():
+        value = getattr(args, option)
+        if value is None:
+            continue
+        takers = [n for n in names if option in SCHEDULES[n].options]
+        if not takers:
+            known = [n for n, g in SCHEDULES.items() if option in g.options]
+            fail(f"argument {flag}: {', '.join(names)} take{'s' * (len(names) == 1)} no {flag}; "
+                 f"it is for {', '.join(known) or 'no schedule yet'}")
+        for n in takers:
+            options[n][option] = value
+    for n in names:
+        if "costs" in SCHEDULES[n].options:
+            options[n]["costs"] = costs
+    return options
+
+
+def machine_memory() -> int:
+    """Bytes of memory this process may use: the machine's (os.sysconf), or its cgroup's
+    limit where that is lower."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+        if limit.isdigit():
+            total = min(total, int(limit))
+    except OSError:
+        pass
+    return total
+
+
+def check_size(args: argparse.Namespace, schedules: int, virtual: int = 1) -> None:
+    """Refuse, before allocating anything, a step whose simulation (and figures, and
+    traces) would need more than `MEMORY_SHARE` of this machine's memory, by the bytes
+    per stage x micro-batch measured for each (`BYTES_PER_CELL`); `virtual`: the most
+    model stages per device among the schedules."""
+    parts = ["table"] + ([] if args.no_figures else ["figures"]) + (["trace"] if args.trace else [])
+    per = sum(BYTES_PER_CELL[p] for p in parts)
+    cells = args.stages * virtual * args.micro
+    allowed = MEMORY_SHARE * machine_memory()
+    need = BASE_BYTES + schedules * cells * per
+    if need > allowed:
+        most = max(0, int((allowed - BASE_BYTES) / (schedules * per)))
+        more = [o for o, on in (("fewer --schedule", schedules > 1), ("--no-figures", len(parts) > 1)) if on]
+        v = f" x V {virtual}" if virtual > 1 else ""
+        fail(f"step too large for this machine: --stages {args.stages}{v} x --micro {args.micro} = {cells:,} "
+             f"stage-micro-batches x {plural(schedules, 'schedule')} would need about {human_bytes(need)} "
+             f"({per:,} bytes each for the {' + '.join(parts)}, as measured), more than the {human_bytes(allowed)} "
+             f"allowed ({MEMORY_SHARE:.0%} of its {human_bytes(machine_memory())} of memory); the limit here is "
+             f"{most:,} stage-micro-batches" + (f" ({' or '.join(more)} allow more)" if more else ""))
+
+
+def _costs(args: argparse.Namespace) -> Costs:
+    """`Costs` from the arguments; the lengths of per-stage lists are checked against
+    each schedule (`_check_lengths`)."""
+    fields = {}
+    for name in PER_STAGE:
+        values = getattr(args, name)
+        if values is not None:
+            fields[name] = values[0] if len(values) == 1 else tuple(values)
+    try:
+        return Costs(latency=args.latency, bandwidth=args.bandwidth, send_overhead=args.send_overhead,
+                     recv_overhead=args.recv_overhead, arrive_overhead=args.arrive_overhead,
+                     io_tick=args.io_tick, before_compute=args.before_compute,
+                     after_compute=args.after_compute, **fields)
+    except ValueError as e:
+        fail(str(e))
+
+
+def _check_lengths(args: argparse.Namespace, name: str) -> None:
+    """Each per-stage list has one value or one per model stage of `name` (P x V)."""
+    v = _virtual(args, name)
+    stages = args.stages * v
+    where = "" if v == 1 else f" of {name} ({args.stages} devices x V {v})"
+    for field in PER_STAGE:
+        values = getattr(args, field)
+        if values is not None and len(values) not in (1, stages):
+            flag = "--" + field.replace("_", "-")
+            fail(f"argument {flag}: got {len(values)} values for {plural(stages, 'stage')}{where}; "
+                 f"give one number or {stages} comma-separated numbers")
+
+
+def _schedules(args: argparse.Namespace, names: list[str], costs: Costs) -> list[Schedule]:
+    """The schedules asked for, or one line naming what a generator refuses."""
+    options = _options(args, names, costs)
+    schedules = []
+    for name in names:
+        _check_lengths(args, name)
+        try:
+            schedules.append(make_schedule(name, args.stages, args.micro, args.virtual, **options[name]))
+        except (ScheduleError, ValueError) as e:
+            fail(str(e).splitlines()[0])
+    return schedules
+
+
+def _check_out(out: Path) -> None:
+    """Make the folder and write a file in it, before any work (`sim.cli.folder_problem`)."""
+    problem = cli.folder_problem(out)
+    if problem:
+        fail(f"argument --out: {problem}")
+
+
+def _compact(values: Sequence[int]) -> str:
+    """`4,3,2,1`; past 8 values the first three and the last: `64,63,62,...,1`."""
+    shown = [str(v) for v in values]
+    return ",".join(shown if len(shown) <= 8 else shown[:3] + ["...", shown[-1]])
+
+
+def format_table(results: Sequence[Result], counts: bool = False) -> str:
+    """One aligned line per result: makespan and bubble, the steady step and its bubble
+    (steps repeating without a flush: `Result.steady_step`), peak activations per rank,
+    peak memory, each with its unit. `counts`: the memory is in units of one micro-batch's
+    activations of a device (the default costs), whatever the results hold."""
+    results = list(results)
+    units = {time_unit(r) for r in results}
+    top = max((max(r.peak_memory, default=0.0) for r in results), default=0.0)
+    scale, unit = (1.0, "micro-batches") if counts else memory_unit(results, top)
+    rows = [("schedule", f"makespan ({' or '.join(sorted(units))})", "bubble", "steady step", "steady bubble",
+             "peak activations (micro-batches)", "peak memory")]
+    times = format_times([t for r in results for t in (r.makespan, r.steady_step)])
+    for i, r in enumerate(results):
+        peak = max(r.peak_memory, default=0.0)
+        memory = format_memory(peak, scale, unit) if unit == "micro-batches" else human_bytes(peak)
+        rows.append((r.schedule.name, times[2 * i], f"{r.bubble_fraction:.1%}", times[2 * i + 1],
+                     f"{r.steady_bubble_fraction:.1%}", _compact(r.peak_activations), memory))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    left = (0, len(rows[0]) - 1)  # the schedule name and the memory read left-aligned, numbers right-aligned
+    return "\n".join(
+        "  ".join(c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))).rstrip()
+        for row in rows
+    )
+
+
+# What a device's share of the model splits into when it holds V chunks: each chunk
+# computes, keeps and holds 1/V of it. The activation a stage sends on keeps its size.
+CHUNKED = ("forward", "backward", "backward_input", "backward_weight", "activation_bytes", "w_activation_bytes",
+           "static_bytes")
+
+
+def chunk_costs(args: argparse.Namespace, costs: Costs, virtual: int) -> Costs:
+    """The costs of one model stage of a schedule with `virtual` chunks per device: a
+    field given as one number (or left at its default) is a device's share of the model,
+    so each chunk takes 1/V of it, and every schedule of a comparison runs the same model;
+    a per-stage list gives each of the P x V model stages its own value."""
+    if virtual == 1:
+        return costs
+    given = {f: getattr(costs, f) for f in CHUNKED if getattr(args, f) is None or len(getattr(args, f)) == 1}
+    return dataclasses.replace(costs, **{f: v / virtual for f, v in given.items() if v is not None})
+
+
+def _simulate(args: argparse.Namespace, schedules: list[Schedule], costs: Costs) -> list[Result]:
+    big = args.stages * args.micro >= BIG_STEP
+    results = []
+    try:
+        for schedule in schedules:
+            if big:
+                progress(f"simulating {schedule.name}: {plural(schedule.stages, 'stage')}, "
+                         f"{plural(args.micro, 'micro-batch', 'micro-batches')}")
+            results.append(simulate(schedule, chunk_costs(args, costs, schedule.stages // args.stages)))
+    except (ScheduleError, ValueError) as e:
+        fail(str(e).splitlines()[0])  # a deadlock report adds a grid below its first line
+    return results
+
+
+def _write(args: argparse.Namespace, results: list[Result], out: Path, counts: bool = False) -> list[Path]:
+    """Draw and write what was asked for, a progress line per file; returns the paths.
+    With `--compare`, the comparison figure is the only figure. `counts`: memory in
+    micro-batches of a device's activations (the default bytes), as in the table."""
+    unit = (1.0, "micro-batches") if counts else None
+    tag = f"p{args.stages}_m{args.micro}" + (f"_v{args.virtual}" if args.virtual is not None else "")
+    jobs = []
+    for r in results:
+        if not args.no_figures and args.compare is None:
+            jobs.append((out / f"{r.schedule.name}_{tag}.png", lambda p, r=r: save_figure(plot_result(r, unit), p),
+                         STYLES[timeline_style(r)]))
+        if args.trace:
+            jobs.append((out / f"{r.schedule.name}_{tag}.trace.json", lambda p, r=r: r.save_chrome_trace(p),
+                         "Chrome trace"))
+    if not args.no_figures and (len(results) > 1 or args.compare is not None):
+        names = [r.schedule.name for r in results]
+        which = "" if names == list(TEXTBOOK) else "+".join(names) + "_"  # the README's figure keeps its name
+        jobs.append((out / f"compare_{which}{tag}.png", lambda p: save_figure(plot_compare(results, unit=unit), p),
+                     "comparison"))
+    start = time.perf_counter()
+    for i, (path, write, what) in enumerate(jobs, 1):
+        progress(f"[{i}/{len(jobs)}] writing {path} ({what}; {time.perf_counter() - start:.1f} s so far)")
+        write(path)
+    return [path for path, _, _ in jobs]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status (2 for what is refused, via `fail`)."""
+    args = build_parser().parse_args(argv)
+    names = _schedule_names(args)
+    check_size(args, len(names), max(_virtual(args, n) for n in names))
+    costs = _costs(args)
+    schedules = _schedules(args, names, costs)
+    out = Path(args.out)
+    if args.trace or not args.no_figures:
+        _check_out(out)
+    results = _simulate(args, schedules, costs)
+    for r in results:  # degenerate costs: nothing to draw, or times past a float's range
+        if not math.isfinite(r.makespan):
+            fail(f"the step of {r.schedule.name} lasts {r.makespan} time units: the costs overflow a float; "
+                 f"give smaller times (e.g. in ms rather than ns)")
+        if r.makespan <= 0:
+            fail(f"the step of {r.schedule.name} takes no time (every cost is 0); give --forward and --backward > 0")
+    # the default bytes (1 per activation, nothing static): memory counts micro-batches' activations
+    counts = args.activation_bytes == [1.0] and args.w_activation_bytes is None and args.static_bytes == [0.0]
+    print(format_table(results, counts), flush=True)
+    if counts and any(r.schedule.stages != r.ranks or any(a.kind is Kind.I for p in r.schedule.programs for a in p)
+               for r in results):
+        print("peak activations: per rank, the stage micro-batches between their F and their B or I; peak memory: "
+              "what the fullest rank holds (W keeps its part after I; a chunk holds 1/V of a device's share), "
+              "in micro-batches of a device's activations", flush=True)
+    try:
+        written = _write(args, results, out, counts)
+    except OSError as e:  # e.g. the disk is full
+        print(f"sim.plot: error: cannot write to {out}: {e.strerror or e}", file=sys.stderr)
+        return 1
+    for path in written:
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,294 @@
+"""The schedule IR shared by `sim` and `exec`.
+
+An `Action` names a model stage, a kind and a micro-batch; its text form is the one of
+torch.distributed.pipelining (`2F0` = stage 2, forward, micro-batch 0; `0SEND_F1`).
+A kind done once per stage per step (`sim.schedule.kinds.ONCE_PER_STAGE`: REDUCE_GRAD) has no
+micro-batch: its text form omits it, as torch's does (`0REDUCE_GRAD`), and its `Action`
+has micro-batch 0.
+A `Schedule` is plain data: for each device (rank) the ordered list of its actions, and
+the placement of stages on devices. Generators write compute actions only (F, B, I, W);
+`sim.passes.lowering.add_grad_reduce` adds the data-parallel reductions (REDUCE_GRAD),
+`sim.add_offload` the copies of activations to host memory and back (OFFLOAD, RELOAD), and
+`sim.passes.lowering.lower` derives the communication actions from the data dependencies.
+"""
+from __future__ import annotations
+
+import itertools
+import re
+from collections import Counter
+from dataclasses import dataclass
+from operator import itemgetter
+from typing import Callable, Iterable, NamedTuple, Sequence
+
+from .kinds import COPIES, ONCE_PER_STAGE, TRANSFERS, Kind
+
+
+def _alternatives(kinds) -> str:
+    # longest spellings first so that the alternation never stops at a prefix; fullmatch anyway
+    return "|".join(sorted((k.value for k in kinds), key=len, reverse=True))
+
+
+# <stage><kind><micro-batch>, or <stage><kind> for a kind done once per stage
+_ACTION_RE = re.compile(r"(\d+)(?:(" + _alternatives(set(Kind) - ONCE_PER_STAGE) + r")(\d+)|("
+                        + _alternatives(ONCE_PER_STAGE) + r"))")
+
+
+class ScheduleError(ValueError):
+    """A schedule is malformed, incomplete, or would deadlock."""
+
+
+class Action(NamedTuple):
+    """One step of a device's program: `stage` `kind` `micro` (e.g. `2F0`).
+
+    A named tuple: schedules of a million actions build and hash these in bulk, and a tuple
+    does both several times faster than a dataclass."""
+
+    stage: int
+    kind: Kind
+    micro: int
+
+    def __str__(self) -> str:
+        if self.kind in ONCE_PER_STAGE:
+            # micro-batch 0 always: `Schedule` refuses another, and names it so
+            return f"{self.stage}{self.kind.value}" + (f"(micro={self.micro})" if self.micro else "")
+        return f"{self.stage}{self.kind.value}{self.micro}"
+
+    def __repr__(self) -> str:
+        return f"Action({str(self)!r})"
+
+    @classmethod
+    def parse(cls, text: str) -> "Action":
+        """Parse torch.distributed.pipelining's action string, e.g. `1B3`, `0SEND_F1` or
+        `0REDUCE_GRAD` (a kind done once per stage has no micro-batch)."""
+        m = _ACTION_RE.fullmatch(text.strip())
+        if m is None:
+            raise ScheduleError(
+                f"not an action: {text!r}; expected <stage><kind><micro-batch> with kind in "
+                f"{', '.join(k.value for k in Kind if k not in ONCE_PER_STAGE)}, e.g. '2F0' or '0SEND_F1', "
+                f"or <stage><kind> with kind in {', '.join(k.value for k in ONCE_PER_STAGE)}, e.g. '0REDUCE_GRAD'"
+            )
+        if m.group(4):
+            return cls(int(m.group(1)), Kind(m.group(4)), 0)
+        return cls(int(m.group(1)), Kind(m.group(2)), int(m.group(3)))
+
+
+Where = Callable[..., str]  # (rank, step) -> how an error names that cell; (rank) -> that row
+
+
+def _at_step(rank: int, step: int | None = None) -> str:
+    return f"rank {rank}" if step is None else f"rank {rank} step {step}"
+
+
+def check_actions(programs: Sequence[Sequence[Action]], placement: Sequence[int], micro: int,
+                  where: Where = _at_step) -> None:
+    """No action appears twice, and every stage has, for every micro-batch, its forward F
+    and its backward (B, or I and W). Raises `ScheduleError` naming the cell (`where`).
+
+    What else can be wrong (an action on the wrong rank, a stage that does not exist, a
+    deadlock) is for `sim.validate` to say. A fast pass counts with C-level tools; only a
+    schedule that fails it is walked action by action."""
+    total = sum(map(len, programs))
+    unique = set(itertools.chain.from_iterable(programs))
+    stages = len(placement)
+    if len(unique) == total:
+        # S*M distinct Fs and Bs: all there, unless some name a stage or micro-batch that
+        # does not exist, which validate says
+        kinds = Counter(map(itemgetter(1), unique))
+        if kinds[Kind.F] == kinds[Kind.B] == stages * micro and not kinds[Kind.I] and not kinds[Kind.W]:
+            return
+    cells = _first_cells(programs, unique if len(unique) == total else None, where)
+    for s in range(stages):
+        for m in range(micro):
+            _check_stage_micro(s, m, placement[s], cells, where)
+
+
+def _check_per_stage(programs: Sequence[Sequence[Action]], where: Where) -> None:
+    """An action of a kind done once per stage (REDUCE_GRAD) has micro-batch 0."""
+    for r, prog in enumerate(programs):
+        for i, a in enumerate(prog):
+            if a.kind in ONCE_PER_STAGE and a.micro != 0:
+                raise ScheduleError(f"{a} at {where(r, i)}: a {a.kind.value} is done once per stage and has no "
+                                    f"micro-batch; write it {a.stage}{a.kind.value} (micro-batch 0)")
+
+
+def _first_cells(programs: Sequence[Sequence[Action]], unique: set | None, where: Where) -> dict[Action, tuple[int, int]]:
+    """Where each action first appears; raises on the first one that appears again."""
+    cells: dict[Action, tuple[int, int]] = {}
+    for r, prog in enumerate(programs):
+        for i, a in enumerate(prog):
+            if unique is None and a in cells:
+                n = sum(p.count(a) for p in programs)
+                raise ScheduleError(f"{a} appears {n} times, at {where(*cells[a])} and {where(r, i)}"
+                                    f"{' and later' if n > 2 else ''}; each action runs exactly once")
+            cells.setdefault(a, (r, i))
+    return cells
+
+
+def _check_stage_micro(s: int, m: int, rank: int, cells: dict[Action, tuple[int, int]], where: Where) -> None:
+    f, b, i, w = (Action(s, k, m) for k in (Kind.F, Kind.B, Kind.I, Kind.W))
+    has = [a for a in (f, b, i, w) if a in cells]
+    if f not in cells:
+        also = f" (its {has[0]} is at {where(*cells[has[0]])})" if has else ""
+        raise ScheduleError(f"{f} is missing: {where(rank)}, which hosts stage {s}, has no forward of "
+                            f"micro-batch {m}{also}; every stage runs every micro-batch forward")
+    if b not in cells and (i in cells) != (w in cells):
+        there, gone = (i, w) if i in cells else (w, i)
+        raise ScheduleError(f"{gone} is missing: {there} is at {where(*cells[there])}, half of a split backward, "
+                            f"but {where(rank)} has no {gone}; every micro-batch needs its backward on every stage")
+    if b not in cells and i not in cells:
+        raise ScheduleError(f"{b} is missing: {f} is at {where(*cells[f])}, but {where(rank)} has no backward of it "
+                            f"(B, or I and W); every micro-batch needs its backward on every stage")
+
+
+def _placement_of(programs: Sequence[Sequence[Action]]) -> Sequence[int]:
+    """Stage s on rank s, unless the programs name more stages than ranks (several stages
+    per rank, as a CSV of an interleaved or V-shaped schedule): then each stage on the first
+    rank that computes it."""
+    stages = 1 + max((a.stage for prog in programs for a in prog), default=-1)
+    if stages <= len(programs):
+        return range(len(programs))
+    where: dict[int, int] = {}
+    for r, prog in enumerate(programs):
+        for a in prog:
+            if a.kind.is_compute:
+                where.setdefault(a.stage, r)
+    return [where.get(s, s % len(programs)) for s in range(stages)]
+
+
+def action(text: str | Action) -> Action:
+    """Accept an `Action` or its text form."""
+    return text if isinstance(text, Action) else Action.parse(text)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Per device, the ordered actions it runs, and which device hosts each stage.
+
+    `placement[s]` is the rank that runs stage `s`; a rank may host several stages
+    (interleaved and V-shaped schedules). Without it, stage s is on rank s, or, where the
+    programs name more stages than ranks, on the rank that computes it. `programs[r]` is
+    rank r's action list.
+    """
+
+    programs: tuple[tuple[Action, ...], ...]
+    placement: tuple[int, ...]
+    micro: int
+    name: str = "custom"
+
+    def __init__(self, programs: Sequence[Iterable[Action | str]], placement: Sequence[int] | None = None,
+                 micro: int | None = None, name: str = "custom"):
+        # generators hand over Actions already; only text needs parsing
+        progs = tuple(prog if set(map(type, prog)) <= {Action} else tuple(map(action, prog))
+                      for prog in map(tuple, programs))
+        self._init(progs, placement, micro, name, _at_step)
+
+    def _init(self, progs: tuple[tuple[Action, ...], ...], placement: Sequence[int] | None, micro: int | None,
+              name: str, where: Where) -> None:
+        """Set the fields and check the actions (`check_actions`); `where` names a cell in errors."""
+        if not progs:
+            raise ScheduleError("a schedule needs at least one device")
+        if placement is None:
+            placement = _placement_of(progs)
+        placement = tuple(int(r) for r in placement)
+        if micro is None:
+            micro = 1 + max((a.micro for prog in progs for a in prog), default=-1)
+        check_actions(progs, placement, int(micro), where)
+        # asked often and the programs never change: compute them once
+        kinds = set(map(itemgetter(1), itertools.chain.from_iterable(progs)))
+        if not ONCE_PER_STAGE.isdisjoint(kinds):
+            _check_per_stage(progs, where)
+        object.__setattr__(self, "programs", progs)
+        object.__setattr__(self, "placement", placement)
+        object.__setattr__(self, "micro", int(micro))
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "_lowered", not TRANSFERS.isdisjoint(kinds))
+        object.__setattr__(self, "_collectives", not ONCE_PER_STAGE.isdisjoint(kinds))
+        object.__setattr__(self, "_copies", not COPIES.isdisjoint(kinds))
+
+    @property
+    def ranks(self) -> int:
+        return len(self.programs)
+
+    @property
+    def stages(self) -> int:
+        return len(self.placement)
+
+    def rank_of(self, stage: int) -> int:
+        return self.placement[stage]
+
+    def compute_only(self) -> "Schedule":
+        """The same schedule without its transfers (SEND, RECV): what `sim.lower` started
+        from. Collectives (REDUCE_GRAD) and copies (OFFLOAD, RELOAD) stay where they are."""
+        return Schedule([[a for a in p if a.kind not in TRANSFERS] for p in self.programs],
+                        self.placement, self.micro, self.name)
+
+    @property
+    def is_lowered(self) -> bool:
+        """Whether the programs hold SEND/RECV actions (see `sim.passes.lowering.lower`)."""
+        return self._lowered
+
+    @property
+    def has_collectives(self) -> bool:
+        """Whether the programs hold collectives (REDUCE_GRAD, `sim.passes.lowering.add_grad_reduce`)."""
+        return self._collectives
+
+    @property
+    def has_copies(self) -> bool:
+        """Whether the programs hold copies to host memory and back (OFFLOAD, RELOAD: `sim.add_offload`)."""
+        return self._copies
+
+    def to_csv(self) -> str:
+        """torch's CSV: no header, row i = rank i, one action string per cell."""
+        return "".join(",".join(str(a) for a in prog) + "\n" for prog in self.programs)
+
+    @classmethod
+    def from_csv(cls, text: str, placement: Sequence[int] | None = None, name: str = "custom") -> "Schedule":
+        """Read torch's CSV. Empty cells are idle steps and are dropped (timing is the
+        simulator's business, not the IR's); errors name the cell by row and column.
+        Without `placement`, stage s is on rank s, unless the rows name more stages than
+        there are rows (interleaved, V-shaped): then each stage is on the row that runs it."""
+        rows = text.splitlines()
+        while rows and not rows[-1].strip():
+            rows.pop()
+        programs, columns = [], []
+        for i, row in enumerate(rows):
+            cells = [(j, c.strip()) for j, c in enumerate(row.split(",")) if c.strip()]
+            try:
+                programs.append(tuple(Action.parse(c) for _, c in cells))
+            except ScheduleError as e:
+                raise ScheduleError(f"row {i} (rank {i}): {e}") from None
+            columns.append([j for j, _ in cells])
+
+        def at_cell(rank: int, step: int | None = None) -> str:
+            if step is None:
+                return f"row {rank} (rank {rank})"
+            return f"row {rank} column {columns[rank][step]} (rank {rank} step {step})"
+
+        if placement is None and max((a.stage for prog in programs for a in prog), default=-1) >= len(programs):
+            placement = _placement_of(programs)
+        schedule = cls.__new__(cls)
+        schedule._init(tuple(programs), placement, None, name, at_cell)
+        return schedule
+
+
+    def grid(self, mark: dict[int, int] | None = None) -> str:
+        """A step x rank table of the programs; `mark[rank] = index` flags a cell with `*`."""
+        mark = mark or {}
+        width = max([len(str(a)) for p in self.programs for a in p] + [4]) + 1
+        header = "step " + "".join(f"{'rank' + str(r):>{width + 1}}" for r in range(self.ranks))
+        lines = [header]
+        for step in range(max(len(p) for p in self.programs)):
+            cells = []
+            for r, prog in enumerate(self.programs):
+                text = str(prog[step]) if step < len(prog) else ""
+                text += "*" if mark.get(r) == step else " "
+                cells.append(f"{text:>{width + 1}}")
+            lines.append(f"{step:>4} " + "".join(cells))
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        def n(count: int, word: str, many: str) -> str:
+            return f"{count} {word if count == 1 else many}"
+
+        return (f"Schedule {self.name!r}: {n(self.stages, 'stage', 'stages')} on {n(self.ranks, 'device', 'devices')}, "
+                f"{n(self.micro, 'micro-batch', 'micro-batches')}\n" + self.grid())
