@@ -67,3 +67,12 @@ def folder_problem(out: str | os.PathLike) -> str | None:
     except OSError as e:
         return f"cannot write to {out}: {e.strerror or e}"
     return None
+
+
+class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each option's default, except for flags and options with none to show."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default in (None, False, argparse.SUPPRESS):
+            return action.help or ""
+        return super()._get_help_string(action)

@@ -1,6 +1,6 @@
-"""The shape of the code: exec's modules import each other without a cycle, nothing outside
-sim reaches for sim's private names, nothing outside the interpreter for its private state,
-and every exec module says what it is and stays small. Reads the sources only (no torch)."""
+"""The shape of the code: every module of sim and exec imports without a cycle and without
+another module's private names, says what it is, and stays small; every folder stays
+readable. Reads the sources only (no torch, nothing imported)."""
 from __future__ import annotations
 
 import ast
@@ -10,18 +10,32 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-EXEC = ROOT / "exec"
+PACKAGES = ("sim", "exec")
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60  # without its docstring
+MAX_FOLDER_MODULES = 15  # modules in one folder, its __init__ and __main__ aside
 
 
-def _exec_modules() -> dict[str, Path]:
-    return {f"exec.{p.stem}": p for p in sorted(EXEC.glob("*.py"))}
+def modules(packages=PACKAGES) -> dict[str, Path]:
+    """Every module of `packages`, by dotted name (a package by its own name, for its __init__)."""
+    out = {}
+    for pkg in packages:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join(parts)] = path
+    return out
 
 
-def _imported_exec_modules(name: str, path: Path, modules: set[str]) -> set[str]:
-    """The exec modules that module `name` imports, anywhere in it (inside functions too)."""
-    package = name.rsplit(".", 1)[0] if not path.name == "__init__.py" else name
+def _package_of(name: str, path: Path) -> str:
+    return name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+
+
+def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
+    """The modules of `known` that `name` imports anywhere in it: at the top, inside functions,
+    under TYPE_CHECKING. `from a import b` counts `a.b` where that is a module, else `a`."""
+    package = _package_of(name, path)
     out = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
@@ -29,19 +43,20 @@ def _imported_exec_modules(name: str, path: Path, modules: set[str]) -> set[str]
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1] + ([base] if base else []))
-            targets = [base] + [f"{base}.{a.name}" for a in node.names]
+                up = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(up + ([base] if base else []))
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
         else:
             continue
-        out |= {t for t in targets if t in modules and t != name}
+        out |= {t for t in targets if t in known and t != name}
     return out
 
 
-def import_graph() -> dict[str, set[str]]:
-    """exec module -> the exec modules it imports."""
-    mods = _exec_modules()
-    names = set(mods)
-    return {name: _imported_exec_modules(name, path, names) for name, path in mods.items()}
+def import_graph(packages=PACKAGES) -> dict[str, set[str]]:
+    """module -> the modules of sim and exec it imports."""
+    mods = modules(packages)
+    known = set(mods)
+    return {name: imports_of(name, path, known) for name, path in mods.items()}
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -52,7 +67,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     def visit(n: str) -> list[str] | None:
         state[n] = 1
         path.append(n)
-        for m in sorted(graph[n]):
+        for m in sorted(graph.get(n, ())):
             if state.get(m) == 1:
                 return path[path.index(m):] + [m]
             if m not in state:
@@ -76,70 +91,81 @@ def test_find_cycle_finds_one():
     assert find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
 
 
-def test_exec_modules_import_each_other_without_a_cycle():
+def test_the_graph_is_read():
     graph = import_graph()
-    assert graph["exec.pipeline"] >= {"exec.step", "exec.calibrate", "exec.launch"}  # the graph is read
-    cycle = find_cycle(graph)
-    assert cycle is None, "exec imports in a cycle: " + " -> ".join(cycle)
+    assert "sim.engine.core" in graph["sim"] and "exec.step" in graph["exec.pipeline"]
+    assert {"sim.schedule.ir"} <= graph["sim.engine.core"]
 
 
-_SIM_FROM = re.compile(r"\bfrom\s+(sim(?:\.\w+)*)\s+import\s+(\([^)]*\)|[^\n]*)")
-_SIM_ATTR = re.compile(r"\bsim(?:\.[A-Za-z]\w*)*\._(?!_)\w*")
+def test_no_import_cycle_in_sim_or_exec():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "imports in a cycle: " + " -> ".join(cycle)
 
 
-def private_sim_uses(text: str) -> list[str]:
-    """Every use of a private (underscore) name of sim in `text` (code, or code in strings):
-    `from sim.x import _y`, `from sim._x import y`, `sim.x._y`, `import sim._x`."""
+def test_nothing_inside_sim_imports_the_sim_facade():
+    """`sim/__init__` gathers the public API from the packages; a module inside sim that
+    imported it back would import everything (and close a cycle)."""
+    graph = import_graph(("sim",))
+    bad = sorted(n for n, deps in graph.items() if "sim" in deps and n != "sim")
+    assert not bad, f"modules inside sim import `sim` itself: {bad}"
+
+
+_FROM = re.compile(r"\bfrom\s+((?:sim|exec)(?:\.\w+)*)\s+import\s+(\([^)]*\)|[^\n]*)")
+_ATTR = re.compile(r"\b(?:sim|exec)(?:\.[A-Za-z]\w*)*\._(?!_)\w*")
+_RELATIVE = re.compile(r"^\s*from\s+(\.+\w*(?:\.\w+)*)\s+import\s+(\([^)]*\)|[^\n]*)", re.M)
+
+
+def _private(module: str, names: str, shown: str) -> list[str]:
     found = []
-    for m in _SIM_FROM.finditer(text):
-        module, names = m.group(1), m.group(2).strip("()")
-        if any(part.startswith("_") for part in module.split(".")):
-            found.append(m.group(0).strip())
-        for name in names.split("#")[0].replace("\n", " ").split(","):
-            name = name.strip().split(" as ")[0].strip().rstrip("\\").strip()
-            if name.startswith("_") and not name.startswith("__"):
-                found.append(f"from {module} import {name}")
-    found += [m.group(0) for m in _SIM_ATTR.finditer(text)]
+    if any(p.startswith("_") and not p.startswith("__") for p in module.split(".")):
+        found.append(shown)
+    for name in names.split("#")[0].replace("\n", " ").split(","):
+        name = name.strip().split(" as ")[0].strip().rstrip("\\").strip()
+        if name.startswith("_") and not name.startswith("__"):
+            found.append(f"from {module} import {name}")
     return found
 
 
-def test_private_sim_uses_are_recognised():
-    assert private_sim_uses("from sim.passes.lowering import _RECV_OF, compute_set") == ["from sim.passes.lowering import _RECV_OF"]
-    assert private_sim_uses("from sim.passes.lowering import (compute_set,\n    _lower as low)") == ["from sim.passes.lowering import _lower"]
-    assert private_sim_uses("x = sim.engine.core._run(y)") == ["sim.engine.core._run"]
-    assert private_sim_uses("import sim._x") == ["sim._x"]
-    assert private_sim_uses("from sim.schedule.kinds import KINDS\nsim.Costs()\nsim.__version__") == []
+def private_uses(text: str) -> list[str]:
+    """Every use of another module's private (underscore) name in `text` (code, or code in
+    strings): `from sim.x import _y`, `from ._x import y`, `sim.x._y`, `import exec._x`."""
+    found = []
+    for m in [*_FROM.finditer(text), *_RELATIVE.finditer(text)]:
+        found += _private(m.group(1), m.group(2).strip("()"), m.group(0).strip())
+    found += [m.group(0) for m in _ATTR.finditer(text)]
+    return found
 
 
-def _outside_sim() -> list[Path]:
-    files = [*EXEC.glob("*.py"), *(ROOT / "tests").glob("*.py"), *(ROOT / "benchmarks").glob("*.py"),
-             ROOT / "notebooks" / "_build.py"]
+def test_private_uses_are_recognised():
+    assert private_uses("from sim.passes import _RECV_OF, compute_set") == ["from sim.passes import _RECV_OF"]
+    assert private_uses("from sim.passes import (compute_set,\n    _lower as low)") == ["from sim.passes import _lower"]
+    assert private_uses("x = sim.engine._run(y)") == ["sim.engine._run"]
+    assert private_uses("import exec._x") == ["exec._x"]
+    assert private_uses("    from .estimation import Layout, _partition") == ["from .estimation import _partition"]
+    assert private_uses("from sim.kinds import KINDS\nsim.Costs()\nsim.__version__\nfrom . import cli") == []
+
+
+def _code_files() -> list[Path]:
+    files = [*modules().values(), *(ROOT / "tests").glob("*.py"), *(ROOT / "benchmarks").glob("*.py"),
+             *(ROOT / "notebooks").glob("*.py")]
     return [f for f in files if f.resolve() != Path(__file__).resolve()]
 
 
-def test_nothing_outside_sim_uses_a_private_name_of_sim():
-    bad = {str(f.relative_to(ROOT)): uses for f in _outside_sim() if (uses := private_sim_uses(f.read_text()))}
-    assert not bad, f"private names of sim used outside it (ask for a public one): {bad}"
+def test_no_module_uses_another_modules_private_names():
+    bad = {str(f.relative_to(ROOT)): uses for f in _code_files() if (uses := private_uses(f.read_text()))}
+    assert not bad, f"private names used outside their module (make them public, or move the code): {bad}"
 
 
 def test_nothing_outside_the_interpreter_touches_its_private_state():
     """Calibration and the tests use the interpreter's public API (`deliver`, `run_action`,
     `waits`, `clock`), never its pending receives or its event records."""
     pattern = re.compile(r"\b_Pending\b|\._events\b|\._held\b|\._samples\b")
-    bad = [str(f.relative_to(ROOT)) for f in _outside_sim()
-           if f != EXEC / "interpreter.py" and pattern.search(f.read_text())]
-    assert not bad, f"private state of exec.interpreter used in {bad}"
+    bad = [str(f.relative_to(ROOT)) for f in _code_files()
+           if "sim" not in f.relative_to(ROOT).parts[:1] and f.name != "interpreter.py" and pattern.search(f.read_text())]
+    assert not bad, f"private state of the interpreter used in {bad}"
 
 
-@pytest.mark.parametrize("name", sorted(_exec_modules()))
-def test_each_exec_module_says_what_it_is_and_stays_small(name):
-    path = _exec_modules()[name]
-    text = path.read_text()
-    tree = ast.parse(text)
-    doc = ast.get_docstring(tree)
-    if path.name != "__main__.py":
-        assert doc and doc.splitlines()[0].strip(), f"{name} has no docstring saying what it is"
-    assert len(text.splitlines()) <= MAX_MODULE_LINES, f"{name} has {len(text.splitlines())} lines"
+def _function_lengths(tree: ast.AST):
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             lines = node.end_lineno - node.lineno + 1
@@ -147,4 +173,22 @@ def test_each_exec_module_says_what_it_is_and_stays_small(name):
             if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
                     and isinstance(body[0].value.value, str):
                 lines -= body[0].end_lineno - body[0].lineno + 1
-            assert lines <= MAX_FUNCTION_LINES, f"{name}.{node.name} has {lines} lines (docstring aside)"
+            yield node.name, lines
+
+
+@pytest.mark.parametrize("name", sorted(modules()))
+def test_each_module_says_what_it_is_and_stays_small(name):
+    path = modules()[name]
+    text = path.read_text()
+    tree = ast.parse(text)
+    doc = ast.get_docstring(tree)
+    assert doc and doc.splitlines()[0].strip(), f"{name} has no docstring saying what it is"
+    assert len(text.splitlines()) <= MAX_MODULE_LINES, f"{name} has {len(text.splitlines())} lines"
+    long = [f"{fn} ({n} lines)" for fn, n in _function_lengths(tree) if n > MAX_FUNCTION_LINES]
+    assert not long, f"{name}: functions over {MAX_FUNCTION_LINES} lines, docstring aside: {long}"
+
+
+@pytest.mark.parametrize("folder", sorted({p.parent for p in modules().values()}), ids=lambda p: str(p.relative_to(ROOT)))
+def test_each_folder_stays_readable(folder):
+    mods = [p for p in folder.glob("*.py") if p.name not in ("__init__.py", "__main__.py")]
+    assert len(mods) <= MAX_FOLDER_MODULES, f"{folder.relative_to(ROOT)} holds {len(mods)} modules"

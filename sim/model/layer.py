@@ -38,7 +38,7 @@ from sim.hardware.profile import DeviceProfile, resolve
 from sim.hardware.kernels import gemm_time, memory_time, precision_bytes
 from sim.hardware.network import collective_time, links_of
 from sim.hardware.topology import Group, one_node
-from .transformer import Transformer, _recompute
+from .transformer import Transformer, check_recompute
 
 # (name, bytes per element of the tensor it works on, which tensor) per layer, forward and
 # backward. Tensors: "sbh" (a hidden state), "sbf" (an MLP activation), "as2b" (the attention
@@ -140,7 +140,7 @@ def layer_times(m: Transformer, dev: DeviceProfile | str, x: Slice, recompute: s
     device profile `dev`; `tp_overlap`: B hides its tensor-parallel collectives under the
     weight-gradient matmuls. Times are device times; the host's launch floor over a whole
     stage's pass is `sim.estimate`'s (from `kernels`)."""
-    _recompute(recompute)
+    check_recompute(recompute)
     dev = resolve(dev)
     p, shapes = x.precision, gemm_shapes(m, x)
     fwd = {k: gemm_time(dev, p, mm, n, kk, nb) for k, (mm, n, kk, nb) in shapes.items()}

@@ -80,7 +80,8 @@ def _element_bytes(precision: str) -> int:
     return _ELEMENT[precision]
 
 
-def _recompute(recompute: str) -> str:
+def check_recompute(recompute: str) -> str:
+    """`recompute` if it is a known mode (RECOMPUTE), else ValueError naming them."""
     if recompute not in RECOMPUTE:
         raise ValueError(f"recompute must be one of {', '.join(RECOMPUTE)}; got {recompute!r}")
     return recompute
@@ -180,7 +181,7 @@ class Transformer:
         scores and values."""
         parts = self.layer_flops(micro_batch)
         return {"none": 0.0, "selective": parts["scores"] + parts["values"],
-                "full": sum(parts.values())}[_recompute(recompute)]
+                "full": sum(parts.values())}[check_recompute(recompute)]
 
     def flops_per_iteration(self, batch: int, recompute: str = "none") -> float:
         """FLOPs of one training iteration over `batch` sequences. "full": Narayanan et al. 2021,
@@ -210,7 +211,7 @@ class Transformer:
         _positive_int("micro_batch", micro_batch)
         e, sb, a = _element_bytes(precision), self.seq * micro_batch, self._a
         sbh = sb * self.hidden
-        if _recompute(recompute) == "full":
+        if check_recompute(recompute) == "full":
             return e * sbh
         drop = 1 if self.dropout else 0
         stats = 2 * a["norm_stats"] * _FP32 * sb if self.kernels == "torch" else 0

@@ -23,7 +23,6 @@ from sim.cli import whole
 from sim.hardware.gpus import GIB, GPUS
 from sim.schedule.ir import ScheduleError
 from .planner import MAX_CONFIGS, MAX_MICRO_BATCH, MAX_VIRTUAL, TOP, Plan, search
-from sim.plot.cli import _Formatter
 from sim.schedules import SCHEDULES
 from sim.model.transformer import RECOMPUTE
 
@@ -45,7 +44,7 @@ def _words(text: str) -> list[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = cli.OneLineParser(
-        error_prog=PROG, prog="python -m sim.plan", formatter_class=_Formatter,
+        error_prog=PROG, prog="python -m sim.plan", formatter_class=cli.DefaultsFormatter,
         description="Search tensor, pipeline and data parallelism, micro-batch size, schedule, chunks, "
                     "recompute and ZeRO stage for the fastest training step that fits; print the best, "
                     "draw its step and a scatter of all simulated configurations.",

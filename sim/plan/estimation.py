@@ -37,7 +37,7 @@ from sim.hardware.profile import DeviceProfile, resolve
 from sim.engine.result import Result
 from sim.schedules import lookup, make_schedule
 from sim.hardware.topology import Topology
-from sim.model.transformer import MODELS, Transformer, _recompute, model as model_by_name
+from sim.model.transformer import MODELS, Transformer, check_recompute, model as model_by_name
 
 
 @dataclass(frozen=True)
@@ -219,7 +219,7 @@ def check_layout(m: Transformer, g: DeviceProfile, lay: Layout) -> list[str]:
             continue
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name} must be a positive int, got {v!r}")
-    _recompute(lay.recompute)
+    check_recompute(lay.recompute)
     stages = lay.pp * (lay.virtual if isinstance(lay.virtual, int) else lookup(lay.schedule)[1].virtual)
     if stages > m.layers:  # before any work (the schedule refuses a wrong V itself)
         chunks = f" x V {stages // lay.pp}" if stages != lay.pp else ""

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sim.hardware.gpus import GIB
-from sim.plot.gantt import WIDTH, _new_figure, plot_result, save_figure
+from sim.plot.gantt import WIDTH, new_figure, plot_result, save_figure
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -48,7 +48,7 @@ def _what(plan: "Plan") -> str:
 
 def plot_scatter(plan: "Plan") -> "Figure":
     """Step time against peak memory of every simulated configuration."""
-    fig = _new_figure(WIDTH, 6.0)
+    fig = new_figure(WIDTH, 6.0)
     ax = fig.subplots()
     fits = [p for p in plan.points if p.fits]
     over = [p for p in plan.points if not p.fits]

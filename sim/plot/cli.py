@@ -66,18 +66,9 @@ def _per_stage(text: str) -> list[float]:
     return [number(t.strip()) for t in text.split(",")]
 
 
-class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows each option's default, except for flags and options with none to show."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        if action.default in (None, False, argparse.SUPPRESS):
-            return action.help or ""
-        return super()._get_help_string(action)
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = cli.OneLineParser(
-        error_prog="sim.plot", prog="python -m sim.plot", formatter_class=_Formatter,
+        error_prog="sim.plot", prog="python -m sim.plot", formatter_class=cli.DefaultsFormatter,
         description="Simulate pipeline schedules, print their makespan, bubble and peak memory, "
                     "and draw their timelines and memory.",
         epilog=f"Times are in {TIME_UNIT}: any one unit, used for every time option (seconds, if you give "

@@ -64,7 +64,7 @@ PLOT_PX = 0.8 * WIDTH * DPI  # about the width of a chart in pixels
 
 # ----------------------------------------------------------------------------- helpers
 
-def _new_figure(width: float, height: float) -> "Figure":
+def new_figure(width: float, height: float) -> "Figure":
     """A Figure on the Agg canvas (renders to PNG, no display, no pyplot state)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -205,7 +205,7 @@ def plot_result(result: Result, unit: tuple[float, str] | None = None) -> "Figur
     schedule, its size, the makespan and the bubble fraction. `unit`: the memory's
     (scale, name), as `draw_memory` takes it."""
     heights = _panel_heights(result)
-    fig = _new_figure(WIDTH, sum(heights) + 0.5)
+    fig = new_figure(WIDTH, sum(heights) + 0.5)
     gantt, mem = fig.subplots(2, 1, sharex=True, height_ratios=heights)
     draw_timeline(result, gantt)
     gantt.set_xlabel("")  # the memory panel below carries the shared time axis
@@ -226,7 +226,7 @@ def plot_overlay(simulated: Result, measured: Result) -> "Figure":
     ranks = max(simulated.ranks, measured.ranks)
     end = max(simulated.makespan, measured.makespan)
     detail = timeline_style(simulated) == timeline_style(measured) == "bars"
-    fig = _new_figure(WIDTH, 1.4 + min(0.5 * ranks, MAX_HEIGHT))
+    fig = new_figure(WIDTH, 1.4 + min(0.5 * ranks, MAX_HEIGHT))
     ax = fig.subplots()
     _rank_rows(ax, ranks, end)
     draw_bars(ax, simulated, height=0.84, detail=detail, alpha=0.35, hatch="///", hatch_chunks=False,
@@ -267,7 +267,7 @@ def plot_compare(results: Sequence[Result], shared_time: bool | None = None,
     heights = [h for r in results for h in _panel_heights(r, per_row=0.38)]
     room = MAX_HEIGHT - 0.6
     heights = [h * min(1.0, room / sum(heights)) for h in heights]
-    fig = _new_figure(WIDTH, sum(heights) + 0.6)
+    fig = new_figure(WIDTH, sum(heights) + 0.6)
     axes = fig.subplots(len(heights), 1, height_ratios=heights, squeeze=False)[:, 0]
     top = max(max(r.peak_memory, default=0.0) for r in results)
     unit = unit or memory_unit(results, top)
