@@ -7,7 +7,7 @@
     ([2, 3], [1, 3])
 
 A run of `dp` pipeline replicas of `pp` ranks each has `pp * dp` processes. They are
-numbered as `sim.estimate.Layout` numbers them (Megatron-LM's default order, with tp = 1):
+numbered as `sim.Layout` numbers them (Megatron-LM's default order, with tp = 1):
 the data-parallel index fastest, then the pipeline rank, so world rank = pipeline rank *
 dp + replica. The ranks that hold the same pipeline position in every replica form one
 data-parallel process group (`torch.distributed.new_group`); all the stages a rank hosts

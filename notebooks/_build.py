@@ -1452,7 +1452,7 @@ print("\\nrow   as published          no checkpointing      no sharding")
 for key in sim.model.sagemaker.REFERENCES:
     cells = []
     for overrides in ({}, {"recompute": "none"}, {"zero": 0}):
-        e = sim.model.sagemaker.estimate(key, **overrides)
+        e = sim.plan.published.sagemaker_estimate(key, **overrides)
         cells.append(f"{max(e.peak_memory) / GiB:5.1f} GiB {'fits' if e.fits else 'OOM ':4}")
     print(f"{key:>4}  " + "     ".join(cells))
 

@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 
 import sim
 from sim.plan.data_parallel import stage_params
-from sim.plan.estimation import end_times
+from sim.plan.stage_costs import end_times
 from sim.model.footprint import optimizer_step_bytes, state_bytes_per_param
 from sim.hardware.gpus import gpu
 from sim.hardware.kernels import TILE, gemm_flops, gemm_time
@@ -244,7 +244,7 @@ def test_balanced_partition_keeps_every_stage_within_memory():
     stage holds 8 micro-batches); the balanced one moves layers back until each fits. Each
     stage's cap, found from the schedule's program order, is checked against the simulation:
     that many layers on the stage fit its device, one more does not."""
-    from sim.plan.estimation import memory_caps
+    from sim.plan.stage_costs import memory_caps
     kw = dict(tp=8, pp=8, micro_batch=1, global_batch=16)
     ev = sim.estimate("gpt3-175b", "a100-80gb", **kw)
     ba = sim.estimate("gpt3-175b", "a100-80gb", partition="balanced", **kw)

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 import sim
-from sim.plan.planner import Config, search
+from sim.plan.planner import search
+from sim.plan.space import Config
 from sim.plan.cli import ProgressBar
 from sim.search.zbauto import order_peak, split_1f1b, zb_auto
 

@@ -13,6 +13,7 @@ from hypothesis import assume, given, settings, strategies as st
 import sim
 import sim.plan.planner as plan
 from sim.model import sagemaker
+from sim.plan import bounds as plan_bounds, published, space as plan_space
 from sim.plan.cli import main
 from sim.plan.figures import write_figures
 from sim.model.transformer import RECOMPUTE
@@ -40,7 +41,7 @@ def exhaustive(model, gpu, gpus, global_batch, schedules, recompute, zero):
             dp = gpus // (tp * pp)
             if pp > m.layers or global_batch % dp:
                 continue
-            for b in [d for d in divisors(global_batch // dp) if d <= plan.MAX_MICRO_BATCH]:
+            for b in [d for d in divisors(global_batch // dp) if d <= plan_space.MAX_MICRO_BATCH]:
                 for name in (["1f1b"] if pp == 1 else schedules):
                     vs = [v for v in (2, 3, 4) if m.layers % (pp * v) == 0] if name == "interleaved-1f1b" else [None]
                     for v, r, z, sp in itertools.product(vs, recompute, zero, (False, True)):
@@ -73,7 +74,7 @@ def test_top_rows_equal_the_exhaustive_best(estimates, small_plan):
 
 
 def test_every_configuration_is_enumerated_once(estimates):
-    configs = plan.configurations(sim.MODELS[SMALL["model"]], SMALL["gpus"], SMALL["global_batch"], **SMALL_SPACE)
+    configs = plan_space.configurations(sim.MODELS[SMALL["model"]], SMALL["gpus"], SMALL["global_batch"], **SMALL_SPACE)
     assert len(set(configs)) == len(configs)
     found = {(e.layout.tp, e.layout.pp, e.layout.micro_batch, e.layout.schedule, e.result.schedule.stages // e.layout.pp,
               e.layout.recompute, e.layout.zero, e.layout.sequence_parallel) for e in estimates}
@@ -85,10 +86,10 @@ def test_every_configuration_is_enumerated_once(estimates):
 def test_bounds_never_exceed_the_estimate(estimates):
     """The memory bound and both step-time bounds are lower bounds of every estimate."""
     m, g = sim.MODELS[SMALL["model"]], sim.GPUS[SMALL["gpu"]]
-    bounds = plan.Bounds(m, g, SMALL["global_batch"], "bf16", 8)
+    bounds = plan_bounds.Bounds(m, g, SMALL["global_batch"], "bf16", 8)
     for e in estimates:
         lay = e.layout
-        c = plan.Config(lay.tp, lay.pp, lay.dp, lay.micro_batch, lay.schedule, e.result.schedule.stages // lay.pp,
+        c = plan_space.Config(lay.tp, lay.pp, lay.dp, lay.micro_batch, lay.schedule, e.result.schedule.stages // lay.pp,
                         lay.recompute, lay.zero, lay.sequence_parallel)
         assert bounds.memory_average(c) <= bounds.memory(c) <= max(e.peak_memory) * (1 + 1e-9), c
         assert bounds.average(c) <= bounds.time(c) <= bounds.schedule_time(c) <= e.step_time * (1 + 1e-9), c
@@ -100,9 +101,9 @@ def test_bounds_never_exceed_the_estimate(estimates):
 def test_bounds_hold_for_gpt3(schedule, pp, dp, v):
     """The same on GPT-3 175B (uneven stages where 96 layers do not split evenly)."""
     m, g = sim.MODELS["gpt3-175b"], sim.GPUS["a100-80gb"]
-    bounds = plan.Bounds(m, g, 32, "bf16", 8)
+    bounds = plan_bounds.Bounds(m, g, 32, "bf16", 8)
     for r, z in (("selective", 1), ("full", 0)):
-        c = plan.Config(8, pp, dp, 1, schedule, v or sim.SCHEDULES[schedule].virtual, r, z, True)
+        c = plan_space.Config(8, pp, dp, 1, schedule, v or sim.SCHEDULES[schedule].virtual, r, z, True)
         e = sim.estimate(m, g, global_batch=32, **c.kwargs())
         assert bounds.memory_average(c) <= bounds.memory(c) <= max(e.peak_memory) * (1 + 1e-9)
         assert bounds.average(c) <= bounds.time(c) <= bounds.schedule_time(c) <= e.step_time * (1 + 1e-9)
@@ -130,10 +131,10 @@ def test_bounds_never_exceed_the_estimate_of_random_layouts(problem, precision, 
     each step-time bound at least the one before it and at most the estimate's step; the
     path bound the step itself where there is one device."""
     m, gpu, gpus, batch, per_node = problem
-    configs = [c for c in plan.configurations(m, gpus, batch, schedules=list(sim.SCHEDULES), gpus_per_node=per_node,
+    configs = [c for c in plan_space.configurations(m, gpus, batch, schedules=list(sim.SCHEDULES), gpus_per_node=per_node,
                                               max_micro_batch=4)
                if c.schedule != "zb-auto" or (c.pp <= 4 and batch // (c.dp * c.micro_batch) <= 6)]  # its search: seconds
-    bounds = plan.Bounds(m, sim.GPUS[gpu], batch, precision, per_node, partition, nics)
+    bounds = plan_bounds.Bounds(m, sim.GPUS[gpu], batch, precision, per_node, partition, nics)
     for c in rnd.sample(configs, min(4, len(configs))):
         try:
             e = sim.estimate(m, gpu, global_batch=batch, precision=precision, gpus_per_node=per_node,
@@ -154,9 +155,9 @@ def test_pruned_search_ranks_as_an_exhaustive_loop(problem, top, room, rnd):
     of every configuration, the first enumerated on a tie, shown by step time then peak
     memory; with top=None and max_step_time, every fitting one at least that fast."""
     m, gpu, gpus, batch, per_node = problem
-    space = dict(schedules=rnd.sample(plan.DEFAULT_SCHEDULES, 4), recompute=rnd.sample(RECOMPUTE, 2),
+    space = dict(schedules=rnd.sample(plan_space.DEFAULT_SCHEDULES, 4), recompute=rnd.sample(RECOMPUTE, 2),
                  max_micro_batch=2, gpus_per_node=per_node)
-    configs = plan.configurations(m, gpus, batch, **space)
+    configs = plan_space.configurations(m, gpus, batch, **space)
     everything = []
     for i, c in enumerate(configs):
         try:
@@ -180,10 +181,10 @@ def test_pruned_search_ranks_as_an_exhaustive_loop(problem, top, room, rnd):
 def test_held_counts_follow_the_closed_forms():
     """Micro-batches held at once: GPipe all m on every device, 1F1B min(p - r, m)."""
     s = sim.make_schedule
-    assert plan.held(s("gpipe", 4, 6)) == [6] * 4
-    assert plan.held(s("1f1b", 4, 6)) == [4, 3, 2, 1]
-    assert plan.held(s("1f1b", 4, 2)) == [2, 2, 2, 1]
-    assert plan.held(s("naive", 4, 6)) == [1] * 4
+    assert plan_bounds.held(s("gpipe", 4, 6)) == [6] * 4
+    assert plan_bounds.held(s("1f1b", 4, 6)) == [4, 3, 2, 1]
+    assert plan_bounds.held(s("1f1b", 4, 2)) == [2, 2, 2, 1]
+    assert plan_bounds.held(s("naive", 4, 6)) == [1] * 4
 
 
 def run(argv, capsys):
@@ -269,9 +270,9 @@ def test_sagemaker_shapes_count_their_names():
 def test_sagemaker_rows_fit_and_break_without_checkpointing_or_sharding(row):
     """Each row fits in 40 GB as documented; without activation checkpointing or without
     optimizer state sharding it does not."""
-    assert sagemaker.estimate(row).fits
-    assert not sagemaker.estimate(row, recompute="none").fits
-    assert not sagemaker.estimate(row, zero=0).fits
+    assert published.sagemaker_estimate(row).fits
+    assert not published.sagemaker_estimate(row, recompute="none").fits
+    assert not published.sagemaker_estimate(row, zero=0).fits
 
 
 @pytest.mark.parametrize("row", ["10b", "30b"])
@@ -279,7 +280,7 @@ def test_planner_finds_the_sagemaker_row_and_no_slower_best(row):
     """Restricted to the row's own choices, the planner's one configuration is the row
     (same predicted step); with the recompute and ZeRO choices open, its best is no slower."""
     r = sagemaker.REFERENCES[row]
-    ref = sagemaker.estimate(row)
+    ref = published.sagemaker_estimate(row)
     same = dict(tp=r.tp, pp=r.pp, micro_batch=r.batch_size // r.microbatches, precision="fp16",
                 sequence_parallel=[False], schedules=["1f1b"])
     only = plan.search(r.model, sagemaker.GPU, r.gpus, r.global_batch, recompute="full", zero=1, **same)

@@ -1,7 +1,7 @@
 """GPUs by name: peak dense FLOP/s per precision, memory and the links a training run uses.
 
 Every number is from NVIDIA's datasheets and DGX user guides (cited beside it): what the vendor
-states, never what software achieves on it; that is a device profile's (`sim.device_profile`,
+states, never what software achieves on it; that is a device profile's (`sim.hardware.profile`,
 docs/profiles.md). Units are SI:
 FLOP/s, bytes, bytes/s per direction, seconds. Datasheets give NVLink and PCIe bandwidth as
 the sum of both directions (A100: "NVLink 600 GB/s"); here it is halved to one direction, which

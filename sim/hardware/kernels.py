@@ -1,7 +1,7 @@
 """How long one device takes for the compute of a training step: matmuls and memory-bound kernels.
 
 Two physical models, each from its source, whose achieved rates come from a device profile
-(`sim.device_profile`, docs/profiles.md): measured tables where the profile has them, else these.
+(`sim.hardware.profile`, docs/profiles.md): measured tables where the profile has them, else these.
 
 - A matmul (GEMM) runs on the tensor cores tile by tile: the output is cut into tiles, each
   streaming multiprocessor (SM) computes one tile at a time, and the tiles run in waves of
@@ -13,7 +13,7 @@ Two physical models, each from its source, whose achieved rates come from a devi
 - An elementwise kernel (LayerNorm, softmax, GeLU, dropout, residual add) moves its bytes at
   the profile's memory-bound bandwidth of its class: its arithmetic intensity is far below the
   GPU's FLOPs-to-bytes ratio (same guide, Table 1: ReLU 0.25 FLOP/B against A100's 139 FLOP/B).
-- Collectives and sends: `sim.network` (NCCL's model over the cluster's links, `sim.topology`).
+- Collectives and sends: `sim.hardware.network` (NCCL's model over the cluster's links, `sim.hardware.topology`).
 
     >>> from sim.hardware.profile import profile
     >>> p = profile("a100-80gb-best-case")

@@ -21,7 +21,7 @@ of `nbytes` (the whole buffer) over n ranks on N nodes, k of them on each:
   is the plain NVLink ring.
 
 The bus bandwidth B: inside one node NVLink's (`Links.node`); across nodes the NICs the
-group's k GPUs on a node share (`sim.topology`: `Group.nic_share` NICs) at one NIC's bus
+group's k GPUs on a node share (`sim.hardware.topology`: `Group.nic_share` NICs) at one NIC's bus
 bandwidth each (`Links.network`), at most NVLink's: each channel also crosses NVLink inside
 the node. Not modelled: NCCL's per-channel bandwidth caps (`perChMaxTreeBws` and the like:
 the channel count is not modelled), its network post overhead (`getNetOverhead`: 1 us on Intel,
@@ -29,7 +29,7 @@ the channel count is not modelled), its network post overhead (`getNetOverhead`:
 the network latency of the graph (`latencyInter`, 0 for InfiniBand).
 
 The links are plain records (`Link`, `P2PLink`, `Links`), taken as arguments; `links_of` builds
-them from a device profile (`sim.device_profile`, docs/profiles.md). Where the profile has a
+them from a device profile (`sim.hardware.profile`, docs/profiles.md). Where the profile has a
 measured table of a collective over this many ranks on this link (`collectives.table`), or
 of sends (`p2p.table`), the table's time is taken instead of the model's.
 

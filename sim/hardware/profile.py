@@ -3,7 +3,7 @@
 The format is docs/profiles.md's (version 1). A `DeviceProfile` holds a datasheet (`sim.GPU`)
 and the achieved figures: matmul efficiency or a measured matmul table, memory-bound
 bandwidth by kernel class, collective and point-to-point links (NCCL's ring model, or a
-measured table), the host's launch cost per kernel and a step's fixed overhead. `sim.kernels`
+measured table), the host's launch cost per kernel and a step's fixed overhead. `sim.hardware.kernels`
 turns them into times; nothing here models anything, it only reads, checks and looks up.
 
     >>> p = profile("a100-80gb-best-case")
@@ -51,7 +51,7 @@ class Link:
 @dataclass(frozen=True, eq=False)
 class DeviceProfile:
     """A datasheet and what a software stack achieves on it (docs/profiles.md). Build with
-    `load_profile`, `profile` or `from_dict`; times come from `sim.kernels`."""
+    `load_profile`, `profile` or `from_dict`; times come from `sim.hardware.kernels`."""
     name: str
     description: str
     gpu: GPU

@@ -28,7 +28,7 @@ k GPUs get
 
     nic_share = k * nics_per_node / gpus_per_node    NICs (at most nics_per_node)
 
-(`sim.network` caps the product with NVLink's bandwidth: the ring also runs through NVLink
+(`sim.hardware.network` caps the product with NVLink's bandwidth: the ring also runs through NVLink
 inside the node). With one NIC a GPU (DGX A100 / H100: `nics_per_node = gpus_per_node`, the
 default) that is k NICs; with 4 NICs for 8 GPUs, k/2. A pipeline send from one GPU to the next
 stage's is a group of two; every GPU of a stage sends at once, so each gets the GPU's share,

@@ -82,7 +82,7 @@ class LayerTimes:
 @dataclass(frozen=True)
 class Slice:
     """How one GPU holds a layer: its micro-batch, tensor-parallel size, sequence parallelism
-    and precision, and how its tensor-parallel group sits on the nodes (`sim.topology`;
+    and precision, and how its tensor-parallel group sits on the nodes (`sim.hardware.topology`;
     None: inside one node)."""
     micro_batch: int
     tp: int = 1

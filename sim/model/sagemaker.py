@@ -91,10 +91,3 @@ REFERENCES: dict[str, Reference] = {
     "60b": Reference("sagemaker-gpt2-60b", nodes=32, pp=2, tp=8, batch_size=56, microbatches=4,
                      active_microbatches=2),
 }
-
-
-def estimate(row: Reference | str, **overrides):
-    """`sim.estimate` of a reference row (`REFERENCES` key or `Reference`), on its GPUs."""
-    from sim.plan.estimation import estimate as run
-    r = REFERENCES[row] if isinstance(row, str) else row
-    return run(MODELS[r.model], GPU, **r.kwargs(**overrides))

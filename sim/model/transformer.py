@@ -31,7 +31,7 @@ from dataclasses import dataclass
 RECOMPUTE = ("none", "selective", "full")
 ATTENTION = ("unfused", "flash")
 KERNELS = ("megatron", "torch")
-# bytes of an element of an activation (the planner's precisions; sim.kernels has the same)
+# bytes of an element of an activation (the planner's precisions; sim.hardware.kernels has the same)
 _ELEMENT = {"bf16": 2, "fp16": 2, "tf32": 4, "fp32": 4}
 _FP32, _INT64 = 4, 8  # norm statistics and flash's log-sum-exp are fp32; token ids and targets int64
 

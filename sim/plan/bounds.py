@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Sequence
 from sim.engine.costs import Costs, StageCosts
 from sim.engine.core import simulate
 from .data_parallel import optimizer_time, stage_params
-from .estimation import Layout, _partition, _stage_costs, end_times
+from .layout import Layout
+from .stage_costs import end_times, partition_layers, stage_costs
 from sim.model.footprint import optimizer_step_bytes, state_bytes_per_param
 from sim.hardware.profile import DeviceProfile, resolve
 from sim.schedule.ir import Schedule
@@ -31,16 +32,16 @@ from sim.model.transformer import Transformer
 from sim.search.zbauto import split_1f1b
 
 if TYPE_CHECKING:
-    from .planner import Config
+    from .space import Config
 
-# Schedules that `sim.estimate` builds under the run's own costs (`sim.estimate._schedule`):
+# Schedules that `sim.estimate` builds under the run's own costs (`sim.plan.estimation.build_schedule`):
 # the unit-cost one built here may order their actions otherwise.
 _COST_DEPENDENT = ("zb-auto",)
 
 
 def held(schedule: Schedule) -> list[int]:
     """Per device, the most micro-batch chunks whose activations it holds at once. Memory
-    follows each device's program order (`sim.kinds`: from the start of F to the end of B
+    follows each device's program order (`sim.schedule.kinds`: from the start of F to the end of B
     or I), not the timing, so no simulation is needed: one byte per micro-batch of a stage."""
     unit = Costs(activation_bytes=1.0, w_activation_bytes=0.0).for_stages(schedule.stages)
     return [round(program_peak(prog, unit)) for prog in schedule.programs]
@@ -134,7 +135,7 @@ class Bounds:
 
     def memory(self, c: Config) -> float:
         """The fullest device holds at least its stages' weights, gradients and optimizer
-        state (`sim.estimate.stage_params`, `sim.footprint`) and, at its peak, its most
+        state (`sim.plan.data_parallel.stage_params`, `sim.model.footprint`) and, at its peak, its most
         chunks held times its smallest chunk's activations."""
         average = self.memory_average(c)
         if not self.even or average > self.g.memory:
@@ -166,8 +167,8 @@ class Bounds:
         ends = self._ends[x]
         lay = Layout(global_batch=self.batch, precision=self.precision, gpus_per_node=self.gpn,
                      partition=self.partition, nics_per_node=self.nics, **c.kwargs())
-        layers = _partition(self.m.layers, sh.schedule.stages, self.partition, lt, ends)
-        costs, _ = _stage_costs(self.m, self.g, lay, x, lt, ends, layers, sh.schedule.placement)
+        layers = partition_layers(self.m.layers, sh.schedule.stages, self.partition, lt, ends)
+        costs, _ = stage_costs(self.m, self.g, lay, x, lt, ends, layers, sh.schedule.placement)
         return costs.for_stages(sh.schedule.stages), layers, lay
 
     def time(self, c: Config) -> float:

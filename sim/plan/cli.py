@@ -22,7 +22,8 @@ from sim import cli
 from sim.cli import whole
 from sim.hardware.gpus import GIB, GPUS
 from sim.schedule.ir import ScheduleError
-from .planner import MAX_CONFIGS, MAX_MICRO_BATCH, MAX_VIRTUAL, TOP, Plan, search
+from .planner import Plan, search
+from .space import MAX_CONFIGS, MAX_MICRO_BATCH, MAX_VIRTUAL, TOP
 from sim.schedules import SCHEDULES
 from sim.model.transformer import RECOMPUTE
 
@@ -144,7 +145,7 @@ def format_report(plan: Plan) -> str:
     """The header, the table, and what was left out: the enumerated configurations by
     reason (they and the simulated ones that fit add up to the enumerated), then what was
     not enumerated at all (layouts and schedule sizes, not configurations)."""
-    from .planner import model_name
+    from .names import model_name
     fit = plan.simulated - plan.dropped_configs["does not fit (simulated)"]
     lines = [f"{model_name(plan.model)} on {plan.gpus} x {plan.gpu.name}, global batch {plan.global_batch}: "
              f"{plan.enumerated} configurations, {plan.simulated} simulated ({fit} fit) in {plan.seconds:.1f} s"]

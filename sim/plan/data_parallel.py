@@ -4,7 +4,7 @@ the reduction of their gradients over the replicas, ZeRO-3's gathers, and the Ad
 `sim.estimate` puts the reductions on the step as REDUCE_GRAD actions, the ZeRO-3 gathers into
 each micro-batch's passes and the AdamW step after the pipeline flush; `Layout` is the
 estimate's (its tp, dp, pp, ZeRO stage, precision, and nodes: `Layout.topology`, which says
-how each data-parallel group sits on them); collectives are timed by `sim.network`.
+how each data-parallel group sits on them); collectives are timed by `sim.hardware.network`.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from sim.hardware.network import collective_time, links_of
 from sim.model.transformer import Transformer
 
 if TYPE_CHECKING:
-    from .estimation import Layout
+    from .layout import Layout
 
 
 def stage_params(m: Transformer, layers: list[int], tp: int, placement) -> list[float]:
@@ -39,7 +39,7 @@ def grad_reduce_times(m: Transformer, g: DeviceProfile, lay: Layout, params: lis
     of its gradient bytes over the dp replicas (ZeRO 1-2: a reduce-scatter and, after the
     optimizer, an all-gather of the updated weights, the same bytes, Rajbhandari et al. 2020,
     Sec. 7.2; ZeRO-3 reduces each micro-batch's in its backward instead: `zero3_times`),
-    over the data-parallel group's link (`sim.topology`); on the
+    over the data-parallel group's link (`sim.hardware.topology`); on the
     first and last stage, where they are on two devices and the output layer is tied, also
     the all-reduce of the word embedding's gradient between its two copies (Megatron-LM's
     embedding group)."""

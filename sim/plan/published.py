@@ -19,6 +19,7 @@ from .estimation import Estimate, estimate
 from sim.hardware.profile import resolve
 from sim.hardware.gpus import gpu as gpu_by_name
 from sim.model.layer import Slice, layer_times
+from sim.model.sagemaker import GPU as SAGEMAKER_GPU, MODELS as SAGEMAKER, REFERENCES, Reference
 from sim.model.transformer import model as model_by_name
 
 A100 = "a100-80gb"  # both papers: Selene, "8 NVIDIA 80GB A100 GPUs" per node, 312 TFLOP/s 16-bit peak
@@ -161,3 +162,9 @@ def korthikanti_table_5() -> list[dict]:
                     "mfu": present.mfu, "mfu_published": row[8], "mfu_from_published_time": published_mfu(row),
                     "fits": [full.fits, present.fits]})
     return out
+
+
+def sagemaker_estimate(row: Reference | str, **overrides) -> Estimate:
+    """`sim.estimate` of a reference row (`REFERENCES` key or `Reference`), on its GPUs."""
+    r = REFERENCES[row] if isinstance(row, str) else row
+    return estimate(SAGEMAKER[r.model], SAGEMAKER_GPU, **r.kwargs(**overrides))

@@ -1,0 +1,185 @@
+"""The planner's search space: every layout of a run's GPUs and batch, and the schedules, chunks, recompute and ZeRO choices over it."""
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from dataclasses import dataclass
+from typing import Sequence
+
+from sim.model.footprint import ZERO_STAGES
+from sim.model.transformer import RECOMPUTE, Transformer
+from sim.schedules import SCHEDULES, lookup
+
+MAX_MICRO_BATCH = 16   # largest micro-batch tried by default (Megatron-LM's Table 1 runs use 1 to 16)
+MAX_VIRTUAL = 4        # most chunks per device tried for interleaved-1f1b and looped-bfs
+MAX_CONFIGS = 200_000  # most configurations a search enumerates before it refuses
+TOP = 10
+# Every schedule but zb-auto, whose own search simulates dozens of candidate steps for each
+# one it builds (minutes for pp=64 and hundreds of micro-batches); name it to include it.
+DEFAULT_SCHEDULES = tuple(name for name in SCHEDULES if name != "zb-auto")
+# Where it is named, the planner's zb-auto runs its heuristic at most this many times per
+# configuration (`sim.search.zbauto.zb_auto(max_runs=)`: the likeliest fastest runs first), so that
+# one configuration of hundreds of micro-batches takes seconds, not minutes.
+ZB_AUTO_RUNS = 4
+# What `configurations` leaves out before a configuration is made: these count layouts and
+# (schedule, V) pairs, not configurations (`Plan.not_enumerated`).
+NOT_ENUMERATED = ("dp does not divide the global batch (tp x pp layouts)",
+                  "batch does not split into micro-batches (layouts)", "more stages than layers",
+                  "the schedule refuses these sizes")
+
+
+@dataclass(frozen=True)
+class Config:
+    """One point of the search: how the run is split (the arguments of `sim.estimate`)."""
+    tp: int
+    pp: int
+    dp: int
+    micro_batch: int
+    schedule: str
+    virtual: int
+    recompute: str
+    zero: int
+    sequence_parallel: bool
+
+    def kwargs(self) -> dict:
+        """Keyword arguments of `sim.estimate` for this configuration."""
+        return dict(tp=self.tp, pp=self.pp, dp=self.dp, micro_batch=self.micro_batch, schedule=self.schedule,
+                    virtual=self.virtual, recompute=self.recompute, zero=self.zero,
+                    sequence_parallel=self.sequence_parallel)
+
+    def options(self) -> dict:
+        """The schedule's options the planner adds to `kwargs` (zb-auto: its budget of runs,
+        `ZB_AUTO_RUNS`)."""
+        return {"max_runs": ZB_AUTO_RUNS} if self.schedule == "zb-auto" else {}
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _tp_ok(m: Transformer, tp: int) -> bool:
+    return all(n % tp == 0 for n in (m.heads, m.kv_heads, m.ffn, m.vocab))
+
+
+def _choices(name: str, given, default: Sequence) -> list:
+    """The user's values for a searched dimension (one value or several), else the default."""
+    if given is None:
+        return list(default)
+    values = list(given) if isinstance(given, (list, tuple, set, frozenset, range)) else [given]
+    if not values:
+        raise ValueError(f"{name}: give at least one value")
+    return values
+
+
+def positive(name: str, v) -> int:
+    """`v` if it is a positive int, else ValueError naming `name`."""
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ValueError(f"{name} must be a positive int, got {v!r}")
+    return v
+
+
+def _tensor_sizes(m: Transformer, gpus: int, tp, gpus_per_node: int) -> list[int]:
+    powers = [2 ** k for k in range(gpus_per_node.bit_length()) if 2 ** k <= gpus_per_node]
+    if tp is None:
+        return [t for t in powers if gpus % t == 0 and _tp_ok(m, t)]
+    sizes = _choices("tp", tp, powers)
+    ok = [t for t in powers if _tp_ok(m, t)]
+    for t in sizes:
+        positive("tp", t)
+        if not _tp_ok(m, t):
+            raise ValueError(f"tp={t} does not divide the model's {m.heads} heads, {m.kv_heads} KV heads, "
+                             f"{m.ffn} MLP width and {m.vocab} vocabulary; use tp in {ok}")
+        if t > gpus_per_node:
+            raise ValueError(f"tp={t} spans nodes of {gpus_per_node} GPUs; use tp <= {gpus_per_node} "
+                             f"(or set gpus_per_node)")
+        if gpus % t:
+            raise ValueError(f"{gpus} GPUs do not split into tensor-parallel groups of {t}; "
+                             f"give a GPU count that is a multiple of {t}")
+    return sorted(set(sizes))
+
+
+def layouts(m: Transformer, gpus: int, global_batch: int, *, tp=None, pp=None, micro_batch=None,
+            gpus_per_node: int = 8, max_micro_batch: int = MAX_MICRO_BATCH,
+            dropped: Counter | None = None) -> list[tuple[int, int, int, int]]:
+    """Every (tp, pp, dp, micro_batch) with tp*pp*dp = gpus and global_batch = dp * b * m
+    for a whole number m of micro-batches. Raises ValueError naming the fix when the given
+    sizes leave none."""
+    dropped = Counter() if dropped is None else dropped
+    out = []
+    for t in _tensor_sizes(m, gpus, tp, gpus_per_node):
+        pps = [p for p in _divisors(gpus // t) if p <= m.layers] if pp is None else _choices("pp", pp, [])
+        for p in pps:
+            positive("pp", p)
+            if (gpus // t) % p:
+                raise ValueError(f"{gpus} GPUs are not a multiple of tp*pp = {t}*{p} = {t * p}; give a GPU "
+                                 f"count that is a multiple of {t * p} or another pp")
+            d = gpus // (t * p)
+            if global_batch % d:
+                dropped["dp does not divide the global batch (tp x pp layouts)"] += 1
+                continue
+            per = global_batch // d
+            bs = [b for b in _divisors(per) if b <= max_micro_batch] if micro_batch is None \
+                else [positive("micro_batch", b) for b in _choices("micro_batch", micro_batch, [])]
+            for b in bs:
+                if per % b:
+                    dropped["batch does not split into micro-batches (layouts)"] += 1
+                    continue
+                out.append((t, p, d, b))
+    if not out:
+        sizes = "" if micro_batch is None else f" of {','.join(map(str, _choices('micro_batch', micro_batch, [])))}"
+        raise ValueError(f"global batch {global_batch} does not split into whole micro-batches{sizes} over the dp "
+                         f"replicas of any layout of {gpus} GPUs; make it a multiple of dp * micro_batch "
+                         f"(dp = gpus / (tp * pp))")
+    return out
+
+
+def _schedule_chunks(m: Transformer, pp: int, micro: int, names: Sequence[str], max_virtual: int,
+                     virtual, dropped: Counter) -> list[tuple[str, int]]:
+    """(schedule, V) pairs that the schedule accepts for pp devices and `micro` micro-batches."""
+    if pp == 1:  # gradient accumulation whatever the schedule: one of them, V = 1 (if it takes that)
+        names = ["1f1b"] if "1f1b" in names or not names else names[:1]
+    out = []
+    for name in names:
+        gen = SCHEDULES[name]
+        if pp == 1:
+            vs = [1]
+        elif virtual is not None:
+            vs = _choices("virtual", virtual, [])
+        elif name in ("interleaved-1f1b", "looped-bfs"):
+            vs = [v for v in range(2, max_virtual + 1) if m.layers % (pp * v) == 0]
+        else:
+            vs = [gen.virtual]
+        for v in vs:
+            if pp * v > m.layers:
+                dropped["more stages than layers"] += 1
+            elif gen.check(pp, micro, v):
+                dropped["the schedule refuses these sizes"] += 1
+            else:
+                out.append((name, v))
+    return out
+
+
+def configurations(m: Transformer, gpus: int, global_batch: int, *, schedules=None, recompute=None, zero=None,
+                   sequence_parallel=None, virtual=None, max_virtual: int = MAX_VIRTUAL,
+                   dropped: Counter | None = None, **layout_limits) -> list[Config]:
+    """Every configuration of the search space (see the module's docstring)."""
+    dropped = Counter() if dropped is None else dropped
+    names = [lookup(s)[0] for s in _choices("schedules", schedules, DEFAULT_SCHEDULES)]
+    recomputes = _choices("recompute", recompute, RECOMPUTE)
+    for r in recomputes:
+        if r not in RECOMPUTE:
+            raise ValueError(f"recompute must be one of {', '.join(RECOMPUTE)}; got {r!r}")
+    zeros = _choices("zero", zero, ZERO_STAGES)
+    for z in zeros:
+        if z not in ZERO_STAGES:
+            raise ValueError(f"zero must be one of 0, 1, 2, 3 (ZeRO stage); got {z!r}")
+    sps = _choices("sequence_parallel", sequence_parallel, (False, True))
+    out = []
+    for t, p, d, b in layouts(m, gpus, global_batch, dropped=dropped, **layout_limits):
+        micro = global_batch // (d * b)
+        zs = [z for z in zeros if (z == 0 or d > 1) and (z < 3 or p == 1)] or [0]
+        for (name, v), r, z, sp in itertools.product(
+                _schedule_chunks(m, p, micro, names, max_virtual, virtual, dropped), recomputes, zs,
+                [s for s in sps if t > 1 or not s] or [False]):
+            out.append(Config(t, p, d, b, name, v, r, z, sp))
+    return out

@@ -1,0 +1,188 @@
+"""What each pipeline stage of a layout costs one GPU: its layers, the embedding and output layer at the ends, the host's launch floor, memory, and the collectives around it."""
+from __future__ import annotations
+
+from dataclasses import replace
+from functools import cache
+
+from sim.engine.costs import Costs
+from sim.engine.result import Result
+from sim.hardware.kernels import gemm_time, memory_time, precision_bytes
+from sim.hardware.network import collective_time, links_of, p2p_link
+from sim.hardware.profile import DeviceProfile
+from sim.model.footprint import state_bytes_per_param
+from sim.model.layer import LayerTimes, Slice
+from sim.model.transformer import Transformer
+from sim.passes.offload import add_offload, copy_time
+from sim.schedule.kinds import program_peak
+from sim.search.partition import balanced, even
+
+from .data_parallel import grad_reduce_times, stage_params, zero3_times
+from .layout import Layout
+
+
+def end_kernels(m: Transformer, g: DeviceProfile, x: Slice) -> dict[str, list[float]]:
+    """The kernels of the embedding (first stage) and of the final norm, output layer and loss
+    (last stage), per micro-batch and pass (F, I, W), as a list of their times. The embedding
+    lookup writes bsh elements and, split over tp (vocabulary-parallel), all-reduces them
+    (Shoeybi et al. 2019, Sec. 3); its backward adds the gradient rows into the table. The
+    output layer is a (bs, V/t, h) matmul; the vocabulary-parallel cross entropy reads the
+    logits and keeps fp32 softmax (6 bytes a logit each way); the final LayerNorm moves 4 and
+    6 bytes a hidden element."""
+    b, s, h, t, e = x.micro_batch, m.seq, m.hidden, x.tp, precision_bytes(x.precision)
+    tokens = b * s
+    sbh = tokens * h * e / (t if x.sequence_parallel else 1)
+    ar = [collective_time(links_of(g), "all_reduce", tokens * h * e, x.tensor_group)] if t > 1 else []
+    logits = tokens * m.vocab / t
+    head = dict(F=[gemm_time(g, x.precision, tokens, m.vocab // t, h), memory_time(g, 2 * sbh, "norm"),
+                   memory_time(g, 6 * logits)] + ar,
+                I=[gemm_time(g, x.precision, tokens, h, m.vocab // t), memory_time(g, 6 * logits),
+                   memory_time(g, 3 * sbh, "norm")] + ar,
+                W=[gemm_time(g, x.precision, h, m.vocab // t, tokens)])
+    embed = dict(F=[memory_time(g, 2 * tokens * h * e, "embedding")] + ar, I=[],
+                 W=[memory_time(g, 3 * tokens * h * e, "embedding")])
+    return {f"first_{k}": v for k, v in embed.items()} | {f"last_{k}": v for k, v in head.items()}
+
+
+def end_times(m: Transformer, g: DeviceProfile, x: Slice) -> dict[str, float]:
+    """The seconds of `end_kernels`, per end and pass."""
+    return {k: sum(v) for k, v in end_kernels(m, g, x).items()}
+
+
+def partition_layers(layers: int, stages: int, partition, lt: LayerTimes, ends: dict, caps=None) -> list[int]:
+    if partition == "even":
+        return even(layers, stages)
+    if partition == "balanced":
+        extra = [0.0] * stages
+        extra[0] += ends["first_F"] + ends["first_I"] + ends["first_W"]
+        extra[-1] += ends["last_F"] + ends["last_I"] + ends["last_W"]
+        fitting = caps if caps is not None and sum(caps) >= layers else None  # none fits: time alone
+        return balanced(layers, stages, lt.forward + lt.backward, extra, fitting)
+    counts = list(partition) if not isinstance(partition, str) else None
+    if not counts or len(counts) != stages or sum(counts) != layers or min(counts) < 0 \
+            or not all(isinstance(n, int) for n in counts):
+        raise ValueError(f"partition must be 'even', 'balanced' or {stages} layer counts summing to {layers}, "
+                         f"got {partition!r}")
+    return counts
+
+
+def memory_caps(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: LayerTimes, ends: dict, sched) -> list[int] | None:
+    """The most layers each stage can hold with its device still fitting the GPU, from the
+    static bytes and the program-order peak of its activations (`sim.schedule.kinds.program_peak`,
+    the schedule's own count of micro-batches held); None unless every device holds one stage
+    (with several, their layers share one memory and no cap is a stage's own)."""
+    if sched.stages != lay.pp or sorted(sched.placement) != list(range(lay.pp)):
+        return None
+
+    @cache
+    def fits(n: int) -> tuple[bool, ...]:  # per stage: does its device fit with n layers on every stage?
+        c = stage_costs(m, g, lay, x, lt, ends, [n] * lay.pp, sched.placement)[0].for_stages(lay.pp)
+        return tuple(c.static_total(s) + program_peak(sched.programs[sched.placement[s]], c) <= g.memory
+                     for s in range(lay.pp))
+
+    def cap(s: int) -> int:
+        lo, hi = -1, m.layers + 1  # fits with lo layers (or -1: not even with none), not with hi
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if fits(mid)[s] else (lo, mid)
+        return max(lo, 0)
+
+    return [cap(s) for s in range(lay.pp)]
+
+
+def pass_times(m: Transformer, g: DeviceProfile, x: Slice, lt: LayerTimes, ends: dict,
+               layers: list[int]) -> tuple[list[float], list[float], list[float], list[float], float]:
+    """Per stage, the seconds of its F, B, I and W for one micro-batch: its layers' and ends'
+    device times under the host's launch floor (`DeviceProfile.pass_time`: the kernels of the
+    pass, from the same lists that time it, times the launch cost); and what the floor adds to
+    one micro-batch's F + B over all stages."""
+    stages = len(layers)
+    counts = {k: len(v) for k, v in end_kernels(m, g, x).items()}
+    out, added = [], 0.0
+    for key, ends_of, layer_time in (("F", ("F",), lt.forward), ("B", ("I", "W"), lt.backward),
+                                     ("I", ("I",), lt.backward_input), ("W", ("W",), lt.backward_weight)):
+        times = []
+        for s, n in enumerate(layers):
+            sides = (["first"] if s == 0 else []) + (["last"] if s == stages - 1 else [])
+            device = n * layer_time + sum(ends[f"{side}_{p}"] for side in sides for p in ends_of)
+            kernels = n * lt.kernels[key] + sum(counts[f"{side}_{p}"] for side in sides for p in ends_of)
+            times.append(g.pass_time(device, kernels))
+            added += (times[-1] - device) if key in ("F", "B") else 0.0
+        out.append(times)
+    return (*out, added)
+
+
+def stage_costs(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: LayerTimes, ends: dict, layers: list[int],
+                 placement) -> tuple[Costs, dict]:
+    """Per-stage `Costs` (seconds and bytes on one GPU) and the step's time by part."""
+    stages = len(placement)
+    first, last = [s == 0 for s in range(stages)], [s == stages - 1 for s in range(stages)]
+    fwd, bwd, bi, bw, floor = pass_times(m, g, x, lt, ends, layers)
+    e = precision_bytes(lay.precision)
+    sbh = m.seq * lay.micro_batch * m.hidden
+    act_layer = m.activation_bytes_per_layer(lay.micro_batch, lay.tp, lay.sequence_parallel, lay.recompute,
+                                             lay.precision)
+    w_layer = m.w_activation_bytes_per_layer(lay.micro_batch, lay.tp, lay.sequence_parallel, lay.precision,
+                                             lay.recompute)
+    ends_b = m.end_activation_bytes(lay.micro_batch, lay.tp, lay.sequence_parallel, lay.precision)
+    act = [n * act_layer + (ends_b["first"] if f else 0.0) + (ends_b["last"] if la else 0.0)
+           for n, f, la in zip(layers, first, last)]
+    w_act = [n * w_layer + (ends_b["first_w"] if f else 0.0) + (ends_b["last_w"] if la else 0.0)
+             for n, f, la in zip(layers, first, last)]
+    per = state_bytes_per_param(lay.precision, lay.zero, lay.dp)
+    params = stage_params(m, layers, lay.tp, placement)
+    links = links_of(g)
+    pipe = p2p_link(links, lay.topology().pipeline_send(placement))  # the slowest of its links
+    sent = sbh * e / lay.tp  # Narayanan et al. 2021, Sec. 4.1: scatter/gather across the tp ranks' links
+    # Sec. 4.1 again: the receiver all-gathers the t pieces over its tensor-parallel group
+    # before the compute that takes them (none under sequence parallelism: the piece is its own)
+    regather = 0.0 if lay.sequence_parallel else collective_time(links, "all_gather", sbh * e, x.tensor_group)
+    into_f = [regather if s and placement[s - 1] != placement[s] else 0.0 for s in range(stages)]
+    into_b = [regather if s < stages - 1 and placement[s + 1] != placement[s] else 0.0 for s in range(stages)]
+    reduce = grad_reduce_times(m, g, lay, params, placement)
+    gather, scatter = zero3_times(g, lay, params)
+    fwd = [t + a + r for t, a, r in zip(fwd, gather, into_f)]
+    bwd = [t + a + r + q for t, a, r, q in zip(bwd, gather, scatter, into_b)]
+    bi = [t + a + q for t, a, q in zip(bi, gather, into_b)]
+    bw = [t + r for t, r in zip(bw, scatter)]
+    costs = Costs(forward=tuple(fwd), backward=tuple(bwd), backward_input=tuple(bi), backward_weight=tuple(bw),
+                  activation_bytes=tuple(act), w_activation_bytes=tuple(w_act), activation_bytes_sent=sent,
+                  weight_bytes=tuple(p * per["weights"] for p in params),
+                  grad_bytes=tuple(p * per["grads"] for p in params),
+                  optimizer_bytes=tuple(p * per["optimizer"] for p in params),
+                  latency=pipe.latency, bandwidth=pipe.bandwidth, transport="ideal",
+                  grad_reduce=tuple(reduce))
+    # per device on average: the compute by part (the rest of the step: `estimate`)
+    mb, names = lay.micro_batches, {"gemm": "gemm", "memory": "memory_bound", "collectives": "tp_collectives"}
+    parts = {names[k]: mb * sum(layers) * v / lay.pp for k, v in lt.parts.items()}
+    parts["embedding_and_output"] = mb * sum(ends.values()) / lay.pp
+    parts["launch_floor"] = mb * floor / lay.pp
+    parts["zero3_collectives"] = mb * (2 * sum(gather) + sum(scatter)) / lay.pp
+    parts["tp_collectives"] += mb * (sum(into_f) + sum(into_b)) / lay.pp
+    return costs, parts
+
+
+def memory_parts(costs: Costs, sched, result: Result) -> list[dict]:
+    """Per pipeline device: bytes of weights, gradients and optimizer state, and the peak of activations."""
+    c = costs.for_stages(sched.stages)
+    out = [dict(weights=0.0, grads=0.0, optimizer=0.0) for _ in range(sched.ranks)]
+    for s, r in enumerate(sched.placement):
+        out[r]["weights"] += c.weight_bytes[s]
+        out[r]["grads"] += c.grad_bytes[s]
+        out[r]["optimizer"] += c.optimizer_bytes[s]
+    for r, peak in enumerate(result.peak_memory):
+        out[r]["activations"] = peak - out[r]["weights"] - out[r]["grads"] - out[r]["optimizer"]
+    return out
+
+
+def offload_costs(m: Transformer, g: DeviceProfile, lay: Layout, layers: list[int], sched, costs: Costs):
+    """The schedule with SageMaker's activation offloading (`sim.add_offload`, its default
+    horizon) and the costs of its copies: per micro-batch, each stage offloads what full
+    recompute keeps of its layers, their inputs (`Transformer.activation_bytes_per_layer`),
+    over PCIe at the GPU's `pcie_bandwidth` each way; the embedding's and output layer's
+    activations stay on the GPU."""
+    per_layer = m.activation_bytes_per_layer(lay.micro_batch, lay.tp, lay.sequence_parallel, "full", lay.precision)
+    nbytes = tuple(n * per_layer for n in layers)
+    if g.gpu.pcie_bandwidth is None:
+        raise ValueError(f"offload=True needs the device's PCIe bandwidth; {g.gpu.name}'s datasheet has none")
+    times = tuple(copy_time(b, g.gpu.pcie_bandwidth) for b in nbytes)
+    return add_offload(sched), replace(costs, offload_bytes=nbytes, offload=times, reload=times)
