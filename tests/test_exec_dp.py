@@ -21,13 +21,13 @@ torch = pytest.importorskip("torch")
 
 import sim  # noqa: E402
 from sim import Kind  # noqa: E402
-from exec.calibrate import calibrate_rank  # noqa: E402
-from exec.check import compare_grads, reference_step  # noqa: E402
-from exec.dp import Grid, check_dp, replica_context, shard  # noqa: E402
-from exec.launch import _children_of, launch  # noqa: E402
-from exec.models import ModelSpec  # noqa: E402
-from exec.pipeline import pipeline_worker, run_pipeline  # noqa: E402
-from exec.profile import costs_from_reports  # noqa: E402
+from exec.measure.calibrate import calibrate_rank  # noqa: E402
+from exec.runtime.check import compare_grads, reference_step  # noqa: E402
+from exec.runtime.dp import Grid, check_dp, replica_context, shard  # noqa: E402
+from exec.launch.processes import _children_of, launch  # noqa: E402
+from exec.models.spec import ModelSpec  # noqa: E402
+from exec.pipeline.runner import pipeline_worker, run_pipeline  # noqa: E402
+from exec.measure.costs import costs_from_reports  # noqa: E402
 
 TIMEOUT = 120  # seconds for the one launch
 PP, DP, MICRO = 2, 2, 2

@@ -18,13 +18,13 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import sim  # noqa: E402
-from exec.calibrate import activation_bytes, stage_inputs, w_activation_bytes  # noqa: E402
-from exec.check import compare_grads, reference_step, split_micro_batches  # noqa: E402
-from exec.interpreter import RankInterpreter  # noqa: E402
-from exec.launch import RankContext, launch  # noqa: E402
-from exec.models import Block, MLPBlock, ModelSpec  # noqa: E402
-from exec.pipeline import pipeline_worker, run_pipeline  # noqa: E402
-from exec.split_backward import backward_input, backward_weight  # noqa: E402
+from exec.measure.calibrate import activation_bytes, stage_inputs, w_activation_bytes  # noqa: E402
+from exec.runtime.check import compare_grads, reference_step, split_micro_batches  # noqa: E402
+from exec.runtime.interpreter import RankInterpreter  # noqa: E402
+from exec.launch.processes import RankContext, launch  # noqa: E402
+from exec.models.spec import Block, MLPBlock, ModelSpec  # noqa: E402
+from exec.pipeline.runner import pipeline_worker, run_pipeline  # noqa: E402
+from exec.runtime.split_backward import backward_input, backward_weight  # noqa: E402
 
 TIMEOUT = 180  # seconds for any one launch
 MLP = ModelSpec("mlp", layers=4, hidden=16, seq=4, batch_size=8)

@@ -153,10 +153,10 @@ def test_a_lowered_schedule_with_two_recvs_swapped_is_caught():
 
 def test_exec_posts_in_order_for_nccl_and_leaves_gloo_as_lowered():
     pytest.importorskip("torch")
-    from exec.launch import RankContext
-    from exec.models import ModelSpec
-    from exec.pipeline import _check_run_args
-    from exec.step import _check_step_args
+    from exec.launch.processes import RankContext
+    from exec.models.spec import ModelSpec
+    from exec.pipeline.runner import _check_run_args
+    from exec.runtime.step import _check_step_args
     s = interleaved_mismatch()
     gloo, _ = _check_run_args(ModelSpec(), s, 1, 0, 0, "gloo", "sgd", None)
     nccl, _ = _check_run_args(ModelSpec(), s, 1, 0, 0, "nccl", "sgd", None)

@@ -1,7 +1,7 @@
 """Cutting a model whose layers differ (exec's uneven MLP) into stages: each layer's profiled time, and the contiguous cuts that minimise the slowest stage.
 
 The GPT's layers are equal but for its ends, and it is cut as the planner cuts it
-(`sim.partition`, `exec.models.ModelSpec.partition`); an MLP whose blocks have their own
+(`sim.partition`, `exec.models.spec.ModelSpec.partition`); an MLP whose blocks have their own
 widths needs a split of unequal layers, which `sim.partition` does not make.
 """
 from __future__ import annotations

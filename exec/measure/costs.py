@@ -1,10 +1,10 @@
 """Cost fitting: merge the ranks' calibration reports into `sim.Costs`, and `profile_costs`, a calibration launch of its own.
 
-    >>> from exec.models import ModelSpec
+    >>> from exec.models.spec import ModelSpec
     >>> costs, details = profile_costs(ModelSpec(), "1f1b", micro=4)       # doctest: +SKIP
     >>> sim.save_costs(costs, "costs.json", details)                   # doctest: +SKIP
 
-What each rank measures, and how, is `exec.calibrate`; this module turns those numbers
+What each rank measures, and how, is `exec.measure.calibrate`; this module turns those numbers
 into the simulator's costs:
 
 - compute times: per stage and kind, the mean of every sample of "concurrent" (all ranks
@@ -69,7 +69,7 @@ def fit_latency_bandwidth(sizes: Sequence[float], times: Sequence[float]) -> tup
 
 
 def io_tick_from(late: Sequence[dict]) -> float:
-    """`Costs.io_tick` from `exec.calibrate_link.late_notice` samples (any ranks and rounds):
+    """`Costs.io_tick` from `exec.measure.calibrate_link.late_notice` samples (any ranks and rounds):
     twice the median extra wait of a late notice to a busy sender over one to a free
     sender (for a tick at a uniform phase the wait is half the tick; a difference of two
     timings: it cannot come out below 0); 0 without samples."""
@@ -125,7 +125,7 @@ def _call_costs(reports: Sequence[dict]) -> dict[str, float]:
 
 def _grad_reduce(reports: Sequence[dict], stages: int) -> dict[str, list[float]]:
     """`grad_reduce` per stage: the mean of every report's samples for it (every replica,
-    every round; `exec.calibrate.reduce_times`), 0 for a stage without any; nothing
+    every round; `exec.measure.calibrate.reduce_times`), 0 for a stage without any; nothing
     where no report timed a reduction."""
     samples: dict[int, list[float]] = {}
     for r in reports:
@@ -158,7 +158,7 @@ def _backward_costs(mean: dict[str, float], stages: int) -> dict[str, list[float
 
 def costs_from_reports(reports: Sequence[dict], schedule: sim.Schedule, use: str = "concurrent",
                        transfer: tuple[float, float] | None = None) -> tuple[sim.Costs, dict]:
-    """Merge `exec.calibrate.calibrate_rank` reports (every rank's, from one or several
+    """Merge `exec.measure.calibrate.calibrate_rank` reports (every rank's, from one or several
     rounds) into `sim.Costs` and a details dict. Compute times: the mean of all samples
     of `use` ("concurrent" or "alone"); transfers: `transfer` = (latency, bandwidth) if
     given, else the least-squares fit of the ping-pong (free transfers if there was none)."""
@@ -226,16 +226,16 @@ def profile_costs(spec, schedule_or_stages: "sim.Schedule | str | int", micro: i
 
     `schedule_or_stages`: a `sim.Schedule` (its placement and compute order are used), a
     schedule name (2 stages), or a stage count (GPipe order). One process per rank via
-    `exec.launch.launch` (same `backend` and `threads` as the real run), each running
-    `exec.calibrate.calibrate_rank` on fresh copies of its stages. Stage boundaries:
+    `exec.launch.processes.launch` (same `backend` and `threads` as the real run), each running
+    `exec.measure.calibrate.calibrate_rank` on fresh copies of its stages. Stage boundaries:
     `bounds` if given, else `spec.partition(stages, balance, micro)`. `use` picks the
     compute times: "concurrent" (all ranks compute at once, as in a step's steady state)
     or "alone" (one rank at a time). `transfer` = (latency, bandwidth) reuses a transfer
-    fit instead of measuring it again. `optimizer` (a name from `exec.optim.OPTIMIZERS`)
+    fit instead of measuring it again. `optimizer` (a name from `exec.runtime.optim.OPTIMIZERS`)
     sets the optimizer state counted in the static memory. Returns (costs, details)."""
-    from .calibrate import calibrate_rank, message_sizes
-    from .launch import launch
-    from .optim import OPTIMIZERS
+    from exec.measure.calibrate import calibrate_rank, message_sizes
+    from exec.launch.processes import launch
+    from exec.runtime.optim import OPTIMIZERS
 
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")

@@ -4,15 +4,15 @@
     >>> run.grad_match, run.result.makespan, run.costs                            # doctest: +SKIP
     >>> run = run_pipeline(ModelSpec(), "1f1b", stages=2, micro=4, dp=2)          # doctest: +SKIP
 
-`run_pipeline` validates and lowers the schedule, starts the ranks (`exec.launch`), each
-of which runs `pipeline_worker`: it builds its stages and its optimizer (`exec.optim`),
-learns the receive shapes (`exec.shapes`), and runs `warmup + steps` steps
-(`exec.step.run_step`), calibrating (`exec.calibrate`) before every `calibrate` measured
+`run_pipeline` validates and lowers the schedule, starts the ranks (`exec.launch.processes`), each
+of which runs `pipeline_worker`: it builds its stages and its optimizer (`exec.runtime.optim`),
+learns the receive shapes (`exec.runtime.shapes`), and runs `warmup + steps` steps
+(`exec.runtime.step.run_step`), calibrating (`exec.measure.calibrate`) before every `calibrate` measured
 steps if asked. The parent checks the first step's gradients against one process
-(`exec.check`) and merges the calibration into `sim.Costs` (`exec.profile`).
+(`exec.runtime.check`) and merges the calibration into `sim.Costs` (`exec.measure.costs`).
 
 With `dp` > 1 the run has `dp` pipeline replicas, pp * dp processes in Megatron-LM's
-order (`exec.dp`): each replica trains on its own contiguous 1/dp of the batch, and the
+order (`exec.runtime.dp`): each replica trains on its own contiguous 1/dp of the batch, and the
 schedule's REDUCE_GRAD actions average each stage's gradients over its replicas
 (`sim.add_grad_reduce`; a schedule named by a string gets them, a `Schedule` must have
 them). Every replica's gradients are checked against one process on the whole batch.
@@ -37,17 +37,17 @@ import sim
 from sim import Result, Schedule
 from sim.passes.order import order_transfers
 
-from .calibrate import calibrate_rank, message_sizes
-from .busy import StepLoad, describe_load, load_summary
-from .check import compare_grads, reference_step, split_micro_batches
-from .dp import Grid, check_dp, replica_context, shard
-from .host import host_cores, paused_gc
-from .interpreter import refuse_offload
-from .launch import launch
-from .optim import OPTIMIZERS, make_optimizer
-from .profile import costs_from_reports
-from .shapes import infer_shapes
-from .step import run_step
+from exec.measure.calibrate import calibrate_rank, message_sizes
+from exec.measure.busy import StepLoad, describe_load, load_summary
+from exec.runtime.check import compare_grads, reference_step, split_micro_batches
+from exec.runtime.dp import Grid, check_dp, replica_context, shard
+from exec.launch.host import host_cores, paused_gc
+from exec.runtime.interpreter import refuse_offload
+from exec.launch.processes import launch
+from exec.runtime.optim import OPTIMIZERS, make_optimizer
+from exec.measure.costs import costs_from_reports
+from exec.runtime.shapes import infer_shapes
+from exec.runtime.step import run_step
 
 __all__ = ["run_pipeline", "pipeline_worker", "PipelineRun", "median_step", "parse_fault", "FAULTS"]
 
@@ -81,7 +81,7 @@ def _inject(fault: tuple[str, int] | None, rank: int) -> None:
 
 def _build_rank(ctx, spec, schedule: Schedule, bounds: Sequence[int], lr: float, optimizer: str):
     """This rank's stages (stage -> module), its optimizer, its replica's micro-batches
-    and the receive shapes (`ctx`: its `exec.dp.ReplicaContext`)."""
+    and the receive shapes (`ctx`: its `exec.runtime.dp.ReplicaContext`)."""
     mine = [s for s, r in enumerate(schedule.placement) if r == ctx.rank]
     all_stages = spec.build_stages(schedule.stages, bounds=bounds)
     modules = {s: all_stages[s].to(ctx.device) for s in mine}
@@ -134,10 +134,10 @@ class _Progress:
 def pipeline_worker(ctx, spec, schedule: Schedule, steps: int, warmup: int, bounds: Sequence[int], lr: float,
                     fault: tuple[str, int] | None, progress: bool, calibrate: int = 0,
                     optimizer: str = "sgd", dp: int = 1) -> dict:
-    """The function every rank runs (via `exec.launch.launch`, on `schedule.ranks * dp`
+    """The function every rank runs (via `exec.launch.processes.launch`, on `schedule.ranks * dp`
     ranks): build this rank's stages and its `optimizer` (a name from
-    `exec.optim.OPTIMIZERS`), run `warmup + steps` steps, and return what the parent needs.
-    `fault` names a world rank; the ranks of replica d are `exec.dp.Grid.pipe_ranks(d)`.
+    `exec.runtime.optim.OPTIMIZERS`), run `warmup + steps` steps, and return what the parent needs.
+    `fault` names a world rank; the ranks of replica d are `exec.runtime.dp.Grid.pipe_ranks(d)`.
 
     Every rank returns the gradients of its stages after the first step (numpy arrays,
     before the optimizer moved the weights, so they compare with `reference_step`) and
@@ -145,11 +145,11 @@ def pipeline_worker(ctx, spec, schedule: Schedule, steps: int, warmup: int, boun
     steps' `sim.Result`s (its replica's pipeline).
 
     With `calibrate` = k > 0, the run also measures what the simulator needs: before
-    every k measured steps, the ranks calibrate (`exec.calibrate.calibrate_rank`) on these
+    every k measured steps, the ranks calibrate (`exec.measure.calibrate.calibrate_rank`) on these
     very modules and this optimizer, so that calibration and measurement share the same
     processes, cores and time window (the first round also bounces messages for the
     transfer fit). Every rank returns its reports, one per round, for
-    `exec.profile.costs_from_reports`. With `dp` > 1 calibration runs on a replica's
+    `exec.measure.costs.costs_from_reports`. With `dp` > 1 calibration runs on a replica's
     shard of the batch (the micro-batches a step computes)."""
     world_rank = ctx.rank
     ctx = replica_context(ctx, schedule.ranks, dp)
@@ -215,12 +215,12 @@ class PipelineRun:
     max_grad_diff: float
     worst_param: str
     costs: sim.Costs | None = None    # calibrated inside the run (`calibrate` > 0), else None
-    calibration: dict | None = None   # its details (`exec.profile.costs_from_reports`)
+    calibration: dict | None = None   # its details (`exec.measure.costs.costs_from_reports`)
     reports: list[list[dict]] = field(default_factory=list)  # per round, every rank's report
     optimizer: str = "sgd"
     dp: int = 1                       # pipeline replicas; result, losses: replica 0's pipeline, the mean loss
     train_step_times: list[float] = field(default_factory=list)  # per measured step, start to the optimizer's end
-    load: list[list[dict]] = field(default_factory=list)  # per world rank, per measured step: exec.busy.StepLoad
+    load: list[list[dict]] = field(default_factory=list)  # per world rank, per measured step: exec.measure.busy.StepLoad
 
     @property
     def step_times(self) -> list[float]:
@@ -257,7 +257,7 @@ class PipelineRun:
         }
 
     def load_json(self) -> dict:
-        """How busy the machine was over the measured steps (`exec.busy.load_summary`):
+        """How busy the machine was over the measured steps (`exec.measure.busy.load_summary`):
         `lost_share`, the most of any rank's wall time other processes took (None without
         scheduler statistics), and per rank that share and the CPU time it got."""
         load = load_summary(self.load)
@@ -333,20 +333,20 @@ def run_pipeline(spec, schedule: Schedule | str, stages: int | None = None, micr
                  overlap_grad_reduce: bool = False) -> PipelineRun:
     """Run `schedule` (a `sim.Schedule`, or a name from `sim.SCHEDULES` with `stages` and
     `micro`) on one process per rank, `warmup` + `steps` training steps of `spec` with
-    `optimizer` ("sgd" or "adamw", `exec.optim`), and check the first step's loss and
+    `optimizer` ("sgd" or "adamw", `exec.runtime.optim`), and check the first step's loss and
     gradients against `reference_step`.
 
     `calibrate` = k > 0 also measures the simulator's costs in the same processes: a
     calibration round before every k measured steps (`pipeline_worker`); the run's
-    `costs` pool every round (`exec.profile.costs_from_reports`). CPU ranks (gloo) only.
+    `costs` pool every round (`exec.measure.costs.costs_from_reports`). CPU ranks (gloo) only.
 
-    `dp` = number of pipeline replicas (data parallelism, `exec.dp`): schedule.ranks * dp
+    `dp` = number of pipeline replicas (data parallelism, `exec.runtime.dp`): schedule.ranks * dp
     processes, each replica on its own 1/dp of the batch, the batch a multiple of dp *
     micro. A schedule name with dp > 1 gets `sim.add_grad_reduce(schedule,
     overlap_grad_reduce)`; a `Schedule` must hold its REDUCE_GRAD actions already. The
     gradients of every replica are checked (`grad_match`: all of them match).
 
-    Raises `exec.launch.RankError` / `TimeoutError` if a rank fails or the run is too slow."""
+    Raises `exec.launch.processes.RankError` / `TimeoutError` if a rank fails or the run is too slow."""
     if isinstance(schedule, str):
         if stages is None or micro is None:
             raise ValueError("a schedule name needs stages and micro, e.g. run_pipeline(spec, '1f1b', 2, 8)")

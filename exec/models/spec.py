@@ -45,7 +45,7 @@ from torch.utils.checkpoint import checkpoint
 
 from sim.search.partition import balanced, even
 
-from .cuts import balanced_cuts, layer_times
+from exec.models.cuts import balanced_cuts, layer_times
 from sim.model.transformer import RECOMPUTE, Transformer
 
 __all__ = ["ModelSpec", "MLPBlock", "Embedding", "Block", "Head", "balanced_cuts", "layer_times", "stage_bounds",
@@ -267,7 +267,7 @@ class ModelSpec:
 
     def micro_batches(self, micro: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """`batch()` cut along the batch dimension into `micro` equal micro-batches. Each is
-        a copy with its own storage, as the runtime's (`exec.check.split_micro_batches`):
+        a copy with its own storage, as the runtime's (`exec.runtime.check.split_micro_batches`):
         a view would keep the whole batch's storage, and autograd's saved bytes (the loss
         saves its targets) would count all of it."""
         if isinstance(micro, bool) or not isinstance(micro, int) or micro < 1 or self.batch_size % micro:

@@ -6,20 +6,20 @@ dispatches its instructions; a new kind is an entry there and a method here). Th
 are the simulator's (docs/rules.md):
 
 - `recv` (RECV) posts a non-blocking `irecv` into a buffer of the right shape
-  (`exec.shapes`) and keeps the handle; lowering has placed it one compute early.
+  (`exec.runtime.shapes`) and keeps the handle; lowering has placed it one compute early.
 - `forward`, `backward`, `backward_input`, `backward_weight` (F, B, I, W) first wait for
   the receives whose data they need (`sim.passes.lowering.waits_for`), then compute between two
   clock marks. The last stage computes the loss inside its F (scaled by 1/micro, so the
   step's gradients are the full batch's) and its B starts from that loss; other stages
   run `torch.autograd.backward(output, received_gradient)`. I and W split that backward
-  in two (`exec.split_backward`): I makes the input gradient only and keeps what W needs
+  in two (`exec.runtime.split_backward`): I makes the input gradient only and keeps what W needs
   (its bytes stay counted until W's end), W makes the weight gradients from it.
 - `send` (SEND) issues a non-blocking `isend` of the tensor the compute before it made;
   `run` waits for every send at the end of the step.
 - `reduce_grad` (REDUCE_GRAD, the data-parallel gradient reduction) flattens the stage's
   gradients into one buffer and issues its average over the rank's data-parallel group
-  (`ctx.dp_group`, `exec.dp.ReplicaContext`) on the rank's collective stream
-  (`exec.dp.CollectiveStream`: asynchronous, one at a time, in issue order), and goes
+  (`ctx.dp_group`, `exec.runtime.dp.ReplicaContext`) on the rank's collective stream
+  (`exec.runtime.dp.CollectiveStream`: asynchronous, one at a time, in issue order), and goes
   on; `run` waits for every reduction at the end of the step, before the optimizer, and
   the gradients become views of the averaged buffer. Its record spans its time on the
   stream (docs/rules.md, rule 13).
@@ -31,10 +31,10 @@ same rank without data parallelism); the events name the schedule's ranks.
 
 Every action leaves a record of clock marks (`Marks`), turned into `sim.Event`s in
 seconds when the step ends, together with the rank's memory over time: its static bytes
-plus the activation bytes of each micro-batch it holds (`exec.memory`), or, on CUDA, what
+plus the activation bytes of each micro-batch it holds (`exec.runtime.memory`), or, on CUDA, what
 the allocator holds.
 
-Calibration (`exec.calibrate`) times these very handlers through two public methods:
+Calibration (`exec.measure.calibrate`) times these very handlers through two public methods:
 `deliver(recv, tensor)` places a tensor that has already arrived, and `run_action(a)`
 runs one action and returns its marks.
 """
@@ -52,11 +52,11 @@ from sim import Action, Event, Kind, Schedule
 from sim.schedule.kinds import KINDS, TRANSFERS, Role
 from sim.passes.lowering import compute_set, peer, waits_for
 
-from . import split_backward
-from .clocks import clock_for
-from .dp import CollectiveStream
-from .memory import SavedBytes, param_storages
-from .shapes import TensorMeta
+from exec.runtime import split_backward
+from exec.runtime.clocks import clock_for
+from exec.runtime.dp import CollectiveStream
+from exec.runtime.memory import SavedBytes, param_storages
+from exec.runtime.shapes import TensorMeta
 
 __all__ = ["RankInterpreter", "RankTrace", "Marks", "LossFn", "isend", "transfer_tag", "refuse_offload"]
 
@@ -109,7 +109,7 @@ class RankTrace:
     memory: list[tuple[float, float]] = field(default_factory=list)
     activations: list[tuple[float, int]] = field(default_factory=list)
     loss: float | None = None
-    step_end: float | None = None  # when the optimizer step ended (`exec.step.run_step`)
+    step_end: float | None = None  # when the optimizer step ended (`exec.runtime.step.run_step`)
 
 
 class _Arrived:
@@ -132,7 +132,7 @@ class _Pending:
 class RankInterpreter:
     """Runs one rank's lowered program for one step (`run`). `handlers` maps each action
     kind to the method that runs it, as `sim.schedule.kinds.KINDS` names it. `static`: the bytes
-    the rank holds for the whole step (`exec.memory.static_memory` over its stages).
+    the rank holds for the whole step (`exec.runtime.memory.static_memory` over its stages).
 
     Besides `run`, its public face (what calibration uses): `run_action(a)`,
     `deliver(recv, tensor)`, `waits[a]` (the RECVs compute `a` waits for,
@@ -231,7 +231,7 @@ class RankInterpreter:
         start = self.clock.mark()
         work = isend(tensor, world_dst, tag)
         self.sends.append((work, tensor))
-        return self._event(a, start, start, dst)  # end: the RECV's, filled in by `exec.step`
+        return self._event(a, start, start, dst)  # end: the RECV's, filled in by `exec.runtime.step`
 
     def _wait(self, a: Action) -> torch.Tensor | None:
         """Wait for the receives compute `a` needs and record each RECV event; return what
@@ -251,7 +251,7 @@ class RankInterpreter:
     def reduce_grad(self, a: Action) -> None:
         """REDUCE_GRAD: issue the average of stage `a.stage`'s gradients over the
         data-parallel group on the collective stream, and go on; `run` waits for it and
-        records it (its marks: `exec.dp.CollectiveStream`)."""
+        records it (its marks: `exec.runtime.dp.CollectiveStream`)."""
         self.stream.issue(a, self.param_lists[a.stage])
 
     def offload(self, a: Action) -> None:
@@ -317,7 +317,7 @@ class RankInterpreter:
         return marks
 
     def backward_input(self, a: Action) -> Marks:
-        """I: the gradient w.r.t. the stage's input only (`exec.split_backward`); what W
+        """I: the gradient w.r.t. the stage's input only (`exec.runtime.split_backward`); what W
         needs stays held, counted as the bytes of the saved tensors the graph still holds."""
         s, m = a.stage, a.micro
         grad = self._output_grad(s, m, self._wait(a))
@@ -338,7 +338,7 @@ class RankInterpreter:
         return marks
 
     def backward_weight(self, a: Action) -> Marks:
-        """W: the weight gradients from what I kept (`exec.split_backward`); gives it back."""
+        """W: the weight gradients from what I kept (`exec.runtime.split_backward`); gives it back."""
         s, m = a.stage, a.micro
         self._wait(a)  # W takes nothing from another rank (sim.kinds): this finds nothing
         work = self.weight_work.pop((s, m))
