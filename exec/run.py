@@ -112,11 +112,11 @@ def _fail(message: str) -> NoReturn:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    schedule, spec, costs = _check(parser, args)
+    schedule, spec, costs, config = _check(parser, args)
     from exec.launch.processes import under_torchrun
 
     t0 = time.perf_counter()
-    run = _run(args, schedule, spec)
+    run = _run(args, schedule, spec, config)
     if under_torchrun() and os.environ["RANK"] != "0":
         return 0  # every rank holds the same results: rank 0 reports them, once
     _progress(args, f"done in {time.perf_counter() - t0:.1f} s")
@@ -157,8 +157,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _check(parser: argparse.ArgumentParser, args):
-    """The schedule, the model and the given costs (or None), or exit 2 with one line
-    before anything runs."""
+    """The schedule, the model, the given costs (or None) and the run's configuration, or
+    exit 2 with one line before anything runs."""
     import sim
     try:
         schedule = sim.make_schedule(args.schedule, args.stages, args.micro, args.virtual)
@@ -173,13 +173,12 @@ def _check(parser: argparse.ArgumentParser, args):
     if problem:
         parser.error(f"--out {problem}")
     import torch
-    from exec.pipeline.runner import parse_fault
-
     try:
         spec = model_spec(args)
-        fault = parse_fault(args.fault)
+        config = run_config(args)
     except ValueError as e:
         parser.error(str(e))
+    fault = config.injected
     world = schedule.ranks * args.dp
     if fault is not None and fault[1] >= world:
         parser.error(f"--fault {args.fault} names rank {fault[1]}, but the run has ranks 0..{world - 1}")
@@ -198,7 +197,7 @@ def _check(parser: argparse.ArgumentParser, args):
     if args.backend == "nccl" and args.costs is None and not args.no_compare:
         parser.error("--backend nccl: the profiler measures CPU ranks (gloo) only; "
                      "pass --costs FILE (sim.save_costs) or --no-compare")
-    return schedule, spec, costs
+    return schedule, spec, costs, config
 
 
 def model_spec(args):
@@ -248,9 +247,19 @@ def _given_costs(parser: argparse.ArgumentParser, args, schedule):
     return costs
 
 
-def _run(args, schedule, spec):
-    """The run, calibrated inside unless costs were given or nothing is compared; a rank
-    that fails or a run that times out exits 1 with one line."""
+def run_config(args):
+    """The `exec.pipeline.config.RunConfig` the flags ask for: calibrated inside the run
+    unless costs were given or nothing is compared."""
+    from exec.pipeline.config import RunConfig
+    return RunConfig(steps=args.steps, warmup=args.warmup, lr=args.lr, optimizer=args.optimizer, dp=args.dp,
+                     overlap_grad_reduce=args.overlap_grad_reduce,
+                     calibrate=0 if args.no_compare or args.costs is not None else 1,
+                     balance=args.balance, backend=args.backend, timeout=args.timeout, threads=args.threads,
+                     fault=args.fault, progress=not args.quiet)
+
+
+def _run(args, schedule, spec, config):
+    """The run; a rank that fails or a run that times out exits 1 with one line."""
     from exec.launch.processes import RankError
     from exec.pipeline.runner import run_pipeline
 
@@ -258,11 +267,7 @@ def _run(args, schedule, spec):
     _progress(args, f"{schedule.name} on {schedule.ranks} ranks{replicas} ({args.backend}), {args.micro} micro-batches, "
                     f"{spec.model} model, {args.optimizer}; {args.warmup} warm-up + {args.steps} measured steps")
     try:
-        calibrate = 0 if args.no_compare or args.costs is not None else 1
-        run = run_pipeline(spec, schedule, steps=args.steps, warmup=args.warmup, balance=args.balance,
-                           backend=args.backend, timeout=args.timeout, threads=args.threads, lr=args.lr,
-                           fault=args.fault, progress=not args.quiet, calibrate=calibrate, optimizer=args.optimizer,
-                           dp=args.dp)
+        run = run_pipeline(spec, schedule, config=config)
     except (RankError, TimeoutError) as e:
         _fail(str(e))
     return run

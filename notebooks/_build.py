@@ -1483,7 +1483,7 @@ Here it meets a run we can measure. Three steps, all on this machine:
 2. **Predict** a step of exec's small GPT with `sim.estimate(..., gpu=sim.load_profile(...))`:
    the model is the same object, `ModelSpec.transformer()`, so the planner's activation bytes
    are what autograd saves (tests/test_saved_bytes.py).
-3. **Run** it with `exec.run_pipeline` and overlay the predicted and measured timelines.
+3. **Run** it with `exec.pipeline.runner.run_pipeline` and overlay the predicted and measured timelines.
 
 A shared, loaded machine measures slower than the profile says (read the load average
 printed beside the numbers; docs/rules.md, rule 9); the memory does not depend on the load.

@@ -26,9 +26,10 @@ from sim import Action, Kind  # noqa: E402
 from helpers import gpipe_like  # noqa: E402
 from exec.runtime.check import compare_grads, reference_step, split_micro_batches  # noqa: E402
 from exec.launch.host import GLOO_IO_THREAD, host_cores, rank_cores  # noqa: E402
-from exec.launch.processes import RankError, _children_of, free_port, launch  # noqa: E402
+from exec.launch.processes import RankError, children_of, free_port, launch  # noqa: E402
 from exec.models.spec import ModelSpec  # noqa: E402
-from exec.pipeline.runner import pipeline_worker  # noqa: E402
+from exec.pipeline.config import RunConfig  # noqa: E402
+from exec.pipeline.worker import pipeline_worker  # noqa: E402
 from sim import load_costs, save_costs  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,7 +81,7 @@ def _many_runs(ctx, jobs):
 def _rank_processes() -> list[int]:
     """Rank processes of this test process still around (the resource tracker is not one)."""
     out = []
-    for pid in _children_of([os.getpid()]):
+    for pid in children_of([os.getpid()]):
         try:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
@@ -240,7 +241,7 @@ def runs():
     for _, spec, schedule in CASES:
         lowered = sim.lower(schedule)
         bounds = spec.partition(lowered.stages)
-        jobs.append((spec, lowered, 2, 0, bounds, 0.01, None, False))
+        jobs.append((spec, lowered, bounds, RunConfig(steps=2, warmup=0)))
     per_rank = launch(_many_runs, 2, jobs, timeout=TIMEOUT)
     return {name: (spec, job[1], [r[i] for r in per_rank])
             for i, ((name, spec, _), job) in enumerate(zip(CASES, jobs))}

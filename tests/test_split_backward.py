@@ -24,7 +24,9 @@ from exec.measure.compare import breakdown, compare  # noqa: E402
 from exec.launch.processes import launch  # noqa: E402
 from exec.runtime.memory import SavedBytes, param_storages  # noqa: E402
 from exec.models.spec import ModelSpec  # noqa: E402
-from exec.pipeline.runner import pipeline_worker, run_pipeline  # noqa: E402
+from exec.pipeline.config import RunConfig  # noqa: E402
+from exec.pipeline.runner import run_pipeline  # noqa: E402
+from exec.pipeline.worker import pipeline_worker  # noqa: E402
 from exec.runtime.split_backward import backward_input, backward_weight  # noqa: E402
 
 TIMEOUT = 120  # seconds for any one launch
@@ -175,7 +177,7 @@ def test_split_schedules_with_two_stages_per_rank_train_as_one_process():
     jobs = []
     for _, spec, schedule in cases:
         lowered = sim.lower(schedule)
-        jobs.append((spec, lowered, 1, 0, spec.partition(lowered.stages), 0.01, None, False))
+        jobs.append((spec, lowered, spec.partition(lowered.stages), RunConfig(steps=1, warmup=0)))
     per_rank = launch(_many_runs, 2, jobs, timeout=TIMEOUT)
     for i, (name, spec, schedule) in enumerate(cases):
         grads = [(f"stage{s}.{n}", g) for s in range(schedule.stages)

@@ -179,7 +179,7 @@ def _rank_main(fn: Callable, args: tuple, rank: int, world_size: int, port: int,
     results.join_thread()  # make sure the message left before this process exits
 
 
-def _children_of(pids: Sequence[int]) -> list[int]:
+def children_of(pids: Sequence[int]) -> list[int]:
     """All descendants of `pids`, read from /proc (Linux); [] where /proc is missing."""
     parent_of: dict[int, int] = {}
     try:
@@ -205,7 +205,7 @@ def _children_of(pids: Sequence[int]) -> list[int]:
 
 def _stop(procs: Sequence[mp.process.BaseProcess]) -> None:
     """Terminate the rank processes (and anything they started); kill what is left."""
-    doomed = _children_of([p.pid for p in procs if p.pid])
+    doomed = children_of([p.pid for p in procs if p.pid])
     for p in procs:
         if p.is_alive():
             p.terminate()

@@ -59,7 +59,7 @@ def assemble_result(schedule: Schedule, traces: Sequence[RankTrace]) -> Result:
     return Result(schedule, events, memory, activations, source="measured")
 
 
-def _check_step_args(ctx, schedule: Schedule, stage_modules: dict, micro_inputs: Sequence,
+def check_step_args(ctx, schedule: Schedule, stage_modules: dict, micro_inputs: Sequence,
                      micro_targets: Sequence) -> None:
     if not schedule.is_lowered and schedule.ranks > 1:
         raise ValueError(f"schedule {schedule.name!r} has no SEND/RECV actions; pass sim.lower(schedule)")
@@ -97,7 +97,7 @@ def run_step(ctx, schedule_lowered: Schedule, stage_modules: dict[int, nn.Module
     setup pass when given. With `record`, every rank's events are gathered and each rank
     gets the whole `sim.Result`.
     """
-    _check_step_args(ctx, schedule_lowered, stage_modules, micro_inputs, micro_targets)
+    check_step_args(ctx, schedule_lowered, stage_modules, micro_inputs, micro_targets)
     if shapes is None:
         shapes = infer_shapes(ctx, schedule_lowered, stage_modules, micro_inputs[0])
     if optimizer is not None:
