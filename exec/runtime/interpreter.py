@@ -31,8 +31,9 @@ same rank without data parallelism); the events name the schedule's ranks.
 
 Every action leaves a record of clock marks (`Marks`), turned into `sim.Event`s in
 seconds when the step ends, together with the rank's memory over time: its static bytes
-plus the activation bytes of each micro-batch it holds (`exec.runtime.memory`), or, on CUDA, what
-the allocator holds.
+plus the bytes its actions take and give back as their kinds' `memory` effects in
+`sim.schedule.kinds.KINDS` say (the handler measures what an effect takes:
+`exec.runtime.memory`), or, on CUDA, what the allocator holds.
 
 Calibration (`exec.measure.calibrate`) times these very handlers through two public methods:
 `deliver(recv, tensor)` places a tensor that has already arrived, and `run_action(a)`
@@ -62,6 +63,8 @@ __all__ = ["RankInterpreter", "RankTrace", "Marks", "LossFn", "isend", "transfer
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
+# the Costs field whose effects also count the micro-batches a rank holds (`KindSpec.memory`)
+HELD_FIELD = "activation_bytes"
 _RECVS = tuple(k for k, spec in KINDS.items() if spec.role is Role.RECV)  # in table order, for the tags
 
 
@@ -163,9 +166,8 @@ class RankInterpreter:
         self.outputs: dict[tuple[int, int], torch.Tensor] = {}   # output, or scaled loss on the last stage
         self.input_grads: dict[tuple[int, int], torch.Tensor] = {}
         self.weight_work: dict[tuple[int, int], split_backward.WeightWork] = {}  # I's, for W
-        self.held: dict[tuple[int, int], int] = {}     # activation bytes of (stage, micro)
+        self.holding: dict[tuple[str, int, int], int] = {}  # (Costs field, stage, micro) -> bytes taken
         self.saved: dict[tuple[int, int], SavedBytes] = {}  # their count, until B or I
-        self.w_held: dict[tuple[int, int], int] = {}   # bytes kept for W, from I until W
         self.sends: list[tuple[Any, torch.Tensor]] = []  # (work, tensor kept alive until waited)
         dp_group = getattr(ctx, "dp_group", None)
         self.stream = CollectiveStream(dp_group, dist.get_world_size(dp_group) if dp_group is not None else 1,
@@ -284,10 +286,9 @@ class RankInterpreter:
         if s == self.last:
             self.loss_sum = y.detach() if self.loss_sum is None else self.loss_sum + y.detach()
         self.outputs[(s, m)] = y
-        self.held[(s, m)] = saved.nbytes
         self.saved[(s, m)] = saved
         marks = self._event(a, start, end)
-        self._hold(start, saved.nbytes, +1)
+        self._memory(a, start, end, activation_bytes=saved.nbytes)
         self._sample(end)
         return marks
 
@@ -312,7 +313,7 @@ class RankInterpreter:
             self.input_grads[(s, m)] = x.grad
         end = self.clock.mark()
         marks = self._event(a, start, end)
-        self._hold(end, -self.held.pop((s, m)), -1)
+        self._memory(a, start, end)
         self._sample(end)
         return marks
 
@@ -331,9 +332,8 @@ class RankInterpreter:
         end = self.clock.mark()
         del out, x, grad
         kept = self.saved.pop((s, m)).kept_bytes()
-        self.w_held[(s, m)] = kept
         marks = self._event(a, start, end)
-        self._hold(end, kept - self.held.pop((s, m)), -1)  # no longer held as a micro-batch (sim.kinds)
+        self._memory(a, start, end, w_activation_bytes=kept)
         self._sample(end)
         return marks
 
@@ -347,7 +347,7 @@ class RankInterpreter:
         split_backward.backward_weight(work)
         end = self.clock.mark()
         marks = self._event(a, start, end)
-        self._hold(end, -self.w_held.pop((s, m)), 0)
+        self._memory(a, start, end)
         self._sample(end)
         return marks
 
@@ -357,11 +357,27 @@ class RankInterpreter:
         self._events.append(marks)
         return marks
 
-    def _hold(self, when, nbytes: int, count: int) -> None:
-        """The bytes a rank holds change: a micro-batch's activations start being held (F's
-        start, `count` +1), stop (end of B; end of I, which keeps what W needs, `count` -1),
-        or what W needed is given back (W's end). The rule of `sim.kinds`."""
-        self._held.append((when, nbytes, count))
+    def _memory(self, a: Action, start, end, **taken: int) -> None:
+        """What `a` does to its rank's memory, as its kind's `memory` effects in
+        `sim.schedule.kinds.KINDS` say: an effect with sign +1 takes the bytes of its field
+        that the handler measured (`taken`), one with sign -1 gives back what an earlier
+        action took for the same stage and micro-batch; each at the action's start or end.
+        A change of `HELD_FIELD` is also a micro-batch held or let go. The effects of one
+        moment are one change."""
+        change = {"start": [start, 0, 0], "end": [end, 0, 0]}  # when, bytes, micro-batches
+        for e in KINDS[a.kind].memory:
+            key = (e.field, a.stage, a.micro)
+            if e.sign < 0:
+                nbytes = -self.holding.pop(key)
+            elif e.field in taken:
+                nbytes = self.holding[key] = taken[e.field]
+            else:
+                raise RuntimeError(f"{a} takes {e.field} (sim.schedule.kinds.KINDS) but its handler measured none")
+            change[e.at][1] += nbytes
+            change[e.at][2] += e.sign if e.field == HELD_FIELD else 0
+        for at in ("start", "end"):
+            if any(e.at == at for e in KINDS[a.kind].memory):
+                self._held.append(tuple(change[at]))
 
     def _sample(self, when) -> None:
         """On CUDA, what the allocator holds at an action boundary."""
