@@ -22,7 +22,8 @@ from exec.measure.calibrate import activation_bytes, stage_inputs, w_activation_
 from exec.runtime.check import compare_grads, reference_step, split_micro_batches  # noqa: E402
 from exec.runtime.interpreter import RankInterpreter  # noqa: E402
 from exec.launch.processes import RankContext, launch  # noqa: E402
-from exec.models.spec import Block, MLPBlock, ModelSpec  # noqa: E402
+from exec.models.layers import Block, MLPBlock  # noqa: E402
+from exec.models.spec import ModelSpec  # noqa: E402
 from exec.pipeline.config import RunConfig  # noqa: E402
 from exec.pipeline.runner import run_pipeline  # noqa: E402
 from exec.pipeline.worker import pipeline_worker  # noqa: E402

@@ -1,19 +1,85 @@
-"""Cutting a model whose layers differ (exec's uneven MLP) into stages: each layer's profiled time, and the contiguous cuts that minimise the slowest stage.
+"""Cutting a model into stages: by layer count, or by each layer's profiled time with sim's partitioners.
 
-The GPT's layers are equal but for its ends, and it is cut as the planner cuts it
-(`sim.partition`, `exec.models.spec.ModelSpec.partition`); an MLP whose blocks have their own
-widths needs a split of unequal layers, which `sim.partition` does not make.
+"layers" gives every stage as equal a number of layers as possible; for the GPT that is the
+planner's split (`sim.search.partition.even` over the blocks, the embedding on the first
+stage and the head on the last). "time" profiles each layer's forward + backward on one
+micro-batch (`layer_times`); the GPT's stages are then the planner's
+`sim.search.partition.balanced` (equal blocks, the embedding's and head's times as the end
+stages' extra), the MLP's (whose blocks may differ in width) `sim.search.partition.balanced_cuts`:
+the contiguous cuts that minimise the slowest stage, preferring, within 2% of it
+(`TIME_TOLERANCE`), cuts where the tensor passed between stages is small.
+
+    >>> partition(ModelSpec("mlp", layers=4), 2)                        # doctest: +SKIP
+    [0, 2, 4]
 """
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from typing import Sequence
 
 import torch
 
-__all__ = ["layer_times", "balanced_cuts"]
+from sim.search.partition import balanced, balanced_cuts, even
+
+__all__ = ["partition", "layer_times", "stage_bounds", "TIME_TOLERANCE"]
+
+TIME_TOLERANCE = 0.02  # a split this much slower than the fastest may be taken for fewer bytes at its cuts (a choice)
+
+
+def partition(spec, stages: int, balance: str = "layers", micro: int = 1, repeats: int = 5) -> list[int]:
+    """Stage boundaries of `spec` (an `exec.models.spec.ModelSpec`): a list of `stages + 1`
+    layer indices, stage s = layers [b[s], b[s+1]). "time" profiles on a micro-batch of
+    `batch_size // micro`, `repeats` times. Under torch.distributed, rank 0 decides and
+    broadcasts, so that every rank cuts the model the same way despite timing noise."""
+    n = spec.num_layers
+    if isinstance(stages, bool) or not isinstance(stages, int) or stages < 1:
+        raise ValueError(f"stages must be a positive integer, got {stages!r}")
+    if stages > n:
+        raise ValueError(f"cannot cut {n} layers into {stages} stages; every stage needs at least one layer "
+                         f"(use stages <= {n} or a model with more layers)")
+    if balance == "layers" and spec.model == "gpt":
+        return gpt_bounds(spec, even(spec.layers, stages))
+    if balance == "layers":
+        return stage_bounds(n, [round(n * s / stages) for s in range(1, stages)])
+    if balance != "time":
+        raise ValueError(f"balance must be 'layers' or 'time', got {balance!r}")
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        box = [None]
+        if dist.get_rank() == 0:
+            box[0] = _time_bounds(spec, stages, micro, repeats)
+        dist.broadcast_object_list(box, src=0)
+        return list(box[0])
+    return _time_bounds(spec, stages, micro, repeats)
+
+
+def _time_bounds(spec, stages: int, micro: int, repeats: int) -> list[int]:
+    times, out_bytes = layer_times(spec, micro, repeats)
+    if spec.model == "gpt":  # the planner's split: equal blocks, the embedding and head as extras
+        extra = [0.0] * stages
+        extra[0] += times[0]
+        extra[-1] += times[-1]
+        return gpt_bounds(spec, balanced(spec.layers, stages, statistics.median(times[1:-1]), extra))
+    return stage_bounds(spec.num_layers, balanced_cuts(times, stages, out_bytes[:-1], tolerance=TIME_TOLERANCE))
+
+
+def gpt_bounds(spec, blocks: Sequence[int]) -> list[int]:
+    """Stage boundaries of the GPT `spec` with `blocks[s]` transformer blocks on stage s,
+    the embedding (layer 0) on the first and the head (the last layer) on the last."""
+    if any(n == 0 for n in blocks[1:-1]):
+        raise ValueError(f"the split {list(blocks)} of {spec.layers} blocks leaves a middle stage without one; "
+                         f"use fewer stages or more layers")
+    bounds = [0]
+    for s, n in enumerate(blocks):
+        bounds.append(bounds[-1] + n + (1 if s == 0 else 0))
+    bounds[-1] = spec.num_layers
+    return bounds
+
+
+def stage_bounds(n: int, cuts: Sequence[int]) -> list[int]:
+    """Cut points -> boundaries: cuts (1..n-1, rising) become [0, *cuts, n]."""
+    return [0, *cuts, n]
 
 
 def layer_times(spec, micro: int = 1, repeats: int = 5) -> tuple[list[float], list[int]]:
@@ -38,57 +104,3 @@ def layer_times(spec, micro: int = 1, repeats: int = 5) -> tuple[list[float], li
         out_bytes.append(out.numel() * out.element_size())
         x = out.detach()
     return times, out_bytes
-
-
-def balanced_cuts(costs: Sequence[float], stages: int, cut_bytes: Sequence[float] | None = None,
-                  tolerance: float = 0.0) -> list[int]:
-    """Contiguous split of layers with `costs` into `stages` non-empty stages.
-
-    Returns the stages - 1 cut points c (1 <= c < n; stage boundaries [0, *cuts, n]).
-    First the smallest possible slowest stage T* is found exactly; then, among the splits
-    whose every stage costs at most T* * (1 + tolerance), the one with the fewest bytes
-    crossing cuts (`cut_bytes[i]` = bytes sent when cutting after layer i, n - 1 values;
-    all zero if None), then with the smallest slowest stage. Dynamic programming,
-    O(stages * n^2)."""
-    n = len(costs)
-    if stages < 1 or stages > n:
-        raise ValueError(f"cannot cut {n} layers into {stages} stages; need 1 <= stages <= {n}")
-    if cut_bytes is None:
-        cut_bytes = [0.0] * (n - 1)
-    if len(cut_bytes) != n - 1:
-        raise ValueError(f"cut_bytes needs one value per gap between layers ({n - 1}), got {len(cut_bytes)}")
-
-    def cost(a: int, b: int) -> float:  # layers [a, b)
-        return math.fsum(costs[a:b])
-
-    # best[k][i]: objective of splitting layers [0, i) into k stages, and the last cut
-    inf = (math.inf, math.inf)
-
-    def solve(bound: float, objective) -> tuple[tuple[float, float], list[int]]:
-        best = [[inf] * (n + 1) for _ in range(stages + 1)]
-        back = [[0] * (n + 1) for _ in range(stages + 1)]
-        best[0][0] = (0.0, 0.0)
-        for k in range(1, stages + 1):
-            for i in range(k, n - (stages - k) + 1):
-                for j in range(k - 1, i):
-                    if best[k - 1][j] == inf:
-                        continue
-                    c = cost(j, i)
-                    if c > bound:
-                        continue
-                    cand = objective(best[k - 1][j], c, j)
-                    if cand < best[k][i]:
-                        best[k][i], back[k][i] = cand, j
-        cuts, i = [], n
-        for k in range(stages, 0, -1):
-            i = back[k][i]
-            cuts.append(i)
-        return best[stages][n], sorted(cuts)[1:]
-
-    # pass 1: minimise the slowest stage (objective (max, 0))
-    (t_star, _), _ = solve(math.inf, lambda prev, c, j: (max(prev[0], c), 0.0))
-    # pass 2: minimise (bytes at cuts, slowest stage) among splits within the bound
-    bound = t_star * (1 + tolerance)
-    _, cuts = solve(bound, lambda prev, c, j: (prev[0] + (cut_bytes[j - 1] if j > 0 else 0.0), max(prev[1], c)))
-    return cuts
-

@@ -20,7 +20,7 @@ written out small:
 4. `backward_weight` runs, per group, `torch.autograd.grad` from those nodes, with the kept
    gradients, to the group's parameters only, adds the results to `.grad`, and frees the rest.
 
-Under activation recomputation (`exec.models.spec.recomputed`, torch.utils.checkpoint) the graph
+Under activation recomputation (`exec.models.layers.recomputed`, torch.utils.checkpoint) the graph
 is the same and its saved tensors are recomputed on first use: I recomputes each block's
 forward. W recomputes it once more: torch's checkpoint hands each recomputed tensor out once
 per backward call, and a weight-edge node that I runs (for its input gradient) uses the
