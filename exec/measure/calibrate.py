@@ -35,10 +35,10 @@ import sim
 from sim import Kind
 from sim.schedule.kinds import KINDS
 
+from exec.launch.host import paused_gc
 from exec.measure.calibrate_link import call_costs, late_notice, pingpong
 from exec.runtime.clocks import CpuClock
 from exec.runtime.dp import CollectiveStream
-from exec.launch.host import paused_gc
 from exec.runtime.interpreter import RankInterpreter
 from exec.runtime.memory import SavedBytes, param_storages, static_memory
 from exec.runtime.optim import make_optimizer

@@ -38,8 +38,8 @@ import sim
 from sim import Schedule
 from sim.passes.order import order_transfers
 
-from exec.runtime.check import compare_grads, reference_step
 from exec.launch.processes import launch
+from exec.runtime.check import compare_grads, reference_step
 from exec.runtime.optim import make_optimizer
 
 __all__ = ["to_torch_csv", "run_torch_runtime", "torch_runtime_worker", "TorchRuntimeRun"]
