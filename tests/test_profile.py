@@ -227,11 +227,11 @@ def test_calibration_times_the_runtimes_own_work_around_a_compute(monkeypatch):
     schedule = sim.make_schedule("gpipe", 1, 2)           # F0 F1 B0 B1
     forward = [i % 4 < 2 for i in range(2 * 4)]            # 2 timed steps x (F0 F1 B0 B1)
     before, after = 2.0 ** -8, 2.0 ** -9                   # about 4 and 2 ms, exact in binary
-    saved_init, hold = SavedBytes.__init__, RankInterpreter._hold
+    saved_init, memory = SavedBytes.__init__, RankInterpreter._memory
 
     def inject(spend):
         monkeypatch.setattr(SavedBytes, "__init__", lambda self, p: (spend(before), saved_init(self, p))[1])
-        monkeypatch.setattr(RankInterpreter, "_hold", lambda self, *a: (spend(after), hold(self, *a))[1])
+        monkeypatch.setattr(RankInterpreter, "_memory", lambda self, *a, **kw: (spend(after), memory(self, *a, **kw))[1])
 
     now = [0.0]
 
