@@ -11,6 +11,7 @@ torch = pytest.importorskip("torch")
 
 import sim  # noqa: E402
 from exec import profile_device as pd  # noqa: E402
+from exec.launch.host import host_cores  # noqa: E402
 from exec.profiler.comm_bench import p2p_fit, ring_fit  # noqa: E402
 from sim.hardware.network import OPS as COLLECTIVE_STEPS  # noqa: E402
 
@@ -38,7 +39,7 @@ def test_the_profile_loads_and_every_number_says_where_it_comes_from(profile_fil
     p = sim.load_profile(profile_file)
     raw = json.loads(profile_file.read_text())
     assert raw["schema"] == pd.SCHEMA and raw["fingerprint"]["backend"] == "gloo"
-    assert raw["fingerprint"]["threads"] == max(1, len(__import__("exec.launch.host").host.host_cores()) // 2)
+    assert raw["fingerprint"]["threads"] == max(1, len(host_cores()) // 2)
     assert raw["launch"]["host_runs_ahead"] is False
     for path, n in _numbers(raw):
         assert n["source"] in ("measured", "derived"), path
