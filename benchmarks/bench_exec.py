@@ -7,25 +7,25 @@ micro-batch counts, on gloo ranks on this machine.
     python benchmarks/bench_exec.py --schedules 1f1b --micro 8 --rounds 5 --steps 1 --repeat 3   # spread
 
 Each (schedule, micro) runs in one launch of `--ranks` processes, exactly as `python -m
-exec.run` calibrates and measures (`exec.pipeline.run_pipeline(calibrate=--steps)`): a
-warm-up step, then `--rounds` times [calibrate (`exec.calibrate.calibrate_rank`: every
+exec.run` calibrates and measures (`exec.pipeline.runner.run_pipeline(calibrate=--steps)`): a
+warm-up step, then `--rounds` times [calibrate (`exec.measure.calibrate.calibrate_rank`: every
 stage's F and B timed inside the ranks on the very modules the steps run, with the
 runtime's own handlers, all computing at once, and taking turns; the call and arrival
 costs; in the first round, the transfer fit by ping-pong), then `--steps` measured
 steps], so calibration and measurement share the time window (on a machine shared with
 other work, the load changes from second to second). The median-makespan step is compared
-(`exec.compare.compare`) with the simulation under the pooled calibration: "error", the
+(`exec.measure.compare.compare`) with the simulation under the pooled calibration: "error", the
 figure `exec.run` reports. "paired error" is the median over steps of each step against
 the costs calibrated just before it. "replay error" is the median over steps of each step
 against the simulation with every compute taking the time it took in that step
-(`exec.compare.replay_error`): what the communication and runtime rules miss, free of the
+(`exec.measure.compare.replay_error`): what the communication and runtime rules miss, free of the
 compute times drifting between calibration and step. "sim, alone costs" is the simulation
 with the F and B measured while the other ranks were idle, and "concurrent / alone" the
 median ratio of the two: how much a compute slows when every rank computes at once (the
 simulator has no rule for that yet; docs/exec.md, Accuracy).
 
 `--detail` adds, per config, where the measured step's time went
-(`exec.compare.breakdown`): each stage's measured F and B against its profiled cost, and
+(`exec.measure.compare.breakdown`): each stage's measured F and B against its profiled cost, and
 per rank the time spent waiting for data and the runtime's own time between actions
 (the simulator models its calls and its time around each compute, rules 2, 3 and 11;
 "replay, no rule 11" is the replay error without the latter).
@@ -43,11 +43,11 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import sim  # noqa: E402
-from exec.compare import breakdown, compare, overlay_figure, replay_error, sharing_check  # noqa: E402
-from exec.models import ModelSpec  # noqa: E402
-from exec.optim import OPTIMIZERS  # noqa: E402
-from exec.pipeline import run_pipeline  # noqa: E402
-from exec.profile import costs_from_reports, profile_costs  # noqa: E402
+from exec.measure.compare import breakdown, compare, overlay_figure, replay_error, sharing_check  # noqa: E402
+from exec.models.spec import ModelSpec  # noqa: E402
+from exec.runtime.optim import OPTIMIZERS  # noqa: E402
+from exec.pipeline.runner import run_pipeline  # noqa: E402
+from exec.measure.costs import costs_from_reports, profile_costs  # noqa: E402
 
 
 def run_config(spec: ModelSpec, name: str, ranks: int, micro: int, rounds: int, steps: int, balance: str,

@@ -5,14 +5,14 @@ time from the ready notice to the sender's next yield.
     python benchmarks/bench_late_notice.py                  # X from 0.25 to 16 ms
     python benchmarks/bench_late_notice.py --repeats 60 --holds 1,2,3,4,5
 
-Two ranks started as the runtime starts them (`exec.launch`: each pinned to its own core,
-gloo's I/O thread SCHED_BATCH). Rank 0 issues a send (`exec.interpreter.isend`) and computes
+Two ranks started as the runtime starts them (`exec.launch.processes`: each pinned to its own core,
+gloo's I/O thread SCHED_BATCH). Rank 0 issues a send (`exec.runtime.interpreter.isend`) and computes
 for `hold` ms without a yield, then waits for the send (its next yield); rank 1 posts the
 receive 1 ms after the send and times it to the data's arrival. X = the end of rank 0's
 compute - the post (one clock: CLOCK_MONOTONIC is the same in both processes). The base is
 the same exchange with rank 0 waiting at once (its transport thread runs as the notice
 comes in). The simulator predicts base + E[min(X, U(0, io_tick))], with `io_tick` as
-calibration measures it (`exec.calibrate_link.late_notice`, `exec.profile.io_tick_from`), in
+calibration measures it (`exec.measure.calibrate_link.late_notice`, `exec.measure.costs.io_tick_from`), in
 the same launch. The table gives, per hold, the median X, the measured mean extra wait
 over the base and the mean prediction (both over the same samples), and the measured
 median, p10 and p90 against those of min(X, U)."""
@@ -32,7 +32,7 @@ def _exchange(ctx, hold: float, tag: int) -> tuple[float, float] | None:
     end of its compute over afterwards and rank 1 returns X too."""
     import torch
     import torch.distributed as dist
-    from exec.interpreter import isend
+    from exec.runtime.interpreter import isend
 
     x, buf, stamp = torch.randn(128, 128), torch.zeros(1024), torch.zeros(1, dtype=torch.float64)
     dist.barrier()
@@ -54,7 +54,7 @@ def _exchange(ctx, hold: float, tag: int) -> tuple[float, float] | None:
 
 
 def _rank(ctx, holds, repeats):
-    from exec.calibrate_link import late_notice
+    from exec.measure.calibrate_link import late_notice
     late = late_notice(ctx, repeats)
     rows = {}
     for hold in holds:
@@ -77,14 +77,14 @@ def main(argv=None) -> None:
     ap.add_argument("--holds", default="0.25,1,2,3,4,5,6,8,16", help="ms rank 0 computes after its send")
     ap.add_argument("--repeats", type=int, default=40)
     args = ap.parse_args(argv)
-    from exec.launch import launch
-    from exec.profile import io_tick_from
+    from exec.launch.processes import launch
+    from exec.measure.costs import io_tick_from
     from sim.engine.transports import expected_wait
 
     holds = [float(h) / 1e3 for h in args.holds.split(",")]
     (late0, _), (late1, rows) = launch(_rank, 2, holds, args.repeats, timeout=600)
     tick = io_tick_from([late0, late1])
-    print(f"io_tick (exec.profile, this launch): {tick * 1e3:.2f} ms\n")
+    print(f"io_tick (exec.measure.costs, this launch): {tick * 1e3:.2f} ms\n")
     print("| hold ms | X median ms | extra wait mean ms | predicted mean ms | measured median / p10 / p90 ms | predicted median / p10 / p90 ms |")
     print("|---:|---:|---:|---:|---:|---:|")
     base = statistics.median(b for r in rows.values() for b, _, _ in r)

@@ -48,8 +48,8 @@ def grid(cores: int, pp: int = 2, quick: bool = False) -> list[Case]:
 
 
 def transformer(model: dict = MODEL) -> sim.Transformer:
-    """The planner's description of exec's GPT of these sizes (`exec.models.ModelSpec.transformer`)."""
-    from exec.models import ModelSpec
+    """The planner's description of exec's GPT of these sizes (`exec.models.spec.ModelSpec.transformer`)."""
+    from exec.models.spec import ModelSpec
     return ModelSpec("gpt", **model).transformer()
 
 
@@ -121,7 +121,7 @@ def main(argv=None) -> int:
     except (OSError, ValueError) as e:
         print(f"bench_plan_vs_run: {e}", file=sys.stderr)
         return 2
-    from exec.host import host_cores
+    from exec.launch.host import host_cores
     steps, warmup = (2, 1) if args.quick else (5, 2)
     print(f"{'case':>34}  {'pred ms':>8} {'meas ms':>8} {'error':>8} {'spread':>7} {'mem err':>8}  load (1, 5, 15 min)")
     rows = []

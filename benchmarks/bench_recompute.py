@@ -3,8 +3,8 @@
     python benchmarks/bench_recompute.py                                  # gpipe, 1f1b, zb-h1 x none, full, selective
     python benchmarks/bench_recompute.py --schedules 1f1b --modes none full --rounds 5 --json out.json
 
-For each schedule and recompute mode (`exec.models.ModelSpec.recompute`), `--rounds` runs of
-`exec.pipeline.run_pipeline` on the same GPT, each calibrated inside the run as `exec.run`
+For each schedule and recompute mode (`exec.models.spec.ModelSpec.recompute`), `--rounds` runs of
+`exec.pipeline.runner.run_pipeline` on the same GPT, each calibrated inside the run as `exec.run`
 does (a calibration round before every measured step), each giving its median measured
 step and the simulated step under its own costs. A round runs every config once, so that
 a change of the machine's load falls on all of them. The tables give the medians over the
@@ -28,8 +28,8 @@ import sys
 from dataclasses import replace
 
 import sim
-from exec.models import ModelSpec
-from exec.pipeline import run_pipeline
+from exec.models.spec import ModelSpec
+from exec.pipeline.runner import run_pipeline
 from sim.files import atomic_write
 
 SPEC = ModelSpec("gpt", layers=4, batch_size=16)  # exec's default widths (hidden 128, seq 64), 4 blocks

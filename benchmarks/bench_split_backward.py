@@ -4,7 +4,7 @@
     python benchmarks/bench_split_backward.py --repeats 40
 
 For each model: the second of two stages (its input needs a gradient, its loss is in its
-F), B, then I and W (`exec.split_backward`) on a fresh forward each, interleaved, timed in
+F), B, then I and W (`exec.runtime.split_backward`) on a fresh forward each, interleaved, timed in
 CPU time of this thread with torch on one thread (so that other processes on a loaded
 machine do not count). Prints the minimum and the median of each in ms, (I + W) / B and
 W / B from the minima. The first model is the one `tests/test_split_backward.py` checks.
@@ -17,8 +17,8 @@ import time
 
 import torch
 
-from exec.models import ModelSpec
-from exec.split_backward import backward_input, backward_weight
+from exec.models.spec import ModelSpec
+from exec.runtime.split_backward import backward_input, backward_weight
 
 MODELS = (ModelSpec("mlp", layers=2, hidden=512, seq=256, batch_size=1),   # the test's
           ModelSpec(),                                                     # exec's default, micro 1

@@ -4,9 +4,9 @@
     python benchmarks/bench_torch_runtime.py --schedules 1f1b --rounds 5 --steps 10
 
 Each round runs every schedule both ways, one after the other in the same process: our
-runtime (`exec.pipeline.run_pipeline`, the step's makespan: from the ranks' common start
+runtime (`exec.pipeline.runner.run_pipeline`, the step's makespan: from the ranks' common start
 at a barrier to the end of the last action) and torch's `_PipelineScheduleRuntime` on the
-CSV `exec.torch_runtime.to_torch_csv` exports (`run_torch_runtime`: from a barrier to the
+CSV `exec.torch_pipelining.runtime.to_torch_csv` exports (`run_torch_runtime`: from a barrier to the
 end of the slowest rank's `step()`). Each launch runs `--warmup` steps, then `--steps`
 measured ones; the table gives the median over every measured step of every round, and
 the median of the round medians' ratio, ours / torch's (below 1: ours is faster). Both
@@ -22,9 +22,9 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from exec.models import ModelSpec  # noqa: E402
-from exec.pipeline import run_pipeline  # noqa: E402
-from exec.torch_runtime import run_torch_runtime  # noqa: E402
+from exec.models.spec import ModelSpec  # noqa: E402
+from exec.pipeline.runner import run_pipeline  # noqa: E402
+from exec.torch_pipelining.runtime import run_torch_runtime  # noqa: E402
 
 
 def one_round(spec: ModelSpec, name: str, ranks: int, micro: int, steps: int, warmup: int) -> dict:

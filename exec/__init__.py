@@ -1,27 +1,25 @@
 """exec: run the simulator's `Schedule` objects on real devices with torch.distributed
 and measure every action into the same `sim.Result` record.
 
-One concern per module:
+A package per concern, each importing only those before it (docs/exec.md, Layout):
 
-- `exec.models`: small models (MLP, GPT) cut into stages, and their batches.
-- `exec.launch`: one process per rank, bounded in time; `exec.host`: the host tuning
-  that makes CPU ranks behave like devices of their own (cores, I/O thread, allocator).
-- `exec.shapes`: the shape handshake before the first step.
-- `exec.interpreter`: `RankInterpreter`, one rank interpreting its lowered program
-  action by action; `exec.clocks` its clocks, `exec.memory` its memory counting,
-  `exec.optim` the optimizers and their state.
-- `exec.dp`: data parallelism: pp x dp ranks in Megatron-LM's order, a replica's view of
-  its pipeline, its shard of the batch, the gradient reduction on a collective stream.
-- `exec.step`: `run_step`, one training step on every rank, as one `sim.Result`.
-- `exec.check`: the same step in one process, and the gradients compared.
-- `exec.pipeline`: `run_pipeline`, a whole run (warm-up, measured steps, calibration,
-  check) and `pipeline_worker`, what each rank runs in it.
-- `exec.calibrate`: what each rank measures for the simulator; `exec.profile`: those
-  measurements merged into `sim.Costs`, and `profile_costs`.
-- `exec.compare`: measured against simulated.
-- `exec.torch_orders`: torch.distributed.pipelining's own schedule orders as `sim.Schedule`s;
-  `exec.torch_runtime`: our schedules run on torch's runtime.
-- `python -m exec.run --schedule 1f1b --stages 2 --micro 8`: the command line.
+- `exec.models`: small models (MLP, GPT): `spec` (`ModelSpec`), `layers`, `cuts` (stages).
+- `exec.launch`: `processes` (one process per rank, bounded in time), `host` (the host
+  tuning that makes CPU ranks behave like devices of their own).
+- `exec.runtime`: one step. `interpreter` (`RankInterpreter`, a rank's lowered program
+  action by action) with `clocks`, `memory`, `optim`, `shapes`, `split_backward` and `dp`
+  (pp x dp ranks, the gradient reduction on a collective stream); `step` (`run_step`, one
+  training step on every rank, as one `sim.Result`); `check` (the same step in one process).
+- `exec.measure`: what the simulator needs. `calibrate` and `calibrate_link` (inside the
+  ranks), `busy` (the machine's load), `costs` (the reports fitted into `sim.Costs`,
+  `profile_costs`), `compare` (measured against simulated).
+- `exec.pipeline`: a whole run. `config` (`RunConfig`), `worker` (what each rank runs),
+  `runner` (`run_pipeline`: warm-up, measured steps, calibration, check).
+- `exec.profiler`: the device profile's measurements (`device_bench`, `comm_bench`, `assemble`).
+- `exec.torch_pipelining`: torch.distributed.pipelining's own schedule orders as
+  `sim.Schedule`s (`orders`), and our schedules on torch's runtime (`runtime`).
+- The command lines: `python -m exec.run --schedule 1f1b --stages 2 --micro 8` (also
+  `python -m exec`) and `python -m exec.profile_device --out F`.
 
 `import exec` stays light (no torch); the submodules import torch.
 """

@@ -1,3 +1,6 @@
-from exec.run import main
+"""`python -m exec`: the same command line as `python -m exec.run`."""
 import sys
+
+from exec.run import main
+
 sys.exit(main())

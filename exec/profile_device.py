@@ -4,10 +4,10 @@
     python -m exec.profile_device --out my.json --ranks 2 --quick         # seconds, coarser
     python -m exec.profile_device --out gpu.json --backend nccl --ranks 1 # a GPU
 
-It measures, in ranks set up as `exec.launch` sets up a run's (each rank on its cores with
+It measures, in ranks set up as `exec.launch.processes` sets up a run's (each rank on its cores with
 cores / ranks threads, or one GPU each):
 
-- matmuls of the shapes the planner asks for (`exec.device_bench.planner_gemms` of the
+- matmuls of the shapes the planner asks for (`exec.profiler.device_bench.planner_gemms` of the
   GPT the flags give, at each --micro-batch) -> `matmul.table`;
 - memory-bound kernels by class, at several sizes, their bandwidth the slope of time over
   bytes -> `memory_bound`; the best copy bandwidth is the datasheet's `hbm_bandwidth`;
@@ -18,7 +18,7 @@ cores / ranks threads, or one GPU each):
 
 Every number says how it was measured (docs/profiles.md: source "measured" with the
 command, the machine and the date; the fits "derived"). The run has a timeout and leaves no
-process behind (`exec.launch`). Exit status: 0 written, 1 a rank failed or timed out, 2 bad
+process behind (`exec.launch.processes`). Exit status: 0 written, 1 a rank failed or timed out, 2 bad
 arguments or a device it cannot measure (--backend nccl without enough GPUs).
 """
 from __future__ import annotations
@@ -72,7 +72,7 @@ def _worker(ctx, plan: dict) -> dict:
     """One rank: the compute measurements (if asked), then the collectives and sends."""
     import torch
     import torch.distributed as dist
-    from exec import comm_bench, device_bench
+    from exec.profiler import comm_bench, device_bench
 
     say = _say if ctx.rank == 0 else (lambda text: None)
     device, out = ctx.device, {"threads": torch.get_num_threads()}
@@ -147,13 +147,13 @@ def profile_device(out: Path, backend: str = "gloo", ranks: int | None = None, q
                    command: str | None = None) -> dict:
     """Measure and write the profile to `out`; return it. `model`: the `sim.Transformer`
     whose matmuls to measure (default: exec's small GPT). Raises ValueError where the device
-    cannot be measured (`refusal`), `exec.launch.RankError` / TimeoutError where a rank fails."""
+    cannot be measured (`refusal`), `exec.launch.processes.RankError` / TimeoutError where a rank fails."""
     import torch
-    from exec.device_bench import planner_gemms
-    from exec.host import host_cores
-    from exec.launch import launch
-    from exec.models import ModelSpec
-    from exec.profile_assemble import assemble
+    from exec.profiler.device_bench import planner_gemms
+    from exec.launch.host import host_cores
+    from exec.launch.processes import launch
+    from exec.models.spec import ModelSpec
+    from exec.profiler.assemble import assemble
 
     why = refusal(backend, ranks)
     if why:
@@ -189,7 +189,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     import sim
-    from exec.launch import RankError
+    from exec.launch.processes import RankError
     if args.out.exists() and args.out.is_dir():
         parser.error(f"--out {args.out} is a folder; give a file name")
     why = refusal(args.backend, args.ranks)

@@ -9,13 +9,13 @@
 One process per rank (gloo on CPU, or nccl with one GPU per rank) runs `--warmup` steps,
 then `--steps` measured ones; the median step is reported. The first step's loss and
 gradients are checked against the same step in a single process. Unless `--no-compare`,
-the step is simulated and compared with the measured one (`exec.compare`) under the costs
+the step is simulated and compared with the measured one (`exec.measure.compare`) under the costs
 the simulator needs: read with `--costs FILE`, or calibrated inside the run, on the very
 modules, processes and cores of the steps, a round before each measured step
-(`exec.pipeline.run_pipeline(calibrate=1)`); `--out` keeps them as `costs.json`
+(`exec.pipeline.runner.run_pipeline(calibrate=1)`); `--out` keeps them as `costs.json`
 (`sim.save_costs`). `--optimizer` picks SGD (default) or AdamW; its state counts in
 every rank's static memory, measured and simulated. `--recompute full` (or `selective`,
-gpt only) recomputes activations (`exec.models.ModelSpec.recompute`). `--dp N` runs N
+gpt only) recomputes activations (`exec.models.spec.ModelSpec.recompute`). `--dp N` runs N
 pipeline replicas (stages x N ranks, gloo), each on its 1/N of the batch, with one
 gradient reduction per stage (`sim.add_grad_reduce`, after the rank's last compute, or
 after each stage's last backward with `--overlap-grad-reduce`).
@@ -36,7 +36,7 @@ from typing import NoReturn, Sequence
 
 from sim.cli import OneLineParser, folder_problem, number, whole
 
-from exec.optim import OPTIMIZERS  # torch is imported only once the arguments are read
+from exec.runtime.optim import OPTIMIZERS  # torch is imported only once the arguments are read
 from sim.model.transformer import RECOMPUTE
 
 PROG = "exec.run"
@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overlap-grad-reduce", action="store_true",
                    help="with --dp: reduce each stage's gradients right after its last backward, not after the "
                         "rank's last compute (Megatron-LM's flag; the same with one stage per rank)")
-    m = p.add_argument_group("model (exec.models.ModelSpec)")
+    m = p.add_argument_group("model (exec.models.spec.ModelSpec)")
     m.add_argument("--model", default="mlp", metavar="MODEL",
                    help="mlp, gpt (a small GPT) or a GPT preset of sim.MODELS (its sizes; the flags below "
                         "override them) (default mlp)")
@@ -112,17 +112,17 @@ def _fail(message: str) -> NoReturn:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    schedule, spec, costs = _check(parser, args)
-    from exec.launch import under_torchrun
+    schedule, spec, costs, config = _check(parser, args)
+    from exec.launch.processes import under_torchrun
 
     t0 = time.perf_counter()
-    run = _run(args, schedule, spec)
+    run = _run(args, schedule, spec, config)
     if under_torchrun() and os.environ["RANK"] != "0":
         return 0  # every rank holds the same results: rank 0 reports them, once
     _progress(args, f"done in {time.perf_counter() - t0:.1f} s")
     comparison = None
     if not args.no_compare:
-        from exec.compare import compare
+        from exec.measure.compare import compare
         comparison = compare(run.result, costs if costs is not None else run.costs, grad_match=run.grad_match,
                              max_grad_diff=run.max_grad_diff)
     summary = run.summary()
@@ -131,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                    measured_peak_memory=summary["peak_memory"], sizes=_sizes(spec))
     summary.update(run.load_json())
     if comparison is not None:
-        from exec.compare import replay_median
+        from exec.measure.compare import replay_median
         cj = comparison.as_json()
         summary.update({k: v for k, v in cj.items() if k not in summary or k in ("simulated_step_s", "error_pct")})
         summary["replay_error_pct"] = replay_median(run.steps, comparison.costs)
@@ -157,8 +157,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _check(parser: argparse.ArgumentParser, args):
-    """The schedule, the model and the given costs (or None), or exit 2 with one line
-    before anything runs."""
+    """The schedule, the model, the given costs (or None) and the run's configuration, or
+    exit 2 with one line before anything runs."""
     import sim
     try:
         schedule = sim.make_schedule(args.schedule, args.stages, args.micro, args.virtual)
@@ -173,13 +173,12 @@ def _check(parser: argparse.ArgumentParser, args):
     if problem:
         parser.error(f"--out {problem}")
     import torch
-    from exec.pipeline import parse_fault
-
     try:
         spec = model_spec(args)
-        fault = parse_fault(args.fault)
+        config = run_config(args)
     except ValueError as e:
         parser.error(str(e))
+    fault = config.injected
     world = schedule.ranks * args.dp
     if fault is not None and fault[1] >= world:
         parser.error(f"--fault {args.fault} names rank {fault[1]}, but the run has ranks 0..{world - 1}")
@@ -198,14 +197,14 @@ def _check(parser: argparse.ArgumentParser, args):
     if args.backend == "nccl" and args.costs is None and not args.no_compare:
         parser.error("--backend nccl: the profiler measures CPU ranks (gloo) only; "
                      "pass --costs FILE (sim.save_costs) or --no-compare")
-    return schedule, spec, costs
+    return schedule, spec, costs, config
 
 
 def model_spec(args):
-    """The `exec.models.ModelSpec` the flags ask for: --model mlp or gpt with their defaults,
+    """The `exec.models.spec.ModelSpec` the flags ask for: --model mlp or gpt with their defaults,
     or a GPT preset's sizes (sim.MODELS), each overridden by the size flags. ValueError (one
     line) for a preset exec does not build or a flag the model does not take."""
-    from exec.models import ModelSpec
+    from exec.models.spec import ModelSpec
     sizes = {k: getattr(args, k) for k in ("layers", "hidden", "seq", "heads", "vocab", "batch_size", "seed",
                                            "recompute") if getattr(args, k) is not None}
     name = args.model
@@ -248,21 +247,27 @@ def _given_costs(parser: argparse.ArgumentParser, args, schedule):
     return costs
 
 
-def _run(args, schedule, spec):
-    """The run, calibrated inside unless costs were given or nothing is compared; a rank
-    that fails or a run that times out exits 1 with one line."""
-    from exec.launch import RankError
-    from exec.pipeline import run_pipeline
+def run_config(args):
+    """The `exec.pipeline.config.RunConfig` the flags ask for: calibrated inside the run
+    unless costs were given or nothing is compared."""
+    from exec.pipeline.config import RunConfig
+    return RunConfig(steps=args.steps, warmup=args.warmup, lr=args.lr, optimizer=args.optimizer, dp=args.dp,
+                     overlap_grad_reduce=args.overlap_grad_reduce,
+                     calibrate=0 if args.no_compare or args.costs is not None else 1,
+                     balance=args.balance, backend=args.backend, timeout=args.timeout, threads=args.threads,
+                     fault=args.fault, progress=not args.quiet)
+
+
+def _run(args, schedule, spec, config):
+    """The run; a rank that fails or a run that times out exits 1 with one line."""
+    from exec.launch.processes import RankError
+    from exec.pipeline.runner import run_pipeline
 
     replicas = f" x {args.dp} replicas" if args.dp > 1 else ""
     _progress(args, f"{schedule.name} on {schedule.ranks} ranks{replicas} ({args.backend}), {args.micro} micro-batches, "
                     f"{spec.model} model, {args.optimizer}; {args.warmup} warm-up + {args.steps} measured steps")
     try:
-        calibrate = 0 if args.no_compare or args.costs is not None else 1
-        run = run_pipeline(spec, schedule, steps=args.steps, warmup=args.warmup, balance=args.balance,
-                           backend=args.backend, timeout=args.timeout, threads=args.threads, lr=args.lr,
-                           fault=args.fault, progress=not args.quiet, calibrate=calibrate, optimizer=args.optimizer,
-                           dp=args.dp)
+        run = run_pipeline(spec, schedule, config=config)
     except (RankError, TimeoutError) as e:
         _fail(str(e))
     return run
@@ -278,7 +283,7 @@ def _sizes(spec) -> dict:
 
 def _cores(args) -> int | None:
     """The host's cores the gloo ranks share (None for nccl: one GPU per rank)."""
-    from exec.host import host_cores
+    from exec.launch.host import host_cores
     return len(host_cores()) if args.backend == "gloo" else None
 
 
@@ -342,7 +347,7 @@ def _save(out: Path, run, comparison) -> None:
         return
     save_figure(plot_result(run.result), out / f"{name}_measured.png")
     if comparison is not None:
-        from exec.compare import overlay_figure
+        from exec.measure.compare import overlay_figure
         overlay_figure(comparison, out / f"{name}_overlay.png")
 
 

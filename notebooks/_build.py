@@ -289,7 +289,7 @@ plt.show()
     md("""
 The bubble grows although the devices have *more* work: the fast stages idle while they wait for
 the slow one. Balancing the stages (cutting the model by measured time rather than by layer count,
-as `exec.models.ModelSpec.partition(..., balance="time")` does) is as important as choosing `m`.
+as `exec.models.spec.ModelSpec.partition(..., balance="time")` does) is as important as choosing `m`.
 1F1B suffers a little less than GPipe when the slow stage is early in the pipeline, since its
 backwards start before all forwards are done.
 """),
@@ -578,7 +578,7 @@ the same `sim.Result` record the simulator produces. Here the devices are CPU pr
 over gloo, so it runs on any laptop (about a minute on 2 cores). This notebook:
 
 1. runs a small model with 1F1B on 2 ranks, and measures as it runs what the simulator needs
-   (`exec.calibrate`, merged by `exec.profile`): its `Costs`;
+   (`exec.measure.calibrate`, merged by `exec.measure.costs`): its `Costs`;
 2. checks that the pipelined gradients equal single-process training;
 3. overlays the measured and simulated timelines and reads off where and why they differ;
 4. compares GPipe with 1F1B, measured on real tensors.
@@ -601,9 +601,9 @@ WARMUP = 1         # ... after this many unmeasured ones
 import time
 
 import torch  # exec needs it: pip install -e ".[exec]"
-from exec.compare import breakdown, compare
-from exec.models import ModelSpec
-from exec.pipeline import run_pipeline
+from exec.measure.compare import breakdown, compare
+from exec.models.spec import ModelSpec
+from exec.pipeline.runner import run_pipeline
 
 spec = ModelSpec(model="mlp", layers=LAYERS, hidden=HIDDEN, batch_size=BATCH_SIZE)
 schedule = sim.make_schedule(SCHEDULE, STAGES, MICRO)
@@ -619,7 +619,7 @@ gradients of the first step (section 2).
 
 The simulator needs to know how long each stage's forward and backward take, how long a transfer
 takes, and how many bytes each stage keeps. With `calibrate=1`, before each measured step the ranks
-measure exactly that (`exec.calibrate.calibrate_rank`), on the very modules, processes and cores the
+measure exactly that (`exec.measure.calibrate.calibrate_rank`), on the very modules, processes and cores the
 steps use: they time each stage's F and B (all ranks computing at once, and each alone), fit
 latency and bandwidth to ping-pong transfers of several sizes, and count the bytes. Measuring in
 the same minute as the steps matters on a shared machine, where a core's speed changes from
@@ -659,7 +659,7 @@ assert run.grad_match and run.max_grad_diff < 1e-4, "the pipelined gradients dif
     md("""
 ## 3. Measured against simulated
 
-`exec.compare.compare` simulates the same schedule under the profiled costs and puts both steps
+`exec.measure.compare.compare` simulates the same schedule under the profiled costs and puts both steps
 side by side. In the overlay, the wide hatched bars are the simulation and the narrow solid bars
 the measurement, on the same rows. The `error`, in the table and in the figure's title, is
 `(simulated - measured) / measured`: positive when the simulator predicts a longer step.
@@ -710,12 +710,12 @@ of each action around its median. On a CPU host much of that spread is
 sharing: an action runs at its *alone* speed while the other rank waits and at its *concurrent*
 speed while both compute, which one fixed cost per action cannot express. Last, the *replay*:
 every compute takes exactly the time it took in this step (`sim.simulate(..., durations=)`,
-`exec.compare.replay_error`), so only the rules of communication and of the runtime are left to
+`exec.measure.compare.replay_error`), so only the rules of communication and of the runtime are left to
 be wrong.
 """),
     code('''
 import dataclasses
-from exec.compare import replay_error
+from exec.measure.compare import replay_error
 
 alone = details["compute_median"]["alone"]
 alone_costs = dataclasses.replace(
@@ -1128,9 +1128,9 @@ costs on a shared CPU (notebook 3 explains the difference).
 import time
 
 import torch  # exec needs it: pip install -e ".[exec]"
-from exec.compare import compare
-from exec.models import ModelSpec
-from exec.pipeline import run_pipeline
+from exec.measure.compare import compare
+from exec.models.spec import ModelSpec
+from exec.pipeline.runner import run_pipeline
 
 spec = ModelSpec(model="mlp", layers=REAL_LAYERS, hidden=REAL_HIDDEN, batch_size=REAL_BATCH)
 real_schedule = sim.make_schedule(REAL_SCHEDULE, REAL_RANKS, REAL_MICRO)
@@ -1483,7 +1483,7 @@ Here it meets a run we can measure. Three steps, all on this machine:
 2. **Predict** a step of exec's small GPT with `sim.estimate(..., gpu=sim.load_profile(...))`:
    the model is the same object, `ModelSpec.transformer()`, so the planner's activation bytes
    are what autograd saves (tests/test_saved_bytes.py).
-3. **Run** it with `exec.run_pipeline` and overlay the predicted and measured timelines.
+3. **Run** it with `exec.pipeline.runner.run_pipeline` and overlay the predicted and measured timelines.
 
 A shared, loaded machine measures slower than the profile says (read the load average
 printed beside the numbers; docs/rules.md, rule 9); the memory does not depend on the load.
@@ -1495,7 +1495,7 @@ import tempfile
 from pathlib import Path
 
 from exec.profile_device import profile_device
-from exec.models import ModelSpec
+from exec.models.spec import ModelSpec
 
 PROFILE = Path(tempfile.mkdtemp()) / "this-machine.json"
 profile_device(PROFILE, "gloo", ranks=2, quick=True, micro_batches=(2,), timeout=120)
@@ -1514,7 +1514,7 @@ print({k: f"{v * 1e3:.2f} ms" for k, v in e.time_parts.items() if v})
 show(plot_result(e.result))  # the predicted step
 """),
     code(r"""
-from exec.pipeline import run_pipeline
+from exec.pipeline.runner import run_pipeline
 
 run = run_pipeline(SPEC, "1f1b", 2, MICRO, steps=3, warmup=1, optimizer="adamw")
 measured = sorted(run.train_step_times)[len(run.train_step_times) // 2]

@@ -93,7 +93,7 @@ def test_find_cycle_finds_one():
 
 def test_the_graph_is_read():
     graph = import_graph()
-    assert "sim.engine.core" in graph["sim"] and "exec.step" in graph["exec.pipeline"]
+    assert "sim.engine.core" in graph["sim"] and "exec.runtime.step" in graph["exec.pipeline.worker"]
     assert {"sim.schedule.ir"} <= graph["sim.engine.core"]
 
 

@@ -24,11 +24,12 @@ import torch.distributed as dist  # noqa: E402
 import sim  # noqa: E402
 from sim import Action, Kind  # noqa: E402
 from helpers import gpipe_like  # noqa: E402
-from exec.check import compare_grads, reference_step, split_micro_batches  # noqa: E402
-from exec.host import GLOO_IO_THREAD, host_cores, rank_cores  # noqa: E402
-from exec.launch import RankError, _children_of, free_port, launch  # noqa: E402
-from exec.models import ModelSpec  # noqa: E402
-from exec.pipeline import pipeline_worker  # noqa: E402
+from exec.runtime.check import compare_grads, reference_step, split_micro_batches  # noqa: E402
+from exec.launch.host import GLOO_IO_THREAD, host_cores, rank_cores  # noqa: E402
+from exec.launch.processes import RankError, children_of, free_port, launch  # noqa: E402
+from exec.models.spec import ModelSpec  # noqa: E402
+from exec.pipeline.config import RunConfig  # noqa: E402
+from exec.pipeline.worker import pipeline_worker  # noqa: E402
 from sim import load_costs, save_costs  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,7 +81,7 @@ def _many_runs(ctx, jobs):
 def _rank_processes() -> list[int]:
     """Rank processes of this test process still around (the resource tracker is not one)."""
     out = []
-    for pid in _children_of([os.getpid()]):
+    for pid in children_of([os.getpid()]):
         try:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
@@ -123,7 +124,7 @@ def test_under_torchrun_launch_runs_this_process_as_its_rank(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(
         "import torch, torch.distributed as dist\n"
-        "from exec.launch import launch\n"
+        "from exec.launch.processes import launch\n"
         "def fn(ctx):\n"
         "    t = torch.ones(1) * ctx.rank\n"
         "    dist.all_reduce(t)\n"
@@ -144,7 +145,7 @@ def test_under_torchrun_launch_runs_this_process_as_its_rank(tmp_path):
 
 _REFAULTS = """
 import ctypes, resource, sys
-from exec.host import keep_freed_memory
+from exec.launch.host import keep_freed_memory
 if sys.argv[1] == "keep":
     assert keep_freed_memory()
 libc = ctypes.CDLL("libc.so.6")
@@ -240,7 +241,7 @@ def runs():
     for _, spec, schedule in CASES:
         lowered = sim.lower(schedule)
         bounds = spec.partition(lowered.stages)
-        jobs.append((spec, lowered, 2, 0, bounds, 0.01, None, False))
+        jobs.append((spec, lowered, bounds, RunConfig(steps=2, warmup=0)))
     per_rank = launch(_many_runs, 2, jobs, timeout=TIMEOUT)
     return {name: (spec, job[1], [r[i] for r in per_rank])
             for i, ((name, spec, _), job) in enumerate(zip(CASES, jobs))}
@@ -318,8 +319,8 @@ def test_static_memory_is_weights_gradients_and_optimizer_state(spec):
     each parameter and a float32 `step` tensor per parameter. Before the first step the
     optimizer holds nothing yet, and what its first step creates is counted; after it,
     what torch holds: the same bytes."""
-    from exec.memory import StaticMemory, static_memory
-    from exec.optim import make_optimizer
+    from exec.runtime.memory import StaticMemory, static_memory
+    from exec.runtime.optim import make_optimizer
     for optimizer in ("sgd", "adamw"):
         stage = spec.build_stages(1)[0]
         params = list(stage.parameters())
@@ -342,7 +343,7 @@ def test_static_memory_is_weights_gradients_and_optimizer_state(spec):
 
 def test_every_kind_has_its_handler_in_the_interpreter():
     """The interpreter dispatches each kind to the method `sim.schedule.kinds.KINDS` names."""
-    from exec.interpreter import RankInterpreter
+    from exec.runtime.interpreter import RankInterpreter
     from sim.schedule.kinds import KINDS
     for kind, spec in KINDS.items():
         assert callable(getattr(RankInterpreter, spec.handler, None)), (kind, spec.handler)
@@ -478,7 +479,7 @@ def test_cli_rank_failure_is_one_line_and_exit_1(capsys):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_nccl_run_matches_one_process():
-    from exec.pipeline import run_pipeline
+    from exec.pipeline.runner import run_pipeline
     ranks = min(2, torch.cuda.device_count())
     run = run_pipeline(MLP, "1f1b", ranks, 4, steps=2, warmup=1, backend="nccl", timeout=TIMEOUT, atol=1e-4)
     assert run.grad_match, run.max_grad_diff

@@ -21,13 +21,15 @@ torch = pytest.importorskip("torch")
 
 import sim  # noqa: E402
 from sim import Kind  # noqa: E402
-from exec.calibrate import calibrate_rank  # noqa: E402
-from exec.check import compare_grads, reference_step  # noqa: E402
-from exec.dp import Grid, check_dp, replica_context, shard  # noqa: E402
-from exec.launch import _children_of, launch  # noqa: E402
-from exec.models import ModelSpec  # noqa: E402
-from exec.pipeline import pipeline_worker, run_pipeline  # noqa: E402
-from exec.profile import costs_from_reports  # noqa: E402
+from exec.measure.calibrate import calibrate_rank  # noqa: E402
+from exec.runtime.check import compare_grads, reference_step  # noqa: E402
+from exec.runtime.dp import Grid, check_dp, replica_context, shard  # noqa: E402
+from exec.launch.processes import children_of, launch  # noqa: E402
+from exec.models.spec import ModelSpec  # noqa: E402
+from exec.pipeline.config import RunConfig  # noqa: E402
+from exec.pipeline.runner import run_pipeline  # noqa: E402
+from exec.pipeline.worker import pipeline_worker  # noqa: E402
+from exec.measure.costs import costs_from_reports  # noqa: E402
 
 TIMEOUT = 120  # seconds for the one launch
 PP, DP, MICRO = 2, 2, 2
@@ -98,7 +100,7 @@ def _dp_jobs(ctx, jobs, calib_schedule):
 def dp_runs():
     schedules = {overlap: _schedule(overlap) for overlap in (True, False)}
     bounds = SPEC.partition(schedules[True].stages)
-    jobs = [(SPEC, schedules[o], 2, 0, bounds, 0.01, None, False, 0, "sgd", DP) for o in (True, False)]
+    jobs = [(SPEC, schedules[o], bounds, RunConfig(steps=2, warmup=0, dp=DP)) for o in (True, False)]
     per_rank = launch(_dp_jobs, PP * DP, jobs, schedules[True], timeout=TIMEOUT)
     return schedules, [r[0] for r in per_rank], [r[1] for r in per_rank]
 
@@ -106,7 +108,7 @@ def dp_runs():
 def _rank_processes() -> list[int]:
     """Rank processes of this test process still around (the resource tracker is not one)."""
     out = []
-    for pid in _children_of([os.getpid()]):
+    for pid in children_of([os.getpid()]):
         try:
             if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
                 out.append(pid)

@@ -1,4 +1,4 @@
-"""torch.distributed.pipelining's own schedule orders (`exec.torch_orders.from_torch`): each one
+"""torch.distributed.pipelining's own schedule orders (`exec.torch_pipelining.orders.from_torch`): each one
 validates, ours are the same order where we build the same schedule, and where they differ
 ours is not worse; torch's 1F1B order is refused with the evidence (docs/schedules.md,
 "torch's orders"). Skipped where torch is not installed, except the error saying so."""
@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import sim
 from sim import Costs, Schedule, ScheduleError
 from helpers import reference_times
-from exec.torch_orders import from_torch
+from exec.torch_pipelining.orders import from_torch
 
 needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
 

@@ -1,4 +1,4 @@
-"""exec.models: stage splits compose to the full model, balanced cuts are optimal, batches are deterministic."""
+"""exec.models.spec: stage splits compose to the full model, balanced cuts are optimal, batches are deterministic."""
 import itertools
 import math
 
@@ -6,7 +6,9 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from exec.models import ModelSpec, balanced_cuts, layer_times
+from exec.models.cuts import layer_times
+from exec.models.spec import ModelSpec
+from sim.search.partition import balanced_cuts
 
 SMALL = dict(layers=4, hidden=32, seq=8, vocab=64, heads=2, batch_size=4)
 

@@ -92,13 +92,13 @@ def test_exec_run_non_finite_loss_exits_1_naming_the_step():
     assert "of the step lost to other processes" in doc["load"] or "no scheduler statistics" in doc["load"]
 
 
-# ---------------------------------------------------------------- the load of a step (exec.busy)
+# ---------------------------------------------------------------- the load of a step (exec.measure.busy)
 
 def test_step_load_sees_another_process_on_the_core():
     """A busy process pinned beside this one on one core: this thread, spinning for 0.4 s
     of wall time, was runnable but not running a good part of it, and its waiting and
     running add up to the wall time (it never sleeps)."""
-    from exec.busy import StepLoad, load_summary, thread_sched
+    from exec.measure.busy import StepLoad, load_summary, thread_sched
     if thread_sched() is None or not hasattr(os, "sched_setaffinity"):
         pytest.skip("no scheduler statistics here")
     old = os.sched_getaffinity(0)
@@ -124,7 +124,7 @@ def test_step_load_sees_another_process_on_the_core():
 
 
 def test_replay_of_a_simulated_step_under_its_own_costs_is_exact():
-    from exec.compare import replay_median
+    from exec.measure.compare import replay_median
     costs = sim.Costs(forward=[1.0, 1.5], backward=[2.0, 2.5], latency=0.1)
     r = sim.simulate(sim.make_schedule("1f1b", 2, 8), costs)
     assert replay_median([r, r, r], costs) == pytest.approx(0.0, abs=1e-9)

@@ -301,7 +301,7 @@ def test_copy_colours_stay_apart_from_the_other_kinds(vision):
 
 def test_exec_refuses_offloading():
     pytest.importorskip("torch")
-    from exec.interpreter import RankInterpreter, refuse_offload
+    from exec.runtime.interpreter import RankInterpreter, refuse_offload
     s = sim.add_offload(sim.make_schedule("1f1b", 2, 4))
     with pytest.raises(ValueError, match=r"'1f1b' has OFFLOAD/RELOAD actions .* host memory is their device memory"):
         refuse_offload(sim.lower(s))

@@ -1,4 +1,4 @@
-"""exec.calibrate, exec.profile and exec.compare: costs round-trip through JSON, the transfer
+"""exec.measure.calibrate, exec.measure.costs and exec.measure.compare: costs round-trip through JSON, the transfer
 fit recovers known numbers, calibration times the interpreter's own handlers and counts the
 memory a step holds, and a measured step equal to its simulation compares with error 0."""
 import dataclasses
@@ -7,7 +7,7 @@ import math
 import pytest
 
 import sim
-from exec.profile import fit_latency_bandwidth
+from exec.measure.costs import fit_latency_bandwidth
 from sim import load_costs, save_costs
 
 
@@ -46,7 +46,7 @@ def test_fit_recovers_latency_and_bandwidth():
 
 
 def test_compare_a_step_with_its_own_simulation_gives_zero_error():
-    from exec.compare import breakdown, compare
+    from exec.measure.compare import breakdown, compare
     costs = sim.Costs(forward=[0.01, 0.012], backward=[0.02, 0.025], latency=1e-4, bandwidth=1e9,
                       activation_bytes_sent=[1e5, 1e5], activation_bytes=[1e6, 1e6], static_bytes=[1e7, 1e7])
     for name in ("gpipe", "1f1b"):
@@ -74,7 +74,7 @@ def test_replay_takes_the_compute_times_from_the_step(name):
     """A step simulated under costs A and replayed under costs B that differ from A only in
     F and B: the replay takes every compute's time from the step's own events, so it
     reproduces the step exactly; the plain comparison under B does not."""
-    from exec.compare import compare, replay_error
+    from exec.measure.compare import compare, replay_error
     stages = 4
     a = sim.Costs(forward=[0.010, 0.012, 0.009, 0.011], backward=[0.020, 0.026, 0.018, 0.021], latency=1e-4,
                   arrive_overhead=5e-5, recv_overhead=2e-5, send_overhead=3e-5, io_tick=0.004)
@@ -86,7 +86,7 @@ def test_replay_takes_the_compute_times_from_the_step(name):
 
 
 def test_overlay_figure_is_written(tmp_path):
-    from exec.compare import compare, overlay_figure
+    from exec.measure.compare import compare, overlay_figure
     costs = sim.Costs(forward=0.01, backward=0.02, latency=1e-4)
     ref = sim.simulate(sim.make_schedule("1f1b", 2, 4), costs)
     measured = sim.Result(ref.schedule, list(ref.events), ref.memory, ref.activations, source="measured")
@@ -95,8 +95,8 @@ def test_overlay_figure_is_written(tmp_path):
 
 
 def test_profile_costs_on_two_ranks():
-    from exec.models import ModelSpec
-    from exec.profile import profile_costs
+    from exec.models.spec import ModelSpec
+    from exec.measure.costs import profile_costs
     spec = ModelSpec("mlp", layers=2, hidden=16, seq=4, batch_size=4)
     costs, details = profile_costs(spec, "gpipe", micro=2, steps=1, repeats=2, timeout=120)
     c = costs.for_stages(2)
@@ -123,8 +123,8 @@ def test_a_run_calibrates_between_its_steps_without_changing_them():
     modules the steps train: the steps' losses and the first step's gradients are those
     of the same run without calibration, each round holds every rank's report (the first
     one with the ping-pong), and the pooled costs predict the measured peak memory exactly."""
-    from exec.models import ModelSpec
-    from exec.pipeline import run_pipeline
+    from exec.models.spec import ModelSpec
+    from exec.pipeline.runner import run_pipeline
     spec = ModelSpec("mlp", layers=4, hidden=16, seq=4, batch_size=8)
     plain = run_pipeline(spec, "1f1b", 2, 4, steps=3, warmup=1, timeout=120)
     run = run_pipeline(spec, "1f1b", 2, 4, steps=3, warmup=1, calibrate=2, timeout=120)
@@ -153,8 +153,8 @@ def test_with_adamw_the_simulated_peak_memory_is_the_measured_one():
     warm-up: the first round calibrates before the optimizer has stepped (it counts the
     state the first step will create), the second after (the state torch holds); both
     count the same bytes, and so do the steps before and after it."""
-    from exec.models import ModelSpec
-    from exec.pipeline import run_pipeline
+    from exec.models.spec import ModelSpec
+    from exec.pipeline.runner import run_pipeline
     spec = ModelSpec("mlp", layers=4, hidden=16, seq=4, batch_size=8)
     sgd = run_pipeline(spec, "1f1b", 2, 4, steps=1, warmup=0, timeout=120)
     run = run_pipeline(spec, "1f1b", 2, 4, steps=2, warmup=0, calibrate=1, timeout=120, optimizer="adamw")
@@ -179,11 +179,11 @@ def test_calibrated_activation_bytes_are_what_the_runtime_holds(model):
     targets for the loss) equal what the runtime counts while it holds a micro-batch in a
     step: both on micro-batches with storage of their own. One rank, both stages on it,
     no process group needed."""
-    from exec.calibrate import activation_bytes, stage_inputs
-    from exec.check import split_micro_batches
-    from exec.interpreter import RankInterpreter
-    from exec.launch import RankContext
-    from exec.models import ModelSpec
+    from exec.measure.calibrate import activation_bytes, stage_inputs
+    from exec.runtime.check import split_micro_batches
+    from exec.runtime.interpreter import RankInterpreter
+    from exec.launch.processes import RankContext
+    from exec.models.spec import ModelSpec
     spec = ModelSpec(model, layers=2, hidden=16, seq=4, batch_size=8)
     micro = 4
     bounds = [0, spec.num_layers // 2, spec.num_layers]
@@ -217,21 +217,21 @@ def test_calibration_times_the_runtimes_own_work_around_a_compute(monkeypatch):
     mark in `before`, the work after the end mark in `after`, nothing in the computes."""
     import time
     import torch.distributed as dist
-    from exec.calibrate import compute_times
-    from exec.clocks import CpuClock
-    from exec.interpreter import RankInterpreter
-    from exec.launch import RankContext
-    from exec.memory import SavedBytes
-    from exec.models import ModelSpec
+    from exec.measure.calibrate import compute_times
+    from exec.runtime.clocks import CpuClock
+    from exec.runtime.interpreter import RankInterpreter
+    from exec.launch.processes import RankContext
+    from exec.runtime.memory import SavedBytes
+    from exec.models.spec import ModelSpec
     spec = ModelSpec("mlp", layers=2, hidden=16, seq=4, batch_size=4)
     schedule = sim.make_schedule("gpipe", 1, 2)           # F0 F1 B0 B1
     forward = [i % 4 < 2 for i in range(2 * 4)]            # 2 timed steps x (F0 F1 B0 B1)
     before, after = 2.0 ** -8, 2.0 ** -9                   # about 4 and 2 ms, exact in binary
-    saved_init, hold = SavedBytes.__init__, RankInterpreter._hold
+    saved_init, memory = SavedBytes.__init__, RankInterpreter._memory
 
     def inject(spend):
         monkeypatch.setattr(SavedBytes, "__init__", lambda self, p: (spend(before), saved_init(self, p))[1])
-        monkeypatch.setattr(RankInterpreter, "_hold", lambda self, *a: (spend(after), hold(self, *a))[1])
+        monkeypatch.setattr(RankInterpreter, "_memory", lambda self, *a, **kw: (spend(after), memory(self, *a, **kw))[1])
 
     now = [0.0]
 
@@ -257,14 +257,14 @@ def test_calibration_times_the_runtimes_own_work_around_a_compute(monkeypatch):
 
 
 def test_profile_costs_refuses_a_backend_it_cannot_time():
-    from exec.models import ModelSpec
-    from exec.profile import profile_costs
+    from exec.models.spec import ModelSpec
+    from exec.measure.costs import profile_costs
     with pytest.raises(ValueError, match="gloo only"):
         profile_costs(ModelSpec("mlp", layers=2, hidden=16, seq=4, batch_size=4), "gpipe", micro=2, backend="nccl")
 
 
 def test_sharing_check_recognises_processor_sharing():
-    from exec.compare import sharing_check
+    from exec.measure.compare import sharing_check
     # alone an F takes 1 s, with the other rank computing 2 s: rank 0 runs alone for 0.5 s,
     # shares for 1 s (0.5 s of work), ends at 1.5; rank 1 shares 0.5..1.5, ends alone at 2.0
     sched = sim.make_schedule("gpipe", 2, 1)

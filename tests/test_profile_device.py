@@ -11,7 +11,8 @@ torch = pytest.importorskip("torch")
 
 import sim  # noqa: E402
 from exec import profile_device as pd  # noqa: E402
-from exec.comm_bench import p2p_fit, ring_fit  # noqa: E402
+from exec.launch.host import host_cores  # noqa: E402
+from exec.profiler.comm_bench import p2p_fit, ring_fit  # noqa: E402
 from sim.hardware.network import OPS as COLLECTIVE_STEPS  # noqa: E402
 
 sys.path.insert(0, "benchmarks")
@@ -38,7 +39,7 @@ def test_the_profile_loads_and_every_number_says_where_it_comes_from(profile_fil
     p = sim.load_profile(profile_file)
     raw = json.loads(profile_file.read_text())
     assert raw["schema"] == pd.SCHEMA and raw["fingerprint"]["backend"] == "gloo"
-    assert raw["fingerprint"]["threads"] == max(1, len(__import__("exec.host").host.host_cores()) // 2)
+    assert raw["fingerprint"]["threads"] == max(1, len(host_cores()) // 2)
     assert raw["launch"]["host_runs_ahead"] is False
     for path, n in _numbers(raw):
         assert n["source"] in ("measured", "derived"), path
@@ -52,8 +53,8 @@ def test_the_profile_loads_and_every_number_says_where_it_comes_from(profile_fil
 
 
 def pd_gemms():
-    from exec.device_bench import planner_gemms
-    from exec.models import ModelSpec
+    from exec.profiler.device_bench import planner_gemms
+    from exec.models.spec import ModelSpec
     return planner_gemms(ModelSpec("gpt").transformer(), (2,))
 
 

@@ -18,13 +18,16 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import sim  # noqa: E402
-from exec.calibrate import activation_bytes, stage_inputs, w_activation_bytes  # noqa: E402
-from exec.check import compare_grads, reference_step, split_micro_batches  # noqa: E402
-from exec.interpreter import RankInterpreter  # noqa: E402
-from exec.launch import RankContext, launch  # noqa: E402
-from exec.models import Block, MLPBlock, ModelSpec  # noqa: E402
-from exec.pipeline import pipeline_worker, run_pipeline  # noqa: E402
-from exec.split_backward import backward_input, backward_weight  # noqa: E402
+from exec.measure.calibrate import activation_bytes, stage_inputs, w_activation_bytes  # noqa: E402
+from exec.runtime.check import compare_grads, reference_step, split_micro_batches  # noqa: E402
+from exec.runtime.interpreter import RankInterpreter  # noqa: E402
+from exec.launch.processes import RankContext, launch  # noqa: E402
+from exec.models.layers import Block, MLPBlock  # noqa: E402
+from exec.models.spec import ModelSpec  # noqa: E402
+from exec.pipeline.config import RunConfig  # noqa: E402
+from exec.pipeline.runner import run_pipeline  # noqa: E402
+from exec.pipeline.worker import pipeline_worker  # noqa: E402
+from exec.runtime.split_backward import backward_input, backward_weight  # noqa: E402
 
 TIMEOUT = 180  # seconds for any one launch
 MLP = ModelSpec("mlp", layers=4, hidden=16, seq=4, batch_size=8)
@@ -200,7 +203,7 @@ def test_every_recompute_mode_trains_as_without_it():
     jobs = []
     for spec, name in cases:
         lowered = sim.lower(sim.make_schedule(name, 2, 4))
-        jobs.append((spec, lowered, 3, 0, spec.partition(2), 0.01, None, False, 0, "adamw"))
+        jobs.append((spec, lowered, spec.partition(2), RunConfig(steps=3, warmup=0, optimizer="adamw")))
     per_rank = launch(_many_runs, 2, jobs, timeout=TIMEOUT)
     base = {}
     for i, (spec, name) in enumerate(cases):

@@ -1,8 +1,8 @@
 """The planner's activation bytes are what autograd saves in exec's GPT: per layer, at each end, and what a split backward keeps for W.
 
 exec builds its GPT from the same `sim.Transformer` the planner reads
-(`exec.models.ModelSpec.transformer`); these tests count, with saved-tensor hooks (each
-storage once, parameters excluded: `exec.memory.SavedBytes`), the bytes one forward keeps
+(`exec.models.spec.ModelSpec.transformer`); these tests count, with saved-tensor hooks (each
+storage once, parameters excluded: `exec.runtime.memory.SavedBytes`), the bytes one forward keeps
 and compare them with `Transformer.activation_bytes_per_layer`,
 `w_activation_bytes_per_layer` and `end_activation_bytes`, exactly, for every recompute mode.
 """
@@ -14,9 +14,9 @@ torch = pytest.importorskip("torch")
 from hypothesis import given, settings, strategies as st  # noqa: E402
 
 import sim  # noqa: E402
-from exec.calibrate import activation_bytes, w_activation_bytes  # noqa: E402
-from exec.memory import SavedBytes, param_storages  # noqa: E402
-from exec.models import ModelSpec  # noqa: E402
+from exec.measure.calibrate import activation_bytes, w_activation_bytes  # noqa: E402
+from exec.runtime.memory import SavedBytes, param_storages  # noqa: E402
+from exec.models.spec import ModelSpec  # noqa: E402
 from sim.model.transformer import RECOMPUTE  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""exec.split_backward: I makes only the input gradient and keeps what W needs, W only the
+"""exec.runtime.split_backward: I makes only the input gradient and keeps what W needs, W only the
 weight gradients; together they are the full backward, in values, in time and in memory.
 
 In this process: the gradients against a full backward, what each half touches, the bytes
@@ -18,14 +18,16 @@ torch = pytest.importorskip("torch")
 import sim  # noqa: E402
 from sim.schedules import TEXTBOOK  # noqa: E402
 from helpers import gpipe_like  # noqa: E402
-from exec.calibrate import activation_bytes, stage_inputs, w_activation_bytes  # noqa: E402
-from exec.check import compare_grads, reference_step  # noqa: E402
-from exec.compare import breakdown, compare  # noqa: E402
-from exec.launch import launch  # noqa: E402
-from exec.memory import SavedBytes, param_storages  # noqa: E402
-from exec.models import ModelSpec  # noqa: E402
-from exec.pipeline import pipeline_worker, run_pipeline  # noqa: E402
-from exec.split_backward import backward_input, backward_weight  # noqa: E402
+from exec.measure.calibrate import activation_bytes, stage_inputs, w_activation_bytes  # noqa: E402
+from exec.runtime.check import compare_grads, reference_step  # noqa: E402
+from exec.measure.compare import breakdown, compare  # noqa: E402
+from exec.launch.processes import launch  # noqa: E402
+from exec.runtime.memory import SavedBytes, param_storages  # noqa: E402
+from exec.models.spec import ModelSpec  # noqa: E402
+from exec.pipeline.config import RunConfig  # noqa: E402
+from exec.pipeline.runner import run_pipeline  # noqa: E402
+from exec.pipeline.worker import pipeline_worker  # noqa: E402
+from exec.runtime.split_backward import backward_input, backward_weight  # noqa: E402
 
 TIMEOUT = 120  # seconds for any one launch
 MLP = ModelSpec("mlp", layers=4, hidden=16, seq=4, batch_size=8)
@@ -175,7 +177,7 @@ def test_split_schedules_with_two_stages_per_rank_train_as_one_process():
     jobs = []
     for _, spec, schedule in cases:
         lowered = sim.lower(schedule)
-        jobs.append((spec, lowered, 1, 0, spec.partition(lowered.stages), 0.01, None, False))
+        jobs.append((spec, lowered, spec.partition(lowered.stages), RunConfig(steps=1, warmup=0)))
     per_rank = launch(_many_runs, 2, jobs, timeout=TIMEOUT)
     for i, (name, spec, schedule) in enumerate(cases):
         grads = [(f"stage{s}.{n}", g) for s in range(schedule.stages)

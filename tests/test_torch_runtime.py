@@ -1,4 +1,4 @@
-"""Our schedules on torch's own runtime (exec.torch_runtime): the CSV torch reads, and real
+"""Our schedules on torch's own runtime (exec.torch_pipelining.runtime): the CSV torch reads, and real
 runs on 2 gloo ranks whose gradients equal one process's."""
 import pytest
 
@@ -9,8 +9,8 @@ from sim import Schedule  # noqa: E402
 from sim.passes.order import order_transfers, transfer_order  # noqa: E402
 from torch.distributed.pipelining.schedules import _Action, _validate_schedule  # noqa: E402
 
-from exec.models import ModelSpec  # noqa: E402
-from exec.torch_runtime import run_torch_runtime, to_torch_csv  # noqa: E402
+from exec.models.spec import ModelSpec  # noqa: E402
+from exec.torch_pipelining.runtime import run_torch_runtime, to_torch_csv  # noqa: E402
 from test_transfer_order import interleaved_mismatch  # noqa: E402
 
 SMALL = ModelSpec(layers=4, hidden=32, seq=8, batch_size=8)

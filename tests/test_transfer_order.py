@@ -153,17 +153,18 @@ def test_a_lowered_schedule_with_two_recvs_swapped_is_caught():
 
 def test_exec_posts_in_order_for_nccl_and_leaves_gloo_as_lowered():
     pytest.importorskip("torch")
-    from exec.launch import RankContext
-    from exec.models import ModelSpec
-    from exec.pipeline import _check_run_args
-    from exec.step import _check_step_args
+    from exec.launch.processes import RankContext
+    from exec.models.spec import ModelSpec
+    from exec.pipeline.config import RunConfig
+    from exec.pipeline.runner import check_run
+    from exec.runtime.step import check_step_args
     s = interleaved_mismatch()
-    gloo, _ = _check_run_args(ModelSpec(), s, 1, 0, 0, "gloo", "sgd", None)
-    nccl, _ = _check_run_args(ModelSpec(), s, 1, 0, 0, "nccl", "sgd", None)
+    gloo = check_run(ModelSpec(), s, RunConfig(backend="gloo"))
+    nccl = check_run(ModelSpec(), s, RunConfig(backend="nccl"))
     assert gloo.programs == sim.lower(s).programs       # gloo matches by tag: unchanged
     assert nccl.programs == order_transfers(s).programs
     mine, xs = {0: None, 2: None}, [None, None]
-    _check_step_args(RankContext(0, 2, 0, "nccl"), nccl, mine, xs, xs)
-    _check_step_args(RankContext(0, 2, 0, "gloo"), gloo, mine, xs, xs)
+    check_step_args(RankContext(0, 2, 0, "nccl"), nccl, mine, xs, xs)
+    check_step_args(RankContext(0, 2, 0, "gloo"), gloo, mine, xs, xs)
     with pytest.raises(ScheduleError, match="rank 0 -> rank 1 are out of order"):
-        _check_step_args(RankContext(0, 2, 0, "nccl"), gloo, mine, xs, xs)
+        check_step_args(RankContext(0, 2, 0, "nccl"), gloo, mine, xs, xs)

@@ -261,7 +261,7 @@ class Transformer:
         unless sequence parallel; the rest, 24sbh, is split: sbh(8 + 24/t), or 32sbh/t with
         sequence parallelism. The same with any recompute: recompute restores them before I.
         Elements of `precision` (16-bit above: 2 bytes). kernels="torch": torch's split backward
-        (torch.distributed.pipelining's stage_backward_weight, exec.split_backward) keeps the
+        (torch.distributed.pipelining's stage_backward_weight, exec.runtime.split_backward) keeps the
         weight-gradient nodes, and through them every node between them and the input: I frees
         none of the layer's saved tensors, all of `activation_bytes_per_layer` (with
         `recompute`) stays until W (which recomputes them from the layer input if asked); the

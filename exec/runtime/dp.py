@@ -14,7 +14,7 @@ data-parallel process group (`torch.distributed.new_group`); all the stages a ra
 reduce over it (docs/rules.md, rule 13).
 
 `ReplicaContext` is what a rank of a replica passes where `exec` takes a rank context
-(`exec.launch.RankContext`): its `rank` and `world_size` are its pipeline's (the schedule's
+(`exec.launch.processes.RankContext`): its `rank` and `world_size` are its pipeline's (the schedule's
 rank and rank count), `global_rank(r)` maps pipeline rank r of this replica to the world
 rank that point-to-point calls name, and `dp_group` is its data-parallel group.
 

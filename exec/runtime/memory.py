@@ -21,7 +21,7 @@ from typing import Iterable
 import torch
 from torch import nn
 
-from .optim import state_bytes
+from exec.runtime.optim import state_bytes
 
 __all__ = ["StaticMemory", "static_memory", "tensor_bytes", "param_storages", "SavedBytes"]
 
@@ -51,7 +51,7 @@ class StaticMemory:
 def static_memory(module: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> StaticMemory:
     """The parameters of `module`, their gradients (the tensor in `.grad`, or, where there
     is none yet, the one backward will make: the parameter's size) and the state
-    `optimizer` keeps for them (`exec.optim.state_bytes`: what it holds, or what its
+    `optimizer` keeps for them (`exec.runtime.optim.state_bytes`: what it holds, or what its
     first step will create; none without an optimizer)."""
     params = list(module.parameters())
     grads = sum(tensor_bytes([p.grad if p.grad is not None else p]) for p in params if p.requires_grad)

@@ -1,6 +1,6 @@
 """Host tuning: what makes CPU ranks behave like devices of their own (docs/rules.md, rule 9).
 
-A GPU rank owns its device by construction. CPU ranks share one host, so `exec.launch`
+A GPU rank owns its device by construction. CPU ranks share one host, so `exec.launch.processes`
 sets up each rank process with these:
 
 - `rank_cores` / `pin_threads`: each rank, and every thread it starts (torch's pool,
@@ -94,7 +94,7 @@ def keep_freed_memory() -> bool:
 def io_thread_batch() -> None:
     """Give gloo's I/O thread the SCHED_BATCH policy (Linux): it then runs whenever the
     rank's core is free (the rank waits, or yields before each send:
-    `exec.interpreter.isend`) or at a scheduler tick, but it no longer preempts the rank's
+    `exec.runtime.interpreter.isend`) or at a scheduler tick, but it no longer preempts the rank's
     compute thread the moment a message wakes it. Under the default policy it did, also
     in the middle of an isend or irecv call, and then spun on the gloo pair lock that call
     holds for up to a whole scheduler slice (4.5 ms measured with `perf sched`);

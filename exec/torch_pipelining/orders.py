@@ -1,4 +1,4 @@
-"""torch.distributed.pipelining's own schedule orders, read into our IR (`exec.torch_orders.from_torch`).
+"""torch.distributed.pipelining's own schedule orders, read into our IR (`exec.torch_pipelining.orders.from_torch`).
 
 torch builds a schedule's order when its class is instantiated: `pipeline_order[rank]` is
 rank's list of `_Action`s, with None for an idle step. We instantiate the class as torch's

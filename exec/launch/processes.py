@@ -1,6 +1,6 @@
 """Run a function on `world_size` ranks, each a fresh process with torch.distributed set up.
 
-    >>> from exec.launch import launch
+    >>> from exec.launch.processes import launch
     >>> def hello(ctx):
     ...     return f"rank {ctx.rank} of {ctx.world_size} on {ctx.device}"
     >>> launch(hello, 2)                     # doctest: +SKIP
@@ -16,7 +16,7 @@ Faults end the whole run, and no rank process is left behind:
 - a rank dies          -> `RankError` naming the rank and its exit code (or signal);
 - the run takes longer than `timeout` seconds -> `TimeoutError`.
 
-Each rank process is set up as `exec.host` says (its own cores, gloo's I/O thread at
+Each rank process is set up as `exec.launch.host` says (its own cores, gloo's I/O thread at
 SCHED_BATCH, freed memory kept) before `fn` runs.
 
 Under `torchrun` (RANK, WORLD_SIZE and MASTER_ADDR set in the environment) `launch` does
@@ -40,7 +40,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from .host import host_cores, io_thread_batch, keep_freed_memory, pin_threads, rank_cores
+from exec.launch.host import host_cores, io_thread_batch, keep_freed_memory, pin_threads, rank_cores
 
 DEFAULT_TIMEOUT = 300.0  # seconds for the whole run
 _POLL = 0.05             # seconds between looks at the ranks
@@ -81,7 +81,7 @@ class RankContext:
         import torch
         return torch.device(f"cuda:{self.local_rank}") if self.backend == "nccl" else torch.device("cpu")
 
-    dp_group = None  # no data parallelism (`exec.dp.ReplicaContext` has one)
+    dp_group = None  # no data parallelism (`exec.runtime.dp.ReplicaContext` has one)
 
     def global_rank(self, pipe_rank: int) -> int:
         """The world rank of the schedule's rank `pipe_rank`: itself, with one pipeline."""
@@ -121,7 +121,7 @@ def _check_args(world_size: int, backend: str, timeout: float, threads: int | No
 
 def _setup(rank: int, world_size: int, local_rank: int, backend: str, timeout: float,
            threads: int | None, init_method: str | None, pin: bool = True) -> RankContext:
-    """Pin this rank to its cores, tune the host for it (`exec.host`), set its threads,
+    """Pin this rank to its cores, tune the host for it (`exec.launch.host`), set its threads,
     the device and the process group."""
     import torch
     import torch.distributed as dist
@@ -179,7 +179,7 @@ def _rank_main(fn: Callable, args: tuple, rank: int, world_size: int, port: int,
     results.join_thread()  # make sure the message left before this process exits
 
 
-def _children_of(pids: Sequence[int]) -> list[int]:
+def children_of(pids: Sequence[int]) -> list[int]:
     """All descendants of `pids`, read from /proc (Linux); [] where /proc is missing."""
     parent_of: dict[int, int] = {}
     try:
@@ -205,7 +205,7 @@ def _children_of(pids: Sequence[int]) -> list[int]:
 
 def _stop(procs: Sequence[mp.process.BaseProcess]) -> None:
     """Terminate the rank processes (and anything they started); kill what is left."""
-    doomed = _children_of([p.pid for p in procs if p.pid])
+    doomed = children_of([p.pid for p in procs if p.pid])
     for p in procs:
         if p.is_alive():
             p.terminate()

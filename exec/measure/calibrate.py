@@ -1,7 +1,7 @@
 """Calibration inside the ranks: what each rank measures, under the conditions of a real step, for `sim.Costs`.
 
-`calibrate_rank` runs on every rank at once (inside `exec.launch.launch`, or between the
-steps of a run: `exec.pipeline`) and returns one report; `exec.profile.costs_from_reports`
+`calibrate_rank` runs on every rank at once (inside `exec.launch.processes.launch`, or between the
+steps of a run: `exec.pipeline.runner`) and returns one report; `exec.measure.costs.costs_from_reports`
 merges every rank's reports into `sim.Costs`. A report holds:
 
 - compute times: each rank runs its own program's compute actions in the schedule's
@@ -11,17 +11,17 @@ merges every rank's reports into `sim.Costs`. A report holds:
   (`RankInterpreter.deliver`): a compute is timed between the very marks a step records;
 - the runtime's own time around each compute, from entering its handler to the start
   mark and from the end mark to leaving it (`before_compute`, `after_compute`, rule 11);
-- what the transport costs between ranks 0 and 1 (`exec.calibrate_link`): the call
+- what the transport costs between ranks 0 and 1 (`exec.measure.calibrate_link`): the call
   and arrival overheads, the wait of a late ready notice, and ping-pong transfers;
 - memory per stage: the activation bytes autograd saves during its F (as the runtime
-  counts them, `exec.memory.SavedBytes`), the part of them that W still needs after a
+  counts them, `exec.runtime.memory.SavedBytes`), the part of them that W still needs after a
   split backward's I (`w_activation_bytes`), the bytes it sends on, and its weights,
-  gradients and optimizer state (`exec.memory.static_memory`);
+  gradients and optimizer state (`exec.runtime.memory.static_memory`);
 - with data parallelism, where the schedule reduces gradients (REDUCE_GRAD): each
   stage's reduction on the rank's collective stream (`reduce_times`), as a step issues
   it, every data-parallel group at once (`grad_reduce`, rule 13).
 
-With data parallelism (`exec.dp.ReplicaContext`) every rank of every replica times its
+With data parallelism (`exec.runtime.dp.ReplicaContext`) every rank of every replica times its
 computes; the transport between ranks 0 and 1 is timed in replica 0 only.
 """
 from __future__ import annotations
@@ -35,14 +35,14 @@ import sim
 from sim import Kind
 from sim.schedule.kinds import KINDS
 
-from .calibrate_link import call_costs, late_notice, pingpong
-from .clocks import CpuClock
-from .dp import CollectiveStream
-from .host import paused_gc
-from .interpreter import RankInterpreter
-from .memory import SavedBytes, param_storages, static_memory
-from .optim import make_optimizer
-from .split_backward import backward_input
+from exec.launch.host import paused_gc
+from exec.measure.calibrate_link import call_costs, late_notice, pingpong
+from exec.runtime.clocks import CpuClock
+from exec.runtime.dp import CollectiveStream
+from exec.runtime.interpreter import RankInterpreter
+from exec.runtime.memory import SavedBytes, param_storages, static_memory
+from exec.runtime.optim import make_optimizer
+from exec.runtime.split_backward import backward_input
 
 __all__ = ["calibrate_rank", "compute_times", "reduce_times", "activation_bytes", "w_activation_bytes",
            "stage_inputs", "activation_message_bytes", "message_sizes"]
@@ -105,7 +105,7 @@ def activation_bytes(module, x, last: bool, loss_fn, y, micro: int) -> tuple[int
 
 
 def w_activation_bytes(module, x, first: bool, last: bool, loss_fn, y, micro: int) -> int:
-    """Bytes the graph still holds for W after a split backward's I (`exec.split_backward`),
+    """Bytes the graph still holds for W after a split backward's I (`exec.runtime.split_backward`),
     counted as the interpreter counts them (`SavedBytes.kept_bytes`): F, then I with a
     gradient of the output's shape, on an input that needs a gradient except on the first
     stage (whose I keeps everything: its W is the whole backward)."""
@@ -209,7 +209,7 @@ def compute_times(ctx, spec, bounds, schedule: sim.Schedule, micro: int, steps: 
 
     for mod in stages.values():  # never accumulate into the gradients a step left behind
         mod.zero_grad(set_to_none=True)
-    with paused_gc():  # as in a step (`exec.pipeline`): no collection inside a timed compute
+    with paused_gc():  # as in a step (`exec.pipeline.runner`): no collection inside a timed compute
         _rounds(one_step, steps, alone)
     return samples, own
 
@@ -232,7 +232,7 @@ def _rounds(one_step, steps: int, alone: bool) -> None:
 
 def reduce_times(ctx, modules: dict, repeats: int) -> dict[int, list[float]]:
     """Per stage of this rank, the time of its REDUCE_GRAD on the collective stream
-    (`exec.dp.CollectiveStream`, as the interpreter issues it: the gradients flattened,
+    (`exec.runtime.dp.CollectiveStream`, as the interpreter issues it: the gradients flattened,
     averaged over `ctx.dp_group`), from its start to its end, `repeats` times after a
     warm-up. Every rank of the world issues at once (after a barrier), so that every
     data-parallel group reduces at the same time; the ranks do not compute meanwhile.
@@ -266,16 +266,16 @@ def message_sizes(spec, micro: int) -> list[int]:
 def calibrate_rank(ctx, spec, schedule: sim.Schedule, micro: int, bounds: Sequence[int], steps: int = 5,
                    sizes: Sequence[int] | None = None, repeats: int = 20, modules: dict | None = None,
                    optimizer: "str | torch.optim.Optimizer" = "sgd") -> dict:
-    """Run on every rank at once (inside `exec.launch.launch`): what this rank measures.
+    """Run on every rank at once (inside `exec.launch.processes.launch`): what this rank measures.
 
     Its stages' memory (static memory with `optimizer`: the run's optimizer, or the name
-    of one from `exec.optim`); the time of each of its compute actions over `steps` steps
+    of one from `exec.runtime.optim`); the time of each of its compute actions over `steps` steps
     of its program with all ranks computing at once ("concurrent") and with the ranks
     taking turns ("alone"), on `modules` (stage -> module) when the caller will run those
     very modules (same weights in the same memory), else on a fresh copy; and, on ranks 0
     and 1 if `sizes` is given, the ping-pong. Merge every rank's report (one or several
-    rounds) with `exec.profile.costs_from_reports`. With a data-parallel group
-    (`exec.dp.ReplicaContext`) and REDUCE_GRAD actions in `schedule`, also the time of
+    rounds) with `exec.measure.costs.costs_from_reports`. With a data-parallel group
+    (`exec.runtime.dp.ReplicaContext`) and REDUCE_GRAD actions in `schedule`, also the time of
     each of its stages' reductions (`reduce_times`, on `modules` or the fresh copy)."""
     reduces = schedule.has_collectives and getattr(ctx, "dp_group", None) is not None
     schedule = schedule.compute_only()

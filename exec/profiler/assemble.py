@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import platform
 
-from .comm_bench import nonnegative_lstsq, p2p_fit, ring_fit
+from exec.profiler.comm_bench import nonnegative_lstsq, p2p_fit, ring_fit
 
 __all__ = ["assemble", "class_bandwidth"]
 

@@ -6,20 +6,20 @@ dispatches its instructions; a new kind is an entry there and a method here). Th
 are the simulator's (docs/rules.md):
 
 - `recv` (RECV) posts a non-blocking `irecv` into a buffer of the right shape
-  (`exec.shapes`) and keeps the handle; lowering has placed it one compute early.
+  (`exec.runtime.shapes`) and keeps the handle; lowering has placed it one compute early.
 - `forward`, `backward`, `backward_input`, `backward_weight` (F, B, I, W) first wait for
   the receives whose data they need (`sim.passes.lowering.waits_for`), then compute between two
   clock marks. The last stage computes the loss inside its F (scaled by 1/micro, so the
   step's gradients are the full batch's) and its B starts from that loss; other stages
   run `torch.autograd.backward(output, received_gradient)`. I and W split that backward
-  in two (`exec.split_backward`): I makes the input gradient only and keeps what W needs
+  in two (`exec.runtime.split_backward`): I makes the input gradient only and keeps what W needs
   (its bytes stay counted until W's end), W makes the weight gradients from it.
 - `send` (SEND) issues a non-blocking `isend` of the tensor the compute before it made;
   `run` waits for every send at the end of the step.
 - `reduce_grad` (REDUCE_GRAD, the data-parallel gradient reduction) flattens the stage's
   gradients into one buffer and issues its average over the rank's data-parallel group
-  (`ctx.dp_group`, `exec.dp.ReplicaContext`) on the rank's collective stream
-  (`exec.dp.CollectiveStream`: asynchronous, one at a time, in issue order), and goes
+  (`ctx.dp_group`, `exec.runtime.dp.ReplicaContext`) on the rank's collective stream
+  (`exec.runtime.dp.CollectiveStream`: asynchronous, one at a time, in issue order), and goes
   on; `run` waits for every reduction at the end of the step, before the optimizer, and
   the gradients become views of the averaged buffer. Its record spans its time on the
   stream (docs/rules.md, rule 13).
@@ -31,10 +31,11 @@ same rank without data parallelism); the events name the schedule's ranks.
 
 Every action leaves a record of clock marks (`Marks`), turned into `sim.Event`s in
 seconds when the step ends, together with the rank's memory over time: its static bytes
-plus the activation bytes of each micro-batch it holds (`exec.memory`), or, on CUDA, what
-the allocator holds.
+plus the bytes its actions take and give back as their kinds' `memory` effects in
+`sim.schedule.kinds.KINDS` say (the handler measures what an effect takes:
+`exec.runtime.memory`), or, on CUDA, what the allocator holds.
 
-Calibration (`exec.calibrate`) times these very handlers through two public methods:
+Calibration (`exec.measure.calibrate`) times these very handlers through two public methods:
 `deliver(recv, tensor)` places a tensor that has already arrived, and `run_action(a)`
 runs one action and returns its marks.
 """
@@ -52,16 +53,18 @@ from sim import Action, Event, Kind, Schedule
 from sim.schedule.kinds import KINDS, TRANSFERS, Role
 from sim.passes.lowering import compute_set, peer, waits_for
 
-from . import split_backward
-from .clocks import clock_for
-from .dp import CollectiveStream
-from .memory import SavedBytes, param_storages
-from .shapes import TensorMeta
+from exec.runtime import split_backward
+from exec.runtime.clocks import clock_for
+from exec.runtime.dp import CollectiveStream
+from exec.runtime.memory import SavedBytes, param_storages
+from exec.runtime.shapes import TensorMeta
 
 __all__ = ["RankInterpreter", "RankTrace", "Marks", "LossFn", "isend", "transfer_tag", "refuse_offload"]
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
+# the Costs field whose effects also count the micro-batches a rank holds (`KindSpec.memory`)
+HELD_FIELD = "activation_bytes"
 _RECVS = tuple(k for k, spec in KINDS.items() if spec.role is Role.RECV)  # in table order, for the tags
 
 
@@ -109,7 +112,7 @@ class RankTrace:
     memory: list[tuple[float, float]] = field(default_factory=list)
     activations: list[tuple[float, int]] = field(default_factory=list)
     loss: float | None = None
-    step_end: float | None = None  # when the optimizer step ended (`exec.step.run_step`)
+    step_end: float | None = None  # when the optimizer step ended (`exec.runtime.step.run_step`)
 
 
 class _Arrived:
@@ -132,7 +135,7 @@ class _Pending:
 class RankInterpreter:
     """Runs one rank's lowered program for one step (`run`). `handlers` maps each action
     kind to the method that runs it, as `sim.schedule.kinds.KINDS` names it. `static`: the bytes
-    the rank holds for the whole step (`exec.memory.static_memory` over its stages).
+    the rank holds for the whole step (`exec.runtime.memory.static_memory` over its stages).
 
     Besides `run`, its public face (what calibration uses): `run_action(a)`,
     `deliver(recv, tensor)`, `waits[a]` (the RECVs compute `a` waits for,
@@ -163,9 +166,8 @@ class RankInterpreter:
         self.outputs: dict[tuple[int, int], torch.Tensor] = {}   # output, or scaled loss on the last stage
         self.input_grads: dict[tuple[int, int], torch.Tensor] = {}
         self.weight_work: dict[tuple[int, int], split_backward.WeightWork] = {}  # I's, for W
-        self.held: dict[tuple[int, int], int] = {}     # activation bytes of (stage, micro)
+        self.holding: dict[tuple[str, int, int], int] = {}  # (Costs field, stage, micro) -> bytes taken
         self.saved: dict[tuple[int, int], SavedBytes] = {}  # their count, until B or I
-        self.w_held: dict[tuple[int, int], int] = {}   # bytes kept for W, from I until W
         self.sends: list[tuple[Any, torch.Tensor]] = []  # (work, tensor kept alive until waited)
         dp_group = getattr(ctx, "dp_group", None)
         self.stream = CollectiveStream(dp_group, dist.get_world_size(dp_group) if dp_group is not None else 1,
@@ -231,7 +233,7 @@ class RankInterpreter:
         start = self.clock.mark()
         work = isend(tensor, world_dst, tag)
         self.sends.append((work, tensor))
-        return self._event(a, start, start, dst)  # end: the RECV's, filled in by `exec.step`
+        return self._event(a, start, start, dst)  # end: the RECV's, filled in by `exec.runtime.step`
 
     def _wait(self, a: Action) -> torch.Tensor | None:
         """Wait for the receives compute `a` needs and record each RECV event; return what
@@ -251,7 +253,7 @@ class RankInterpreter:
     def reduce_grad(self, a: Action) -> None:
         """REDUCE_GRAD: issue the average of stage `a.stage`'s gradients over the
         data-parallel group on the collective stream, and go on; `run` waits for it and
-        records it (its marks: `exec.dp.CollectiveStream`)."""
+        records it (its marks: `exec.runtime.dp.CollectiveStream`)."""
         self.stream.issue(a, self.param_lists[a.stage])
 
     def offload(self, a: Action) -> None:
@@ -284,10 +286,9 @@ class RankInterpreter:
         if s == self.last:
             self.loss_sum = y.detach() if self.loss_sum is None else self.loss_sum + y.detach()
         self.outputs[(s, m)] = y
-        self.held[(s, m)] = saved.nbytes
         self.saved[(s, m)] = saved
         marks = self._event(a, start, end)
-        self._hold(start, saved.nbytes, +1)
+        self._memory(a, start, end, activation_bytes=saved.nbytes)
         self._sample(end)
         return marks
 
@@ -312,12 +313,12 @@ class RankInterpreter:
             self.input_grads[(s, m)] = x.grad
         end = self.clock.mark()
         marks = self._event(a, start, end)
-        self._hold(end, -self.held.pop((s, m)), -1)
+        self._memory(a, start, end)
         self._sample(end)
         return marks
 
     def backward_input(self, a: Action) -> Marks:
-        """I: the gradient w.r.t. the stage's input only (`exec.split_backward`); what W
+        """I: the gradient w.r.t. the stage's input only (`exec.runtime.split_backward`); what W
         needs stays held, counted as the bytes of the saved tensors the graph still holds."""
         s, m = a.stage, a.micro
         grad = self._output_grad(s, m, self._wait(a))
@@ -331,14 +332,13 @@ class RankInterpreter:
         end = self.clock.mark()
         del out, x, grad
         kept = self.saved.pop((s, m)).kept_bytes()
-        self.w_held[(s, m)] = kept
         marks = self._event(a, start, end)
-        self._hold(end, kept - self.held.pop((s, m)), -1)  # no longer held as a micro-batch (sim.kinds)
+        self._memory(a, start, end, w_activation_bytes=kept)
         self._sample(end)
         return marks
 
     def backward_weight(self, a: Action) -> Marks:
-        """W: the weight gradients from what I kept (`exec.split_backward`); gives it back."""
+        """W: the weight gradients from what I kept (`exec.runtime.split_backward`); gives it back."""
         s, m = a.stage, a.micro
         self._wait(a)  # W takes nothing from another rank (sim.kinds): this finds nothing
         work = self.weight_work.pop((s, m))
@@ -347,7 +347,7 @@ class RankInterpreter:
         split_backward.backward_weight(work)
         end = self.clock.mark()
         marks = self._event(a, start, end)
-        self._hold(end, -self.w_held.pop((s, m)), 0)
+        self._memory(a, start, end)
         self._sample(end)
         return marks
 
@@ -357,11 +357,27 @@ class RankInterpreter:
         self._events.append(marks)
         return marks
 
-    def _hold(self, when, nbytes: int, count: int) -> None:
-        """The bytes a rank holds change: a micro-batch's activations start being held (F's
-        start, `count` +1), stop (end of B; end of I, which keeps what W needs, `count` -1),
-        or what W needed is given back (W's end). The rule of `sim.kinds`."""
-        self._held.append((when, nbytes, count))
+    def _memory(self, a: Action, start, end, **taken: int) -> None:
+        """What `a` does to its rank's memory, as its kind's `memory` effects in
+        `sim.schedule.kinds.KINDS` say: an effect with sign +1 takes the bytes of its field
+        that the handler measured (`taken`), one with sign -1 gives back what an earlier
+        action took for the same stage and micro-batch; each at the action's start or end.
+        A change of `HELD_FIELD` is also a micro-batch held or let go. The effects of one
+        moment are one change."""
+        change = {"start": [start, 0, 0], "end": [end, 0, 0]}  # when, bytes, micro-batches
+        for e in KINDS[a.kind].memory:
+            key = (e.field, a.stage, a.micro)
+            if e.sign < 0:
+                nbytes = -self.holding.pop(key)
+            elif e.field in taken:
+                nbytes = self.holding[key] = taken[e.field]
+            else:
+                raise RuntimeError(f"{a} takes {e.field} (sim.schedule.kinds.KINDS) but its handler measured none")
+            change[e.at][1] += nbytes
+            change[e.at][2] += e.sign if e.field == HELD_FIELD else 0
+        for at in ("start", "end"):
+            if any(e.at == at for e in KINDS[a.kind].memory):
+                self._held.append(tuple(change[at]))
 
     def _sample(self, when) -> None:
         """On CUDA, what the allocator holds at an action boundary."""

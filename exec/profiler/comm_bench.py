@@ -1,6 +1,6 @@
 """What the backend achieves between ranks of one host: collectives and point-to-point sends by message size, and the ring model fitted to them.
 
-`collective_rows` and `p2p_rows` run inside the ranks of an `exec.launch` (every rank
+`collective_rows` and `p2p_rows` run inside the ranks of an `exec.launch.processes` (every rank
 calls them at once); the times are rank 0's medians over repeats, each started at a
 barrier. `ring_fit` and `p2p_fit` fit the models `sim.kernels` uses (NCCL's ring:
 base + steps x hop + steps/n x bytes / bus bandwidth; a send: latency + bytes / bandwidth)

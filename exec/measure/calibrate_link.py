@@ -1,6 +1,6 @@
 """Calibration of the transport between ranks 0 and 1: what its calls cost the ranks' cores, and how fast it moves data.
 
-Run inside `exec.calibrate.calibrate_rank` on every rank; only ranks 0 and 1 take part
+Run inside `exec.measure.calibrate.calibrate_rank` on every rank; only ranks 0 and 1 take part
 (the others return at once, so no collective of all ranks may be used here):
 
 - `call_costs`: the CPU time of an `isend` and an `irecv` post inside a step, and of
@@ -20,7 +20,7 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from .interpreter import isend
+from exec.runtime.interpreter import isend
 
 __all__ = ["call_costs", "late_notice", "pingpong"]
 
@@ -45,7 +45,7 @@ def call_costs(ctx, nbytes: int, repeats: int) -> dict:
 
     - the poster times posting an `irecv` into a buffer it allocates first (as the
       interpreter's RECV does) and issuing an `isend` (the interpreter's call,
-      `exec.interpreter.isend`) into a receive the peer has already posted (RECVs are
+      `exec.runtime.interpreter.isend`) into a receive the peer has already posted (RECVs are
       posted one compute early), so gloo writes the data from inside the call:
       `send_overhead` and `recv_overhead` (rules 2 and 3);
     - the peer computes a fixed piece of work during which the message arrives, then
@@ -104,12 +104,12 @@ def _pair_barrier(ctx, peer: int) -> None:
 def late_notice(ctx, repeats: int, hold: float = 0.012) -> dict:
     """How long the data of a send whose receive is posted after it waits for the sending
     rank's transport thread while that rank computes (docs/rules.md, rule 10). Ranks 0
-    and 1 take turns as the sender. It issues a send (`exec.interpreter.isend`) before the
+    and 1 take turns as the sender. It issues a send (`exec.runtime.interpreter.isend`) before the
     peer has posted the receive, and then either waits for the send at once (its transport
     thread is free when the ready notice comes in) or first computes for `hold` seconds
     without a yield (the thread must wait for the core). The peer posts the receive 1 ms
     after the send and times it to the data's arrival. The two cases alternate on the same
-    cores; `exec.profile.io_tick_from` turns the samples into `io_tick`. `hold` exceeds the
+    cores; `exec.measure.costs.io_tick_from` turns the samples into `io_tick`. `hold` exceeds the
     notice's arrival by more than one tick up to HZ = 100 (10 ms)."""
     out: dict[str, list[float]] = {"notice_free": [], "notice_busy": []}
     if ctx.rank > 1:

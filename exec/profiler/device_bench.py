@@ -1,6 +1,6 @@
 """What one rank's device achieves: matmuls by shape, memory-bound kernels by class, the host's cost per op, a step's fixed cost.
 
-Each function runs inside a rank that `exec.launch` set up as exec's runs are (its cores,
+Each function runs inside a rank that `exec.launch.processes` set up as exec's runs are (its cores,
 its threads, gloo's host tuning), so that it measures the device as a pipeline rank uses
 it; every rank of the launch runs it at once (a barrier before each measurement), as the
 ranks of a run compute at once, and the caller keeps rank 0's numbers. Times are medians

@@ -1,10 +1,10 @@
 """Cost fitting: merge the ranks' calibration reports into `sim.Costs`, and `profile_costs`, a calibration launch of its own.
 
-    >>> from exec.models import ModelSpec
+    >>> from exec.models.spec import ModelSpec
     >>> costs, details = profile_costs(ModelSpec(), "1f1b", micro=4)       # doctest: +SKIP
     >>> sim.save_costs(costs, "costs.json", details)                   # doctest: +SKIP
 
-What each rank measures, and how, is `exec.calibrate`; this module turns those numbers
+What each rank measures, and how, is `exec.measure.calibrate`; this module turns those numbers
 into the simulator's costs:
 
 - compute times: per stage and kind, the mean of every sample of "concurrent" (all ranks
@@ -39,10 +39,13 @@ import statistics
 from typing import Sequence
 
 import sim
+from sim.schedule.kinds import COMPUTE, KINDS, Kind
 
 __all__ = ["profile_costs", "costs_from_reports", "fit_latency_bandwidth", "io_tick_from"]
 
 STATIC_FIELDS = ("weight_bytes", "grad_bytes", "optimizer_bytes")  # a stage's static memory in Costs
+# the per-micro-batch bytes that computes take and give back: their kinds' memory effects
+HELD_FIELDS = tuple(sorted({e.field for k in COMPUTE for e in KINDS[k].memory}))
 
 
 def fit_latency_bandwidth(sizes: Sequence[float], times: Sequence[float]) -> tuple[float, float]:
@@ -69,7 +72,7 @@ def fit_latency_bandwidth(sizes: Sequence[float], times: Sequence[float]) -> tup
 
 
 def io_tick_from(late: Sequence[dict]) -> float:
-    """`Costs.io_tick` from `exec.calibrate_link.late_notice` samples (any ranks and rounds):
+    """`Costs.io_tick` from `exec.measure.calibrate_link.late_notice` samples (any ranks and rounds):
     twice the median extra wait of a late notice to a busy sender over one to a free
     sender (for a tick at a uniform phase the wait is half the tick; a difference of two
     timings: it cannot come out below 0); 0 without samples."""
@@ -125,7 +128,7 @@ def _call_costs(reports: Sequence[dict]) -> dict[str, float]:
 
 def _grad_reduce(reports: Sequence[dict], stages: int) -> dict[str, list[float]]:
     """`grad_reduce` per stage: the mean of every report's samples for it (every replica,
-    every round; `exec.calibrate.reduce_times`), 0 for a stage without any; nothing
+    every round; `exec.measure.calibrate.reduce_times`), 0 for a stage without any; nothing
     where no report timed a reduction."""
     samples: dict[int, list[float]] = {}
     for r in reports:
@@ -138,27 +141,28 @@ def _grad_reduce(reports: Sequence[dict], stages: int) -> dict[str, list[float]]
 
 def _memory_costs(memory: dict[int, dict], stages: int) -> dict[str, list[float]]:
     """The per-stage memory fields of `sim.Costs` from the reports' memory."""
-    fields = ("activation_bytes_sent", "activation_bytes", "w_activation_bytes") + STATIC_FIELDS
+    fields = ("activation_bytes_sent",) + HELD_FIELDS + STATIC_FIELDS
     return {f: [memory[s][f] for s in range(stages)] for f in fields}
 
 
-def _backward_costs(mean: dict[str, float], stages: int) -> dict[str, list[float] | None]:
-    """The backward fields of `sim.Costs` from the mean compute times: B where the stage
-    ran B, else I + W; I and W where the schedule splits the backward (a stage that ran
-    only B: half of it each, `sim.Costs`' default)."""
-    def get(s, k):
-        return mean.get(f"{s}{k}")
-    backward = [get(s, "B") if get(s, "B") is not None else get(s, "I") + get(s, "W") for s in range(stages)]
-    if all(get(s, "I") is None for s in range(stages)):
-        return {"backward": backward}
-    return {"backward": backward,
-            "backward_input": [get(s, "I") if get(s, "I") is not None else b / 2 for s, b in enumerate(backward)],
-            "backward_weight": [get(s, "W") if get(s, "W") is not None else b / 2 for s, b in enumerate(backward)]}
+def _compute_costs(mean: dict[str, float], stages: int) -> dict[str, list[float]]:
+    """The compute-time fields of `sim.Costs` from the mean times ("0F", "1B", ...): each
+    kind's per-stage times go to the field its `cost` in `sim.schedule.kinds.KINDS` names.
+    The split backward's I and W are B in two: a stage that ran no B gets B = I + W; where
+    the schedule splits the backward, a stage that ran only B gets half of it each (the
+    default of `sim.Costs`). A kind that no stage ran has no field."""
+    times = {k: [mean.get(f"{s}{k.value}") for s in range(stages)] for k in COMPUTE}
+    i, w = times[Kind.I], times[Kind.W]
+    b = times[Kind.B] = [x if x is not None else i[s] + w[s] for s, x in enumerate(times[Kind.B])]
+    if any(x is not None for x in i):
+        for k in (Kind.I, Kind.W):
+            times[k] = [x if x is not None else b[s] / 2 for s, x in enumerate(times[k])]
+    return {KINDS[k].cost: v for k, v in times.items() if all(x is not None for x in v)}
 
 
 def costs_from_reports(reports: Sequence[dict], schedule: sim.Schedule, use: str = "concurrent",
                        transfer: tuple[float, float] | None = None) -> tuple[sim.Costs, dict]:
-    """Merge `exec.calibrate.calibrate_rank` reports (every rank's, from one or several
+    """Merge `exec.measure.calibrate.calibrate_rank` reports (every rank's, from one or several
     rounds) into `sim.Costs` and a details dict. Compute times: the mean of all samples
     of `use` ("concurrent" or "alone"); transfers: `transfer` = (latency, bandwidth) if
     given, else the least-squares fit of the ping-pong (free transfers if there was none)."""
@@ -187,7 +191,8 @@ def costs_from_reports(reports: Sequence[dict], schedule: sim.Schedule, use: str
     # a step's length adds compute times up: the simulator takes their expected value (the
     # mean, stalls included), not the median
     costs = sim.Costs(
-        forward=[mean[use][f"{s}F"] for s in range(stages)], **_backward_costs(mean[use], stages), latency=latency, bandwidth=bandwidth, before_compute=before, after_compute=after,
+        **_compute_costs(mean[use], stages), latency=latency, bandwidth=bandwidth, before_compute=before,
+        after_compute=after,
         **_call_costs(reports), **_memory_costs(memory, stages), **_grad_reduce(reports, stages))
     # how much slower a compute runs while every rank computes than while it runs alone
     slowdown = {k: med["concurrent"][k] / med["alone"][k] for k in med["alone"] if k in med["concurrent"]}
@@ -226,16 +231,16 @@ def profile_costs(spec, schedule_or_stages: "sim.Schedule | str | int", micro: i
 
     `schedule_or_stages`: a `sim.Schedule` (its placement and compute order are used), a
     schedule name (2 stages), or a stage count (GPipe order). One process per rank via
-    `exec.launch.launch` (same `backend` and `threads` as the real run), each running
-    `exec.calibrate.calibrate_rank` on fresh copies of its stages. Stage boundaries:
+    `exec.launch.processes.launch` (same `backend` and `threads` as the real run), each running
+    `exec.measure.calibrate.calibrate_rank` on fresh copies of its stages. Stage boundaries:
     `bounds` if given, else `spec.partition(stages, balance, micro)`. `use` picks the
     compute times: "concurrent" (all ranks compute at once, as in a step's steady state)
     or "alone" (one rank at a time). `transfer` = (latency, bandwidth) reuses a transfer
-    fit instead of measuring it again. `optimizer` (a name from `exec.optim.OPTIMIZERS`)
+    fit instead of measuring it again. `optimizer` (a name from `exec.runtime.optim.OPTIMIZERS`)
     sets the optimizer state counted in the static memory. Returns (costs, details)."""
-    from .calibrate import calibrate_rank, message_sizes
-    from .launch import launch
-    from .optim import OPTIMIZERS
+    from exec.measure.calibrate import calibrate_rank, message_sizes
+    from exec.launch.processes import launch
+    from exec.runtime.optim import OPTIMIZERS
 
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")

@@ -4,11 +4,11 @@
     >>> step.result.makespan, step.result.peak_memory, step.loss                        # doctest: +SKIP
 
 `run_step` zeroes the gradients, starts every rank together at a barrier, runs this
-rank's `exec.interpreter.RankInterpreter`, steps the optimizer (its end is the step's `train_step_s`: the planner's step, where the
+rank's `exec.runtime.interpreter.RankInterpreter`, steps the optimizer (its end is the step's `train_step_s`: the planner's step, where the
 makespan of the `Result` is the pipeline's), and gathers every
 rank's trace into the same `sim.Result` the simulator produces (`source="measured"`), so
 metrics, plots and the Chrome trace work unchanged. With data parallelism
-(`exec.dp.ReplicaContext`) each replica's ranks get their own pipeline's `Result`, and
+(`exec.runtime.dp.ReplicaContext`) each replica's ranks get their own pipeline's `Result`, and
 the step's loss is the mean over the replicas (each the mean over its equal shard).
 """
 from __future__ import annotations
@@ -25,9 +25,9 @@ from sim.schedule.kinds import KINDS, Role
 from sim.passes.order import transfer_order
 from sim.passes.lowering import peer
 
-from .interpreter import LossFn, RankInterpreter, RankTrace, refuse_offload
-from .memory import static_memory
-from .shapes import TensorMeta, infer_shapes
+from exec.runtime.interpreter import LossFn, RankInterpreter, RankTrace, refuse_offload
+from exec.runtime.memory import static_memory
+from exec.runtime.shapes import TensorMeta, infer_shapes
 
 __all__ = ["StepResult", "run_step", "assemble_result"]
 
@@ -59,14 +59,14 @@ def assemble_result(schedule: Schedule, traces: Sequence[RankTrace]) -> Result:
     return Result(schedule, events, memory, activations, source="measured")
 
 
-def _check_step_args(ctx, schedule: Schedule, stage_modules: dict, micro_inputs: Sequence,
+def check_step_args(ctx, schedule: Schedule, stage_modules: dict, micro_inputs: Sequence,
                      micro_targets: Sequence) -> None:
     if not schedule.is_lowered and schedule.ranks > 1:
         raise ValueError(f"schedule {schedule.name!r} has no SEND/RECV actions; pass sim.lower(schedule)")
     refuse_offload(schedule)
     if schedule.has_collectives and getattr(ctx, "dp_group", None) is None:
         raise ValueError(f"schedule {schedule.name!r} has REDUCE_GRAD actions but the rank has no data-parallel "
-                         f"group to reduce over; pass exec.dp.replica_context(ctx, pp, dp) as ctx (run_pipeline does)")
+                         f"group to reduce over; pass exec.runtime.dp.replica_context(ctx, pp, dp) as ctx (run_pipeline does)")
     if schedule.has_collectives and ctx.device.type != "cpu":
         raise ValueError(f"schedule {schedule.name!r} has REDUCE_GRAD actions, which exec runs and times on CPU "
                          f"ranks (gloo) only; run it with backend='gloo'")
@@ -93,11 +93,11 @@ def run_step(ctx, schedule_lowered: Schedule, stage_modules: dict[int, nn.Module
     micro-batches (stage 0 reads the inputs, the last stage the targets). Gradients are
     zeroed first, accumulate over micro-batches, and `optimizer.step()` closes the step.
     The rank's static memory is its stages' weights, gradients and optimizer state
-    (`exec.memory.static_memory`). `shapes` (from `exec.shapes.infer_shapes`) saves a
+    (`exec.runtime.memory.static_memory`). `shapes` (from `exec.runtime.shapes.infer_shapes`) saves a
     setup pass when given. With `record`, every rank's events are gathered and each rank
     gets the whole `sim.Result`.
     """
-    _check_step_args(ctx, schedule_lowered, stage_modules, micro_inputs, micro_targets)
+    check_step_args(ctx, schedule_lowered, stage_modules, micro_inputs, micro_targets)
     if shapes is None:
         shapes = infer_shapes(ctx, schedule_lowered, stage_modules, micro_inputs[0])
     if optimizer is not None:

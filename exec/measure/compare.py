@@ -1,9 +1,9 @@
 """Measured against simulated: does the simulator predict the step that really ran?
 
-    >>> cmp = compare(measured, costs)          # measured: a sim.Result from exec.step
+    >>> cmp = compare(measured, costs)          # measured: a sim.Result from exec.runtime.step
     >>> print(cmp.table()); cmp.as_json()["error_pct"]
 
-`compare` simulates `measured.schedule` under `costs` (from `exec.profile`) and puts the
+`compare` simulates `measured.schedule` under `costs` (from `exec.measure.costs`) and puts the
 two steps side by side: step time and its error in percent ((sim - meas) / meas * 100),
 bubble fraction, peak activations and peak memory per rank. `breakdown` goes one level
 down, to explain an error: per stage, the measured F and B against their costs, and per
@@ -96,7 +96,7 @@ def compare(measured: sim.Result, costs: sim.Costs, **extra: Any) -> Comparison:
     """Simulate `measured.schedule` under `costs` and compare it with the measured step.
     Keyword arguments are kept in `Comparison.extra` (and in `as_json`)."""
     if not measured.events:
-        raise ValueError("the measured Result has no events; expected a step recorded by exec.step.run_step")
+        raise ValueError("the measured Result has no events; expected a step recorded by exec.runtime.step.run_step")
     simulated = sim.simulate(measured.schedule, costs)
     return Comparison(measured, simulated, costs, dict(extra))
 

@@ -16,11 +16,11 @@ written out small:
    makes dX, not dW), and the hooks keep the gradient that arrived at each node.
 3. It drops the graph above those nodes (the stage's output and its loss); what stays is
    what W needs: the nodes and the tensors they saved (a matmul's input), and the
-   gradients kept. `kept_bytes` counts them as `exec.memory.SavedBytes` does.
+   gradients kept. `kept_bytes` counts them as `exec.runtime.memory.SavedBytes` does.
 4. `backward_weight` runs, per group, `torch.autograd.grad` from those nodes, with the kept
    gradients, to the group's parameters only, adds the results to `.grad`, and frees the rest.
 
-Under activation recomputation (`exec.models.recomputed`, torch.utils.checkpoint) the graph
+Under activation recomputation (`exec.models.layers.recomputed`, torch.utils.checkpoint) the graph
 is the same and its saved tensors are recomputed on first use: I recomputes each block's
 forward. W recomputes it once more: torch's checkpoint hands each recomputed tensor out once
 per backward call, and a weight-edge node that I runs (for its input gradient) uses the

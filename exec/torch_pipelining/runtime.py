@@ -14,14 +14,14 @@ NCCL does): the export posts receives in the order the peer sends them
 (`sim.passes.order.order_transfers`, docs/rules.md rule 12). It lists no REDUCE_GRAD actions
 (torch adds them only when it lowers a compute-only CSV itself), so the runtime does not
 scale the gradients: the loss is divided by the number of micro-batches, as in our
-runtime (`exec.interpreter`), and the gradients are the full batch's.
+runtime (`exec.runtime.interpreter`), and the gradients are the full batch's.
 
-`run_torch_runtime` runs it on one process per rank (`exec.launch`): each rank wraps its
+`run_torch_runtime` runs it on one process per rank (`exec.launch.processes`): each rank wraps its
 stages of `ModelSpec.build_stages` in torch's `PipelineStage`, loads the CSV and runs
 `warmup + steps` steps, each timed from a barrier to the end of the rank's `step()` (the
 optimizer's step after it is not timed, as in our runtime's makespan); a step's time is
 its slowest rank's. The first step's gradients are checked against one process
-(`exec.check`).
+(`exec.runtime.check`).
 """
 from __future__ import annotations
 
@@ -38,9 +38,9 @@ import sim
 from sim import Schedule
 from sim.passes.order import order_transfers
 
-from .check import compare_grads, reference_step
-from .launch import launch
-from .optim import make_optimizer
+from exec.launch.processes import launch
+from exec.runtime.check import compare_grads, reference_step
+from exec.runtime.optim import make_optimizer
 
 __all__ = ["to_torch_csv", "run_torch_runtime", "torch_runtime_worker", "TorchRuntimeRun"]
 
@@ -128,9 +128,9 @@ def run_torch_runtime(spec, schedule: Schedule | str, stages: int | None = None,
                       atol: float = 1e-5, in_order: bool = True) -> TorchRuntimeRun:
     """Run `schedule` (a `sim.Schedule`, or a name with `stages` and `micro`) on torch's
     `_PipelineScheduleRuntime`, one gloo process per rank, `warmup + steps` SGD steps of
-    `spec`, and check the first step's gradients against `exec.check.reference_step`.
-    `in_order`: as in `to_torch_csv`. Raises `exec.launch.RankError` / `TimeoutError` as
-    `exec.launch.launch` does."""
+    `spec`, and check the first step's gradients against `exec.runtime.check.reference_step`.
+    `in_order`: as in `to_torch_csv`. Raises `exec.launch.processes.RankError` / `TimeoutError` as
+    `exec.launch.processes.launch` does."""
     if isinstance(schedule, str):
         if stages is None or micro is None:
             raise ValueError("a schedule name needs stages and micro, e.g. run_torch_runtime(spec, '1f1b', 2, 8)")

@@ -54,7 +54,7 @@ def expected_state_bytes(optimizer: torch.optim.Optimizer, param: torch.Tensor, 
         moments = 3 if group.get("amsgrad") else 2  # exp_avg, exp_avg_sq (, max_exp_avg_sq)
         return moments * _tensor_bytes(param) + _scalar_bytes()
     raise ValueError(f"cannot tell the state {type(optimizer).__name__} will keep before its first step; "
-                     f"use one of {', '.join(OPTIMIZERS)} (exec.optim.make_optimizer)")
+                     f"use one of {', '.join(OPTIMIZERS)} (exec.runtime.optim.make_optimizer)")
 
 
 def state_bytes(optimizer: torch.optim.Optimizer, params: Iterable[torch.Tensor]) -> int:

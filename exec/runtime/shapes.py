@@ -36,7 +36,7 @@ def infer_shapes(ctx, schedule: Schedule, stage_modules: dict[int, nn.Module],
                  micro_input: torch.Tensor) -> dict[int, TensorMeta]:
     """Shape and dtype of each stage's output for one micro-batch, for the receive buffers.
 
-    Call on every rank at once (`ctx`: its `exec.launch.RankContext`). Returns the metas
+    Call on every rank at once (`ctx`: its `exec.launch.processes.RankContext`). Returns the metas
     this rank needs: its stages' outputs and their inputs' producers."""
     metas: dict[int, TensorMeta] = {}
     device = ctx.device

@@ -1,4 +1,4 @@
-"""Small synthetic models to run pipeline schedules on, and how to cut them into stages.
+"""Small synthetic models to run pipeline schedules on: `ModelSpec`, a model and its batch, determined by its fields.
 
 A `ModelSpec` names a model and its sizes; everything else follows from it and its seed,
 so every process that holds the same spec builds the same weights and the same batch:
@@ -21,130 +21,25 @@ Two models:
   random token ids, next-token targets, cross entropy. Llama's arch is not built here.
 
 `ModelSpec.recompute` ("full", or "selective" for the GPT's attention core) runs the blocks
-under activation recomputation (`recomputed`, torch.utils.checkpoint).
-
-Splitting into stages (`partition`): "layers" gives every stage as equal a number of
-layers as possible; for the GPT that is the planner's split (`sim.search.partition.even` over the
-blocks, the embedding on the first stage and the head on the last). "time" profiles each
-layer's forward + backward on one micro-batch; the GPT's stages are then the planner's
-`sim.search.partition.balanced` (equal blocks, the embedding's and head's times as the end stages'
-extra), the MLP's (whose blocks may differ in width) the contiguous cuts that minimise the
-slowest stage, preferring cuts where the tensor passed between stages is small
-(`balanced_cuts`).
+under activation recomputation (`exec.models.layers.recomputed`, torch.utils.checkpoint).
+`ModelSpec.partition` cuts the model into stages (`exec.models.cuts`).
 """
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
-from sim.search.partition import balanced, even
-
-from .cuts import balanced_cuts, layer_times
 from sim.model.transformer import RECOMPUTE, Transformer
 
-__all__ = ["ModelSpec", "MLPBlock", "Embedding", "Block", "Head", "balanced_cuts", "layer_times", "stage_bounds",
-           "RECOMPUTE"]
+from exec.models.cuts import partition
+from exec.models.layers import Block, Embedding, Head, MLPBlock
 
+__all__ = ["ModelSpec", "RECOMPUTE"]
 
-# ---------------------------------------------------------------------------- layers
-
-def recomputed(fn, *args: torch.Tensor) -> torch.Tensor:
-    """`fn(*args)`, keeping for the backward only `args` (autograd saves them); the backward
-    runs `fn` again first to get what it needs (torch.utils.checkpoint, non-reentrant: the
-    graph is the ordinary one, its saved tensors are recomputed on first use)."""
-    return checkpoint(fn, *args, use_reentrant=False)
-
-
-class MLPBlock(nn.Module):
-    """x + Linear(GELU(Linear(LayerNorm(x)))): a pre-LN residual MLP block. With
-    `recompute="full"` it keeps only its input for the backward (`recomputed`)."""
-
-    def __init__(self, hidden: int, ffn: int, recompute: str = "none"):
-        super().__init__()
-        self.recompute = recompute
-        self.ln = nn.LayerNorm(hidden)
-        self.fc1 = nn.Linear(hidden, ffn)
-        self.fc2 = nn.Linear(ffn, hidden)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return recomputed(self._forward, x) if self.recompute == "full" else self._forward(x)
-
-    def _forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.fc2(F.gelu(self.fc1(self.ln(x))))
-
-
-class Embedding(nn.Module):
-    """Token + learned position embedding: GPT layer 0. Token ids in, (b, seq, hidden) out."""
-
-    def __init__(self, vocab: int, seq: int, hidden: int):
-        super().__init__()
-        self.tok = nn.Embedding(vocab, hidden)
-        self.pos = nn.Embedding(seq, hidden)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        # the positions as a slice of the table: the backward keeps nothing for them, and the
-        # token lookup keeps its ids (int64), as sim.Transformer(kernels="torch") counts
-        return self.tok(ids) + self.pos.weight[: ids.shape[1]]
-
-
-class Block(nn.Module):
-    """A pre-LN transformer block: x + attn(ln1(x)), then x + mlp(ln2(x)); causal.
-
-    `recompute`: "full" keeps only the block's input for the backward; "selective" only
-    recomputes the attention core, softmax(QK^T)V (Korthikanti et al. 2022, Sec. 4.3), and
-    keeps everything else (`recomputed`)."""
-
-    def __init__(self, hidden: int, heads: int, recompute: str = "none", ffn: int | None = None):
-        super().__init__()
-        if hidden % heads:
-            raise ValueError(f"hidden ({hidden}) must be a multiple of heads ({heads})")
-        ffn = 4 * hidden if ffn is None else ffn
-        self.heads, self.recompute = heads, recompute
-        self.ln1 = nn.LayerNorm(hidden)
-        self.qkv = nn.Linear(hidden, 3 * hidden)
-        self.proj = nn.Linear(hidden, hidden)
-        self.ln2 = nn.LayerNorm(hidden)
-        self.fc1 = nn.Linear(hidden, ffn)
-        self.fc2 = nn.Linear(ffn, hidden)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return recomputed(self._forward, x) if self.recompute == "full" else self._forward(x)
-
-    def _forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, h = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(h, dim=2)
-        q, k, v = (z.view(b, t, self.heads, h // self.heads).transpose(1, 2) for z in (q, k, v))
-        a = recomputed(_attention, q, k, v) if self.recompute == "selective" else _attention(q, k, v)
-        x = x + self.proj(a.transpose(1, 2).reshape(b, t, h))
-        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
-
-
-def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """The attention core: causal softmax(QK^T / sqrt(d)) V, torch's fused kernel (on CPU its
-    flash attention, which keeps q, k, v, its output and a log-sum-exp per head and token:
-    sim.Transformer(attention="flash"))."""
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-
-
-class Head(nn.Module):
-    """Final LayerNorm + LM head (no bias, as GPT-2's): the last GPT layer, (b, seq, hidden) -> logits."""
-
-    def __init__(self, hidden: int, vocab: int):
-        super().__init__()
-        self.ln = nn.LayerNorm(hidden)
-        self.out = nn.Linear(hidden, vocab, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.out(self.ln(x))
-
-
-# ---------------------------------------------------------------------------- the spec
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -267,7 +162,7 @@ class ModelSpec:
 
     def micro_batches(self, micro: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """`batch()` cut along the batch dimension into `micro` equal micro-batches. Each is
-        a copy with its own storage, as the runtime's (`exec.check.split_micro_batches`):
+        a copy with its own storage, as the runtime's (`exec.runtime.check.split_micro_batches`):
         a view would keep the whole batch's storage, and autograd's saved bytes (the loss
         saves its targets) would count all of it."""
         if isinstance(micro, bool) or not isinstance(micro, int) or micro < 1 or self.batch_size % micro:
@@ -285,49 +180,8 @@ class ModelSpec:
         """Stage boundaries: a list of `stages + 1` layer indices, stage s = layers
         [b[s], b[s+1]). "layers" balances layer counts; "time" balances each layer's
         profiled forward + backward time on a micro-batch of `batch_size // micro`
-        (see `balanced_cuts`). Under torch.distributed, rank 0 decides and broadcasts,
-        so that every rank cuts the model the same way despite timing noise."""
-        n = self.num_layers
-        if isinstance(stages, bool) or not isinstance(stages, int) or stages < 1:
-            raise ValueError(f"stages must be a positive integer, got {stages!r}")
-        if stages > n:
-            raise ValueError(f"cannot cut {n} layers into {stages} stages; every stage needs at least one layer "
-                             f"(use stages <= {n} or a model with more layers)")
-        if balance == "layers" and self.model == "gpt":
-            return self._gpt_bounds(even(self.layers, stages))
-        if balance == "layers":
-            return stage_bounds(n, [round(n * s / stages) for s in range(1, stages)])
-        if balance != "time":
-            raise ValueError(f"balance must be 'layers' or 'time', got {balance!r}")
-        dist = torch.distributed
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            box = [None]
-            if dist.get_rank() == 0:
-                box[0] = self._time_bounds(stages, micro, repeats)
-            dist.broadcast_object_list(box, src=0)
-            return list(box[0])
-        return self._time_bounds(stages, micro, repeats)
-
-    def _time_bounds(self, stages: int, micro: int, repeats: int) -> list[int]:
-        times, out_bytes = layer_times(self, micro, repeats)
-        if self.model == "gpt":  # the planner's split: equal blocks, the embedding and head as extras
-            extra = [0.0] * stages
-            extra[0] += times[0]
-            extra[-1] += times[-1]
-            return self._gpt_bounds(balanced(self.layers, stages, statistics.median(times[1:-1]), extra))
-        return stage_bounds(self.num_layers, balanced_cuts(times, stages, out_bytes[:-1], tolerance=0.02))
-
-    def _gpt_bounds(self, blocks: Sequence[int]) -> list[int]:
-        """Stage boundaries of the GPT with `blocks[s]` transformer blocks on stage s, the
-        embedding (layer 0) on the first and the head (the last layer) on the last."""
-        if any(n == 0 for n in blocks[1:-1]):
-            raise ValueError(f"the split {list(blocks)} of {self.layers} blocks leaves a middle stage without one; "
-                             f"use fewer stages or more layers")
-        bounds = [0]
-        for s, n in enumerate(blocks):
-            bounds.append(bounds[-1] + n + (1 if s == 0 else 0))
-        bounds[-1] = self.num_layers
-        return bounds
+        (`exec.models.cuts.partition`)."""
+        return partition(self, stages, balance, micro, repeats)
 
     def build_stages(self, stages: int, balance: str = "layers", micro: int = 1,
                      bounds: Sequence[int] | None = None) -> list[nn.Module]:
@@ -339,8 +193,3 @@ class ModelSpec:
             raise ValueError(f"bounds must rise strictly from 0 to {self.num_layers} in {stages + 1} steps, got {bounds}")
         layers = self.build_layers()
         return [nn.Sequential(*layers[a:b]) for a, b in zip(bounds, bounds[1:])]
-
-
-def stage_bounds(n: int, cuts: Sequence[int]) -> list[int]:
-    """Cut points -> boundaries: cuts (1..n-1, rising) become [0, *cuts, n]."""
-    return [0, *cuts, n]

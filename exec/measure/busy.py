@@ -12,7 +12,7 @@ waits for a core only when something else runs on it: on a host where each rank 
 own cores (docs/rules.md, rule 9), that is another process. So `waited / wall` of the main
 thread is the share of the step other processes took from the rank ("the machine was
 busy: 41 % of the step lost to other processes"). gloo's transport thread shares the
-rank's core and runs at SCHED_BATCH (`exec.host.io_thread_batch`): it waits for the rank's
+rank's core and runs at SCHED_BATCH (`exec.launch.host.io_thread_batch`): it waits for the rank's
 own compute by design (rule 10), so its wait is reported apart (`waited_transport`).
 
 `cpu` is the main thread's CPU time over the step (`time.thread_time`), `cpu_process`
@@ -28,7 +28,7 @@ import threading
 import time
 from typing import Sequence
 
-from .host import GLOO_IO_THREAD
+from exec.launch.host import GLOO_IO_THREAD
 
 __all__ = ["thread_sched", "StepLoad", "load_summary", "describe_load", "BUSY_SHARE"]
 

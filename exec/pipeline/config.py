@@ -1,0 +1,84 @@
+"""A run's configuration: `RunConfig`, everything a pipelined run takes besides the model and the schedule, checked when made.
+
+    >>> RunConfig(steps=3, optimizer="adamw").warmup
+    2
+    >>> RunConfig(steps=0)
+    Traceback (most recent call last):
+    ...
+    ValueError: steps must be an integer >= 1, got 0
+
+A new option of `exec.pipeline.runner.run_pipeline` is one field here: `run_pipeline` takes
+a `RunConfig` (or its fields as keywords), hands it to every rank (`exec.pipeline.worker`),
+and `python -m exec.run` builds one from its flags. Imports no torch.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from exec.runtime.optim import OPTIMIZERS
+
+__all__ = ["RunConfig", "parse_fault", "FAULTS"]
+
+FAULTS = ("raise", "exit", "hang")
+BALANCES = ("layers", "time")
+BACKENDS = ("gloo", "nccl")
+
+
+def parse_fault(text: str | None) -> tuple[str, int] | None:
+    """'raise:1' / 'exit:1' / 'hang:1' -> (what, rank): make that rank fail on purpose
+    (before its first measured step), to test how a run ends. None -> None."""
+    if not text:
+        return None
+    what, _, rank = text.partition(":")
+    if what not in FAULTS or not rank.isdigit():
+        raise ValueError(f"fault must be KIND:RANK with KIND in {', '.join(FAULTS)}, e.g. 'raise:1'; got {text!r}")
+    return what, int(rank)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """How a pipelined run runs. ValueError, naming the field, for a value it cannot take."""
+
+    steps: int = 5                    # measured steps
+    warmup: int = 2                   # steps before them, not measured
+    lr: float = 0.01                  # learning rate, finite and >= 0
+    optimizer: str = "sgd"            # a name of `exec.runtime.optim.OPTIMIZERS`
+    dp: int = 1                       # pipeline replicas (data parallelism, `exec.runtime.dp`)
+    overlap_grad_reduce: bool = False  # a schedule name with dp > 1: where its REDUCE_GRADs go (`sim.add_grad_reduce`)
+    calibrate: int = 0                # k > 0: a calibration round before every k measured steps (gloo only)
+    balance: str = "layers"           # how the model is cut: by layer count or profiled time
+    bounds: tuple[int, ...] | None = None  # the cut itself (stage s = layers bounds[s] .. bounds[s+1]-1), else `balance`
+    backend: str = "gloo"             # gloo: CPU processes; nccl: one GPU per rank
+    timeout: float = 300.0            # seconds for the whole run
+    threads: int | None = None        # torch threads per rank (default: its cores)
+    fault: str | None = None          # "raise:R", "exit:R" or "hang:R": rank R fails on purpose
+    progress: bool = False            # rank 0's progress lines on stderr
+    rtol: float = 1e-4                # the gradient check's tolerances
+    atol: float = 1e-5
+
+    def __post_init__(self):
+        for what, least in (("steps", 1), ("warmup", 0), ("calibrate", 0), ("dp", 1)):
+            n = getattr(self, what)
+            if isinstance(n, bool) or not isinstance(n, int) or n < least:
+                raise ValueError(f"{what} must be an integer >= {least}, got {n!r}")
+        for what in ("lr", "timeout", "rtol", "atol"):
+            x = getattr(self, what)
+            if isinstance(x, bool) or not isinstance(x, (int, float)) or not (math.isfinite(x) and x >= 0):
+                raise ValueError(f"{what} must be a finite number >= 0, got {x!r}")
+        if not self.timeout > 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {self.timeout!r}")
+        for what, allowed in (("optimizer", OPTIMIZERS), ("balance", BALANCES), ("backend", BACKENDS)):
+            if getattr(self, what) not in allowed:
+                raise ValueError(f"{what} must be one of {', '.join(allowed)}, got {getattr(self, what)!r}")
+        if self.calibrate and self.backend != "gloo":
+            raise ValueError(f"calibrate times CPU ranks (gloo) only, not backend={self.backend!r}; "
+                             f"simulate an NCCL run with costs written by sim.save_costs")
+        if self.bounds is not None:
+            object.__setattr__(self, "bounds", tuple(self.bounds))
+        parse_fault(self.fault)
+
+    @property
+    def injected(self) -> tuple[str, int] | None:
+        """The fault as (what, world rank), or None."""
+        return parse_fault(self.fault)

@@ -1,0 +1,1 @@
+"""The device profiler behind `python -m exec.profile_device`: what a rank's device achieves (`device_bench`), what the backend achieves between ranks (`comm_bench`), and the profile assembled from them (`assemble`)."""

@@ -1,0 +1,1 @@
+"""One training step on the ranks: the interpreter of a rank's lowered program and what it stands on (clocks, memory counting, optimizers, the shape handshake, the split backward, data parallelism), the step over every rank, and the same step in one process to check it."""
