@@ -37,7 +37,8 @@ import simpy
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import sim  # noqa: E402
-from sim import engine, passes  # noqa: E402
+from sim.engine import core as engine  # noqa: E402
+from sim.passes import lowering as passes  # noqa: E402
 
 
 # CPU time of this process: other work on the machine slows it much less than it slows
