@@ -22,7 +22,7 @@ The rules (docs/rules.md; `exec` honours the same ones):
    before the compute starts (once its inputs are in) and `after_compute` after it ends.
 6. Memory of a device = static bytes (weights, gradients, optimizer state, the rest) + the activations of each micro-batch it holds,
    from the start of that micro-batch's F until the end of its last backward (B or W).
-7. A collective (REDUCE_GRAD, `sim.passes.lowering.add_grad_reduce`) is issued in program order and
+7. A collective (REDUCE_GRAD, `sim.passes.grad_reduce.add_grad_reduce`) is issued in program order and
    does not hold the device: it runs on the rank's one collective stream, one at a time,
    for its cost (`grad_reduce` of its stage), from the later of its issue and the end of
    the collective before it. Its stage's backwards come before it in the program, so they
@@ -39,12 +39,12 @@ The engine knows actions, devices and links; the transport (`Costs.transport`, s
 two ends, and the action-kind table (`sim.kinds`) what each compute costs and does to
 memory.
 
-How it stays fast (docs/performance.md): it runs the numbered `sim.passes.lowering.plan`, not
+How it stays fast (docs/performance.md): it runs the numbered program (`sim.passes.program.number_program`), not
 `Action` objects. A compute whose input's arrival time is known waits and computes in one
 timeout; a transfer is an event only when its receiver already waits for it, or when its
 sender must first see the notice. Link queueing needs no process: each link keeps the
 time it is next free. A run that stops with ranks unfinished is a deadlock, explained by
-`sim.passes.lowering.check_deadlock`.
+`sim.passes.validation.check_deadlock`.
 """
 from __future__ import annotations
 
@@ -59,7 +59,10 @@ from .costs import Costs, StageCosts
 from sim.schedule.ir import Action, Schedule
 from sim.schedule.kinds import KINDS, Role, memory_delta
 from sim.passes.offload import CopyEngines
-from sim.passes.lowering import Plan, check_communication, check_complete, check_deadlock, lower, plan
+from sim.passes.checks import check_communication, check_complete
+from sim.passes.lowering import lower
+from sim.passes.program import Program, number_program
+from sim.passes.validation import check_deadlock
 from .result import Event, Result
 from .transports import Transport, transport_class
 
@@ -77,7 +80,7 @@ class _Arrival(simpy.Event):
         self.env.schedule(self, delay=delay)
 
 
-def _costs(p: Plan, c: StageCosts, placement: tuple[int, ...]):
+def _costs(p: Program, c: StageCosts, placement: tuple[int, ...]):
     """Per compute id: its duration (its kind's cost field) and what it does to memory at
     its start and at its end ((bytes, micro-batches) or None; `sim.kinds`); per transfer
     (named by the compute that receives it): its link (numbered per sender -> receiver
@@ -121,15 +124,15 @@ class _Run:
     """What a run recorded, as flat lists indexed by compute id (a transfer is numbered by
     the compute that receives it); `Event` records are made from them only on demand."""
 
-    def __init__(self, p: Plan, start, end, sent, posted, arrive, collective_start, collective_end, placement,
+    def __init__(self, p: Program, start, end, sent, posted, arrive, collective_start, collective_end, placement,
                  copy_start=(), copy_end=()):
-        self.plan = p
+        self.program = p
         self.start, self.end, self.sent, self.posted, self.arrive = start, end, sent, posted, arrive
         self.collective_start, self.collective_end, self.placement = collective_start, collective_end, placement
         self.copy_start, self.copy_end = copy_start, copy_end
 
     def events(self) -> list[Event]:
-        p = self.plan
+        p = self.program
         out = [Event(r, a, s, e) for r, a, s, e in zip(p.rank, p.actions, self.start, self.end)]
         out += [Event(self.placement[a.stage], a, s, e)
                 for a, s, e in zip(p.collectives, self.collective_start, self.collective_end)]
@@ -147,9 +150,9 @@ class _Network:
     `leave` (the data takes its link and arrives), `later` (run a function at a later
     time), and, if the transport watches the devices, each rank's state."""
 
-    def __init__(self, env, p: Plan, c: StageCosts, link, busy, nlinks: int, ranks: int):
+    def __init__(self, env, p: Program, c: StageCosts, link, busy, nlinks: int, ranks: int):
         n = len(p.actions)
-        self.env, self.plan = env, p
+        self.env, self.program = env, p
         self.sent: list[float | None] = [None] * n
         self.posted: list[float | None] = [None] * n
         self.arrive_at: list[float | None] = [None] * n   # known once the data has left
@@ -194,7 +197,7 @@ def run(schedule: Schedule, c: StageCosts, durations: Mapping[Action, float] | N
     """Run a schedule (compute-only, or lowered with complete communication). Return the
     `_Run` record, each rank's memory and activations over time, which ranks finished
     their program (not all of them if the ranks got stuck), and each rank's busy time."""
-    p = plan(schedule)
+    p = number_program(schedule)
     dur, at_start, at_end, link, busy, nlinks = _costs(p, c, schedule.placement)
     collective_dur = [getattr(c, KINDS[a.kind].cost)[a.stage] for a in p.collectives]
     if durations:
@@ -230,7 +233,7 @@ def run(schedule: Schedule, c: StageCosts, durations: Mapping[Action, float] | N
     return record, memory, activations, finished, busy_time
 
 
-def _device_process(env, p: Plan, net: _Network, transport: Transport, c: StageCosts, dur, at_start, at_end,
+def _device_process(env, p: Program, net: _Network, transport: Transport, c: StageCosts, dur, at_start, at_end,
                     issued, posted_hook, start_of, end_of, collective_of, copies: CopyEngines | None):
     """The SimPy process of one device: it runs its program's `Op`s in order (rules 1-4,
     11); the transport's hooks take its SENDs and RECVs; its collectives go to its stream
@@ -347,7 +350,7 @@ def simulate(schedule: Schedule, costs: Costs | None = None, durations: Mapping[
     (`exec.compare.replay_error`).
 
     A schedule that cannot finish raises `ScheduleError` showing where each rank waits: the
-    run itself is the deadlock check (`sim.passes.lowering.check_deadlock` explains what it found)."""
+    run itself is the deadlock check (`sim.passes.validation.check_deadlock` explains what it found)."""
     if not isinstance(schedule, Schedule):
         hint = f"sim.make_schedule({schedule!r}, stages, micro)" if isinstance(schedule, str) else "sim.make_schedule(...)"
         raise TypeError(f"simulate needs a sim.Schedule, got {type(schedule).__name__} {schedule!r:.40}; build one "
@@ -379,7 +382,7 @@ def simulate(schedule: Schedule, costs: Costs | None = None, durations: Mapping[
         # else its first compute's, after the runtime's own time before it) to the last
         # compute's or collective's end: every transfer feeds a compute that starts after it arrives.
         t0 = min((record.start[prog[0].index] if prog[0].role is _COMPUTE else 0.0
-                  for prog in record.plan.programs if prog), default=0.0)
+                  for prog in record.program.programs if prog), default=0.0)
         computed = max(record.end, default=0.0)
         makespan = max(computed, max(record.collective_end, default=0.0)) - t0
         return Result(lowered or (lambda: lower(schedule)), record.events, memory, activations,

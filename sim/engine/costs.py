@@ -103,7 +103,7 @@ class Costs:
       REDUCE_GRAD action: all-reduce, or reduce-scatter under ZeRO) takes on its rank's
       collective stream, per stage; the caller's cost model (message size, algorithm,
       the data-parallel group's links) gives it. Default 0. Only a schedule with
-      REDUCE_GRAD actions (`sim.passes.lowering.add_grad_reduce`) uses it.
+      REDUCE_GRAD actions (`sim.passes.grad_reduce.add_grad_reduce`) uses it.
     - offload_bytes: bytes of a micro-batch's activations that a stage copies to host
       memory after its F and back before its backward (OFFLOAD, RELOAD: `sim.add_offload`,
       rule 14); at most its `activation_bytes`. offload, reload: how long each copy takes
