@@ -49,6 +49,7 @@ time it is next free. A run that stops with ranks unfinished is a deadlock, expl
 from __future__ import annotations
 
 import gc
+import itertools
 import math
 from operator import itemgetter
 from typing import Mapping
@@ -211,90 +212,106 @@ def run(schedule: Schedule, c: StageCosts, durations: Mapping[Action, float] | N
         raise ValueError("a schedule with OFFLOAD/RELOAD (copies to host memory, a GPU's) cannot run under "
                          "Costs.io_tick > 0 (a CPU rank's I/O thread, rule 10); set io_tick=0")
     transport.prepare(p, dur)
-    issued, posted_hook = transport.bind(net)
-    start_of, end_of = [0.0] * len(p.actions), [0.0] * len(p.actions)
-    collective_of = ([0.0] * len(p.collectives), [0.0] * len(p.collectives), collective_dur)
-    finished = [False] * schedule.ranks
-    busy_time = [0.0] * schedule.ranks
+    devices = _Devices(net, transport, c, (dur, at_start, at_end), collective_dur, copies, schedule.ranks)
+    logs = [[] for _ in range(schedule.ranks)]   # per rank: (time, (bytes, micro-batches)) changes
+    for r in range(schedule.ranks):
+        env.process(devices.run(r, logs[r].append))
+    env.run()
+    record = _Run(p, devices.start, devices.end, net.sent, net.posted, net.arrive_at, devices.collective_start,
+                  devices.collective_end, schedule.placement, *((copies.start, copies.end) if copies else ()))
     static = [0.0] * schedule.ranks
     for s, r in enumerate(schedule.placement):
         static[r] += c.static_total(s)
-    memory = [[(0.0, static[r])] for r in range(schedule.ranks)]
-    activations = [[(0.0, 0)] for _ in range(schedule.ranks)]
-    device = _device_process(env, p, net, transport, c, dur, at_start, at_end, issued, posted_hook,
-                             start_of, end_of, collective_of, copies)
-    for r in range(schedule.ranks):
-        env.process(device(r, static[r], memory[r], activations[r], finished, busy_time))
-    env.run()
-    record = _Run(p, start_of, end_of, net.sent, net.posted, net.arrive_at, *collective_of[:2], schedule.placement,
-                  *((copies.start, copies.end) if copies else ()))
+    memory, activations = zip(*map(_series, logs, static)) if logs else ((), ())
+    memory, activations = list(memory), list(activations)
     if copies:
         memory = [copies.merge(r, series) for r, series in enumerate(memory)]
-    return record, memory, activations, finished, busy_time
+    return record, memory, activations, devices.finished, devices.busy
 
 
-def _device_process(env, p: Program, net: _Network, transport: Transport, c: StageCosts, dur, at_start, at_end,
-                    issued, posted_hook, start_of, end_of, collective_of, copies: CopyEngines | None):
-    """The SimPy process of one device: it runs its program's `Op`s in order (rules 1-4,
-    11); the transport's hooks take its SENDs and RECVs; its collectives go to its stream
-    (rule 7: `collective_of` = their starts, ends and durations), its copies to its copy
-    engines (rule 8: `copies`)."""
-    producer, sent, posted, arrive_at, waiter = p.producer, net.sent, net.posted, net.arrive_at, net.waiter
-    free_until, held_until, resume = net.free_until, net.held_until, net.resume
-    watch = transport.watches_devices
-    # Run ahead: where neither the transport nor the links depend on the order in which
-    # things happen at one time (no device watching, free links), when a transfer leaves
-    # is the later of its SEND and its notice, whichever the engine learns first. Then a
-    # device needs SimPy only to wait for data that has not left yet: it keeps its own
-    # clock, which is never behind SimPy's, and computes without a timeout.
-    ahead = not watch and not net.queues
-    take_in, before, after = transport.take_in, c.before_compute, c.after_compute
-    send_call, recv_call = transport.send_call, transport.recv_call  # how long a call holds its rank
-    ready = copies.ready if copies else None   # per compute: when its RELOAD has ended
+def _series(log: list, static: float) -> tuple[list, list]:
+    """A rank's memory (bytes) and activations held (micro-batches) over time, from its
+    log of changes, starting at (0, static bytes) and (0, none)."""
+    times = [0.0, *map(itemgetter(0), log)]
+    changes = list(map(itemgetter(1), log))
+    held_bytes = itertools.accumulate(map(itemgetter(0), changes), initial=static)
+    held = itertools.accumulate(map(itemgetter(1), changes), initial=0)
+    return list(zip(times, held_bytes)), list(zip(times, held))
 
-    def device(r: int, held_bytes: float, memory: list, activations: list, finished: list, busy_time: list):
-        held = 0
-        mem, act = memory.append, activations.append
-        timeout = env.timeout
-        now = env.now
-        computing = 0.0  # this rank's busy time
-        stream = 0.0     # when this rank's collective stream is free
-        prog, runnable = p.programs[r], p.runnable[r]
+
+class _Devices:
+    """The devices of one run: each runs its program's `Op`s in order as a SimPy process
+    (`run`; rules 1-4 and 11 of docs/rules.md); the transport's hooks take its SENDs and
+    RECVs; its collectives go to its stream (rule 13), its copies to its copy engines
+    (rule 14: `copies`). Records each compute's start and end, each collective's, each
+    rank's busy time and whether it finished."""
+
+    def __init__(self, net: _Network, transport: Transport, c: StageCosts, computes, collective_dur,
+                 copies: CopyEngines | None, ranks: int):
+        n = len(net.program.actions)
+        self.net, self.copies = net, copies
+        self.issued, self.posted_hook = transport.bind(net)
+        self.start, self.end = [0.0] * n, [0.0] * n
+        self.collective_dur = collective_dur
+        self.collective_start, self.collective_end = [0.0] * len(collective_dur), [0.0] * len(collective_dur)
+        self.stream = [0.0] * ranks   # when each rank's collective stream is free
+        self.finished, self.busy = [False] * ranks, [0.0] * ranks
+        # Run ahead: where neither the transport nor the links depend on the order in which
+        # things happen at one time (no device watching, free links), when a transfer leaves
+        # is the later of its SEND and its notice, whichever the engine learns first. Then a
+        # device needs SimPy only to wait for data that has not left yet: it keeps its own
+        # clock, which is never behind SimPy's, and computes without a timeout.
+        ahead = not transport.watches_devices and not net.queues
+        # what `run` reads, bound to its locals at once (the loop runs once per action)
+        self.shared = (net.env, net.env.timeout, net.program.producer, net.sent, net.posted, net.arrive_at, net.waiter,
+                       net.free_until, net.held_until, net.resume, transport.watches_devices, ahead,
+                       transport.take_in, c.before_compute, c.after_compute, transport.send_call,
+                       transport.recv_call, *computes, self.start, self.end, self.issued, self.posted_hook,
+                       self.beside, copies.ready if copies else None)
+
+    def beside(self, r: int, role: Role, x: int, now: float) -> None:
+        """Issue collective or copy x of rank r at `now`; the device goes on meanwhile."""
+        if role is not _COLLECTIVE:
+            self.copies.issue(r, x, now)
+            return
+        begin = self.stream[r] if self.stream[r] > now else now
+        self.stream[r] = begin + self.collective_dur[x]
+        self.collective_start[x], self.collective_end[x] = begin, self.stream[r]
+
+    def run(self, r: int, log):
+        """The SimPy process of device r; `log((time, (bytes, micro-batches)))` records
+        each change of what it holds. A compute starts once its remote input is here:
+        waiting, computing and the runtime's work around it are one timeout; only a tensor
+        that has not left yet needs an event (which the sender triggers at its arrival)."""
+        (env, timeout, producer, sent, posted, arrive_at, waiter, free_until, held_until, resume, watch, ahead,
+         take_in, before, after, send_call, recv_call, dur, at_start, at_end, start_of, end_of, issued, posted_hook,
+         beside, ready) = self.shared   # `ready`: per compute, when its RELOAD has ended (None: no copies)
+        prog, runnable = self.net.program.programs[r], self.net.program.runnable[r]
+        now, computing = env.now, 0.0
         for i, (role, x) in enumerate(prog if runnable == len(prog) else prog[:runnable], 1):
-            if role is not _COMPUTE:
-                # Post a RECV or issue a SEND at `now`; the transport decides when the data leaves.
+            if role is not _COMPUTE:  # post a RECV or issue a SEND at `now`: the transport decides when data leaves
                 if role is _RECV:
                     posted[x] = now
                     posted_hook(x, now)
                     hold = recv_call
-                elif role is not _SEND:  # a collective or a copy: beside the device, which goes on
-                    if role is not _COLLECTIVE:
-                        copies.issue(r, x, now)
-                        continue
-                    begin = stream if stream > now else now
-                    stream = begin + collective_of[2][x]
-                    collective_of[0][x], collective_of[1][x] = begin, stream
-                    continue
-                else:
+                elif role is _SEND:
                     sent[x] = now
                     if watch:
                         free_until[r] = now  # the runtime yields the core before the call
                     issued(x, now)
-                    hold = send_call
+                    hold = send_call  # (send_call, recv_call: how long the call holds the rank)
+                else:  # a collective or a copy: beside the device, which goes on
+                    beside(r, role, x, now)
+                    continue
                 if hold and ahead:
                     now += hold
                 elif hold:  # the call holds the device
                     if watch:
-                        held_until[r] = now + hold
-                        resume[r] = i
+                        held_until[r], resume[r] = now + hold, i
                     yield timeout(hold)
                     now = env.now
                 continue
-            # Compute x. Start when the remote input is here. Where its arrival time is
-            # known, waiting, computing and the runtime's work around it are one timeout;
-            # only a tensor that has not left yet needs an event, which the sender triggers
-            # at the arrival.
-            start = now
+            start = now  # compute x
             if producer[x] >= 0:
                 at = arrive_at[x]
                 if at is None:
@@ -304,23 +321,16 @@ def _device_process(env, p: Program, net: _Network, transport: Transport, c: Sta
                     at = arrive_at[x]
                     if not ahead:
                         now = at
-                if at > start:
-                    start = at
-                start += take_in  # the device takes the tensor in (0 unless modelled)
+                start = (at if at > start else start) + take_in  # taking the tensor in (0 unless modelled)
                 free_until[r] = start
             start += before
             if ready is not None and ready[x] > start:  # a backward waits for its RELOAD
                 start = ready[x]
-            change = at_start[x]
-            if change is not None:  # e.g. F takes its micro-batch's activations
-                held_bytes += change[0]
-                held += change[1]
-                mem((start, held_bytes))
-                act((start, held))
+            if at_start[x] is not None:  # e.g. F takes its micro-batch's activations
+                log((start, at_start[x]))
             end = start + dur[x]
             if watch:
-                held_until[r] = end + after
-                resume[r] = i
+                held_until[r], resume[r] = end + after, i
             if ahead:
                 now = end + after
             else:
@@ -328,17 +338,10 @@ def _device_process(env, p: Program, net: _Network, transport: Transport, c: Sta
                 now = env.now
             start_of[x], end_of[x] = start, end
             computing += end - start
-            change = at_end[x]
-            if change is not None:  # e.g. the last backward (W where it is split) frees them
-                held_bytes += change[0]
-                held += change[1]
-                mem((end, held_bytes))
-                act((end, held))
+            if at_end[x] is not None:  # e.g. the last backward (W where it is split) frees them
+                log((end, at_end[x]))
         free_until[r] = INF  # done (or stuck): it waits for its sends
-        busy_time[r] = computing
-        finished[r] = runnable == len(prog)  # if not, the next compute waits on a later one
-
-    return device
+        self.busy[r], self.finished[r] = computing, runnable == len(prog)  # if not, it waits on a later compute
 
 
 def simulate(schedule: Schedule, costs: Costs | None = None, durations: Mapping[Action, float] | None = None
