@@ -279,7 +279,7 @@ def _schedule_chunks(m: Transformer, pp: int, micro: int, names: Sequence[str], 
         for v in vs:
             if pp * v > m.layers:
                 dropped["more stages than layers"] += 1
-            elif gen.check(pp, micro, v):
+            elif gen.refusal(pp, micro, v):
                 dropped["the schedule refuses these sizes"] += 1
             else:
                 out.append((name, v))
