@@ -29,13 +29,13 @@ from __future__ import annotations
 from typing import Callable
 
 from sim.schedule.kinds import Role
+from .fields import CALL_FIELDS
 
 INF = float("inf")
 
 Hook = Callable[[int, float], None]  # (transfer, now)
 
-# the Costs fields of transfers: every transport reads latency and bandwidth (the links)
-_CALL_FIELDS = ("send_overhead", "recv_overhead", "arrive_overhead", "io_tick")
+# the Costs fields of the calls (`CostField.call`); every transport reads latency and bandwidth (the links)
 
 
 class Transport:
@@ -56,7 +56,7 @@ class Transport:
     @classmethod
     def check(cls, costs) -> None:
         """Refuse a `Costs` that sets a call field this transport does not model."""
-        for f in _CALL_FIELDS:
+        for f in CALL_FIELDS:
             if f not in cls.fields and getattr(costs, f):
                 raise ValueError(f"Costs.{f} is a cost of the gloo-cpu transport, not of {cls.name!r}; "
                                  f"leave it at 0 or use transport='gloo-cpu'")
@@ -128,7 +128,7 @@ class GlooCpu(Rendezvous):
     thread: its next yield or the scheduler tick, whichever comes first (rule 10)."""
 
     name = "gloo-cpu"
-    fields = _CALL_FIELDS
+    fields = CALL_FIELDS
 
     @property
     def watches_devices(self) -> bool:  # only rule 10 needs to know what a sender does
