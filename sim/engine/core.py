@@ -1,42 +1,19 @@
 """The discrete-event engine: one SimPy process per device runs its lowered program.
 
-The rules (docs/rules.md; `exec` honours the same ones):
-1. A device runs its actions in program order, one at a time.
-2. A compute action (F, B, I, W) starts when the device reaches it and every tensor it
-   needs from another device has arrived and been taken in (`arrive_overhead` after the
-   later of the two); it then occupies the device for its cost.
-3. A SEND is issued right after the compute that made its tensor and does not wait for
-   the transfer. A RECV only posts the receive (one compute ahead, see `sim.passes.lowering.lower`).
-   Issuing a SEND holds the device for `send_overhead`, posting a RECV for
-   `recv_overhead` (the CPU time of the call).
-4. Transfers (here as the default `gloo-cpu` transport moves them; `sim.transports`)
-   rendezvous: posting the RECV sends a ready notice, which reaches the sender
-   `latency` later. If it is there when the SEND is issued, the data leaves at once;
-   otherwise the data leaves when the sender's transport handles the notice: at once if
-   the sender waits or has ended, else at its next yield (a SEND, a wait for data, its
-   end) or the scheduler tick, whichever comes first (`io_tick`, rule 10; the expected
-   time over the tick's phase). The data then waits for its link (one per direction
-   between two devices, FIFO), occupies it for bytes / bandwidth, and arrives `latency`
-   later; the latency does not hold the link.
-5. Around each compute the runtime holds the device for its own work: `before_compute`
-   before the compute starts (once its inputs are in) and `after_compute` after it ends.
-6. Memory of a device = static bytes (weights, gradients, optimizer state, the rest) + the activations of each micro-batch it holds,
-   from the start of that micro-batch's F until the end of its last backward (B or W).
-7. A collective (REDUCE_GRAD, `sim.passes.grad_reduce.add_grad_reduce`) is issued in program order and
-   does not hold the device: it runs on the rank's one collective stream, one at a time,
-   for its cost (`grad_reduce` of its stage), from the later of its issue and the end of
-   the collective before it. Its stage's backwards come before it in the program, so they
-   have ended by then. The step ends at the end of its last compute or collective.
-8. A copy (OFFLOAD, RELOAD: `sim.add_offload`) is issued in program order and does not
-   hold the device either: it runs on one of the rank's two copy engines (to host, from
-   host), one at a time each, for its cost (`offload`, `reload` of its stage), from the
-   latest of its issue, the end of the copy before it on its engine and, for a RELOAD,
-   its OFFLOAD's end. Its memory effect comes at its own start or end. The backward that
-   needs a RELOAD's activations starts no earlier than the RELOAD's end (rule 14).
+It obeys the rules of docs/rules.md, cited in this module by their numbers there (`exec`
+honours the same ones): a device runs its actions in program order (rule 1); a SEND is
+issued right after the compute that made its tensor and a RECV only posts the receive, one
+compute early, each holding the device for its call (rules 2, 3); a compute starts once it
+is reached and its remote input has arrived and been taken in (rules 3, 4); transfers
+rendezvous (rule 5), a late notice waiting for the sender's transport thread (rule 10), and
+then take their link, first come first served (rule 6); memory is held from F to the end
+of the backward (rule 7); the step ends with its last compute or collective (rule 8); the
+runtime holds the device around each compute (rule 11); collectives run on the rank's
+stream (rule 13) and copies on its two copy engines (rule 14), beside the device.
 
 The engine knows actions, devices and links; the transport (`Costs.transport`, see
-`sim.transports`) decides when a transfer leaves its sender and what the calls cost the
-two ends, and the action-kind table (`sim.kinds`) what each compute costs and does to
+`sim.engine.transports`) decides when a transfer leaves its sender and what the calls cost the
+two ends, and the action-kind table (`sim.schedule.kinds`) what each compute costs and does to
 memory.
 
 How it stays fast (docs/performance.md): it runs the numbered program (`sim.passes.program.number_program`), not
@@ -83,7 +60,7 @@ class _Arrival(simpy.Event):
 
 def _costs(p: Program, c: StageCosts, placement: tuple[int, ...]):
     """Per compute id: its duration (its kind's cost field) and what it does to memory at
-    its start and at its end ((bytes, micro-batches) or None; `sim.kinds`); per transfer
+    its start and at its end ((bytes, micro-batches) or None; `sim.schedule.kinds`); per transfer
     (named by the compute that receives it): its link (numbered per sender -> receiver
     pair) and the time it holds the link. These lists are as long as the schedule, so
     they are built with map and zip, from values worked out once per (stage, kind)."""
@@ -147,7 +124,7 @@ class _Run:
 
 class _Network:
     """What the engine knows of transfers while it runs, and what a transport's hooks
-    read and call (`sim.transports`): when each SEND was issued and each RECV posted,
+    read and call (`sim.engine.transports`): when each SEND was issued and each RECV posted,
     `leave` (the data takes its link and arrives), `later` (run a function at a later
     time), and, if the transport watches the devices, each rank's state."""
 
@@ -290,17 +267,17 @@ class _Devices:
         now, computing = env.now, 0.0
         for i, (role, x) in enumerate(prog if runnable == len(prog) else prog[:runnable], 1):
             if role is not _COMPUTE:  # post a RECV or issue a SEND at `now`: the transport decides when data leaves
-                if role is _RECV:
+                if role is _RECV:  # rule 3 (docs/rules.md)
                     posted[x] = now
                     posted_hook(x, now)
                     hold = recv_call
-                elif role is _SEND:
+                elif role is _SEND:  # rule 2
                     sent[x] = now
                     if watch:
                         free_until[r] = now  # the runtime yields the core before the call
                     issued(x, now)
                     hold = send_call  # (send_call, recv_call: how long the call holds the rank)
-                else:  # a collective or a copy: beside the device, which goes on
+                else:  # a collective or a copy: beside the device, which goes on (rules 13, 14)
                     beside(r, role, x, now)
                     continue
                 if hold and ahead:
@@ -316,17 +293,17 @@ class _Devices:
                 at = arrive_at[x]
                 if at is None:
                     waiter[x] = _Arrival(env)
-                    free_until[r] = INF  # the rank waits: its transport thread runs
+                    free_until[r] = INF  # the rank waits: its transport thread runs (rule 10)
                     yield waiter[x]
                     at = arrive_at[x]
                     if not ahead:
                         now = at
                 start = (at if at > start else start) + take_in  # taking the tensor in (0 unless modelled)
                 free_until[r] = start
-            start += before
-            if ready is not None and ready[x] > start:  # a backward waits for its RELOAD
+            start += before  # rule 11
+            if ready is not None and ready[x] > start:  # a backward waits for its RELOAD (rule 14)
                 start = ready[x]
-            if at_start[x] is not None:  # e.g. F takes its micro-batch's activations
+            if at_start[x] is not None:  # e.g. F takes its micro-batch's activations (rule 7)
                 log((start, at_start[x]))
             end = start + dur[x]
             if watch:

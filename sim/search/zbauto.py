@@ -20,7 +20,7 @@ T_comm, latency + activation bytes / bandwidth). A free device picks:
 4. The W passes left at the end (rule 4).
 Rule 3 (a stage runs at least one more F than the next) holds by construction.
 
-Memory is counted as the engine counts it (docs/rules.md, `sim.kinds`): activation_bytes
+Memory is counted as the engine counts it (docs/rules.md, `sim.schedule.kinds`): activation_bytes
 from the start of F to the end of I, then w_activation_bytes until the end of W. The
 knob `budget`: device r may hold `budget * max(activation_bytes[r], w_activation_bytes[r])`
 bytes (budget micro-batches' worth).
@@ -273,7 +273,7 @@ def budgets(c: StageCosts, limit: float):
 def order_peak(schedule: Schedule, c: StageCosts) -> float:
     """The most bytes of activations any device holds, from the program order alone: a
     device computes one action at a time, and each takes or gives back its bytes at its
-    start or end as the action-kind table says (`sim.kinds`)."""
+    start or end as the action-kind table says (`sim.schedule.kinds`)."""
     return max((program_peak(prog, c) for prog in schedule.programs), default=0.0)
 
 
