@@ -303,8 +303,8 @@ class _Devices:
             start += before  # rule 11
             if ready is not None and ready[x] > start:  # a backward waits for its RELOAD (rule 14)
                 start = ready[x]
-            if at_start[x] is not None:  # e.g. F takes its micro-batch's activations (rule 7)
-                log((start, at_start[x]))
+            if (change := at_start[x]) is not None:  # e.g. F takes its micro-batch's activations (rule 7)
+                log((start, change))
             end = start + dur[x]
             if watch:
                 held_until[r], resume[r] = end + after, i
@@ -315,8 +315,8 @@ class _Devices:
                 now = env.now
             start_of[x], end_of[x] = start, end
             computing += end - start
-            if at_end[x] is not None:  # e.g. the last backward (W where it is split) frees them
-                log((end, at_end[x]))
+            if (change := at_end[x]) is not None:  # e.g. the last backward (W where it is split) frees them
+                log((end, change))
         free_until[r] = INF  # done (or stuck): it waits for its sends
         self.busy[r], self.finished[r] = computing, runnable == len(prog)  # if not, it waits on a later compute
 
