@@ -10,10 +10,9 @@ import math
 from dataclasses import dataclass
 from typing import Sequence, Union
 
-__all__ = ["CostField", "COST_FIELDS", "FIELDS", "PER_STAGE", "CALL_FIELDS", "CHUNKED", "UNITS", "PerStage"]
+__all__ = ["CostField", "COST_FIELDS", "PER_STAGE", "CALL_FIELDS", "CHUNKED", "PerStage"]
 
 PerStage = Union[float, Sequence[float]]
-UNITS = {"time": "time units", "bytes": "bytes", "bandwidth": "bytes per time unit", "name": ""}
 
 
 @dataclass(frozen=True)
@@ -60,8 +59,7 @@ class CostField:
         return f"{kind} | None" if self.fallback else kind
 
 
-def _f(name, default, unit, help, **more) -> CostField:
-    return CostField(name, default, unit, help, **more)
+_f = CostField  # short, for the table below
 
 
 TIME, BYTES = "time", "bytes"
@@ -79,8 +77,8 @@ COST_FIELDS: tuple[CostField, ...] = (
        "\"Zero Bubble Pipeline Parallelism\", ICLR 2024, Table 1.", per_stage=True, fallback=("activation_bytes", 1.0),
        chunked=True),
     _f("static_bytes", 0.0, BYTES, "bytes a stage holds for the whole step (weights, gradients, optimizer state "
-       "and the rest together)", doc="Or, beside the three fields below, whatever else it holds for the whole step "
-       "(buffers, workspace). A rank's static memory is the sum of the four over its stages.", per_stage=True,
+       "and the rest together)", doc="Where weight_bytes, grad_bytes and optimizer_bytes are given, the rest only "
+       "(buffers, workspace): a rank's static memory is the sum of the four over its stages.", per_stage=True,
        chunked=True),
     _f("weight_bytes", 0.0, BYTES, "bytes of a stage's parameters, held for the whole step", per_stage=True,
        chunked=True, flag=False),
@@ -120,7 +118,6 @@ COST_FIELDS: tuple[CostField, ...] = (
        "latency: `sim.passes.offload.copy_time`.", per_stage=True, flag=False),
     _f("reload", 0.0, TIME, "time of a RELOAD on its rank's copy engine", per_stage=True, flag=False),
 )
-FIELDS = {f.name: f for f in COST_FIELDS}
 PER_STAGE = tuple(f.name for f in COST_FIELDS if f.per_stage)
 CALL_FIELDS = tuple(f.name for f in COST_FIELDS if f.call)  # the transports' (`sim.engine.transports`)
 CHUNKED = tuple(f.name for f in COST_FIELDS if f.chunked)
