@@ -15,7 +15,10 @@ from sim.schedule.ir import Action, Schedule, ScheduleError
 from sim.schedule.kinds import KINDS, Kind, KindSpec, Role
 from sim.passes.offload import add_offload
 from sim.hardware.profile import DeviceProfile, ProfileError, load_profile, profile, save_profile
-from sim.passes.lowering import add_grad_reduce, check_deadlock, dependencies, lower, validate, waits_for
+from sim.passes.dependencies import dependencies, waits_for
+from sim.passes.grad_reduce import add_grad_reduce
+from sim.passes.lowering import lower
+from sim.passes.validation import check_deadlock, validate
 from sim.engine.result import Event, Result
 from sim.schedules import SCHEDULES, make_schedule
 from sim.model.transformer import MODELS, Transformer

@@ -1,8 +1,10 @@
 """Schedule generators: each writes, per device, the order of its compute actions.
 
 They only say *what runs where and in which order*; timing comes from `sim.simulate`
-and communication from `sim.passes.lowering.lower`. One stage per device here (stage s on rank s);
-several per device in `sim.interleaved`.
+and communication from `sim.passes.lowering.lower`. The textbook ones (one stage per device)
+are written here, the others in `sim.schedule` (interleaved, zerobubble, dualpipe) and
+`sim.search.zbauto`; `SCHEDULES` names them all, with what each accepts and where it
+places the stages (`Generator`).
 """
 from __future__ import annotations
 
@@ -11,8 +13,11 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Callable, Iterable
 
-from sim.schedule.interleaved import check_interleaved, interleaved_1f1b, looped_bfs
+from sim.schedule.dualpipe import dualpipev
+from sim.schedule.interleaved import check_interleaved, interleaved_1f1b, looped_bfs, looped_placement
 from sim.schedule.ir import Action, Kind, Schedule, ScheduleError
+from sim.schedule.zerobubble import v_placement, zb_h1, zb_h2, zbv
+from sim.search.zbauto import zb_auto
 
 
 def F(s: int, m: int) -> Action:
@@ -82,6 +87,17 @@ def _check_cap(max_active) -> int:
     return max_active
 
 
+def one_per_device(stages: int, virtual: int = 1) -> list[int]:
+    """Stage s on device s (one model stage per device)."""
+    return list(range(stages))
+
+
+def v_shape(stages: int, virtual: int = 2) -> list[int]:
+    """The V shape of 2P model stages: device r holds stages r and 2P-1-r
+    (`sim.schedule.zerobubble.v_placement`)."""
+    return v_placement(stages)
+
+
 @dataclass(frozen=True)
 class Generator:
     """A named schedule generator and what it accepts.
@@ -89,28 +105,44 @@ class Generator:
     - make(stages, micro, virtual, **options) -> Schedule: `stages` pipeline devices (P),
       `micro` micro-batches (M), `virtual` model chunks per device (V); P*V model stages.
     - virtual: V when the caller gives none.
+    - takes_virtual: whether V is the caller's choice (any V >= 1; `check` may refuse some
+      sizes); if not, the generator takes its `virtual` only.
+    - placement(stages, virtual) -> the device of each of the P*V model stages, as the
+      schedules it makes place them (`one_per_device`, `looped_placement`: stage s on
+      device s mod P, `v_shape`).
     - check(stages, micro, virtual) -> a one-line reason the generator refuses these
-      sizes, or None.
+      sizes, or None; `refusal` adds the rule of `takes_virtual`.
     - options: the keyword options `make` takes beyond those three (e.g. `max_active`).
     - summary: one line for listings (`python -m sim.plot --help`)."""
 
     make: Callable[..., Schedule]
     summary: str
     virtual: int = 1
-    check: Callable[[int, int, int], str | None] = lambda p, m, v: None if v == 1 else \
-        f"V={v}: this schedule holds one stage per device (V=1)"
+    takes_virtual: bool = False
+    placement: Callable[[int, int], list[int]] = one_per_device
+    check: Callable[[int, int, int], str | None] = lambda p, m, v: None
     options: tuple[str, ...] = ()
 
+    def refusal(self, stages: int, micro: int, virtual: int) -> str | None:
+        """Why the generator refuses these sizes (one line), or None."""
+        if not self.takes_virtual and virtual != self.virtual:
+            held = "one stage" if self.virtual == 1 else f"{self.virtual} stages"
+            return f"V={virtual}: this schedule holds {held} per device (V={self.virtual})"
+        return self.check(stages, micro, virtual)
+
     def __repr__(self) -> str:
-        return f"<Generator V={self.virtual}: {self.summary}>"
+        return f"<Generator V={self.virtual}{' (any)' * self.takes_virtual}: {self.summary}>"
 
 
 def _textbook(fn: Callable[..., Schedule], summary: str, options: tuple[str, ...] = ()) -> Generator:
     return Generator(lambda stages, micro, virtual, **o: fn(stages, micro, **o), summary, options=options)
 
 
-def _any_virtual(p: int, m: int, v: int) -> str | None:
-    return None
+def _at_least(min_micro: Callable[[int], int], why: str) -> Callable:
+    """A `check` for a schedule that takes at least min_micro(p) micro-batches."""
+    def check(p: int, m: int, virtual: int) -> str | None:
+        return f"needs at least {min_micro(p)} micro-batches ({why}), got {m}" if m < min_micro(p) else None
+    return check
 
 
 class Registry(dict):
@@ -118,9 +150,8 @@ class Registry(dict):
 
     def __repr__(self) -> str:
         width = max(map(len, self), default=0)
-        lines = [f"  {name:<{width}}  V={g.virtual}  {g.summary}" + (f" [options: {', '.join(g.options)}]"
-                                                                     if g.options else "")
-                 for name, g in self.items()]
+        lines = [f"  {name:<{width}}  {f'V={g.virtual}' + (' (any)' if g.takes_virtual else ''):<11}  {g.summary}"
+                 + (f" [options: {', '.join(g.options)}]" if g.options else "") for name, g in self.items()]
         return f"sim.SCHEDULES ({len(self)} schedules; make one with sim.make_schedule(name, stages, micro)):\n" + \
             "\n".join(lines)
 
@@ -130,47 +161,24 @@ SCHEDULES: dict[str, Generator] = Registry({
     "gpipe": _textbook(gpipe, "all forwards, then all backwards (Huang et al. 2019)", ("max_active",)),
     "1f1b": _textbook(one_f_one_b, "warm-up, one forward one backward, cool-down (PipeDream-Flush)", ("max_active",)),
     "interleaved-1f1b": Generator(interleaved_1f1b, "1F1B over V chunks per device, stage s on device s mod P "
-                                  "(Megatron-LM, Narayanan et al. 2021)", virtual=2, check=check_interleaved),
+                                  "(Megatron-LM, Narayanan et al. 2021)", virtual=2, takes_virtual=True,
+                                  placement=looped_placement, check=check_interleaved),
     "looped-bfs": Generator(looped_bfs, "all forwards of each chunk in turn, then the backwards in reverse "
-                            "(torch's LoopedBFS)", virtual=2, check=_any_virtual),
-})
-
-# The zero-bubble family (sim/schedule/zerobubble.py, sim/schedule/dualpipe.py): backward split into I and W.
-from sim.schedule.dualpipe import dualpipev  # noqa: E402 (they build on the helpers above)
-from sim.schedule.zerobubble import zb_h1, zb_h2, zbv  # noqa: E402
-
-
-def _needs(v: int, min_micro: Callable[[int], int] = lambda p: 1, why: str = "") -> Callable:
-    """A `check` for a schedule that takes exactly V=v and at least min_micro(p) micro-batches."""
-    def check(p: int, m: int, virtual: int) -> str | None:
-        if virtual != v:
-            return f"V={virtual}: this schedule holds {'one stage' if v == 1 else f'{v} stages'} per device (V={v})"
-        if m < min_micro(p):
-            return f"needs at least {min_micro(p)} micro-batches ({why}), got {m}"
-        return None
-    return check
-
-
-SCHEDULES.update({
-    "zb-h1": Generator(zb_h1, "1F1B with I/W split, Ws put off to fill the tail (Qi et al. 2024, ZB-H1)",
-                       check=_needs(1)),
+                            "(torch's LoopedBFS)", virtual=2, takes_virtual=True, placement=looped_placement),
+    # the zero-bubble family (sim/schedule/zerobubble.py, sim/schedule/dualpipe.py): backward split into I and W
+    "zb-h1": Generator(zb_h1, "1F1B with I/W split, Ws put off to fill the tail (Qi et al. 2024, ZB-H1)"),
     "zb-h2": Generator(zb_h2, "2p-1 micro-batches in flight, zero bubble with F=I=W (Qi et al. 2024, ZB-H2)",
-                       check=_needs(1, lambda p: 2 * p - 1, "its warm-up runs 2P-1 forwards on device 0")),
+                       check=_at_least(lambda p: 2 * p - 1, "its warm-up runs 2P-1 forwards on device 0")),
     "zbv": Generator(zbv, "V-shaped, 2 stages per device, zero bubble at 1F1B's memory (Qi et al. 2024, ZB-V)",
-                     virtual=2, check=_needs(2)),
+                     virtual=2, placement=v_shape),
     "dualpipev": Generator(dualpipev, "DeepSeek's DualPipe cut in half: V-shaped, F/B pairs (DualPipeV)",
-                           virtual=2, check=_needs(2, lambda p: 2 * p, "DualPipeV's steady state starts "
-                                               "after 2P forwards of each chunk")),
+                           virtual=2, placement=v_shape, check=_at_least(lambda p: 2 * p, "DualPipeV's steady "
+                                                                         "state starts after 2P forwards of each chunk")),
+    "zb-auto": Generator(zb_auto, "the zero-bubble paper's automatic scheduler: best found under costs "
+                         "and memory_limit (Qi et al. 2024, Sec. 3)", options=("costs", "memory_limit", "max_runs")),
 })
-
 
 TEXTBOOK = ("naive", "gpipe", "1f1b")  # the three that `python -m sim.plot` draws by default
-
-from sim.search.zbauto import zb_auto  # noqa: E402 (it reads SCHEDULES at call time, for zb-h1)
-
-SCHEDULES["zb-auto"] = Generator(zb_auto, "the zero-bubble paper's automatic scheduler: best found under costs "
-                                 "and memory_limit (Qi et al. 2024, Sec. 3)",
-                                 options=("costs", "memory_limit", "max_runs"))
 
 
 def name_key(name: str) -> str:
@@ -202,7 +210,7 @@ def make_schedule(name: str, stages: int, micro: int, virtual: int | None = None
     if unknown:
         takes = f"takes {', '.join(gen.options)}" if gen.options else "takes no options"
         raise ScheduleError(f"{canonical} {takes}, not {', '.join(unknown)}")
-    reason = gen.check(stages, micro, virtual)
+    reason = gen.refusal(stages, micro, virtual)
     if reason:
         raise ScheduleError(f"{canonical} on {stages} devices, {micro} micro-batches: {reason}")
     return gen.make(stages, micro, virtual, **options)

@@ -6,7 +6,7 @@ import pytest
 
 import sim
 from sim import KINDS, Action, Kind, Role, Schedule
-from sim.passes.lowering import peer
+from sim.passes.dependencies import peer
 
 
 def gpipe_like(placement, micro, split=False, name="gpipe-like"):

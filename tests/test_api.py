@@ -100,3 +100,56 @@ def test_result_repr_says_what_it_is():
     measured = sim.Result(one.schedule, events, one.memory, one.activations, source="measured")
     assert "(measured)" in repr(measured) and "makespan 2.5 s," in repr(measured)
 
+
+
+# ---------------------------------------------------------------- Costs: one field spec
+
+# A costs file as save_costs wrote it before the fields were written once (commit 6124855):
+# the format stays the same.
+OLD_COSTS_FILE = """{"costs": {"forward": [1.0, 2.0], "backward": 2.0, "latency": 0.1, "bandwidth": "inf",
+ "activation_bytes_sent": 0.0, "activation_bytes": 1.0, "w_activation_bytes": null, "static_bytes": 0.0,
+ "weight_bytes": 0.0, "grad_bytes": 0.0, "optimizer_bytes": 0.0, "backward_input": null, "backward_weight": [0.5, 0.25],
+ "send_overhead": 0.0, "recv_overhead": 0.0, "arrive_overhead": 0.0, "io_tick": "inf", "before_compute": 0.0,
+ "after_compute": 0.0, "transport": "gloo-cpu", "grad_reduce": 0.0, "offload_bytes": 0.0, "offload": 0.0,
+ "reload": 0.0}}"""
+
+
+def test_costs_files_keep_their_format(tmp_path):
+    path = tmp_path / "old.json"
+    path.write_text(OLD_COSTS_FILE)
+    c = sim.load_costs(path)
+    assert c == sim.Costs(forward=(1.0, 2.0), latency=0.1, backward_weight=(0.5, 0.25), io_tick=math.inf)
+    sim.save_costs(c, tmp_path / "new.json")
+    import json
+    assert json.loads((tmp_path / "new.json").read_text()) == json.loads(OLD_COSTS_FILE)
+    assert list(json.loads((tmp_path / "new.json").read_text())["costs"]) == list(json.loads(OLD_COSTS_FILE)["costs"])
+
+
+def test_every_costs_field_is_written_once_and_drives_the_rest():
+    import dataclasses
+    from sim.engine.fields import CALL_FIELDS, COST_FIELDS, PER_STAGE
+    from sim.engine.transports import GlooCpu
+    names = [f.name for f in COST_FIELDS]
+    assert [f.name for f in dataclasses.fields(sim.Costs)] == names == [f.name for f in dataclasses.fields(sim.StageCosts)]
+    assert all(getattr(sim.Costs(), f.name) == f.default for f in COST_FIELDS)
+    assert GlooCpu.fields == CALL_FIELDS and set(CALL_FIELDS) <= set(names)
+    expanded = sim.Costs(backward=[4.0, 6.0], activation_bytes=[3.0, 5.0]).for_stages(2)
+    for f in COST_FIELDS:
+        value = getattr(expanded, f.name)
+        assert (isinstance(value, tuple) and len(value) == 2) == (f.name in PER_STAGE)
+        if f.fallback:  # a field left at None takes factor x its fallback field
+            field, factor = f.fallback
+            assert value == tuple(factor * v for v in getattr(expanded, field))
+        assert f.name in sim.Costs.__doc__
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("latency", -0.5, r"^Costs.latency must be a finite number >= 0, got -0.5$"),
+    ("latency", math.inf, r"^Costs.latency must be a finite number >= 0, got inf$"),
+    ("io_tick", math.nan, r"^Costs.io_tick must be a number >= 0 \(math.inf allowed\), got nan$"),
+    ("bandwidth", 0, r"^Costs.bandwidth must be a number > 0 \(math.inf allowed\), got 0$"),
+    ("before_compute", True, r"^Costs.before_compute must be a finite number >= 0, got True$"),
+])
+def test_costs_check_every_scalar_field_by_its_spec(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        sim.Costs(**{field: value})

@@ -176,3 +176,18 @@ def test_compare_writes_one_figure_and_the_table(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["compare_1f1b+gpipe_p4_m8.png"]  # named after them
     width, height = png_size(tmp_path / "compare_1f1b+gpipe_p4_m8.png")
     assert width == WIDTH * DPI and height > 600
+
+
+def test_every_flagged_costs_field_has_a_flag_that_sets_it():
+    """The flags of `python -m sim.plot` come from the Costs field spec: each flagged field
+    has one, shows its unit and reaches the Costs (a list per stage where it is per stage)."""
+    from sim.engine.fields import COST_FIELDS
+    from sim.plot import cli as plot_cli
+    flagged = [f for f in COST_FIELDS if f.flag]
+    assert {f.name for f in flagged} >= {"forward", "backward", "latency", "bandwidth", "io_tick", "activation_bytes"}
+    argv = []
+    for i, f in enumerate(flagged, 1):
+        argv += [plot_cli.flag_of(f.name), "0.5,0.25" if f.per_stage else str(i)]
+    costs = plot_cli.costs_of(plot_cli.build_parser().parse_args(argv))
+    for i, f in enumerate(flagged, 1):
+        assert getattr(costs, f.name) == ((0.5, 0.25) if f.per_stage else float(i)), f.name

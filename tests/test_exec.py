@@ -276,7 +276,7 @@ def test_every_action_is_measured_once_in_program_order(runs, name):
     for e in result.events:
         assert e.end >= e.start and math.isfinite(e.end)
         if not e.action.kind.is_compute:  # transfers name the other rank
-            assert e.peer == lowered.rank_of(sim.passes.lowering.peer(e.action).stage)
+            assert e.peer == lowered.rank_of(sim.passes.dependencies.peer(e.action).stage)
     # a SEND ends when its data is there, after the compute that made it
     ends = {(e.rank, e.action): e.end for e in result.events}
     for e in result.events:

@@ -106,7 +106,7 @@ def configs(draw):
 @given(configs())
 def test_engine_matches_the_reference_model(cfg):
     name, P, M, V, options, costs = cfg
-    assume(sim.SCHEDULES[name].check(P, M, V) is None)
+    assume(sim.SCHEDULES[name].refusal(P, M, V) is None)
     schedule = sim.make_schedule(name, P, M, V, **options)
     assert_matches_reference(schedule, costs)
 
@@ -191,3 +191,22 @@ def test_new_schedules_are_registered_with_their_defaults():
     assert "max_active" in sim.SCHEDULES["gpipe"].options and "max_active" in sim.SCHEDULES["1f1b"].options
     s = sim.make_schedule("Interleaved_1F1B", 2, 4)  # dashes and case optional
     assert {a.kind for p in s.programs for a in p} == {Kind.F, Kind.B}
+
+
+@pytest.mark.parametrize("name", sorted(sim.SCHEDULES))
+@settings(max_examples=15, deadline=None)
+@given(P=st.integers(1, 5), M=st.integers(1, 10), V=st.integers(1, 4))
+def test_the_registry_says_which_v_each_takes_and_where_its_stages_go(name, P, M, V):
+    """`takes_virtual` and `placement` of a registry entry (what the planner reads) agree
+    with the schedules the generator makes: a V it does not take is refused, and every
+    schedule it makes places its P x V stages as `placement` says."""
+    gen = sim.SCHEDULES[name]
+    reason = gen.refusal(P, M, V)
+    if not gen.takes_virtual and V != gen.virtual:
+        assert reason is not None and reason.startswith(f"V={V}: ")
+        with pytest.raises(ScheduleError, match=f"V={V}: "):
+            sim.make_schedule(name, P, M, V)
+        return
+    assume(reason is None)
+    s = sim.make_schedule(name, P, M, V)
+    assert s.stages == P * V and s.placement == tuple(gen.placement(P, V))

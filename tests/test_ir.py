@@ -3,7 +3,6 @@ import pytest
 
 import sim
 from sim import Action, Kind, Schedule, ScheduleError
-from sim.passes.lowering import check_complete
 
 
 @pytest.mark.parametrize("text,stage,kind,micro", [
@@ -52,8 +51,9 @@ def test_missing_backward_is_named():
 
 
 def test_duplicate_action_is_named():
+    """Completeness is checked once, as the `Schedule` is made."""
     with pytest.raises(ScheduleError, match="0F0 appears 2 times"):
-        check_complete(Schedule([["0F0", "0F0", "0B0"], ["1F0", "1B0"]]))
+        Schedule([["0F0", "0F0", "0B0"], ["1F0", "1B0"]])
 
 
 def test_action_on_wrong_rank_is_named():

@@ -182,7 +182,7 @@ def zoo(monkeypatch):
     monkeypatch.setitem(SCHEDULES, "auto", Generator(
         lambda p, m, v, **o: record("auto", one_f_one_b(p, m), **o), "automatic", options=("costs", "memory_limit"),
         check=lambda p, m, v: f"M={m} is fewer than the {p} devices" if m < p else None))
-    monkeypatch.setitem(SCHEDULES, "looped", Generator(looped, "looped, split", virtual=2, check=lambda p, m, v: None))
+    monkeypatch.setitem(SCHEDULES, "looped", Generator(looped, "looped, split", virtual=2, takes_virtual=True))
     return calls
 
 

@@ -38,9 +38,9 @@ def inversions(low):
     out = []
     for (a, b), _ in transfers_by_pair(low).items():
         send_at = {x: i for i, x in enumerate(low.programs[a]) if KINDS[x.kind].role is Role.SEND
-                   and low.rank_of(sim.passes.lowering.peer(x).stage) == b}
-        recv_at = {sim.passes.lowering.peer(x): i for i, x in enumerate(low.programs[b]) if KINDS[x.kind].role is Role.RECV
-                   and low.rank_of(sim.passes.lowering.peer(x).stage) == a}
+                   and low.rank_of(sim.passes.dependencies.peer(x).stage) == b}
+        recv_at = {sim.passes.dependencies.peer(x): i for i, x in enumerate(low.programs[b]) if KINDS[x.kind].role is Role.RECV
+                   and low.rank_of(sim.passes.dependencies.peer(x).stage) == a}
         out += [(x, y) for x in send_at for y in send_at if send_at[x] < send_at[y] and recv_at[y] < recv_at[x]]
     return out
 

@@ -8,7 +8,7 @@ from hypothesis import given, settings, strategies as st
 
 import sim
 from sim import Costs, ScheduleError
-from sim.schedules import Generator
+from sim.search import zbauto
 from sim.search.zbauto import activation_peak, device_bubble, order_peak, split_1f1b, zb_auto
 
 EQUAL_FREE = Costs(backward_input=1.0, backward_weight=1.0, transport="ideal")  # F = I = W = 1, free transfers
@@ -119,16 +119,16 @@ def test_without_costs_it_takes_equal_f_i_w_and_p_micro_batches():
     assert max(r.peak_activations) <= 4
 
 
-def test_it_looks_up_zb_h1_at_call_time(monkeypatch):
+def test_it_tries_zb_h1_among_its_candidates(monkeypatch):
     asked = []
 
-    def fake(stages, micro, virtual):
-        asked.append((stages, micro, virtual))
+    def fake(stages, micro):
+        asked.append((stages, micro))
         return split_1f1b(stages, micro)
 
-    monkeypatch.setitem(sim.SCHEDULES, "zb-h1", Generator(fake, "stand-in"))
+    monkeypatch.setattr(zbauto, "zb_h1", fake)
     zb_auto(3, 7, costs=Costs(forward=1.3, backward_input=0.7, backward_weight=0.4), memory_limit=2.0)
-    assert asked == [(3, 7, 1)]
+    assert asked == [(3, 7)]
 
 
 @pytest.mark.parametrize("options, message", [

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 import sim
 from sim.schedule.kinds import KINDS, Role
-from sim.passes.lowering import compute_set, waits_for
+from sim.passes.dependencies import compute_set, waits_for
 
 __all__ = ["Comparison", "compare", "breakdown", "sharing_check", "replay_error", "replay_median", "overlay_figure"]
 

@@ -8,7 +8,7 @@ are the simulator's (docs/rules.md):
 - `recv` (RECV) posts a non-blocking `irecv` into a buffer of the right shape
   (`exec.runtime.shapes`) and keeps the handle; lowering has placed it one compute early.
 - `forward`, `backward`, `backward_input`, `backward_weight` (F, B, I, W) first wait for
-  the receives whose data they need (`sim.passes.lowering.waits_for`), then compute between two
+  the receives whose data they need (`sim.passes.dependencies.waits_for`), then compute between two
   clock marks. The last stage computes the loss inside its F (scaled by 1/micro, so the
   step's gradients are the full batch's) and its B starts from that loss; other stages
   run `torch.autograd.backward(output, received_gradient)`. I and W split that backward
@@ -51,7 +51,7 @@ from torch import nn
 
 from sim import Action, Event, Kind, Schedule
 from sim.schedule.kinds import KINDS, TRANSFERS, Role
-from sim.passes.lowering import compute_set, peer, waits_for
+from sim.passes.dependencies import compute_set, peer, waits_for
 
 from exec.runtime import split_backward
 from exec.runtime.clocks import clock_for
@@ -70,7 +70,7 @@ _RECVS = tuple(k for k, spec in KINDS.items() if spec.role is Role.RECV)  # in t
 
 def transfer_tag(recv: Action, micro: int) -> int:
     """A tag unique to one transfer of the step, named by its RECV action: both sides
-    compute it (the sender from `sim.passes.lowering.peer(send)`)."""
+    compute it (the sender from `sim.passes.dependencies.peer(send)`)."""
     return len(_RECVS) * (recv.stage * micro + recv.micro) + _RECVS.index(recv.kind)
 
 
@@ -139,7 +139,7 @@ class RankInterpreter:
 
     Besides `run`, its public face (what calibration uses): `run_action(a)`,
     `deliver(recv, tensor)`, `waits[a]` (the RECVs compute `a` waits for,
-    `sim.passes.lowering.waits_for`), `clock` (whose marks `run_action` returns) and `modules`."""
+    `sim.passes.dependencies.waits_for`), `clock` (whose marks `run_action` returns) and `modules`."""
 
     def __init__(self, ctx, schedule: Schedule, stage_modules: dict[int, nn.Module],
                  micro_inputs: Sequence[torch.Tensor], micro_targets: Sequence[torch.Tensor],

@@ -23,7 +23,7 @@ from torch import nn
 from sim import Event, Result, Schedule
 from sim.schedule.kinds import KINDS, Role
 from sim.passes.order import transfer_order
-from sim.passes.lowering import peer
+from sim.passes.dependencies import peer
 
 from exec.runtime.interpreter import LossFn, RankInterpreter, RankTrace, refuse_offload
 from exec.runtime.memory import static_memory

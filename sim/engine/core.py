@@ -1,54 +1,32 @@
 """The discrete-event engine: one SimPy process per device runs its lowered program.
 
-The rules (docs/rules.md; `exec` honours the same ones):
-1. A device runs its actions in program order, one at a time.
-2. A compute action (F, B, I, W) starts when the device reaches it and every tensor it
-   needs from another device has arrived and been taken in (`arrive_overhead` after the
-   later of the two); it then occupies the device for its cost.
-3. A SEND is issued right after the compute that made its tensor and does not wait for
-   the transfer. A RECV only posts the receive (one compute ahead, see `sim.passes.lowering.lower`).
-   Issuing a SEND holds the device for `send_overhead`, posting a RECV for
-   `recv_overhead` (the CPU time of the call).
-4. Transfers (here as the default `gloo-cpu` transport moves them; `sim.transports`)
-   rendezvous: posting the RECV sends a ready notice, which reaches the sender
-   `latency` later. If it is there when the SEND is issued, the data leaves at once;
-   otherwise the data leaves when the sender's transport handles the notice: at once if
-   the sender waits or has ended, else at its next yield (a SEND, a wait for data, its
-   end) or the scheduler tick, whichever comes first (`io_tick`, rule 10; the expected
-   time over the tick's phase). The data then waits for its link (one per direction
-   between two devices, FIFO), occupies it for bytes / bandwidth, and arrives `latency`
-   later; the latency does not hold the link.
-5. Around each compute the runtime holds the device for its own work: `before_compute`
-   before the compute starts (once its inputs are in) and `after_compute` after it ends.
-6. Memory of a device = static bytes (weights, gradients, optimizer state, the rest) + the activations of each micro-batch it holds,
-   from the start of that micro-batch's F until the end of its last backward (B or W).
-7. A collective (REDUCE_GRAD, `sim.passes.lowering.add_grad_reduce`) is issued in program order and
-   does not hold the device: it runs on the rank's one collective stream, one at a time,
-   for its cost (`grad_reduce` of its stage), from the later of its issue and the end of
-   the collective before it. Its stage's backwards come before it in the program, so they
-   have ended by then. The step ends at the end of its last compute or collective.
-8. A copy (OFFLOAD, RELOAD: `sim.add_offload`) is issued in program order and does not
-   hold the device either: it runs on one of the rank's two copy engines (to host, from
-   host), one at a time each, for its cost (`offload`, `reload` of its stage), from the
-   latest of its issue, the end of the copy before it on its engine and, for a RELOAD,
-   its OFFLOAD's end. Its memory effect comes at its own start or end. The backward that
-   needs a RELOAD's activations starts no earlier than the RELOAD's end (rule 14).
+It obeys the rules of docs/rules.md, cited in this module by their numbers there (`exec`
+honours the same ones): a device runs its actions in program order (rule 1); a SEND is
+issued right after the compute that made its tensor and a RECV only posts the receive, one
+compute early, each holding the device for its call (rules 2, 3); a compute starts once it
+is reached and its remote input has arrived and been taken in (rules 3, 4); transfers
+rendezvous (rule 5), a late notice waiting for the sender's transport thread (rule 10), and
+then take their link, first come first served (rule 6); memory is held from F to the end
+of the backward (rule 7); the step ends with its last compute or collective (rule 8); the
+runtime holds the device around each compute (rule 11); collectives run on the rank's
+stream (rule 13) and copies on its two copy engines (rule 14), beside the device.
 
 The engine knows actions, devices and links; the transport (`Costs.transport`, see
-`sim.transports`) decides when a transfer leaves its sender and what the calls cost the
-two ends, and the action-kind table (`sim.kinds`) what each compute costs and does to
+`sim.engine.transports`) decides when a transfer leaves its sender and what the calls cost the
+two ends, and the action-kind table (`sim.schedule.kinds`) what each compute costs and does to
 memory.
 
-How it stays fast (docs/performance.md): it runs the numbered `sim.passes.lowering.plan`, not
+How it stays fast (docs/performance.md): it runs the numbered program (`sim.passes.program.number_program`), not
 `Action` objects. A compute whose input's arrival time is known waits and computes in one
 timeout; a transfer is an event only when its receiver already waits for it, or when its
 sender must first see the notice. Link queueing needs no process: each link keeps the
 time it is next free. A run that stops with ranks unfinished is a deadlock, explained by
-`sim.passes.lowering.check_deadlock`.
+`sim.passes.validation.check_deadlock`.
 """
 from __future__ import annotations
 
 import gc
+import itertools
 import math
 from operator import itemgetter
 from typing import Mapping
@@ -59,7 +37,10 @@ from .costs import Costs, StageCosts
 from sim.schedule.ir import Action, Schedule
 from sim.schedule.kinds import KINDS, Role, memory_delta
 from sim.passes.offload import CopyEngines
-from sim.passes.lowering import Plan, check_communication, check_complete, check_deadlock, lower, plan
+from sim.passes.checks import check_communication, check_complete
+from sim.passes.lowering import lower
+from sim.passes.program import Program, number_program
+from sim.passes.validation import check_deadlock
 from .result import Event, Result
 from .transports import Transport, transport_class
 
@@ -77,9 +58,9 @@ class _Arrival(simpy.Event):
         self.env.schedule(self, delay=delay)
 
 
-def _costs(p: Plan, c: StageCosts, placement: tuple[int, ...]):
+def _costs(p: Program, c: StageCosts, placement: tuple[int, ...]):
     """Per compute id: its duration (its kind's cost field) and what it does to memory at
-    its start and at its end ((bytes, micro-batches) or None; `sim.kinds`); per transfer
+    its start and at its end ((bytes, micro-batches) or None; `sim.schedule.kinds`); per transfer
     (named by the compute that receives it): its link (numbered per sender -> receiver
     pair) and the time it holds the link. These lists are as long as the schedule, so
     they are built with map and zip, from values worked out once per (stage, kind)."""
@@ -121,15 +102,15 @@ class _Run:
     """What a run recorded, as flat lists indexed by compute id (a transfer is numbered by
     the compute that receives it); `Event` records are made from them only on demand."""
 
-    def __init__(self, p: Plan, start, end, sent, posted, arrive, collective_start, collective_end, placement,
+    def __init__(self, p: Program, start, end, sent, posted, arrive, collective_start, collective_end, placement,
                  copy_start=(), copy_end=()):
-        self.plan = p
+        self.program = p
         self.start, self.end, self.sent, self.posted, self.arrive = start, end, sent, posted, arrive
         self.collective_start, self.collective_end, self.placement = collective_start, collective_end, placement
         self.copy_start, self.copy_end = copy_start, copy_end
 
     def events(self) -> list[Event]:
-        p = self.plan
+        p = self.program
         out = [Event(r, a, s, e) for r, a, s, e in zip(p.rank, p.actions, self.start, self.end)]
         out += [Event(self.placement[a.stage], a, s, e)
                 for a, s, e in zip(p.collectives, self.collective_start, self.collective_end)]
@@ -143,13 +124,13 @@ class _Run:
 
 class _Network:
     """What the engine knows of transfers while it runs, and what a transport's hooks
-    read and call (`sim.transports`): when each SEND was issued and each RECV posted,
+    read and call (`sim.engine.transports`): when each SEND was issued and each RECV posted,
     `leave` (the data takes its link and arrives), `later` (run a function at a later
     time), and, if the transport watches the devices, each rank's state."""
 
-    def __init__(self, env, p: Plan, c: StageCosts, link, busy, nlinks: int, ranks: int):
+    def __init__(self, env, p: Program, c: StageCosts, link, busy, nlinks: int, ranks: int):
         n = len(p.actions)
-        self.env, self.plan = env, p
+        self.env, self.program = env, p
         self.sent: list[float | None] = [None] * n
         self.posted: list[float | None] = [None] * n
         self.arrive_at: list[float | None] = [None] * n   # known once the data has left
@@ -194,7 +175,7 @@ def run(schedule: Schedule, c: StageCosts, durations: Mapping[Action, float] | N
     """Run a schedule (compute-only, or lowered with complete communication). Return the
     `_Run` record, each rank's memory and activations over time, which ranks finished
     their program (not all of them if the ranks got stuck), and each rank's busy time."""
-    p = plan(schedule)
+    p = number_program(schedule)
     dur, at_start, at_end, link, busy, nlinks = _costs(p, c, schedule.placement)
     collective_dur = [getattr(c, KINDS[a.kind].cost)[a.stage] for a in p.collectives]
     if durations:
@@ -208,116 +189,125 @@ def run(schedule: Schedule, c: StageCosts, durations: Mapping[Action, float] | N
         raise ValueError("a schedule with OFFLOAD/RELOAD (copies to host memory, a GPU's) cannot run under "
                          "Costs.io_tick > 0 (a CPU rank's I/O thread, rule 10); set io_tick=0")
     transport.prepare(p, dur)
-    issued, posted_hook = transport.bind(net)
-    start_of, end_of = [0.0] * len(p.actions), [0.0] * len(p.actions)
-    collective_of = ([0.0] * len(p.collectives), [0.0] * len(p.collectives), collective_dur)
-    finished = [False] * schedule.ranks
-    busy_time = [0.0] * schedule.ranks
+    devices = _Devices(net, transport, c, (dur, at_start, at_end), collective_dur, copies, schedule.ranks)
+    logs = [[] for _ in range(schedule.ranks)]   # per rank: (time, (bytes, micro-batches)) changes
+    for r in range(schedule.ranks):
+        env.process(devices.run(r, logs[r].append))
+    env.run()
+    record = _Run(p, devices.start, devices.end, net.sent, net.posted, net.arrive_at, devices.collective_start,
+                  devices.collective_end, schedule.placement, *((copies.start, copies.end) if copies else ()))
     static = [0.0] * schedule.ranks
     for s, r in enumerate(schedule.placement):
         static[r] += c.static_total(s)
-    memory = [[(0.0, static[r])] for r in range(schedule.ranks)]
-    activations = [[(0.0, 0)] for _ in range(schedule.ranks)]
-    device = _device_process(env, p, net, transport, c, dur, at_start, at_end, issued, posted_hook,
-                             start_of, end_of, collective_of, copies)
-    for r in range(schedule.ranks):
-        env.process(device(r, static[r], memory[r], activations[r], finished, busy_time))
-    env.run()
-    record = _Run(p, start_of, end_of, net.sent, net.posted, net.arrive_at, *collective_of[:2], schedule.placement,
-                  *((copies.start, copies.end) if copies else ()))
+    memory, activations = zip(*map(_series, logs, static)) if logs else ((), ())
+    memory, activations = list(memory), list(activations)
     if copies:
         memory = [copies.merge(r, series) for r, series in enumerate(memory)]
-    return record, memory, activations, finished, busy_time
+    return record, memory, activations, devices.finished, devices.busy
 
 
-def _device_process(env, p: Plan, net: _Network, transport: Transport, c: StageCosts, dur, at_start, at_end,
-                    issued, posted_hook, start_of, end_of, collective_of, copies: CopyEngines | None):
-    """The SimPy process of one device: it runs its program's `Op`s in order (rules 1-4,
-    11); the transport's hooks take its SENDs and RECVs; its collectives go to its stream
-    (rule 7: `collective_of` = their starts, ends and durations), its copies to its copy
-    engines (rule 8: `copies`)."""
-    producer, sent, posted, arrive_at, waiter = p.producer, net.sent, net.posted, net.arrive_at, net.waiter
-    free_until, held_until, resume = net.free_until, net.held_until, net.resume
-    watch = transport.watches_devices
-    # Run ahead: where neither the transport nor the links depend on the order in which
-    # things happen at one time (no device watching, free links), when a transfer leaves
-    # is the later of its SEND and its notice, whichever the engine learns first. Then a
-    # device needs SimPy only to wait for data that has not left yet: it keeps its own
-    # clock, which is never behind SimPy's, and computes without a timeout.
-    ahead = not watch and not net.queues
-    take_in, before, after = transport.take_in, c.before_compute, c.after_compute
-    send_call, recv_call = transport.send_call, transport.recv_call  # how long a call holds its rank
-    ready = copies.ready if copies else None   # per compute: when its RELOAD has ended
+def _series(log: list, static: float) -> tuple[list, list]:
+    """A rank's memory (bytes) and activations held (micro-batches) over time, from its
+    log of changes, starting at (0, static bytes) and (0, none)."""
+    times = [0.0, *map(itemgetter(0), log)]
+    changes = list(map(itemgetter(1), log))
+    held_bytes = itertools.accumulate(map(itemgetter(0), changes), initial=static)
+    held = itertools.accumulate(map(itemgetter(1), changes), initial=0)
+    return list(zip(times, held_bytes)), list(zip(times, held))
 
-    def device(r: int, held_bytes: float, memory: list, activations: list, finished: list, busy_time: list):
-        held = 0
-        mem, act = memory.append, activations.append
-        timeout = env.timeout
-        now = env.now
-        computing = 0.0  # this rank's busy time
-        stream = 0.0     # when this rank's collective stream is free
-        prog, runnable = p.programs[r], p.runnable[r]
+
+class _Devices:
+    """The devices of one run: each runs its program's `Op`s in order as a SimPy process
+    (`run`; rules 1-4 and 11 of docs/rules.md); the transport's hooks take its SENDs and
+    RECVs; its collectives go to its stream (rule 13), its copies to its copy engines
+    (rule 14: `copies`). Records each compute's start and end, each collective's, each
+    rank's busy time and whether it finished."""
+
+    def __init__(self, net: _Network, transport: Transport, c: StageCosts, computes, collective_dur,
+                 copies: CopyEngines | None, ranks: int):
+        n = len(net.program.actions)
+        self.net, self.copies = net, copies
+        self.issued, self.posted_hook = transport.bind(net)
+        self.start, self.end = [0.0] * n, [0.0] * n
+        self.collective_dur = collective_dur
+        self.collective_start, self.collective_end = [0.0] * len(collective_dur), [0.0] * len(collective_dur)
+        self.stream = [0.0] * ranks   # when each rank's collective stream is free
+        self.finished, self.busy = [False] * ranks, [0.0] * ranks
+        # Run ahead: where neither the transport nor the links depend on the order in which
+        # things happen at one time (no device watching, free links), when a transfer leaves
+        # is the later of its SEND and its notice, whichever the engine learns first. Then a
+        # device needs SimPy only to wait for data that has not left yet: it keeps its own
+        # clock, which is never behind SimPy's, and computes without a timeout.
+        ahead = not transport.watches_devices and not net.queues
+        # what `run` reads, bound to its locals at once (the loop runs once per action)
+        self.shared = (net.env, net.env.timeout, net.program.producer, net.sent, net.posted, net.arrive_at, net.waiter,
+                       net.free_until, net.held_until, net.resume, transport.watches_devices, ahead,
+                       transport.take_in, c.before_compute, c.after_compute, transport.send_call,
+                       transport.recv_call, *computes, self.start, self.end, self.issued, self.posted_hook,
+                       self.beside, copies.ready if copies else None)
+
+    def beside(self, r: int, role: Role, x: int, now: float) -> None:
+        """Issue collective or copy x of rank r at `now`; the device goes on meanwhile."""
+        if role is not _COLLECTIVE:
+            self.copies.issue(r, x, now)
+            return
+        begin = self.stream[r] if self.stream[r] > now else now
+        self.stream[r] = begin + self.collective_dur[x]
+        self.collective_start[x], self.collective_end[x] = begin, self.stream[r]
+
+    def run(self, r: int, log):
+        """The SimPy process of device r; `log((time, (bytes, micro-batches)))` records
+        each change of what it holds. A compute starts once its remote input is here:
+        waiting, computing and the runtime's work around it are one timeout; only a tensor
+        that has not left yet needs an event (which the sender triggers at its arrival)."""
+        (env, timeout, producer, sent, posted, arrive_at, waiter, free_until, held_until, resume, watch, ahead,
+         take_in, before, after, send_call, recv_call, dur, at_start, at_end, start_of, end_of, issued, posted_hook,
+         beside, ready) = self.shared   # `ready`: per compute, when its RELOAD has ended (None: no copies)
+        prog, runnable = self.net.program.programs[r], self.net.program.runnable[r]
+        now, computing = env.now, 0.0
         for i, (role, x) in enumerate(prog if runnable == len(prog) else prog[:runnable], 1):
-            if role is not _COMPUTE:
-                # Post a RECV or issue a SEND at `now`; the transport decides when the data leaves.
-                if role is _RECV:
+            if role is not _COMPUTE:  # post a RECV or issue a SEND at `now`: the transport decides when data leaves
+                if role is _RECV:  # rule 3 (docs/rules.md)
                     posted[x] = now
                     posted_hook(x, now)
                     hold = recv_call
-                elif role is not _SEND:  # a collective or a copy: beside the device, which goes on
-                    if role is not _COLLECTIVE:
-                        copies.issue(r, x, now)
-                        continue
-                    begin = stream if stream > now else now
-                    stream = begin + collective_of[2][x]
-                    collective_of[0][x], collective_of[1][x] = begin, stream
-                    continue
-                else:
+                elif role is _SEND:  # rule 2
                     sent[x] = now
                     if watch:
                         free_until[r] = now  # the runtime yields the core before the call
                     issued(x, now)
-                    hold = send_call
+                    hold = send_call  # (send_call, recv_call: how long the call holds the rank)
+                else:  # a collective or a copy: beside the device, which goes on (rules 13, 14)
+                    beside(r, role, x, now)
+                    continue
                 if hold and ahead:
                     now += hold
                 elif hold:  # the call holds the device
                     if watch:
-                        held_until[r] = now + hold
-                        resume[r] = i
+                        held_until[r], resume[r] = now + hold, i
                     yield timeout(hold)
                     now = env.now
                 continue
-            # Compute x. Start when the remote input is here. Where its arrival time is
-            # known, waiting, computing and the runtime's work around it are one timeout;
-            # only a tensor that has not left yet needs an event, which the sender triggers
-            # at the arrival.
-            start = now
+            start = now  # compute x
             if producer[x] >= 0:
                 at = arrive_at[x]
                 if at is None:
                     waiter[x] = _Arrival(env)
-                    free_until[r] = INF  # the rank waits: its transport thread runs
+                    free_until[r] = INF  # the rank waits: its transport thread runs (rule 10)
                     yield waiter[x]
                     at = arrive_at[x]
                     if not ahead:
                         now = at
-                if at > start:
-                    start = at
-                start += take_in  # the device takes the tensor in (0 unless modelled)
+                start = (at if at > start else start) + take_in  # taking the tensor in (0 unless modelled)
                 free_until[r] = start
-            start += before
-            if ready is not None and ready[x] > start:  # a backward waits for its RELOAD
+            start += before  # rule 11
+            if ready is not None and ready[x] > start:  # a backward waits for its RELOAD (rule 14)
                 start = ready[x]
-            change = at_start[x]
-            if change is not None:  # e.g. F takes its micro-batch's activations
-                held_bytes += change[0]
-                held += change[1]
-                mem((start, held_bytes))
-                act((start, held))
+            if (change := at_start[x]) is not None:  # e.g. F takes its micro-batch's activations (rule 7)
+                log((start, change))
             end = start + dur[x]
             if watch:
-                held_until[r] = end + after
-                resume[r] = i
+                held_until[r], resume[r] = end + after, i
             if ahead:
                 now = end + after
             else:
@@ -325,17 +315,10 @@ def _device_process(env, p: Plan, net: _Network, transport: Transport, c: StageC
                 now = env.now
             start_of[x], end_of[x] = start, end
             computing += end - start
-            change = at_end[x]
-            if change is not None:  # e.g. the last backward (W where it is split) frees them
-                held_bytes += change[0]
-                held += change[1]
-                mem((end, held_bytes))
-                act((end, held))
+            if (change := at_end[x]) is not None:  # e.g. the last backward (W where it is split) frees them
+                log((end, change))
         free_until[r] = INF  # done (or stuck): it waits for its sends
-        busy_time[r] = computing
-        finished[r] = runnable == len(prog)  # if not, the next compute waits on a later one
-
-    return device
+        self.busy[r], self.finished[r] = computing, runnable == len(prog)  # if not, it waits on a later compute
 
 
 def simulate(schedule: Schedule, costs: Costs | None = None, durations: Mapping[Action, float] | None = None
@@ -347,7 +330,7 @@ def simulate(schedule: Schedule, costs: Costs | None = None, durations: Mapping[
     (`exec.compare.replay_error`).
 
     A schedule that cannot finish raises `ScheduleError` showing where each rank waits: the
-    run itself is the deadlock check (`sim.passes.lowering.check_deadlock` explains what it found)."""
+    run itself is the deadlock check (`sim.passes.validation.check_deadlock` explains what it found)."""
     if not isinstance(schedule, Schedule):
         hint = f"sim.make_schedule({schedule!r}, stages, micro)" if isinstance(schedule, str) else "sim.make_schedule(...)"
         raise TypeError(f"simulate needs a sim.Schedule, got {type(schedule).__name__} {schedule!r:.40}; build one "
@@ -379,7 +362,7 @@ def simulate(schedule: Schedule, costs: Costs | None = None, durations: Mapping[
         # else its first compute's, after the runtime's own time before it) to the last
         # compute's or collective's end: every transfer feeds a compute that starts after it arrives.
         t0 = min((record.start[prog[0].index] if prog[0].role is _COMPUTE else 0.0
-                  for prog in record.plan.programs if prog), default=0.0)
+                  for prog in record.program.programs if prog), default=0.0)
         computed = max(record.end, default=0.0)
         makespan = max(computed, max(record.collective_end, default=0.0)) - t0
         return Result(lowered or (lambda: lower(schedule)), record.events, memory, activations,

@@ -29,13 +29,13 @@ from __future__ import annotations
 from typing import Callable
 
 from sim.schedule.kinds import Role
+from .fields import CALL_FIELDS
 
 INF = float("inf")
 
 Hook = Callable[[int, float], None]  # (transfer, now)
 
-# the Costs fields of transfers: every transport reads latency and bandwidth (the links)
-_CALL_FIELDS = ("send_overhead", "recv_overhead", "arrive_overhead", "io_tick")
+# the Costs fields of the calls (`CostField.call`); every transport reads latency and bandwidth (the links)
 
 
 class Transport:
@@ -56,13 +56,13 @@ class Transport:
     @classmethod
     def check(cls, costs) -> None:
         """Refuse a `Costs` that sets a call field this transport does not model."""
-        for f in _CALL_FIELDS:
+        for f in CALL_FIELDS:
             if f not in cls.fields and getattr(costs, f):
                 raise ValueError(f"Costs.{f} is a cost of the gloo-cpu transport, not of {cls.name!r}; "
                                  f"leave it at 0 or use transport='gloo-cpu'")
 
-    def prepare(self, plan, dur: list[float]) -> None:
-        """Look at the whole run before it starts (`plan`: the numbered schedule; `dur`:
+    def prepare(self, program, dur: list[float]) -> None:
+        """Look at the whole run before it starts (`program`: the numbered `sim.passes.program.Program`; `dur`:
         each compute's time)."""
 
     def bind(self, run) -> tuple[Hook, Hook]:
@@ -128,13 +128,13 @@ class GlooCpu(Rendezvous):
     thread: its next yield or the scheduler tick, whichever comes first (rule 10)."""
 
     name = "gloo-cpu"
-    fields = _CALL_FIELDS
+    fields = CALL_FIELDS
 
     @property
     def watches_devices(self) -> bool:  # only rule 10 needs to know what a sender does
         return bool(self.costs.io_tick)
 
-    def prepare(self, plan, dur: list[float]) -> None:
+    def prepare(self, program, dur: list[float]) -> None:
         """For each rank and position i of its program, how long after reaching action i
         the rank next lets its transport thread run if nothing makes it wait: at a SEND
         (it yields the core first), at a compute with an input from another rank (it
@@ -145,7 +145,7 @@ class GlooCpu(Rendezvous):
             return
         around = self.costs.before_compute + self.costs.after_compute
         self.to_yield = []
-        for prog, end in zip(plan.programs, plan.runnable):
+        for prog, end in zip(program.programs, program.runnable):
             out = [0.0] * (end + 1)
             ahead = 0.0
             for i in range(end - 1, -1, -1):
@@ -154,7 +154,7 @@ class GlooCpu(Rendezvous):
                     ahead += self.recv_call
                 elif role is Role.COLLECTIVE:
                     pass  # it goes to the collective stream: the rank does not stop
-                elif role is Role.SEND or plan.producer[x] >= 0:
+                elif role is Role.SEND or program.producer[x] >= 0:
                     ahead = 0.0
                 else:
                     ahead += dur[x] + around
@@ -166,7 +166,7 @@ class GlooCpu(Rendezvous):
         if not tick:
             return run.leave
         env, leave, later = run.env, run.leave, run.later
-        sender = [run.plan.rank[j] if j >= 0 else -1 for j in run.plan.producer]
+        sender = [run.program.rank[j] if j >= 0 else -1 for j in run.program.producer]
         free_until, held_until, resume, to_yield = run.free_until, run.held_until, run.resume, self.to_yield
 
         def notice(t: int, at: float) -> None:

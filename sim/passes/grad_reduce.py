@@ -70,4 +70,4 @@ def check_collectives(schedule: Schedule) -> None:
                 if done[a.stage] < schedule.micro:
                     raise ScheduleError(f"{_at(r, i, a)} comes before {schedule.micro - done[a.stage]} of the "
                                         f"backwards (B or W) of stage {a.stage}; put it after its stage's last "
-                                        f"backward (sim.passes.lowering.add_grad_reduce does)")
+                                        f"backward (sim.passes.grad_reduce.add_grad_reduce does)")

@@ -73,7 +73,7 @@ def _offload_program(prog, horizon: int) -> list[Action]:
 
 
 class CopyEngines:
-    """The copies of a run (OFFLOAD, RELOAD; `sim.engine` rule 8): each rank's two copy engines,
+    """The copies of a run (OFFLOAD, RELOAD; docs/rules.md, rule 14): each rank's two copy engines,
     when each copy starts and ends, when each backward may start (its RELOAD's end), and
     what the copies do to each rank's memory, merged into its series after the run."""
 

@@ -8,7 +8,7 @@ What is searched (each can be narrowed): tp, powers of two within a node that di
 model's heads, KV heads, MLP width and vocabulary; pp, every divisor of gpus/tp up to the
 layers; dp = gpus / (tp*pp), which must divide the global batch; the micro-batch b, every
 divisor of global_batch/dp up to `max_micro_batch`; every schedule of `sim.SCHEDULES` with
-the chunks V it takes (interleaved-1f1b and looped-bfs: each V of 2..`max_virtual` with
+the chunks V it takes (a schedule whose `takes_virtual` is true, interleaved-1f1b and looped-bfs: each V of 2..`max_virtual` with
 pp*V dividing the layers, as Megatron-LM requires); recompute none, selective, full; ZeRO 0-3
 (1-3 only where dp > 1, 3 only where pp = 1, as `sim.estimate` allows); sequence
 parallelism off and on (on only where tp > 1). With pp = 1 every schedule is gradient

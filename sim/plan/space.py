@@ -11,7 +11,7 @@ from sim.model.transformer import RECOMPUTE, Transformer
 from sim.schedules import SCHEDULES, lookup
 
 MAX_MICRO_BATCH = 16   # largest micro-batch tried by default (Megatron-LM's Table 1 runs use 1 to 16)
-MAX_VIRTUAL = 4        # most chunks per device tried for interleaved-1f1b and looped-bfs
+MAX_VIRTUAL = 4        # most chunks per device tried for a schedule that takes V > 1 (`takes_virtual`)
 MAX_CONFIGS = 200_000  # most configurations a search enumerates before it refuses
 TOP = 10
 # Every schedule but zb-auto, whose own search simulates dozens of candidate steps for each
@@ -145,14 +145,14 @@ def _schedule_chunks(m: Transformer, pp: int, micro: int, names: Sequence[str], 
             vs = [1]
         elif virtual is not None:
             vs = _choices("virtual", virtual, [])
-        elif name in ("interleaved-1f1b", "looped-bfs"):
+        elif gen.takes_virtual:
             vs = [v for v in range(2, max_virtual + 1) if m.layers % (pp * v) == 0]
         else:
             vs = [gen.virtual]
         for v in vs:
             if pp * v > m.layers:
                 dropped["more stages than layers"] += 1
-            elif gen.check(pp, micro, v):
+            elif gen.refusal(pp, micro, v):
                 dropped["the schedule refuses these sizes"] += 1
             else:
                 out.append((name, v))

@@ -26,6 +26,7 @@ from typing import NoReturn, Sequence
 from sim import cli
 from sim.cli import number, whole
 from sim.engine.costs import Costs
+from sim.engine.fields import CHUNKED, COST_FIELDS
 from sim.engine.core import simulate
 from sim.schedule.ir import Kind, ScheduleError
 from .gantt import format_memory, format_times, human_bytes, memory_unit, plot_compare, \
@@ -48,8 +49,10 @@ OPTION_FLAGS = {
     "max_active": ("--max-active", "N", whole, "most micro-batches in flight per device"),
     "memory_limit": ("--memory-limit", "BYTES", lambda t: number(t, strict=True), "activation bytes a device may hold"),
 }
-PER_STAGE = ("forward", "backward", "backward_input", "backward_weight", "activation_bytes",
-             "activation_bytes_sent", "w_activation_bytes", "static_bytes")
+# The Costs fields that have a flag (`CostField.flag`): times first, then bandwidth, then bytes
+FLAGGED = sorted((f for f in COST_FIELDS if f.flag), key=lambda f: (("time", "bandwidth", "bytes").index(f.unit),
+                                                                       not f.per_stage))
+PER_STAGE = tuple(f.name for f in FLAGGED if f.per_stage)
 
 
 def fail(message: str) -> NoReturn:
@@ -64,6 +67,22 @@ def progress(message: str) -> None:
 def _per_stage(text: str) -> list[float]:
     """`'1'` or `'1,2,1,2'`: one number for all stages or one per stage."""
     return [number(t.strip()) for t in text.split(",")]
+
+
+def flag_of(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+def add_cost_flags(p: argparse.ArgumentParser) -> None:
+    """A flag per `FLAGGED` field of `Costs`, with its unit, default and help from the field."""
+    per = "one number, or a comma-separated list with one per stage"
+    for f in FLAGGED:
+        text = f.help + (f", in {TIME_UNIT}" if f.unit == "time" else "")
+        if f.fallback:
+            text += f" (default: {f.default_text(flag_of)})"
+        kind = _per_stage if f.per_stage else (lambda s, f=f: number(s, strict=f.positive, allow_inf=f.inf))
+        p.add_argument(flag_of(f.name), type=kind, default=None if f.fallback else f.default_text(),
+                       help=text + (f"; {per}" if f.per_stage else ""))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -94,38 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
         takers = [n for n, g in SCHEDULES.items() if option in g.options]
         p.add_argument(flag, type=kind, metavar=metavar,
                        help=f"{text}, for the schedules that take it: {', '.join(takers) or 'none yet'}")
-    per = "one number, or a comma-separated list with one per stage"
-    t = TIME_UNIT
-    p.add_argument("--forward", type=_per_stage, default="1", help=f"forward time per micro-batch in {t}; {per}")
-    p.add_argument("--backward", type=_per_stage, default="2", help=f"backward time per micro-batch in {t}; {per}")
-    p.add_argument("--backward-input", type=_per_stage,
-                   help=f"time of I, the input-gradient half of a split backward, in {t} (default: half of --backward); {per}")
-    p.add_argument("--backward-weight", type=_per_stage,
-                   help=f"time of W, the weight-gradient half of a split backward, in {t} (default: half of --backward); {per}")
-    p.add_argument("--latency", type=number, default="0", help=f"fixed delay of every transfer, in {t}")
-    p.add_argument("--send-overhead", type=number, default="0",
-                   help=f"time issuing a SEND holds its device (the isend call), in {t}")
-    p.add_argument("--recv-overhead", type=number, default="0",
-                   help=f"time posting a RECV holds its device (the irecv call), in {t}")
-    p.add_argument("--arrive-overhead", type=number, default="0",
-                   help=f"time taking in an arrived tensor holds the receiving device, in {t}")
-    p.add_argument("--before-compute", type=number, default="0",
-                   help=f"the runtime's own time before each compute starts, holding its device, in {t}")
-    p.add_argument("--after-compute", type=number, default="0",
-                   help=f"the runtime's own time after each compute ends, holding its device, in {t}")
-    p.add_argument("--io-tick", type=lambda s: number(s, allow_inf=True), default="0",
-                   help=f"longest a late ready notice waits for a computing sender's transport thread, in {t} "
-                        "(the scheduler tick; 0: at once; inf: only at the sender's yields)")
-    p.add_argument("--bandwidth", type=lambda s: number(s, strict=True, allow_inf=True), default="inf",
-                   help=f"bytes per {t[:-1]} of each link (inf: transfers are free)")
-    p.add_argument("--activation-bytes", type=_per_stage, default="1",
-                   help=f"bytes a stage keeps per micro-batch until its backward; {per}")
-    p.add_argument("--w-activation-bytes", type=_per_stage,
-                   help=f"of those, the bytes W still needs from the end of I until W (default: all of them); {per}")
-    p.add_argument("--activation-bytes-sent", type=_per_stage, default="0",
-                   help=f"bytes a stage sends forward per micro-batch; {per}")
-    p.add_argument("--static-bytes", type=_per_stage, default="0",
-                   help=f"bytes a stage holds for the whole step (weights, gradients, optimizer state and the rest together); {per}")
+    add_cost_flags(p)
     p.add_argument("--out", default="out", help="folder for the files, created if missing (default out/, "
                                                 "which git ignores)")
     p.add_argument("--trace", action="store_true", help="also write a Chrome trace JSON per schedule")
@@ -213,19 +201,16 @@ def check_size(args: argparse.Namespace, schedules: int, virtual: int = 1) -> No
              f"{most:,} stage-micro-batches" + (f" ({' or '.join(more)} allow more)" if more else ""))
 
 
-def _costs(args: argparse.Namespace) -> Costs:
+def costs_of(args: argparse.Namespace) -> Costs:
     """`Costs` from the arguments; the lengths of per-stage lists are checked against
     each schedule (`_check_lengths`)."""
     fields = {}
-    for name in PER_STAGE:
-        values = getattr(args, name)
-        if values is not None:
-            fields[name] = values[0] if len(values) == 1 else tuple(values)
+    for f in FLAGGED:
+        value = getattr(args, f.name)
+        if value is not None:
+            fields[f.name] = (value[0] if len(value) == 1 else tuple(value)) if f.per_stage else value
     try:
-        return Costs(latency=args.latency, bandwidth=args.bandwidth, send_overhead=args.send_overhead,
-                     recv_overhead=args.recv_overhead, arrive_overhead=args.arrive_overhead,
-                     io_tick=args.io_tick, before_compute=args.before_compute,
-                     after_compute=args.after_compute, **fields)
+        return Costs(**fields)
     except ValueError as e:
         fail(str(e))
 
@@ -238,8 +223,7 @@ def _check_lengths(args: argparse.Namespace, name: str) -> None:
     for field in PER_STAGE:
         values = getattr(args, field)
         if values is not None and len(values) not in (1, stages):
-            flag = "--" + field.replace("_", "-")
-            fail(f"argument {flag}: got {len(values)} values for {plural(stages, 'stage')}{where}; "
+            fail(f"argument {flag_of(field)}: got {len(values)} values for {plural(stages, 'stage')}{where}; "
                  f"give one number or {stages} comma-separated numbers")
 
 
@@ -294,21 +278,17 @@ def format_table(results: Sequence[Result], counts: bool = False) -> str:
     )
 
 
-# What a device's share of the model splits into when it holds V chunks: each chunk
-# computes, keeps and holds 1/V of it. The activation a stage sends on keeps its size.
-CHUNKED = ("forward", "backward", "backward_input", "backward_weight", "activation_bytes", "w_activation_bytes",
-           "static_bytes")
-
-
-def chunk_costs(args: argparse.Namespace, costs: Costs, virtual: int) -> Costs:
+def chunk_costs(costs: Costs, virtual: int) -> Costs:
     """The costs of one model stage of a schedule with `virtual` chunks per device: a
-    field given as one number (or left at its default) is a device's share of the model,
-    so each chunk takes 1/V of it, and every schedule of a comparison runs the same model;
-    a per-stage list gives each of the P x V model stages its own value."""
+    field that a device's share of the model splits (`sim.engine.fields.CHUNKED`: what a
+    chunk computes, keeps and holds; the activation a stage sends on keeps its size) given
+    as one number (or left at its default) is a device's share, so each chunk takes 1/V
+    of it, and every schedule of a comparison runs the same model; a per-stage list gives
+    each of the P x V model stages its own value."""
     if virtual == 1:
         return costs
-    given = {f: getattr(costs, f) for f in CHUNKED if getattr(args, f) is None or len(getattr(args, f)) == 1}
-    return dataclasses.replace(costs, **{f: v / virtual for f, v in given.items() if v is not None})
+    one = {f: getattr(costs, f) for f in CHUNKED if isinstance(getattr(costs, f), (int, float))}
+    return dataclasses.replace(costs, **{f: v / virtual for f, v in one.items()})
 
 
 def _simulate(args: argparse.Namespace, schedules: list[Schedule], costs: Costs) -> list[Result]:
@@ -319,7 +299,7 @@ def _simulate(args: argparse.Namespace, schedules: list[Schedule], costs: Costs)
             if big:
                 progress(f"simulating {schedule.name}: {plural(schedule.stages, 'stage')}, "
                          f"{plural(args.micro, 'micro-batch', 'micro-batches')}")
-            results.append(simulate(schedule, chunk_costs(args, costs, schedule.stages // args.stages)))
+            results.append(simulate(schedule, chunk_costs(costs, schedule.stages // args.stages)))
     except (ScheduleError, ValueError) as e:
         fail(str(e).splitlines()[0])  # a deadlock report adds a grid below its first line
     return results
@@ -356,7 +336,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     names = _schedule_names(args)
     check_size(args, len(names), max(_virtual(args, n) for n in names))
-    costs = _costs(args)
+    costs = costs_of(args)
     schedules = _schedules(args, names, costs)
     out = Path(args.out)
     if args.trace or not args.no_figures:

@@ -17,7 +17,7 @@ the chart becomes a heat map of busy time (`sim.heatmap`). A figure is `WIDTH` i
 wide and at most `MAX_HEIGHT` tall.
 
 The bars (a colour per kind, a hatch per chunk where a rank holds several stages) are
-drawn by `sim.bars`, numbers and units written by `sim.labels`; the command line is
+drawn by `sim.plot.bars`, numbers and units written by `sim.labels`; the command line is
 `sim.plot_cli` (`python -m sim.plot --stages 4 --micro 8`).
 
 Figures are built with `matplotlib.figure.Figure` and the Agg canvas, not `pyplot`:

@@ -7,9 +7,9 @@ micro-batch: its text form omits it, as torch's does (`0REDUCE_GRAD`), and its `
 has micro-batch 0.
 A `Schedule` is plain data: for each device (rank) the ordered list of its actions, and
 the placement of stages on devices. Generators write compute actions only (F, B, I, W);
-`sim.passes.lowering.add_grad_reduce` adds the data-parallel reductions (REDUCE_GRAD),
-`sim.add_offload` the copies of activations to host memory and back (OFFLOAD, RELOAD), and
-`sim.passes.lowering.lower` derives the communication actions from the data dependencies.
+`sim.passes.grad_reduce.add_grad_reduce` adds the data-parallel reductions (REDUCE_GRAD),
+`sim.passes.offload.add_offload` the copies of activations to host memory and back (OFFLOAD,
+RELOAD), and `sim.passes.lowering.lower` derives the communication actions from the data dependencies.
 """
 from __future__ import annotations
 
@@ -84,9 +84,10 @@ def check_actions(programs: Sequence[Sequence[Action]], placement: Sequence[int]
     """No action appears twice, and every stage has, for every micro-batch, its forward F
     and its backward (B, or I and W). Raises `ScheduleError` naming the cell (`where`).
 
-    What else can be wrong (an action on the wrong rank, a stage that does not exist, a
-    deadlock) is for `sim.validate` to say. A fast pass counts with C-level tools; only a
-    schedule that fails it is walked action by action."""
+    This is the one check of completeness. What else can be wrong (an action on the wrong
+    rank, a stage or micro-batch that does not exist: `sim.passes.checks.check_complete`;
+    a deadlock: `sim.validate`) is checked before a schedule is lowered or run. A fast
+    pass counts with C-level tools; only a schedule that fails it is walked action by action."""
     total = sum(map(len, programs))
     unique = set(itertools.chain.from_iterable(programs))
     stages = len(placement)
@@ -131,6 +132,10 @@ def _check_stage_micro(s: int, m: int, rank: int, cells: dict[Action, tuple[int,
         also = f" (its {has[0]} is at {where(*cells[has[0]])})" if has else ""
         raise ScheduleError(f"{f} is missing: {where(rank)}, which hosts stage {s}, has no forward of "
                             f"micro-batch {m}{also}; every stage runs every micro-batch forward")
+    if b in cells and (i in cells or w in cells):
+        split = i if i in cells else w
+        raise ScheduleError(f"stage {s} micro-batch {m} has both B and I/W ({b} at {where(*cells[b])}, {split} at "
+                            f"{where(*cells[split])}); use B, or I and W")
     if b not in cells and (i in cells) != (w in cells):
         there, gone = (i, w) if i in cells else (w, i)
         raise ScheduleError(f"{gone} is missing: {there} is at {where(*cells[there])}, half of a split backward, "
@@ -229,7 +234,7 @@ class Schedule:
 
     @property
     def has_collectives(self) -> bool:
-        """Whether the programs hold collectives (REDUCE_GRAD, `sim.passes.lowering.add_grad_reduce`)."""
+        """Whether the programs hold collectives (REDUCE_GRAD, `sim.passes.grad_reduce.add_grad_reduce`)."""
         return self._collectives
 
     @property

@@ -18,7 +18,7 @@ The dependencies are written once here, as functions of (stage, micro-batch):
   the backward is split): all of them run on its own rank, before it in program order.
 - OFFLOAD(s, m), the copy of the activations F(s, m) keeps to host memory, needs F(s, m);
   RELOAD(s, m), their copy back, needs OFFLOAD(s, m), and the backward of (s, m) that
-  consumes them (B, or I) waits for its end (`sim.offload`, docs/rules.md rule 14).
+  consumes them (B, or I) waits for its end (`sim.passes.offload`, docs/rules.md rule 14).
 
 A result that another rank consumes travels as a transfer: the producer's kind names its
 SEND (on the producer's rank) and its RECV (on the consumer's rank, one compute early).

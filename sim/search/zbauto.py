@@ -20,12 +20,12 @@ T_comm, latency + activation bytes / bandwidth). A free device picks:
 4. The W passes left at the end (rule 4).
 Rule 3 (a stage runs at least one more F than the next) holds by construction.
 
-Memory is counted as the engine counts it (docs/rules.md, `sim.kinds`): activation_bytes
+Memory is counted as the engine counts it (docs/rules.md, `sim.schedule.kinds`): activation_bytes
 from the start of F to the end of I, then w_activation_bytes until the end of W. The
 knob `budget`: device r may hold `budget * max(activation_bytes[r], w_activation_bytes[r])`
 bytes (budget micro-batches' worth).
 
-`zb_auto` takes the I/W-split 1F1B, ZB-H1 (where `sim.SCHEDULES` has it) and the
+`zb_auto` takes the I/W-split 1F1B, ZB-H1 (`sim.schedule.zerobubble.zb_h1`) and the
 heuristic for every knob setting and budget (1, 2, ... and no bound; `budgets` leaves
 out those whose runs cannot fit), simulates every candidate whose peak fits the limit
 and keeps the shortest makespan; among equal makespans the smallest bubble of one
@@ -44,6 +44,7 @@ from sim.engine.costs import Costs, StageCosts
 from sim.engine.core import simulate
 from sim.schedule.ir import Action, Kind, Schedule, ScheduleError
 from sim.schedule.kinds import program_peak
+from sim.schedule.zerobubble import zb_h1
 
 FILLS = ("fit", "always", "balance")
 
@@ -204,16 +205,11 @@ def split_1f1b(stages: int, micro: int) -> Schedule:
 
 def candidates(stages: int, micro: int, c: StageCosts, limit: float, runs: int | None = None):
     """The candidate schedules that may fit `limit`: the I/W-split 1F1B, ZB-H1 where
-    `sim.SCHEDULES` has it, and the heuristic for each knob setting and each budget
+    `sim.schedule.zerobubble.zb_h1`, and the heuristic for each knob setting and each budget
     (`budgets`) up to the first that does not bind; with `runs`, at most that many runs of
     the heuristic, the likeliest fastest first (`_few`)."""
-    from sim.schedules import SCHEDULES, make_schedule  # at call time: zb-h1 may come later
     yield split_1f1b(stages, micro)
-    if "zb-h1" in SCHEDULES:
-        try:
-            yield make_schedule("zb-h1", stages, micro)
-        except ScheduleError:
-            pass  # sizes ZB-H1 refuses
+    yield zb_h1(stages, micro)
     yield from (_every if runs is None else _few)(stages, micro, c, limit, runs)
 
 
@@ -277,7 +273,7 @@ def budgets(c: StageCosts, limit: float):
 def order_peak(schedule: Schedule, c: StageCosts) -> float:
     """The most bytes of activations any device holds, from the program order alone: a
     device computes one action at a time, and each takes or gives back its bytes at its
-    start or end as the action-kind table says (`sim.kinds`)."""
+    start or end as the action-kind table says (`sim.schedule.kinds`)."""
     return max((program_peak(prog, c) for prog in schedule.programs), default=0.0)
 
 
