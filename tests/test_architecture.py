@@ -102,6 +102,26 @@ def test_no_import_cycle_in_sim_or_exec():
     assert cycle is None, "imports in a cycle: " + " -> ".join(cycle)
 
 
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The import graph between packages (sim.plan, exec.runtime, ...; a top-level module
+    stands for itself): an edge where a module of one imports a module of another."""
+    def pkg(name: str) -> str:
+        return ".".join(name.split(".")[:2])
+    out: dict[str, set[str]] = {pkg(n): set() for n in graph}
+    for n, deps in graph.items():
+        out[pkg(n)] |= {pkg(d) for d in deps if pkg(d) != pkg(n)}
+    return out
+
+
+def test_packages_are_layers():
+    """Each package of sim and exec builds on others without a loop between packages (the
+    README's map lists them in an order in which each imports only those above it)."""
+    graph = package_graph(import_graph())
+    assert "sim.schedule" in graph["sim.passes"] and "exec.runtime" in graph["exec.pipeline"]  # read
+    cycle = find_cycle(graph)
+    assert cycle is None, "packages import each other in a cycle: " + " -> ".join(cycle)
+
+
 def test_nothing_inside_sim_imports_the_sim_facade():
     """`sim/__init__` gathers the public API from the packages; a module inside sim that
     imported it back would import everything (and close a cycle)."""

@@ -327,7 +327,7 @@ def simulate(schedule: Schedule, costs: Costs | None = None, durations: Mapping[
 
     `durations` (compute action -> time) overrides the cost of those actions: to replay a
     measured step under the rules with the very compute times it had
-    (`exec.compare.replay_error`).
+    (`exec.measure.compare.replay_error`).
 
     A schedule that cannot finish raises `ScheduleError` showing where each rank waits: the
     run itself is the deadlock check (`sim.passes.validation.check_deadlock` explains what it found)."""
