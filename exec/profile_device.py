@@ -81,6 +81,8 @@ def _worker(ctx, plan: dict) -> dict:
         out.update(matmul=rows,
                    memory=device_bench.memory_rows(plan["memory"], device, torch.float32, dist.barrier, say,
                                                    plan["loops"]),
+                   compute=device_bench.compute_rows(plan["memory"], device, torch.float32, dist.barrier, say,
+                                                     plan["loops"]),
                    launch=device_bench.launch_seconds(device, dist.barrier),
                    step_overhead=device_bench.step_overhead_seconds(device, dist.barrier))
         say(f"launch {out['launch'] * 1e6:.1f} us an op, step overhead {out['step_overhead'] * 1e6:.0f} us")
