@@ -12,6 +12,7 @@ layer's three), and the memory and compute classes are those of docs/profiles.md
 """
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from typing import Callable, Iterable
@@ -20,10 +21,10 @@ import torch
 import torch.nn.functional as F
 
 from sim.model.footprint import optimizer_step_bytes
-from sim.model.layer import Slice, gemm_shapes
+from sim.model.layer import Slice, gemm_shapes, pass_kernels
 
 __all__ = ["CLASSES", "COMPUTE_CLASSES", "median_seconds", "planner_gemms", "matmul_rows", "memory_rows",
-           "compute_rows", "launch_seconds", "step_overhead_seconds"]
+           "compute_rows", "launch_seconds", "layer_launch_seconds", "step_overhead_seconds"]
 
 CLASSES = ("elementwise", "norm", "softmax", "copy", "optimizer", "embedding")
 COMPUTE_CLASSES = ("gelu", "gelu_backward", "exp")  # elementwise kernels of a transcendental function
@@ -155,6 +156,22 @@ def compute_rows(sizes, device: torch.device, dtype: torch.dtype, barrier: Calla
         best = max(e / t for e, t in out[name])
         say(f"compute-bound {name}: up to {best / 1e9:.2f} G elements/s")
     return out
+
+
+def layer_launch_seconds(model, barrier: Callable[[], None], loops: int = 7) -> float:
+    """On CPU, the host's cost per kernel of a training pass: one block of exec's GPT with the
+    heads of `model` (a `sim.Transformer`) at a size where its kernels do almost nothing
+    (hidden 2 a head, sequence 2, micro-batch 1), its forward and backward time over the
+    kernels `sim.model.layer.pass_kernels` lists for them (F + B). Python, the modules, the
+    dispatcher, autograd's graph and engine: what a pass costs beyond its kernels' work."""
+    from exec.models import Block
+    tiny = dataclasses.replace(model, hidden=2 * model.heads, ffn=8 * model.heads, seq=2, kv_heads=None)
+    block = Block(tiny.hidden, tiny.heads)
+    x = torch.randn(1, tiny.seq, tiny.hidden, requires_grad=True)
+    grad = torch.randn(1, tiny.seq, tiny.hidden)
+    counts = pass_kernels(tiny, Slice(1, precision="fp32"))
+    barrier()
+    return median_seconds(lambda: block(x).backward(grad), torch.device("cpu"), loops) / (counts["F"] + counts["B"])
 
 
 def launch_seconds(device: torch.device, barrier: Callable[[], None], loops: int = 7) -> float:

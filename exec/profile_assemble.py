@@ -15,6 +15,11 @@ from .comm_bench import nonnegative_lstsq, p2p_fit, ring_fit
 
 __all__ = ["assemble", "class_bandwidth"]
 
+_LAUNCH = {"nccl": "median host time of a one-element add, mul and matmul",
+           "gloo": "host time of one block of the GPT (exec.models.Block) at hidden 2 a head, sequence 2, "
+                   "micro-batch 1, forward and backward, over the kernels sim.model.layer.pass_kernels lists "
+                   "for them (F + B): the host's cost of a training pass per listed kernel"}
+
 
 def class_bandwidth(points) -> float:
     """Bytes/s of a memory-bound class: 1 / the slope of seconds over bytes (least squares
@@ -61,8 +66,7 @@ def assemble(measured: dict, collectives: list, fp: dict, cores: int | None, com
                                               "the copy class's"),
                          "classes": classes},
         **({"compute_bound": {"classes": compute}} if compute else {}),
-        "launch": {"per_kernel": m(measured["launch"], how="median host time of a one-element add, mul and "
-                                                           "matmul"),
+        "launch": {"per_kernel": m(measured["launch"], how=_LAUNCH[backend]),
                    "host_runs_ahead": backend == "nccl"},
         "step_overhead": m(measured["step_overhead"], how="torch.optim.AdamW.step over one one-element parameter"),
     }

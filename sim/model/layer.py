@@ -204,15 +204,16 @@ def layer_times(m: Transformer, dev: DeviceProfile | str, x: Slice, recompute: s
     parts["memory"] += w_memory
     parts["collectives"] -= hidden
     backward_input = sum(redo.values()) + sum(i.values())
-    n = _kernel_counts(m, x, k, recompute, len(fwd), len(weightless))
+    n = pass_kernels(m, x, recompute)
     return LayerTimes(forward=sum(f.values()), backward=backward_input + w - hidden,
                       backward_input=backward_input, backward_weight=w + w_redo, recompute=sum(redo.values()),
                       parts=parts, kernels=n)
 
 
-def _kernel_counts(m: Transformer, x: Slice, k: dict, recompute: str, gemms: int, weightless: int) -> dict:
-    """Kernels launched per pass (F, B, I, W): the matmuls, the listed kernels and the
+def pass_kernels(m: Transformer, x: Slice, recompute: str = "none") -> dict[str, int]:
+    """Kernels one layer launches per pass (F, B, I, W): the matmuls, the listed kernels and the
     tensor-parallel collectives; torch's flash attention is one kernel each way."""
+    k, gemms, weightless = _lists(m), len(gemm_shapes(m, x)), 2
     collectives = 2 if not x.sequence_parallel else 4  # per pass: all-reduces, or all-gathers and reduce-scatters
     flash = gemms - weightless + 1 if k["rescore"] else gemms  # torch: the linear layers and one attention kernel
     n = {"F": flash + _count(k["F"]) + collectives * (x.tp > 1),
