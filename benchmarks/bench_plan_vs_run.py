@@ -8,9 +8,12 @@ For each case of the grid (schedules 1f1b, gpipe, zb-h1, interleaved-1f1b; 4 and
 micro-batches; recompute none and full; dp 1 and 2 where pp x dp ranks fit the cores) it
 prints the predicted and measured step (start to the last optimizer step's end: the
 planner's `step_time`), their error, the measured spread ((max - min) / median of the
-measured steps), the peak-memory error of the worst rank, and the load average
+measured steps), the peak-memory error of the worst rank, the error of each compute kind
+(F, B, I, W) per stage (predicted / measured median duration - 1, in %), the share
+of the step other processes took (exec.run's `lost_share`) and the load average
 (/proc/loadavg) before and after the run; then the medians of the errors. The machine's
 load changes what a run measures (docs/rules.md, rule 9): read the load beside the error.
+`--schedule` and `--recompute` narrow the grid; `--json FILE` writes every row.
 """
 from __future__ import annotations
 
@@ -20,7 +23,9 @@ import os
 import statistics
 import subprocess
 import sys
-from dataclasses import dataclass
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import sim
 
@@ -38,13 +43,22 @@ class Case:
     batch: int = 32
 
 
-def grid(cores: int, pp: int = 2, quick: bool = False) -> list[Case]:
+def grid(cores: int, pp: int = 2, quick: bool = False, schedules=SCHEDULES, recomputes=("none", "full")) -> list[Case]:
     """The cases: every schedule, micro-batch count and recompute mode, and dp 1 and 2 where
     pp x dp ranks fit the cores (each rank on its own, rule 9); `quick`: two of them."""
     if quick:
         return [Case("1f1b", 4, "none", 1, pp), Case("gpipe", 4, "full", 1, pp)]
     dps = [d for d in (1, 2) if pp * d <= cores] or [1]
-    return [Case(s, m, r, d, pp) for s in SCHEDULES for m in (4, 8) for r in ("none", "full") for d in dps]
+    return [Case(s, m, r, d, pp) for s in schedules for m in (4, 8) for r in recomputes for d in dps]
+
+
+def kind_seconds(events) -> dict[str, list[float]]:
+    """Per compute kind (F, B, I, W), per stage, the median duration of `events`: (kind,
+    stage, seconds) triples."""
+    by: dict = {}
+    for kind, stage, seconds in events:
+        by.setdefault(kind, {}).setdefault(stage, []).append(seconds)
+    return {k: [statistics.median(v[s]) for s in sorted(v)] for k, v in by.items()}
 
 
 def transformer(model: dict = MODEL) -> sim.Transformer:
@@ -58,7 +72,9 @@ def predict(profile, case: Case, model: dict = MODEL) -> dict:
     e = sim.estimate(transformer(model), gpu=profile, gpus_per_node=case.pp * case.dp, tp=1, pp=case.pp,
                      dp=case.dp, micro_batch=case.batch // (case.dp * case.micro), global_batch=case.batch,
                      schedule=case.schedule, recompute=case.recompute, precision="fp32")
-    return {"step_s": e.step_time, "peak_memory": e.peak_memory, "parts": e.time_parts}
+    kinds = kind_seconds((ev.action.kind.name, ev.action.stage, ev.duration) for ev in e.result.events
+                         if ev.action.kind.is_compute)
+    return {"step_s": e.step_time, "peak_memory": e.peak_memory, "parts": e.time_parts, "kinds": kinds}
 
 
 def run_command(case: Case, model: dict = MODEL, steps: int = 5, warmup: int = 2) -> list[str]:
@@ -81,33 +97,47 @@ def loadavg() -> str:
 
 def measure(case: Case, model: dict = MODEL, steps: int = 5, warmup: int = 2) -> dict:
     """exec.run's measured step (median), its spread, the per-rank peak memory of replica 0's
-    pipeline, and the load before and after. RuntimeError (one line) if the run fails."""
+    pipeline, the median step's compute durations by kind and stage (its Chrome trace), the
+    share of the step other processes took, and the load before and after. RuntimeError (one
+    line) if the run fails."""
     before = loadavg()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])))
-    out = subprocess.run(run_command(case, model, steps, warmup), capture_output=True, text=True, timeout=300, env=env)
-    if out.returncode != 0:
-        raise RuntimeError(f"exec.run failed for {case}: {out.stderr.strip().splitlines()[-1:]}")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = subprocess.run(run_command(case, model, steps, warmup) + ["--out", tmp], capture_output=True, text=True,
+                             timeout=300, env=env)
+        if out.returncode != 0:
+            raise RuntimeError(f"exec.run failed for {case}: {out.stderr.strip().splitlines()[-1:]}")
+        trace = json.loads(next(Path(tmp).glob("*_measured.trace.json")).read_text())["traceEvents"]
     d = json.loads(out.stdout)
     steps_s = d["train_step_times_s"]
+    kinds = kind_seconds((e["cat"], e["args"]["stage"], e["dur"] / 1e6) for e in trace
+                         if e.get("ph") == "X" and e.get("cat") in ("F", "B", "I", "W"))
     return {"step_s": d["measured_train_step_s"], "pipeline_s": d["measured_step_s"],
             "spread": (max(steps_s) - min(steps_s)) / statistics.median(steps_s),
-            "peak_memory": d["measured_peak_memory"], "load": f"{before} -> {loadavg()}"}
+            "peak_memory": d["measured_peak_memory"], "kinds": kinds, "lost_share": d.get("lost_share"),
+            "load": f"{before} -> {loadavg()}"}
 
 
 def compare(profile, case: Case, model: dict = MODEL, steps: int = 5, warmup: int = 2) -> dict:
     """Predicted, measured and the errors (%) of one case."""
     p, m = predict(profile, case, model), measure(case, model, steps, warmup)
     mem = max(abs(a / b - 1) for a, b in zip(p["peak_memory"], m["peak_memory"])) * 100
+    kinds = {k: [(a / b - 1) * 100 for a, b in zip(p["kinds"][k], m["kinds"][k])]
+             for k in sorted(p["kinds"]) if k in m["kinds"]}
     return {"case": case, "predicted_s": p["step_s"], "measured_s": m["step_s"],
             "error_pct": (p["step_s"] / m["step_s"] - 1) * 100, "memory_error_pct": mem, "spread": m["spread"],
-            "load": m["load"], "predicted_memory": p["peak_memory"], "measured_memory": m["peak_memory"]}
+            "kind_error_pct": kinds, "predicted_kinds": p["kinds"], "measured_kinds": m["kinds"],
+            "lost_share": m["lost_share"], "load": m["load"], "predicted_memory": p["peak_memory"],
+            "measured_memory": m["peak_memory"]}
 
 
 def row(r: dict) -> str:
     c = r["case"]
+    kinds = " ".join(k + "/".join(f"{e:+.0f}" for e in v) for k, v in r["kind_error_pct"].items())
+    lost = "n/a" if r["lost_share"] is None else f"{r['lost_share'] * 100:.0f}%"
     return (f"{c.schedule:>16} m={c.micro} {c.recompute:>4} dp={c.dp}  {r['predicted_s'] * 1e3:8.1f} "
             f"{r['measured_s'] * 1e3:8.1f} {r['error_pct']:+7.1f}% {r['spread'] * 100:6.1f}% "
-            f"{r['memory_error_pct']:7.3f}%  {r['load']}")
+            f"{r['memory_error_pct']:7.3f}%  {kinds:<28} {lost:>5}  {r['load']}")
 
 
 def main(argv=None) -> int:
@@ -115,6 +145,9 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", required=True, help="a device profile (python -m exec.profile_device --out FILE)")
     ap.add_argument("--quick", action="store_true", help="two cases, 2 measured steps")
     ap.add_argument("--pp", type=int, default=2)
+    ap.add_argument("--schedule", action="append", choices=SCHEDULES, help="only this schedule (repeat)")
+    ap.add_argument("--recompute", action="append", choices=("none", "full"), help="only this mode (repeat)")
+    ap.add_argument("--json", type=Path, help="write every row to this file")
     args = ap.parse_args(argv)
     try:
         profile = sim.load_profile(args.profile)
@@ -123,11 +156,14 @@ def main(argv=None) -> int:
         return 2
     from exec.launch.host import host_cores
     steps, warmup = (2, 1) if args.quick else (5, 2)
-    print(f"{'case':>34}  {'pred ms':>8} {'meas ms':>8} {'error':>8} {'spread':>7} {'mem err':>8}  load (1, 5, 15 min)")
+    print(f"{'case':>34}  {'pred ms':>8} {'meas ms':>8} {'error':>8} {'spread':>7} {'mem err':>8}  "
+          f"{'by kind and stage (%)':<28} {'lost':>5}  load (1, 5, 15 min)")
     rows = []
-    for case in grid(len(host_cores()), args.pp, args.quick):
+    for case in grid(len(host_cores()), args.pp, args.quick, args.schedule or SCHEDULES, args.recompute or ("none", "full")):
         rows.append(compare(profile, case, steps=steps, warmup=warmup))
         print(row(rows[-1]), flush=True)
+        if args.json:
+            args.json.write_text(json.dumps([{**r, "case": asdict(r["case"])} for r in rows], indent=1) + "\n")
     errors = [abs(r["error_pct"]) for r in rows]
     print(f"median |step error| {statistics.median(errors):.1f}%, worst {max(errors):.1f}%; "
           f"worst peak-memory error {max(r['memory_error_pct'] for r in rows):.3f}%")

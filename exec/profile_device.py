@@ -11,7 +11,9 @@ cores / ranks threads, or one GPU each):
   GPT the flags give, at each --micro-batch) -> `matmul.table`;
 - memory-bound kernels by class, at several sizes, their bandwidth the slope of time over
   bytes -> `memory_bound`; the best copy bandwidth is the datasheet's `hbm_bandwidth`;
-- the host's cost of an op that does nothing -> `launch.per_kernel`, and an optimizer
+- the host's cost of a kernel -> `launch.per_kernel` (CPU: a block of the GPT at almost no
+  work, its forward and backward over the kernels the planner lists; CUDA: an op that does
+  nothing), and an optimizer
   step's fixed cost -> `step_overhead`;
 - all-reduce, reduce-scatter and all-gather over 2..N ranks and sends between two, by
   message size -> `collectives.table`, `p2p.table`, and the ring model fitted to them.
@@ -81,7 +83,10 @@ def _worker(ctx, plan: dict) -> dict:
         out.update(matmul=rows,
                    memory=device_bench.memory_rows(plan["memory"], device, torch.float32, dist.barrier, say,
                                                    plan["loops"]),
-                   launch=device_bench.launch_seconds(device, dist.barrier),
+                   compute=device_bench.compute_rows(plan["memory"], device, torch.float32, dist.barrier, say,
+                                                     plan["loops"]),
+                   launch=device_bench.launch_seconds(device, dist.barrier) if device.type == "cuda"
+                   else device_bench.layer_launch_seconds(plan["model"], dist.barrier),
                    step_overhead=device_bench.step_overhead_seconds(device, dist.barrier))
         say(f"launch {out['launch'] * 1e6:.1f} us an op, step overhead {out['step_overhead'] * 1e6:.0f} us")
     if ctx.world_size > 1:
@@ -162,7 +167,7 @@ def profile_device(out: Path, backend: str = "gloo", ranks: int | None = None, q
     n = ranks or (torch.cuda.device_count() if backend == "nccl" else cores)
     model = model or ModelSpec("gpt").transformer()
     sizes = QUICK if quick else FULL
-    plan = dict(gemms=planner_gemms(model, micro_batches), memory=sizes["memory"], messages=sizes["messages"],
+    plan = dict(gemms=planner_gemms(model, micro_batches), model=model, memory=sizes["memory"], messages=sizes["messages"],
                 loops=sizes["loops"], repeats=sizes["repeats"])
     t0 = time.perf_counter()
     _say(f"{backend} on {n} rank(s), {max(1, cores // n) if backend == 'gloo' else 'GPU'} thread(s) each; "

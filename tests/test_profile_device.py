@@ -14,6 +14,7 @@ from exec import profile_device as pd  # noqa: E402
 from exec.launch.host import host_cores  # noqa: E402
 from exec.profiler.comm_bench import p2p_fit, ring_fit  # noqa: E402
 from sim.hardware.network import OPS as COLLECTIVE_STEPS  # noqa: E402
+from sim.hardware.profile import COMPUTE_CLASSES  # noqa: E402
 
 sys.path.insert(0, "benchmarks")
 import bench_plan_vs_run as bench  # noqa: E402
@@ -47,6 +48,11 @@ def test_the_profile_loads_and_every_number_says_where_it_comes_from(profile_fil
         assert all(k in n for k in need), path
     ops = {r[0] for r in raw["collectives"]["table"]["rows"]}
     assert ops <= set(COLLECTIVE_STEPS) and "all_reduce" in ops
+    # the compute-bound classes and the memory classes, each with its points by size, which the planner reads
+    compute = raw["compute_bound"]["classes"]
+    assert set(compute) == set(p.compute_classes) == set(COMPUTE_CLASSES) == set(p.compute_points)
+    assert all(len(c["points"]) == len(pd.QUICK["memory"]) for c in compute.values())
+    assert set(p.memory_points) == set(raw["memory_bound"]["classes"])
     shapes = {tuple(r[1:5]) for r in raw["matmul"]["table"]["rows"]}
     assert set(pd_gemms()) == shapes  # the planner's shapes, each measured
     assert p.gpu.peak_flops["fp32"] == max(2 * m * n * k * b / t for _, m, n, k, b, t in raw["matmul"]["table"]["rows"])

@@ -1,8 +1,9 @@
 """A device profile (docs/profiles.md, format 1) from what `exec.profile_device`'s ranks measured: every number with its provenance.
 
 Measured numbers carry the command, the machine and the date; the fitted models (memory
-bandwidth per class as the slope of time over bytes, the ring and send models) say what
-they were fitted on. A CPU has no preset datasheet: an inline one gives its name, memory
+bandwidth per class as the slope of time over bytes, compute-bound rates per class as the
+slope of time over elements, the ring and send models) say what they were fitted on; the
+measured points stay beside each class's number (the planner looks them up by size). A CPU has no preset datasheet: an inline one gives its name, memory
 (/proc/meminfo), the best measured matmul FLOP/s as its fp32 peak, the best measured copy
 bandwidth as its memory bandwidth, and its cores.
 """
@@ -13,6 +14,11 @@ import platform
 from exec.profiler.comm_bench import nonnegative_lstsq, p2p_fit, ring_fit
 
 __all__ = ["assemble", "class_bandwidth"]
+
+_LAUNCH = {"nccl": "median host time of a one-element add, mul and matmul",
+           "gloo": "host time of one block of the GPT (exec.models.Block) at hidden 2 a head, sequence 2, "
+                   "micro-batch 1, forward and backward, over the kernels sim.model.layer.pass_kernels lists "
+                   "for them (F + B): the host's cost of a training pass per listed kernel"}
 
 
 def class_bandwidth(points) -> float:
@@ -39,6 +45,9 @@ def assemble(measured: dict, collectives: list, fp: dict, cores: int | None, com
     classes = {name: m(class_bandwidth(points), points=[list(p) for p in points],
                        how="1 / slope of seconds over bytes moved (read + written), least squares")
                for name, points in measured["memory"].items()}
+    compute = {name: m(class_bandwidth(points), points=[list(p) for p in points],
+                       how="elements/s: 1 / slope of seconds over elements, least squares")
+               for name, points in measured.get("compute", {}).items()}
     stream = max(b / t for b, t in measured["memory"]["copy"])
     out = {
         "schema": "pipeline-workbench/device-profile/1",
@@ -56,8 +65,8 @@ def assemble(measured: dict, collectives: list, fp: dict, cores: int | None, com
         "memory_bound": {"bandwidth": derived(classes["copy"]["value"], ["memory_bound.classes.copy"],
                                               "the copy class's"),
                          "classes": classes},
-        "launch": {"per_kernel": m(measured["launch"], how="median host time of a one-element add, mul and "
-                                                           "matmul"),
+        **({"compute_bound": {"classes": compute}} if compute else {}),
+        "launch": {"per_kernel": m(measured["launch"], how=_LAUNCH[backend]),
                    "host_runs_ahead": backend == "nccl"},
         "step_overhead": m(measured["step_overhead"], how="torch.optim.AdamW.step over one one-element parameter"),
     }

@@ -3,15 +3,16 @@
 Each function runs inside a rank that `exec.launch.processes` set up as exec's runs are (its cores,
 its threads, gloo's host tuning), so that it measures the device as a pipeline rank uses
 it; every rank of the launch runs it at once (a barrier before each measurement), as the
-ranks of a run compute at once, and the caller keeps rank 0's numbers. Times are medians
-of repeated loops (`median_seconds`); on CUDA each loop is bracketed by synchronisations.
+ranks of a run compute at once, and the caller keeps rank 0's numbers. Times are the
+fastest of repeated loops (`median_seconds`); on CUDA each loop is bracketed by synchronisations.
 
 The sizes are the planner's: `planner_gemms` lists the matmuls `sim.estimate` times for a
 model (`sim.model.layer.gemm_shapes`: forward, input gradient, weight gradient; the output
-layer's three), and the memory classes are those of docs/profiles.md.
+layer's three), and the memory and compute classes are those of docs/profiles.md.
 """
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from typing import Callable, Iterable
@@ -20,12 +21,13 @@ import torch
 import torch.nn.functional as F
 
 from sim.model.footprint import optimizer_step_bytes
-from sim.model.layer import Slice, gemm_shapes
+from sim.model.layer import Slice, gemm_shapes, pass_kernels
 
-__all__ = ["CLASSES", "median_seconds", "planner_gemms", "matmul_rows", "memory_rows", "launch_seconds",
-           "step_overhead_seconds"]
+__all__ = ["CLASSES", "COMPUTE_CLASSES", "median_seconds", "planner_gemms", "matmul_rows", "memory_rows",
+           "compute_rows", "launch_seconds", "layer_launch_seconds", "step_overhead_seconds"]
 
 CLASSES = ("elementwise", "norm", "softmax", "copy", "optimizer", "embedding")
+COMPUTE_CLASSES = ("gelu", "gelu_backward", "exp")  # elementwise kernels of a transcendental function
 WIDTH = 128  # the last dimension of the norm, softmax and embedding tensors
 
 
@@ -34,9 +36,12 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def median_seconds(fn: Callable[[], object], device: torch.device, loops: int = 5, least: float = 2e-3) -> float:
-    """Seconds per call of `fn`: the median over `loops` loops, each of as many calls as
-    take at least `least` seconds (found on a warmed-up call)."""
+def median_seconds(fn: Callable[[], object], device: torch.device, loops: int = 5, least: float = 2e-3,
+                   best: bool = True) -> float:
+    """Seconds per call of `fn`: the fastest of `loops` loops (`best`; else their median), each
+    of as many calls as take at least `least` seconds (found on a warmed-up call). The fastest
+    loop is the device's own time, the one least slowed by other processes on a shared
+    machine: a profile is of the device, not of the load while it was measured."""
     fn()
     _sync(device)
     t = time.perf_counter()
@@ -52,7 +57,7 @@ def median_seconds(fn: Callable[[], object], device: torch.device, loops: int = 
             fn()
         _sync(device)
         samples.append((time.perf_counter() - t) / calls)
-    return statistics.median(samples)
+    return min(samples) if best else statistics.median(samples)
 
 
 def planner_gemms(model, micro_batches: Iterable[int]) -> list[tuple[int, int, int, int]]:
@@ -124,6 +129,49 @@ def memory_rows(sizes, device: torch.device, dtype: torch.dtype, barrier: Callab
         best = max(b / t for b, t in out[name])
         say(f"memory-bound {name}: up to {best / 1e9:.1f} GB/s")
     return out
+
+
+def _compute_kernel(name: str, elements: int, device: torch.device, dtype: torch.dtype):
+    """The torch op of compute class `name` over `elements` elements: erf GeLU's forward
+    (`F.gelu`, as exec's GPT runs it), its backward (the op autograd runs), the exponential."""
+    x = torch.randn(elements, device=device, dtype=dtype)
+    if name == "gelu":
+        return lambda: F.gelu(x)
+    if name == "gelu_backward":
+        g = torch.randn_like(x)
+        return lambda: torch.ops.aten.gelu_backward(g, x)
+    return lambda: torch.exp(x)
+
+
+def compute_rows(sizes, device: torch.device, dtype: torch.dtype, barrier: Callable[[], None],
+                 say: Callable[[str], None], loops: int = 5) -> dict[str, list[tuple[float, float]]]:
+    """Per class of `COMPUTE_CLASSES`, (elements, seconds) at each of `sizes` elements."""
+    out = {}
+    for name in COMPUTE_CLASSES:
+        out[name] = []
+        for n in sizes:
+            fn = _compute_kernel(name, n, device, dtype)
+            barrier()
+            out[name].append((float(n), median_seconds(fn, device, loops)))
+        best = max(e / t for e, t in out[name])
+        say(f"compute-bound {name}: up to {best / 1e9:.2f} G elements/s")
+    return out
+
+
+def layer_launch_seconds(model, barrier: Callable[[], None], loops: int = 7) -> float:
+    """On CPU, the host's cost per kernel of a training pass: one block of exec's GPT with the
+    heads of `model` (a `sim.Transformer`) at a size where its kernels do almost nothing
+    (hidden 2 a head, sequence 2, micro-batch 1), its forward and backward time over the
+    kernels `sim.model.layer.pass_kernels` lists for them (F + B). Python, the modules, the
+    dispatcher, autograd's graph and engine: what a pass costs beyond its kernels' work."""
+    from exec.models.layers import Block
+    tiny = dataclasses.replace(model, hidden=2 * model.heads, ffn=8 * model.heads, seq=2, kv_heads=None)
+    block = Block(tiny.hidden, tiny.heads)
+    x = torch.randn(1, tiny.seq, tiny.hidden, requires_grad=True)
+    grad = torch.randn(1, tiny.seq, tiny.hidden)
+    counts = pass_kernels(tiny, Slice(1, precision="fp32"))
+    barrier()
+    return median_seconds(lambda: block(x).backward(grad), torch.device("cpu"), loops) / (counts["F"] + counts["B"])
 
 
 def launch_seconds(device: torch.device, barrier: Callable[[], None], loops: int = 7) -> float:

@@ -13,6 +13,10 @@ Two physical models, each from its source, whose achieved rates come from a devi
 - An elementwise kernel (LayerNorm, softmax, GeLU, dropout, residual add) moves its bytes at
   the profile's memory-bound bandwidth of its class: its arithmetic intensity is far below the
   GPU's FLOPs-to-bytes ratio (same guide, Table 1: ReLU 0.25 FLOP/B against A100's 139 FLOP/B).
+  On a CPU a kernel that evaluates a transcendental function per element (torch's erf GeLU, the
+  exponentials of a softmax) is bound by that arithmetic instead: where the profile measured
+  its compute-bound class, the kernel takes the longer of its bytes' time and its elements'
+  time at that class's rate (`elementwise_time`, the roofline again).
 - Collectives and sends: `sim.hardware.network` (NCCL's model over the cluster's links, `sim.hardware.topology`).
 
     >>> from sim.hardware.profile import profile
@@ -69,5 +73,15 @@ def gemm_flops(m: int, n: int, k: int, batch: int = 1) -> float:
 
 def memory_time(dev: DeviceProfile, nbytes: float, kind: str = "elementwise") -> float:
     """Seconds for a memory-bound kernel of class `kind` that reads and writes `nbytes` in all,
-    at the bandwidth the profile gives that class."""
-    return nbytes / dev.memory_class_bandwidth(kind)
+    at the bandwidth the profile gives that class (at those bytes, where it measured several)."""
+    return dev.memory_class_time(kind, nbytes)
+
+
+def elementwise_time(dev: DeviceProfile, nbytes: float, kind: str = "elementwise", elements: float = 0.0,
+                     compute: str | None = None) -> float:
+    """Seconds for an elementwise kernel that moves `nbytes` (class `kind`) and, if `compute`
+    names a compute-bound class, evaluates its function on `elements`: the longer of the two
+    (the roofline). A profile without that compute class leaves the memory time alone."""
+    moved = memory_time(dev, nbytes, kind) if nbytes > 0 else 0.0
+    done = dev.compute_class_time(compute, elements) if compute is not None else None
+    return moved if done is None else max(moved, done)

@@ -2,8 +2,9 @@
 
 The format is docs/profiles.md's (version 1). A `DeviceProfile` holds a datasheet (`sim.GPU`)
 and the achieved figures: matmul efficiency or a measured matmul table, memory-bound
-bandwidth by kernel class, collective and point-to-point links (NCCL's ring model, or a
-measured table), the host's launch cost per kernel and a step's fixed overhead. `sim.hardware.kernels`
+bandwidth by kernel class (measured ones also by size), the rates of compute-bound elementwise
+kernels, collective and point-to-point links (NCCL's ring model, or a measured table), the
+host's launch cost per kernel and a step's fixed overhead. `sim.hardware.kernels`
 turns them into times; nothing here models anything, it only reads, checks and looks up.
 
     >>> p = profile("a100-80gb-best-case")
@@ -25,6 +26,9 @@ SCHEMA = "pipeline-workbench/device-profile/1"
 SOURCES = {"datasheet": ("citation",), "published": ("citation",), "measured": ("command", "machine", "date"),
            "calibrated": ("dataset", "rows", "method", "residual"), "derived": ("from", "how")}
 MEMORY_CLASSES = ("elementwise", "norm", "softmax", "copy", "optimizer", "embedding")
+# Elementwise kernels bound by their arithmetic where the device is a CPU (docs/profiles.md):
+# torch's erf GeLU forward and backward, and the exponential (flash attention's softmax).
+COMPUTE_CLASSES = ("gelu", "gelu_backward", "exp")
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
 LINKS = ("node", "network")
 PRESETS = Path(__file__).with_name("profiles")
@@ -67,6 +71,9 @@ class DeviceProfile:
     host_runs_ahead: bool
     step_overhead: float
     data: Mapping[str, Any] = field(repr=False)
+    memory_points: Mapping[str, tuple] = field(default_factory=dict)   # class: ((bytes, seconds), ...)
+    compute_classes: Mapping[str, float] = field(default_factory=dict)  # class: elements/s
+    compute_points: Mapping[str, tuple] = field(default_factory=dict)   # class: ((elements, seconds), ...)
 
     def __repr__(self) -> str:
         return f"DeviceProfile({self.name!r} on {self.gpu.name}, {self.fingerprint.get('date')})"
@@ -85,6 +92,25 @@ class DeviceProfile:
         if kind not in MEMORY_CLASSES:
             raise ValueError(f"memory-bound kernel class must be one of {', '.join(MEMORY_CLASSES)}; got {kind!r}")
         return self.memory_classes.get(kind, self.memory_bandwidth)
+
+    def memory_class_time(self, kind: str, nbytes: float) -> float:
+        """Seconds of a memory-bound kernel of class `kind` moving `nbytes`: interpolated in the
+        class's measured (bytes, seconds) points where the profile has them (a CPU's bandwidth
+        depends on whether the bytes fit its caches), else at the class's bandwidth."""
+        rate = self.memory_class_bandwidth(kind)
+        pts = self.memory_points.get(kind)
+        return _interpolate(pts, nbytes) if pts and nbytes > 0 else nbytes / rate
+
+    def compute_class_time(self, kind: str, elements: float) -> float | None:
+        """Seconds of an elementwise kernel of compute class `kind` (one of COMPUTE_CLASSES) over
+        `elements`: its measured points or rate; None where the profile has no such class (a
+        GPU's: there these kernels are memory-bound)."""
+        if kind not in COMPUTE_CLASSES:
+            raise ValueError(f"compute-bound kernel class must be one of {', '.join(COMPUTE_CLASSES)}; got {kind!r}")
+        if kind not in self.compute_classes:
+            return None
+        pts = self.compute_points.get(kind)
+        return _interpolate(pts, elements) if pts and elements > 0 else elements / self.compute_classes[kind]
 
     def link(self, name: str) -> Link:
         if name not in LINKS:
@@ -220,6 +246,16 @@ class _Reader:
                           f"(positive numbers), got {r!r}")
         return tuple(tuple(r) for r in rows)
 
+    def points(self, path: str) -> tuple:
+        """The (size, seconds) points beside the number at `path`, sorted by size."""
+        pts = self.section(path)["points"]
+        if not isinstance(pts, list) or not pts or not all(
+                isinstance(p, list) and len(p) == 2 and all(
+                    isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+                    for x in p) for p in pts):
+            self.fail(f"{path!r} points must be a non-empty list of [size, seconds] (positive numbers), got {pts!r}")
+        return tuple(sorted((float(a), float(b)) for a, b in pts))
+
     def datasheet(self) -> GPU:
         ds = self.data.get("datasheet")
         if isinstance(ds, str):
@@ -270,6 +306,9 @@ def from_dict(data: Mapping, where: str = "profile") -> DeviceProfile:
     classes = r.section("memory_bound.classes", required=False) or {}
     if set(classes) - set(MEMORY_CLASSES):
         r.fail(f"memory_bound.classes must be among {', '.join(MEMORY_CLASSES)}; got {sorted(classes)}")
+    compute = r.section("compute_bound.classes", required=False) or {}
+    if set(compute) - set(COMPUTE_CLASSES):
+        r.fail(f"compute_bound.classes must be among {', '.join(COMPUTE_CLASSES)}; got {sorted(compute)}")
     launch = r.section("launch")
     if not isinstance(launch.get("host_runs_ahead"), bool):
         r.fail("launch.host_runs_ahead must be true or false")
@@ -284,7 +323,10 @@ def from_dict(data: Mapping, where: str = "profile") -> DeviceProfile:
                                                      (float, None))),
         p2p_rows=r.rows("p2p.table", ((str, LINKS), (float, None), (float, None))),
         launch_per_kernel=r.number("launch.per_kernel", positive=False), host_runs_ahead=launch["host_runs_ahead"],
-        step_overhead=r.number("step_overhead", positive=False), data=data)
+        step_overhead=r.number("step_overhead", positive=False), data=data,
+        memory_points={k: r.points(f"memory_bound.classes.{k}") for k in classes if "points" in classes[k]},
+        compute_classes={k: r.number(f"compute_bound.classes.{k}") for k in compute},
+        compute_points={k: r.points(f"compute_bound.classes.{k}") for k in compute if "points" in compute[k]})
 
 
 def load_profile(path) -> DeviceProfile:

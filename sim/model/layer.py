@@ -29,13 +29,29 @@ unless sequence parallel. Each backward kernel reads its output gradient and wha
 and writes its input gradient; each bias's gradient reads its output gradient once more; the
 attention's output is permuted back to [s, b, h] (a copy each way, Megatron-LM's
 `permute(...).contiguous()`).
+
+`Transformer(kernels="torch")` is torch's eager path instead, the GPT `exec.models.Block` runs
+(arch "gpt", flash attention, no dropout; others are refused), its kernels read off torch's
+profiler for one block (docs/measurements.md): no fused kernels and no dropout; each linear
+layer's `addmm` first copies its bias into the output; GeLU is erf's, whose forward and
+backward are compute-bound on a CPU (`sim.hardware.kernels.elementwise_time`, the profile's
+compute-bound classes); `scaled_dot_product_attention` is one flash kernel (Dao et al. 2022,
+Alg. 1 and 2) that never writes the scores: its forward runs the scores and values matmuls and
+exponentiates the scores, its backward computes them again (the scores matmul and its
+exponentials: five matmuls, not four) after zeroing its three gradient buffers and reading
+the output and its gradient once (the rows' dO.O), and the split's backward concatenates the
+three gradients. The weight-gradient pass W holds the bias gradients (a sum over the tokens),
+the norms' gain and bias gradients and autograd's adds into each parameter's `.grad` (counted
+on every micro-batch; the first of a step stores instead); and under full recompute torch's
+split backward recomputes the forward once more in W (`exec.split_backward`). The kernel
+counts are torch's operators, a fused one (addmm, the flash kernel) once.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from sim.hardware.profile import DeviceProfile, resolve
-from sim.hardware.kernels import gemm_time, memory_time, precision_bytes
+from sim.hardware.kernels import elementwise_time, gemm_time, precision_bytes
 from sim.hardware.network import collective_time, links_of
 from sim.hardware.topology import Group, one_node
 from .transformer import Transformer, check_recompute
@@ -62,8 +78,28 @@ _BACKWARD = {
               ("rotary", 4, "sbqk"), ("context_transpose", 4, "sbh/t")],
 }
 _ATTENTION_CORE = ("softmax", "attention_dropout")  # recomputed by "selective", with the scores and values
+# kernels="torch" (arch "gpt"): forward, input-gradient pass I and weight-gradient pass W.
+# Tensors as above, and "params" (the layer's parameters: each gradient added into `.grad`).
+_TORCH = {
+    "F": [("layernorm", 4, "sbh"), ("bias", 2, "sbqkv"), ("attention_exp", 0, "as2b"), ("bias", 2, "sbh"),
+          ("residual_add", 6, "sbh"), ("layernorm", 4, "sbh"), ("bias", 2, "sbf"), ("gelu_erf", 4, "sbf"),
+          ("bias", 2, "sbh"), ("residual_add", 6, "sbh")],
+    "I": [("gelu_erf_backward", 6, "sbf"), ("layernorm", 6, "sbh"), ("residual_grad", 6, "sbh"),
+          ("attention_grad_fill", 2, "sbqkv"), ("attention_delta", 4, "sbh/t"), ("attention_exp", 0, "as2b"),
+          ("qkv_grad_cat", 4, "sbqkv"), ("layernorm", 6, "sbh"), ("residual_grad", 6, "sbh")],
+    "W": [("bias_grad", 2, "sbh"), ("bias_grad", 2, "sbf"), ("layernorm_weight_grad", 4, "sbh"),
+          ("bias_grad", 2, "sbh"), ("bias_grad", 2, "sbqkv"), ("layernorm_weight_grad", 4, "sbh"),
+          ("grad_accumulate", 6, "params")],
+}
+_TORCH_CORE = ("attention_exp",)  # the flash forward's own kernel, recomputed by "selective" with its matmuls
+_INSIDE = {"bias", "attention_exp", "attention_grad_fill", "attention_delta", "layernorm_weight_grad"}  # no op of their own
+_OPS = {"grad_accumulate": 12}  # one add_ per parameter tensor: 2 LayerNorms' gain and bias, 4 linear layers' weight and bias
 # The memory-bound class of each kernel (`sim.profile.MEMORY_CLASSES`); the rest are "elementwise".
-_CLASS = {"layernorm": "norm", "rmsnorm": "norm", "softmax": "softmax", "context_transpose": "copy"}
+_CLASS = {"layernorm": "norm", "rmsnorm": "norm", "softmax": "softmax", "context_transpose": "copy",
+          "bias": "copy", "attention_grad_fill": "copy", "qkv_grad_cat": "copy", "layernorm_weight_grad": "norm"}
+# The compute-bound class (`sim.profile.COMPUTE_CLASSES`) of the kernels that evaluate a
+# transcendental function per element of their tensor.
+_COMPUTE = {"gelu_erf": "gelu", "gelu_erf_backward": "gelu_backward", "attention_exp": "exp"}
 
 
 @dataclass(frozen=True)
@@ -111,27 +147,32 @@ def gemm_shapes(m: Transformer, x: Slice) -> dict[str, tuple[int, int, int, int]
             "mlp_out": (tokens, h, f // t, 1)}
 
 
-def _kernel_bytes(m: Transformer, x: Slice, kernels, only=None) -> dict[str, float]:
-    """Bytes moved by `kernels` (the `only` ones if given) on one GPU, by memory-bound class."""
+def _kernels_time(m: Transformer, dev: DeviceProfile, x: Slice, kernels, only=None) -> float:
+    """Seconds of the memory- and compute-bound `kernels` (the `only` ones if given) on one GPU."""
     b, s, h, t = x.micro_batch, m.seq, m.hidden, x.tp
     scale = precision_bytes(x.precision) / 2  # the table is for 16-bit elements
     size = {"sbh": s * b * h / (t if x.sequence_parallel else 1), "sbf": s * b * m.ffn / t, "sbh/t": s * b * h / t,
             "sbqkv": s * b * h * (1 + 2 * m.kv_heads / m.heads) / t,
-            "as2b": m.heads * s * s * b / t, "sbqk": s * b * h * (1 + m.kv_heads / m.heads) / t}
-    out: dict[str, float] = {}
-    for name, per, tensor in kernels:
-        if only is None or name in only:
-            kind = _CLASS.get(name, "elementwise")
-            out[kind] = out.get(kind, 0.0) + per * size[tensor] * scale
-    return out
-
-
-def _memory_time(dev: DeviceProfile, by_class: dict[str, float]) -> float:
-    return sum(memory_time(dev, nbytes, kind) for kind, nbytes in by_class.items())
+            "as2b": m.heads * s * s * b / t, "sbqk": s * b * h * (1 + m.kv_heads / m.heads) / t,
+            "params": m.params().per_layer / t}
+    return sum(elementwise_time(dev, per * size[tensor] * scale, _CLASS.get(name, "elementwise"), size[tensor],
+                                _COMPUTE.get(name))
+               for name, per, tensor in kernels if only is None or name in only)
 
 
 def _count(kernels, only=None) -> int:
-    return sum(1 for name, _, _ in kernels if only is None or name in only)
+    return sum(_OPS.get(name, 1) for name, _, _ in kernels if (only is None or name in only) and name not in _INSIDE)
+
+
+def _lists(m: Transformer) -> dict:
+    """The layer's memory- and compute-bound kernels by pass (F, I, W), the attention core's,
+    and the matmuls its backward adds: Megatron-LM's or torch's (see the module's docstring)."""
+    if m.kernels == "megatron":
+        return {"F": _FORWARD[m.arch], "I": _BACKWARD[m.arch], "W": [], "core": _ATTENTION_CORE, "rescore": 0}
+    if (m.arch, m.attention, m.dropout) != ("gpt", "flash", False):
+        raise ValueError(f"kernels='torch' lists the kernels of exec's GPT (arch 'gpt', flash attention, no dropout); "
+                         f"got arch {m.arch!r}, attention {m.attention!r}, dropout {m.dropout}")
+    return {**_TORCH, "core": _TORCH_CORE, "rescore": 1}
 
 
 def layer_times(m: Transformer, dev: DeviceProfile | str, x: Slice, recompute: str = "none",
@@ -142,34 +183,49 @@ def layer_times(m: Transformer, dev: DeviceProfile | str, x: Slice, recompute: s
     stage's pass is `sim.estimate`'s (from `kernels`)."""
     check_recompute(recompute)
     dev = resolve(dev)
-    p, shapes = x.precision, gemm_shapes(m, x)
-    fwd = {k: gemm_time(dev, p, mm, n, kk, nb) for k, (mm, n, kk, nb) in shapes.items()}
-    dx = {k: gemm_time(dev, p, mm, kk, n, nb) for k, (mm, n, kk, nb) in shapes.items()}   # dY W^T
-    dw = {k: gemm_time(dev, p, kk, n, mm, nb) for k, (mm, n, kk, nb) in shapes.items()}   # X^T dY
+    p, shapes, k = x.precision, gemm_shapes(m, x), _lists(m)
+    fwd = {n: gemm_time(dev, p, mm, nn, kk, nb) for n, (mm, nn, kk, nb) in shapes.items()}
+    dx = {n: gemm_time(dev, p, mm, kk, nn, nb) for n, (mm, nn, kk, nb) in shapes.items()}   # dY W^T
+    dw = {n: gemm_time(dev, p, kk, nn, mm, nb) for n, (mm, nn, kk, nb) in shapes.items()}   # X^T dY
     weightless = ("scores", "values")  # both their gradients are input gradients (Qi et al. 2024, Table 1)
     comm_f, comm_i, hidden = _collectives(m, dev, x, dx, dw)
     hidden = hidden if tp_overlap else 0.0
-    fk, bk = _FORWARD[m.arch], _BACKWARD[m.arch]
-    f = {"gemm": sum(fwd.values()), "memory": _memory_time(dev, _kernel_bytes(m, x, fk)), "collectives": comm_f}
+    f = {"gemm": sum(fwd.values()), "memory": _kernels_time(m, dev, x, k["F"]), "collectives": comm_f}
     core = {"gemm": fwd["scores"] + fwd["values"], "collectives": 0.0,
-            "memory": _memory_time(dev, _kernel_bytes(m, x, fk, _ATTENTION_CORE))}
+            "memory": _kernels_time(m, dev, x, k["F"], k["core"])}
     redo = {"none": dict.fromkeys(f, 0.0), "selective": core, "full": f}[recompute]
-    i = {"gemm": sum(dx.values()) + sum(dw[k] for k in weightless),
-         "memory": _memory_time(dev, _kernel_bytes(m, x, bk)), "collectives": comm_i}
-    w = sum(v for k, v in dw.items() if k not in weightless)
-    parts = {k: f[k] + redo[k] + i[k] for k in f}
-    parts["gemm"] += w
+    i = {"gemm": sum(dx.values()) + sum(dw[n] for n in weightless) + k["rescore"] * fwd["scores"],
+         "memory": _kernels_time(m, dev, x, k["I"]), "collectives": comm_i}
+    w_gemm, w_memory = sum(v for n, v in dw.items() if n not in weightless), _kernels_time(m, dev, x, k["W"])
+    w = w_gemm + w_memory
+    w_redo = sum(f.values()) if recompute == "full" and m.kernels == "torch" else 0.0  # W's own recompute
+    parts = {n: f[n] + redo[n] + i[n] for n in f}
+    parts["gemm"] += w_gemm
+    parts["memory"] += w_memory
     parts["collectives"] -= hidden
     backward_input = sum(redo.values()) + sum(i.values())
-    collectives = 2 if not x.sequence_parallel else 4  # per pass: all-reduces, or all-gathers and reduce-scatters
-    n = {"F": len(fwd) + _count(fk) + collectives * (x.tp > 1),
-         "W": len(dw) - len(weightless)}
-    n_redo = {"none": 0, "selective": len(weightless) + _count(fk, _ATTENTION_CORE), "full": n["F"]}[recompute]
-    n["I"] = n_redo + len(dx) + len(weightless) + _count(bk) + (collectives + 2 * x.sequence_parallel) * (x.tp > 1)
-    n["B"] = n["I"] + n["W"]
+    n = pass_kernels(m, x, recompute)
     return LayerTimes(forward=sum(f.values()), backward=backward_input + w - hidden,
-                      backward_input=backward_input, backward_weight=w, recompute=sum(redo.values()),
+                      backward_input=backward_input, backward_weight=w + w_redo, recompute=sum(redo.values()),
                       parts=parts, kernels=n)
+
+
+def pass_kernels(m: Transformer, x: Slice, recompute: str = "none") -> dict[str, int]:
+    """Kernels one layer launches per pass (F, B, I, W): the matmuls, the listed kernels and the
+    tensor-parallel collectives; torch's flash attention is one kernel each way."""
+    k, gemms, weightless = _lists(m), len(gemm_shapes(m, x)), 2
+    collectives = 2 if not x.sequence_parallel else 4  # per pass: all-reduces, or all-gathers and reduce-scatters
+    flash = gemms - weightless + 1 if k["rescore"] else gemms  # torch: the linear layers and one attention kernel
+    n = {"F": flash + _count(k["F"]) + collectives * (x.tp > 1),
+         "W": gemms - weightless + _count(k["W"])}
+    core = 1 if k["rescore"] else weightless + _count(k["F"], k["core"])
+    n_redo = {"none": 0, "selective": core, "full": n["F"]}[recompute]
+    n_i = flash if k["rescore"] else gemms + weightless
+    n["I"] = n_redo + n_i + _count(k["I"]) + (collectives + 2 * x.sequence_parallel) * (x.tp > 1)
+    n["B"] = n["I"] + n["W"]
+    if recompute == "full" and k["rescore"]:
+        n["W"] += n["F"]
+    return n
 
 
 def _collectives(m: Transformer, dev: DeviceProfile, x: Slice, dx: dict, dw: dict) -> tuple[float, float, float]:
