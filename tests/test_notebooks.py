@@ -52,6 +52,7 @@ def _quiet_manager():
     return QuietShutdown
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_notebook_runs(path, monkeypatch):
     pytest.importorskip("nbclient")
