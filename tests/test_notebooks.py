@@ -35,7 +35,7 @@ def test_notebook_is_committed_without_outputs(path):
     nbformat.validate(nb)
     for i, cell in enumerate(nb.cells):
         if cell.cell_type == "code":
-            assert cell.outputs == [], f"{path.name} cell {i} has outputs; run python notebooks/_build.py"
+            assert cell.outputs == [], f"{path.name} cell {i} has outputs; run python notebooks/build.py"
             assert cell.execution_count is None, f"{path.name} cell {i} has an execution count"
 
 
