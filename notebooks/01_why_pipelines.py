@@ -29,28 +29,11 @@ SWEEP_M = list(range(1, 33))   # micro-batch counts of the bubble sweep
 
 # %%
 # %matplotlib inline
-import io
-import sys
-from pathlib import Path
-
-try:
-    import sim
-except ModuleNotFoundError:  # the repo is not installed (pip install -e .): find it above this notebook
-    here = Path.cwd().resolve()
-    sys.path.insert(0, str(next(d for d in (here, *here.parents) if (d / "sim" / "__init__.py").is_file())))
-    import sim
-
 import matplotlib.pyplot as plt
-from IPython.display import Image, display
-from sim.plot.gantt import fit_labels, format_table, plot_compare, plot_overlay, plot_result
+from nbhelp import Float, Int, show, sliders  # notebooks/nbhelp.py, first: it finds an uninstalled sim
 
-
-def show(fig, dpi=100):
-    """Display a figure of sim.plot inline (they are drawn without pyplot)."""
-    fit_labels(fig)  # hide the micro-batch numbers that do not fit their bars
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi)
-    display(Image(buf.getvalue()))
+import sim
+from sim.plot.gantt import format_table, plot_compare
 
 # %% [markdown]
 # ## 1. Three schedules on one time axis
@@ -261,7 +244,9 @@ plt.show()
 # ## 6. Explore
 #
 # `explore` draws the three schedules for any `p`, `m`, latency and slow-stage factor and prints
-# their bubble next to the closed form for free, even stages. With `ipywidgets` installed (`pip install -e ".[notebooks]"`), sliders appear below the figure and redraw it; without them, or in a headless run, the figure for the parameters at the top is all you get.
+# their bubble next to the closed form for free, even stages. With `ipywidgets` installed
+# (`pip install -e ".[notebooks]"`), sliders appear below the figure and redraw it; without them, or in
+# a headless run, the figure for the parameters at the top is all you get.
 
 # %%
 def explore(p=P, m=M, latency=LATENCY, slow_factor=SLOW_FACTOR):
@@ -275,17 +260,9 @@ def explore(p=P, m=M, latency=LATENCY, slow_factor=SLOW_FACTOR):
     show(plot_compare(rs))
 
 
-try:
-    from ipywidgets import FloatSlider, IntSlider, interact
-except ImportError:  # no sliders: draw the parameters at the top once
-    print("pip install ipywidgets for sliders")
-    explore()
-else:  # the sliders draw it, first with the parameters at the top
-    interact(explore,
-             p=IntSlider(value=P, min=1, max=8, continuous_update=False),
-             m=IntSlider(value=M, min=1, max=32, continuous_update=False),
-             latency=FloatSlider(value=LATENCY, min=0.0, max=2 * FORWARD, step=0.05, continuous_update=False),
-             slow_factor=FloatSlider(value=SLOW_FACTOR, min=1.0, max=3.0, step=0.1, continuous_update=False))
+# sliders that redraw it, first with the parameters at the top; without ipywidgets, that one figure
+sliders(explore, p=Int(P, 1, 8), m=Int(M, 1, 32), latency=Float(LATENCY, 0.0, 2 * FORWARD, 0.05),
+        slow_factor=Float(SLOW_FACTOR, 1.0, 3.0, 0.1))
 
 # %% [markdown]
 # ## Summary

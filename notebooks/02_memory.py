@@ -30,28 +30,11 @@ DEVICE_GIB = 24.0          # memory of one device
 
 # %%
 # %matplotlib inline
-import io
-import sys
-from pathlib import Path
-
-try:
-    import sim
-except ModuleNotFoundError:  # the repo is not installed (pip install -e .): find it above this notebook
-    here = Path.cwd().resolve()
-    sys.path.insert(0, str(next(d for d in (here, *here.parents) if (d / "sim" / "__init__.py").is_file())))
-    import sim
-
 import matplotlib.pyplot as plt
-from IPython.display import Image, display
-from sim.plot.gantt import fit_labels, format_table, plot_compare, plot_overlay, plot_result
+from nbhelp import Choice, Int, show, sliders  # notebooks/nbhelp.py, first: it finds an uninstalled sim
 
-
-def show(fig, dpi=100):
-    """Display a figure of sim.plot inline (they are drawn without pyplot)."""
-    fit_labels(fig)  # hide the micro-batch numbers that do not fit their bars
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi)
-    display(Image(buf.getvalue()))
+import sim
+from sim.plot.gantt import plot_result
 
 # %% [markdown]
 # ## 1. Activations held over time
@@ -216,7 +199,9 @@ for name in ("gpipe", "1f1b"):
 # %% [markdown]
 # ## 5. Explore
 #
-# With `ipywidgets` installed (`pip install -e ".[notebooks]"`), sliders appear below the figure and redraw it; without them, or in a headless run, the figure for the parameters at the top is all you get.
+# With `ipywidgets` installed (`pip install -e ".[notebooks]"`), sliders appear below the figure
+# and redraw it; without them, or in a headless run, the figure for the parameters at the top is
+# all you get.
 
 # %%
 def explore(schedule="1f1b", p=P, m=M):
@@ -225,15 +210,8 @@ def explore(schedule="1f1b", p=P, m=M):
     show(plot_result(r))
 
 
-try:
-    from ipywidgets import Dropdown, IntSlider, interact
-except ImportError:  # no sliders: draw the parameters at the top once
-    print("pip install ipywidgets for sliders")
-    explore()
-else:  # the sliders draw it, first with the parameters at the top
-    interact(explore, schedule=Dropdown(options=["gpipe", "1f1b", "naive"], value="1f1b"),
-             p=IntSlider(value=P, min=1, max=8, continuous_update=False),
-             m=IntSlider(value=M, min=1, max=32, continuous_update=False))
+# sliders that redraw it, first with the parameters at the top; without ipywidgets, that one figure
+sliders(explore, schedule=Choice("1f1b", ["gpipe", "1f1b", "naive"]), p=Int(P, 1, 8), m=Int(M, 1, 32))
 
 # %% [markdown]
 # ## Summary

@@ -43,28 +43,11 @@ REAL_LAYERS, REAL_HIDDEN, REAL_BATCH = 8, 128, 32
 
 # %%
 # %matplotlib inline
-import io
-import sys
-from pathlib import Path
-
-try:
-    import sim
-except ModuleNotFoundError:  # the repo is not installed (pip install -e .): find it above this notebook
-    here = Path.cwd().resolve()
-    sys.path.insert(0, str(next(d for d in (here, *here.parents) if (d / "sim" / "__init__.py").is_file())))
-    import sim
-
 import matplotlib.pyplot as plt
-from IPython.display import Image, display
-from sim.plot.gantt import fit_labels, format_table, plot_compare, plot_overlay, plot_result
+from nbhelp import Choice, Float, Int, show, sliders  # notebooks/nbhelp.py, first: it finds an uninstalled sim
 
-
-def show(fig, dpi=100):
-    """Display a figure of sim.plot inline (they are drawn without pyplot)."""
-    fit_labels(fig)  # hide the micro-batch numbers that do not fit their bars
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi)
-    display(Image(buf.getvalue()))
+import sim
+from sim.plot.gantt import plot_compare, plot_overlay
 
 # %% [markdown]
 # **Memory in bytes.** Per transformer layer and micro-batch, the forward saves `sb(34h + 5as)`
@@ -328,7 +311,9 @@ assert max(trade[f"1f1b max_active={cap}"].peak_memory) <= cap * A + 1e-6
 # `explore` draws 1F1B and a schedule of your choice for any `p`, `m`, `V` (for the interleaved
 # and looped schedules) and F:I:W, with the peak memory of each device in GiB for the model above.
 # A size a schedule refuses (ZB-H2 needs `m ≥ 2p-1`, DualPipeV `m ≥ 2p`) prints its one-line
-# reason. With `ipywidgets` installed (`pip install -e ".[notebooks]"`), sliders appear below the figure and redraw it; without them, or in a headless run, the figure for the parameters at the top is all you get.
+# reason. With `ipywidgets` installed (`pip install -e ".[notebooks]"`), sliders appear below the
+# figure and redraw it; without them, or in a headless run, the figure for the parameters at the
+# top is all you get.
 
 # %%
 def explore(schedule="zbv", p=P, m=M, v=V, f=F, i=I, w=W):
@@ -343,19 +328,10 @@ def explore(schedule="zbv", p=P, m=M, v=V, f=F, i=I, w=W):
     show(plot_compare(rs))
 
 
-try:
-    from ipywidgets import Dropdown, FloatSlider, IntSlider, interact
-except ImportError:  # no sliders: draw the parameters at the top once
-    print("pip install ipywidgets for sliders")
-    explore()
-else:  # the sliders draw it, first with the parameters at the top
-    ratio = {"min": 0.25, "max": 3.0, "step": 0.25, "continuous_update": False}
-    interact(explore,
-             schedule=Dropdown(options=[n for n in sim.SCHEDULES if n != "naive"], value="zbv"),
-             p=IntSlider(value=P, min=2, max=8, continuous_update=False),
-             m=IntSlider(value=M, min=1, max=32, continuous_update=False),
-             v=IntSlider(value=V, min=1, max=4, continuous_update=False),
-             f=FloatSlider(value=F, **ratio), i=FloatSlider(value=I, **ratio), w=FloatSlider(value=W, **ratio))
+# sliders that redraw it, first with the parameters at the top; without ipywidgets, that one figure
+ratio = {"low": 0.25, "high": 3.0, "step": 0.25}
+sliders(explore, schedule=Choice("zbv", [n for n in sim.SCHEDULES if n != "naive"]),
+        p=Int(P, 2, 8), m=Int(M, 1, 32), v=Int(V, 1, 4), f=Float(F, **ratio), i=Float(I, **ratio), w=Float(W, **ratio))
 
 # %% [markdown]
 # ## 6. A real run on 2 CPU ranks

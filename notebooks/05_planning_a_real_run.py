@@ -38,28 +38,11 @@ TOKENS = 300e9          # GPT-3's training tokens (Brown et al. 2020; Narayanan 
 
 # %%
 # %matplotlib inline
-import io
-import sys
-from pathlib import Path
-
-try:
-    import sim
-except ModuleNotFoundError:  # the repo is not installed (pip install -e .): find it above this notebook
-    here = Path.cwd().resolve()
-    sys.path.insert(0, str(next(d for d in (here, *here.parents) if (d / "sim" / "__init__.py").is_file())))
-    import sim
-
 import matplotlib.pyplot as plt
-from IPython.display import Image, display
-from sim.plot.gantt import fit_labels, format_table, plot_compare, plot_overlay, plot_result
+from nbhelp import show  # notebooks/nbhelp.py, first: it finds an uninstalled sim
 
-
-def show(fig, dpi=100):
-    """Display a figure of sim.plot inline (they are drawn without pyplot)."""
-    fit_labels(fig)  # hide the micro-batch numbers that do not fit their bars
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi)
-    display(Image(buf.getvalue()))
+import sim
+from sim.plot.gantt import plot_result
 
 # %% [markdown]
 # ## 1. One estimate

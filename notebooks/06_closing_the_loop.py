@@ -17,28 +17,10 @@
 
 # %%
 # %matplotlib inline
-import io
-import sys
-from pathlib import Path
+from nbhelp import show  # notebooks/nbhelp.py, first: it finds an uninstalled sim
 
-try:
-    import sim
-except ModuleNotFoundError:  # the repo is not installed (pip install -e .): find it above this notebook
-    here = Path.cwd().resolve()
-    sys.path.insert(0, str(next(d for d in (here, *here.parents) if (d / "sim" / "__init__.py").is_file())))
-    import sim
-
-import matplotlib.pyplot as plt
-from IPython.display import Image, display
-from sim.plot.gantt import fit_labels, format_table, plot_compare, plot_overlay, plot_result
-
-
-def show(fig, dpi=100):
-    """Display a figure of sim.plot inline (they are drawn without pyplot)."""
-    fit_labels(fig)  # hide the micro-batch numbers that do not fit their bars
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi)
-    display(Image(buf.getvalue()))
+import sim
+from sim.plot.gantt import plot_overlay, plot_result
 
 # %%
 import os

@@ -66,13 +66,15 @@ def write_percent(cells) -> str:
     parts = []
     for cell in cells:
         if cell.cell_type == "markdown":
+            if any(MARKER.match(f"# {s}") for s in cell.source.splitlines()):
+                raise ValueError("a markdown line that begins with '%%' would read as a cell marker")
             parts.append("# %% [markdown]\n" + "\n".join(f"# {s}" if s else "#" for s in cell.source.splitlines()))
         elif cell.cell_type == "code":
             ambiguous = [s for s in cell.source.splitlines() if s.startswith("%%") or MARKER.match(s) or MAGIC.match(s)]
             if ambiguous:
                 raise ValueError(f"code line {ambiguous[0]!r} has no percent form here (cell magics, and comments "
                                  f"that read as a cell marker or a magic)")
-            parts.append("# %%\n" + "\n".join(f"# {s}" if s.startswith("%") else s for s in cell.source.splitlines()))
+            parts.append("# %%\n" + "\n".join(f"# {s}" if MAGIC.match(f"# {s}") else s for s in cell.source.splitlines()))
         else:
             raise ValueError(f"a {cell.cell_type} cell has no percent form here")
     return "\n\n".join(parts) + "\n"
