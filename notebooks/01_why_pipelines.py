@@ -33,7 +33,8 @@ import matplotlib.pyplot as plt
 from nbhelp import Float, Int, show, sliders  # notebooks/nbhelp.py, first: it finds an uninstalled sim
 
 import sim
-from sim.plot.gantt import format_table, plot_compare
+from sim.plot import plot_compare
+from sim.plot.cli import format_table
 
 # %% [markdown]
 # ## 1. Three schedules on one time axis

@@ -34,7 +34,7 @@ import matplotlib.pyplot as plt
 from nbhelp import Choice, Int, show, sliders  # notebooks/nbhelp.py, first: it finds an uninstalled sim
 
 import sim
-from sim.plot.gantt import plot_result
+from sim.plot import plot_result
 
 # %% [markdown]
 # ## 1. Activations held over time

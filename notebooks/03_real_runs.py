@@ -30,7 +30,7 @@ WARMUP = 1         # ... after this many unmeasured ones
 from nbhelp import show  # notebooks/nbhelp.py, first: it finds an uninstalled sim
 
 import sim
-from sim.plot.gantt import plot_overlay, plot_result
+from sim.plot import plot_overlay, plot_result
 
 # %%
 import time

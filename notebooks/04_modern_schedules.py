@@ -47,7 +47,7 @@ import matplotlib.pyplot as plt
 from nbhelp import Choice, Float, Int, show, sliders  # notebooks/nbhelp.py, first: it finds an uninstalled sim
 
 import sim
-from sim.plot.gantt import plot_compare, plot_overlay
+from sim.plot import plot_compare, plot_overlay
 
 # %% [markdown]
 # **Memory in bytes.** Per transformer layer and micro-batch, the forward saves `sb(34h + 5as)`

@@ -42,7 +42,7 @@ import matplotlib.pyplot as plt
 from nbhelp import show  # notebooks/nbhelp.py, first: it finds an uninstalled sim
 
 import sim
-from sim.plot.gantt import plot_result
+from sim.plot import plot_result
 
 # %% [markdown]
 # ## 1. One estimate

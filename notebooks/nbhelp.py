@@ -47,7 +47,7 @@ class Choice:
 def show(fig, dpi: int = 100) -> None:
     """Display a figure of sim.plot inline (they are drawn without pyplot)."""
     from IPython.display import Image, display
-    from sim.plot.gantt import fit_labels
+    from sim.plot.bars import fit_labels
 
     fit_labels(fig)  # hide the micro-batch numbers that do not fit their bars
     buf = io.BytesIO()
