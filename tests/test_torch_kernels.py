@@ -172,3 +172,30 @@ def test_megatron_layers_ignore_the_compute_classes():
     with_rates, without = from_dict(_cpu(), "test"), from_dict(_cpu(compute=None), "test")
     assert layer_times(m, with_rates, x) == layer_times(m, without, x)
     assert copy.deepcopy(_cpu())["compute_bound"]  # the fixture does have them
+
+
+def _stage_costs(model, pp=2):
+    """The per-stage costs `sim.estimate` simulates, by its own public steps."""
+    from sim.plan.layout import Layout
+    from sim.plan.stage_costs import end_times, stage_costs
+    g = from_dict(_cpu())
+    lay = Layout(pp=pp, micro_batch=2, global_batch=8, schedule="zb-h1", precision="fp32")
+    x = Slice(2, 1, False, "fp32")
+    lt = layer_times(model, g, x, "none")
+    return stage_costs(model, g, lay, x, lt, end_times(model, g, x), [1] * pp, list(range(pp)))[0]
+
+
+@pytest.mark.parametrize("pp", [1, 2, 3])
+def test_torch_first_stage_split_backward_is_w_alone(pp):
+    """Rule 15 (docs/rules.md): under torch's split the first stage's I is empty and keeps the
+    whole graph, and its W is the whole backward; the other stages, and a Megatron-style model's
+    first stage, split B into I + W with W holding at most the micro-batch."""
+    model = dataclasses.replace(GPT, layers=pp)
+    c = _stage_costs(model, pp)
+    assert c.backward_input[0] == 0.0 and c.backward_weight[0] == c.backward[0] > 0
+    assert c.w_activation_bytes[0] == c.activation_bytes[0]
+    for s in range(1, pp):
+        assert 0 < c.backward_input[s] < c.backward[s] and 0 < c.backward_weight[s] < c.backward[s]
+        assert c.w_activation_bytes[s] <= c.activation_bytes[s]
+    meg = _stage_costs(dataclasses.replace(model, kernels="megatron", attention="unfused"), pp)
+    assert 0 < meg.backward_input[0] < meg.backward[0] and meg.w_activation_bytes[0] < meg.activation_bytes[0]

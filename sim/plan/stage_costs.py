@@ -94,7 +94,8 @@ def pass_times(m: Transformer, g: DeviceProfile, x: Slice, lt: LayerTimes, ends:
     """Per stage, the seconds of its F, B, I and W for one micro-batch: its layers' and ends'
     device times under the host's launch floor (`DeviceProfile.pass_time`: the kernels of the
     pass, from the same lists that time it, times the launch cost); and what the floor adds to
-    one micro-batch's F + B over all stages."""
+    one micro-batch's F + B over all stages. Under torch's split backward (`kernels="torch"`)
+    the first stage's I is empty and its W the whole backward (docs/rules.md, rule 15)."""
     stages = len(layers)
     counts = {k: len(v) for k, v in end_kernels(m, g, x).items()}
     out, added = [], 0.0
@@ -108,6 +109,8 @@ def pass_times(m: Transformer, g: DeviceProfile, x: Slice, lt: LayerTimes, ends:
             times.append(g.pass_time(device, kernels))
             added += (times[-1] - device) if key in ("F", "B") else 0.0
         out.append(times)
+    if m.kernels == "torch":  # rule 15 (docs/rules.md): the first stage's input takes no gradient
+        out[2][0], out[3][0] = 0.0, out[1][0]  # I does nothing; W is the whole backward
     return (*out, added)
 
 
@@ -128,6 +131,8 @@ def stage_costs(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: Lay
            for n, f, la in zip(layers, first, last)]
     w_act = [n * w_layer + (ends_b["first_w"] if f else 0.0) + (ends_b["last_w"] if la else 0.0)
              for n, f, la in zip(layers, first, last)]
+    if m.kernels == "torch":  # rule 15: the first stage's I keeps its whole graph for W
+        w_act[0] = act[0]
     per = state_bytes_per_param(lay.precision, lay.zero, lay.dp)
     params = stage_params(m, layers, lay.tp, placement)
     links = links_of(g)
