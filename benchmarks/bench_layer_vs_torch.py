@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 import sim
+from exec.launch.host import loadavg
 from exec.models.layers import Block
 from exec.models.spec import ModelSpec
 from exec.runtime.split_backward import backward_input, backward_weight
@@ -101,14 +102,6 @@ def kernels(profile, b: int, loops: int) -> list[tuple[str, float, float]]:
          fastest(lambda: torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
              go, q, k, v, out, lse, 0.0, True), loops)),
     ]
-
-
-def loadavg() -> str:
-    try:
-        with open("/proc/loadavg") as f:
-            return " ".join(f.read().split()[:3])
-    except OSError:
-        return "n/a"
 
 
 def main(argv=None) -> int:

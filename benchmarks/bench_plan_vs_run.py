@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import sim
+from exec.launch.host import loadavg
 
 SCHEDULES = ("1f1b", "gpipe", "zb-h1", "interleaved-1f1b")
 MODEL = dict(layers=4, hidden=128, heads=4, seq=64, vocab=512)  # exec's --model gpt, 4 blocks
@@ -85,14 +86,6 @@ def run_command(case: Case, model: dict = MODEL, steps: int = 5, warmup: int = 2
             "--micro", str(case.micro), "--schedule", case.schedule, "--recompute", case.recompute,
             "--dp", str(case.dp), "--optimizer", "adamw", "--steps", str(steps), "--warmup", str(warmup),
             "--no-compare", "--json", "--quiet", "--timeout", "240"]
-
-
-def loadavg() -> str:
-    try:
-        with open("/proc/loadavg") as f:
-            return " ".join(f.read().split()[:3])
-    except OSError:
-        return "n/a"
 
 
 def measure(case: Case, model: dict = MODEL, steps: int = 5, warmup: int = 2) -> dict:

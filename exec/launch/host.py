@@ -123,3 +123,12 @@ def paused_gc() -> Iterator[None]:
     finally:
         if was:
             gc.enable()
+
+
+def loadavg() -> str:
+    """The machine's load averages over 1, 5 and 15 minutes (/proc/loadavg), or "n/a"."""
+    try:
+        with open("/proc/loadavg") as f:
+            return " ".join(f.read().split()[:3])
+    except OSError:
+        return "n/a"
