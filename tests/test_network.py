@@ -30,9 +30,8 @@ crossing = st.builds(lambda k, n, share: Group(k * n, k, n, share),
 
 def test_links_are_the_profiles():
     node, net = A100.link("node"), A100.link("network")
-    assert LINKS.node == network.Link(node.bus_bandwidth, node.hop_latency, node.base_latency)
-    assert LINKS.network == network.Link(net.bus_bandwidth, net.hop_latency, net.base_latency)
-    assert (LINKS.p2p_network.bandwidth, LINKS.p2p_network.latency) == (24e9, NETWORK_HOP)
+    assert LINKS.node == node and LINKS.network == net
+    assert (LINKS.network.p2p_bandwidth, LINKS.network.p2p_latency) == (24e9, NETWORK_HOP)
     assert LINKS.tree and LINKS.measured is None  # measured with NCCL; no tables in a best-case profile
 
 
@@ -88,7 +87,7 @@ def test_nccl_picks_the_faster_and_tree_only_for_all_reduce(g, size, op):
         assert algorithm(LINKS, op, size, g) == ("ring" if ring <= tree else "tree")
     else:
         assert t == ring and algorithm(LINKS, op, size, g) == "ring"
-    no_tree = network.Links(LINKS.node, LINKS.network, LINKS.p2p_node, LINKS.p2p_network, tree=False)
+    no_tree = network.Links(LINKS.node, LINKS.network, tree=False)
     assert collective_time(no_tree, op, size, g) == ring
 
 
@@ -118,7 +117,7 @@ def test_more_nics_never_slower_and_nvlink_caps_them(sizes, gpn, size, op):
 
 def test_p2p_inside_a_node_is_nvlink_and_across_it_the_gpus_nic_share():
     inside, across = Topology(2, 4, 1).send(0, 1), Topology(8, 2, 1, nics_per_node=4).send(0, 1)
-    assert network.p2p_link(LINKS, inside) == LINKS.p2p_node
+    assert network.p2p_link(LINKS, inside) == network.P2PLink(LINKS.node.p2p_bandwidth, LINKS.node.p2p_latency)
     link = network.p2p_link(LINKS, across)
     assert link.bandwidth == pytest.approx(0.5 * 24e9) and link.latency == NETWORK_HOP
     assert network.p2p_time(LINKS, 1e6, across) == pytest.approx(NETWORK_HOP + 1e6 / 12e9)

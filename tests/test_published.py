@@ -125,8 +125,8 @@ def test_bubble_is_the_closed_form_within_what_the_ends_and_transfers_explain(na
     model, g = sim.MODELS[name], e.profile
     lt = layer_times(model, g, Slice(1, 8, True, "bf16"), "selective")
     links = links_of(g)
-    latency = max(links.p2p_node.latency, links.p2p_network.latency)
-    bandwidth = min(links.p2p_node.bandwidth, links.p2p_network.bandwidth)
+    latency = max(links.node.p2p_latency, links.network.p2p_latency)
+    bandwidth = min(links.node.p2p_bandwidth, links.network.p2p_bandwidth)
     f, tau = e.layers_per_stage[0] * lt.forward, e.layers_per_stage[0] * (lt.forward + lt.backward)
     ends = e.time_parts["embedding_and_output"] * p / m
     sent = model.seq * model.hidden * precision_bytes("bf16") / 8   # b s h / t (scatter/gather)

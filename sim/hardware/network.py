@@ -28,8 +28,8 @@ the channel count is not modelled), its network post overhead (`getNetOverhead`:
 2 on AMD hosts, times 3 for Simple, a floor on the intra-node hop of a multi-node ring), and
 the network latency of the graph (`latencyInter`, 0 for InfiniBand).
 
-The links are plain records (`Link`, `P2PLink`, `Links`), taken as arguments; `links_of` builds
-them from a device profile (`sim.hardware.profile`, docs/profiles.md). Where the profile has a
+The links are plain records (the profile's `Link`s in `Links`; `P2PLink`, one send's path), taken as
+arguments; `links_of` builds them from a device profile (`sim.hardware.profile`, docs/profiles.md). Where the profile has a
 measured table of a collective over this many ranks on this link (`collectives.table`), or
 of sends (`p2p.table`), the table's time is taken instead of the model's.
 
@@ -43,10 +43,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-
+from functools import cache
 from typing import Callable, Optional
 
-from .profile import DeviceProfile
+from .profile import DeviceProfile, Link
 from .topology import Group
 
 OPS = {"all_reduce": 2, "reduce_scatter": 1, "all_gather": 1}  # ring steps per rank, times n - 1
@@ -63,16 +63,6 @@ TREE_CORRECTION = (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .
 
 
 @dataclass(frozen=True)
-class Link:
-    """NCCL's ring over one kind of link: the bus bandwidth (bytes/s a rank moves through it,
-    one way; for the network, one NIC's), the latency of each step over it, and a
-    collective's base latency."""
-    bus_bandwidth: float
-    hop_latency: float
-    base_latency: float
-
-
-@dataclass(frozen=True)
 class P2PLink:
     """One point-to-point send over a link: bytes/s (the network's: one NIC's) and latency."""
     bandwidth: float
@@ -83,34 +73,24 @@ class P2PLink:
 class Links:
     """The links of a cluster: collectives and sends inside a node and between nodes; `tree`:
     whether the library has NCCL's tree all-reduce."""
-    node: Link
+    node: Link       # the profile's record of the link: NCCL's ring over it and one send's figures
     network: Link
-    p2p_node: P2PLink
-    p2p_network: P2PLink
     tree: bool = True
     # measured times: (op, link, ranks, nbytes) -> seconds or None; (link, nbytes) -> seconds or None
     measured: Optional[Callable] = field(default=None, compare=False)
     measured_p2p: Optional[Callable] = field(default=None, compare=False)
 
 
+@cache
 def links_of(dev: DeviceProfile) -> Links:
-    """The links of a node of devices from their profile: NCCL's ring model of each link
-    (bus bandwidth, hop and base latency) and its sends, and the profile's measured tables;
-    NCCL's tree where the profile was measured with NCCL (gloo has none). A device without a
-    network link (one host) gets its node link for both: nothing leaves its node."""
-    if dev not in _LINKS:
-        node = dev.link("node")
-        net = dev.links.get("network", node)
-        _LINKS[dev] = Links(Link(node.bus_bandwidth, node.hop_latency, node.base_latency),
-                            Link(net.bus_bandwidth, net.hop_latency, net.base_latency),
-                            P2PLink(node.p2p_bandwidth, node.p2p_latency), P2PLink(net.p2p_bandwidth, net.p2p_latency),
-                            tree=dev.fingerprint.get("backend", "nccl") == "nccl",
-                            measured=dev.collective_lookup if dev.collective_rows else None,
-                            measured_p2p=dev.p2p_lookup if dev.p2p_rows else None)
-    return _LINKS[dev]
-
-
-_LINKS: dict = {}
+    """The links of a node of devices from their profile (`DeviceProfile.link`: NCCL's ring
+    model of each link and its sends) and the profile's measured tables; NCCL's tree where
+    the profile was measured with NCCL (gloo has none). A device without a network link (one
+    host) gets its node link for both: nothing leaves its node."""
+    node = dev.link("node")
+    return Links(node, dev.links.get("network", node), tree=dev.fingerprint.get("backend", "nccl") == "nccl",
+                 measured=dev.collective_lookup if dev.collective_rows else None,
+                 measured_p2p=dev.p2p_lookup if dev.p2p_rows else None)
 
 
 def bus_bandwidth(links: Links, group: Group) -> float:
@@ -180,9 +160,9 @@ def p2p_link(links: Links, send: Group) -> P2PLink:
     """The link of a send (`sim.hardware.topology.Topology.send`): NVLink's inside a node; across
     nodes the sending GPU's share of the NICs, at most NVLink's bandwidth."""
     if not send.network:
-        return links.p2p_node
-    bandwidth = min(links.p2p_node.bandwidth, send.nic_share * links.p2p_network.bandwidth)
-    return P2PLink(bandwidth, links.p2p_network.latency)
+        return P2PLink(links.node.p2p_bandwidth, links.node.p2p_latency)
+    bandwidth = min(links.node.p2p_bandwidth, send.nic_share * links.network.p2p_bandwidth)
+    return P2PLink(bandwidth, links.network.p2p_latency)
 
 
 def p2p_time(links: Links, nbytes: float, send: Group) -> float:
