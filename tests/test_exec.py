@@ -251,7 +251,7 @@ def runs():
 def test_loss_and_gradients_match_one_process(runs, name):
     spec, lowered, per_rank = runs[name]
     grads = [(f"stage{s}.{n}", g) for s in range(lowered.stages) for n, g in per_rank[lowered.rank_of(s)]["grads"][s]]
-    ref_loss, ref_grads = reference_step(spec, lowered.micro)
+    ref_loss, ref_grads = reference_step(spec, lowered.micro_batches)
     ok, worst, where = compare_grads(grads, ref_grads)
     assert ok, f"{name}: gradients differ by up to {worst} at {where}"
     assert per_rank[0]["losses"][0] == pytest.approx(ref_loss, rel=1e-5)

@@ -82,7 +82,7 @@ class PipelineRun:
     def summary(self) -> dict:
         s = self.schedule
         return {
-            "schedule": s.name, "stages": s.stages, "ranks": s.ranks, "micro": s.micro, "bounds": self.bounds,
+            "schedule": s.name, "stages": s.stages, "ranks": s.ranks, "micro": s.micro_batches, "bounds": self.bounds,
             "dp": self.dp, "world_size": s.ranks * self.dp,
             "optimizer": self.optimizer,
             "measured_step_s": self.measured_step_s, "step_times_s": self.step_times,
@@ -124,7 +124,7 @@ def check_run(spec, schedule: Schedule, config: RunConfig) -> Schedule:
     """The schedule lowered for `config.backend`, or a ValueError before anything starts:
     the model, the schedule and the configuration must fit together."""
     dp, backend = config.dp, config.backend
-    check_dp(dp, spec.batch_size, schedule.micro)
+    check_dp(dp, spec.batch_size, schedule.micro_batches)
     if dp > 1 and not schedule.has_collectives:
         raise ValueError(f"dp={dp} replicas must average their gradients, but schedule {schedule.name!r} has no "
                          f"REDUCE_GRAD actions; pass sim.add_grad_reduce(schedule, overlap) (a schedule name gets them)")
@@ -134,7 +134,7 @@ def check_run(spec, schedule: Schedule, config: RunConfig) -> Schedule:
     refuse_offload(lowered)
     if backend == "nccl":  # NCCL pairs a rank's transfers by order, not tag (docs/rules.md)
         lowered = order_transfers(lowered)
-    split_micro_batches(torch.empty(spec.batch_size, 0), torch.empty(spec.batch_size, 0), lowered.micro)
+    split_micro_batches(torch.empty(spec.batch_size, 0), torch.empty(spec.batch_size, 0), lowered.micro_batches)
     fault = config.injected
     if fault is not None and fault[1] >= lowered.ranks * dp:
         raise ValueError(f"fault {config.fault!r} names rank {fault[1]} but the run has ranks "
@@ -186,7 +186,7 @@ def run_pipeline(spec, schedule: Schedule | str, stages: int | None = None, micr
     lowered, dp = check_run(spec, schedule, config), config.dp
     # balance="time" profiles a micro-batch of the size a replica computes
     bounds = list(config.bounds) if config.bounds is not None else \
-        spec.partition(lowered.stages, config.balance, lowered.micro * dp)
+        spec.partition(lowered.stages, config.balance, lowered.micro_batches * dp)
     world = lowered.ranks * dp
     if config.progress and config.backend == "gloo" and world > len(host_cores()):
         say(f"warning: {world} ranks share {len(host_cores())} cores, so they wait for each other's "
@@ -199,7 +199,7 @@ def run_pipeline(spec, schedule: Schedule | str, stages: int | None = None, micr
 def _gather(per_rank: list[dict], spec, lowered: Schedule, bounds: list[int], config: RunConfig) -> PipelineRun:
     """The run from what every rank returned: the check against one process, the median
     step, and the costs calibrated inside it."""
-    ref_loss, ref_grads = reference_step(spec, lowered.micro)
+    ref_loss, ref_grads = reference_step(spec, lowered.micro_batches)
     match, worst, where = _check_replicas(per_rank, lowered, config.dp, ref_grads, config.rtol, config.atol)
     results = per_rank[0]["results"]
     run = PipelineRun(lowered, bounds, median_step(results), results, per_rank[0]["losses"],

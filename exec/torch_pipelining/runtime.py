@@ -63,7 +63,7 @@ def _runtime(ctx, spec, schedule: Schedule, bounds: Sequence[int], csv_text: str
     modules = spec.build_stages(schedule.stages, bounds=bounds)
     stages = [PipelineStage(modules[s].to(ctx.device), s, schedule.stages, ctx.device, group=dist.group.WORLD)
               for s in mine]
-    M = schedule.micro
+    M = schedule.micro_batches
 
     def loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return spec.loss(output, target) / M  # the full batch's gradients, as our runtime
@@ -140,7 +140,7 @@ def run_torch_runtime(spec, schedule: Schedule | str, stages: int | None = None,
             raise ValueError(f"{what} must be an integer >= {least}, got {n!r}")
     csv_text = to_torch_csv(schedule, in_order)
     bounds = list(bounds) if bounds is not None else spec.partition(schedule.stages)
-    ref_loss, ref_grads = reference_step(spec, schedule.micro)  # also checks that micro divides the batch
+    ref_loss, ref_grads = reference_step(spec, schedule.micro_batches)  # also checks that micro divides the batch
     per_rank = launch(torch_runtime_worker, schedule.ranks, spec, schedule, bounds, csv_text, steps, warmup, lr,
                       timeout=timeout, threads=threads)
     grads = [(f"stage{s}.{n}", g) for s in range(schedule.stages)
