@@ -16,7 +16,7 @@ from typing import Callable, Iterable
 from sim.schedule.dualpipe import dualpipev
 from sim.schedule.interleaved import check_interleaved, interleaved_1f1b, looped_bfs, looped_placement
 from sim.schedule.ir import Action, Kind, Schedule, ScheduleError
-from sim.schedule.renamed import take_renamed
+from sim.schedule.renamed import take_sizes
 from sim.schedule.zerobubble import v_placement, zb_h1, zb_h2, zbv
 from sim.search.zbauto import zb_auto
 
@@ -208,11 +208,8 @@ def make_schedule(name: str, devices: int | None = None, micro_batches: int | No
     (`SCHEDULES[name].options`). The old keywords `stages=` and `micro=` still work, with a
     DeprecationWarning. Raises `ScheduleError` with a one-line reason for sizes or options the
     schedule does not allow."""
-    sizes = {"devices": devices, "micro_batches": micro_batches}
-    sizes.update((old, options.pop(old)) for old in ("stages", "micro") if old in options)
-    take_renamed("make_schedule", sizes, {"stages": "devices", "micro": "micro_batches"})
-    devices, micro_batches = sizes["devices"], sizes["micro_batches"]
-    missing = [what for what, n in sizes.items() if n is None]
+    devices, micro_batches = take_sizes("make_schedule", devices, micro_batches, options)
+    missing = [what for what, n in (("devices", devices), ("micro_batches", micro_batches)) if n is None]
     if missing:
         raise TypeError(f"make_schedule() missing required argument: {', '.join(missing)}")
     canonical, gen = lookup(name)

@@ -1,6 +1,6 @@
 """A whole pipelined training run: one process per rank, warm-up and measured steps, calibration between them, and the check against one process.
 
-    >>> run = run_pipeline(ModelSpec(), "1f1b", stages=2, micro=8, calibrate=1)   # doctest: +SKIP
+    >>> run = run_pipeline(ModelSpec(), "1f1b", devices=2, micro_batches=8, calibrate=1)   # doctest: +SKIP
     >>> run.grad_match, run.result.makespan, run.costs                            # doctest: +SKIP
     >>> run = run_pipeline(ModelSpec(), "1f1b", 2, 4, RunConfig(dp=2, steps=3))    # doctest: +SKIP
 
@@ -28,6 +28,7 @@ import torch
 import sim
 from sim import Result, Schedule
 from sim.passes.order import order_transfers
+from sim.schedule.renamed import take_sizes
 
 from exec.launch.host import host_cores
 from exec.launch.processes import launch
@@ -156,10 +157,10 @@ def _check_replicas(per_rank: list[dict], lowered: Schedule, dp: int, ref_grads,
     return all(match for _, match, _ in checks), worst, where
 
 
-def run_pipeline(spec, schedule: Schedule | str, stages: int | None = None, micro: int | None = None,
+def run_pipeline(spec, schedule: Schedule | str, devices: int | None = None, micro_batches: int | None = None,
                  config: RunConfig | None = None, **options) -> PipelineRun:
-    """Run `schedule` (a `sim.Schedule`, or a name from `sim.SCHEDULES` with `stages` and
-    `micro`) on one process per rank as `config` (an `exec.pipeline.config.RunConfig`) says:
+    """Run `schedule` (a `sim.Schedule`, or a name from `sim.SCHEDULES` with `devices` and
+    `micro_batches`; the old keywords `stages=`, `micro=` warn) on one process per rank as `config` (an `exec.pipeline.config.RunConfig`) says:
     `warmup` + `steps` training steps of `spec` with its `optimizer`, and check the first
     step's loss and gradients against `reference_step`. Keyword `options` set fields of
     `config` (`run_pipeline(spec, "1f1b", 2, 8, steps=3)` is `run_pipeline(spec, "1f1b", 2,
@@ -176,11 +177,12 @@ def run_pipeline(spec, schedule: Schedule | str, stages: int | None = None, micr
     gradients of every replica are checked (`grad_match`: all of them match).
 
     Raises `exec.launch.processes.RankError` / `TimeoutError` if a rank fails or the run is too slow."""
+    devices, micro_batches = take_sizes("run_pipeline", devices, micro_batches, options)
     config = replace(config or RunConfig(), **options)
     if isinstance(schedule, str):
-        if stages is None or micro is None:
-            raise ValueError("a schedule name needs stages and micro, e.g. run_pipeline(spec, '1f1b', 2, 8)")
-        schedule = sim.make_schedule(schedule, stages, micro)
+        if devices is None or micro_batches is None:
+            raise ValueError("a schedule name needs devices and micro_batches, e.g. run_pipeline(spec, '1f1b', 2, 8)")
+        schedule = sim.make_schedule(schedule, devices, micro_batches)
         if config.dp > 1:
             schedule = sim.add_grad_reduce(schedule, config.overlap_grad_reduce)
     lowered, dp = check_run(spec, schedule, config), config.dp

@@ -27,3 +27,13 @@ def take_renamed(func: str, given: dict, renames: dict[str, str], stacklevel: in
 def warn_renamed_attribute(owner: str, old: str, new: str, stacklevel: int = 3) -> None:
     """One DeprecationWarning: `owner.old` is now `owner.new`."""
     warnings.warn(f"{owner}.{old} is deprecated: use {owner}.{new}", DeprecationWarning, stacklevel=stacklevel)
+
+
+def take_sizes(func: str, devices: int | None, micro_batches: int | None, options: dict) -> tuple:
+    """(devices, micro_batches) of a call that takes a schedule's sizes, taking the old
+    keywords `stages=` and `micro=` out of `options` (one DeprecationWarning at the caller of
+    `func`)."""
+    sizes = {"devices": devices, "micro_batches": micro_batches}
+    sizes.update((old, options.pop(old)) for old in ("stages", "micro") if old in options)
+    take_renamed(func, sizes, {"stages": "devices", "micro": "micro_batches"}, stacklevel=4)
+    return sizes["devices"], sizes["micro_batches"]
