@@ -336,7 +336,7 @@ def _save(out: Path, run, comparison) -> None:
     """Chrome trace of the median step, the costs calibrated in the run (for `--costs`),
     and the step's figure (and the overlay) if sim.plot is there."""
     out.mkdir(parents=True, exist_ok=True)
-    name = f"{run.schedule.name}_p{run.schedule.stages}_m{run.schedule.micro}"
+    name = f"{run.schedule.name}_p{run.schedule.stages}_m{run.schedule.micro_batches}"
     run.result.save_chrome_trace(out / f"{name}_measured.trace.json")
     if run.costs is not None:
         from sim import save_costs

@@ -1,7 +1,7 @@
 """sim: a discrete-event simulator of pipeline-parallel training schedules.
 
     >>> import sim
-    >>> r = sim.simulate(sim.make_schedule("1f1b", stages=4, micro=8), sim.Costs())
+    >>> r = sim.simulate(sim.make_schedule("1f1b", devices=4, micro_batches=8), sim.Costs())
     >>> r.makespan, r.bubble_fraction
     (33.0, 0.2727272727272727)
 

@@ -16,6 +16,7 @@ from typing import Callable, Iterable
 from sim.schedule.dualpipe import dualpipev
 from sim.schedule.interleaved import check_interleaved, interleaved_1f1b, looped_bfs, looped_placement
 from sim.schedule.ir import Action, Kind, Schedule, ScheduleError
+from sim.schedule.renamed import take_sizes
 from sim.schedule.zerobubble import v_placement, zb_h1, zb_h2, zbv
 from sim.search.zbauto import zb_auto
 
@@ -37,48 +38,49 @@ def run_of(stage: int, kind: Kind, micros: Iterable[int]) -> list[Action]:
     return list(map(_new_action, zip(itertools.repeat(stage), itertools.repeat(kind), micros)))
 
 
-def naive(stages: int, micro: int) -> Schedule:
+def naive(devices: int, micro_batches: int) -> Schedule:
     """Naive model parallelism: each micro-batch goes forward through every stage and
     back before the next one starts, so only one device computes at a time."""
-    programs = [[x for m in range(micro) for x in (F(s, m), B(s, m))] for s in range(stages)]
-    return Schedule(programs, micro=micro, name="naive")
+    programs = [[x for m in range(micro_batches) for x in (F(s, m), B(s, m))] for s in range(devices)]
+    return Schedule(programs, micro_batches=micro_batches, name="naive")
 
 
-def gpipe(stages: int, micro: int, max_active: int | None = None) -> Schedule:
+def gpipe(devices: int, micro_batches: int, max_active: int | None = None) -> Schedule:
     """GPipe: every stage runs all its forwards, then all its backwards. With `max_active`
     = c (SageMaker model parallel's `active_microbatches`), in waves of c micro-batches (as
     gradient accumulation over GPipe steps): a wave enters stage 0 once the last one has
     left it, so at most c are in flight. A rolling window (micro-batch m entering once m-c
     has left) would cost a round trip per micro-batch: a forwards-first last stage runs
     F(m) before B(m-c+1), and F(m) waits for B(m-c) on stage 0."""
-    cap = micro if max_active is None else _check_cap(max_active)
-    waves = [range(w, min(w + cap, micro)) for w in range(0, micro, cap)]
+    cap = micro_batches if max_active is None else _check_cap(max_active)
+    waves = [range(w, min(w + cap, micro_batches)) for w in range(0, micro_batches, cap)]
     programs = []
-    for s in range(stages):
+    for s in range(devices):
         prog = []
         for wave in waves:
             prog += run_of(s, Kind.F, wave) + run_of(s, Kind.B, wave)
         programs.append(prog)
-    return Schedule(programs, micro=micro, name="gpipe")
+    return Schedule(programs, micro_batches=micro_batches, name="gpipe")
 
 
-def one_f_one_b(stages: int, micro: int, max_active: int | None = None) -> Schedule:
+def one_f_one_b(devices: int, micro_batches: int, max_active: int | None = None) -> Schedule:
     """1F1B (PipeDream-Flush, as in Megatron-LM): stage s warms up with min(p-s-1, m)
     forwards, then alternates one forward and one backward, then cools down with the
     backwards left. Stage s never holds more than min(p-s, m) micro-batches. With
     `max_active` = c the warm-up is at most c-1: no stage holds more than c, and micro-batch
     m enters stage 0 only once micro-batch m-c has left it."""
-    cap = stages if max_active is None else _check_cap(max_active)
+    p, m = devices, micro_batches
+    cap = p if max_active is None else _check_cap(max_active)
     programs = []
-    for s in range(stages):
-        w = min(stages - s - 1, cap - 1, micro)
-        forwards, backwards = run_of(s, Kind.F, range(micro)), run_of(s, Kind.B, range(micro))
+    for s in range(p):
+        w = min(p - s - 1, cap - 1, m)
+        forwards, backwards = run_of(s, Kind.F, range(m)), run_of(s, Kind.B, range(m))
         prog = forwards[:w]
         # steady state: forward i + w, then backward i (zip stops at the last forward)
         prog += itertools.chain.from_iterable(zip(forwards[w:], backwards))
-        prog += backwards[micro - w:]
+        prog += backwards[m - w:]
         programs.append(prog)
-    return Schedule(programs, micro=micro, name="1f1b")
+    return Schedule(programs, micro_batches=m, name="1f1b")
 
 
 def _check_cap(max_active) -> int:
@@ -87,30 +89,31 @@ def _check_cap(max_active) -> int:
     return max_active
 
 
-def one_per_device(stages: int, virtual: int = 1) -> list[int]:
+def one_per_device(devices: int, virtual: int = 1) -> list[int]:
     """Stage s on device s (one model stage per device)."""
-    return list(range(stages))
+    return list(range(devices))
 
 
-def v_shape(stages: int, virtual: int = 2) -> list[int]:
+def v_shape(devices: int, virtual: int = 2) -> list[int]:
     """The V shape of 2P model stages: device r holds stages r and 2P-1-r
     (`sim.schedule.zerobubble.v_placement`)."""
-    return v_placement(stages)
+    return v_placement(devices)
 
 
 @dataclass(frozen=True)
 class Generator:
     """A named schedule generator and what it accepts.
 
-    - make(stages, micro, virtual, **options) -> Schedule: `stages` pipeline devices (P),
-      `micro` micro-batches (M), `virtual` model chunks per device (V); P*V model stages.
+    - make(devices, micro_batches, virtual, **options) -> Schedule: `devices` pipeline
+      devices (P), `micro_batches` micro-batches (M), `virtual` model chunks per device (V);
+      P*V model stages. `make_schedule` calls it with the three positionally.
     - virtual: V when the caller gives none.
     - takes_virtual: whether V is the caller's choice (any V >= 1; `check` may refuse some
       sizes); if not, the generator takes its `virtual` only.
-    - placement(stages, virtual) -> the device of each of the P*V model stages, as the
+    - placement(devices, virtual) -> the device of each of the P*V model stages, as the
       schedules it makes place them (`one_per_device`, `looped_placement`: stage s on
       device s mod P, `v_shape`).
-    - check(stages, micro, virtual) -> a one-line reason the generator refuses these
+    - check(devices, micro_batches, virtual) -> a one-line reason the generator refuses these
       sizes, or None; `refusal` adds the rule of `takes_virtual`.
     - options: the keyword options `make` takes beyond those three (e.g. `max_active`).
     - summary: one line for listings (`python -m sim.plot --help`)."""
@@ -123,19 +126,20 @@ class Generator:
     check: Callable[[int, int, int], str | None] = lambda p, m, v: None
     options: tuple[str, ...] = ()
 
-    def refusal(self, stages: int, micro: int, virtual: int) -> str | None:
+    def refusal(self, devices: int, micro_batches: int, virtual: int) -> str | None:
         """Why the generator refuses these sizes (one line), or None."""
         if not self.takes_virtual and virtual != self.virtual:
             held = "one stage" if self.virtual == 1 else f"{self.virtual} stages"
             return f"V={virtual}: this schedule holds {held} per device (V={self.virtual})"
-        return self.check(stages, micro, virtual)
+        return self.check(devices, micro_batches, virtual)
 
     def __repr__(self) -> str:
         return f"<Generator V={self.virtual}{' (any)' * self.takes_virtual}: {self.summary}>"
 
 
 def _textbook(fn: Callable[..., Schedule], summary: str, options: tuple[str, ...] = ()) -> Generator:
-    return Generator(lambda stages, micro, virtual, **o: fn(stages, micro, **o), summary, options=options)
+    return Generator(lambda devices, micro_batches, virtual, **o: fn(devices, micro_batches, **o), summary,
+                     options=options)
 
 
 def _at_least(min_micro: Callable[[int], int], why: str) -> Callable:
@@ -152,7 +156,7 @@ class Registry(dict):
         width = max(map(len, self), default=0)
         lines = [f"  {name:<{width}}  {f'V={g.virtual}' + (' (any)' if g.takes_virtual else ''):<11}  {g.summary}"
                  + (f" [options: {', '.join(g.options)}]" if g.options else "") for name, g in self.items()]
-        return f"sim.SCHEDULES ({len(self)} schedules; make one with sim.make_schedule(name, stages, micro)):\n" + \
+        return f"sim.SCHEDULES ({len(self)} schedules; make one with sim.make_schedule(name, devices, micro_batches)):\n" + \
             "\n".join(lines)
 
 
@@ -196,21 +200,28 @@ def lookup(name: str) -> tuple[str, Generator]:
     return canonical, SCHEDULES[canonical]
 
 
-def make_schedule(name: str, stages: int, micro: int, virtual: int | None = None, **options) -> Schedule:
-    """Build the named schedule (`sim.SCHEDULES` lists them) for `stages` pipeline devices,
-    `micro` micro-batches and `virtual` model chunks per device (default: the schedule's
-    own, 1 or 2); some take options (`SCHEDULES[name].options`). Raises `ScheduleError`
-    with a one-line reason for sizes or options the schedule does not allow."""
+def make_schedule(name: str, devices: int | None = None, micro_batches: int | None = None, virtual: int | None = None,
+                  **options) -> Schedule:
+    """Build the named schedule (`sim.SCHEDULES` lists them) for `devices` pipeline devices (P),
+    `micro_batches` micro-batches (M) and `virtual` model chunks per device (V, default: the
+    schedule's own, 1 or 2): P*V model stages (`Schedule.stages`). Some take options
+    (`SCHEDULES[name].options`). The old keywords `stages=` and `micro=` still work, with a
+    DeprecationWarning. Raises `ScheduleError` with a one-line reason for sizes or options the
+    schedule does not allow."""
+    devices, micro_batches = take_sizes("make_schedule", devices, micro_batches, options)
+    missing = [what for what, n in (("devices", devices), ("micro_batches", micro_batches)) if n is None]
+    if missing:
+        raise TypeError(f"make_schedule() missing required argument: {', '.join(missing)}")
     canonical, gen = lookup(name)
     virtual = gen.virtual if virtual is None else virtual
-    for what, n in (("stages", stages), ("micro", micro), ("virtual", virtual)):
+    for what, n in (("devices", devices), ("micro_batches", micro_batches), ("virtual", virtual)):
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ScheduleError(f"{what} must be a positive integer, got {n!r}")
     unknown = sorted(set(options) - set(gen.options))
     if unknown:
         takes = f"takes {', '.join(gen.options)}" if gen.options else "takes no options"
         raise ScheduleError(f"{canonical} {takes}, not {', '.join(unknown)}")
-    reason = gen.refusal(stages, micro, virtual)
+    reason = gen.refusal(devices, micro_batches, virtual)
     if reason:
-        raise ScheduleError(f"{canonical} on {stages} devices, {micro} micro-batches: {reason}")
-    return gen.make(stages, micro, virtual, **options)
+        raise ScheduleError(f"{canonical} on {devices} devices, {micro_batches} micro-batches: {reason}")
+    return gen.make(devices, micro_batches, virtual, **options)

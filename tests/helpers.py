@@ -100,7 +100,7 @@ def reference_run(schedule, costs):
                         clock[r] += c.recv_overhead
                     elif role[a.kind] is Role.COLLECTIVE:
                         backwards = [t for x, t in end.items() if x.stage == a.stage and x.kind in (Kind.B, Kind.W)]
-                        assert len(backwards) == low.micro, f"{a} comes before its stage's backwards"
+                        assert len(backwards) == low.micro_batches, f"{a} comes before its stage's backwards"
                         start[a] = max([clock[r], stream[r]] + backwards)
                         end[a] = stream[r] = start[a] + c.grad_reduce[a.stage]
                     elif role[a.kind] is Role.COPY:

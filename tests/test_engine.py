@@ -20,10 +20,10 @@ from helpers import assert_matches_reference
 def test_closed_forms(p, m, F, B):
     costs = Costs(forward=F, backward=B)
     for name in ("gpipe", "1f1b"):
-        r = sim.simulate(sim.make_schedule(name, stages=p, micro=m), costs)
+        r = sim.simulate(sim.make_schedule(name, devices=p, micro_batches=m), costs)
         assert r.makespan == pytest.approx((m + p - 1) * (F + B), rel=1e-12)
         assert r.bubble_fraction == pytest.approx((p - 1) / (m + p - 1), rel=1e-9, abs=1e-12)
-    naive = sim.simulate(sim.make_schedule("naive", stages=p, micro=m), costs)
+    naive = sim.simulate(sim.make_schedule("naive", devices=p, micro_batches=m), costs)
     assert naive.makespan == pytest.approx(m * p * (F + B), rel=1e-12)
     assert naive.bubble_fraction == pytest.approx(1 - 1 / p, abs=1e-12)
 
@@ -32,9 +32,9 @@ def test_closed_forms(p, m, F, B):
 def test_peak_activations_and_memory(p, m):
     act, static = 3e6, [1e8 * (s + 1) for s in range(p)]
     costs = Costs(activation_bytes=act, static_bytes=static)
-    gp = sim.simulate(sim.make_schedule("gpipe", stages=p, micro=m), costs)
-    ofob = sim.simulate(sim.make_schedule("1f1b", stages=p, micro=m), costs)
-    naive = sim.simulate(sim.make_schedule("naive", stages=p, micro=m), costs)
+    gp = sim.simulate(sim.make_schedule("gpipe", devices=p, micro_batches=m), costs)
+    ofob = sim.simulate(sim.make_schedule("1f1b", devices=p, micro_batches=m), costs)
+    naive = sim.simulate(sim.make_schedule("naive", devices=p, micro_batches=m), costs)
     assert gp.peak_activations == [m] * p
     assert ofob.peak_activations == [min(p - s, m) for s in range(p)]
     assert naive.peak_activations == [1] * p
@@ -44,7 +44,7 @@ def test_peak_activations_and_memory(p, m):
 
 def test_issue_example_costs():
     costs = Costs(forward=1.0, backward=[2.0, 2.5, 2.0, 3.0], latency=0.1)
-    r = sim.simulate(sim.make_schedule("1f1b", stages=4, micro=8), costs)
+    r = sim.simulate(sim.make_schedule("1f1b", devices=4, micro_batches=8), costs)
     # the slowest stage (B=3) is busy 8*(1+3)=32; the step can't be shorter than that
     assert r.makespan >= 32.0
     assert r.peak_activations == [4, 3, 2, 1]
@@ -52,7 +52,7 @@ def test_issue_example_costs():
 
 def test_costs_reject_bad_values():
     with pytest.raises(ValueError, match="3 values but the schedule has 4 stages"):
-        sim.simulate(sim.make_schedule("gpipe", stages=4, micro=2), Costs(forward=[1, 2, 3]))
+        sim.simulate(sim.make_schedule("gpipe", devices=4, micro_batches=2), Costs(forward=[1, 2, 3]))
     with pytest.raises(ValueError, match="latency"):
         Costs(latency=-1)
     with pytest.raises(ValueError, match="bandwidth"):
@@ -68,13 +68,13 @@ def test_bandwidth_queues_transfers_on_a_link():
     # other (each notice is there before the link frees), so send k arrives at lat + k + 1 + lat.
     m, lat = 4, 0.5
     costs = Costs(forward=1e-9, backward=1e-9, latency=lat, bandwidth=100.0, activation_bytes_sent=100.0)
-    r = sim.simulate(sim.make_schedule("gpipe", stages=2, micro=m), costs)
+    r = sim.simulate(sim.make_schedule("gpipe", devices=2, micro_batches=m), costs)
     sends = sorted((e for e in r.events if e.action.kind is Kind.SEND_F), key=lambda e: e.end)
     assert [e.end for e in sends] == pytest.approx([lat + k + 1 + lat for k in range(m)], abs=1e-6)
 
 
 def test_chrome_trace(tmp_path):
-    r = sim.simulate(sim.make_schedule("1f1b", stages=3, micro=4), Costs(latency=0.1))
+    r = sim.simulate(sim.make_schedule("1f1b", devices=3, micro_batches=4), Costs(latency=0.1))
     path = tmp_path / "trace.json"
     r.save_chrome_trace(path)
     trace = json.loads(path.read_text())
@@ -114,7 +114,7 @@ def configs(draw):
 @given(configs())
 def test_properties(cfg):
     name, p, m, costs = cfg
-    schedule = sim.make_schedule(name, stages=p, micro=m)
+    schedule = sim.make_schedule(name, devices=p, micro_batches=m)
     r = sim.simulate(schedule, costs)
     c = costs.for_stages(p)
     # what the engine tallied while running equals what the event records say
@@ -168,7 +168,7 @@ def test_engine_matches_independent_rules(cfg):
                   send_overhead=costs.send_overhead, recv_overhead=costs.recv_overhead,
                   arrive_overhead=costs.arrive_overhead, io_tick=costs.io_tick,
                   before_compute=costs.before_compute, after_compute=costs.after_compute)
-    schedule = sim.make_schedule(name, stages=p, micro=m)
+    schedule = sim.make_schedule(name, devices=p, micro_batches=m)
     assert_matches_reference(schedule, costs)
 
 
@@ -178,7 +178,7 @@ def test_durations_replace_the_costs_of_single_actions(cfg, rnd):
     """`durations` gives chosen computes their own time: each such compute lasts exactly
     that long, and giving every compute its stage's cost changes nothing."""
     name, p, m, costs = cfg
-    schedule = sim.make_schedule(name, stages=p, micro=m)
+    schedule = sim.make_schedule(name, devices=p, micro_batches=m)
     base = sim.simulate(schedule, costs)
     same = sim.simulate(schedule, costs, durations={e.action: e.duration for e in base.events if e.is_compute})
     assert same.makespan == pytest.approx(base.makespan, rel=1e-12)
@@ -201,7 +201,7 @@ def test_late_notice_waits_for_the_senders_yield_or_tick(a, f, tick_in_a):
     rank, so its transport thread runs at its next yield, the SEND of F3 at 4a, or at the
     tick: the data arrives at a + b + E[min(3a - b, U(0, tick))]."""
     b, tick = a * (2 + f), a * tick_in_a
-    r = sim.simulate(sim.make_schedule("gpipe", stages=2, micro=4),
+    r = sim.simulate(sim.make_schedule("gpipe", devices=2, micro_batches=4),
                      Costs(forward=[a, b], backward=1.0, io_tick=tick))
     send = {str(e.action): e for e in r.events}["0SEND_F2"]
     assert send.start == pytest.approx(3 * a)
@@ -244,7 +244,7 @@ def test_naive_two_stages_with_call_overheads_closed_form(m, F, B, L, o_send, o_
     issues the first SEND (at o_recv + o_before + F + o_after), the data leaves at L instead."""
     costs = Costs(forward=F, backward=B, latency=L, send_overhead=o_send, recv_overhead=o_recv,
                   arrive_overhead=o_arrive, before_compute=o_before, after_compute=o_after)
-    r = sim.simulate(sim.make_schedule("naive", stages=2, micro=m), costs)
+    r = sim.simulate(sim.make_schedule("naive", devices=2, micro_batches=m), costs)
     late_notice = max(0.0, L - (o_recv + o_before + F + o_after))
     assert r.makespan == pytest.approx(2 * m * (F + B + L + o_arrive) + (2 * m - 1) * o_recv + 4 * m * o_before
                                        + (4 * m - 1) * o_after + late_notice, rel=1e-12)

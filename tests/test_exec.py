@@ -251,7 +251,7 @@ def runs():
 def test_loss_and_gradients_match_one_process(runs, name):
     spec, lowered, per_rank = runs[name]
     grads = [(f"stage{s}.{n}", g) for s in range(lowered.stages) for n, g in per_rank[lowered.rank_of(s)]["grads"][s]]
-    ref_loss, ref_grads = reference_step(spec, lowered.micro)
+    ref_loss, ref_grads = reference_step(spec, lowered.micro_batches)
     ok, worst, where = compare_grads(grads, ref_grads)
     assert ok, f"{name}: gradients differ by up to {worst} at {where}"
     assert per_rank[0]["losses"][0] == pytest.approx(ref_loss, rel=1e-5)
@@ -484,3 +484,17 @@ def test_nccl_run_matches_one_process():
     run = run_pipeline(MLP, "1f1b", ranks, 4, steps=2, warmup=1, backend="nccl", timeout=TIMEOUT, atol=1e-4)
     assert run.grad_match, run.max_grad_diff
     assert run.measured_step_s > 0 and run.result.peak_memory[0] > 0
+
+
+def test_run_pipeline_and_torch_runtime_take_devices_and_micro_batches_and_warn_on_the_old_keywords():
+    from exec.pipeline.runner import run_pipeline
+    from exec.torch_pipelining.runtime import run_torch_runtime
+    for run in (run_pipeline, run_torch_runtime):
+        # a name without micro_batches is refused before any process starts
+        with pytest.raises(ValueError, match=r"a schedule name needs devices and micro_batches"):
+            run(MLP, "1f1b", devices=2)
+        with pytest.warns(DeprecationWarning, match=r"stages= is now devices="), \
+                pytest.raises(ValueError, match=r"needs devices and micro_batches"):
+            run(MLP, "1f1b", stages=2)
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'step'"):
+        run_torch_runtime(MLP, "1f1b", 2, 4, step=1)

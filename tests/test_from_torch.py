@@ -36,7 +36,7 @@ def ideal(**fields) -> Costs:
 def test_torch_orders_validate(name, P, M):
     s = from_torch(name, stages=P, micro=M)
     sim.validate(s)
-    assert s.micro == M and s.ranks == P and s.stages == P * (1 if name == "GPipe" else 2)
+    assert s.micro_batches == M and s.ranks == P and s.stages == P * (1 if name == "GPipe" else 2)
     assert sorted(s.placement) == sorted(list(range(P)) * (s.stages // P))
     r = sim.simulate(s, ideal())
     assert r.busy() == pytest.approx([3.0 * M * s.stages / P] * P)  # every action ran once: F=1, B=I+W=2

@@ -173,7 +173,7 @@ def test_1f1b_cap_holds_min_of_cap_and_p_minus_s():
 @pytest.mark.parametrize("call,message", [
     (lambda: sim.make_schedule("interleaved-1f1b", 3, 7), r"on 3 devices, 7 micro-batches: M=7 is not a multiple of max\(1, M // P\) = 2"),
     (lambda: sim.make_schedule("interleaved-1f1b", 4, 8, 0), r"virtual must be a positive integer, got 0"),
-    (lambda: sim.make_schedule("looped-bfs", 4, 0), r"micro must be a positive integer, got 0"),
+    (lambda: sim.make_schedule("looped-bfs", 4, 0), r"micro_batches must be a positive integer, got 0"),
     (lambda: sim.make_schedule("gpipe", 4, 8, 2), r"V=2: this schedule holds one stage per device"),
     (lambda: sim.make_schedule("gpipe", 4, 8, max_active=0), r"max_active must be a positive integer"),
     (lambda: sim.make_schedule("1f1b", 4, 8, max_active=True), r"max_active must be a positive integer"),

@@ -24,12 +24,12 @@ def test_bad_action_strings_are_rejected(bad):
 @pytest.mark.parametrize("name", sorted(sim.SCHEDULES))
 @pytest.mark.parametrize("lowered", [False, True])
 def test_csv_round_trips(name, lowered):
-    s = sim.make_schedule(name, stages=4, micro=8)  # M = 2P: a size every schedule takes
+    s = sim.make_schedule(name, devices=4, micro_batches=8)  # M = 2P: a size every schedule takes
     if lowered:
         s = sim.lower(s)
     back = Schedule.from_csv(s.to_csv(), name=name)
     assert back.programs == s.programs
-    assert back.placement == s.placement and back.micro == s.micro
+    assert back.placement == s.placement and back.micro_batches == s.micro_batches
 
 
 def test_csv_in_torch_form_with_idle_cells():
@@ -86,7 +86,7 @@ def test_cross_rank_deadlock_shows_every_stuck_rank():
 
 
 def test_hand_lowered_schedule_with_late_recv_is_rejected():
-    good = sim.lower(sim.make_schedule("gpipe", stages=2, micro=1))
+    good = sim.lower(sim.make_schedule("gpipe", devices=2, micro_batches=1))
     prog1 = [a for a in good.programs[1] if a.kind is not Kind.RECV_F] + [Action(1, Kind.RECV_F, 0)]
     bad = Schedule([good.programs[0], prog1])
     with pytest.raises(ScheduleError, match=r"rank 1 waits at 1F0 for 1RECV_F0 \(not posted before it\)"):
@@ -94,7 +94,7 @@ def test_hand_lowered_schedule_with_late_recv_is_rejected():
 
 
 def test_hand_lowered_schedule_missing_a_send_is_rejected():
-    good = sim.lower(sim.make_schedule("1f1b", stages=2, micro=2))
+    good = sim.lower(sim.make_schedule("1f1b", devices=2, micro_batches=2))
     prog0 = [a for a in good.programs[0] if str(a) != "0SEND_F1"]
     with pytest.raises(ScheduleError, match="1RECV_F1 has no matching 0SEND_F1"):
         sim.validate(Schedule([prog0, good.programs[1]]))
@@ -102,12 +102,12 @@ def test_hand_lowered_schedule_missing_a_send_is_rejected():
 
 def test_lowering_adds_exactly_the_transfers_the_dependencies_imply():
     p, m = 4, 5
-    low = sim.lower(sim.make_schedule("1f1b", stages=p, micro=m))
+    low = sim.lower(sim.make_schedule("1f1b", devices=p, micro_batches=m))
     comm = [a for prog in low.programs for a in prog if not a.kind.is_compute]
     # forward: p-1 boundaries x m micro-batches, both ways, send + recv
     assert len(comm) == 2 * 2 * (p - 1) * m
     for r, prog in enumerate(low.programs):
-        assert [a for a in prog if a.kind.is_compute] == list(sim.make_schedule("1f1b", stages=p, micro=m).programs[r])
+        assert [a for a in prog if a.kind.is_compute] == list(sim.make_schedule("1f1b", devices=p, micro_batches=m).programs[r])
     with pytest.raises(ScheduleError, match="already lowered"):
         sim.lower(low)
 
@@ -115,7 +115,7 @@ def test_lowering_adds_exactly_the_transfers_the_dependencies_imply():
 @pytest.mark.parametrize("name,stages,micro", [("gpipe", 0, 4), ("1f1b", 4, 0), ("1f1b", -1, 2), ("bogus", 2, 2)])
 def test_make_schedule_rejects_bad_arguments(name, stages, micro):
     with pytest.raises(ScheduleError):
-        sim.make_schedule(name, stages=stages, micro=micro)
+        sim.make_schedule(name, devices=stages, micro_batches=micro)
 
 
 @pytest.mark.parametrize("programs", [
@@ -131,7 +131,7 @@ def test_simulate_rejects_a_deadlock_as_validate_does(programs):
 
 
 def test_simulate_rejects_a_late_recv_as_validate_does():
-    good = sim.lower(sim.make_schedule("gpipe", stages=2, micro=2))
+    good = sim.lower(sim.make_schedule("gpipe", devices=2, micro_batches=2))
     prog1 = [a for a in good.programs[1] if str(a) != "1RECV_F1"]
     prog1.insert(prog1.index(Action.parse("1F1")) + 1, Action.parse("1RECV_F1"))
     bad = Schedule([good.programs[0], prog1])

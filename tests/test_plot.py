@@ -241,7 +241,7 @@ def test_cli_virtual_and_split_costs_reach_the_simulation(zoo, capsys, tmp_path)
 
 @pytest.fixture(scope="module")
 def one_f_one_b():
-    return sim.simulate(sim.make_schedule("1f1b", stages=4, micro=8), sim.Costs())
+    return sim.simulate(sim.make_schedule("1f1b", devices=4, micro_batches=8), sim.Costs())
 
 
 def test_plot_result_draws_one_bar_per_compute_event(one_f_one_b):
@@ -366,7 +366,7 @@ def png_size(path: Path) -> tuple[int, int]:
 
 @pytest.fixture(scope="module")
 def large():
-    return sim.simulate(sim.make_schedule("1f1b", stages=64, micro=512))
+    return sim.simulate(sim.make_schedule("1f1b", devices=64, micro_batches=512))
 
 
 def test_large_step_is_a_heat_map_of_bounded_size(large, tmp_path):
@@ -383,7 +383,7 @@ def test_large_step_is_a_heat_map_of_bounded_size(large, tmp_path):
 
 
 def test_compare_of_large_steps_is_bounded(large, tmp_path):
-    gpipe = sim.simulate(sim.make_schedule("gpipe", stages=64, micro=512))
+    gpipe = sim.simulate(sim.make_schedule("gpipe", devices=64, micro_batches=512))
     fig = plot_compare([gpipe, large])
     assert fig.get_size_inches()[1] <= MAX_HEIGHT
     memory_scales = {ax.images[0].get_clim() for ax in fig.axes[1::2] if ax.images}
@@ -391,7 +391,7 @@ def test_compare_of_large_steps_is_bounded(large, tmp_path):
 
 
 def test_dense_bars_are_one_collection_per_kind_without_outlines():
-    result = sim.simulate(sim.make_schedule("gpipe", stages=4, micro=128))  # 256 bars per rank, ~4 px each
+    result = sim.simulate(sim.make_schedule("gpipe", devices=4, micro_batches=128))  # 256 bars per rank, ~4 px each
     assert timeline_style(result) == "dense"
     fig = plot_result(result)
     chart = fig.axes[0]
@@ -403,7 +403,7 @@ def test_dense_bars_are_one_collection_per_kind_without_outlines():
 
 
 def test_many_devices_show_a_sample():
-    result = sim.simulate(sim.make_schedule("gpipe", stages=600, micro=1))
+    result = sim.simulate(sim.make_schedule("gpipe", devices=600, micro_batches=1))
     rows = heatmap.shown_ranks(result.ranks)
     assert rows == list(range(0, 600, 3))
     fig = plot_result(result)
@@ -413,7 +413,7 @@ def test_many_devices_show_a_sample():
 
 def test_busy_share_is_the_busy_time_per_bin():
     # one rank: F on [0, 1], B on [1, 3], idle to the end of rank 1's work at 4
-    result = sim.simulate(sim.make_schedule("gpipe", stages=2, micro=1))
+    result = sim.simulate(sim.make_schedule("gpipe", devices=2, micro_batches=1))
     assert result.makespan == 6
     share = heatmap.busy_share(result, [0, 1], bins=12)
     w = result.makespan / 12
@@ -430,7 +430,7 @@ def test_binned_max_keeps_peaks_and_the_last_change_at_an_instant():
 
 
 def test_titles_give_units_and_singulars():
-    result = sim.simulate(sim.make_schedule("gpipe", stages=1, micro=1))
+    result = sim.simulate(sim.make_schedule("gpipe", devices=1, micro_batches=1))
     fig = plot_result(result)
     assert fig._suptitle.get_text() == \
         "gpipe: 1 stage, 1 micro-batch  |  makespan 3 time units, bubble 0.0% (steady 0.0%)"

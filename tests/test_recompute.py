@@ -115,7 +115,7 @@ def test_the_runtime_holds_the_calibrated_bytes(spec):
     micro-batch of a stage is what calibration measures for that stage."""
     bounds = spec.partition(2)
     schedule = sim.Schedule([[f"{s}{k}{m}" for m in range(MICRO) for s, k in ((0, "F"), (1, "F"), (1, "B"), (0, "B"))]],
-                            placement=[0, 0], micro=MICRO)
+                            placement=[0, 0], micro_batches=MICRO)
     stages = spec.build_stages(2, bounds=bounds)
     xs, ys = split_micro_batches(*spec.batch(), MICRO)
     trace = RankInterpreter(RankContext(0, 1, 0, "gloo"), schedule, dict(enumerate(stages)), xs, ys,

@@ -156,7 +156,7 @@ def v_1f1b_split(micro: int) -> sim.Schedule:
     for m in range(micro):
         r1 += [f"2W{m}", f"1W{m}"]
         r0 += [f"0W{m}"]
-    return sim.Schedule([r0, r1], placement=[0, 1, 1, 0], micro=micro, name="v-1f1b-split")
+    return sim.Schedule([r0, r1], placement=[0, 1, 1, 0], micro_batches=micro, name="v-1f1b-split")
 
 
 def _many_runs(ctx, jobs):
@@ -182,7 +182,7 @@ def test_split_schedules_with_two_stages_per_rank_train_as_one_process():
     for i, (name, spec, schedule) in enumerate(cases):
         grads = [(f"stage{s}.{n}", g) for s in range(schedule.stages)
                  for n, g in per_rank[schedule.rank_of(s)][i]["grads"][s]]
-        ref_loss, ref_grads = reference_step(spec, schedule.micro)
+        ref_loss, ref_grads = reference_step(spec, schedule.micro_batches)
         ok, worst, where = compare_grads(grads, ref_grads)
         assert ok, f"{name}: gradients differ by up to {worst} at {where}"
         assert per_rank[0][i]["losses"][0] == pytest.approx(ref_loss, rel=1e-5)

@@ -146,7 +146,7 @@ def test_a_lowered_schedule_with_two_recvs_swapped_is_caught():
     prog = list(low.programs[1])
     i, j = prog.index(Action.parse("1RECV_F1")), prog.index(Action.parse("1RECV_F2"))
     prog[i], prog[j] = prog[j], prog[i]
-    swapped = Schedule([low.programs[0], prog], low.placement, low.micro)
+    swapped = Schedule([low.programs[0], prog], low.placement, low.micro_batches)
     with pytest.raises(ScheduleError, match=rf"rank 0 step \d+ sends 0SEND_F1 but rank 1 step {i} receives 1RECV_F2"):
         transfer_order(swapped)
 

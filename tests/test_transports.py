@@ -23,7 +23,7 @@ def schedules(draw):
         p, m = draw(st.integers(1, 6)), draw(st.integers(1, 8))
         name = draw(st.sampled_from(sorted(sim.SCHEDULES)))
         assume(sim.SCHEDULES[name].refusal(p, m, sim.SCHEDULES[name].virtual) is None)  # sizes it refuses
-        return sim.make_schedule(name, stages=p, micro=m)
+        return sim.make_schedule(name, devices=p, micro_batches=m)
     placement = draw(st.sampled_from([[0, 1, 0, 1], [0, 1, 1, 0], [0, 0, 1], [1, 0, 2, 2, 0, 1]]))
     return gpipe_like(placement, draw(st.integers(1, 5)), split=draw(st.booleans()))
 

@@ -210,7 +210,7 @@ def configs(draw):
 @given(configs())
 def test_engine_matches_independent_rules(cfg):
     name, p, m, costs = cfg
-    schedule = sim.make_schedule(name, stages=p, micro=m)
+    schedule = sim.make_schedule(name, devices=p, micro_batches=m)
     r = assert_matches_reference(schedule, costs)
     for series in r.activations:
         assert series[-1][1] == 0

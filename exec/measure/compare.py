@@ -52,7 +52,7 @@ class Comparison:
         """The comparison as plain JSON data."""
         s = self.measured.schedule
         return {
-            "schedule": s.name, "stages": s.stages, "ranks": s.ranks, "micro": s.micro,
+            "schedule": s.name, "stages": s.stages, "ranks": s.ranks, "micro": s.micro_batches,
             "measured_step_s": self.measured_step_s, "simulated_step_s": self.simulated_step_s,
             "error_pct": self.error_pct,
             "measured_bubble": self.measured.bubble_fraction, "simulated_bubble": self.simulated.bubble_fraction,
@@ -74,7 +74,7 @@ class Comparison:
         ]
         rows += [(k, str(v), "") for k, v in self.extra.items()]
         w = max(len(r[0]) for r in rows)
-        head = f"{s.name}: {s.stages} stages on {s.ranks} ranks, {s.micro} micro-batches; " \
+        head = f"{s.name}: {s.stages} stages on {s.ranks} ranks, {s.micro_batches} micro-batches; " \
                f"error {self.error_pct:+.2f}%"
         lines = [head, f"{'':<{w}}  {'measured':>16}  {'simulated':>16}"]
         lines += [f"{a:<{w}}  {b:>16}  {c:>16}" for a, b, c in rows]

@@ -197,7 +197,7 @@ def costs_from_reports(reports: Sequence[dict], schedule: sim.Schedule, use: str
     # how much slower a compute runs while every rank computes than while it runs alone
     slowdown = {k: med["concurrent"][k] / med["alone"][k] for k in med["alone"] if k in med["concurrent"]}
     details = {
-        "schedule": schedule.name, "stages": stages, "micro": schedule.micro, "use": use,
+        "schedule": schedule.name, "stages": stages, "micro": schedule.micro_batches, "use": use,
         "threads": sorted({r["threads"] for r in reports}),
         "compute_samples": times, "compute_median": med, "compute_mean": mean, "slowdown": slowdown,
         "slowdown_median": statistics.median(slowdown.values()) if slowdown else None,
@@ -211,8 +211,8 @@ def costs_from_reports(reports: Sequence[dict], schedule: sim.Schedule, use: str
 
 def _as_schedule(schedule_or_stages, micro: int) -> sim.Schedule:
     if isinstance(schedule_or_stages, sim.Schedule):
-        if schedule_or_stages.micro != micro:
-            raise ValueError(f"the schedule has {schedule_or_stages.micro} micro-batches but micro={micro}")
+        if schedule_or_stages.micro_batches != micro:
+            raise ValueError(f"the schedule has {schedule_or_stages.micro_batches} micro-batches but micro={micro}")
         return schedule_or_stages.compute_only()
     if isinstance(schedule_or_stages, str):
         return sim.make_schedule(schedule_or_stages, 2, micro)

@@ -3,7 +3,8 @@
 "layers" gives every stage as equal a number of layers as possible; for the GPT that is the
 planner's split (`sim.search.partition.even` over the blocks, the embedding on the first
 stage and the head on the last). "time" profiles each layer's forward + backward on one
-micro-batch (`layer_times`); the GPT's stages are then the planner's
+micro-batch (`measure_layer_times`, a measurement; `sim.model.layer.layer_times` is the
+planner's model of one layer); the GPT's stages are then the planner's
 `sim.search.partition.balanced` (equal blocks, the embedding's and head's times as the end
 stages' extra), the MLP's (whose blocks may differ in width) `sim.search.partition.balanced_cuts`:
 the contiguous cuts that minimise the slowest stage, preferring, within 2% of it
@@ -22,7 +23,7 @@ import torch
 
 from sim.search.partition import balanced, balanced_cuts, even
 
-__all__ = ["partition", "layer_times", "stage_bounds", "TIME_TOLERANCE"]
+__all__ = ["partition", "measure_layer_times", "stage_bounds", "TIME_TOLERANCE"]
 
 TIME_TOLERANCE = 0.02  # a split this much slower than the fastest may be taken for fewer bytes at its cuts (a choice)
 
@@ -55,7 +56,7 @@ def partition(spec, stages: int, balance: str = "layers", micro: int = 1, repeat
 
 
 def _time_bounds(spec, stages: int, micro: int, repeats: int) -> list[int]:
-    times, out_bytes = layer_times(spec, micro, repeats)
+    times, out_bytes = measure_layer_times(spec, micro, repeats)
     if spec.model == "gpt":  # the planner's split: equal blocks, the embedding and head as extras
         extra = [0.0] * stages
         extra[0] += times[0]
@@ -82,7 +83,7 @@ def stage_bounds(n: int, cuts: Sequence[int]) -> list[int]:
     return [0, *cuts, n]
 
 
-def layer_times(spec, micro: int = 1, repeats: int = 5) -> tuple[list[float], list[int]]:
+def measure_layer_times(spec, micro: int = 1, repeats: int = 5) -> tuple[list[float], list[int]]:
     """Per layer, the median seconds of forward + backward on one micro-batch (the last
     layer includes the loss), and the bytes of each layer's output."""
     layers = spec.build_layers()

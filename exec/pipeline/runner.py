@@ -1,6 +1,6 @@
 """A whole pipelined training run: one process per rank, warm-up and measured steps, calibration between them, and the check against one process.
 
-    >>> run = run_pipeline(ModelSpec(), "1f1b", stages=2, micro=8, calibrate=1)   # doctest: +SKIP
+    >>> run = run_pipeline(ModelSpec(), "1f1b", devices=2, micro_batches=8, calibrate=1)   # doctest: +SKIP
     >>> run.grad_match, run.result.makespan, run.costs                            # doctest: +SKIP
     >>> run = run_pipeline(ModelSpec(), "1f1b", 2, 4, RunConfig(dp=2, steps=3))    # doctest: +SKIP
 
@@ -28,6 +28,7 @@ import torch
 import sim
 from sim import Result, Schedule
 from sim.passes.order import order_transfers
+from sim.schedule.renamed import take_sizes
 
 from exec.launch.host import host_cores
 from exec.launch.processes import launch
@@ -82,7 +83,7 @@ class PipelineRun:
     def summary(self) -> dict:
         s = self.schedule
         return {
-            "schedule": s.name, "stages": s.stages, "ranks": s.ranks, "micro": s.micro, "bounds": self.bounds,
+            "schedule": s.name, "stages": s.stages, "ranks": s.ranks, "micro": s.micro_batches, "bounds": self.bounds,
             "dp": self.dp, "world_size": s.ranks * self.dp,
             "optimizer": self.optimizer,
             "measured_step_s": self.measured_step_s, "step_times_s": self.step_times,
@@ -124,7 +125,7 @@ def check_run(spec, schedule: Schedule, config: RunConfig) -> Schedule:
     """The schedule lowered for `config.backend`, or a ValueError before anything starts:
     the model, the schedule and the configuration must fit together."""
     dp, backend = config.dp, config.backend
-    check_dp(dp, spec.batch_size, schedule.micro)
+    check_dp(dp, spec.batch_size, schedule.micro_batches)
     if dp > 1 and not schedule.has_collectives:
         raise ValueError(f"dp={dp} replicas must average their gradients, but schedule {schedule.name!r} has no "
                          f"REDUCE_GRAD actions; pass sim.add_grad_reduce(schedule, overlap) (a schedule name gets them)")
@@ -134,7 +135,7 @@ def check_run(spec, schedule: Schedule, config: RunConfig) -> Schedule:
     refuse_offload(lowered)
     if backend == "nccl":  # NCCL pairs a rank's transfers by order, not tag (docs/rules.md)
         lowered = order_transfers(lowered)
-    split_micro_batches(torch.empty(spec.batch_size, 0), torch.empty(spec.batch_size, 0), lowered.micro)
+    split_micro_batches(torch.empty(spec.batch_size, 0), torch.empty(spec.batch_size, 0), lowered.micro_batches)
     fault = config.injected
     if fault is not None and fault[1] >= lowered.ranks * dp:
         raise ValueError(f"fault {config.fault!r} names rank {fault[1]} but the run has ranks "
@@ -156,10 +157,10 @@ def _check_replicas(per_rank: list[dict], lowered: Schedule, dp: int, ref_grads,
     return all(match for _, match, _ in checks), worst, where
 
 
-def run_pipeline(spec, schedule: Schedule | str, stages: int | None = None, micro: int | None = None,
+def run_pipeline(spec, schedule: Schedule | str, devices: int | None = None, micro_batches: int | None = None,
                  config: RunConfig | None = None, **options) -> PipelineRun:
-    """Run `schedule` (a `sim.Schedule`, or a name from `sim.SCHEDULES` with `stages` and
-    `micro`) on one process per rank as `config` (an `exec.pipeline.config.RunConfig`) says:
+    """Run `schedule` (a `sim.Schedule`, or a name from `sim.SCHEDULES` with `devices` and
+    `micro_batches`; the old keywords `stages=`, `micro=` warn) on one process per rank as `config` (an `exec.pipeline.config.RunConfig`) says:
     `warmup` + `steps` training steps of `spec` with its `optimizer`, and check the first
     step's loss and gradients against `reference_step`. Keyword `options` set fields of
     `config` (`run_pipeline(spec, "1f1b", 2, 8, steps=3)` is `run_pipeline(spec, "1f1b", 2,
@@ -176,17 +177,18 @@ def run_pipeline(spec, schedule: Schedule | str, stages: int | None = None, micr
     gradients of every replica are checked (`grad_match`: all of them match).
 
     Raises `exec.launch.processes.RankError` / `TimeoutError` if a rank fails or the run is too slow."""
+    devices, micro_batches = take_sizes("run_pipeline", devices, micro_batches, options)
     config = replace(config or RunConfig(), **options)
     if isinstance(schedule, str):
-        if stages is None or micro is None:
-            raise ValueError("a schedule name needs stages and micro, e.g. run_pipeline(spec, '1f1b', 2, 8)")
-        schedule = sim.make_schedule(schedule, stages, micro)
+        if devices is None or micro_batches is None:
+            raise ValueError("a schedule name needs devices and micro_batches, e.g. run_pipeline(spec, '1f1b', 2, 8)")
+        schedule = sim.make_schedule(schedule, devices, micro_batches)
         if config.dp > 1:
             schedule = sim.add_grad_reduce(schedule, config.overlap_grad_reduce)
     lowered, dp = check_run(spec, schedule, config), config.dp
     # balance="time" profiles a micro-batch of the size a replica computes
     bounds = list(config.bounds) if config.bounds is not None else \
-        spec.partition(lowered.stages, config.balance, lowered.micro * dp)
+        spec.partition(lowered.stages, config.balance, lowered.micro_batches * dp)
     world = lowered.ranks * dp
     if config.progress and config.backend == "gloo" and world > len(host_cores()):
         say(f"warning: {world} ranks share {len(host_cores())} cores, so they wait for each other's "
@@ -199,7 +201,7 @@ def run_pipeline(spec, schedule: Schedule | str, stages: int | None = None, micr
 def _gather(per_rank: list[dict], spec, lowered: Schedule, bounds: list[int], config: RunConfig) -> PipelineRun:
     """The run from what every rank returned: the check against one process, the median
     step, and the costs calibrated inside it."""
-    ref_loss, ref_grads = reference_step(spec, lowered.micro)
+    ref_loss, ref_grads = reference_step(spec, lowered.micro_batches)
     match, worst, where = _check_replicas(per_rank, lowered, config.dp, ref_grads, config.rtol, config.atol)
     results = per_rank[0]["results"]
     run = PipelineRun(lowered, bounds, median_step(results), results, per_rank[0]["losses"],

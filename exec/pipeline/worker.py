@@ -70,7 +70,7 @@ def _build_rank(ctx, spec, schedule: Schedule, bounds: Sequence[int], config: Ru
     del all_stages
     opt = make_optimizer(config.optimizer, [p for s in mine for p in modules[s].parameters()], config.lr)
     inputs, targets = shard(*spec.batch(), ctx.dp, ctx.replica)
-    micro_inputs, micro_targets = split_micro_batches(inputs, targets, schedule.micro)
+    micro_inputs, micro_targets = split_micro_batches(inputs, targets, schedule.micro_batches)
     shapes = infer_shapes(ctx, schedule, modules, micro_inputs[0])
     return _Rank(modules, opt, micro_inputs, micro_targets, shapes)
 
@@ -148,8 +148,8 @@ def _calibrate(ctx, spec, schedule: Schedule, bounds, config: RunConfig, rank: _
     """One calibration round, before measured step `measured` (a multiple of `config.calibrate`)."""
     rnd = measured // config.calibrate
     progress.say(f"calibrating {rnd + 1}/{-(-config.steps // config.calibrate)}")
-    sizes = message_sizes(spec, schedule.micro) if rnd == 0 else None
-    return calibrate_rank(ctx, spec, schedule, schedule.micro, bounds, steps=3, sizes=sizes,
+    sizes = message_sizes(spec, schedule.micro_batches) if rnd == 0 else None
+    return calibrate_rank(ctx, spec, schedule, schedule.micro_batches, bounds, steps=3, sizes=sizes,
                           modules=rank.modules, optimizer=rank.optimizer)
 
 

@@ -146,7 +146,7 @@ class RankInterpreter:
                  loss_fn: LossFn, shapes: dict[int, TensorMeta], static: int):
         self.ctx, self.schedule, self.modules = ctx, schedule, stage_modules
         self.inputs, self.targets, self.loss_fn, self.shapes = micro_inputs, micro_targets, loss_fn, shapes
-        self.M, self.last = schedule.micro, schedule.stages - 1
+        self.M, self.last = schedule.micro_batches, schedule.stages - 1
         self.device = ctx.device
         self.clock = clock_for(self.device)
         self.static = static

@@ -78,8 +78,8 @@ def check_step_args(ctx, schedule: Schedule, stage_modules: dict, micro_inputs: 
     mine = {s for s, r in enumerate(schedule.placement) if r == ctx.rank}
     if set(stage_modules) != mine:
         raise ValueError(f"rank {ctx.rank} hosts stages {sorted(mine)} but was given modules for {sorted(stage_modules)}")
-    if len(micro_inputs) != schedule.micro or len(micro_targets) != schedule.micro:
-        raise ValueError(f"schedule has {schedule.micro} micro-batches but got {len(micro_inputs)} "
+    if len(micro_inputs) != schedule.micro_batches or len(micro_targets) != schedule.micro_batches:
+        raise ValueError(f"schedule has {schedule.micro_batches} micro-batches but got {len(micro_inputs)} "
                          f"inputs and {len(micro_targets)} targets")
 
 

@@ -37,6 +37,7 @@ import torch.distributed as dist
 import sim
 from sim import Schedule
 from sim.passes.order import order_transfers
+from sim.schedule.renamed import take_sizes
 
 from exec.launch.processes import launch
 from exec.runtime.check import compare_grads, reference_step
@@ -63,7 +64,7 @@ def _runtime(ctx, spec, schedule: Schedule, bounds: Sequence[int], csv_text: str
     modules = spec.build_stages(schedule.stages, bounds=bounds)
     stages = [PipelineStage(modules[s].to(ctx.device), s, schedule.stages, ctx.device, group=dist.group.WORLD)
               for s in mine]
-    M = schedule.micro
+    M = schedule.micro_batches
 
     def loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return spec.loss(output, target) / M  # the full batch's gradients, as our runtime
@@ -122,25 +123,29 @@ class TorchRuntimeRun:
         return ordered[(len(ordered) - 1) // 2]
 
 
-def run_torch_runtime(spec, schedule: Schedule | str, stages: int | None = None, micro: int | None = None, *,
-                      steps: int = 5, warmup: int = 2, bounds: Sequence[int] | None = None, lr: float = 0.01,
+def run_torch_runtime(spec, schedule: Schedule | str, devices: int | None = None, micro_batches: int | None = None,
+                      *, steps: int = 5, warmup: int = 2, bounds: Sequence[int] | None = None, lr: float = 0.01,
                       timeout: float = 300.0, threads: int | None = None, rtol: float = 1e-4,
-                      atol: float = 1e-5, in_order: bool = True) -> TorchRuntimeRun:
-    """Run `schedule` (a `sim.Schedule`, or a name with `stages` and `micro`) on torch's
+                      atol: float = 1e-5, in_order: bool = True, **old) -> TorchRuntimeRun:
+    """Run `schedule` (a `sim.Schedule`, or a name with `devices` and `micro_batches`; the old
+    keywords `stages=`, `micro=` warn) on torch's
     `_PipelineScheduleRuntime`, one gloo process per rank, `warmup + steps` SGD steps of
     `spec`, and check the first step's gradients against `exec.runtime.check.reference_step`.
     `in_order`: as in `to_torch_csv`. Raises `exec.launch.processes.RankError` / `TimeoutError` as
     `exec.launch.processes.launch` does."""
+    devices, micro_batches = take_sizes("run_torch_runtime", devices, micro_batches, old)
+    if old:
+        raise TypeError(f"run_torch_runtime() got an unexpected keyword argument {next(iter(old))!r}")
     if isinstance(schedule, str):
-        if stages is None or micro is None:
-            raise ValueError("a schedule name needs stages and micro, e.g. run_torch_runtime(spec, '1f1b', 2, 8)")
-        schedule = sim.make_schedule(schedule, stages, micro)
+        if devices is None or micro_batches is None:
+            raise ValueError("a schedule name needs devices and micro_batches, e.g. run_torch_runtime(spec, '1f1b', 2, 8)")
+        schedule = sim.make_schedule(schedule, devices, micro_batches)
     for what, n, least in (("steps", steps, 1), ("warmup", warmup, 0)):
         if isinstance(n, bool) or not isinstance(n, int) or n < least:
             raise ValueError(f"{what} must be an integer >= {least}, got {n!r}")
     csv_text = to_torch_csv(schedule, in_order)
     bounds = list(bounds) if bounds is not None else spec.partition(schedule.stages)
-    ref_loss, ref_grads = reference_step(spec, schedule.micro)  # also checks that micro divides the batch
+    ref_loss, ref_grads = reference_step(spec, schedule.micro_batches)  # also checks that micro divides the batch
     per_rank = launch(torch_runtime_worker, schedule.ranks, spec, schedule, bounds, csv_text, steps, warmup, lr,
                       timeout=timeout, threads=threads)
     grads = [(f"stage{s}.{n}", g) for s in range(schedule.stages)

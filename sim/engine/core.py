@@ -332,7 +332,7 @@ def simulate(schedule: Schedule, costs: Costs | None = None, durations: Mapping[
     A schedule that cannot finish raises `ScheduleError` showing where each rank waits: the
     run itself is the deadlock check (`sim.passes.validation.check_deadlock` explains what it found)."""
     if not isinstance(schedule, Schedule):
-        hint = f"sim.make_schedule({schedule!r}, stages, micro)" if isinstance(schedule, str) else "sim.make_schedule(...)"
+        hint = f"sim.make_schedule({schedule!r}, devices, micro_batches)" if isinstance(schedule, str) else "sim.make_schedule(...)"
         raise TypeError(f"simulate needs a sim.Schedule, got {type(schedule).__name__} {schedule!r:.40}; build one "
                         f"with {hint}")
     if costs is not None and not isinstance(costs, Costs):

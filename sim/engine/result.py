@@ -74,7 +74,7 @@ class Result:
     def __repr__(self) -> str:
         s = self.schedule
         on = f"{s.stages} stage{'s' * (s.stages != 1)} on {s.ranks} rank{'s' * (s.ranks != 1)}"
-        return (f"<Result {s.name!r} ({self.source}): {on}, {s.micro} micro-batch{'es' * (s.micro != 1)}, "
+        return (f"<Result {s.name!r} ({self.source}): {on}, {s.micro_batches} micro-batch{'es' * (s.micro_batches != 1)}, "
                 f"makespan {self.makespan:.6g}{' s' * (self.source == 'measured')}, "
                 f"bubble {self.bubble_fraction:.1%}>")
 
@@ -214,7 +214,7 @@ class Result:
             "schedule": self.schedule.name,
             "source": self.source,
             "stages": self.schedule.stages,
-            "micro": self.schedule.micro,
+            "micro": self.schedule.micro_batches,
             "makespan": self.makespan,
             "bubble_fraction": self.bubble_fraction,
             "steady_step": self.steady_step,

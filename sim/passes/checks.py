@@ -30,7 +30,7 @@ def check_complete(schedule: Schedule) -> None:
     micro-batch, each stage placed on an existing rank, every action naming an existing
     stage and micro-batch of a stage its rank hosts, and the collectives and copies where
     they belong. Raises `ScheduleError` naming the first problem."""
-    S, M, R = schedule.stages, schedule.micro, schedule.ranks
+    S, M, R = schedule.stages, schedule.micro_batches, schedule.ranks
     if S < 1 or M < 1:
         raise ScheduleError(f"a schedule needs at least one stage and one micro-batch, got {S} and {M}")
     for s, r in enumerate(schedule.placement):
@@ -52,7 +52,7 @@ def _stages_and_micros_fit(schedule: Schedule) -> bool:
         if prog:
             stages = set(map(itemgetter(0), prog))
             micros = set(map(itemgetter(2), prog))
-            if min(micros) < 0 or max(micros) >= schedule.micro or min(stages) < 0 \
+            if min(micros) < 0 or max(micros) >= schedule.micro_batches or min(stages) < 0 \
                     or max(stages) >= schedule.stages or any(schedule.placement[s] != r for s in stages):
                 return False
     return True
@@ -61,7 +61,7 @@ def _stages_and_micros_fit(schedule: Schedule) -> bool:
 def _explain_misplaced(schedule: Schedule) -> None:
     """Raise a `ScheduleError` naming the first action that names a stage or micro-batch
     that does not exist, or a stage another rank hosts."""
-    S, M = schedule.stages, schedule.micro
+    S, M = schedule.stages, schedule.micro_batches
     for r, prog in enumerate(schedule.programs):
         for i, a in enumerate(prog):
             if not 0 <= a.stage < S:

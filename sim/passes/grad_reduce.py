@@ -46,7 +46,7 @@ def add_grad_reduce(schedule: Schedule, overlap: bool) -> Schedule:
                              for x in [a] + [Action(s, _REDUCE_GRAD, 0) for s in after.get(i, ())]])
         else:
             programs.append(list(prog) + [Action(s, _REDUCE_GRAD, 0) for s in sorted(last, key=last.get)])
-    return Schedule(programs, schedule.placement, schedule.micro, schedule.name)
+    return Schedule(programs, schedule.placement, schedule.micro_batches, schedule.name)
 
 
 def check_collectives(schedule: Schedule) -> None:
@@ -67,7 +67,7 @@ def check_collectives(schedule: Schedule) -> None:
                 if a in seen:
                     raise ScheduleError(f"{a} appears twice; a stage reduces its gradients once per step")
                 seen.add(a)
-                if done[a.stage] < schedule.micro:
-                    raise ScheduleError(f"{_at(r, i, a)} comes before {schedule.micro - done[a.stage]} of the "
+                if done[a.stage] < schedule.micro_batches:
+                    raise ScheduleError(f"{_at(r, i, a)} comes before {schedule.micro_batches - done[a.stage]} of the "
                                         f"backwards (B or W) of stage {a.stage}; put it after its stage's last "
                                         f"backward (sim.passes.grad_reduce.add_grad_reduce does)")

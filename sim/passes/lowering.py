@@ -47,4 +47,4 @@ def lower_unchecked(schedule: Schedule) -> Schedule:
     communication is right by construction."""
     p = number_program(schedule)
     return Schedule([list(map(p.action, prog)) for prog in p.programs],
-                    schedule.placement, schedule.micro, schedule.name)
+                    schedule.placement, schedule.micro_batches, schedule.name)

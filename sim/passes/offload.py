@@ -53,7 +53,7 @@ def add_offload(schedule: Schedule, horizon: int = DEFAULT_HORIZON) -> Schedule:
         raise ScheduleError(f"add_offload takes a schedule without SEND/RECV or OFFLOAD/RELOAD (as the generators "
                             f"write it, before sim.lower); {schedule.name!r} has them")
     return Schedule([_offload_program(prog, horizon) for prog in schedule.programs],
-                    schedule.placement, schedule.micro, schedule.name)
+                    schedule.placement, schedule.micro_batches, schedule.name)
 
 
 def _offload_program(prog, horizon: int) -> list[Action]:
@@ -128,7 +128,7 @@ def check_copies(schedule: Schedule) -> None:
     """Each OFFLOAD and RELOAD names a stage on its own rank and an existing micro-batch
     (`Schedule` refuses an action twice); `sOFFLOAD m` comes after `sF m`, `sRELOAD m` after `sOFFLOAD m` and before the
     backward that needs it (B or I), so an OFFLOAD has its RELOAD. Raises `ScheduleError`."""
-    S, M = schedule.stages, schedule.micro
+    S, M = schedule.stages, schedule.micro_batches
     for r, prog in enumerate(schedule.programs):
         done: set[Action] = set()
         for i, a in enumerate(prog):

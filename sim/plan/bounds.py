@@ -188,7 +188,7 @@ class Bounds:
         for s in range(n - 1):
             head.append(head[-1] + sc.forward[s] + hop[s])
             tail.append(tail[-1] + min(sc.backward[s], sc.backward_input[s]) + hop[s])
-        micro = sh.schedule.micro
+        micro = sh.schedule.micro_batches
         busy = [sum(k * getattr(sc, KINDS[kind].cost)[s] for kind, k in sh.counts[s].items())
                 if sh.last[place[s]] is not None else
                 micro * (sc.forward[s] + min(sc.backward[s], sc.backward_input[s] + sc.backward_weight[s]))

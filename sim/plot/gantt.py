@@ -299,7 +299,7 @@ def plot_compare(results: Sequence[Result], shared_time: bool | None = None,
         ratio = f" (the longest step is {max(ends) / min(ends):.1f}x the shortest)" if min(ends) > 0 else ""
         how = f"each on its own time axis{ratio}"
     first = results[0].schedule
-    fig.suptitle(f"{plural(first.ranks, 'device')}, {plural(first.micro, 'micro-batch', 'micro-batches')}: "
+    fig.suptitle(f"{plural(first.ranks, 'device')}, {plural(first.micro_batches, 'micro-batch', 'micro-batches')}: "
                  f"{how}; memory on one scale", fontsize=11)
     return fig
 

@@ -19,7 +19,7 @@ def size(result: Result) -> str:
     """`4 stages, 8 micro-batches` (and the ranks, where they are not one per stage)."""
     s = result.schedule
     on = "" if s.ranks == s.stages else f" on {plural(s.ranks, 'rank')}"
-    return f"{plural(s.stages, 'stage')}{on}, {plural(s.micro, 'micro-batch', 'micro-batches')}"
+    return f"{plural(s.stages, 'stage')}{on}, {plural(s.micro_batches, 'micro-batch', 'micro-batches')}"
 
 
 def format_times(values: Sequence[float]) -> list[str]:

@@ -88,4 +88,4 @@ def dualpipev(stages: int, micro: int, virtual: int = 2) -> Schedule:
         for _ in range(r + 1):                     # 8: the Ws left
             d.weight()
         programs.append(d.program)
-    return Schedule(programs, v_placement(P), micro=M, name="dualpipev")
+    return Schedule(programs, v_placement(P), micro_batches=M, name="dualpipev")

@@ -21,6 +21,7 @@ from operator import itemgetter
 from typing import Callable, Iterable, NamedTuple, Sequence
 
 from .kinds import COPIES, ONCE_PER_STAGE, TRANSFERS, Kind
+from .renamed import take_renamed, warn_renamed_attribute
 
 
 def _alternatives(kinds) -> str:
@@ -177,15 +178,19 @@ class Schedule:
 
     programs: tuple[tuple[Action, ...], ...]
     placement: tuple[int, ...]
-    micro: int
+    micro_batches: int
     name: str = "custom"
 
     def __init__(self, programs: Sequence[Iterable[Action | str]], placement: Sequence[int] | None = None,
-                 micro: int | None = None, name: str = "custom"):
+                 micro_batches: int | None = None, name: str = "custom", *, micro: int | None = None):
+        if micro is not None:  # the old spelling of micro_batches
+            given = {"micro_batches": micro_batches, "micro": micro}
+            take_renamed("Schedule", given, {"micro": "micro_batches"})
+            micro_batches = given["micro_batches"]
         # generators hand over Actions already; only text needs parsing
         progs = tuple(prog if set(map(type, prog)) <= {Action} else tuple(map(action, prog))
                       for prog in map(tuple, programs))
-        self._init(progs, placement, micro, name, _at_step)
+        self._init(progs, placement, micro_batches, name, _at_step)
 
     def _init(self, progs: tuple[tuple[Action, ...], ...], placement: Sequence[int] | None, micro: int | None,
               name: str, where: Where) -> None:
@@ -204,7 +209,7 @@ class Schedule:
             _check_per_stage(progs, where)
         object.__setattr__(self, "programs", progs)
         object.__setattr__(self, "placement", placement)
-        object.__setattr__(self, "micro", int(micro))
+        object.__setattr__(self, "micro_batches", int(micro))
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "_lowered", not TRANSFERS.isdisjoint(kinds))
         object.__setattr__(self, "_collectives", not ONCE_PER_STAGE.isdisjoint(kinds))
@@ -216,7 +221,14 @@ class Schedule:
 
     @property
     def stages(self) -> int:
+        """The model stages (P*V); the devices are `ranks`."""
         return len(self.placement)
+
+    @property
+    def micro(self) -> int:
+        """Deprecated spelling of `micro_batches` (`Action.micro` is a micro-batch's index)."""
+        warn_renamed_attribute("Schedule", "micro", "micro_batches")
+        return self.micro_batches
 
     def rank_of(self, stage: int) -> int:
         return self.placement[stage]
@@ -225,7 +237,7 @@ class Schedule:
         """The same schedule without its transfers (SEND, RECV): what `sim.lower` started
         from. Collectives (REDUCE_GRAD) and copies (OFFLOAD, RELOAD) stay where they are."""
         return Schedule([[a for a in p if a.kind not in TRANSFERS] for p in self.programs],
-                        self.placement, self.micro, self.name)
+                        self.placement, self.micro_batches, self.name)
 
     @property
     def is_lowered(self) -> bool:
@@ -296,4 +308,4 @@ class Schedule:
             return f"{count} {word if count == 1 else many}"
 
         return (f"Schedule {self.name!r}: {n(self.stages, 'stage', 'stages')} on {n(self.ranks, 'device', 'devices')}, "
-                f"{n(self.micro, 'micro-batch', 'micro-batches')}\n" + self.grid())
+                f"{n(self.micro_batches, 'micro-batch', 'micro-batches')}\n" + self.grid())

@@ -41,7 +41,7 @@ def zb_h1(stages: int, micro: int, virtual: int = 1) -> Schedule:
                 prog.append(W(s, k - s))
         prog += [W(s, m) for m in range(max(micro - s, 0), micro)]  # the tail: the Ws put off
         programs.append(prog)
-    return Schedule(programs, micro=micro, name="zb-h1")
+    return Schedule(programs, micro_batches=micro, name="zb-h1")
 
 
 def zb_h2(stages: int, micro: int, virtual: int = 1) -> Schedule:
@@ -67,7 +67,7 @@ def zb_h2(stages: int, micro: int, virtual: int = 1) -> Schedule:
                 prog.append(F(s, forwards.popleft()) if forwards else W(s, weights.popleft()))
         prog += [W(s, m) for m in weights]
         programs.append(prog)
-    return Schedule(programs, micro=micro, name="zb-h2")
+    return Schedule(programs, micro_batches=micro, name="zb-h2")
 
 
 def v_placement(stages: int) -> list[int]:
@@ -111,4 +111,4 @@ def zbv(stages: int, micro: int, virtual: int = 2) -> Schedule:
         for c in (c1, c0):
             prog += [act(c, Kind.W) for _ in range(count[c, Kind.I] - count[c, Kind.W])]
         programs.append([a for a in prog if a.micro < M])
-    return Schedule(programs, v_placement(P), micro=M, name="zbv")
+    return Schedule(programs, v_placement(P), micro_batches=M, name="zbv")

@@ -200,7 +200,7 @@ def split_1f1b(stages: int, micro: int) -> Schedule:
                 prog.append(Action(s, Kind.F, m + warmup))
             prog += [Action(s, Kind.I, m), Action(s, Kind.W, m)]
         programs.append(prog)
-    return Schedule(programs, micro=micro, name="1f1b-split")
+    return Schedule(programs, micro_batches=micro, name="1f1b-split")
 
 
 def candidates(stages: int, micro: int, c: StageCosts, limit: float, runs: int | None = None):
@@ -224,7 +224,7 @@ def _every(stages: int, micro: int, c: StageCosts, limit: float, runs=None):
             # else `fill` decided nothing: the same run as with FILLS[0]
             if programs not in seen:
                 seen.add(programs)
-                yield Schedule([list(p) for p in programs], micro=micro, name="zb-auto")
+                yield Schedule([list(p) for p in programs], micro_batches=micro, name="zb-auto")
             if not bound:
                 break
 
@@ -250,7 +250,7 @@ def _few(stages: int, micro: int, c: StageCosts, limit: float, runs: int):
         programs, _, did_ask = heuristic(stages, micro, c, knobs)
         if did_ask:
             asked.add((forward_first, budget))
-        cand = Schedule([list(p) for p in programs], micro=micro, name="zb-auto")
+        cand = Schedule([list(p) for p in programs], micro_batches=micro, name="zb-auto")
         if budget is None and within(order_peak(cand, c), limit):
             fits.add((forward_first, fill))  # no budget needed: a budget would lay out no faster
         if programs not in seen:
@@ -338,4 +338,4 @@ def _search(stages: int, micro: int, costs: Costs, limit: float, runs: int | Non
             score = (r.makespan, device_bubble(r), peak)
             if best is None or score < best[0]:
                 best = (score, cand)
-    return Schedule(best[1].programs, micro=micro, name="zb-auto")
+    return Schedule(best[1].programs, micro_batches=micro, name="zb-auto")
