@@ -124,6 +124,17 @@ def in_flight(r: sim.Result) -> int:
     return max(sum(lo <= t < hi for lo, hi in span.values()) for t, _ in span.values())
 
 
+def test_gpipe_waves_with_latency_are_not_monotone_in_the_cap():
+    """Hypothesis's counterexample (2026-11-24), kept: under a latency, GPipe's waves of 3 + 1
+    take longer than waves of 2 + 2 on 3 devices (the wave of one micro-batch pays a whole
+    fill and drain with its hops), though they hold more; without latency they tie."""
+    def span(cap, latency):
+        costs = Costs(forward=[1.0] * 3, backward=[0.25] * 3, latency=latency)
+        return sim.simulate(sim.make_schedule("gpipe", 3, 4, max_active=cap), costs).makespan
+    assert span(3, 0.2) > span(2, 0.2)
+    assert span(3, 0.0) == span(2, 0.0) == (2 * 2 + 4) * 1.25   # (ceil(M/c)(P-1) + M)(F+B)
+
+
 @settings(max_examples=50, deadline=None)
 @given(st.sampled_from(["gpipe", "1f1b"]), st.integers(1, 5), st.integers(1, 9), st.data())
 def test_the_cap_bounds_micro_batches_in_flight_and_costs_time_monotonically(name, P, M, data):
@@ -137,7 +148,8 @@ def test_the_cap_bounds_micro_batches_in_flight_and_costs_time_monotonically(nam
         r = sim.simulate(s, costs)
         assert max(r.peak_activations) <= cap
         assert in_flight(r) <= cap
-        assert r.makespan <= before + 1e-9  # a larger cap never makes the step longer
+        if name == "1f1b" or costs.latency == 0:  # a larger cap never makes the step longer
+            assert r.makespan <= before + 1e-9   # (GPipe's waves with latency can: see below)
         before = r.makespan
         if cap >= max(uncapped.peak_activations):
             assert r.schedule.compute_only().programs == uncapped.schedule.compute_only().programs
