@@ -17,6 +17,8 @@ cores / ranks threads, or one GPU each):
   step's fixed cost -> `step_overhead`;
 - all-reduce, reduce-scatter and all-gather over 2..N ranks and sends between two, by
   message size -> `collectives.table`, `p2p.table`, and the ring model fitted to them.
+- with gloo, what exec's runtime costs its CPU ranks around sends, receives and computes
+  (`exec.profiler.host_bench`, exec's own calibration) -> `host_transport` (none with nccl).
 
 Every number says how it was measured (docs/profiles.md: source "measured" with the
 command, the machine and the date; the fits "derived"). The run has a timeout and leaves no
@@ -40,9 +42,10 @@ __all__ = ["main", "profile_device", "SCHEMA"]
 
 PROG = "exec.profile_device"
 SCHEMA = "pipeline-workbench/device-profile/1"
-QUICK = dict(memory=(2**12, 2**16, 2**20), messages=(2**10, 2**16, 2**20), loops=3, repeats=3)
+QUICK = dict(memory=(2**12, 2**16, 2**20), messages=(2**10, 2**16, 2**20), loops=3, repeats=3, host=(4, 2))
 FULL = dict(memory=(2**12, 2**14, 2**16, 2**18, 2**20, 2**22),
-            messages=(2**10, 2**12, 2**14, 2**16, 2**18, 2**20, 2**22, 2**24), loops=5, repeats=7)
+            messages=(2**10, 2**12, 2**14, 2**16, 2**18, 2**20, 2**22, 2**24), loops=5, repeats=7,
+            host=(20, 5))  # host: (repeats of the calls, steps of the compute marks)
 
 
 def build_parser():
@@ -74,7 +77,7 @@ def _worker(ctx, plan: dict) -> dict:
     """One rank: the compute measurements (if asked), then the collectives and sends."""
     import torch
     import torch.distributed as dist
-    from exec.profiler import comm_bench, device_bench
+    from exec.profiler import comm_bench, device_bench, host_bench
 
     say = _say if ctx.rank == 0 else (lambda text: None)
     device, out = ctx.device, {"threads": torch.get_num_threads()}
@@ -89,6 +92,9 @@ def _worker(ctx, plan: dict) -> dict:
                    else device_bench.layer_launch_seconds(plan["model"], dist.barrier),
                    step_overhead=device_bench.step_overhead_seconds(device, dist.barrier))
         say(f"launch {out['launch'] * 1e6:.1f} us an op, step overhead {out['step_overhead'] * 1e6:.0f} us")
+    if plan["compute"] and plan["host"] and ctx.world_size > 1:  # gloo's CPU ranks: exec's own costs
+        out["host"] = host_bench.host_costs(ctx, plan["model"], plan["host_micro_batch"], *plan["host"])
+        say(f"host transport: {len(out['host']['before'])} computes timed")
     if ctx.world_size > 1:
         out["collectives"] = comm_bench.collective_rows(plan["messages"], device, plan["repeats"], say)
         if plan["p2p"]:
@@ -168,18 +174,20 @@ def profile_device(out: Path, backend: str = "gloo", ranks: int | None = None, q
     model = model or ModelSpec("gpt").transformer()
     sizes = QUICK if quick else FULL
     plan = dict(gemms=planner_gemms(model, micro_batches), model=model, memory=sizes["memory"], messages=sizes["messages"],
-                loops=sizes["loops"], repeats=sizes["repeats"])
+                loops=sizes["loops"], repeats=sizes["repeats"], host=sizes["host"] if backend == "gloo" else None,
+                host_micro_batch=sorted(micro_batches)[len(micro_batches) // 2])
     t0 = time.perf_counter()
     _say(f"{backend} on {n} rank(s), {max(1, cores // n) if backend == 'gloo' else 'GPU'} thread(s) each; "
          f"{len(plan['gemms'])} matmul shapes, {'quick' if quick else 'full'} sizes")
     measured, collectives = None, []
     for world in range(min(2, n), n + 1):
         _say(f"launching {world} rank(s)")
-        got = launch(_worker, world, plan | dict(compute=world == n, p2p=world == n), backend=backend,
-                     timeout=timeout)[0]
+        ranks_got = launch(_worker, world, plan | dict(compute=world == n, p2p=world == n), backend=backend,
+                           timeout=timeout)
+        got = ranks_got[0]
         collectives += got.get("collectives", [])
         if world == n:
-            measured = got
+            measured = got | ({"host": [r["host"] for r in ranks_got]} if "host" in got else {})
     fp = fingerprint(backend, measured["threads"])
     profile = assemble(measured, collectives, fp, cores if backend == "gloo" else None,
                        command or f"python -m {PROG} --out {out} --backend {backend} --ranks {n}"

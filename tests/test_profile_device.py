@@ -13,6 +13,8 @@ import sim  # noqa: E402
 from exec import profile_device as pd  # noqa: E402
 from exec.launch.host import host_cores  # noqa: E402
 from exec.profiler.comm_bench import p2p_fit, ring_fit  # noqa: E402
+from exec.profiler.host_bench import host_transport  # noqa: E402
+from sim.hardware.host_transport import FIELDS as HOST_FIELDS  # noqa: E402
 from sim.hardware.network import OPS as COLLECTIVE_STEPS  # noqa: E402
 from sim.hardware.profile import COMPUTE_CLASSES  # noqa: E402
 
@@ -56,6 +58,26 @@ def test_the_profile_loads_and_every_number_says_where_it_comes_from(profile_fil
     shapes = {tuple(r[1:5]) for r in raw["matmul"]["table"]["rows"]}
     assert set(pd_gemms()) == shapes  # the planner's shapes, each measured
     assert p.gpu.peak_flops["fp32"] == max(2 * m * n * k * b / t for _, m, n, k, b, t in raw["matmul"]["table"]["rows"])
+    # gloo's CPU ranks: exec's own costs around transfers and computes, for the planner's gloo-cpu transport
+    host = raw["host_transport"]
+    assert host["name"] == "gloo-cpu" and set(host) == {"name", *HOST_FIELDS}
+    assert p.host_transport == {"transport": "gloo-cpu", **{f: host[f]["value"] for f in HOST_FIELDS}}
+    assert all(host[f]["source"] == "measured" and host[f]["value"] >= 0 for f in HOST_FIELDS)
+
+
+def test_the_host_transport_is_the_means_exec_calibration_takes():
+    """Ranks 0 and 1 report their calls (the others nothing); every rank its computes' marks."""
+    busy = [{"isend_busy_mean": 1e-5, "irecv_busy_mean": 2e-6, "arrive_busy_mean": 3e-5},
+            {"isend_busy_mean": 3e-5, "irecv_busy_mean": 4e-6, "arrive_busy_mean": -5e-5}]
+    late = [{"notice_free": [1e-4, 2e-4, 3e-4], "notice_busy": [4e-3, 5e-3, 6e-3]}, {"notice_free": [], "notice_busy": []}]
+    reports = [{"busy": busy[0], "late": late[0], "before": [1e-5, 3e-5], "after": [2e-5]},
+               {"busy": busy[1], "late": late[1], "before": [2e-5], "after": [4e-5, 6e-5]},
+               {"busy": {}, "late": {}, "before": [6e-5], "after": [0.0]}]
+    got = host_transport(reports)
+    assert got == pytest.approx({"send_overhead": 2e-5, "recv_overhead": 3e-6, "arrive_overhead": 0.0,
+                                 "io_tick": 2 * (5e-3 - 2e-4), "before_compute": 3e-5, "after_compute": 3e-5})
+    with pytest.raises(ValueError, match="ranks 0 and 1"):
+        host_transport(reports[2:])
 
 
 def pd_gemms():

@@ -12,6 +12,7 @@ from __future__ import annotations
 import platform
 
 from exec.profiler.comm_bench import nonnegative_lstsq, p2p_fit, ring_fit
+from exec.profiler.host_bench import HOW, host_transport
 
 __all__ = ["assemble", "class_bandwidth"]
 
@@ -80,6 +81,9 @@ def assemble(measured: dict, collectives: list, fp: dict, cores: int | None, com
         how = "least squares of latency + bytes / bandwidth over p2p.table (half a ping-pong)"
         out["p2p"] = {"node": {k: derived(v, ["p2p.table"], how) for k, v in fit.items()},
                       "table": {"rows": measured["p2p"], **stamp}}
+    if measured.get("host"):  # rules 2, 3, 9, 10, 11 of docs/rules.md: what sim's gloo-cpu transport reads
+        out["host_transport"] = {"name": "gloo-cpu", **{k: m(v, how=HOW[k]) for k, v in
+                                                        host_transport(measured["host"]).items()}}
     return out
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .gpus import GPU, GPUS, PRECISIONS
+from .host_transport import read as read_host_transport
 
 SCHEMA = "pipeline-workbench/device-profile/1"
 SOURCES = {"datasheet": ("citation",), "published": ("citation",), "measured": ("command", "machine", "date"),
@@ -74,6 +75,7 @@ class DeviceProfile:
     memory_points: Mapping[str, tuple] = field(default_factory=dict)   # class: ((bytes, seconds), ...)
     compute_classes: Mapping[str, float] = field(default_factory=dict)  # class: elements/s
     compute_points: Mapping[str, tuple] = field(default_factory=dict)   # class: ((elements, seconds), ...)
+    host_transport: Mapping[str, Any] | None = None  # the Costs fields of its runtime's transport (host_transport.py)
 
     def __repr__(self) -> str:
         return f"DeviceProfile({self.name!r} on {self.gpu.name}, {self.fingerprint.get('date')})"
@@ -326,7 +328,8 @@ def from_dict(data: Mapping, where: str = "profile") -> DeviceProfile:
         step_overhead=r.number("step_overhead", positive=False), data=data,
         memory_points={k: r.points(f"memory_bound.classes.{k}") for k in classes if "points" in classes[k]},
         compute_classes={k: r.number(f"compute_bound.classes.{k}") for k in compute},
-        compute_points={k: r.points(f"compute_bound.classes.{k}") for k in compute if "points" in compute[k]})
+        compute_points={k: r.points(f"compute_bound.classes.{k}") for k in compute if "points" in compute[k]},
+        host_transport=read_host_transport(r.section("host_transport", required=False), r.number, r.fail))
 
 
 def load_profile(path) -> DeviceProfile:

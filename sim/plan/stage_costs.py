@@ -149,12 +149,16 @@ def stage_costs(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: Lay
     bwd = [t + a + r + q for t, a, r, q in zip(bwd, gather, scatter, into_b)]
     bi = [t + a + q for t, a, q in zip(bi, gather, into_b)]
     bw = [t + r for t, r in zip(bw, scatter)]
+    # a profile of CPU ranks over gloo gives its runtime's own costs (docs/rules.md rules 2, 3, 9:
+    # the isend, irecv and arrival calls; 10: a late notice's wait for the sender's I/O thread;
+    # 11: the runtime's time around each compute): the step exec runs, not the links' ideal
+    transport = dict(g.host_transport) if g.host_transport else {"transport": "ideal"}
     costs = Costs(forward=tuple(fwd), backward=tuple(bwd), backward_input=tuple(bi), backward_weight=tuple(bw),
                   activation_bytes=tuple(act), w_activation_bytes=tuple(w_act), activation_bytes_sent=sent,
                   weight_bytes=tuple(p * per["weights"] for p in params),
                   grad_bytes=tuple(p * per["grads"] for p in params),
                   optimizer_bytes=tuple(p * per["optimizer"] for p in params),
-                  latency=pipe.latency, bandwidth=pipe.bandwidth, transport="ideal",
+                  latency=pipe.latency, bandwidth=pipe.bandwidth, **transport,
                   grad_reduce=tuple(reduce))
     # per device on average: the compute by part (the rest of the step: `estimate`)
     mb, names = lay.micro_batches, {"gemm": "gemm", "memory": "memory_bound", "collectives": "tp_collectives"}

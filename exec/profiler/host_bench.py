@@ -1,0 +1,70 @@
+"""What exec's runtime on gloo CPU ranks costs its own cores around transfers and computes: the profile's `host_transport` (docs/profiles.md).
+
+`host_costs` runs inside every rank of `exec.profile_device`'s launch, with exec's own
+calibration (`exec.measure`), so the profile's numbers are the ones `exec.measure.costs` gives
+a run's `sim.Costs`:
+
+- `exec.measure.calibrate_link.call_costs` on ranks 0 and 1: the isend, irecv and arrival
+  calls (`send_overhead`, `recv_overhead`, `arrive_overhead`; docs/rules.md rules 2, 3, 9),
+  for a message of one micro-batch's activation;
+- `exec.measure.calibrate_link.late_notice` on ranks 0 and 1: the late notice's wait
+  (`io_tick`, rule 10, by `exec.measure.costs.io_tick_from`);
+- `exec.measure.calibrate.compute_times` on every rank: the runtime's own time before and
+  after each compute of a 1F1B step of the GPT cut into one stage a rank (rule 11).
+
+`host_transport` merges the ranks' reports as `exec.measure.costs` does (the means).
+"""
+from __future__ import annotations
+
+import statistics
+
+import sim
+from exec.measure.calibrate import compute_times
+from exec.measure.calibrate_link import call_costs, late_notice
+from exec.measure.costs import io_tick_from
+from exec.models.spec import ModelSpec
+
+__all__ = ["host_costs", "host_transport", "HOW"]
+
+HOW = {"send_overhead": "mean CPU time of exec's isend call inside a step (exec.measure.calibrate_link.call_costs), "
+                        "ranks 0 and 1",
+       "recv_overhead": "mean CPU time of an irecv post inside a step (exec.measure.calibrate_link.call_costs), "
+                        "ranks 0 and 1",
+       "arrive_overhead": "mean extra compute time of a rank while a message arrives "
+                          "(exec.measure.calibrate_link.call_costs), ranks 0 and 1; at least 0",
+       "io_tick": "twice the median extra wait of a late notice to a computing sender "
+                  "(exec.measure.calibrate_link.late_notice, exec.measure.costs.io_tick_from)",
+       "before_compute": "mean runtime time from a compute's handler to its start mark "
+                         "(exec.measure.calibrate.compute_times, 1F1B, every rank)",
+       "after_compute": "mean runtime time from a compute's end mark to leaving its handler "
+                        "(exec.measure.calibrate.compute_times, 1F1B, every rank)"}
+
+
+def host_costs(ctx, model: sim.Transformer, micro_batch: int, repeats: int, steps: int) -> dict:
+    """This rank's samples (call on every rank at once): the call costs and late notices
+    (ranks 0 and 1; {} on the others) and the runtime's time around its computes."""
+    ranks = ctx.world_size
+    layers = max(1, ranks - 2)  # the GPT's embedding, blocks and head: a stage a rank
+    spec = ModelSpec("gpt", layers=layers, hidden=model.hidden, heads=model.heads, seq=model.seq,
+                     vocab=model.vocab, ffn=(model.ffn,) * layers, batch_size=micro_batch * ranks)
+    schedule = sim.make_schedule("1f1b", ranks, ranks).compute_only()
+    _, own = compute_times(ctx, spec, spec.partition(ranks), schedule, ranks, steps, alone=False)
+    activation = micro_batch * model.seq * model.hidden * 4  # fp32 (exec.measure.calibrate.activation_message_bytes)
+    return {"busy": call_costs(ctx, activation, repeats), "late": late_notice(ctx, max(4, repeats // 2)), **own}
+
+
+def host_transport(reports: list[dict]) -> dict[str, float]:
+    """The six `sim.Costs` fields from every rank's `host_costs` report: means over ranks 0
+    and 1 of their calls' means, `io_tick_from` their late notices, means over every
+    compute of the runtime's own time."""
+    busy = [r["busy"] for r in reports if r.get("busy")]
+    late = [r["late"] for r in reports if r.get("late")]
+    if not busy or not late:
+        raise ValueError("host_transport needs the reports of ranks 0 and 1")
+    return {"send_overhead": statistics.fmean(b["isend_busy_mean"] for b in busy),
+            "recv_overhead": statistics.fmean(b["irecv_busy_mean"] for b in busy),
+            # a difference of two timings: below the noise it can come out negative; the cost cannot
+            "arrive_overhead": max(0.0, statistics.fmean(b["arrive_busy_mean"] for b in busy)),
+            "io_tick": io_tick_from(late),
+            "before_compute": statistics.fmean(v for r in reports for v in r["before"]),
+            "after_compute": statistics.fmean(v for r in reports for v in r["after"])}
