@@ -13,7 +13,8 @@ measured steps), the peak-memory error of the worst rank, the error of each comp
 of the step other processes took (exec.run's `lost_share`) and the load average
 (/proc/loadavg) before and after the run; then the medians of the errors. The machine's
 load changes what a run measures (docs/rules.md, rule 9): read the load beside the error.
-`--schedule` and `--recompute` narrow the grid; `--json FILE` writes every row.
+`--schedule` and `--recompute` narrow the grid; `--json FILE` writes every row;
+`--reprofile` measures the device again before each case and writes it to `--profile`.
 """
 from __future__ import annotations
 
@@ -133,6 +134,13 @@ def row(r: dict) -> str:
             f"{r['memory_error_pct']:7.3f}%  {kinds:<28} {lost:>5}  {r['load']}")
 
 
+def reprofile(path: str):
+    """The device measured again now (`python -m exec.profile_device --out path`), loaded."""
+    subprocess.run([sys.executable, "-m", "exec.profile_device", "--out", path], check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)
+    return sim.load_profile(path)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", required=True, help="a device profile (python -m exec.profile_device --out FILE)")
@@ -141,9 +149,12 @@ def main(argv=None) -> int:
     ap.add_argument("--schedule", action="append", choices=SCHEDULES, help="only this schedule (repeat)")
     ap.add_argument("--recompute", action="append", choices=("none", "full"), help="only this mode (repeat)")
     ap.add_argument("--json", type=Path, help="write every row to this file")
+    ap.add_argument("--reprofile", action="store_true",
+                    help="measure the device again just before each case and predict it with that profile "
+                         "(a VM's speed can drift 20-30 %% in minutes: docs/measurements.md)")
     args = ap.parse_args(argv)
     try:
-        profile = sim.load_profile(args.profile)
+        profile = None if args.reprofile else sim.load_profile(args.profile)
     except (OSError, ValueError) as e:
         print(f"bench_plan_vs_run: {e}", file=sys.stderr)
         return 2
@@ -153,6 +164,8 @@ def main(argv=None) -> int:
           f"{'by kind and stage (%)':<28} {'lost':>5}  load (1, 5, 15 min)")
     rows = []
     for case in grid(len(host_cores()), args.pp, args.quick, args.schedule or SCHEDULES, args.recompute or ("none", "full")):
+        if args.reprofile:
+            profile = reprofile(args.profile)
         rows.append(compare(profile, case, steps=steps, warmup=warmup))
         print(row(rows[-1]), flush=True)
         if args.json:
