@@ -210,7 +210,7 @@ def model_spec(args):
     name = args.model
     if name not in ("mlp", "gpt"):
         import sim
-        t = sim.model.transformer.MODELS.get(name.strip().lower().replace("_", "-"))
+        t = sim.model.transformer.MODELS.get(sim.model.transformer.model_key(name))
         if t is None:
             raise ValueError(f"--model must be mlp, gpt or a preset of {', '.join(sim.model.transformer.MODELS)}; got {name!r}")
         if t.arch != "gpt" or t.kv_heads != t.heads:

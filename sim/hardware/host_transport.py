@@ -11,10 +11,12 @@ from __future__ import annotations
 
 from typing import Callable, Mapping
 
+from sim.engine.fields import CALL_FIELDS
+
 __all__ = ["NAMES", "FIELDS", "read"]
 
 NAMES = ("gloo-cpu",)  # the transports whose call costs a profile can give
-FIELDS = ("send_overhead", "recv_overhead", "arrive_overhead", "io_tick", "before_compute", "after_compute")
+FIELDS = (*CALL_FIELDS, "before_compute", "after_compute")  # the calls (rules 2, 3, 9, 10) and rule 11
 
 
 def read(section: Mapping | None, number: Callable, fail: Callable) -> dict | None:

@@ -306,9 +306,14 @@ MODELS: dict[str, Transformer] = {
 }
 
 
+def model_key(name: str) -> str:
+    """A model's name as the registries key it: case and underscores as you like."""
+    return name.strip().lower().replace("_", "-")
+
+
 def model(name: str) -> Transformer:
     """The preset called `name` (case and underscores as you like)."""
-    key = name.strip().lower().replace("_", "-")
+    key = model_key(name)
     if key not in MODELS:
         raise ValueError(f"unknown model {name!r}; known: {', '.join(MODELS)}")
     return MODELS[key]

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from sim.engine.core import simulate
 from sim.engine.result import Result
 from sim.hardware.gpus import GPU
-from sim.hardware.profile import DeviceProfile
+from sim.hardware.profile import DeviceProfile, resolve
 from sim.model.layer import LayerTimes, Slice, layer_times
 from sim.model.transformer import Transformer
 from sim.passes.grad_reduce import add_grad_reduce
@@ -33,7 +33,7 @@ from sim.schedules import lookup, make_schedule
 
 from .data_parallel import optimizer_time
 from .layout import Layout, check_layout
-from .names import find_device, find_model, model_name
+from .names import find_model, model_name
 from .stage_costs import end_times, memory_caps, memory_parts, offload_costs, partition_layers, stage_costs
 
 
@@ -98,7 +98,7 @@ def estimate(model: Transformer | str, gpu: DeviceProfile | GPU | str = "a100-80
                  lookup(schedule)[0], virtual, recompute, sequence_parallel, zero, precision, gpus_per_node,
                  overlap_grad_reduce, partition if isinstance(partition, str) else tuple(partition), tp_overlap,
                  offload, gpus_per_node if nics_per_node is None else nics_per_node)
-    return estimate_layout(find_model(model), find_device(gpu), lay, **schedule_options)
+    return estimate_layout(find_model(model), resolve(gpu), lay, **schedule_options)
 
 
 def estimate_layout(m: Transformer, g: DeviceProfile, lay: Layout, **schedule_options) -> Estimate:

@@ -1,4 +1,4 @@
-"""One registry of names for the planner: models (sim.MODELS and SageMaker's), GPUs and device profiles.
+"""One registry of model names for the planner: sim.MODELS and SageMaker's (GPUs and profiles: `sim.hardware.profile.resolve`).
 
     >>> from sim.plan.names import find_model, model_name
     >>> model_name(find_model("sagemaker-gpt2-10b")), model_name(find_model("GPT3_175B"))
@@ -9,9 +9,8 @@ one of them takes, the others take too.
 """
 from __future__ import annotations
 
-from sim.hardware.profile import DeviceProfile, resolve
 from sim.model.sagemaker import MODELS as SAGEMAKER
-from sim.model.transformer import MODELS, Transformer
+from sim.model.transformer import MODELS, Transformer, model_key
 
 
 def models() -> dict[str, Transformer]:
@@ -26,7 +25,7 @@ def find_model(model: Transformer | str) -> Transformer:
         return model
     if not isinstance(model, str):
         raise TypeError(f"model must be a sim.Transformer or a model name; got {type(model).__name__}")
-    key = model.strip().lower().replace("_", "-")
+    key = model_key(model)
     known = models()
     if key not in known:
         raise ValueError(f"unknown model {model!r}; known: {', '.join(known)}")
@@ -37,9 +36,3 @@ def model_name(m: Transformer) -> str:
     """The registry's name of `m`, or its shape."""
     return next((n for n, x in models().items() if x == m),
                 f"l{m.layers}-h{m.hidden}-a{m.heads}-s{m.seq}-v{m.vocab}")
-
-
-def find_device(gpu) -> DeviceProfile:
-    """A device profile from a profile, a GPU or profile name, or a preset `GPU`
-    (`sim.hardware.profile.resolve`)."""
-    return resolve(gpu)

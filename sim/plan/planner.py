@@ -45,13 +45,13 @@ from typing import Callable, Iterator
 
 from sim.hardware.gpus import GPU
 from sim.hardware.kernels import precision_bytes
-from sim.hardware.profile import DeviceProfile
+from sim.hardware.profile import DeviceProfile, resolve
 from sim.model.transformer import Transformer
 from sim.schedule.ir import ScheduleError
 
 from .bounds import Bounds
 from .estimation import Estimate, estimate
-from .names import find_device, find_model, model_name
+from .names import find_model, model_name
 from .space import MAX_CONFIGS, NOT_ENUMERATED, TOP, Config, configurations, positive
 
 __all__ = ["search", "Plan", "Row", "rank_of"]
@@ -188,7 +188,7 @@ def search(model: Transformer | str, gpu: DeviceProfile | GPU | str, gpus: int, 
     total)` is called as configurations are settled. Raises ValueError naming the fix."""
     start = time.perf_counter()
     m = find_model(model)
-    g = find_device(gpu)
+    g = resolve(gpu)
     positive("gpus", gpus), positive("global_batch", global_batch), positive("gpus_per_node", gpus_per_node)
     nics_per_node = positive("nics_per_node", gpus_per_node if nics_per_node is None else nics_per_node)
     if top is not None:

@@ -131,7 +131,7 @@ def stage_costs(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: Lay
            for n, f, la in zip(layers, first, last)]
     w_act = [n * w_layer + (ends_b["first_w"] if f else 0.0) + (ends_b["last_w"] if la else 0.0)
              for n, f, la in zip(layers, first, last)]
-    if m.kernels == "torch":  # rule 15: the first stage's I keeps its whole graph for W
+    if m.kernels == "torch":  # rule 15: the first stage's I keeps its whole graph for W (the head's too, pp = 1)
         w_act[0] = act[0]
     per = state_bytes_per_param(lay.precision, lay.zero, lay.dp)
     params = stage_params(m, layers, lay.tp, placement)
