@@ -18,7 +18,9 @@ cores / ranks threads, or one GPU each):
 - all-reduce, reduce-scatter and all-gather over 2..N ranks and sends between two, by
   message size -> `collectives.table`, `p2p.table`, and the ring model fitted to them.
 - with gloo, what exec's runtime costs its CPU ranks around sends, receives and computes
-  (`exec.profiler.host_bench`, exec's own calibration) -> `host_transport` (none with nccl).
+  (`exec.profiler.host_bench`, exec's own calibration) -> `host_transport` (none with nccl);
+- with gloo on 2 ranks, one block's F, B, I and W as a step runs them, at each --micro-batch
+  and recompute none and full (`exec.profiler.layer_bench`) -> `layers`.
 
 Every number says how it was measured (docs/profiles.md: source "measured" with the
 command, the machine and the date; the fits "derived"). The run has a timeout and leaves no
@@ -77,7 +79,7 @@ def _worker(ctx, plan: dict) -> dict:
     """One rank: the compute measurements (if asked), then the collectives and sends."""
     import torch
     import torch.distributed as dist
-    from exec.profiler import comm_bench, device_bench, host_bench
+    from exec.profiler import comm_bench, device_bench, host_bench, layer_bench
 
     say = _say if ctx.rank == 0 else (lambda text: None)
     device, out = ctx.device, {"threads": torch.get_num_threads()}
@@ -95,6 +97,9 @@ def _worker(ctx, plan: dict) -> dict:
     if plan["compute"] and plan["host"] and ctx.world_size > 1:  # gloo's CPU ranks: exec's own costs
         out["host"] = host_bench.host_costs(ctx, plan["model"], plan["host_micro_batch"], *plan["host"])
         say(f"host transport: {len(out['host']['before'])} computes timed")
+    if plan["compute"] and plan["host"] and ctx.world_size == 2:  # whole blocks as a step runs them
+        out["layers"] = layer_bench.layer_rows(ctx, plan["model"], plan["layer_micro_batches"],
+                                               steps=plan["host"][1], say=say)
     if ctx.world_size > 1:
         out["collectives"] = comm_bench.collective_rows(plan["messages"], device, plan["repeats"], say)
         if plan["p2p"]:
@@ -175,7 +180,7 @@ def profile_device(out: Path, backend: str = "gloo", ranks: int | None = None, q
     sizes = QUICK if quick else FULL
     plan = dict(gemms=planner_gemms(model, micro_batches), model=model, memory=sizes["memory"], messages=sizes["messages"],
                 loops=sizes["loops"], repeats=sizes["repeats"], host=sizes["host"] if backend == "gloo" else None,
-                host_micro_batch=sorted(micro_batches)[len(micro_batches) // 2])
+                host_micro_batch=sorted(micro_batches)[len(micro_batches) // 2], layer_micro_batches=tuple(micro_batches))
     t0 = time.perf_counter()
     _say(f"{backend} on {n} rank(s), {max(1, cores // n) if backend == 'gloo' else 'GPU'} thread(s) each; "
          f"{len(plan['gemms'])} matmul shapes, {'quick' if quick else 'full'} sizes")

@@ -6,7 +6,9 @@
 #
 # 1. **Profile** the device as exec's ranks use it (`exec.profile_device`, docs/exec.md):
 #    matmuls of the shapes the planner asks for, memory-bound kernels by class, the host's
-#    cost per op, gloo's collectives and sends. `--quick` takes about ten seconds.
+#    cost per op, gloo's collectives and sends, and whole blocks of this model timed as a
+#    step runs them (a kernel alone in a loop runs 5-30 % faster than inside a step; the
+#    planner takes the blocks where it has them). `--quick` takes about fifteen seconds.
 # 2. **Predict** a step of exec's small GPT with `sim.estimate(..., gpu=sim.load_profile(...))`:
 #    the model is the same object, `ModelSpec.transformer()`, so the planner's activation bytes
 #    are what autograd saves (tests/test_saved_bytes.py).
@@ -30,15 +32,16 @@ from pathlib import Path
 from exec.profile_device import profile_device
 from exec.models.spec import ModelSpec
 
+SPEC = ModelSpec("gpt", layers=2, hidden=64, heads=4, seq=32, vocab=128, batch_size=8)
+MICRO = 4
 PROFILE = Path(tempfile.mkdtemp()) / "this-machine.json"
-profile_device(PROFILE, "gloo", ranks=2, quick=True, micro_batches=(2,), timeout=120)
+profile_device(PROFILE, "gloo", ranks=2, quick=True, model=SPEC.transformer(),
+               micro_batches=(SPEC.batch_size // MICRO,), timeout=120)
 profile = sim.load_profile(PROFILE)
 print(profile.name, "| load average:", open("/proc/loadavg").read().split()[:3])
 print(f"peak fp32 {profile.gpu.peak_flops['fp32'] / 1e9:.0f} GFLOP/s, copy {profile.gpu.hbm_bandwidth / 1e9:.0f} GB/s")
 
 # %%
-SPEC = ModelSpec("gpt", layers=2, hidden=64, heads=4, seq=32, vocab=128, batch_size=8)
-MICRO = 4
 e = sim.estimate(SPEC.transformer(), gpu=profile, gpus_per_node=2, tp=1, pp=2, dp=1,
                  micro_batch=SPEC.batch_size // MICRO, global_batch=SPEC.batch_size, schedule="1f1b",
                  recompute="none", precision="fp32")

@@ -55,9 +55,15 @@ def test_the_profile_loads_and_every_number_says_where_it_comes_from(profile_fil
     assert set(compute) == set(p.compute_classes) == set(COMPUTE_CLASSES) == set(p.compute_points)
     assert all(len(c["points"]) == len(pd.QUICK["memory"]) for c in compute.values())
     assert set(p.memory_points) == set(raw["memory_bound"]["classes"])
-    shapes = {tuple(r[1:5]) for r in raw["matmul"]["table"]["rows"]}
-    assert set(pd_gemms()) == shapes  # the planner's shapes, each measured
-    assert p.gpu.peak_flops["fp32"] == max(2 * m * n * k * b / t for _, m, n, k, b, t in raw["matmul"]["table"]["rows"])
+    # whole blocks and the ends, measured as a step runs them, at the profiled micro-batch (2)
+    blocks, ends = raw["layers"]["blocks"]["rows"], raw["layers"]["ends"]["rows"]
+    assert {(r[5], r[6]) for r in blocks} == {(2, "none"), (2, "full")} and [r[4] for r in ends] == [2]
+    gpt = pd_gpt()
+    assert p.layers.block("fp32", gpt.hidden, gpt.heads, gpt.ffn, gpt.seq, 2, "full")["B"] == blocks[1][8]
+    assert p.layers.end("fp32", gpt.hidden, gpt.seq, gpt.vocab, 2)["last_F"] == ends[0][7]
+    shapes = {(*r[1:5], r[6]) for r in raw["matmul"]["table"]["rows"]}
+    assert set(pd_gemms()) == shapes  # the planner's products, each measured in its layout
+    assert p.gpu.peak_flops["fp32"] == max(2 * m * n * k * b / t for _, m, n, k, b, t, _ in raw["matmul"]["table"]["rows"])
     # gloo's CPU ranks: exec's own costs around transfers and computes, for the planner's gloo-cpu transport
     host = raw["host_transport"]
     assert host["name"] == "gloo-cpu" and set(host) == {"name", *HOST_FIELDS}
@@ -78,6 +84,11 @@ def test_the_host_transport_is_the_means_exec_calibration_takes():
                                  "io_tick": 2 * (5e-3 - 2e-4), "before_compute": 3e-5, "after_compute": 3e-5})
     with pytest.raises(ValueError, match="ranks 0 and 1"):
         host_transport(reports[2:])
+
+
+def pd_gpt():
+    from exec.models.spec import ModelSpec
+    return ModelSpec("gpt").transformer()
 
 
 def pd_gemms():

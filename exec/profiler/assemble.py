@@ -13,6 +13,7 @@ import platform
 
 from exec.profiler.comm_bench import nonnegative_lstsq, p2p_fit, ring_fit
 from exec.profiler.host_bench import HOW, host_transport
+from exec.profiler.layer_bench import HOW as LAYERS_HOW
 
 __all__ = ["assemble", "class_bandwidth"]
 
@@ -42,7 +43,7 @@ def assemble(measured: dict, collectives: list, fp: dict, cores: int | None, com
         return {"value": value, "source": "derived", "from": sources, "how": how}
 
     rows = measured["matmul"]
-    peak = max(2 * mm * n * k * b / t for _, mm, n, k, b, t in rows)
+    peak = max(2 * mm * n * k * b / t for _, mm, n, k, b, t, *_ in rows)
     classes = {name: m(class_bandwidth(points), points=[list(p) for p in points],
                        how="1 / slope of seconds over bytes moved (read + written), least squares")
                for name, points in measured["memory"].items()}
@@ -81,6 +82,8 @@ def assemble(measured: dict, collectives: list, fp: dict, cores: int | None, com
         how = "least squares of latency + bytes / bandwidth over p2p.table (half a ping-pong)"
         out["p2p"] = {"node": {k: derived(v, ["p2p.table"], how) for k, v in fit.items()},
                       "table": {"rows": measured["p2p"], **stamp}}
+    if measured.get("layers"):  # whole blocks: what the planner takes before its kernel model
+        out["layers"] = {k: {"rows": rows, **stamp, "how": LAYERS_HOW} for k, rows in measured["layers"].items()}
     if measured.get("host"):  # rules 2, 3, 9, 10, 11 of docs/rules.md: what sim's gloo-cpu transport reads
         out["host_transport"] = {"name": "gloo-cpu", **{k: m(v, how=HOW[k]) for k, v in
                                                         host_transport(measured["host"]).items()}}

@@ -4,7 +4,8 @@ Each function runs inside a rank that `exec.launch.processes` set up as exec's r
 its threads, gloo's host tuning), so that it measures the device as a pipeline rank uses
 it; every rank of the launch runs it at once (a barrier before each measurement), as the
 ranks of a run compute at once, and the caller keeps rank 0's numbers. Times are the
-fastest of repeated loops (`median_seconds`); on CUDA each loop is bracketed by synchronisations.
+median of repeated loops (`median_seconds`); on CUDA each loop is bracketed by synchronisations.
+A matmul is timed with its operands laid out as the step's linear layers read them.
 
 The sizes are the planner's: `planner_gemms` lists the matmuls `sim.estimate` times for a
 model (`sim.model.layer.gemm_shapes`: forward, input gradient, weight gradient; the output
@@ -21,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from sim.model.footprint import optimizer_step_bytes
-from sim.model.layer import Slice, gemm_shapes, pass_kernels
+from sim.model.layer import Slice, gemm_products, gemm_shapes, pass_kernels
 
 __all__ = ["CLASSES", "COMPUTE_CLASSES", "median_seconds", "planner_gemms", "matmul_rows", "memory_rows",
            "compute_rows", "launch_seconds", "layer_launch_seconds", "step_overhead_seconds"]
@@ -37,11 +38,11 @@ def _sync(device: torch.device) -> None:
 
 
 def median_seconds(fn: Callable[[], object], device: torch.device, loops: int = 5, least: float = 2e-3,
-                   best: bool = True) -> float:
-    """Seconds per call of `fn`: the fastest of `loops` loops (`best`; else their median), each
-    of as many calls as take at least `least` seconds (found on a warmed-up call). The fastest
-    loop is the device's own time, the one least slowed by other processes on a shared
-    machine: a profile is of the device, not of the load while it was measured."""
+                   best: bool = False) -> float:
+    """Seconds per call of `fn`: the median of `loops` loops (`best`: the fastest), each of as
+    many calls as take at least `least` seconds (found on a warmed-up call). The median, as
+    the planner predicts a run's median step: the fastest loop of a block ran 6-8 % under the
+    median on a quiet machine (docs/measurements.md, "Kernels in a loop and in a step")."""
     fn()
     _sync(device)
     t = time.perf_counter()
@@ -60,33 +61,41 @@ def median_seconds(fn: Callable[[], object], device: torch.device, loops: int = 
     return min(samples) if best else statistics.median(samples)
 
 
-def planner_gemms(model, micro_batches: Iterable[int]) -> list[tuple[int, int, int, int]]:
-    """The (m, n, k, batch) matmuls `sim.estimate` times for `model` (a `sim.Transformer`,
-    tp = 1) at each micro-batch size: every layer matmul's forward, input gradient (m, k, n)
-    and weight gradient (k, n, m), and the output layer's (bs, V, h), (bs, h, V), (h, V, bs)."""
+def planner_gemms(model, micro_batches: Iterable[int]) -> list[tuple[int, int, int, int, str]]:
+    """The (m, n, k, batch, layout) matmuls `sim.estimate` times for `model` (a
+    `sim.Transformer`, tp = 1) at each micro-batch size: every layer matmul's and the output
+    layer's (bs, V, h) forward, input gradient and weight gradient, each with the operands
+    read as torch's linear layer reads them (`sim.model.layer.gemm_products`)."""
     out = set()
     for b in micro_batches:
-        for m, n, k, batch in gemm_shapes(model, Slice(b, precision="fp32")).values():
-            out |= {(m, n, k, batch), (m, k, n, batch), (k, n, m, batch)}
-        tokens = b * model.seq
-        out |= {(tokens, model.vocab, model.hidden, 1), (tokens, model.hidden, model.vocab, 1),
-                (model.hidden, model.vocab, tokens, 1)}
+        shapes = list(gemm_shapes(model, Slice(b, precision="fp32")).values()) + [(b * model.seq, model.vocab,
+                                                                                    model.hidden, 1)]
+        for shape in shapes:
+            out |= set(gemm_products(*shape))
     return sorted(out)
+
+
+def _product(m: int, n: int, k: int, batch: int, layout: str, device: torch.device, dtype: torch.dtype):
+    """A call that computes `batch` (m x k) @ (k x n) products with the operands laid out as
+    `layout` says: "nt" X @ W^T (W stored n x k), "nn" A @ B, "tn" A^T @ B (A stored k x m)."""
+    a = torch.randn(batch, *((k, m) if layout == "tn" else (m, k)), device=device, dtype=dtype)
+    b = torch.randn(batch, *((n, k) if layout == "nt" else (k, n)), device=device, dtype=dtype)
+    a, b = (a.transpose(1, 2) if layout == "tn" else a), (b.transpose(1, 2) if layout == "nt" else b)
+    return (lambda: torch.mm(a[0], b[0])) if batch == 1 else (lambda: torch.bmm(a, b))
 
 
 def matmul_rows(shapes, device: torch.device, dtype: torch.dtype, precision: str, barrier: Callable[[], None],
                 say: Callable[[str], None], loops: int = 5) -> list[list]:
-    """[precision, m, n, k, batch, seconds] of `torch.mm` (batch 1) or `torch.bmm` per shape."""
+    """[precision, m, n, k, batch, seconds, layout] of `torch.mm` (batch 1) or `torch.bmm` per
+    (m, n, k, batch, layout) of `shapes`."""
     rows = []
-    for i, (m, n, k, batch) in enumerate(shapes):
-        a = torch.randn(batch, m, k, device=device, dtype=dtype)
-        b = torch.randn(batch, k, n, device=device, dtype=dtype)
-        fn = (lambda: torch.mm(a[0], b[0])) if batch == 1 else (lambda: torch.bmm(a, b))
+    for i, (m, n, k, batch, layout) in enumerate(shapes):
+        fn = _product(m, n, k, batch, layout, device, dtype)
         barrier()
-        rows.append([precision, m, n, k, batch, median_seconds(fn, device, loops)])
+        rows.append([precision, m, n, k, batch, median_seconds(fn, device, loops), layout])
         if i % 10 == 0 or i == len(shapes) - 1:
-            say(f"matmul {i + 1}/{len(shapes)}: {m}x{n}x{k} (batch {batch}) "
-                f"{2 * m * n * k * batch / rows[-1][-1] / 1e9:.1f} GFLOP/s")
+            say(f"matmul {i + 1}/{len(shapes)}: {m}x{n}x{k} (batch {batch}, {layout}) "
+                f"{2 * m * n * k * batch / rows[-1][5] / 1e9:.1f} GFLOP/s")
     return rows
 
 

@@ -28,9 +28,10 @@ from __future__ import annotations
 
 import math
 
-from .profile import DeviceProfile
+from .profile import LAYOUTS, DeviceProfile
 
 BYTES = {"bf16": 2, "fp16": 2, "tf32": 4, "fp32": 4}
+
 # The CUTLASS/cuBLAS tile of a large half-precision GEMM on A100 and H100: 256 x 128 outputs
 # per thread block, one block per SM at a time (NVIDIA, "Matrix Multiplication Background
 # User's Guide", Sec. "Dimension quantization effects": "the 256x128 tile ... the most
@@ -46,14 +47,17 @@ def precision_bytes(precision: str) -> int:
         raise ValueError(f"precision must be one of {', '.join(BYTES)}; got {precision!r}") from None
 
 
-def gemm_time(dev: DeviceProfile, precision: str, m: int, n: int, k: int, batch: int = 1) -> float:
-    """Seconds for `batch` independent (m x k) @ (k x n) products at `precision`: the profile's
-    measured table where it has the precision, else the waves of 256x128 output tiles over the
-    SMs at their share of the achieved peak, or the bytes of the operands and result at the
-    memory-bound bandwidth, whichever is longer."""
+def gemm_time(dev: DeviceProfile, precision: str, m: int, n: int, k: int, batch: int = 1,
+              layout: str = "nn") -> float:
+    """Seconds for `batch` independent (m x k) @ (k x n) products at `precision`, the operands
+    read as `layout` says (`LAYOUTS`): the profile's measured table where it has the precision,
+    else the waves of 256x128 output tiles over the SMs at their share of the achieved peak,
+    or the bytes of the operands and result at the memory-bound bandwidth, whichever is longer."""
     if min(m, n, k, batch) <= 0:
         raise ValueError(f"GEMM sizes must be positive, got m={m}, n={n}, k={k}, batch={batch}")
-    measured = dev.matmul_lookup(precision, m, n, k, batch)
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}; got {layout!r}")
+    measured = dev.matmul_lookup(precision, m, n, k, batch, layout)
     if measured is not None:
         return measured
     if dev.matmul_efficiency is None:

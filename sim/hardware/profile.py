@@ -4,8 +4,8 @@ The format is docs/profiles.md's (version 1). A `DeviceProfile` holds a datashee
 and the achieved figures: matmul efficiency or a measured matmul table, memory-bound
 bandwidth by kernel class (measured ones also by size), the rates of compute-bound elementwise
 kernels, collective and point-to-point links (NCCL's ring model, or a measured table), the
-host's launch cost per kernel and a step's fixed overhead. `sim.hardware.kernels`
-turns them into times; nothing here models anything, it only reads, checks and looks up.
+host's launch cost per kernel, a step's fixed overhead, measured blocks and ends (`layer_table`).
+`sim.hardware.kernels` turns them into times; nothing here models, it reads, checks, looks up.
 
     >>> p = profile("a100-80gb-best-case")
     >>> p.gpu.name, p.source("launch.per_kernel")["source"]
@@ -21,12 +21,16 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .gpus import GPU, GPUS, PRECISIONS
+from . import layer_table
 from .host_transport import read as read_host_transport
 
 SCHEMA = "pipeline-workbench/device-profile/1"
 SOURCES = {"datasheet": ("citation",), "published": ("citation",), "measured": ("command", "machine", "date"),
            "calibrated": ("dataset", "rows", "method", "residual"), "derived": ("from", "how")}
 MEMORY_CLASSES = ("elementwise", "norm", "softmax", "copy", "optimizer", "embedding")
+# How a product reads its operands, as torch's linear layer runs them: the forward X W^T ("nt"),
+# input gradient dY W ("nn"), weight gradient dY^T X ("tn"); the tile model of a GPU ignores it.
+LAYOUTS = ("nn", "nt", "tn")
 # Elementwise kernels bound by their arithmetic where the device is a CPU (docs/profiles.md):
 # torch's erf GeLU forward and backward, and the exponential (flash attention's softmax).
 COMPUTE_CLASSES = ("gelu", "gelu_backward", "exp")
@@ -62,7 +66,7 @@ class DeviceProfile:
     gpu: GPU
     fingerprint: Mapping[str, Any]
     matmul_efficiency: float | None
-    matmul_rows: tuple          # (precision, m, n, k, batch, seconds)
+    matmul_rows: tuple          # (precision, m, n, k, batch, seconds, layout)
     memory_bandwidth: float     # bytes/s, read + written, of a memory-bound kernel
     memory_classes: Mapping[str, float]
     links: Mapping[str, Link]
@@ -76,13 +80,13 @@ class DeviceProfile:
     compute_classes: Mapping[str, float] = field(default_factory=dict)  # class: elements/s
     compute_points: Mapping[str, tuple] = field(default_factory=dict)   # class: ((elements, seconds), ...)
     host_transport: Mapping[str, Any] | None = None  # the Costs fields of its runtime's transport (host_transport.py)
+    layers: layer_table.LayerTable = field(default_factory=layer_table.LayerTable)  # measured blocks and ends
 
     def __repr__(self) -> str:
         return f"DeviceProfile({self.name!r} on {self.gpu.name}, {self.fingerprint.get('date')})"
 
-    # the datasheet's, for code that sizes memory and MFU
     @property
-    def memory(self) -> int:
+    def memory(self) -> int:  # the datasheet's, for code that sizes memory and MFU
         return self.gpu.memory
 
     def flops(self, precision: str) -> float:
@@ -127,11 +131,13 @@ class DeviceProfile:
         host = kernels * self.launch_per_kernel
         return max(device_seconds, host) if self.host_runs_ahead else device_seconds + host
 
-    def matmul_lookup(self, precision: str, m: int, n: int, k: int, batch: int) -> float | None:
+    def matmul_lookup(self, precision: str, m: int, n: int, k: int, batch: int, layout: str = "nn") -> float | None:
         """Seconds of a matmul from the measured table: exact, or the nearest row's achieved
-        FLOP/s (log-distance over m, n, k, batch) times this one's FLOPs; None if the table has
-        no row of `precision`."""
+        FLOP/s (log-distance over m, n, k, batch) times this one's FLOPs, among the rows of
+        `layout` where the table has any (`LAYOUTS`), else among all; None
+        if the table has no row of `precision`."""
         rows = [r for r in self.matmul_rows if r[0] == precision]
+        rows = [r for r in rows if r[6] == layout] or rows
         if not rows:
             return None
         q = (m, n, k, batch)
@@ -230,7 +236,8 @@ class _Reader:
         self.provenance(node, path)
         return float(v)
 
-    def rows(self, path: str, shape: tuple) -> tuple:
+    def rows(self, path: str, shape: tuple, optional: int = 0) -> tuple:
+        """The table at `path`: rows of `shape` ((type, choices) a column), less `optional` at the end."""
         node = self.section(path, required=False)
         if node is None:
             return ()
@@ -239,7 +246,7 @@ class _Reader:
         if not isinstance(rows, list) or not rows:
             self.fail(f"{path!r} needs a non-empty list 'rows'")
         for i, r in enumerate(rows):
-            ok = isinstance(r, list) and len(r) == len(shape) and all(
+            ok = isinstance(r, list) and len(shape) - optional <= len(r) <= len(shape) and all(
                 (t is str and isinstance(x, str) and (not choices or x in choices))
                 or (t is not str and not isinstance(x, (bool, str)) and isinstance(x, (int, float)) and x > 0)
                 for x, (t, choices) in zip(r, shape))
@@ -302,7 +309,9 @@ def from_dict(data: Mapping, where: str = "profile") -> DeviceProfile:
     if not isinstance(fp.get("date"), str):
         r.fail("fingerprint.date must be an ISO date string")
     eff = r.number("matmul.efficiency", required=False)
-    mm = r.rows("matmul.table", ((str, PRECISIONS), (int, None), (int, None), (int, None), (int, None), (float, None)))
+    mm = r.rows("matmul.table", ((str, PRECISIONS), (int, None), (int, None), (int, None), (int, None), (float, None),
+                                 (str, LAYOUTS)), optional=1)
+    mm = tuple(row + ("nn",) * (7 - len(row)) for row in mm)  # a row without a layout: "nn"
     if eff is None and not mm:
         r.fail("'matmul' needs an 'efficiency' or a 'table'")
     classes = r.section("memory_bound.classes", required=False) or {}
@@ -329,7 +338,8 @@ def from_dict(data: Mapping, where: str = "profile") -> DeviceProfile:
         memory_points={k: r.points(f"memory_bound.classes.{k}") for k in classes if "points" in classes[k]},
         compute_classes={k: r.number(f"compute_bound.classes.{k}") for k in compute},
         compute_points={k: r.points(f"compute_bound.classes.{k}") for k in compute if "points" in compute[k]},
-        host_transport=read_host_transport(r.section("host_transport", required=False), r.number, r.fail))
+        host_transport=read_host_transport(r.section("host_transport", required=False), r.number, r.fail),
+        layers=layer_table.read(r.rows("layers.blocks", layer_table.BLOCKS), r.rows("layers.ends", layer_table.ENDS)))
 
 
 def load_profile(path) -> DeviceProfile:

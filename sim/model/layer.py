@@ -147,6 +147,13 @@ def gemm_shapes(m: Transformer, x: Slice) -> dict[str, tuple[int, int, int, int]
             "mlp_out": (tokens, h, f // t, 1)}
 
 
+def gemm_products(m: int, n: int, k: int, batch: int = 1) -> tuple[tuple, tuple, tuple]:
+    """The three products of a forward (m x k) @ (k x n) as (m, n, k, batch, layout), each as
+    torch runs a linear layer's (`sim.hardware.kernels.LAYOUTS`): the forward X W^T, the
+    input gradient dY W (m, k, n) and the weight gradient, (k, n, m) as dY^T X."""
+    return (m, n, k, batch, "nt"), (m, k, n, batch, "nn"), (k, n, m, batch, "tn")
+
+
 def _kernels_time(m: Transformer, dev: DeviceProfile, x: Slice, kernels, only=None) -> float:
     """Seconds of the memory- and compute-bound `kernels` (the `only` ones if given) on one GPU."""
     b, s, h, t = x.micro_batch, m.seq, m.hidden, x.tp
@@ -184,9 +191,9 @@ def layer_times(m: Transformer, dev: DeviceProfile | str, x: Slice, recompute: s
     check_recompute(recompute)
     dev = resolve(dev)
     p, shapes, k = x.precision, gemm_shapes(m, x), _lists(m)
-    fwd = {n: gemm_time(dev, p, mm, nn, kk, nb) for n, (mm, nn, kk, nb) in shapes.items()}
-    dx = {n: gemm_time(dev, p, mm, kk, nn, nb) for n, (mm, nn, kk, nb) in shapes.items()}   # dY W^T
-    dw = {n: gemm_time(dev, p, kk, nn, mm, nb) for n, (mm, nn, kk, nb) in shapes.items()}   # X^T dY
+    fwd = {n: gemm_time(dev, p, *gemm_products(*s)[0]) for n, s in shapes.items()}
+    dx = {n: gemm_time(dev, p, *gemm_products(*s)[1]) for n, s in shapes.items()}
+    dw = {n: gemm_time(dev, p, *gemm_products(*s)[2]) for n, s in shapes.items()}
     weightless = ("scores", "values")  # both their gradients are input gradients (Qi et al. 2024, Table 1)
     comm_f, comm_i, hidden = _collectives(m, dev, x, dx, dw)
     hidden = hidden if tp_overlap else 0.0
@@ -205,9 +212,25 @@ def layer_times(m: Transformer, dev: DeviceProfile | str, x: Slice, recompute: s
     parts["collectives"] -= hidden
     backward_input = sum(redo.values()) + sum(i.values())
     n = pass_kernels(m, x, recompute)
-    return LayerTimes(forward=sum(f.values()), backward=backward_input + w - hidden,
-                      backward_input=backward_input, backward_weight=w + w_redo, recompute=sum(redo.values()),
-                      parts=parts, kernels=n)
+    lt = LayerTimes(forward=sum(f.values()), backward=backward_input + w - hidden,
+                    backward_input=backward_input, backward_weight=w + w_redo, recompute=sum(redo.values()),
+                    parts=parts, kernels=n)
+    return _measured(m, dev, x, recompute, lt) or lt
+
+
+def _measured(m: Transformer, dev: DeviceProfile, x: Slice, recompute: str, lt: LayerTimes) -> LayerTimes | None:
+    """The block as the profile measured it inside a step (`sim.hardware.layer_table`: exec's
+    GPT block, torch's kernels, no tensor parallelism), or None where it has none. The
+    measured passes include the host's cost of each kernel (no launch floor on top: no
+    kernels counted); the recompute and the parts keep the kernel model's shares of them."""
+    row = dev.layers.block(x.precision, m.hidden, m.heads, m.ffn, m.seq, x.micro_batch, recompute)
+    if row is None or x.tp != 1 or m.kernels != "torch":
+        return None
+    total = sum(lt.parts.values())
+    return LayerTimes(forward=row["F"], backward=row["B"], backward_input=row["I"], backward_weight=row["W"],
+                      recompute=lt.recompute * row["F"] / lt.forward,
+                      parts={k: v * (row["F"] + row["B"]) / total for k, v in lt.parts.items()},
+                      kernels=dict.fromkeys(lt.kernels, 0))
 
 
 def pass_kernels(m: Transformer, x: Slice, recompute: str = "none") -> dict[str, int]:

@@ -10,7 +10,7 @@ from sim.hardware.kernels import gemm_time, memory_time, precision_bytes
 from sim.hardware.network import collective_time, links_of, p2p_link
 from sim.hardware.profile import DeviceProfile
 from sim.model.footprint import state_bytes_per_param
-from sim.model.layer import LayerTimes, Slice
+from sim.model.layer import LayerTimes, Slice, gemm_products
 from sim.model.transformer import Transformer
 from sim.passes.offload import add_offload, copy_time
 from sim.schedule.kinds import program_peak
@@ -33,19 +33,33 @@ def end_kernels(m: Transformer, g: DeviceProfile, x: Slice) -> dict[str, list[fl
     sbh = tokens * h * e / (t if x.sequence_parallel else 1)
     ar = [collective_time(links_of(g), "all_reduce", tokens * h * e, x.tensor_group)] if t > 1 else []
     logits = tokens * m.vocab / t
-    head = dict(F=[gemm_time(g, x.precision, tokens, m.vocab // t, h), memory_time(g, 2 * sbh, "norm"),
-                   memory_time(g, 6 * logits)] + ar,
-                I=[gemm_time(g, x.precision, tokens, h, m.vocab // t), memory_time(g, 6 * logits),
-                   memory_time(g, 3 * sbh, "norm")] + ar,
-                W=[gemm_time(g, x.precision, h, m.vocab // t, tokens)])
+    fwd, dx, dw = (gemm_time(g, x.precision, *p) for p in gemm_products(tokens, m.vocab // t, h))
+    head = dict(F=[fwd, memory_time(g, 2 * sbh, "norm"), memory_time(g, 6 * logits)] + ar,
+                I=[dx, memory_time(g, 6 * logits), memory_time(g, 3 * sbh, "norm")] + ar, W=[dw])
     embed = dict(F=[memory_time(g, 2 * tokens * h * e, "embedding")] + ar, I=[],
                  W=[memory_time(g, 3 * tokens * h * e, "embedding")])
     return {f"first_{k}": v for k, v in embed.items()} | {f"last_{k}": v for k, v in head.items()}
 
 
 def end_times(m: Transformer, g: DeviceProfile, x: Slice) -> dict[str, float]:
-    """The seconds of `end_kernels`, per end and pass."""
-    return {k: sum(v) for k, v in end_kernels(m, g, x).items()}
+    """The seconds each end adds to its stage's passes, per end and pass (F, B, I, W): the
+    ends the profile measured inside a step where it has them (`measured_ends`), else the
+    sums of `end_kernels` (B = I + W)."""
+    measured = measured_ends(m, g, x)
+    if measured is not None:
+        return measured
+    out = {k: sum(v) for k, v in end_kernels(m, g, x).items()}
+    return out | {f"{side}_B": out[f"{side}_I"] + out[f"{side}_W"] for side in ("first", "last")}
+
+
+def measured_ends(m: Transformer, g: DeviceProfile, x: Slice) -> dict[str, float] | None:
+    """The ends as the profile measured them (`sim.hardware.layer_table`: exec's GPT, torch's
+    kernels, tp = 1), or None. The first stage's I is empty and its W the whole backward
+    (rule 15), as measured; their times hold the host's cost of each kernel."""
+    row = g.layers.end(x.precision, m.hidden, m.seq, m.vocab, x.micro_batch)
+    if row is None or x.tp != 1 or m.kernels != "torch":
+        return None
+    return dict(row, first_I=0.0, first_W=row["first_B"])
 
 
 def partition_layers(layers: int, stages: int, partition, lt: LayerTimes, ends: dict, caps=None) -> list[int]:
@@ -53,8 +67,8 @@ def partition_layers(layers: int, stages: int, partition, lt: LayerTimes, ends: 
         return even(layers, stages)
     if partition == "balanced":
         extra = [0.0] * stages
-        extra[0] += ends["first_F"] + ends["first_I"] + ends["first_W"]
-        extra[-1] += ends["last_F"] + ends["last_I"] + ends["last_W"]
+        extra[0] += ends["first_F"] + ends["first_B"]
+        extra[-1] += ends["last_F"] + ends["last_B"]
         fitting = caps if caps is not None and sum(caps) >= layers else None  # none fits: time alone
         return balanced(layers, stages, lt.forward + lt.backward, extra, fitting)
     counts = list(partition) if not isinstance(partition, str) else None
@@ -98,14 +112,17 @@ def pass_times(m: Transformer, g: DeviceProfile, x: Slice, lt: LayerTimes, ends:
     the first stage's I is empty and its W the whole backward (docs/rules.md, rule 15)."""
     stages = len(layers)
     counts = {k: len(v) for k, v in end_kernels(m, g, x).items()}
+    if measured_ends(m, g, x) is not None:  # measured: the host's cost is in the times
+        counts = dict.fromkeys(counts, 0)
+    counts |= {f"{side}_B": counts[f"{side}_I"] + counts[f"{side}_W"] for side in ("first", "last")}
     out, added = [], 0.0
-    for key, ends_of, layer_time in (("F", ("F",), lt.forward), ("B", ("I", "W"), lt.backward),
-                                     ("I", ("I",), lt.backward_input), ("W", ("W",), lt.backward_weight)):
+    for key, layer_time in (("F", lt.forward), ("B", lt.backward), ("I", lt.backward_input),
+                            ("W", lt.backward_weight)):
         times = []
         for s, n in enumerate(layers):
             sides = (["first"] if s == 0 else []) + (["last"] if s == stages - 1 else [])
-            device = n * layer_time + sum(ends[f"{side}_{p}"] for side in sides for p in ends_of)
-            kernels = n * lt.kernels[key] + sum(counts[f"{side}_{p}"] for side in sides for p in ends_of)
+            device = n * layer_time + sum(ends[f"{side}_{key}"] for side in sides)
+            kernels = n * lt.kernels[key] + sum(counts[f"{side}_{key}"] for side in sides)
             times.append(g.pass_time(device, kernels))
             added += (times[-1] - device) if key in ("F", "B") else 0.0
         out.append(times)
@@ -163,7 +180,7 @@ def stage_costs(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: Lay
     # per device on average: the compute by part (the rest of the step: `estimate`)
     mb, names = lay.micro_batches, {"gemm": "gemm", "memory": "memory_bound", "collectives": "tp_collectives"}
     parts = {names[k]: mb * sum(layers) * v / lay.pp for k, v in lt.parts.items()}
-    parts["embedding_and_output"] = mb * sum(ends.values()) / lay.pp
+    parts["embedding_and_output"] = mb * sum(ends[f"{side}_{p}"] for side in ("first", "last") for p in "FB") / lay.pp
     parts["launch_floor"] = mb * floor / lay.pp
     parts["zero3_collectives"] = mb * (2 * sum(gather) + sum(scatter)) / lay.pp
     parts["tp_collectives"] += mb * (sum(into_f) + sum(into_b)) / lay.pp

@@ -1,0 +1,99 @@
+"""A transformer block's passes and the model's ends as a pipeline step runs them: the profile's `layers` tables.
+
+A block's kernels timed one by one, each in a loop of its own, run 5-30 % faster than the
+same kernels inside a step, where each meets its inputs cold after the step's other passes
+(docs/measurements.md, "Kernels in a loop and in a step"). So the profiler also times whole
+blocks as exec's calibration times a run's computes (`exec.measure.calibrate.compute_times`):
+every rank at once, in the program order of a compute-only step on 2 ranks, with the
+interpreter's own handlers, the runtime's time around each compute left out (rule 11 is
+the profile's `host_transport`). A rank's stage holds the embedding or the head and n blocks;
+per stage and pass, the least-squares line through its median time at n = 1, 2, 3 gives a
+block's time (the slope) and what the stage adds beyond its blocks (the intercept: the
+embedding, or the final norm, head and loss, with the stage's fixed cost). F and B come from
+a 1F1B step, I and W from a ZB-H1 step's second stage (on the first, torch's split backward
+leaves I empty and W the whole backward: docs/rules.md, rule 15).
+"""
+from __future__ import annotations
+
+import statistics
+from typing import Callable, Iterable
+
+import sim
+import torch.distributed as dist
+from exec.measure.calibrate import compute_times
+from exec.models.cuts import gpt_bounds
+from exec.models.spec import ModelSpec
+
+__all__ = ["MICRO_BATCHES", "layer_rows", "HOW"]
+
+MICRO_BATCHES = 4  # micro-batches of each timed step
+BLOCKS = (1, 2, 3)  # blocks a stage: the line through the three gives a block's time and the ends'
+END_PASSES = ("first_F", "first_B", "last_F", "last_B", "last_I", "last_W")
+HOW = ("blocks: a pass's slope, ends: its intercept, of the least-squares line through a stage's median compute "
+       "time at 1, 2 and 3 blocks a stage: exec.measure.calibrate.compute_times on 2 ranks at once, F and B of a "
+       "1F1B step (blocks: both stages' mean), I and W of a ZB-H1 step's second stage (exec.profiler.layer_bench)")
+
+
+def _stage_medians(ctx, model: sim.Transformer, micro_batch: int, recompute: str, blocks: int, schedule: str,
+                   steps: int) -> dict[tuple[int, str], float]:
+    """{(stage, kind): median seconds} of a compute-only `schedule` step of the GPT with
+    `blocks` blocks on each of 2 stages (the embedding on the first, the head on the last),
+    both ranks' stages."""
+    spec = ModelSpec("gpt", layers=2 * blocks, hidden=model.hidden, heads=model.heads, seq=model.seq,
+                     vocab=model.vocab, ffn=(model.ffn,) * (2 * blocks), batch_size=micro_batch * MICRO_BATCHES,
+                     recompute=recompute)
+    sched = sim.make_schedule(schedule, 2, MICRO_BATCHES)
+    samples, _ = compute_times(ctx, spec, gpt_bounds(spec, [blocks, blocks]), sched, MICRO_BATCHES, steps,
+                               alone=False)
+    mine = {key: statistics.median(v) for key, v in samples.items()}
+    both: list = [None] * ctx.world_size
+    dist.all_gather_object(both, mine)  # each rank times its own stage
+    return {key: v for medians in both for key, v in medians.items()}
+
+
+def _fit(points: list[tuple[int, float]]) -> tuple[float, float]:
+    """(intercept, slope) of the least-squares line through (blocks, seconds) points."""
+    n = len(points)
+    mx, my = sum(x for x, _ in points) / n, sum(y for _, y in points) / n
+    slope = sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x, _ in points)
+    return my - slope * mx, slope
+
+
+def _passes(ctx, model: sim.Transformer, micro_batch: int, recompute: str, steps: int) -> tuple[dict, dict]:
+    """({"F", "B", "I", "W": s} of one block, {"first_F", "first_B", "last_F", "last_B",
+    "last_I", "last_W": s} of the ends), the same on both ranks: per stage and kind, the line
+    through its median time at `BLOCKS` blocks a stage, its slope the block's, its intercept
+    what the stage adds beyond its blocks."""
+    block, ends = {}, {}
+    for schedule, kinds, stages in (("1f1b", ("F", "B"), (0, 1)), ("zb-h1", ("I", "W"), (1,))):
+        medians = {n: _stage_medians(ctx, model, micro_batch, recompute, n, schedule, steps) for n in BLOCKS}
+        for kind in kinds:
+            lines = {s: _fit([(n, medians[n][(s, kind)]) for n in BLOCKS]) for s in stages}
+            block[kind] = statistics.fmean(slope for _, slope in lines.values())
+            ends |= {f"{'first' if s == 0 else 'last'}_{kind}": a for s, (a, _) in lines.items()}
+    return block, ends
+
+
+def layer_rows(ctx, model: sim.Transformer, micro_batches: Iterable[int], recomputes=("none", "full"),
+               steps: int = 3, say: Callable[[str], None] = lambda text: None) -> dict[str, list[list]]:
+    """{"blocks": [[precision, hidden, heads, ffn, seq, micro_batch, recompute, F, B, I, W]],
+    "ends": [[precision, hidden, seq, vocab, micro_batch, first_F, first_B, last_F, last_B,
+    last_I, last_W]]} (seconds; call on both ranks of a world of 2 at once): one block of
+    `model` (a `sim.Transformer` of exec's GPT) at each micro-batch size and recompute mode,
+    and its ends at each micro-batch size (from the runs without recompute: the ends are
+    never recomputed). A time below the clock's resolution is kept at 1 ns (the tables hold
+    positive times)."""
+    if ctx.world_size != 2:
+        raise ValueError(f"the layer table times a 2-stage step: run it on 2 ranks, not {ctx.world_size}")
+    out = {"blocks": [], "ends": []}
+    for b in micro_batches:
+        for recompute in recomputes:
+            t, ends = _passes(ctx, model, b, recompute, steps)
+            out["blocks"].append(["fp32", model.hidden, model.heads, model.ffn, model.seq, b, recompute,
+                                  *(max(t[k], 1e-9) for k in ("F", "B", "I", "W"))])
+            if recompute == "none":
+                out["ends"].append(["fp32", model.hidden, model.seq, model.vocab, b,
+                                    *(max(ends[k], 1e-9) for k in END_PASSES)])
+            say(f"block at micro-batch {b}, recompute {recompute}: F {t['F'] * 1e3:.2f} ms, B {t['B'] * 1e3:.2f} ms, "
+                f"I {t['I'] * 1e3:.2f} ms, W {t['W'] * 1e3:.2f} ms")
+    return out
