@@ -8,7 +8,7 @@
 #    matmuls of the shapes the planner asks for, memory-bound kernels by class, the host's
 #    cost per op, gloo's collectives and sends, and whole blocks of this model timed as a
 #    step runs them (a kernel alone in a loop runs 5-30 % faster than inside a step; the
-#    planner takes the blocks where it has them). `--quick` takes about fifteen seconds.
+#    planner takes the blocks where it has them). `--quick` takes about twenty seconds.
 # 2. **Predict** a step of exec's small GPT with `sim.estimate(..., gpu=sim.load_profile(...))`:
 #    the model is the same object, `ModelSpec.transformer()`, so the planner's activation bytes
 #    are what autograd saves (tests/test_saved_bytes.py).
