@@ -28,8 +28,11 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import sim
-from exec.launch.host import loadavg
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the repository's sim and exec, installed or not
+
+import sim  # noqa: E402
+from exec.launch.host import loadavg  # noqa: E402
 
 SCHEDULES = ("1f1b", "gpipe", "zb-h1", "interleaved-1f1b")
 MODEL = dict(layers=4, hidden=128, heads=4, seq=64, vocab=512)  # exec's --model gpt, 4 blocks
@@ -95,7 +98,7 @@ def measure(case: Case, model: dict = MODEL, steps: int = 5, warmup: int = 2) ->
     share of the step other processes took, and the load before and after. RuntimeError (one
     line) if the run fails."""
     before = loadavg()
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])))
+    env = _env()
     with tempfile.TemporaryDirectory() as tmp:
         out = subprocess.run(run_command(case, model, steps, warmup) + ["--out", tmp], capture_output=True, text=True,
                              timeout=300, env=env)
@@ -134,10 +137,15 @@ def row(r: dict) -> str:
             f"{r['memory_error_pct']:7.3f}%  {kinds:<28} {lost:>5}  {r['load']}")
 
 
+def _env() -> dict:
+    """This environment with the repository first on PYTHONPATH, for the commands it starts."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+
+
 def reprofile(path: str):
     """The device measured again now (`python -m exec.profile_device --out path`), loaded."""
     subprocess.run([sys.executable, "-m", "exec.profile_device", "--out", path], check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600, env=_env())
     return sim.load_profile(path)
 
 
