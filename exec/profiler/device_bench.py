@@ -125,19 +125,27 @@ def _class_kernel(name: str, elements: int, device: torch.device, dtype: torch.d
     return (lambda: F.embedding(ids, table)), 2 * x.numel() * e + ids.numel() * 8
 
 
+def _class_rows(names, sizes, kernel, device: torch.device, barrier: Callable[[], None], loops: int,
+                report: Callable[[str, list], None]) -> dict[str, list[tuple[float, float]]]:
+    """Per class of `names`, (size, seconds) at each of `sizes` elements, where
+    `kernel(name, elements)` gives the class's call and the size its point is measured in;
+    `report(name, points)` after each class (the progress line)."""
+    out = {}
+    for name in names:
+        out[name] = []
+        for n in sizes:
+            fn, size = kernel(name, n)
+            barrier()
+            out[name].append((float(size), median_seconds(fn, device, loops)))
+        report(name, out[name])
+    return out
+
+
 def memory_rows(sizes, device: torch.device, dtype: torch.dtype, barrier: Callable[[], None],
                 say: Callable[[str], None], loops: int = 5) -> dict[str, list[tuple[float, float]]]:
     """Per class of `CLASSES`, (bytes moved, seconds) at each of `sizes` elements."""
-    out = {}
-    for name in CLASSES:
-        out[name] = []
-        for n in sizes:
-            fn, nbytes = _class_kernel(name, n, device, dtype)
-            barrier()
-            out[name].append((float(nbytes), median_seconds(fn, device, loops)))
-        best = max(b / t for b, t in out[name])
-        say(f"memory-bound {name}: up to {best / 1e9:.1f} GB/s")
-    return out
+    return _class_rows(CLASSES, sizes, lambda name, n: _class_kernel(name, n, device, dtype), device, barrier, loops,
+                       lambda name, pts: say(f"memory-bound {name}: up to {max(b / t for b, t in pts) / 1e9:.1f} GB/s"))
 
 
 def _compute_kernel(name: str, elements: int, device: torch.device, dtype: torch.dtype):
@@ -155,16 +163,9 @@ def _compute_kernel(name: str, elements: int, device: torch.device, dtype: torch
 def compute_rows(sizes, device: torch.device, dtype: torch.dtype, barrier: Callable[[], None],
                  say: Callable[[str], None], loops: int = 5) -> dict[str, list[tuple[float, float]]]:
     """Per class of `COMPUTE_CLASSES`, (elements, seconds) at each of `sizes` elements."""
-    out = {}
-    for name in COMPUTE_CLASSES:
-        out[name] = []
-        for n in sizes:
-            fn = _compute_kernel(name, n, device, dtype)
-            barrier()
-            out[name].append((float(n), median_seconds(fn, device, loops)))
-        best = max(e / t for e, t in out[name])
-        say(f"compute-bound {name}: up to {best / 1e9:.2f} G elements/s")
-    return out
+    return _class_rows(COMPUTE_CLASSES, sizes, lambda name, n: (_compute_kernel(name, n, device, dtype), n), device,
+                       barrier, loops, lambda name, pts: say(f"compute-bound {name}: up to "
+                                                             f"{max(e / t for e, t in pts) / 1e9:.2f} G elements/s"))
 
 
 def layer_launch_seconds(model, barrier: Callable[[], None], loops: int = 7) -> float:

@@ -23,12 +23,12 @@ import torch.distributed as dist
 from exec.measure.calibrate import compute_times
 from exec.models.cuts import gpt_bounds
 from exec.models.spec import ModelSpec
+from sim.hardware.layer_table import BLOCK_PASSES, END_PASSES
 
 __all__ = ["MICRO_BATCHES", "layer_rows", "HOW"]
 
 MICRO_BATCHES = 4  # micro-batches of each timed step
-BLOCKS = (1, 2, 3)  # blocks a stage: the line through the three gives a block's time and the ends'
-END_PASSES = ("first_F", "first_B", "last_F", "last_B", "last_I", "last_W")
+BLOCK_COUNTS = (1, 2, 3)  # blocks a stage: the line through the three gives a block's time and the ends'
 HOW = ("blocks: a pass's slope, ends: its intercept, of the least-squares line through a stage's median compute "
        "time at 1, 2 and 3 blocks a stage: exec.measure.calibrate.compute_times on 2 ranks at once, F and B of a "
        "1F1B step (blocks: both stages' mean), I and W of a ZB-H1 step's second stage (exec.profiler.layer_bench)")
@@ -62,13 +62,13 @@ def _fit(points: list[tuple[int, float]]) -> tuple[float, float]:
 def _passes(ctx, model: sim.Transformer, micro_batch: int, recompute: str, steps: int) -> tuple[dict, dict]:
     """({"F", "B", "I", "W": s} of one block, {"first_F", "first_B", "last_F", "last_B",
     "last_I", "last_W": s} of the ends), the same on both ranks: per stage and kind, the line
-    through its median time at `BLOCKS` blocks a stage, its slope the block's, its intercept
+    through its median time at `BLOCK_COUNTS` blocks a stage, its slope the block's, its intercept
     what the stage adds beyond its blocks."""
     block, ends = {}, {}
     for schedule, kinds, stages in (("1f1b", ("F", "B"), (0, 1)), ("zb-h1", ("I", "W"), (1,))):
-        medians = {n: _stage_medians(ctx, model, micro_batch, recompute, n, schedule, steps) for n in BLOCKS}
+        medians = {n: _stage_medians(ctx, model, micro_batch, recompute, n, schedule, steps) for n in BLOCK_COUNTS}
         for kind in kinds:
-            lines = {s: _fit([(n, medians[n][(s, kind)]) for n in BLOCKS]) for s in stages}
+            lines = {s: _fit([(n, medians[n][(s, kind)]) for n in BLOCK_COUNTS]) for s in stages}
             block[kind] = statistics.fmean(slope for _, slope in lines.values())
             ends |= {f"{'first' if s == 0 else 'last'}_{kind}": a for s, (a, _) in lines.items()}
     return block, ends
@@ -90,7 +90,7 @@ def layer_rows(ctx, model: sim.Transformer, micro_batches: Iterable[int], recomp
         for recompute in recomputes:
             t, ends = _passes(ctx, model, b, recompute, steps)
             out["blocks"].append(["fp32", model.hidden, model.heads, model.ffn, model.seq, b, recompute,
-                                  *(max(t[k], 1e-9) for k in ("F", "B", "I", "W"))])
+                                  *(max(t[k], 1e-9) for k in BLOCK_PASSES)])
             if recompute == "none":
                 out["ends"].append(["fp32", model.hidden, model.seq, model.vocab, b,
                                     *(max(ends[k], 1e-9) for k in END_PASSES)])

@@ -24,14 +24,14 @@ from typing import Mapping
 
 from .gpus import PRECISIONS
 
-__all__ = ["BLOCKS", "ENDS", "LayerTable", "read"]
+__all__ = ["BLOCKS", "ENDS", "BLOCK_PASSES", "END_PASSES", "LayerTable", "read"]
 
 _SECONDS = (float, None)
 BLOCKS = ((str, PRECISIONS), (int, None), (int, None), (int, None), (int, None), (int, None), (str, None),
           *(_SECONDS,) * 4)
 ENDS = ((str, PRECISIONS), (int, None), (int, None), (int, None), (int, None), *(_SECONDS,) * 6)
-_BLOCK_PASSES = ("F", "B", "I", "W")
-_END_PASSES = ("first_F", "first_B", "last_F", "last_B", "last_I", "last_W")
+BLOCK_PASSES = ("F", "B", "I", "W")
+END_PASSES = ("first_F", "first_B", "last_F", "last_B", "last_I", "last_W")
 
 
 @dataclass(frozen=True)
@@ -53,5 +53,5 @@ class LayerTable:
 def read(blocks: tuple, ends: tuple) -> LayerTable:
     """The table from its two sets of checked rows (`DeviceProfile`'s reader checks them
     against `BLOCKS` and `ENDS`)."""
-    return LayerTable({tuple(r[:7]): dict(zip(_BLOCK_PASSES, r[7:])) for r in blocks},
-                      {tuple(r[:5]): dict(zip(_END_PASSES, r[5:])) for r in ends})
+    return LayerTable({tuple(r[:7]): dict(zip(BLOCK_PASSES, r[7:])) for r in blocks},
+                      {tuple(r[:5]): dict(zip(END_PASSES, r[5:])) for r in ends})

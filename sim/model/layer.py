@@ -191,9 +191,8 @@ def layer_times(m: Transformer, dev: DeviceProfile | str, x: Slice, recompute: s
     check_recompute(recompute)
     dev = resolve(dev)
     p, shapes, k = x.precision, gemm_shapes(m, x), _lists(m)
-    fwd = {n: gemm_time(dev, p, *gemm_products(*s)[0]) for n, s in shapes.items()}
-    dx = {n: gemm_time(dev, p, *gemm_products(*s)[1]) for n, s in shapes.items()}
-    dw = {n: gemm_time(dev, p, *gemm_products(*s)[2]) for n, s in shapes.items()}
+    products = {n: gemm_products(*s) for n, s in shapes.items()}  # forward, input and weight gradient
+    fwd, dx, dw = ({n: gemm_time(dev, p, *q[i]) for n, q in products.items()} for i in range(3))
     weightless = ("scores", "values")  # both their gradients are input gradients (Qi et al. 2024, Table 1)
     comm_f, comm_i, hidden = _collectives(m, dev, x, dx, dw)
     hidden = hidden if tp_overlap else 0.0
@@ -224,13 +223,19 @@ def _measured(m: Transformer, dev: DeviceProfile, x: Slice, recompute: str, lt: 
     measured passes include the host's cost of each kernel (no launch floor on top: no
     kernels counted); the recompute and the parts keep the kernel model's shares of them."""
     row = dev.layers.block(x.precision, m.hidden, m.heads, m.ffn, m.seq, x.micro_batch, recompute)
-    if row is None or x.tp != 1 or m.kernels != "torch":
+    if row is None or not measured_apply(m, x):
         return None
     total = sum(lt.parts.values())
     return LayerTimes(forward=row["F"], backward=row["B"], backward_input=row["I"], backward_weight=row["W"],
                       recompute=lt.recompute * row["F"] / lt.forward,
                       parts={k: v * (row["F"] + row["B"]) / total for k, v in lt.parts.items()},
                       kernels=dict.fromkeys(lt.kernels, 0))
+
+
+def measured_apply(m: Transformer, x: Slice) -> bool:
+    """Whether a profile's measured blocks and ends (`sim.hardware.layer_table`) can stand for
+    this model's: exec's GPT (torch's kernels) without tensor parallelism."""
+    return x.tp == 1 and m.kernels == "torch"
 
 
 def pass_kernels(m: Transformer, x: Slice, recompute: str = "none") -> dict[str, int]:

@@ -10,7 +10,7 @@ from sim.hardware.kernels import gemm_time, memory_time, precision_bytes
 from sim.hardware.network import collective_time, links_of, p2p_link
 from sim.hardware.profile import DeviceProfile
 from sim.model.footprint import state_bytes_per_param
-from sim.model.layer import LayerTimes, Slice, gemm_products
+from sim.model.layer import LayerTimes, Slice, gemm_products, measured_apply
 from sim.model.transformer import Transformer
 from sim.passes.offload import add_offload, copy_time
 from sim.schedule.kinds import program_peak
@@ -48,8 +48,12 @@ def end_times(m: Transformer, g: DeviceProfile, x: Slice) -> dict[str, float]:
     measured = measured_ends(m, g, x)
     if measured is not None:
         return measured
-    out = {k: sum(v) for k, v in end_kernels(m, g, x).items()}
-    return out | {f"{side}_B": out[f"{side}_I"] + out[f"{side}_W"] for side in ("first", "last")}
+    return _with_b({k: sum(v) for k, v in end_kernels(m, g, x).items()})
+
+
+def _with_b(per_pass: dict) -> dict:
+    """`per_pass` (keys `{first,last}_{F,I,W}`) with each end's full backward B = I + W."""
+    return per_pass | {f"{side}_B": per_pass[f"{side}_I"] + per_pass[f"{side}_W"] for side in ("first", "last")}
 
 
 def measured_ends(m: Transformer, g: DeviceProfile, x: Slice) -> dict[str, float] | None:
@@ -57,7 +61,7 @@ def measured_ends(m: Transformer, g: DeviceProfile, x: Slice) -> dict[str, float
     kernels, tp = 1), or None. The first stage's I is empty and its W the whole backward
     (rule 15), as measured; their times hold the host's cost of each kernel."""
     row = g.layers.end(x.precision, m.hidden, m.seq, m.vocab, x.micro_batch)
-    if row is None or x.tp != 1 or m.kernels != "torch":
+    if row is None or not measured_apply(m, x):
         return None
     return dict(row, first_I=0.0, first_W=row["first_B"])
 
@@ -114,7 +118,7 @@ def pass_times(m: Transformer, g: DeviceProfile, x: Slice, lt: LayerTimes, ends:
     counts = {k: len(v) for k, v in end_kernels(m, g, x).items()}
     if measured_ends(m, g, x) is not None:  # measured: the host's cost is in the times
         counts = dict.fromkeys(counts, 0)
-    counts |= {f"{side}_B": counts[f"{side}_I"] + counts[f"{side}_W"] for side in ("first", "last")}
+    counts = _with_b(counts)
     out, added = [], 0.0
     for key, layer_time in (("F", lt.forward), ("B", lt.backward), ("I", lt.backward_input),
                             ("W", lt.backward_weight)):
