@@ -4,7 +4,7 @@
     PYTHONPATH=. python benchmarks/bench_layer_vs_torch.py --profile /tmp/cpu.json
     PYTHONPATH=. python benchmarks/bench_layer_vs_torch.py --profile /tmp/cpu.json --micro-batch 4 --recompute none
 
-Each pass is `sim.model.layer.layer_times` of `Transformer(kernels="torch")` under the
+Each pass is `sim.cost.layer.layer_times` of `Transformer(kernels="torch")` under the
 profile's launch floor (`DeviceProfile.pass_time`), against `exec.models.Block` run alone on
 one thread as a pipeline rank runs it: F its forward, B `backward` of its output, I and W
 `exec.split_backward` (I first, then W). The kernels: erf GeLU forward and backward and the
@@ -29,7 +29,7 @@ from exec.models.layers import Block
 from exec.models.spec import ModelSpec
 from exec.runtime.split_backward import backward_input, backward_weight
 from sim.hardware.kernels import elementwise_time, gemm_time
-from sim.model.layer import Slice, gemm_shapes, layer_times
+from sim.cost.layer import Slice, gemm_shapes, layer_times
 
 MODEL = dict(layers=4, hidden=128, heads=4, seq=64, vocab=512)  # exec's --model gpt
 

@@ -37,7 +37,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import sim  # noqa: E402
 from sim.plan import published  # noqa: E402
 from sim.hardware.profile import PRESETS, from_dict  # noqa: E402
-from sim.model.layer import Slice, layer_times  # noqa: E402
+from sim.cost.layer import Slice, layer_times  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "data" / "vtrain-a100"

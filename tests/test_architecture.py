@@ -122,6 +122,21 @@ def test_packages_are_layers():
     assert cycle is None, "packages import each other in a cycle: " + " -> ".join(cycle)
 
 
+# The planner's stack, bottom up: the machine (sim.hardware) and what a model is (sim.model)
+# know nothing of each other, of the engine or of the planner; the cost layer (sim.cost: how
+# long a piece of the model takes on a device) builds on those two alone; the planner
+# (sim.plan) composes the cost layer with the engine. Each package of the stack may import
+# only these.
+COST_STACK = {"sim.hardware": set(), "sim.model": set(), "sim.cost": {"sim.hardware", "sim.model"}}
+
+
+def test_the_cost_layer_sits_between_the_hardware_and_the_planner():
+    graph = package_graph(import_graph())
+    assert {"sim.cost", "sim.engine"} <= graph["sim.plan"] and "sim.hardware" in graph["sim.cost"]  # read
+    wrong = {p: sorted(graph[p] - allowed) for p, allowed in COST_STACK.items() if graph[p] - allowed}
+    assert not wrong, f"packages of the planner's stack import above their place: {wrong}"
+
+
 def test_nothing_inside_sim_imports_the_sim_facade():
     """`sim/__init__` gathers the public API from the packages; a module inside sim that
     imported it back would import everything (and close a cycle)."""

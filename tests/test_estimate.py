@@ -8,14 +8,14 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import sim
-from sim.plan.data_parallel import stage_params
-from sim.plan.stage_costs import end_times
+from sim.cost.data_parallel import stage_params
+from sim.cost.ends import end_times
 from sim.model.footprint import optimizer_step_bytes, state_bytes_per_param
 from sim.hardware.gpus import gpu
 from sim.hardware.kernels import TILE, gemm_flops, gemm_time
 from sim.hardware.network import collective_time, links_of
 from sim.hardware.topology import one_node
-from sim.model.layer import Slice, gemm_shapes, layer_times
+from sim.cost.layer import Slice, gemm_shapes, layer_times
 from sim.search.partition import balanced, even
 from sim.model.transformer import Transformer
 
@@ -303,7 +303,7 @@ def test_time_parts_add_up_to_the_step(kwargs):
 def test_the_data_parallel_reduction_ends_the_step():
     """pp = 1: the stage's gradients are all-reduced after its last backward, so doubling the replicas
     (and the batch) lengthens the step by exactly that all-reduce; the figure's schedule has one R."""
-    from sim.plan.data_parallel import grad_reduce_times
+    from sim.cost.data_parallel import grad_reduce_times
     one = sim.estimate("megatron-1.7b", A100, micro_batch=4, global_batch=8)
     two = sim.estimate("megatron-1.7b", A100, micro_batch=4, global_batch=16, dp=2)
     reduce = grad_reduce_times(two.model, A100, two.layout, stage_params(two.model, [24], 1, [0]), [0])

@@ -6,11 +6,14 @@ import dataclasses
 import pytest
 
 import sim
-from sim.hardware.host_transport import FIELDS
+from sim.engine.fields import CALL_FIELDS
+from sim.engine.transports import TRANSPORTS
+from sim.hardware.host_transport import FIELDS, NAMES
 from sim.hardware.profile import ProfileError, from_dict, load_profile, presets, save_profile
-from sim.model.layer import Slice, layer_times
+from sim.cost.layer import Slice, layer_times
 from sim.plan.layout import Layout
-from sim.plan.stage_costs import end_times, stage_costs
+from sim.cost.ends import end_times
+from sim.plan.stage_costs import stage_costs
 
 SOURCE = {"source": "measured", "command": "python -m exec.profile_device --out x.json", "machine": "test host",
           "date": "2026-11-24"}
@@ -23,6 +26,15 @@ def _with_host(host=HOST, name="gloo-cpu") -> dict:
     data = sim.profile("a100-80gb-best-case").to_dict()
     data["host_transport"] = {"name": name, **{k: {"value": v, **SOURCE} for k, v in host.items()}}
     return data
+
+
+def test_the_sections_names_are_the_engines():
+    """Hardware imports nothing of the engine, so it spells the fields itself: they must be the
+    engine's call costs (rules 2, 3, 9, 10) and the runtime's time around a compute (rule 11),
+    and the transports it names the engine's."""
+    assert FIELDS == (*CALL_FIELDS, "before_compute", "after_compute")
+    assert set(NAMES) <= set(TRANSPORTS)
+    assert set(FIELDS) <= {f.name for f in dataclasses.fields(sim.Costs)}
 
 
 def test_shipped_profiles_have_no_host_transport():

@@ -11,9 +11,9 @@ from hypothesis import given, settings, strategies as st
 import sim
 import sim.plan
 from sim.hardware import network
-from sim.plan.data_parallel import grad_reduce_times, stage_params
+from sim.cost.data_parallel import grad_reduce_times, stage_params
 from sim.model.footprint import state_bytes_per_param
-from sim.model.layer import Slice, layer_times
+from sim.cost.layer import Slice, layer_times
 from sim.hardware.network import Group, OPS, algorithm, bus_bandwidth, collective_time, links_of, ring_time, tree_time
 from sim.hardware.topology import Topology, one_node
 

@@ -7,7 +7,7 @@ import pytest
 import sim
 from sim.hardware.kernels import gemm_time
 from sim.hardware.profile import from_dict
-from sim.model.layer import Slice, gemm_products, layer_times
+from sim.cost.layer import Slice, gemm_products, layer_times
 
 FIXTURE = {"source": "datasheet", "citation": "test fixture: a round made-up number"}
 # exec's GPT as the planner describes it (`exec.models.spec.ModelSpec.transformer`)
@@ -69,11 +69,11 @@ def test_a_layer_times_each_product_in_its_layout():
     gives each layout its own time, the layer's matmul times follow the layouts."""
     x = Slice(4, precision="fp32")
     rows = []
-    for name, shape in sim.model.layer.gemm_shapes(GPT, x).items():
+    for name, shape in sim.cost.layer.gemm_shapes(GPT, x).items():
         for (m, n, k, b, layout), t in zip(gemm_products(*shape), (1e-3, 2e-3, 4e-3)):
             rows.append(["fp32", m, n, k, b, t, layout])
     p = from_dict(_cpu(matmul={"table": {"rows": rows, **FIXTURE}}), "test")
-    products = gemm_products(*sim.model.layer.gemm_shapes(GPT, x)["mlp_in"])
+    products = gemm_products(*sim.cost.layer.gemm_shapes(GPT, x)["mlp_in"])
     assert [p.matmul_lookup("fp32", *q[:4], q[4]) for q in products] == [1e-3, 2e-3, 4e-3]
 
 
@@ -126,7 +126,7 @@ def test_measured_ends_replace_the_end_kernels():
     """With measured ends, each stage's passes are its blocks plus the measured ends (no
     launch floor on either), the first stage's I empty and its W the whole backward (rule 15),
     checked on the simulated step of 2 stages under ZB-H1 and 1F1B."""
-    from sim.plan.stage_costs import end_times
+    from sim.cost.ends import end_times
     p = from_dict(_cpu(**_layers(ends=ENDS)), "test")
     ends = end_times(GPT, p, Slice(4, precision="fp32"))
     assert ends == dict(ENDS, first_I=0.0, first_W=ENDS["first_B"])

@@ -11,12 +11,12 @@ import sim
 from sim.plan import published
 from sim.hardware.kernels import precision_bytes
 from sim.hardware.network import links_of
-from sim.model.layer import Slice, layer_times
+from sim.cost.layer import Slice, layer_times
 
 
 @pytest.fixture(scope="module")
 def layer():
-    """Table 4's five techniques on one 22B layer: name -> sim.model.layer.LayerTimes."""
+    """Table 4's five techniques on one 22B layer: name -> sim.cost.layer.LayerTimes."""
     return {name: published.korthikanti_layer(sp, rc) for name, sp, rc, _, _ in published.KORTHIKANTI_TABLE_4}
 
 

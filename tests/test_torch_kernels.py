@@ -1,4 +1,4 @@
-"""kernels="torch" (sim.model.layer, docs/profiles.md): the compute-bound classes of a profile,
+"""kernels="torch" (sim.cost.layer, docs/profiles.md): the compute-bound classes of a profile,
 the roofline of an elementwise kernel, memory classes looked up by size, and torch's layer
 (erf GeLU, flash attention that recomputes its scores) as closed forms over a made-up profile."""
 import copy
@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 import sim
 from sim.hardware.kernels import elementwise_time, gemm_time, memory_time
 from sim.hardware.profile import COMPUTE_CLASSES, ProfileError, from_dict
-from sim.model.layer import Slice, gemm_shapes, layer_times
+from sim.cost.layer import Slice, gemm_shapes, layer_times
 
 FIXTURE = {"source": "datasheet", "citation": "test fixture: a round made-up number"}
 GPT = sim.Transformer(layers=2, hidden=64, heads=4, seq=32, vocab=128, attention="flash", dropout=False,
@@ -177,7 +177,8 @@ def test_megatron_layers_ignore_the_compute_classes():
 def _stage_costs(model, pp=2):
     """The per-stage costs `sim.estimate` simulates, by its own public steps."""
     from sim.plan.layout import Layout
-    from sim.plan.stage_costs import end_times, stage_costs
+    from sim.cost.ends import end_times
+    from sim.plan.stage_costs import stage_costs
     g = from_dict(_cpu())
     lay = Layout(pp=pp, micro_batch=2, global_batch=8, schedule="zb-h1", precision="fp32")
     x = Slice(2, 1, False, "fp32")

@@ -3,7 +3,7 @@
 "layers" gives every stage as equal a number of layers as possible; for the GPT that is the
 planner's split (`sim.search.partition.even` over the blocks, the embedding on the first
 stage and the head on the last). "time" profiles each layer's forward + backward on one
-micro-batch (`measure_layer_times`, a measurement; `sim.model.layer.layer_times` is the
+micro-batch (`measure_layer_times`, a measurement; `sim.cost.layer.layer_times` is the
 planner's model of one layer); the GPT's stages are then the planner's
 `sim.search.partition.balanced` (equal blocks, the embedding's and head's times as the end
 stages' extra), the MLP's (whose blocks may differ in width) `sim.search.partition.balanced_cuts`:

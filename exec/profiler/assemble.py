@@ -19,7 +19,7 @@ __all__ = ["assemble", "class_bandwidth"]
 
 _LAUNCH = {"nccl": "median host time of a one-element add, mul and matmul",
            "gloo": "host time of one block of the GPT (exec.models.Block) at hidden 2 a head, sequence 2, "
-                   "micro-batch 1, forward and backward, over the kernels sim.model.layer.pass_kernels lists "
+                   "micro-batch 1, forward and backward, over the kernels sim.cost.layer.pass_kernels lists "
                    "for them (F + B): the host's cost of a training pass per listed kernel"}
 
 

@@ -8,7 +8,7 @@ median of repeated loops (`median_seconds`); on CUDA each loop is bracketed by s
 A matmul is timed with its operands laid out as the step's linear layers read them.
 
 The sizes are the planner's: `planner_gemms` lists the matmuls `sim.estimate` times for a
-model (`sim.model.layer.gemm_shapes`: forward, input gradient, weight gradient; the output
+model (`sim.cost.layer.gemm_shapes`: forward, input gradient, weight gradient; the output
 layer's three), and the memory and compute classes are those of docs/profiles.md.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from sim.model.footprint import optimizer_step_bytes
-from sim.model.layer import Slice, gemm_products, gemm_shapes, pass_kernels
+from sim.cost.layer import Slice, gemm_products, gemm_shapes, pass_kernels
 
 __all__ = ["CLASSES", "COMPUTE_CLASSES", "median_seconds", "planner_gemms", "matmul_rows", "memory_rows",
            "compute_rows", "launch_seconds", "layer_launch_seconds", "step_overhead_seconds"]
@@ -65,7 +65,7 @@ def planner_gemms(model, micro_batches: Iterable[int]) -> list[tuple[int, int, i
     """The (m, n, k, batch, layout) matmuls `sim.estimate` times for `model` (a
     `sim.Transformer`, tp = 1) at each micro-batch size: every layer matmul's and the output
     layer's (bs, V, h) forward, input gradient and weight gradient, each with the operands
-    read as torch's linear layer reads them (`sim.model.layer.gemm_products`)."""
+    read as torch's linear layer reads them (`sim.cost.layer.gemm_products`)."""
     out = set()
     for b in micro_batches:
         shapes = list(gemm_shapes(model, Slice(b, precision="fp32")).values()) + [(b * model.seq, model.vocab,
@@ -172,7 +172,7 @@ def layer_launch_seconds(model, barrier: Callable[[], None], loops: int = 7) -> 
     """On CPU, the host's cost per kernel of a training pass: one block of exec's GPT with the
     heads of `model` (a `sim.Transformer`) at a size where its kernels do almost nothing
     (hidden 2 a head, sequence 2, micro-batch 1), its forward and backward time over the
-    kernels `sim.model.layer.pass_kernels` lists for them (F + B). Python, the modules, the
+    kernels `sim.cost.layer.pass_kernels` lists for them (F + B). Python, the modules, the
     dispatcher, autograd's graph and engine: what a pass costs beyond its kernels' work."""
     from exec.models.layers import Block
     tiny = dataclasses.replace(model, hidden=2 * model.heads, ffn=8 * model.heads, seq=2, kv_heads=None)

@@ -1,1 +1,1 @@
-"""The hardware as the planner sees it: GPU datasheets, device profiles, kernels, the network and the nodes."""
+"""The machine: GPU datasheets, device profiles and their measured tables, kernels, the network and the nodes; it imports nothing of the rest of sim."""

@@ -1,22 +1,23 @@
 """A device profile's optional host transport: the executor's CPU-rank costs around its transfers and computes, for the planner.
 
-The section `host_transport` of a profile (docs/profiles.md) names a transport of
-`sim.engine.transports.TRANSPORTS` that models the runtime's own calls and gives its six
-numbers, each with its provenance: `send_overhead`, `recv_overhead`, `arrive_overhead`
-(docs/rules.md rules 2, 3, 9), `io_tick` (rule 10), `before_compute`, `after_compute`
-(rule 11). `exec.profile_device` measures them on gloo CPU ranks; GPU profiles have none.
-`read` turns the section into the `sim.Costs` fields it sets.
+The section `host_transport` of a profile (docs/profiles.md) names the runtime whose own
+calls it measured and gives its six numbers, each with its provenance: `send_overhead`,
+`recv_overhead`, `arrive_overhead` (docs/rules.md rules 2, 3, 9), `io_tick` (rule 10),
+`before_compute`, `after_compute` (rule 11). `exec.profile_device` measures them on gloo CPU
+ranks; GPU profiles have none. `read` turns the section into plain numbers under the names of
+the `sim.Costs` fields they set, which the planner hands to the engine
+(`sim.plan.stage_costs.stage_costs`); hardware imports nothing of the engine, and
+tests/test_host_transport.py checks that these names are the engine's.
 """
 from __future__ import annotations
 
 from typing import Callable, Mapping
 
-from sim.engine.fields import CALL_FIELDS
-
 __all__ = ["NAMES", "FIELDS", "read"]
 
-NAMES = ("gloo-cpu",)  # the transports whose call costs a profile can give
-FIELDS = (*CALL_FIELDS, "before_compute", "after_compute")  # the calls (rules 2, 3, 9, 10) and rule 11
+NAMES = ("gloo-cpu",)  # the transports (`sim.engine.transports.TRANSPORTS`) whose call costs a profile can give
+# the calls (rules 2, 3, 9, 10: the engine's `CALL_FIELDS`) and the runtime's time around a compute (rule 11)
+FIELDS = ("send_overhead", "recv_overhead", "arrive_overhead", "io_tick", "before_compute", "after_compute")
 
 
 def read(section: Mapping | None, number: Callable, fail: Callable) -> dict | None:

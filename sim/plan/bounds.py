@@ -16,15 +16,16 @@ from typing import TYPE_CHECKING, Sequence
 
 from sim.engine.costs import Costs, StageCosts
 from sim.engine.core import simulate
-from .data_parallel import optimizer_time, stage_params
+from sim.cost.data_parallel import optimizer_time, stage_params
+from sim.cost.ends import end_times
 from .layout import Layout
-from .stage_costs import end_times, partition_layers, stage_costs
+from .stage_costs import partition_layers, stage_costs
 from sim.model.footprint import optimizer_step_bytes, state_bytes_per_param
 from sim.hardware.profile import DeviceProfile, resolve
 from sim.schedule.ir import Schedule
 from sim.hardware.kernels import memory_time, precision_bytes
 from sim.schedule.kinds import KINDS, Kind, program_peak
-from sim.model.layer import Slice, layer_times
+from sim.cost.layer import Slice, layer_times
 from sim.search.partition import even
 from sim.schedules import make_schedule
 from sim.hardware.topology import Topology
@@ -135,7 +136,7 @@ class Bounds:
 
     def memory(self, c: Config) -> float:
         """The fullest device holds at least its stages' weights, gradients and optimizer
-        state (`sim.plan.data_parallel.stage_params`, `sim.model.footprint`) and, at its peak, its most
+        state (`sim.cost.data_parallel.stage_params`, `sim.model.footprint`) and, at its peak, its most
         chunks held times its smallest chunk's activations."""
         average = self.memory_average(c)
         if not self.even or average > self.g.memory:

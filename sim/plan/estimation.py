@@ -10,8 +10,9 @@ unless tp exceeds it), pp pipeline devices each holding `virtual` chunks of cont
 layers, dp data-parallel replicas; ranks are numbered tp fastest, then dp, then pp (Megatron-
 LM's default order). Which link each group uses (NVLink, or the nodes' NICs and how many of
 them) is `sim.hardware.topology`'s answer, and what a collective or a send over it costs is
-`sim.hardware.network`'s (NCCL's model). Each stage's costs come from `sim.model.layer` (its layers) and the
-embedding and output layer on the first and last stage; the schedule runs on `sim.simulate`
+`sim.hardware.network`'s (NCCL's model). Each stage's costs come from the cost layer, `sim.cost`:
+its layers (`sim.cost.layer`), the embedding and output layer on the first and last stage
+(`sim.cost.ends`) and data parallelism (`sim.cost.data_parallel`); the schedule runs on `sim.simulate`
 with the ideal transport (NCCL on GPUs: a send leaves when its tensor is made). What the
 estimate does not model is listed in docs/planner.md.
 """
@@ -20,21 +21,22 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from sim.cost.data_parallel import optimizer_time
+from sim.cost.ends import end_times
+from sim.cost.layer import LayerTimes, Slice, layer_times
 from sim.engine.core import simulate
 from sim.engine.result import Result
 from sim.hardware.gpus import GPU
 from sim.hardware.profile import DeviceProfile, resolve
-from sim.model.layer import LayerTimes, Slice, layer_times
 from sim.model.transformer import Transformer
 from sim.passes.grad_reduce import add_grad_reduce
 from sim.passes.offload import reload_waits
 from sim.schedule.kinds import Kind
 from sim.schedules import lookup, make_schedule
 
-from .data_parallel import optimizer_time
 from .layout import Layout, check_layout
 from .names import find_model, model_name
-from .stage_costs import end_times, memory_caps, memory_parts, offload_costs, partition_layers, stage_costs
+from .stage_costs import memory_caps, memory_parts, offload_costs, partition_layers, stage_costs
 
 
 @dataclass
@@ -103,7 +105,7 @@ def estimate(model: Transformer | str, gpu: DeviceProfile | GPU | str = "a100-80
 
 def estimate_layout(m: Transformer, g: DeviceProfile, lay: Layout, **schedule_options) -> Estimate:
     """`estimate`'s steps, on a `Layout` record: check the layout; time one layer and the ends
-    (`sim.model.layer`, `stage_costs.end_times`); build the schedule; split the layers over its
+    (`sim.cost.layer`, `sim.cost.ends.end_times`); build the schedule; split the layers over its
     stages; cost each stage; add offloading and the gradient reduction; simulate the step."""
     warnings = check_layout(m, g, lay)
     x = Slice(lay.micro_batch, lay.tp, lay.sequence_parallel, lay.precision, tp_group=lay.topology().group("tp"))

@@ -18,7 +18,7 @@ from __future__ import annotations
 from .estimation import Estimate, estimate
 from sim.hardware.profile import resolve
 from sim.hardware.gpus import gpu as gpu_by_name
-from sim.model.layer import Slice, layer_times
+from sim.cost.layer import Slice, layer_times
 from sim.model.sagemaker import GPU as SAGEMAKER_GPU, MODELS as SAGEMAKER, REFERENCES, Reference
 from sim.model.transformer import model as model_by_name
 
@@ -114,7 +114,7 @@ def narayanan_table_1() -> list[dict]:
 
 
 def korthikanti_layer(sequence_parallel: bool, recompute: str):
-    """`sim.model.layer.layer_times` of one layer of the 22B model as Table 4 ran it."""
+    """`sim.cost.layer.layer_times` of one layer of the 22B model as Table 4 ran it."""
     c = KORTHIKANTI_22B_LAYER
     x = Slice(c["micro_batch"], c["tp"], sequence_parallel, KORTHIKANTI_PRECISION)
     return layer_times(model_by_name(c["model"]), resolve(A100), x, recompute)

@@ -1,4 +1,4 @@
-"""What each pipeline stage of a layout costs one GPU: its layers, the embedding and output layer at the ends, the host's launch floor, memory, and the collectives around it."""
+"""What each pipeline stage of a layout costs one GPU: the cost layer's layers and ends summed per stage under the host's launch floor, memory, and the collectives around it."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -6,64 +6,19 @@ from functools import cache
 
 from sim.engine.costs import Costs
 from sim.engine.result import Result
-from sim.hardware.kernels import gemm_time, memory_time, precision_bytes
+from sim.cost.data_parallel import grad_reduce_times, stage_params, zero3_times
+from sim.cost.ends import end_kernel_counts
+from sim.cost.layer import LayerTimes, Slice
+from sim.hardware.kernels import precision_bytes
 from sim.hardware.network import collective_time, links_of, p2p_link
 from sim.hardware.profile import DeviceProfile
 from sim.model.footprint import state_bytes_per_param
-from sim.model.layer import LayerTimes, Slice, gemm_products, measured_apply
 from sim.model.transformer import Transformer
 from sim.passes.offload import add_offload, copy_time
 from sim.schedule.kinds import program_peak
 from sim.search.partition import balanced, even
 
-from .data_parallel import grad_reduce_times, stage_params, zero3_times
 from .layout import Layout
-
-
-def end_kernels(m: Transformer, g: DeviceProfile, x: Slice) -> dict[str, list[float]]:
-    """The kernels of the embedding (first stage) and of the final norm, output layer and loss
-    (last stage), per micro-batch and pass (F, I, W), as a list of their times. The embedding
-    lookup writes bsh elements and, split over tp (vocabulary-parallel), all-reduces them
-    (Shoeybi et al. 2019, Sec. 3); its backward adds the gradient rows into the table. The
-    output layer is a (bs, V/t, h) matmul; the vocabulary-parallel cross entropy reads the
-    logits and keeps fp32 softmax (6 bytes a logit each way); the final LayerNorm moves 4 and
-    6 bytes a hidden element."""
-    b, s, h, t, e = x.micro_batch, m.seq, m.hidden, x.tp, precision_bytes(x.precision)
-    tokens = b * s
-    sbh = tokens * h * e / (t if x.sequence_parallel else 1)
-    ar = [collective_time(links_of(g), "all_reduce", tokens * h * e, x.tensor_group)] if t > 1 else []
-    logits = tokens * m.vocab / t
-    fwd, dx, dw = (gemm_time(g, x.precision, *p) for p in gemm_products(tokens, m.vocab // t, h))
-    head = dict(F=[fwd, memory_time(g, 2 * sbh, "norm"), memory_time(g, 6 * logits)] + ar,
-                I=[dx, memory_time(g, 6 * logits), memory_time(g, 3 * sbh, "norm")] + ar, W=[dw])
-    embed = dict(F=[memory_time(g, 2 * tokens * h * e, "embedding")] + ar, I=[],
-                 W=[memory_time(g, 3 * tokens * h * e, "embedding")])
-    return {f"first_{k}": v for k, v in embed.items()} | {f"last_{k}": v for k, v in head.items()}
-
-
-def end_times(m: Transformer, g: DeviceProfile, x: Slice) -> dict[str, float]:
-    """The seconds each end adds to its stage's passes, per end and pass (F, B, I, W): the
-    ends the profile measured inside a step where it has them (`measured_ends`), else the
-    sums of `end_kernels` (B = I + W)."""
-    measured = measured_ends(m, g, x)
-    if measured is not None:
-        return measured
-    return _with_b({k: sum(v) for k, v in end_kernels(m, g, x).items()})
-
-
-def _with_b(per_pass: dict) -> dict:
-    """`per_pass` (keys `{first,last}_{F,I,W}`) with each end's full backward B = I + W."""
-    return per_pass | {f"{side}_B": per_pass[f"{side}_I"] + per_pass[f"{side}_W"] for side in ("first", "last")}
-
-
-def measured_ends(m: Transformer, g: DeviceProfile, x: Slice) -> dict[str, float] | None:
-    """The ends as the profile measured them (`sim.hardware.layer_table`: exec's GPT, torch's
-    kernels, tp = 1), or None. The first stage's I is empty and its W the whole backward
-    (rule 15), as measured; their times hold the host's cost of each kernel."""
-    row = g.layers.end(x.precision, m.hidden, m.seq, m.vocab, x.micro_batch)
-    if row is None or not measured_apply(m, x):
-        return None
-    return dict(row, first_I=0.0, first_W=row["first_B"])
 
 
 def partition_layers(layers: int, stages: int, partition, lt: LayerTimes, ends: dict, caps=None) -> list[int]:
@@ -115,10 +70,7 @@ def pass_times(m: Transformer, g: DeviceProfile, x: Slice, lt: LayerTimes, ends:
     one micro-batch's F + B over all stages. Under torch's split backward (`kernels="torch"`)
     the first stage's I is empty and its W the whole backward (docs/rules.md, rule 15)."""
     stages = len(layers)
-    counts = {k: len(v) for k, v in end_kernels(m, g, x).items()}
-    if measured_ends(m, g, x) is not None:  # measured: the host's cost is in the times
-        counts = dict.fromkeys(counts, 0)
-    counts = _with_b(counts)
+    counts = end_kernel_counts(m, g, x)
     out, added = [], 0.0
     for key, layer_time in (("F", lt.forward), ("B", lt.backward), ("I", lt.backward_input),
                             ("W", lt.backward_weight)):

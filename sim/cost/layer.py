@@ -54,7 +54,7 @@ from sim.hardware.profile import DeviceProfile, resolve
 from sim.hardware.kernels import elementwise_time, gemm_time, precision_bytes
 from sim.hardware.network import collective_time, links_of
 from sim.hardware.topology import Group, one_node
-from .transformer import Transformer, check_recompute
+from sim.model.transformer import Transformer, check_recompute
 
 # (name, bytes per element of the tensor it works on, which tensor) per layer, forward and
 # backward. Tensors: "sbh" (a hidden state), "sbf" (an MLP activation), "as2b" (the attention

@@ -2,22 +2,33 @@
 the reduction of their gradients over the replicas, ZeRO-3's gathers, and the AdamW step.
 
 `sim.estimate` puts the reductions on the step as REDUCE_GRAD actions, the ZeRO-3 gathers into
-each micro-batch's passes and the AdamW step after the pipeline flush; `Layout` is the
-estimate's (its tp, dp, pp, ZeRO stage, precision, and nodes: `Layout.topology`, which says
-how each data-parallel group sits on them); collectives are timed by `sim.hardware.network`.
+each micro-batch's passes and the AdamW step after the pipeline flush. What they read of the
+run's layout is a `Parallelism` (the planner's `sim.plan.layout.Layout` is one: its tp, dp, pp,
+ZeRO stage, precision, and nodes, `topology`, which says how each data-parallel group sits on
+them); collectives are timed by `sim.hardware.network`.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from sim.model.footprint import optimizer_step_bytes, state_bytes_per_param
 from sim.hardware.profile import DeviceProfile
 from sim.hardware.kernels import memory_time, precision_bytes
 from sim.hardware.network import collective_time, links_of
+from sim.hardware.topology import Topology
 from sim.model.transformer import Transformer
 
-if TYPE_CHECKING:
-    from .layout import Layout
+
+class Parallelism(Protocol):
+    """What these costs read of a run's parallel layout (`sim.plan.layout.Layout` is one)."""
+    tp: int
+    pp: int
+    dp: int
+    zero: int
+    precision: str
+
+    def topology(self) -> Topology:
+        """Where the run's GPUs sit and which links its groups use (`sim.hardware.topology`)."""
 
 
 def stage_params(m: Transformer, layers: list[int], tp: int, placement) -> list[float]:
@@ -34,7 +45,7 @@ def stage_params(m: Transformer, layers: list[int], tp: int, placement) -> list[
     return out
 
 
-def grad_reduce_times(m: Transformer, g: DeviceProfile, lay: Layout, params: list[float], placement) -> list[float]:
+def grad_reduce_times(m: Transformer, g: DeviceProfile, lay: Parallelism, params: list[float], placement) -> list[float]:
     """Per stage, the reduction of its gradients (the engine's REDUCE_GRAD): a ring all-reduce
     of its gradient bytes over the dp replicas (ZeRO 1-2: a reduce-scatter and, after the
     optimizer, an all-gather of the updated weights, the same bytes, Rajbhandari et al. 2020,
@@ -61,7 +72,7 @@ def grad_reduce_times(m: Transformer, g: DeviceProfile, lay: Layout, params: lis
     return out
 
 
-def zero3_times(g: DeviceProfile, lay: Layout, params: list[float]) -> tuple[list[float], list[float]]:
+def zero3_times(g: DeviceProfile, lay: Parallelism, params: list[float]) -> tuple[list[float], list[float]]:
     """Per stage and micro-batch under ZeRO-3, the all-gather of the stage's 16-bit weights
     from their dp shards (before F, and again before the backward) and the reduce-scatter of
     its gradients (after it): DeepSpeed's ZeRO-3, 1.5x a data-parallel all-reduce's bytes per
@@ -76,7 +87,7 @@ def zero3_times(g: DeviceProfile, lay: Layout, params: list[float]) -> tuple[lis
     return gather, scatter
 
 
-def optimizer_time(m: Transformer, g: DeviceProfile, lay: Layout, layers: list[int], placement) -> float:
+def optimizer_time(m: Transformer, g: DeviceProfile, lay: Parallelism, layers: list[int], placement) -> float:
     """The AdamW step after the pipeline flush: memory-bound over the parameters each GPU
     updates (all it holds; 1/dp of them under ZeRO), on the device that holds the most."""
     params = stage_params(m, layers, lay.tp, placement)

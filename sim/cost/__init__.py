@@ -1,0 +1,8 @@
+"""The cost layer: how long a piece of the model takes on a device, from the machine (`sim.hardware`) and the model (`sim.model`).
+
+`layer` (one transformer layer's F, B, I, W and recompute on one GPU: its kernels, or the
+blocks a profile measured inside a step), `ends` (the embedding and the output layer the first
+and last stage add), `data_parallel` (the parameters each stage holds, the reduction of their
+gradients, ZeRO-3's gathers, the AdamW step). It imports nothing of the engine or the planner;
+`sim.plan.stage_costs` sums its times into each stage's `sim.Costs`.
+"""
