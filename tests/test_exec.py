@@ -93,12 +93,14 @@ def _rank_processes() -> list[int]:
 
 # ---------------------------------------------------------------------------- the launcher
 
+@pytest.mark.slow
 def test_launch_returns_each_ranks_value():
     out = launch(_sum_ranks, 2, 10, timeout=TIMEOUT, threads=1)
     assert out == [(0, 21.0, "cpu", 1), (1, 21.0, "cpu", 1)]
     assert _rank_processes() == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fn, message, exitcode", [
     (_raise_on_rank_1, "rank 1 raised ValueError: rank one is broken on purpose", None),
     (_exit_on_rank_1, "rank 1 exited with code 3", 3),
@@ -112,6 +114,7 @@ def test_a_failing_rank_ends_the_run_naming_it(fn, message, exitcode):
     assert _rank_processes() == []
 
 
+@pytest.mark.slow
 def test_a_hung_rank_hits_the_timeout():
     t = time.monotonic()
     with pytest.raises(TimeoutError, match="longer than timeout=8s"):
@@ -120,6 +123,7 @@ def test_a_hung_rank_hits_the_timeout():
     assert _rank_processes() == []
 
 
+@pytest.mark.slow
 def test_under_torchrun_launch_runs_this_process_as_its_rank(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(
@@ -194,6 +198,7 @@ def test_rank_cores_are_equal_disjoint_blocks(n, world, offset):
     assert all(list(b) == sorted(b) and b[-1] - b[0] == len(b) - 1 for b in blocks)  # contiguous
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(host_cores()) < 2,
                     reason="needs Linux affinity and two cores")
 def test_each_rank_and_its_threads_keep_to_their_own_cores():
@@ -234,6 +239,7 @@ CASES = [  # (id, spec, schedule)
 ]
 
 
+# starts ranks: every test that uses it is marked slow
 @pytest.fixture(scope="module")
 def runs():
     """Each case: 1 step (its gradients are checked) + 1 more (its events are checked)."""
@@ -247,6 +253,7 @@ def runs():
             for i, ((name, spec, _), job) in enumerate(zip(CASES, jobs))}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [c[0] for c in CASES])
 def test_loss_and_gradients_match_one_process(runs, name):
     spec, lowered, per_rank = runs[name]
@@ -259,6 +266,7 @@ def test_loss_and_gradients_match_one_process(runs, name):
     assert per_rank[0]["losses"][1] < per_rank[0]["losses"][0]  # the optimizer stepped
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [c[0] for c in CASES])
 def test_every_action_is_measured_once_in_program_order(runs, name):
     _, lowered, per_rank = runs[name]
@@ -284,6 +292,7 @@ def test_every_action_is_measured_once_in_program_order(runs, name):
             assert e.start >= ends[(e.rank, Action(e.action.stage, Kind.F, e.action.micro))]
 
 
+@pytest.mark.slow
 def test_memory_follows_the_micro_batches_held(runs):
     for name, peaks in (("gpipe-mlp", [4, 4]), ("1f1b-mlp", [2, 1]), ("naive-mlp", [1, 1])):
         spec, lowered, per_rank = runs[name]
@@ -359,6 +368,7 @@ def _cli(*args, timeout=120):
                           text=True, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_cli_json_is_all_of_stdout(tmp_path):
     costs = tmp_path / "costs.json"  # given costs: no profiling run
     save_costs(sim.Costs(forward=1e-3, backward=2e-3), costs)
@@ -375,6 +385,7 @@ def test_cli_json_is_all_of_stdout(tmp_path):
     assert (tmp_path / "out" / "gpipe_p2_m4_measured.trace.json").is_file()
 
 
+@pytest.mark.slow
 def test_cli_calibrates_in_the_run_and_keeps_the_costs(tmp_path):
     """Without --costs the run calibrates between its steps; --out keeps the costs, and the
     simulated step it reports is the simulation under them, which --costs reproduces."""
@@ -407,6 +418,7 @@ def test_cli_bad_costs_file_exits_2_before_running(tmp_path, capsys):
         assert info.value.code == 2 and err.count("\n") == 1 and says in err, err
 
 
+@pytest.mark.slow
 def test_cli_under_torchrun_reports_once(tmp_path):
     """`torchrun ... -m exec.run`: each process is one rank; rank 0 alone prints the table
     (on stderr, with --json) and the JSON (stdout), with the calibration done in the run."""
@@ -444,6 +456,7 @@ def test_cli_bad_arguments_exit_2_with_one_line(args, says, capsys):
     assert err.count("\n") == 1 and err.startswith("exec.run: error:") and says in err
 
 
+@pytest.mark.slow
 def test_more_ranks_than_cores_calibrate_with_a_warning():
     """Three ranks calibrate (ranks 0 and 1 time the transport without the third one) and
     the run says at its start, in one line, that it has more ranks than cores, and its
@@ -458,6 +471,7 @@ def test_more_ranks_than_cores_calibrate_with_a_warning():
     assert len(noted) == len(warned)  # and the table says so beside the simulated step
 
 
+@pytest.mark.slow
 def test_a_silent_rank_gets_a_progress_line_every_few_seconds():
     p = _cli("--stages", "2", *SMALL, "--steps", "1", "--warmup", "0", "--no-compare", "--fault", "hang:1",
              "--timeout", "14")
@@ -465,6 +479,7 @@ def test_a_silent_rank_gets_a_progress_line_every_few_seconds():
     assert p.stderr.count("step 1/1: still running after") >= 1
 
 
+@pytest.mark.slow
 def test_cli_rank_failure_is_one_line_and_exit_1(capsys):
     from exec.run import main
     with pytest.raises(SystemExit) as info:
@@ -477,6 +492,7 @@ def test_cli_rank_failure_is_one_line_and_exit_1(capsys):
 
 # ---------------------------------------------------------------------------- GPUs
 
+@pytest.mark.slow
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_nccl_run_matches_one_process():
     from exec.pipeline.runner import run_pipeline

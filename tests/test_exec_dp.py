@@ -96,6 +96,7 @@ def _dp_jobs(ctx, jobs, calib_schedule):
     return runs, report
 
 
+# starts ranks: every test that uses it is marked slow
 @pytest.fixture(scope="module")
 def dp_runs():
     schedules = {overlap: _schedule(overlap) for overlap in (True, False)}
@@ -117,6 +118,7 @@ def _rank_processes() -> list[int]:
     return out
 
 
+@pytest.mark.slow
 def test_the_run_leaves_no_rank_process_behind(dp_runs):
     assert _rank_processes() == []
 
@@ -125,6 +127,7 @@ def test_the_two_placements_of_the_reduction_differ():
     assert _schedule(True).programs != _schedule(False).programs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overlap", [True, False])
 def test_every_replica_has_the_gradients_of_one_process_on_the_whole_batch(dp_runs, overlap):
     schedules, runs, _ = dp_runs
@@ -142,6 +145,7 @@ def test_every_replica_has_the_gradients_of_one_process_on_the_whole_batch(dp_ru
     assert losses[0][1] < losses[0][0]                          # the replicas stepped alike
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overlap", [True, False])
 def test_reductions_run_one_at_a_time_after_their_stages_backwards(dp_runs, overlap):
     """Rule 13, as far as program order fixes it: each stage's REDUCE_GRAD is recorded
@@ -169,6 +173,7 @@ def test_reductions_run_one_at_a_time_after_their_stages_backwards(dp_runs, over
             assert mine[0].start >= computes[-1].end
 
 
+@pytest.mark.slow
 def test_calibration_measures_each_stages_reduction_for_the_simulator(dp_runs):
     """`grad_reduce` per stage is the mean of every replica's samples of it; the
     simulation of the run's schedule under the calibrated costs holds each reduction

@@ -77,6 +77,7 @@ def test_exec_run_costs_refused_without_torch(tmp_path):
     assert proc.stdout.split() == ["2", "False"], proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 def test_exec_run_non_finite_loss_exits_1_naming_the_step():
     """A real two-rank run whose loss overflows: the table shows the last loss (nan), the
     exit status is 1 and the line says at which step; the JSON carries the machine's load."""

@@ -94,6 +94,7 @@ def test_overlay_figure_is_written(tmp_path):
     assert (tmp_path / "overlay.png").read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.slow
 def test_profile_costs_on_two_ranks():
     from exec.models.spec import ModelSpec
     from exec.measure.costs import profile_costs
@@ -118,6 +119,7 @@ def test_profile_costs_on_two_ranks():
     assert 0 < c.before_compute < 0.01 and 0 < c.after_compute < 0.01
 
 
+@pytest.mark.slow
 def test_a_run_calibrates_between_its_steps_without_changing_them():
     """`run_pipeline(calibrate=k)` calibrates before every k measured steps on the very
     modules the steps train: the steps' losses and the first step's gradients are those
@@ -146,6 +148,7 @@ def test_a_run_calibrates_between_its_steps_without_changing_them():
         run_pipeline(spec, "1f1b", 2, 4, optimizer="adam")
 
 
+@pytest.mark.slow
 def test_with_adamw_the_simulated_peak_memory_is_the_measured_one():
     """AdamW keeps two moments of every parameter and a float32 step tensor per parameter;
     the run counts them in every rank's static memory, and calibration reports them per

@@ -22,6 +22,7 @@ sys.path.insert(0, "benchmarks")
 import bench_plan_vs_run as bench  # noqa: E402
 
 
+# starts ranks: every test that uses it is marked slow
 @pytest.fixture(scope="module")
 def profile_file(tmp_path_factory):
     out = tmp_path_factory.mktemp("profile") / "cpu.json"
@@ -38,6 +39,7 @@ def _numbers(node, path=""):
             yield from _numbers(v, f"{path}.{k}" if path else k)
 
 
+@pytest.mark.slow
 def test_the_profile_loads_and_every_number_says_where_it_comes_from(profile_file):
     p = sim.load_profile(profile_file)
     raw = json.loads(profile_file.read_text())
@@ -116,6 +118,7 @@ def test_a_device_it_cannot_measure_is_refused_in_one_line(tmp_path):
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "CUDA" in r.stderr
 
 
+@pytest.mark.slow
 def test_the_planner_predicts_from_the_profile_and_the_bench_measures(profile_file):
     p = sim.load_profile(profile_file)
     case = bench.Case("1f1b", 2, "none", 1, pp=2, batch=4)

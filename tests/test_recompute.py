@@ -194,6 +194,7 @@ def _many_runs(ctx, jobs):
     return [pipeline_worker(ctx, *job) for job in jobs]
 
 
+@pytest.mark.slow
 def test_every_recompute_mode_trains_as_without_it():
     """On 2 ranks, 3 AdamW steps: with recompute, the first step's gradients and every
     step's loss (so the trained weights) are those without, bitwise, and the gradients are
@@ -221,6 +222,7 @@ def test_every_recompute_mode_trains_as_without_it():
         assert all((g == p).all() for (_, g), (_, p) in zip(grads, plain_grads)), (key, spec.recompute)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spec, name", [(replace(GPT, recompute="full"), "1f1b"),
                                         (replace(MLP, recompute="full"), "zb-h1")], ids=["gpt-1f1b", "mlp-zb-h1"])
 def test_calibrated_recompute_predicts_the_measured_peak_memory(spec, name):

@@ -172,6 +172,7 @@ def _cases():
     return cases
 
 
+@pytest.mark.slow
 def test_split_schedules_with_two_stages_per_rank_train_as_one_process():
     cases = _cases()
     jobs = []
@@ -190,6 +191,7 @@ def test_split_schedules_with_two_stages_per_rank_train_as_one_process():
         assert [result.activations[r][-1][1] for r in range(2)] == [0, 0]  # every micro-batch given back
 
 
+@pytest.mark.slow
 def test_calibrated_split_schedule_predicts_its_peak_memory():
     """The hand-written V-shaped split order on 2 ranks, calibrated in the run: its
     gradients are one process's, the costs hold I, W and the bytes W keeps per stage (all

@@ -34,6 +34,7 @@ def test_csv_is_what_torch_reads(name, P, M):
     transfer_order(back)
 
 
+@pytest.mark.slow
 def test_torch_runtime_runs_our_1f1b_with_the_gradients_of_one_process():
     run = run_torch_runtime(SMALL, "1f1b", 2, 4, steps=2, warmup=1, timeout=180)
     assert run.grad_match, (run.max_grad_diff, run.worst_param)
@@ -42,6 +43,7 @@ def test_torch_runtime_runs_our_1f1b_with_the_gradients_of_one_process():
     assert run.losses[1] < run.losses[0]  # the optimizer stepped between them
 
 
+@pytest.mark.slow
 def test_torch_runtime_needs_receives_in_send_order():
     """torch's runtime tags every transfer alike, so gloo pairs them by order, as NCCL does:
     an interleaved schedule as sim.lower posts it crosses two transfers of equal shape
