@@ -71,7 +71,10 @@ def test_table_5_ratio_is_at_most_the_layers_ratio(table_5):
     """The whole step gains less from the present work than one layer does: the embedding, the
     output layer and the optimizer do not recompute. Published: the 22B's step gains 1.42/1.10 =
     1.291, its layer (Table 4) 27.2/20.3 = 1.340."""
-    assert 1.42 / 1.10 < (7.7 + 19.5) / (7.2 + 13.1)
+    table_4 = {name: fwd + bwd for name, _, _, fwd, bwd in published.KORTHIKANTI_TABLE_4}
+    layer_ratio = table_4["baseline, full recompute"] / table_4["selective + sequence"]
+    step_22b = next(row for row in published.KORTHIKANTI_TABLE_5 if row[0] == published.KORTHIKANTI_22B_LAYER["model"])
+    assert step_22b[6] / step_22b[7] < layer_ratio  # the paper's own tables: 1.291 < 1.340
     x = published.KORTHIKANTI_22B_LAYER
     g = sim.GPUS[published.A100]
     for r, row in zip(table_5, published.KORTHIKANTI_TABLE_5):

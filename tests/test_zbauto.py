@@ -50,7 +50,6 @@ def test_it_validates_fits_its_limit_and_is_never_slower_than_the_split_1f1b(pro
         assert r.makespan <= _makespan(split_1f1b(p, m), costs)
 
 
-@pytest.mark.skipif("zb-h1" not in sim.SCHEDULES, reason="no zb-h1 in sim.SCHEDULES yet")
 @settings(max_examples=15, deadline=None)
 @given(problems())
 def test_it_is_never_slower_than_zb_h1_where_that_fits(problem):
@@ -101,7 +100,6 @@ def test_zb_1p_is_no_slower_than_the_split_1f1b_closed_form(p, m):
     assert max(r.peak_memory) <= p
 
 
-@pytest.mark.skipif("zb-h1" not in sim.SCHEDULES, reason="no zb-h1 in sim.SCHEDULES yet")
 @pytest.mark.parametrize("p,m", [(2, 2), (3, 6), (4, 8), (5, 7)])
 def test_zb_1p_reaches_zb_h1_with_equal_costs(p, m):
     """ZB-H1 (Qi et al. 2024, Sec. 2.1) at equal costs and free transfers: makespan
