@@ -3,7 +3,7 @@
     python -m pytest -m "not slow"   # the fast loop: sim, the planner, exec within one process
     python -m pytest                 # everything
 
-A test is slow when it, or a fixture it uses, starts ranks: `exec.launch.launch` and what
+A test is slow when it, or a fixture it uses, starts ranks: `exec.launch.processes.launch` and what
 calls it (`run_pipeline`, `run_torch_runtime`, `profile_costs`, `profile_device`), the
 `exec.run` and `exec.profile_device` commands in a subprocess, torchrun; or when it executes
 a notebook. Such a test carries `@pytest.mark.slow` (a whole slow module, `pytestmark`); a

@@ -1,4 +1,4 @@
-"""Device profiles (sim.device_profile, docs/profiles.md): the shipped presets load with every
+"""Device profiles (sim.hardware.profile, docs/profiles.md): the shipped presets load with every
 number's provenance, profiles round-trip through JSON, each malformed profile is refused in one
 line naming the file and field, the table lookups follow their closed forms, the host's launch
 floor is a max or a sum as the profile says, and the planner takes a loaded profile."""

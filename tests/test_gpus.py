@@ -1,4 +1,4 @@
-"""sim.gpus: the datasheets' numbers, and one-line errors for what is not there."""
+"""sim.hardware.gpus: the datasheets' numbers, and one-line errors for what is not there."""
 import pytest
 
 import sim

@@ -1,4 +1,4 @@
-"""The action-kind table (sim.kinds): every kind has one entry, and the entries agree with
+"""The action-kind table (sim.schedule.kinds): every kind has one entry, and the entries agree with
 each other and with what lowering and the engine do with them."""
 import dataclasses
 

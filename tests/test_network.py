@@ -1,5 +1,5 @@
-"""sim.network: NCCL's ring and tree model (src/graph/tuning.cc) over the groups of
-sim.topology: closed forms, the old one-node ring, linearity in bytes, NCCL's choice between
+"""sim.hardware.network: NCCL's ring and tree model (src/graph/tuning.cc) over the groups of
+sim.hardware.topology: closed forms, the old one-node ring, linearity in bytes, NCCL's choice between
 ring and tree, NIC count and the NVLink cap; and the tensor-parallel layer across two nodes."""
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ and when it computes, never a number.
 In this process: the bytes a stage keeps per micro-batch under full recompute against their
 closed form (the blocks' inputs, b*s*h*4 bytes each, plus what the embedding and the head
 keep, layer by layer from the tensors aten saves) and against Korthikanti et al. 2022,
-Table 2 (sim.transformer); what selective recompute drops; the runtime's count of the same
+Table 2 (sim.model.transformer); what selective recompute drops; the runtime's count of the same
 bytes; a block's output and gradients with and without recompute, bitwise; how often a
 split backward recomputes. On two gloo ranks: every mode trains as no recompute does and as
 one process does, and calibrated costs predict the measured peak memory to the byte.

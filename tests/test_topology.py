@@ -1,4 +1,4 @@
-"""sim.topology: Megatron-LM's rank order against a brute-force enumeration, how each group
+"""sim.hardware.topology: Megatron-LM's rank order against a brute-force enumeration, how each group
 sits on the nodes (closed forms for aligned sizes, brute force for any), the NIC share rule,
 and the estimate and planner taking `nics_per_node`."""
 from __future__ import annotations

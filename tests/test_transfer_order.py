@@ -1,4 +1,4 @@
-"""Transfers between two ranks are posted in matching order (sim.order): the check names
+"""Transfers between two ranks are posted in matching order (sim.passes.order): the check names
 the first mismatch, and the pass fixes any schedule by posting receives earlier only."""
 import random
 
@@ -33,7 +33,7 @@ def random_schedule(placement, micro, seed, split=False):
 
 
 def inversions(low):
-    """Independent of sim.order: every two transfers a -> b that a sends in one order and b
+    """Independent of sim.passes.order: every two transfers a -> b that a sends in one order and b
     receives in the other, found by comparing positions pair by pair."""
     out = []
     for (a, b), _ in transfers_by_pair(low).items():

@@ -1,4 +1,4 @@
-"""sim.transformer: parameters, FLOPs and activation bytes against the papers' closed forms,
+"""sim.model.transformer: parameters, FLOPs and activation bytes against the papers' closed forms,
 tables and worked numbers (Narayanan et al. 2021; Korthikanti et al. 2022; Qi et al. 2024)."""
 import pytest
 from hypothesis import given, settings, strategies as st

@@ -1,4 +1,4 @@
-"""Transports as models (sim.transports): the ideal transport against closed forms and the
+"""Transports as models (sim.engine.transports): the ideal transport against closed forms and the
 independent model of the rules, the gloo-cpu rendezvous against the ideal one, the
 engine's two ways of running (a device on its own clock, or every step through SimPy)
 against each other, and the checks on `Costs.transport`."""

@@ -1,4 +1,4 @@
-"""The automatic zero-bubble scheduler (sim.zbauto, "zb-auto"): it validates, fits its
+"""The automatic zero-bubble scheduler (sim.search.zbauto, "zb-auto"): it validates, fits its
 memory limit, is never slower than the I/W-split 1F1B or ZB-H1, reaches the lower bound
 of the makespan at the ZB-2p limit with equal costs, and more memory never hurts."""
 import math
