@@ -32,7 +32,7 @@ from exec.pipeline.config import RunConfig  # noqa: E402
 from exec.pipeline.worker import pipeline_worker  # noqa: E402
 from sim import load_costs, save_costs  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 90  # seconds for any one launch
 MLP = ModelSpec("mlp", layers=4, hidden=32, seq=8, batch_size=8)
 GPT = ModelSpec("gpt", layers=2, hidden=32, seq=8, vocab=64, heads=2, batch_size=8)

@@ -20,7 +20,7 @@ import re
 import tokenize
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("sim", "exec")
 SOURCES = ("sim", "exec", "tests", "benchmarks")
 DOCS = ("README.md", "docs/*.md")

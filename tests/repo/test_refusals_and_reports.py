@@ -24,7 +24,7 @@ from sim.plan.cli import ProgressBar
 from sim.search.zbauto import order_peak, split_1f1b, zb_auto
 from helpers import counting_calls
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(module: str, *args: str, timeout: float = 120, cwd: Path = ROOT) -> subprocess.CompletedProcess:

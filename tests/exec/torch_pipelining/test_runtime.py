@@ -11,7 +11,7 @@ from torch.distributed.pipelining.schedules import _Action, _validate_schedule  
 
 from exec.models.spec import ModelSpec  # noqa: E402
 from exec.torch_pipelining.runtime import run_torch_runtime, to_torch_csv  # noqa: E402
-from test_transfer_order import interleaved_mismatch  # noqa: E402
+from tests.sim.passes.test_order import interleaved_mismatch  # noqa: E402
 
 SMALL = ModelSpec(layers=4, hidden=32, seq=8, batch_size=8)
 

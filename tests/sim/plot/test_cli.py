@@ -13,7 +13,7 @@ import pytest
 
 from sim.plot.gantt import DPI, MAX_HEIGHT, WIDTH
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:

@@ -16,7 +16,7 @@ from sim.schedules import TEXTBOOK  # what the CLI draws unless told
 from sim.plot.gantt import DPI, MAX_HEIGHT, WIDTH, counts_micro_batches, format_times, human_bytes, plot_compare, plot_overlay, \
     plot_result, save_figure, timeline_style
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 

@@ -1,7 +1,7 @@
 """exec's packages are layers: each imports only the packages before it in `LAYERS` (and sim), so the folder tree reads as the architecture (docs/exec.md, Layout). Reads the sources only."""
 from __future__ import annotations
 
-from test_architecture import ROOT, import_graph
+from tests.repo.test_architecture import ROOT, import_graph
 
 # lowest first; the top-level modules (the command lines) may import any of them
 LAYERS = ("models", "launch", "runtime", "measure", "pipeline", "profiler", "torch_pipelining")

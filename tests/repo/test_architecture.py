@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("sim", "exec")
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60  # without its docstring
@@ -166,7 +166,7 @@ def test_private_uses_are_recognised():
 
 
 def _code_files() -> list[Path]:
-    files = [*modules().values(), *(ROOT / "tests").glob("*.py"), *(ROOT / "benchmarks").glob("*.py"),
+    files = [*modules().values(), *(ROOT / "tests").rglob("*.py"), *(ROOT / "benchmarks").glob("*.py"),
              *(ROOT / "notebooks").glob("*.py")]
     return [f for f in files if f.resolve() != Path(__file__).resolve()]
 
