@@ -166,7 +166,7 @@ def _many_runs(ctx, jobs):
 def _cases():
     cases = [("interleaved-split-mlp", MLP, gpipe_like([0, 1, 0, 1], 2, split=True, name="interleaved-split")),
              ("v-split-gpt", GPT, gpipe_like([0, 1, 1, 0], 2, split=True, name="v-split"))]
-    for name in sim.SCHEDULES:  # every generator of the zoo (the textbook ones: tests/test_exec.py)
+    for name in sim.SCHEDULES:  # every generator of the zoo (the textbook ones: tests/exec/test_run.py)
         if name not in TEXTBOOK:
             cases.append((name, MLP, sim.make_schedule(name, 2, 4)))
     return cases

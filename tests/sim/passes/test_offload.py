@@ -286,7 +286,7 @@ def test_copies_are_drawn_along_the_top_of_their_row(tmp_path):
 def test_copy_colours_stay_apart_from_the_other_kinds(vision):
     """OFFLOAD's sky blue and RELOAD's yellow (Okabe-Ito) are at least 5 just-noticeable
     differences from each other and from every other kind's colour, in normal vision and
-    simulated for each full dichromacy (the measure of tests/test_figures.py)."""
+    simulated for each full dichromacy (the measure of tests/sim/plot/test_figures.py)."""
     import itertools
     import numpy as np
     from test_figures import DEFICIENCIES, JND, _lab, _linear

@@ -2,7 +2,7 @@
 orders, ratios within the published numbers' own spread, FLOP counts, and the pipeline bubble
 against its closed form. The times themselves are compared, not asserted, by
 benchmarks/bench_published.py (docs/measurements.md). Korthikanti et al. 2022's Table 2
-(activation bytes) is tested in tests/test_transformer.py."""
+(activation bytes) is tested in tests/sim/model/test_transformer.py."""
 from __future__ import annotations
 
 import pytest

@@ -105,7 +105,7 @@ def test_cli_io_tick_reaches_the_simulation(tmp_path):
     """GPipe on 2 stages, m = 4, forward 1 and 2.5, backward 1: a ready notice comes in late
     (at 3.5, rank 0 sent F2 at 3) while rank 0 computes F3, but rank 1 is still busy with
     F1 until 6, so the step is the same with and without the wait; the SEND_F2 in the
-    trace ends at 3.5 + E[min(0.5, U(0, 1))] = 3.875 (tests/test_engine.py has the rule)."""
+    trace ends at 3.5 + E[min(0.5, U(0, 1))] = 3.875 (tests/sim/engine/test_core.py has the rule)."""
     base = ["--stages", "2", "--micro", "4", "--schedule", "gpipe", "--forward", "1,2.5", "--backward", "1",
             "--no-figures", "--trace"]
     steps = []
@@ -123,7 +123,7 @@ def test_cli_io_tick_reaches_the_simulation(tmp_path):
 def test_cli_runtime_time_around_computes():
     """Naive on 2 stages, m = 2, F = 1, B = 2: all 4m computes are on the critical path, each
     with the runtime's time before it and all but the last with the time after it:
-    2m(F + B) + 4m x 0.1 + (4m - 1) x 0.05 = 13.15 (the closed form is in tests/test_engine.py)."""
+    2m(F + B) + 4m x 0.1 + (4m - 1) x 0.05 = 13.15 (the closed form is in tests/sim/engine/test_core.py)."""
     proc = run_cli("--stages", "2", "--micro", "2", "--schedule", "naive", "--forward", "1", "--backward", "2",
                    "--before-compute", "0.1", "--after-compute", "0.05", "--no-figures")
     assert proc.returncode == 0, proc.stderr
