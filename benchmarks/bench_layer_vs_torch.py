@@ -5,9 +5,9 @@
     PYTHONPATH=. python benchmarks/bench_layer_vs_torch.py --profile /tmp/cpu.json --micro-batch 4 --recompute none
 
 Each pass is `sim.cost.layer.layer_times` of `Transformer(kernels="torch")` under the
-profile's launch floor (`DeviceProfile.pass_time`), against `exec.models.Block` run alone on
+profile's launch floor (`DeviceProfile.pass_time`), against `exec.models.layers.Block` run alone on
 one thread as a pipeline rank runs it: F its forward, B `backward` of its output, I and W
-`exec.split_backward` (I first, then W). The kernels: erf GeLU forward and backward and the
+`exec.runtime.split_backward` (I first, then W). The kernels: erf GeLU forward and backward and the
 flash attention's forward and backward (`scaled_dot_product_attention`, causal) against
 `sim.hardware.kernels` on the listed work. Every time is the fastest of `--loops` loops
 (the block's own time, the least slowed by other processes: this isolates the layer model

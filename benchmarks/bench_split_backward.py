@@ -7,7 +7,7 @@ For each model: the second of two stages (its input needs a gradient, its loss i
 F), B, then I and W (`exec.runtime.split_backward`) on a fresh forward each, interleaved, timed in
 CPU time of this thread with torch on one thread (so that other processes on a loaded
 machine do not count). Prints the minimum and the median of each in ms, (I + W) / B and
-W / B from the minima. The first model is the one `tests/test_split_backward.py` checks.
+W / B from the minima. The first model is the one `tests/exec/runtime/test_split_backward.py` checks.
 """
 from __future__ import annotations
 

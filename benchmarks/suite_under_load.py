@@ -2,7 +2,7 @@
 depends on the timing of a quiet machine fails here.
 
     python benchmarks/suite_under_load.py                 # 3 runs, one busy process per core
-    python benchmarks/suite_under_load.py --runs 5 --hogs 2 -- -x tests/test_exec.py
+    python benchmarks/suite_under_load.py --runs 5 --hogs 2 -- -x tests/exec/test_run.py
 
 Each busy process spins in pure Python at normal priority, so the suite's processes share
 the cores with them as with other users' jobs on a shared machine. The busy processes are

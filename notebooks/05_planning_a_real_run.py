@@ -263,7 +263,7 @@ plt.show()
 # 9-17 % shorter iterations than Table 5. Its orders agree with the papers (sequence
 # parallelism shortens the forward; full recompute costs more than selective; the bigger models
 # reach the higher MFU), and the MFU computed from the published times with our FLOP count equals
-# the published MFU (tests/test_published.py). Where it is off, and by how much, is recorded in
+# the published MFU (tests/sim/plan/test_published.py). Where it is off, and by how much, is recorded in
 # [docs/measurements.md](../docs/measurements.md); nothing was fitted to make it closer.
 #
 # ## 5. The planner

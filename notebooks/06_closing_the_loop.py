@@ -11,7 +11,7 @@
 #    planner takes the blocks where it has them). `--quick` takes about twenty seconds.
 # 2. **Predict** a step of exec's small GPT with `sim.estimate(..., gpu=sim.load_profile(...))`:
 #    the model is the same object, `ModelSpec.transformer()`, so the planner's activation bytes
-#    are what autograd saves (tests/test_saved_bytes.py).
+#    are what autograd saves (tests/exec/runtime/test_saved_bytes.py).
 # 3. **Run** it with `exec.run_pipeline` and overlay the predicted and measured timelines.
 #
 # A shared, loaded machine measures slower than the profile says (read the load average

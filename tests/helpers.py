@@ -1,6 +1,9 @@
-"""What several test modules share: schedules built by hand, and an independent model of
-the rules (docs/rules.md) to check the engine against."""
+"""What several test modules share: schedules built by hand, an independent model of
+the rules (docs/rules.md) to check the engine against, and a count of calls in place of a time limit."""
+import contextlib
 import math
+import sys
+from collections import Counter
 
 import pytest
 
@@ -23,6 +26,25 @@ def gpipe_like(placement, micro, split=False, name="gpipe-like"):
             progs[placement[s]] += [Action(s, Kind.W, m) for m in range(micro)]
     return Schedule(progs, placement, micro, name=name)
 
+
+@contextlib.contextmanager
+def counting_calls(*functions):
+    """Within the block, count the calls of each of `functions` in this thread (a Counter
+    keyed by function), so a test says "refused before any simulation" by a count of
+    zero rather than by a time limit. Calls are matched by their code, so a function is
+    counted wherever it is imported from."""
+    codes = {f.__code__: f for f in functions}
+    counts = Counter({f: 0 for f in functions})
+    previous = sys.getprofile()
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code in codes:
+            counts[codes[frame.f_code]] += 1
+    sys.setprofile(profile)
+    try:
+        yield counts
+    finally:
+        sys.setprofile(previous)
 
 
 def reference_times(schedule, costs):

@@ -112,7 +112,7 @@ class ModelSpec:
 
     def transformer(self) -> Transformer:
         """The planner's description of this GPT (`sim.Transformer`): what its blocks compute
-        and keep for their backward, exactly (tests/test_saved_bytes.py)."""
+        and keep for their backward, exactly (tests/exec/runtime/test_saved_bytes.py)."""
         if self.model != "gpt":
             raise ValueError("ModelSpec.transformer(): only model 'gpt' is a transformer")
         return Transformer(layers=self.layers, hidden=self.hidden, heads=self.heads, seq=self.seq, vocab=self.vocab,

@@ -18,7 +18,7 @@ from exec.profiler.layer_bench import HOW as LAYERS_HOW
 __all__ = ["assemble", "class_bandwidth"]
 
 _LAUNCH = {"nccl": "median host time of a one-element add, mul and matmul",
-           "gloo": "host time of one block of the GPT (exec.models.Block) at hidden 2 a head, sequence 2, "
+           "gloo": "host time of one block of the GPT (exec.models.layers.Block) at hidden 2 a head, sequence 2, "
                    "micro-batch 1, forward and backward, over the kernels sim.cost.layer.pass_kernels lists "
                    "for them (F + B): the host's cost of a training pass per listed kernel"}
 
@@ -74,7 +74,7 @@ def assemble(measured: dict, collectives: list, fp: dict, cores: int | None, com
     }
     if collectives:
         ring = ring_fit(collectives)
-        how = "least squares of sim.kernels' ring model (base + steps x hop + steps/n x bytes / bandwidth)"
+        how = "least squares of sim.hardware.kernels' ring model (base + steps x hop + steps/n x bytes / bandwidth)"
         out["collectives"] = {"node": {k: derived(v, ["collectives.table"], how) for k, v in ring.items()},
                               "table": {"rows": collectives, **stamp}}
     if measured.get("p2p"):

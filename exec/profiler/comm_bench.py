@@ -2,7 +2,7 @@
 
 `collective_rows` and `p2p_rows` run inside the ranks of an `exec.launch.processes` (every rank
 calls them at once); the times are rank 0's medians over repeats, each started at a
-barrier. `ring_fit` and `p2p_fit` fit the models `sim.kernels` uses (NCCL's ring:
+barrier. `ring_fit` and `p2p_fit` fit the models `sim.hardware.kernels` uses (NCCL's ring:
 base + steps x hop + steps/n x bytes / bus bandwidth; a send: latency + bytes / bandwidth)
 by least squares, never below zero.
 """

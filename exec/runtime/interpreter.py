@@ -340,7 +340,7 @@ class RankInterpreter:
     def backward_weight(self, a: Action) -> Marks:
         """W: the weight gradients from what I kept (`exec.runtime.split_backward`); gives it back."""
         s, m = a.stage, a.micro
-        self._wait(a)  # W takes nothing from another rank (sim.kinds): this finds nothing
+        self._wait(a)  # W takes nothing from another rank (sim.schedule.kinds): this finds nothing
         work = self.weight_work.pop((s, m))
         start = self.clock.mark()
         self._sample(start)

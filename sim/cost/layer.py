@@ -30,7 +30,7 @@ and writes its input gradient; each bias's gradient reads its output gradient on
 attention's output is permuted back to [s, b, h] (a copy each way, Megatron-LM's
 `permute(...).contiguous()`).
 
-`Transformer(kernels="torch")` is torch's eager path instead, the GPT `exec.models.Block` runs
+`Transformer(kernels="torch")` is torch's eager path instead, the GPT `exec.models.layers.Block` runs
 (arch "gpt", flash attention, no dropout; others are refused), its kernels read off torch's
 profiler for one block (docs/measurements.md): no fused kernels and no dropout; each linear
 layer's `addmm` first copies its bias into the output; GeLU is erf's, whose forward and
@@ -43,7 +43,7 @@ the output and its gradient once (the rows' dO.O), and the split's backward conc
 three gradients. The weight-gradient pass W holds the bias gradients (a sum over the tokens),
 the norms' gain and bias gradients and autograd's adds into each parameter's `.grad` (counted
 on every micro-batch; the first of a step stores instead); and under full recompute torch's
-split backward recomputes the forward once more in W (`exec.split_backward`). The kernel
+split backward recomputes the forward once more in W (`exec.runtime.split_backward`). The kernel
 counts are torch's operators, a fused one (addmm, the flash kernel) once.
 """
 from __future__ import annotations

@@ -57,7 +57,7 @@ class GPU:
 # SMs: NVIDIA A100 Tensor Core GPU Architecture whitepaper (2020), "108 SMs" on the A100.
 _A100 = dict(sms=108, peak_flops={"bf16": 312e12, "fp16": 312e12, "tf32": 156e12, "fp32": 19.5e12},
              nvlink_bandwidth=600 * GB / 2, network_bandwidth=200e9 / 8, pcie_bandwidth=64 * GB / 2)
-# pcie_bandwidth (activation offloading, `sim.offload`): the line rate per direction, PCIe Gen4
+# pcie_bandwidth (activation offloading, `sim.passes.offload`): the line rate per direction, PCIe Gen4
 # x16 on the A100 SXM4 (datasheet: 64 GB/s both ways), Gen5 x16 on H100/H200 SXM (128 GB/s).
 # Achieved figures exist but are not applied (docs/planner.md): nvbandwidth's SM-driven copies
 # reach 25.1 GB/s host to device on an A100-SXM4-40GB (NVIDIA/nvbandwidth#42).

@@ -1,7 +1,7 @@
 """Lower bounds on a planned configuration's peak memory and step time, for `sim.plan`.
 
 None can exceed what `sim.estimate` predicts (docs/planner.md, "Planner", says why;
-tests/test_plan.py checks them against the estimate of every configuration of an exhaustive
+tests/sim/plan/test_planner.py checks them against the estimate of every configuration of an exhaustive
 search, and of random small ones): `sim.plan` drops a configuration whose memory bound
 exceeds the GPU's memory, and stops simulating once the step-time bound of every
 configuration left exceeds the best steps it keeps. From the cheapest to the tightest:

@@ -86,22 +86,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 class ProgressBar:
     """`sim.plan: [#####.......] 1234/5678 settled, 12.3 s` on stderr, redrawn at most 10
-    times a second as configurations settle, and at least once a second while one is
-    being simulated (a zb-auto configuration takes seconds: the clock keeps moving); a
-    newline when done. `close()` stops the redrawing."""
+    times a second as configurations settle, and at least once every `every` seconds of
+    `clock` while one is being simulated (a zb-auto configuration takes seconds: the clock
+    keeps moving; a thread calls `beat`); a newline when done. `close()` stops the redrawing."""
 
-    def __init__(self, width: int = 30, every: float = 1.0):
-        self.width, self.start, self.last, self.every = width, time.perf_counter(), 0.0, every
+    def __init__(self, width: int = 30, every: float = 1.0, clock=time.perf_counter):
+        self.width, self.every, self.clock = width, every, clock
+        self.start, self.last = clock(), 0.0
         self.state: tuple[int, int] | None = None
-        self._lock, self._done = threading.Lock(), threading.Event()
+        self._lock, self._done = threading.RLock(), threading.Event()
         threading.Thread(target=self._beat, name="sim.plan-progress", daemon=True).start()
 
     def __call__(self, done: int, total: int) -> None:
-        now = time.perf_counter()
-        self.state = (done, total)
-        if done < total and now - self.last < 0.1:
-            return
-        self._draw(done, total, now)
+        with self._lock:  # one drawing of a moment, whether this call or `beat` makes it
+            now = self.clock()
+            self.state = (done, total)
+            if done >= total or now - self.last >= 0.1:
+                self._draw(done, total, now)
 
     def _draw(self, done: int, total: int, now: float) -> None:
         with self._lock:
@@ -114,11 +115,16 @@ class ProgressBar:
             if done >= total:
                 self._done.set()
 
-    def _beat(self) -> None:
-        while not self._done.wait(self.every / 4):
-            now = time.perf_counter()
+    def beat(self) -> None:
+        """Redraw the last state if `every` seconds have passed since the last drawing."""
+        with self._lock:
+            now = self.clock()
             if self.state is not None and now - self.last >= self.every:
                 self._draw(*self.state, now)
+
+    def _beat(self) -> None:
+        while not self._done.wait(self.every / 4):
+            self.beat()
 
     def close(self) -> None:
         self._done.set()

@@ -9,7 +9,7 @@ in TFLOP/s per GPU, MFU as a fraction.
     >>> rows = published.narayanan_table_1()      # one sim.estimate per row (about 2 s in all)
     >>> rows[0]["predicted"], rows[0]["published"], rows[0]["error"]   # doctest: +SKIP
 
-`bench_published.py` (benchmarks/) prints them; tests/test_published.py holds the model to
+`bench_published.py` (benchmarks/) prints them; tests/sim/plan/test_published.py holds the model to
 what it can assert without timing noise. Only public names of `sim` are used, so that the
 comparisons follow the estimate as it changes.
 """

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 # One colour per compute kind, from the kind table (the Okabe-Ito palette, which stays apart
-# for the three kinds of colour blindness: tests/test_figures.py checks them simulated).
+# for the three kinds of colour blindness: tests/sim/plot/test_figures.py checks them simulated).
 COLORS = {k: spec.colour for k, spec in KINDS.items() if spec.role is Role.COMPUTE}
 NAMES = {k: spec.label for k, spec in KINDS.items() if spec.role is Role.COMPUTE}
 # A collective runs on its rank's stream beside the compute: a thin hatched bar in the

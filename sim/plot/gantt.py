@@ -13,12 +13,12 @@ with the same code:
 Large steps are drawn so that they still read, in bounded time and size: past
 `DETAIL_BARS` computes, or where bars are a few pixels wide, the bars lose their outlines
 and numbers and are drawn as one collection per kind; past `DENSE_PER_ROW`, or past `MAX_BAR_ROWS` devices,
-the chart becomes a heat map of busy time (`sim.heatmap`). A figure is `WIDTH` inches
+the chart becomes a heat map of busy time (`sim.plot.heatmap`). A figure is `WIDTH` inches
 wide and at most `MAX_HEIGHT` tall.
 
 The bars (a colour per kind, a hatch per chunk where a rank holds several stages) are
-drawn by `sim.plot.bars`, numbers and units written by `sim.labels`; the command line is
-`sim.plot_cli` (`python -m sim.plot --stages 4 --micro 8`).
+drawn by `sim.plot.bars`, numbers and units written by `sim.plot.labels`; the command line is
+`sim.plot.cli` (`python -m sim.plot --stages 4 --micro 8`).
 
 Figures are built with `matplotlib.figure.Figure` and the Agg canvas, not `pyplot`:
 no display is needed and no global figure registry is touched.
@@ -41,7 +41,7 @@ from .labels import TIME_UNIT, counts_micro_batches, format_memory, format_times
     memory_unit, plural, size, time_unit, time_label
 from sim.engine.result import Result
 
-__all__ = [  # the figures, and the words and numbers of `sim.labels` that they write, found here too
+__all__ = [  # the figures, and the words and numbers of `sim.plot.labels` that they write, found here too
     "draw_timeline", "draw_memory", "plot_result", "plot_overlay", "plot_compare", "save_figure", "fit_labels",
     "timeline_style", "TIME_UNIT", "counts_micro_batches", "format_memory", "format_times", "human_bytes",
     "memory_unit", "plural", "size", "time_unit", "time_label", "COLORS", "NAMES", "HATCHES", "LABEL_GID", "TRACK", "chunks",

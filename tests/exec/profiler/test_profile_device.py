@@ -1,0 +1,148 @@
+"""exec.profile_device writes a profile sim.load_profile reads, with provenance on every number; exec.run --json and the plan-vs-run bench carry what the loop compares. No timing assertions."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import sim  # noqa: E402
+from exec import profile_device as pd  # noqa: E402
+from exec.launch.host import host_cores  # noqa: E402
+from exec.profiler.comm_bench import p2p_fit, ring_fit  # noqa: E402
+from exec.profiler.host_bench import host_transport  # noqa: E402
+from sim.hardware.host_transport import FIELDS as HOST_FIELDS  # noqa: E402
+from sim.hardware.network import OPS as COLLECTIVE_STEPS  # noqa: E402
+from sim.hardware.profile import COMPUTE_CLASSES  # noqa: E402
+
+sys.path.insert(0, "benchmarks")
+import bench_plan_vs_run as bench  # noqa: E402
+
+
+# starts ranks: every test that uses it is marked slow
+@pytest.fixture(scope="module")
+def profile_file(tmp_path_factory):
+    out = tmp_path_factory.mktemp("profile") / "cpu.json"
+    pd.profile_device(out, "gloo", ranks=2, quick=True, micro_batches=(2,), timeout=120)
+    return out
+
+
+def _numbers(node, path=""):
+    """Every {"value": ...} object in the profile, with its path."""
+    if isinstance(node, dict):
+        if "value" in node:
+            yield path, node
+        for k, v in node.items():
+            yield from _numbers(v, f"{path}.{k}" if path else k)
+
+
+@pytest.mark.slow
+def test_the_profile_loads_and_every_number_says_where_it_comes_from(profile_file):
+    p = sim.load_profile(profile_file)
+    raw = json.loads(profile_file.read_text())
+    assert raw["schema"] == pd.SCHEMA and raw["fingerprint"]["backend"] == "gloo"
+    assert raw["fingerprint"]["threads"] == max(1, len(host_cores()) // 2)
+    assert raw["launch"]["host_runs_ahead"] is False
+    for path, n in _numbers(raw):
+        assert n["source"] in ("measured", "derived"), path
+        need = ("command", "machine", "date") if n["source"] == "measured" else ("from", "how")
+        assert all(k in n for k in need), path
+    ops = {r[0] for r in raw["collectives"]["table"]["rows"]}
+    assert ops <= set(COLLECTIVE_STEPS) and "all_reduce" in ops
+    # the compute-bound classes and the memory classes, each with its points by size, which the planner reads
+    compute = raw["compute_bound"]["classes"]
+    assert set(compute) == set(p.compute_classes) == set(COMPUTE_CLASSES) == set(p.compute_points)
+    assert all(len(c["points"]) == len(pd.QUICK["memory"]) for c in compute.values())
+    assert set(p.memory_points) == set(raw["memory_bound"]["classes"])
+    # whole blocks and the ends, measured as a step runs them, at the profiled micro-batch (2)
+    blocks, ends = raw["layers"]["blocks"]["rows"], raw["layers"]["ends"]["rows"]
+    assert {(r[5], r[6]) for r in blocks} == {(2, "none"), (2, "full")} and [r[4] for r in ends] == [2]
+    gpt = pd_gpt()
+    assert p.layers.block("fp32", gpt.hidden, gpt.heads, gpt.ffn, gpt.seq, 2, "full")["B"] == blocks[1][8]
+    assert p.layers.end("fp32", gpt.hidden, gpt.seq, gpt.vocab, 2)["last_F"] == ends[0][7]
+    shapes = {(*r[1:5], r[6]) for r in raw["matmul"]["table"]["rows"]}
+    assert set(pd_gemms()) == shapes  # the planner's products, each measured in its layout
+    assert p.gpu.peak_flops["fp32"] == max(2 * m * n * k * b / t for _, m, n, k, b, t, _ in raw["matmul"]["table"]["rows"])
+    # gloo's CPU ranks: exec's own costs around transfers and computes, for the planner's gloo-cpu transport
+    host = raw["host_transport"]
+    assert host["name"] == "gloo-cpu" and set(host) == {"name", *HOST_FIELDS}
+    assert p.host_transport == {"transport": "gloo-cpu", **{f: host[f]["value"] for f in HOST_FIELDS}}
+    assert all(host[f]["source"] == "measured" and host[f]["value"] >= 0 for f in HOST_FIELDS)
+
+
+def test_the_host_transport_is_the_means_exec_calibration_takes():
+    """Ranks 0 and 1 report their calls (the others nothing); every rank its computes' marks."""
+    busy = [{"isend_busy_mean": 1e-5, "irecv_busy_mean": 2e-6, "arrive_busy_mean": 3e-5},
+            {"isend_busy_mean": 3e-5, "irecv_busy_mean": 4e-6, "arrive_busy_mean": -5e-5}]
+    late = [{"notice_free": [1e-4, 2e-4, 3e-4], "notice_busy": [4e-3, 5e-3, 6e-3]}, {"notice_free": [], "notice_busy": []}]
+    reports = [{"busy": busy[0], "late": late[0], "before": [1e-5, 3e-5], "after": [2e-5]},
+               {"busy": busy[1], "late": late[1], "before": [2e-5], "after": [4e-5, 6e-5]},
+               {"busy": {}, "late": {}, "before": [6e-5], "after": [0.0]}]
+    got = host_transport(reports)
+    assert got == pytest.approx({"send_overhead": 2e-5, "recv_overhead": 3e-6, "arrive_overhead": 0.0,
+                                 "io_tick": 2 * (5e-3 - 2e-4), "before_compute": 3e-5, "after_compute": 3e-5})
+    with pytest.raises(ValueError, match="ranks 0 and 1"):
+        host_transport(reports[2:])
+
+
+def pd_gpt():
+    from exec.models.spec import ModelSpec
+    return ModelSpec("gpt").transformer()
+
+
+def pd_gemms():
+    from exec.profiler.device_bench import planner_gemms
+    from exec.models.spec import ModelSpec
+    return planner_gemms(ModelSpec("gpt").transformer(), (2,))
+
+
+def test_the_ring_fit_recovers_the_model_it_fits():
+    base, hop, bw = 1e-4, 2e-5, 3e9
+    rows = [[op, "node", n, b, base + COLLECTIVE_STEPS[op] * (n - 1) * hop + COLLECTIVE_STEPS[op] * (n - 1) / n * b / bw]
+            for op in COLLECTIVE_STEPS for n in (2, 3, 4) for b in (1e3, 1e6, 1e8)]
+    fit = ring_fit(rows)
+    assert fit["base_latency"] == pytest.approx(base) and fit["hop_latency"] == pytest.approx(hop)
+    assert fit["bus_bandwidth"] == pytest.approx(bw)
+    send = p2p_fit([["node", b, 5e-5 + b / 2e9] for b in (1e3, 1e5, 1e7)])
+    assert send == pytest.approx({"latency": 5e-5, "bandwidth": 2e9})
+
+
+def test_a_device_it_cannot_measure_is_refused_in_one_line(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    r = subprocess.run([sys.executable, "-m", "exec.profile_device", "--out", str(tmp_path / "x.json"),
+                        "--backend", "nccl"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "CUDA" in r.stderr
+
+
+@pytest.mark.slow
+def test_the_planner_predicts_from_the_profile_and_the_bench_measures(profile_file):
+    p = sim.load_profile(profile_file)
+    case = bench.Case("1f1b", 2, "none", 1, pp=2, batch=4)
+    model = dict(layers=2, hidden=16, heads=2, seq=8, vocab=32)
+    got = bench.compare(p, case, model, steps=1, warmup=0)
+    assert len(got["predicted_memory"]) == len(got["measured_memory"]) == 2
+    assert got["predicted_s"] > 0 and got["measured_s"] > 0 and got["load"]
+    # memory: the planner counts what exec holds (weights, grads, AdamW state, saved tensors);
+    # AdamW's per-tensor step counters (4 bytes each) are all it leaves out
+    assert got["memory_error_pct"] < 0.5
+    assert all(c.pp * c.dp <= 2 for c in bench.grid(2))
+    assert {c.schedule for c in bench.grid(2)} == set(bench.SCHEDULES)
+
+
+def test_a_latency_bound_send_table_gives_a_bandwidth_lower_bound():
+    """Times that do not grow with size (noise): the fastest time is the latency, the largest
+    send's bytes over its time a lower bound on the bandwidth."""
+    send = p2p_fit([["node", 1e3, 3e-4], ["node", 1e5, 2e-4], ["node", 1e6, 2.5e-4]])
+    assert send == {"latency": 2e-4, "bandwidth": 1e6 / 2.5e-4}
+
+
+def test_a_latency_bound_collective_table_gives_a_bandwidth_lower_bound():
+    """Collective times that do not grow with their traffic: the fastest is the base latency,
+    no hop latency, and the largest traffic over its time a lower bound on the bus bandwidth."""
+    rows = [["all_reduce", "node", 2, 1e3, 4e-4], ["all_reduce", "node", 2, 1e6, 3e-4]]
+    fit = ring_fit(rows)
+    assert fit == {"base_latency": 3e-4, "hop_latency": 0.0, "bus_bandwidth": (2 * 1 / 2 * 1e6) / 3e-4}

@@ -1,0 +1,229 @@
+"""The shape of the code: every module of sim and exec imports without a cycle and without
+another module's private names, says what it is, and stays small; every folder stays
+readable. Reads the sources only (no torch, nothing imported)."""
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("sim", "exec")
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 60  # without its docstring
+MAX_FOLDER_MODULES = 15  # modules in one folder, its __init__ and __main__ aside
+
+
+def modules(packages=PACKAGES) -> dict[str, Path]:
+    """Every module of `packages`, by dotted name (a package by its own name, for its __init__)."""
+    out = {}
+    for pkg in packages:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join(parts)] = path
+    return out
+
+
+def _package_of(name: str, path: Path) -> str:
+    return name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+
+
+def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
+    """The modules of `known` that `name` imports anywhere in it: at the top, inside functions,
+    under TYPE_CHECKING. `from a import b` counts `a.b` where that is a module, else `a`."""
+    package = _package_of(name, path)
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(up + ([base] if base else []))
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+        else:
+            continue
+        out |= {t for t in targets if t in known and t != name}
+    return out
+
+
+def import_graph(packages=PACKAGES) -> dict[str, set[str]]:
+    """module -> the modules of sim and exec it imports."""
+    mods = modules(packages)
+    known = set(mods)
+    return {name: imports_of(name, path, known) for name, path in mods.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """A cycle of `graph` as a list of nodes (first == last), or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(n: str) -> list[str] | None:
+        state[n] = 1
+        path.append(n)
+        for m in sorted(graph.get(n, ())):
+            if state.get(m) == 1:
+                return path[path.index(m):] + [m]
+            if m not in state:
+                found = visit(m)
+                if found:
+                    return found
+        path.pop()
+        state[n] = 2
+        return None
+
+    for n in sorted(graph):
+        if n not in state:
+            found = visit(n)
+            if found:
+                return found
+    return None
+
+
+def test_find_cycle_finds_one():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+
+
+def test_the_graph_is_read():
+    graph = import_graph()
+    assert "sim.engine.core" in graph["sim"] and "exec.runtime.step" in graph["exec.pipeline.worker"]
+    assert {"sim.schedule.ir"} <= graph["sim.engine.core"]
+
+
+def test_no_import_cycle_in_sim_or_exec():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "imports in a cycle: " + " -> ".join(cycle)
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The import graph between packages (sim.plan, exec.runtime, ...; a top-level module
+    stands for itself): an edge where a module of one imports a module of another."""
+    def pkg(name: str) -> str:
+        return ".".join(name.split(".")[:2])
+    out: dict[str, set[str]] = {pkg(n): set() for n in graph}
+    for n, deps in graph.items():
+        out[pkg(n)] |= {pkg(d) for d in deps if pkg(d) != pkg(n)}
+    return out
+
+
+def test_packages_are_layers():
+    """Each package of sim and exec builds on others without a loop between packages (the
+    README's map lists them in an order in which each imports only those above it)."""
+    graph = package_graph(import_graph())
+    assert "sim.schedule" in graph["sim.passes"] and "exec.runtime" in graph["exec.pipeline"]  # read
+    cycle = find_cycle(graph)
+    assert cycle is None, "packages import each other in a cycle: " + " -> ".join(cycle)
+
+
+# The planner's stack, bottom up: the machine (sim.hardware) and what a model is (sim.model)
+# know nothing of each other, of the engine or of the planner; the cost layer (sim.cost: how
+# long a piece of the model takes on a device) builds on those two alone; the planner
+# (sim.plan) composes the cost layer with the engine. Each package of the stack may import
+# only these.
+COST_STACK = {"sim.hardware": set(), "sim.model": set(), "sim.cost": {"sim.hardware", "sim.model"}}
+
+
+def test_the_cost_layer_sits_between_the_hardware_and_the_planner():
+    graph = package_graph(import_graph())
+    assert {"sim.cost", "sim.engine"} <= graph["sim.plan"] and "sim.hardware" in graph["sim.cost"]  # read
+    wrong = {p: sorted(graph[p] - allowed) for p, allowed in COST_STACK.items() if graph[p] - allowed}
+    assert not wrong, f"packages of the planner's stack import above their place: {wrong}"
+
+
+def test_nothing_inside_sim_imports_the_sim_facade():
+    """`sim/__init__` gathers the public API from the packages; a module inside sim that
+    imported it back would import everything (and close a cycle)."""
+    graph = import_graph(("sim",))
+    bad = sorted(n for n, deps in graph.items() if "sim" in deps and n != "sim")
+    assert not bad, f"modules inside sim import `sim` itself: {bad}"
+
+
+_FROM = re.compile(r"\bfrom\s+((?:sim|exec)(?:\.\w+)*)\s+import\s+(\([^)]*\)|[^\n]*)")
+_ATTR = re.compile(r"\b(?:sim|exec)(?:\.[A-Za-z]\w*)*\._(?!_)\w*")
+_RELATIVE = re.compile(r"^\s*from\s+(\.+\w*(?:\.\w+)*)\s+import\s+(\([^)]*\)|[^\n]*)", re.M)
+
+
+def _private(module: str, names: str, shown: str) -> list[str]:
+    found = []
+    if any(p.startswith("_") and not p.startswith("__") for p in module.split(".")):
+        found.append(shown)
+    for name in names.split("#")[0].replace("\n", " ").split(","):
+        name = name.strip().split(" as ")[0].strip().rstrip("\\").strip()
+        if name.startswith("_") and not name.startswith("__"):
+            found.append(f"from {module} import {name}")
+    return found
+
+
+def private_uses(text: str) -> list[str]:
+    """Every use of another module's private (underscore) name in `text` (code, or code in
+    strings): `from sim.x import _y`, `from ._x import y`, `sim.x._y`, `import exec._x`."""
+    found = []
+    for m in [*_FROM.finditer(text), *_RELATIVE.finditer(text)]:
+        found += _private(m.group(1), m.group(2).strip("()"), m.group(0).strip())
+    found += [m.group(0) for m in _ATTR.finditer(text)]
+    return found
+
+
+def test_private_uses_are_recognised():
+    assert private_uses("from sim.passes import _RECV_OF, compute_set") == ["from sim.passes import _RECV_OF"]
+    assert private_uses("from sim.passes import (compute_set,\n    _lower as low)") == ["from sim.passes import _lower"]
+    assert private_uses("x = sim.engine._run(y)") == ["sim.engine._run"]
+    assert private_uses("import exec._x") == ["exec._x"]
+    assert private_uses("    from .estimation import Layout, _partition") == ["from .estimation import _partition"]
+    assert private_uses("from sim.kinds import KINDS\nsim.Costs()\nsim.__version__\nfrom . import cli") == []
+
+
+def _code_files() -> list[Path]:
+    files = [*modules().values(), *(ROOT / "tests").rglob("*.py"), *(ROOT / "benchmarks").glob("*.py"),
+             *(ROOT / "notebooks").glob("*.py")]
+    return [f for f in files if f.resolve() != Path(__file__).resolve()]
+
+
+def test_no_module_uses_another_modules_private_names():
+    bad = {str(f.relative_to(ROOT)): uses for f in _code_files() if (uses := private_uses(f.read_text()))}
+    assert not bad, f"private names used outside their module (make them public, or move the code): {bad}"
+
+
+def test_nothing_outside_the_interpreter_touches_its_private_state():
+    """Calibration and the tests use the interpreter's public API (`deliver`, `run_action`,
+    `waits`, `clock`), never its pending receives or its event records."""
+    pattern = re.compile(r"\b_Pending\b|\._events\b|\._held\b|\._samples\b")
+    bad = [str(f.relative_to(ROOT)) for f in _code_files()
+           if "sim" not in f.relative_to(ROOT).parts[:1] and f.name != "interpreter.py" and pattern.search(f.read_text())]
+    assert not bad, f"private state of the interpreter used in {bad}"
+
+
+def _function_lengths(tree: ast.AST):
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            lines = node.end_lineno - node.lineno + 1
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+                    and isinstance(body[0].value.value, str):
+                lines -= body[0].end_lineno - body[0].lineno + 1
+            yield node.name, lines
+
+
+@pytest.mark.parametrize("name", sorted(modules()))
+def test_each_module_says_what_it_is_and_stays_small(name):
+    path = modules()[name]
+    text = path.read_text()
+    tree = ast.parse(text)
+    doc = ast.get_docstring(tree)
+    assert doc and doc.splitlines()[0].strip(), f"{name} has no docstring saying what it is"
+    assert len(text.splitlines()) <= MAX_MODULE_LINES, f"{name} has {len(text.splitlines())} lines"
+    long = [f"{fn} ({n} lines)" for fn, n in _function_lengths(tree) if n > MAX_FUNCTION_LINES]
+    assert not long, f"{name}: functions over {MAX_FUNCTION_LINES} lines, docstring aside: {long}"
+
+
+@pytest.mark.parametrize("folder", sorted({p.parent for p in modules().values()}), ids=lambda p: str(p.relative_to(ROOT)))
+def test_each_folder_stays_readable(folder):
+    mods = [p for p in folder.glob("*.py") if p.name not in ("__init__.py", "__main__.py")]
+    assert len(mods) <= MAX_FOLDER_MODULES, f"{folder.relative_to(ROOT)} holds {len(mods)} modules"

@@ -1,0 +1,170 @@
+"""sim.hardware.topology: Megatron-LM's rank order against a brute-force enumeration, how each group
+sits on the nodes (closed forms for aligned sizes, brute force for any), the NIC share rule,
+and the estimate and planner taking `nics_per_node`."""
+from __future__ import annotations
+
+import itertools
+import math
+from collections import Counter
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import sim
+import sim.plan
+from sim.hardware.topology import AXES, Group, Topology, one_node
+
+sizes = st.integers(1, 6)
+layouts = st.builds(Topology, sizes, sizes, sizes, st.integers(1, 12), st.integers(1, 12))
+powers = st.sampled_from([1, 2, 4, 8, 16])
+
+
+def brute_groups(topo: Topology, axis: str) -> set[tuple[int, ...]]:
+    """Groups by enumerating ranks in Megatron's order (a counter over pp, dp, tp nested, tp
+    innermost: RankGenerator's "tp-dp-pp") and collecting those that differ only in `axis`."""
+    coords = {}
+    for rank, (p, d, t) in enumerate(itertools.product(range(topo.pp), range(topo.dp), range(topo.tp))):
+        coords[rank] = {"tp": t, "dp": d, "pp": p}
+    key_axis = "pp" if axis == "embedding" else axis
+    out: dict[tuple, list[int]] = {}
+    for rank in sorted(coords, key=lambda r: coords[r][key_axis]):
+        rest = tuple(v for k, v in coords[rank].items() if k != key_axis)
+        out.setdefault(rest, []).append(rank)
+    if axis == "embedding":
+        return {(g[0], g[-1]) if len(g) > 1 else tuple(g) for g in out.values()}
+    return {tuple(g) for g in out.values()}
+
+
+@settings(max_examples=200, deadline=None)
+@given(layouts)
+def test_groups_are_megatrons_by_brute_force(topo):
+    for axis in AXES:
+        groups = topo.groups(axis)
+        assert len(groups) == len(set(groups)) and set(groups) == brute_groups(topo, axis), axis
+    # every rank in exactly one group of each axis (the embedding's: only the pipeline's ends)
+    for axis in ("tp", "dp", "pp"):
+        assert sorted(r for g in topo.groups(axis) for r in g) == list(range(topo.gpus))
+
+
+def test_megatrons_own_example():
+    """Megatron-LM's `initialize_model_parallel` docstring: 16 GPUs, tp 2, pp 4 (so dp 2):
+    tensor groups [g0, g1], [g2, g3], ...; pipeline groups [g0, g4, g8, g12], [g1, g5, g9, g13],
+    ...; data-parallel groups [g0, g2], [g1, g3], [g4, g6], ..."""
+    t = Topology(tp=2, pp=4, dp=2)
+    assert t.groups("tp")[:2] == [(0, 1), (2, 3)]
+    assert sorted(t.groups("pp"))[:2] == [(0, 4, 8, 12), (1, 5, 9, 13)]
+    assert sorted(t.groups("dp"))[:3] == [(0, 2), (1, 3), (4, 6)]
+    assert sorted(t.groups("embedding"))[:2] == [(0, 12), (1, 13)]
+
+
+def brute_placed(topo: Topology, ranks) -> Group:
+    per_node = Counter(r // topo.gpus_per_node for r in ranks)
+    k = min(per_node.values())
+    share = min(topo.nics_per_node, k * topo.nics_per_node / topo.gpus_per_node) if len(per_node) > 1 else 0.0
+    return Group(len(ranks), k, len(per_node), share)
+
+
+@settings(max_examples=200, deadline=None)
+@given(layouts)
+def test_the_slowest_group_by_brute_force(topo):
+    """group(axis) is one of the axis's groups, and none is slower: none crosses nodes where
+    it does not, none that crosses has fewer GPUs on a node (a smaller NIC share)."""
+    for axis in AXES:
+        placed = [brute_placed(topo, g) for g in topo.groups(axis)]
+        slowest = topo.group(axis)
+        assert slowest in placed
+        assert slowest.network == any(g.network for g in placed)
+        crossing = [g for g in placed if g.network]
+        if crossing:
+            assert slowest.per_node == min(g.per_node for g in crossing)
+            assert slowest.nic_share == min(g.nic_share for g in crossing)
+
+
+@settings(max_examples=200, deadline=None)
+@given(powers, powers, powers, st.sampled_from([1, 2, 4, 8]), st.sampled_from([1, 2, 4, 8, 16]))
+def test_aligned_sizes_closed_forms(tp, pp, dp, gpn, nics):
+    """Powers of two: an axis of size n whose ranks are `stride` apart has k = min(n,
+    gpn/stride) (at least 1) of them on each of n/k nodes; the NIC share is k nics/gpn."""
+    topo = Topology(tp, pp, dp, gpn, nics)
+    for axis, n, stride in (("tp", tp, 1), ("dp", dp, tp), ("pp", pp, tp * dp)):
+        k = max(1, min(n, gpn // stride))
+        assert topo.group(axis) == Group(n, k, n // k, min(nics, k * nics / gpn) if k < n else 0.0), axis
+    # the tied embedding's pair (first and last stage) crosses nodes iff the run spans nodes
+    crosses = pp > 1 and tp * dp * pp > gpn
+    assert topo.group("embedding").network == crosses
+    assert topo.pipeline_send(list(range(pp))).network == crosses
+    if crosses:
+        assert topo.group("embedding").per_node == 1
+    # a send between neighbours crosses iff they are in different aligned blocks of a node
+    for p in range(pp - 1):
+        assert topo.send(p, p + 1).network == (tp * dp >= gpn or (p + 1) * tp * dp % gpn == 0)
+
+
+@settings(max_examples=100, deadline=None)
+@given(layouts, st.data())
+def test_send_crosses_iff_some_pair_does(topo, data):
+    a = data.draw(st.integers(0, topo.pp - 1))
+    b = data.draw(st.integers(0, topo.pp - 1))
+    pairs = [(topo.rank(t, d, a), topo.rank(t, d, b)) for t in range(topo.tp) for d in range(topo.dp)]
+    crosses = any(x // topo.gpus_per_node != y // topo.gpus_per_node for x, y in pairs)
+    s = topo.send(a, b)
+    assert s.network == crosses
+    if crosses:
+        assert s.nic_share == min(topo.nics_per_node, topo.nics_per_node / topo.gpus_per_node)
+
+
+def test_nic_share_rule():
+    """DGX (one NIC a GPU): the k GPUs of a group on a node use k NICs; 4 NICs for 8 GPUs: half."""
+    assert Topology(16, 1, 1).group("tp") == Group(16, 8, 2, 8.0)
+    assert Topology(16, 1, 1, nics_per_node=4).group("tp") == Group(16, 8, 2, 4.0)
+    assert Topology(1, 1, 32).group("dp") == Group(32, 8, 4, 8.0)
+    assert Topology(8, 1, 32, nics_per_node=4).group("dp") == Group(32, 1, 32, 0.5)
+    assert Topology(2, 1, 2).group("dp") == one_node(2)  # inside a node: no NIC
+
+
+@pytest.mark.parametrize("args, words", [
+    ((0, 1, 1), "tp must be a positive int"),
+    ((1, 1, 1, 8, 0), "nics_per_node must be a positive int"),
+    ((1, 2, 1, True), "gpus_per_node must be a positive int"),
+])
+def test_bad_sizes_raise(args, words):
+    with pytest.raises(ValueError, match=words):
+        Topology(*args)
+
+
+def test_bad_axis_and_device_raise():
+    t = Topology(2, 2, 2)
+    with pytest.raises(ValueError, match="axis must be one of tp, dp, pp, embedding"):
+        t.group("cp")
+    with pytest.raises(ValueError, match="pipeline devices are 0..1"):
+        t.send(0, 2)
+
+
+def test_estimate_takes_nics_per_node():
+    """Fewer NICs slow what crosses nodes and nothing else; the default is one a GPU; a bad
+    value is one ValueError."""
+    kw = dict(tp=8, pp=2, dp=4, micro_batch=1, global_batch=16, recompute="full")
+    default, eight, four = (sim.estimate("megatron-1.7b", "a100-80gb", **kw, **extra)
+                            for extra in ({}, {"nics_per_node": 8}, {"nics_per_node": 4}))
+    assert default.step_time == eight.step_time and default.layout.nics_per_node == 8
+    assert four.time_parts["grad_reduce"] > eight.time_parts["grad_reduce"]
+    assert four.time_parts["gemm"] == eight.time_parts["gemm"]
+    with pytest.raises(ValueError, match="nics_per_node must be a positive int"):
+        sim.estimate("megatron-1.7b", "a100-80gb", nics_per_node=0, **kw)
+
+
+def test_estimate_runs_tp_across_nodes_and_warns():
+    e = sim.estimate("gpt3-175b", "a100-80gb", tp=16, pp=8, micro_batch=1, global_batch=16,
+                     recompute="selective", sequence_parallel=True)
+    assert e.layout.topology().group("tp").nodes == 2
+    assert any("spans nodes" in w for w in e.warnings)
+
+
+def test_plan_search_takes_nics_per_node():
+    space = dict(tp=[8], pp=[1, 2], micro_batch=[1], schedules=["1f1b"], recompute=["full"], zero=[0],
+                 sequence_parallel=[False])
+    eight, four = (sim.plan.search("megatron-1.7b", "a100-80gb", 32, 64, nics_per_node=n, **space) for n in (8, 4))
+    assert four.best.step_time > eight.best.step_time  # dp = 4 or 2 replicas reduce through the NICs
+    with pytest.raises(ValueError, match="nics_per_node must be a positive int"):
+        sim.plan.search("megatron-1.7b", "a100-80gb", 32, 64, nics_per_node=0, **space)
+    assert math.isfinite(four.best.step_time)
