@@ -1,4 +1,4 @@
-"""sim.hardware.kernels, sim.model.layer, sim.search.partition, sim.model.footprint and
+"""sim.hardware.kernels, sim.cost.layer, sim.search.partition, sim.model.footprint and
 sim.estimate: closed forms, cross-checks between independent counts, properties over random
 shapes, and one-line errors."""
 import itertools
@@ -58,7 +58,7 @@ def test_a_thin_gemm_is_memory_bound():
 @settings(max_examples=40, deadline=None)
 @given(shapes, st.sampled_from([1, 2, 4, 8]), st.integers(1, 8))
 def test_the_layer_matmuls_are_the_papers_flops(m, tp, b):
-    """The matmuls sim.model.layer times, summed, are Narayanan et al.'s forward FLOPs split over tp, and their
+    """The matmuls sim.cost.layer times, summed, are Narayanan et al.'s forward FLOPs split over tp, and their
     gradients Qi et al.'s I and W: two independent counts of the same thing."""
     if m.heads % tp:
         return
