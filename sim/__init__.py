@@ -20,7 +20,8 @@ from sim.passes.grad_reduce import add_grad_reduce
 from sim.passes.lowering import lower
 from sim.passes.validation import check_deadlock, validate
 from sim.engine.result import Event, Result
-from sim.schedules import SCHEDULES, make_schedule
+from sim.schedule.registry import SCHEDULES, make_schedule
+import sim.search.zbauto  # noqa: F401,E402  adds "zb-auto" to SCHEDULES (a search that simulates: above the engine)
 from sim.model.transformer import MODELS, Transformer
 from sim.engine.transports import TRANSPORTS
 

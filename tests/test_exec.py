@@ -23,7 +23,7 @@ import torch.distributed as dist  # noqa: E402
 
 import sim  # noqa: E402
 from sim import Action, Kind  # noqa: E402
-from helpers import gpipe_like  # noqa: E402
+from sim.schedule.textbook import gpipe_on  # noqa: E402
 from exec.runtime.check import compare_grads, reference_step, split_micro_batches  # noqa: E402
 from exec.launch.host import GLOO_IO_THREAD, host_cores, rank_cores  # noqa: E402
 from exec.launch.processes import RankError, children_of, free_port, launch  # noqa: E402
@@ -219,9 +219,9 @@ def test_launch_rejects_bad_arguments_before_starting_anything():
 
 # ---------------------------------------------------------------------------- the interpreter, steps and runs
 
-def _gpipe_like(placement, micro, split=False):
-    """All forwards in stage order, then the backwards in reverse (I then W if split)."""
-    return gpipe_like(placement, micro, split, name="v-split" if split else "v")
+def _gpipe_on(placement, micro_batches, split=False):
+    """`gpipe_on`, named as the runs' records name it."""
+    return gpipe_on(placement, micro_batches, split, name="v-split" if split else "v")
 
 
 CASES = [  # (id, spec, schedule)
@@ -229,8 +229,8 @@ CASES = [  # (id, spec, schedule)
     ("gpipe-mlp", MLP, sim.make_schedule("gpipe", 2, 4)),
     ("1f1b-mlp", MLP, sim.make_schedule("1f1b", 2, 4)),
     ("1f1b-gpt", GPT, sim.make_schedule("1f1b", 2, 2)),
-    ("v-shape-mlp", MLP, _gpipe_like([0, 1, 1, 0], 2)),           # two stages per rank
-    ("v-shape-split-mlp", MLP, _gpipe_like([0, 1, 1, 0], 2, True)),  # and I/W backwards
+    ("v-shape-mlp", MLP, _gpipe_on([0, 1, 1, 0], 2)),           # two stages per rank
+    ("v-shape-split-mlp", MLP, _gpipe_on([0, 1, 1, 0], 2, True)),  # and I/W backwards
 ]
 
 
@@ -486,15 +486,14 @@ def test_nccl_run_matches_one_process():
     assert run.measured_step_s > 0 and run.result.peak_memory[0] > 0
 
 
-def test_run_pipeline_and_torch_runtime_take_devices_and_micro_batches_and_warn_on_the_old_keywords():
+def test_run_pipeline_and_torch_runtime_take_devices_and_micro_batches_only():
     from exec.pipeline.runner import run_pipeline
     from exec.torch_pipelining.runtime import run_torch_runtime
     for run in (run_pipeline, run_torch_runtime):
         # a name without micro_batches is refused before any process starts
         with pytest.raises(ValueError, match=r"a schedule name needs devices and micro_batches"):
             run(MLP, "1f1b", devices=2)
-        with pytest.warns(DeprecationWarning, match=r"stages= is now devices="), \
-                pytest.raises(ValueError, match=r"needs devices and micro_batches"):
-            run(MLP, "1f1b", stages=2)
+        with pytest.raises(TypeError, match=r"unexpected keyword argument 'stages'"):
+            run(MLP, "1f1b", stages=2)  # the old keyword for devices is gone
     with pytest.raises(TypeError, match=r"unexpected keyword argument 'step'"):
         run_torch_runtime(MLP, "1f1b", 2, 4, step=1)

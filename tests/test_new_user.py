@@ -20,7 +20,8 @@ import sim
 from sim.plan.planner import search
 from sim.plan.space import Config
 from sim.plan.cli import ProgressBar
-from sim.search.zbauto import order_peak, split_1f1b, zb_auto
+from sim.schedule.zerobubble import split_1f1b
+from sim.search.zbauto import order_peak, zb_auto
 
 ROOT = Path(__file__).resolve().parents[1]
 

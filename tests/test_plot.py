@@ -12,7 +12,7 @@ from matplotlib.patches import Rectangle
 
 import sim
 from sim.plot import heatmap
-from sim.schedules import TEXTBOOK  # what the CLI draws unless told
+from sim.schedule.registry import TEXTBOOK  # what the CLI draws unless told
 from sim.plot.gantt import DPI, MAX_HEIGHT, WIDTH, counts_micro_batches, format_times, human_bytes, plot_compare, plot_overlay, \
     plot_result, save_figure, timeline_style
 
@@ -165,8 +165,8 @@ def zoo(monkeypatch):
     """Generators registered for the test: 'capped' takes max_active; 'auto' takes costs and
     memory_limit and refuses M < P; 'looped' puts V stages on each device (stage s on
     s mod P) with a split backward. Each records the options it was given."""
-    from helpers import gpipe_like
-    from sim.schedules import Generator, SCHEDULES, one_f_one_b
+    from sim.schedule.registry import Generator, SCHEDULES
+    from sim.schedule.textbook import gpipe_on, one_f_one_b
 
     calls = {}
 
@@ -175,7 +175,7 @@ def zoo(monkeypatch):
         return schedule
 
     def looped(p, m, v):
-        return record("looped", gpipe_like([s % p for s in range(p * v)], m, split=True, name="looped"))
+        return record("looped", gpipe_on([s % p for s in range(p * v)], m, split=True, name="looped"))
 
     monkeypatch.setitem(SCHEDULES, "capped", Generator(
         lambda p, m, v, **o: record("capped", one_f_one_b(p, m), **o), "1f1b, capped", options=("max_active",)))
@@ -219,11 +219,11 @@ def test_cli_virtual_and_split_costs_reach_the_simulation(zoo, capsys, tmp_path)
     """--virtual 3 gives 2 x 3 model stages; per-stage lists count them, and one number is a
     device's share, 1/3 of it per chunk; the table is the simulation of the same schedule
     under those costs, in process."""
-    from helpers import gpipe_like
+    from sim.schedule.textbook import gpipe_on
 
     costs = sim.Costs(forward=(1, 2, 1, 2, 1, 2), backward_input=0.5 / 3, backward_weight=0.25 / 3,
                       w_activation_bytes=0.75 / 3, activation_bytes=1 / 3)
-    expected = sim.simulate(gpipe_like([0, 1, 0, 1, 0, 1], 4, split=True), costs)
+    expected = sim.simulate(gpipe_on([0, 1, 0, 1, 0, 1], 4, split=True), costs)
     code, out, err = run_main(capsys, "--schedule", "looped", "--stages", "2", "--micro", "4", "--virtual", "3",
                               "--forward", "1,2,1,2,1,2", "--backward-input", "0.5", "--backward-weight", "0.25",
                               "--w-activation-bytes", "0.75", "--out", str(tmp_path))

@@ -16,8 +16,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import sim  # noqa: E402
-from sim.schedules import TEXTBOOK  # noqa: E402
-from helpers import gpipe_like  # noqa: E402
+from sim.schedule.registry import TEXTBOOK  # noqa: E402
+from sim.schedule.textbook import gpipe_on  # noqa: E402
 from exec.measure.calibrate import activation_bytes, stage_inputs, w_activation_bytes  # noqa: E402
 from exec.runtime.check import compare_grads, reference_step  # noqa: E402
 from exec.measure.compare import breakdown, compare  # noqa: E402
@@ -164,8 +164,8 @@ def _many_runs(ctx, jobs):
 
 
 def _cases():
-    cases = [("interleaved-split-mlp", MLP, gpipe_like([0, 1, 0, 1], 2, split=True, name="interleaved-split")),
-             ("v-split-gpt", GPT, gpipe_like([0, 1, 1, 0], 2, split=True, name="v-split"))]
+    cases = [("interleaved-split-mlp", MLP, gpipe_on([0, 1, 0, 1], 2, split=True, name="interleaved-split")),
+             ("v-split-gpt", GPT, gpipe_on([0, 1, 1, 0], 2, split=True, name="v-split"))]
     for name in sim.SCHEDULES:  # every generator of the zoo (the textbook ones: tests/test_exec.py)
         if name not in TEXTBOOK:
             cases.append((name, MLP, sim.make_schedule(name, 2, 4)))

@@ -9,7 +9,8 @@ from hypothesis import given, settings, strategies as st
 import sim
 from sim import Costs, ScheduleError
 from sim.search import zbauto
-from sim.search.zbauto import activation_peak, device_bubble, order_peak, split_1f1b, zb_auto
+from sim.schedule.zerobubble import split_1f1b
+from sim.search.zbauto import activation_peak, device_bubble, order_peak, zb_auto
 
 EQUAL_FREE = Costs(backward_input=1.0, backward_weight=1.0, transport="ideal")  # F = I = W = 1, free transfers
 times = st.sampled_from([0.25, 0.5, 1.0, 1.5, 2.0, 3.0])

@@ -12,7 +12,7 @@ the function, so a missing torch is a `ScheduleError`.
 from __future__ import annotations
 
 from sim import Action, Kind, Schedule, ScheduleError, validate
-from sim.schedules import name_key
+from sim.schedule.registry import name_key
 
 # torch's names (get_schedule_class) and ours that mean the same schedule
 TORCH_NAMES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")

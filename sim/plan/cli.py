@@ -24,7 +24,7 @@ from sim.hardware.gpus import GIB, GPUS
 from sim.schedule.ir import ScheduleError
 from .planner import Plan, search
 from .space import MAX_CONFIGS, MAX_MICRO_BATCH, MAX_VIRTUAL, TOP
-from sim.schedules import SCHEDULES
+from sim.schedule.registry import SCHEDULES
 from sim.model.transformer import RECOMPUTE
 
 PROG = "sim.plan"

@@ -29,7 +29,7 @@ from sim.model.transformer import Transformer
 from sim.passes.grad_reduce import add_grad_reduce
 from sim.passes.offload import reload_waits
 from sim.schedule.kinds import Kind
-from sim.schedules import lookup, make_schedule
+from sim.schedule.registry import lookup, make_schedule
 
 from .data_parallel import optimizer_time
 from .layout import Layout, check_layout

@@ -33,7 +33,7 @@ from .gantt import format_memory, format_times, human_bytes, memory_unit, plot_c
     plot_result, plural, save_figure, time_unit, timeline_style, TIME_UNIT
 from sim.engine.result import Result
 from sim.schedule.ir import Schedule
-from sim.schedules import SCHEDULES, TEXTBOOK, lookup, make_schedule
+from sim.schedule.registry import SCHEDULES, TEXTBOOK, lookup, make_schedule
 
 # What a run holds at its peak: a fixed part plus, per stage x micro-batch of each
 # schedule, what the table, the figures and a Chrome trace need; each rounds up the largest
