@@ -209,10 +209,10 @@ def model_spec(args):
                                            "recompute") if getattr(args, k) is not None}
     name = args.model
     if name not in ("mlp", "gpt"):
-        import sim
-        t = sim.model.transformer.MODELS.get(sim.model.transformer.model_key(name))
+        from sim.model.registry import MODELS, model_key
+        t = MODELS.get(model_key(name))
         if t is None:
-            raise ValueError(f"--model must be mlp, gpt or a preset of {', '.join(sim.model.transformer.MODELS)}; got {name!r}")
+            raise ValueError(f"--model must be mlp, gpt or a model of sim.MODELS ({', '.join(MODELS)}); got {name!r}")
         if t.arch != "gpt" or t.kv_heads != t.heads:
             raise ValueError(f"--model {name}: exec builds GPT-style models only (arch 'gpt', no grouped-query "
                              f"attention), not arch {t.arch!r}")

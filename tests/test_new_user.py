@@ -244,7 +244,7 @@ def test_planner_bounds_do_not_search_zb_auto():
     micro-batches on 64 devices is bounded in well under a second (it took minutes)."""
     from sim.plan.bounds import Bounds
     from sim.hardware.gpus import gpu
-    from sim.model.transformer import model
+    from sim.model.registry import find_model as model
     b = Bounds(model("gpt3-175b"), gpu("a100-80gb"), 1536, "bf16", 8)
     c = Config(8, 64, 2, 1, "zb-auto", 1, "full", 1, True)
     t = time.perf_counter()

@@ -333,7 +333,7 @@ def test_estimate_with_offloading():
     micro-batches in flight, 5 of them reloaded: SageMaker's horizon 4). With PCIe free the step
     is the one without offloading."""
     import dataclasses
-    from sim.model.transformer import model
+    from sim.model.registry import find_model as model
     plain = sim.estimate("gpt3-175b", "a100-80gb", **GPT)
     off = sim.estimate("gpt3-175b", "a100-80gb", **GPT, offload=True)
     m, g = model("gpt3-175b"), sim.GPUS["a100-80gb"]

@@ -33,7 +33,7 @@ from sim.schedule.registry import lookup, make_schedule
 
 from .data_parallel import optimizer_time
 from .layout import Layout, check_layout
-from .names import find_model, model_name
+from sim.model.registry import find_model, model_name
 from .stage_costs import end_times, memory_caps, memory_parts, offload_costs, partition_layers, stage_costs
 
 
