@@ -351,7 +351,7 @@ def test_every_kind_has_its_handler_in_the_interpreter():
 
 # ---------------------------------------------------------------------------- the command line
 
-SMALL = ["--layers", "4", "--hidden", "32", "--seq", "8", "--batch-size", "8", "--micro", "4"]
+SMALL = ["--layers", "4", "--hidden", "32", "--seq", "8", "--batch-size", "8", "--micro-batches", "4"]
 
 
 def _cli(*args, timeout=120):
@@ -362,7 +362,7 @@ def _cli(*args, timeout=120):
 def test_cli_json_is_all_of_stdout(tmp_path):
     costs = tmp_path / "costs.json"  # given costs: no profiling run
     save_costs(sim.Costs(forward=1e-3, backward=2e-3), costs)
-    p = _cli("--schedule", "gpipe", "--stages", "2", *SMALL, "--steps", "2", "--warmup", "1",
+    p = _cli("--schedule", "gpipe", "--devices", "2", *SMALL, "--steps", "2", "--warmup", "1",
              "--costs", str(costs), "--json", "--out", str(tmp_path / "out"))
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)  # the table and progress go to stderr
@@ -378,7 +378,7 @@ def test_cli_json_is_all_of_stdout(tmp_path):
 def test_cli_calibrates_in_the_run_and_keeps_the_costs(tmp_path):
     """Without --costs the run calibrates between its steps; --out keeps the costs, and the
     simulated step it reports is the simulation under them, which --costs reproduces."""
-    p = _cli("--schedule", "1f1b", "--stages", "2", *SMALL, "--steps", "2", "--warmup", "1", "--json",
+    p = _cli("--schedule", "1f1b", "--devices", "2", *SMALL, "--steps", "2", "--warmup", "1", "--json",
              "--out", str(tmp_path / "out"))
     assert p.returncode == 0, p.stderr
     assert p.stderr.count("exec: calibrating") == 2
@@ -388,7 +388,7 @@ def test_cli_calibrates_in_the_run_and_keeps_the_costs(tmp_path):
     assert out["simulated_step_s"] == pytest.approx(simulated.makespan, rel=1e-12)
     assert out["simulated_peak_memory"] == out["measured_peak_memory"]
     assert out["costs"]["forward"] == list(costs.forward)
-    again = _cli("--schedule", "1f1b", "--stages", "2", *SMALL, "--steps", "1", "--warmup", "0", "--json",
+    again = _cli("--schedule", "1f1b", "--devices", "2", *SMALL, "--steps", "1", "--warmup", "0", "--json",
                  "--costs", str(tmp_path / "out" / "costs.json"))
     assert again.returncode == 0 and "calibrating" not in again.stderr
     assert json.loads(again.stdout.strip().splitlines()[-1])["simulated_step_s"] == out["simulated_step_s"]
@@ -402,7 +402,7 @@ def test_cli_bad_costs_file_exits_2_before_running(tmp_path, capsys):
     for path, says in ((three, "Costs.forward has 3 values but the schedule has 2 stages"),
                        (tmp_path / "junk.json", "junk.json"), (tmp_path / "none.json", "no such file")):
         with pytest.raises(SystemExit) as info:
-            main(["--stages", "2", *SMALL, "--costs", str(path)])
+            main(["--devices", "2", *SMALL, "--costs", str(path)])
         err = capsys.readouterr().err
         assert info.value.code == 2 and err.count("\n") == 1 and says in err, err
 
@@ -413,7 +413,7 @@ def test_cli_under_torchrun_reports_once(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR")}
     env["PYTHONPATH"] = str(ROOT)
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                        "--master-port", str(free_port()), "-m", "exec.run", "--stages", "2", *SMALL,
+                        "--master-port", str(free_port()), "-m", "exec.run", "--devices", "2", *SMALL,
                         "--steps", "1", "--warmup", "1", "--json"],
                        capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
     assert p.returncode == 0, p.stderr[-2000:]
@@ -423,15 +423,16 @@ def test_cli_under_torchrun_reports_once(tmp_path):
 
 
 @pytest.mark.parametrize("args, says", [
-    (["--stages", "0"], "--stages"),
+    (["--devices", "0"], "--devices"),
+    (["--stages", "0"], "--devices/--stages"),  # the old flag, an alias
     (["--schedule", "zigzag"], "unknown schedule"),
-    (["--micro", "5"], "does not split"),
+    (["--micro-batches", "5"], "does not split"),
     (["--model", "rnn"], "--model"),
     (["--optimizer", "adam"], "--optimizer"),
     (["--fault", "raise:7"], "names rank 7"),
     (["--out", __file__], "is a file"),
     (["--dp", "0"], "--dp"),
-    (["--dp", "3", "--micro", "4", "--batch-size", "8"], "does not split into --dp 3 x --micro 4"),
+    (["--dp", "3", "--micro-batches", "4", "--batch-size", "8"], "does not split into --dp 3 x --micro-batches 4"),
     (["--dp", "2", "--fault", "raise:4"], "names rank 4"),
     (["--overlap-grad-reduce"], "give --dp 2 or more"),
 ])
@@ -448,7 +449,7 @@ def test_more_ranks_than_cores_calibrate_with_a_warning():
     """Three ranks calibrate (ranks 0 and 1 time the transport without the third one) and
     the run says at its start, in one line, that it has more ranks than cores, and its
     table says it again beside the simulated step."""
-    p = _cli("--schedule", "1f1b", "--stages", "3", *SMALL, "--steps", "1", "--warmup", "0", "--json",
+    p = _cli("--schedule", "1f1b", "--devices", "3", *SMALL, "--steps", "1", "--warmup", "0", "--json",
              "--timeout", "150", timeout=200)
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["grad_match"] is True
@@ -459,7 +460,7 @@ def test_more_ranks_than_cores_calibrate_with_a_warning():
 
 
 def test_a_silent_rank_gets_a_progress_line_every_few_seconds():
-    p = _cli("--stages", "2", *SMALL, "--steps", "1", "--warmup", "0", "--no-compare", "--fault", "hang:1",
+    p = _cli("--devices", "2", *SMALL, "--steps", "1", "--warmup", "0", "--no-compare", "--fault", "hang:1",
              "--timeout", "14")
     assert p.returncode == 1 and "took longer than timeout=14s" in p.stderr
     assert p.stderr.count("step 1/1: still running after") >= 1
@@ -468,7 +469,7 @@ def test_a_silent_rank_gets_a_progress_line_every_few_seconds():
 def test_cli_rank_failure_is_one_line_and_exit_1(capsys):
     from exec.run import main
     with pytest.raises(SystemExit) as info:
-        main(["--stages", "2", *SMALL, "--steps", "1", "--warmup", "0", "--no-compare", "--quiet",
+        main(["--devices", "2", *SMALL, "--steps", "1", "--warmup", "0", "--no-compare", "--quiet",
               "--fault", "raise:1", "--timeout", "60"])
     err = capsys.readouterr().err
     assert info.value.code == 1

@@ -199,12 +199,12 @@ def test_plot_refuses_degenerate_costs(tmp_path, args, words):
 def test_readme_commands_leave_the_checkout_clean(tmp_path):
     """The compare figure of other schedules is named after them, never the README's; by
     default figures go to out/, which git ignores."""
-    proc = run("sim.plot", "--compare", "1f1b,zb-h1,zb-h2,zbv", "--stages", "4", "--micro", "8",
+    proc = run("sim.plot", "--compare", "1f1b,zb-h1,zb-h2,zbv", "--devices", "4", "--micro-batches", "8",
                "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     assert [p.name for p in tmp_path.iterdir()] == ["compare_1f1b+zb-h1+zb-h2+zbv_p4_m8.png"]
     assert "peak activations: per rank" in proc.stdout  # chunks and micro-batches of memory told apart
-    proc = run("sim.plot", "--compare", "naive,gpipe,1f1b", "--stages", "4", "--micro", "8", "--out", str(tmp_path))
+    proc = run("sim.plot", "--compare", "naive,gpipe,1f1b", "--devices", "4", "--micro-batches", "8", "--out", str(tmp_path))
     assert (tmp_path / "compare_p4_m8.png").exists()
     assert "/out/" in (ROOT / ".gitignore").read_text().split()
     assert sorted(p.name for p in (ROOT / "figures").iterdir()) == ["compare_p4_m8.png"]
