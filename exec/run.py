@@ -298,7 +298,7 @@ def _table(s: dict) -> str:
     replicas = f" x {dp} replicas = {s['world_size']} ranks" if dp > 1 else ""
     rows = [
         ("schedule", f"{s['schedule']}: {s['stages']} stages on {s['ranks']} ranks{replicas}, "
-                     f"{s['micro']} micro-batches"),
+                     f"{s['micro_batches']} micro-batches"),
         ("stage layers", ", ".join(f"{a}-{b - 1}" for a, b in zip(s["bounds"], s["bounds"][1:]))),
         ("optimizer", s["optimizer"]),
         ("recompute", s.get("recompute", "none")),

@@ -370,7 +370,7 @@ def test_cli_json_is_all_of_stdout(tmp_path):
     for key in ("schedule", "stages", "micro", "measured_step_s", "simulated_step_s", "error_pct",
                 "grad_match", "max_grad_diff"):
         assert key in out, key
-    assert out["schedule"] == "gpipe" and out["stages"] == 2 and out["micro"] == 4
+    assert out["schedule"] == "gpipe" and out["stages"] == 2 and out["micro_batches"] == 4
     assert out["grad_match"] is True and out["measured_step_s"] > 0 and out["simulated_step_s"] > 0
     assert (tmp_path / "out" / "gpipe_p2_m4_measured.trace.json").is_file()
 

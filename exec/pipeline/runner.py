@@ -82,7 +82,7 @@ class PipelineRun:
     def summary(self) -> dict:
         s = self.schedule
         return {
-            "schedule": s.name, "stages": s.stages, "ranks": s.ranks, "micro": s.micro_batches, "bounds": self.bounds,
+            "schedule": s.name, "stages": s.stages, "ranks": s.ranks, "micro_batches": s.micro_batches, "bounds": self.bounds,
             "dp": self.dp, "world_size": s.ranks * self.dp,
             "optimizer": self.optimizer,
             "measured_step_s": self.measured_step_s, "step_times_s": self.step_times,

@@ -51,7 +51,7 @@ class Generator:
     virtual: int = 1
     takes_virtual: bool = False
     placement: Callable[[int, int], list[int]] = one_per_device
-    check: Callable[[int, int, int], str | None] = lambda p, m, v: None
+    check: Callable[[int, int, int], str | None] = lambda devices, micro_batches, virtual: None
     options: tuple[str, ...] = ()
 
     def refusal(self, devices: int, micro_batches: int, virtual: int) -> str | None:
@@ -66,14 +66,17 @@ class Generator:
 
 
 def _textbook(fn: Callable[..., Schedule], summary: str, options: tuple[str, ...] = ()) -> Generator:
-    return Generator(lambda devices, micro_batches, virtual, **o: fn(devices, micro_batches, **o), summary,
-                     options=options)
+    """The entry of a generator of one stage per device, which takes no `virtual`."""
+    def make(devices: int, micro_batches: int, virtual: int, **chosen) -> Schedule:
+        return fn(devices, micro_batches, **chosen)
+    return Generator(make, summary, options=options)
 
 
-def _at_least(min_micro: Callable[[int], int], why: str) -> Callable:
-    """A `check` for a schedule that takes at least min_micro(p) micro-batches."""
-    def check(p: int, m: int, virtual: int) -> str | None:
-        return f"needs at least {min_micro(p)} micro-batches ({why}), got {m}" if m < min_micro(p) else None
+def _at_least(fewest: Callable[[int], int], why: str) -> Callable:
+    """A `check` for a schedule that takes at least fewest(devices) micro-batches."""
+    def check(devices: int, micro_batches: int, virtual: int) -> str | None:
+        least = fewest(devices)
+        return f"needs at least {least} micro-batches ({why}), got {micro_batches}" if micro_batches < least else None
     return check
 
 
