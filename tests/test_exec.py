@@ -359,6 +359,21 @@ def _cli(*args, timeout=120):
                           text=True, timeout=timeout)
 
 
+def test_the_old_flags_are_aliases_that_say_so_in_the_help_only(capsys):
+    """`--stages 2 --micro 8` parses as `--devices 2 --micro-batches 8`, with nothing said at
+    run time; `--help` names them aliases."""
+    import warnings
+    from exec.run import build_parser
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        old = build_parser().parse_args(["--stages", "2", "--micro", "8"])
+    assert vars(old) == vars(build_parser().parse_args(["--devices", "2", "--micro-batches", "8"]))
+    assert (old.devices, old.micro_batches) == (2, 8) and capsys.readouterr() == ("", "")
+    text = "".join(build_parser().format_help().split())
+    assert "--devicesP,--stagesP" in text and "--stages:aliasof--devices" in text
+    assert "--micro-batchesM,--microM" in text and "--micro:aliasof--micro-batches" in text
+
+
 def test_cli_json_is_all_of_stdout(tmp_path):
     costs = tmp_path / "costs.json"  # given costs: no profiling run
     save_costs(sim.Costs(forward=1e-3, backward=2e-3), costs)
@@ -367,7 +382,7 @@ def test_cli_json_is_all_of_stdout(tmp_path):
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)  # the table and progress go to stderr
     assert "measured step" in p.stderr
-    for key in ("schedule", "stages", "micro", "measured_step_s", "simulated_step_s", "error_pct",
+    for key in ("schedule", "stages", "micro_batches", "measured_step_s", "simulated_step_s", "error_pct",
                 "grad_match", "max_grad_diff"):
         assert key in out, key
     assert out["schedule"] == "gpipe" and out["stages"] == 2 and out["micro_batches"] == 4
