@@ -162,7 +162,8 @@ def _us(x: float | None) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--schedules", nargs="+", default=["naive", "gpipe", "1f1b"], choices=sorted(sim.SCHEDULES))
-    p.add_argument("--micro", nargs="+", type=int, default=[2, 4, 8, 16])
+    p.add_argument("--micro-batches", "--micro", dest="micro_batches", nargs="+", type=int, default=[2, 4, 8, 16],
+                   help="micro-batch counts (--micro: alias of --micro-batches)")
     p.add_argument("--ranks", type=int, default=2, help="pipeline ranks P (a schedule with V stages per rank has P*V stages)")
     p.add_argument("--rounds", type=int, default=3, help="calibrate-then-measure rounds per config")
     p.add_argument("--steps", type=int, default=3, help="measured steps per round (the median of all is kept)")
@@ -187,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"model {spec}; {args.ranks} gloo ranks, {os.cpu_count()} cores, threads/rank "
           f"{args.threads or max(1, (os.cpu_count() or 1) // args.ranks)}", flush=True)
     outs = []
-    for name, micro, _ in ((n, m, k) for n in args.schedules for m in args.micro for k in range(args.repeat)):
+    for name, micro, _ in ((n, m, k) for n in args.schedules for m in args.micro_batches for k in range(args.repeat)):
         out = run_config(spec, name, args.ranks, micro, args.rounds, args.steps, args.balance, args.threads,
                          args.separate_profile, args.optimizer)
         outs.append(out)

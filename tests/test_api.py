@@ -163,6 +163,17 @@ def test_make_schedule_takes_devices_and_micro_batches_and_a_schedules_stages_ar
     assert sim.make_schedule("interleaved-1f1b", 4, 8, 2).programs == s.programs  # positionally as before
 
 
+def test_the_registry_holds_every_generator_once_zb_auto_added_from_above_the_engine():
+    """`sim.schedule.registry` names the generators of `sim.schedule`; zb-auto, a search that
+    simulates, adds itself from `sim.search.zbauto`, and a name is never taken twice."""
+    from sim.schedule.registry import SCHEDULES, Generator
+    from sim.search.zbauto import zb_auto
+    assert sim.SCHEDULES is SCHEDULES and SCHEDULES["zb-auto"].make is zb_auto
+    assert list(SCHEDULES)[:3] == ["naive", "gpipe", "1f1b"]
+    with pytest.raises(ValueError, match=r"a schedule named 'ZB_Auto' is already registered"):
+        SCHEDULES.add("ZB_Auto", Generator(zb_auto, "again"))
+
+
 def test_the_old_keywords_are_gone_and_a_size_is_required():
     """`stages=` and `micro=` for devices and a count were renamed (docs/schedules.md, "Names")
     and the shim that took them is gone: Python itself refuses them."""
