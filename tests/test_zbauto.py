@@ -123,9 +123,9 @@ def test_without_costs_it_takes_equal_f_i_w_and_p_micro_batches():
 def test_it_tries_zb_h1_among_its_candidates(monkeypatch):
     asked = []
 
-    def fake(stages, micro):
-        asked.append((stages, micro))
-        return split_1f1b(stages, micro)
+    def fake(devices, micro_batches):
+        asked.append((devices, micro_batches))
+        return split_1f1b(devices, micro_batches)
 
     monkeypatch.setattr(zbauto, "zb_h1", fake)
     zb_auto(3, 7, costs=Costs(forward=1.3, backward_input=0.7, backward_weight=0.4), memory_limit=2.0)
