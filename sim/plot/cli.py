@@ -1,6 +1,7 @@
 """The command line of `sim.plot`: simulate schedules, print a table, draw the figures.
 
-    python -m sim.plot --stages 4 --micro 8          # out/<schedule>_p4_m8.png ..., out/compare_p4_m8.png
+    python -m sim.plot --devices 4 --micro-batches 8   # out/<schedule>_p4_m8.png ..., out/compare_p4_m8.png
+    python -m sim.plot --stages 4 --micro 8            # the same: the old flags are aliases
     python -m sim.plot --compare 1f1b,zb-h1,zb-h2,zbv   # out/compare_1f1b+zb-h1+zb-h2+zbv_p4_m8.png only
     python -m sim.plot --compare naive,gpipe,1f1b --out figures   # the README's figure
 
