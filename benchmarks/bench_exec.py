@@ -98,13 +98,13 @@ def run_config(spec: ModelSpec, name: str, ranks: int, micro: int, rounds: int, 
 def format_rows(rows: list[dict]) -> str:
     """The accuracy table as markdown (with the separate profile's error when every row has it)."""
     separate = all("separate_profile_error_pct" in r for r in rows)
-    head = ("| schedule | micro | measured step (ms) | spread (ms) | simulated (ms) | error | paired error "
+    head = ("| schedule | micro-batches | measured step (ms) | spread (ms) | simulated (ms) | error | paired error "
             "| replay error | replay, no rule 11 | sim, alone costs (ms) | concurrent / alone | bubble meas / sim |")
     head += " error, separate profile |" if separate else ""
     lines = [head, "|---|---:" + "|---:" * (10 + separate) + "|"]
     for r in rows:
         spread = max(r["measured_steps_s"]) - min(r["measured_steps_s"])
-        lines.append(f"| {r['schedule']} | {r['micro']} | {r['measured_step_s'] * 1e3:.1f} | {spread * 1e3:.1f} | "
+        lines.append(f"| {r['schedule']} | {r['micro_batches']} | {r['measured_step_s'] * 1e3:.1f} | {spread * 1e3:.1f} | "
                      f"{r['simulated_step_s'] * 1e3:.1f} | {r['error_pct']:+.1f}% | {r['paired_error_pct']:+.1f}% | "
                      f"{r['replay_error_pct']:+.1f}% | {r['replay_error_no_rule11_pct']:+.1f}% | "
                      f"{r['simulated_alone_step_s'] * 1e3:.1f} | {r['slowdown']:.2f} | "
@@ -117,7 +117,7 @@ def format_detail(out: dict) -> str:
     """Per stage: measured F/B in the run vs profiled; per rank: wait and overhead."""
     bd, sbd = out["breakdown"], out["simulated_breakdown"]
     r = out["row"]
-    lines = [f"  {r['schedule']} micro={r['micro']}: error {r['error_pct']:+.2f}%; transfers: latency "
+    lines = [f"  {r['schedule']} micro_batches={r['micro_batches']}: error {r['error_pct']:+.2f}%; transfers: latency "
              f"{r['latency_s'] * 1e6:.0f} us, bandwidth {r['bandwidth'] / 1e9:.2f} GB/s; runtime's own time per "
              f"compute (rule 11): before {r['before_compute_s'] * 1e6:.0f} us, after {r['after_compute_s'] * 1e6:.0f} us"]
     for key, a in bd["actions"].items():
@@ -142,7 +142,7 @@ def format_spread(rows: list[dict]) -> str:
     run, their spread (max - min, in points) and the most of a step other processes took."""
     by: dict[tuple, list[dict]] = {}
     for r in rows:
-        by.setdefault((r["schedule"], r["micro"]), []).append(r)
+        by.setdefault((r["schedule"], r["micro_batches"]), []).append(r)
     lines = ["| schedule | micro | runs | errors | spread | replay errors | spread | lost to other processes |",
              "|---|---:|---:|---|---:|---|---:|---|"]
     for (name, micro), rs in by.items():
@@ -162,7 +162,8 @@ def _us(x: float | None) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--schedules", nargs="+", default=["naive", "gpipe", "1f1b"], choices=sorted(sim.SCHEDULES))
-    p.add_argument("--micro", nargs="+", type=int, default=[2, 4, 8, 16])
+    p.add_argument("--micro-batches", "--micro", dest="micro_batches", nargs="+", type=int, default=[2, 4, 8, 16],
+                   help="micro-batch counts (--micro: alias of --micro-batches)")
     p.add_argument("--ranks", type=int, default=2, help="pipeline ranks P (a schedule with V stages per rank has P*V stages)")
     p.add_argument("--rounds", type=int, default=3, help="calibrate-then-measure rounds per config")
     p.add_argument("--steps", type=int, default=3, help="measured steps per round (the median of all is kept)")
@@ -187,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"model {spec}; {args.ranks} gloo ranks, {os.cpu_count()} cores, threads/rank "
           f"{args.threads or max(1, (os.cpu_count() or 1) // args.ranks)}", flush=True)
     outs = []
-    for name, micro, _ in ((n, m, k) for n in args.schedules for m in args.micro for k in range(args.repeat)):
+    for name, micro, _ in ((n, m, k) for n in args.schedules for m in args.micro_batches for k in range(args.repeat)):
         out = run_config(spec, name, args.ranks, micro, args.rounds, args.steps, args.balance, args.threads,
                          args.separate_profile, args.optimizer)
         outs.append(out)

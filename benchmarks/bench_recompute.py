@@ -109,14 +109,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--schedules", nargs="+", default=["gpipe", "1f1b", "zb-h1"])
     ap.add_argument("--modes", nargs="+", default=["none", "full", "selective"], choices=["none", "full", "selective"])
-    ap.add_argument("--micro", type=int, default=4)
+    ap.add_argument("--micro-batches", "--micro", dest="micro_batches", type=int, default=4,
+                    help="micro-batches per step (--micro: alias of --micro-batches)")
     ap.add_argument("--rounds", type=int, default=3, help="runs per config; the tables give their medians")
     ap.add_argument("--steps", type=int, default=3, help="measured steps per run (median step)")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--json", help="also write every number to this file")
     args = ap.parse_args()
-    rows = measure(args.schedules, args.modes, args.micro, args.rounds, args.steps, args.warmup)
-    print(f"model: {SPEC}, micro {args.micro}, 2 gloo ranks, {args.rounds} rounds x {args.steps} steps")
+    rows = measure(args.schedules, args.modes, args.micro_batches, args.rounds, args.steps, args.warmup)
+    print(f"model: {SPEC}, micro-batches {args.micro_batches}, 2 gloo ranks, {args.rounds} rounds x {args.steps} steps")
     print(tables(rows))
     if args.json:
         with atomic_write(args.json) as f:

@@ -143,13 +143,15 @@ def timed(fn, *args, collect: bool = True) -> float:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--stages", "-p", type=int, default=64)
-    ap.add_argument("--micro", "-m", type=int, default=1024)
+    ap.add_argument("--devices", "--stages", "-p", dest="devices", type=int, default=64,
+                    help="pipeline devices (--stages: alias of --devices)")
+    ap.add_argument("--micro-batches", "--micro", "-m", dest="micro_batches", type=int, default=1024,
+                    help="micro-batches per step (--micro: alias of --micro-batches)")
     ap.add_argument("--latency", type=float, default=0.1)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--against", metavar="REV", help="also time sim.simulate as of git revision REV, in the same run")
     args = ap.parse_args(argv)
-    p, m = args.stages, args.micro
+    p, m = args.devices, args.micro_batches
     costs = sim.Costs(forward=1.0, backward=2.0, latency=args.latency)
 
     # cross-check: two independent computations of the same makespan

@@ -39,7 +39,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--schedules", nargs="+", default=["1f1b", "gpipe"])
     ap.add_argument("--ranks", type=int, default=2)
-    ap.add_argument("--micro", type=int, default=8)
+    ap.add_argument("--micro-batches", "--micro", dest="micro_batches", type=int, default=8,
+                    help="micro-batches per step (--micro: alias of --micro-batches)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
@@ -49,10 +50,10 @@ def main(argv=None) -> int:
     for r in range(args.rounds):
         for name in args.schedules:
             print(f"round {r + 1}/{args.rounds}: {name}", file=sys.stderr, flush=True)
-            rows.append((name, one_round(spec, name, args.ranks, args.micro, args.steps, args.warmup)))
+            rows.append((name, one_round(spec, name, args.ranks, args.micro_batches, args.steps, args.warmup)))
     print(f"load average before: {load:.1f}, after: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; "
           f"ModelSpec() ({spec.layers} MLP blocks, hidden {spec.hidden}, batch {spec.batch_size}), "
-          f"P={args.ranks}, M={args.micro}, {args.rounds} rounds x {args.steps} steps, gloo")
+          f"P={args.ranks}, M={args.micro_batches}, {args.rounds} rounds x {args.steps} steps, gloo")
     print("| schedule | ours: median step (ms) | torch: median step (ms) | ours / torch (median of rounds) "
           "| each round's ratio | gradients = one process |")
     print("|---|---|---|---|---|---|")

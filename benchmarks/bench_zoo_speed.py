@@ -75,12 +75,14 @@ def one_round(p: int, m: int, v: int, costs: dict[str, sim.Costs]) -> dict[str, 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--stages", "-p", type=int, default=32)
+    ap.add_argument("--devices", "--stages", "-p", dest="devices", type=int, default=32,
+                    help="pipeline devices (--stages: alias of --devices)")
     ap.add_argument("--virtual", "-v", type=int, default=2)
-    ap.add_argument("--micro", "-m", type=int, default=256)
+    ap.add_argument("--micro-batches", "--micro", "-m", dest="micro_batches", type=int, default=256,
+                    help="micro-batches per step (--micro: alias of --micro-batches)")
     ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args(argv)
-    p, v, m = args.stages, args.virtual, args.micro
+    p, v, m = args.devices, args.virtual, args.micro_batches
     costs = {t: real_costs(p * v, t) for t in ("gloo-cpu", "ideal")}
     load = os.getloadavg()
     rounds = [one_round(p, m, v, costs) for _ in range(args.repeat)]

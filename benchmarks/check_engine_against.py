@@ -21,6 +21,7 @@ import tempfile
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
 import sim  # noqa: E402
+from sim.schedule.textbook import gpipe_on  # noqa: E402
 
 
 def import_old(rev: str):
@@ -33,18 +34,10 @@ def import_old(rev: str):
     return oldsim
 
 
-def gpipe_like(mod, placement, micro, split):
-    S, R = len(placement), max(placement) + 1
-    progs = [[] for _ in range(R)]
-    for s in range(S):
-        progs[placement[s]] += [mod.Action(s, mod.Kind.F, m) for m in range(micro)]
-    for s in reversed(range(S)):
-        kinds = (mod.Kind.I,) if split else (mod.Kind.B,)
-        progs[placement[s]] += [mod.Action(s, k, m) for m in range(micro) for k in kinds]
-    if split:
-        for s in reversed(range(S)):
-            progs[placement[s]] += [mod.Action(s, mod.Kind.W, m) for m in range(micro)]
-    return mod.Schedule(progs, placement, micro)
+def gpipe_like(mod, placement, micro_batches, split):
+    """`sim.schedule.textbook.gpipe_on`, handed to `mod` (this tree's sim or the earlier one) as text."""
+    s = gpipe_on(placement, micro_batches, split, name="custom")
+    return mod.Schedule([[str(a) for a in p] for p in s.programs], placement, micro_batches, name=s.name)
 
 def key(r):
     ev = sorted((e.rank, str(e.action), e.start, e.end, e.peer) for e in r.events)

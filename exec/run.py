@@ -1,10 +1,10 @@
 """Run a schedule on real ranks, check it, and compare it with the simulator.
 
-    python -m exec.run --schedule 1f1b --stages 2 --micro 8
-    python -m exec.run --schedule gpipe --stages 2 --micro 4 --model gpt --json
-    python -m exec.run --schedule 1f1b --stages 2 --micro 8 --out runs/1f1b   # trace + figures
-    python -m exec.run --schedule interleaved-1f1b --stages 2 --virtual 2 --micro 4   # 2 stages per rank
-    python -m exec.run --schedule 1f1b --stages 2 --micro 4 --dp 2   # 2 pipeline replicas: 4 ranks
+    python -m exec.run --schedule 1f1b --devices 2 --micro-batches 8   # --stages 2 --micro 8: the old spelling
+    python -m exec.run --schedule gpipe --devices 2 --micro-batches 4 --model gpt --json
+    python -m exec.run --schedule 1f1b --devices 2 --micro-batches 8 --out runs/1f1b   # trace + figures
+    python -m exec.run --schedule interleaved-1f1b --devices 2 --virtual 2 --micro-batches 4   # 2 stages per rank
+    python -m exec.run --schedule 1f1b --devices 2 --micro-batches 4 --dp 2   # 2 pipeline replicas: 4 ranks
 
 One process per rank (gloo on CPU, or nccl with one GPU per rank) runs `--warmup` steps,
 then `--steps` measured ones; the median step is reported. The first step's loss and
@@ -51,8 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(error_prog=PROG, prog=PROG, description="Run a pipeline schedule on real ranks with torch.distributed, check its "
                                        "gradients against one process, and compare it with the simulator.")
     p.add_argument("--schedule", default="1f1b", help=f"one of {', '.join(sim.SCHEDULES)} (default 1f1b)")
-    p.add_argument("--stages", type=whole, default=2, help="pipeline devices P = ranks (default 2)")
-    p.add_argument("--micro", type=whole, default=8, help="micro-batches per step (default 8)")
+    p.add_argument("--devices", "--stages", dest="devices", type=whole, default=2, metavar="P",
+                   help="pipeline devices P = ranks (default 2; --stages: alias of --devices)")
+    p.add_argument("--micro-batches", "--micro", dest="micro_batches", type=whole, default=8, metavar="M",
+                   help="micro-batches per step (default 8; --micro: alias of --micro-batches)")
     p.add_argument("--virtual", type=whole, metavar="V",
                    help="model stages (chunks) per rank: P x V stages (default: the schedule's own, 1 or 2)")
     p.add_argument("--dp", type=whole, default=1, metavar="N",
@@ -72,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--heads", type=whole, help="attention heads (gpt)")
     m.add_argument("--vocab", type=whole, help="vocabulary size (gpt)")
     m.add_argument("--ffn", type=whole, help="MLP width of every block (default 4 x hidden)")
-    m.add_argument("--batch-size", type=whole, help="samples per step (a multiple of --dp x --micro)")
+    m.add_argument("--batch-size", type=whole, help="samples per step (a multiple of --dp x --micro-batches)")
     m.add_argument("--seed", type=int, help="weights and batch seed")
     m.add_argument("--recompute", choices=list(RECOMPUTE), default="none",
                    help="activation recomputation: full = every block keeps only its input and recomputes "
@@ -161,7 +163,7 @@ def _check(parser: argparse.ArgumentParser, args):
     exit 2 with one line before anything runs."""
     import sim
     try:
-        schedule = sim.make_schedule(args.schedule, args.stages, args.micro, args.virtual)
+        schedule = sim.make_schedule(args.schedule, args.devices, args.micro_batches, args.virtual)
     except sim.ScheduleError as e:
         parser.error(str(e))
     if args.overlap_grad_reduce and args.dp == 1:
@@ -182,18 +184,18 @@ def _check(parser: argparse.ArgumentParser, args):
     world = schedule.ranks * args.dp
     if fault is not None and fault[1] >= world:
         parser.error(f"--fault {args.fault} names rank {fault[1]}, but the run has ranks 0..{world - 1}")
-    if spec.batch_size % (args.dp * args.micro):
-        parser.error(f"--batch-size {spec.batch_size} does not split into --dp {args.dp} x --micro {args.micro} "
-                     f"equal micro-batches; choose --dp x --micro among the divisors of {spec.batch_size}")
+    if spec.batch_size % (args.dp * args.micro_batches):
+        parser.error(f"--batch-size {spec.batch_size} does not split into --dp {args.dp} x --micro-batches {args.micro_batches} "
+                     f"equal micro-batches; choose --dp x --micro-batches among the divisors of {spec.batch_size}")
     if args.dp > 1 and args.backend != "gloo":
         parser.error("--dp runs its gradient reductions on CPU ranks (gloo) only; use --backend gloo")
     if schedule.stages > spec.num_layers:
-        v = f" x V {schedule.stages // args.stages}" if schedule.stages != args.stages else ""
-        parser.error(f"--stages {args.stages}{v} = {schedule.stages} model stages is more than the model's "
+        v = f" x V {schedule.stages // args.devices}" if schedule.stages != args.devices else ""
+        parser.error(f"--devices {args.devices}{v} = {schedule.stages} model stages is more than the model's "
                      f"{spec.num_layers} layers; use fewer stages or more --layers")
     if args.backend == "nccl" and torch.cuda.device_count() < schedule.ranks:
         parser.error(f"--backend nccl runs one process per GPU: {schedule.ranks} ranks need {schedule.ranks} GPUs, "
-                     f"this machine has {torch.cuda.device_count()}; use --backend gloo or fewer --stages")
+                     f"this machine has {torch.cuda.device_count()}; use --backend gloo or fewer --devices")
     if args.backend == "nccl" and args.costs is None and not args.no_compare:
         parser.error("--backend nccl: the profiler measures CPU ranks (gloo) only; "
                      "pass --costs FILE (sim.save_costs) or --no-compare")
@@ -209,10 +211,10 @@ def model_spec(args):
                                            "recompute") if getattr(args, k) is not None}
     name = args.model
     if name not in ("mlp", "gpt"):
-        import sim
-        t = sim.model.transformer.MODELS.get(sim.model.transformer.model_key(name))
+        from sim.model.registry import MODELS, model_key
+        t = MODELS.get(model_key(name))
         if t is None:
-            raise ValueError(f"--model must be mlp, gpt or a preset of {', '.join(sim.model.transformer.MODELS)}; got {name!r}")
+            raise ValueError(f"--model must be mlp, gpt or a model of sim.MODELS ({', '.join(MODELS)}); got {name!r}")
         if t.arch != "gpt" or t.kv_heads != t.heads:
             raise ValueError(f"--model {name}: exec builds GPT-style models only (arch 'gpt', no grouped-query "
                              f"attention), not arch {t.arch!r}")
@@ -264,7 +266,7 @@ def _run(args, schedule, spec, config):
     from exec.pipeline.runner import run_pipeline
 
     replicas = f" x {args.dp} replicas" if args.dp > 1 else ""
-    _progress(args, f"{schedule.name} on {schedule.ranks} ranks{replicas} ({args.backend}), {args.micro} micro-batches, "
+    _progress(args, f"{schedule.name} on {schedule.ranks} ranks{replicas} ({args.backend}), {args.micro_batches} micro-batches, "
                     f"{spec.model} model, {args.optimizer}; {args.warmup} warm-up + {args.steps} measured steps")
     try:
         run = run_pipeline(spec, schedule, config=config)
@@ -296,7 +298,7 @@ def _table(s: dict) -> str:
     replicas = f" x {dp} replicas = {s['world_size']} ranks" if dp > 1 else ""
     rows = [
         ("schedule", f"{s['schedule']}: {s['stages']} stages on {s['ranks']} ranks{replicas}, "
-                     f"{s['micro']} micro-batches"),
+                     f"{s['micro_batches']} micro-batches"),
         ("stage layers", ", ".join(f"{a}-{b - 1}" for a, b in zip(s["bounds"], s["bounds"][1:]))),
         ("optimizer", s["optimizer"]),
         ("recompute", s.get("recompute", "none")),

@@ -20,8 +20,10 @@ from sim.passes.grad_reduce import add_grad_reduce
 from sim.passes.lowering import lower
 from sim.passes.validation import check_deadlock, validate
 from sim.engine.result import Event, Result
-from sim.schedules import SCHEDULES, make_schedule
-from sim.model.transformer import MODELS, Transformer
+from sim.schedule.registry import SCHEDULES, make_schedule
+from sim.search.zbauto import zb_auto  # noqa: F401  its import adds "zb-auto" to SCHEDULES (a search: above the engine)
+from sim.model.transformer import Transformer
+from sim.model.registry import MODELS
 from sim.engine.transports import TRANSPORTS
 
 __all__ = [

@@ -1,5 +1,5 @@
-"""What several test modules share: schedules built by hand, an independent model of
-the rules (docs/rules.md) to check the engine against, and a count of calls in place of a time limit."""
+"""What several test modules share: an independent model of the rules (docs/rules.md)
+to check the engine against, and a count of calls in place of a time limit."""
 import contextlib
 import math
 import sys
@@ -10,21 +10,6 @@ import pytest
 import sim
 from sim import KINDS, Action, Kind, Role, Schedule
 from sim.passes.dependencies import peer
-
-
-def gpipe_like(placement, micro, split=False, name="gpipe-like"):
-    """All forwards in stage order, then all backwards in reverse stage order, per rank."""
-    S, R = len(placement), max(placement) + 1
-    progs = [[] for _ in range(R)]
-    for s in range(S):
-        progs[placement[s]] += [Action(s, Kind.F, m) for m in range(micro)]
-    for s in reversed(range(S)):
-        kinds = (Kind.I,) if split else (Kind.B,)
-        progs[placement[s]] += [Action(s, k, m) for m in range(micro) for k in kinds]
-    if split:  # weight gradients last, the zero-bubble way of filling the tail
-        for s in reversed(range(S)):
-            progs[placement[s]] += [Action(s, Kind.W, m) for m in range(micro)]
-    return Schedule(progs, placement, micro, name=name)
 
 
 @contextlib.contextmanager

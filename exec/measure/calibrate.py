@@ -50,11 +50,11 @@ __all__ = ["calibrate_rank", "compute_times", "reduce_times", "activation_bytes"
 
 # ---------------------------------------------------------------------------- inputs, once per process
 
-def stage_inputs(spec, layers, bounds: Sequence[int], stage: int, micro: int):
+def stage_inputs(spec, layers, bounds: Sequence[int], stage: int, micro_batches: int):
     """Per micro-batch, the input of `stage` and the targets (the earlier stages' forward)."""
     out = []
     with torch.no_grad():
-        for x, y in spec.micro_batches(micro):
+        for x, y in spec.micro_batches(micro_batches):
             for layer in layers[:bounds[stage]]:
                 x = layer(x)
             out.append((x, y))
@@ -64,24 +64,24 @@ def stage_inputs(spec, layers, bounds: Sequence[int], stage: int, micro: int):
 _PREPARED: dict = {}  # this process's calibration inputs, for one configuration at a time
 
 
-def _prepared(spec, bounds: Sequence[int], micro: int):
+def _prepared(spec, bounds: Sequence[int], micro_batches: int):
     """The model's layers, per stage the input of every micro-batch (`stage_inputs`), and
     the micro-batches, built once per process and configuration: every calibration round
     of a run reuses them, so a round allocates no new model or batch before it times the
     computes (fresh allocations between rounds grew the heap, and the timed computes then
     took page faults that a step does not)."""
-    key = (spec, tuple(bounds), micro)
+    key = (spec, tuple(bounds), micro_batches)
     if key not in _PREPARED:
         _PREPARED.clear()
         layers = spec.build_layers()
-        inputs = {s: stage_inputs(spec, layers, bounds, s, micro) for s in range(len(bounds) - 1)}
-        _PREPARED[key] = (layers, inputs, spec.micro_batches(micro))
+        inputs = {s: stage_inputs(spec, layers, bounds, s, micro_batches) for s in range(len(bounds) - 1)}
+        _PREPARED[key] = (layers, inputs, spec.micro_batches(micro_batches))
     return _PREPARED[key]
 
 
 # ---------------------------------------------------------------------------- memory
 
-def _saved_forward(module, x, input_grad: bool, last: bool, loss_fn, y, micro: int):
+def _saved_forward(module, x, input_grad: bool, last: bool, loss_fn, y, micro_batches: int):
     """One forward of `module` on a copy of `x` (needing a gradient if `input_grad`), with
     the loss on the last stage, under the interpreter's count of saved bytes. Returns
     (input, module output, what the backward starts from: the output or the scaled
@@ -92,24 +92,24 @@ def _saved_forward(module, x, input_grad: bool, last: bool, loss_fn, y, micro: i
     saved = SavedBytes(param_storages(module))
     with saved.hooks():
         out = module(inp)
-        root = loss_fn(out, y) / micro if last else out
+        root = loss_fn(out, y) / micro_batches if last else out
     return inp, out, root, saved
 
 
-def activation_bytes(module, x, last: bool, loss_fn, y, micro: int) -> tuple[int, int]:
+def activation_bytes(module, x, last: bool, loss_fn, y, micro_batches: int) -> tuple[int, int]:
     """Bytes autograd saves during one forward of `module` on `x`, counted as the
     interpreter counts them (`SavedBytes`: each storage once, parameters excluded), and
     the bytes of the output the stage sends on."""
-    _, out, _, saved = _saved_forward(module, x, x.is_floating_point(), last, loss_fn, y, micro)
+    _, out, _, saved = _saved_forward(module, x, x.is_floating_point(), last, loss_fn, y, micro_batches)
     return saved.nbytes, out.numel() * out.element_size()
 
 
-def w_activation_bytes(module, x, first: bool, last: bool, loss_fn, y, micro: int) -> int:
+def w_activation_bytes(module, x, first: bool, last: bool, loss_fn, y, micro_batches: int) -> int:
     """Bytes the graph still holds for W after a split backward's I (`exec.runtime.split_backward`),
     counted as the interpreter counts them (`SavedBytes.kept_bytes`): F, then I with a
     gradient of the output's shape, on an input that needs a gradient except on the first
     stage (whose I keeps everything: its W is the whole backward)."""
-    inp, out, root, saved = _saved_forward(module, x, not first and x.is_floating_point(), last, loss_fn, y, micro)
+    inp, out, root, saved = _saved_forward(module, x, not first and x.is_floating_point(), last, loss_fn, y, micro_batches)
     grad = None if last else torch.ones_like(out)
     _, work = backward_input(root, grad, inp, list(module.parameters()))
     del out, root, inp
@@ -118,21 +118,21 @@ def w_activation_bytes(module, x, first: bool, last: bool, loss_fn, y, micro: in
     return kept
 
 
-def _memory(spec, schedule: sim.Schedule, bounds: Sequence[int], micro: int, mine: list[int],
+def _memory(spec, schedule: sim.Schedule, bounds: Sequence[int], micro_batches: int, mine: list[int],
             modules: dict | None, optimizer) -> dict[int, dict[str, int]]:
     """Per stage of this rank: its activation bytes, the part of them W still needs after a
     split backward's I, the bytes it sends on, and its static
     memory (`static_memory`) on `modules` and the run's `optimizer` when given, else on a
     fresh copy with a new optimizer of that name (whose state is what its first step
     will create)."""
-    layers, inputs, _ = _prepared(spec, bounds, micro)
+    layers, inputs, _ = _prepared(spec, bounds, micro_batches)
     out = {}
     for s in mine:
         fresh = torch.nn.Sequential(*layers[bounds[s]:bounds[s + 1]])
         x, y = inputs[s][0]
         last = s == schedule.stages - 1
-        act, sent = activation_bytes(fresh, x, last, spec.loss, y, micro)
-        w_act = w_activation_bytes(fresh, x, s == 0, last, spec.loss, y, micro)
+        act, sent = activation_bytes(fresh, x, last, spec.loss, y, micro_batches)
+        w_act = w_activation_bytes(fresh, x, s == 0, last, spec.loss, y, micro_batches)
         module = modules[s] if modules is not None else fresh
         opt = make_optimizer(optimizer, module.parameters(), lr=1e-3) if isinstance(optimizer, str) else optimizer
         out[s] = {"activation_bytes": act, "activation_bytes_sent": sent, "w_activation_bytes": w_act,
@@ -180,7 +180,7 @@ def _arrivals(stages: dict, inputs: dict, last: int):
     return arrived
 
 
-def compute_times(ctx, spec, bounds, schedule: sim.Schedule, micro: int, steps: int, alone: bool,
+def compute_times(ctx, spec, bounds, schedule: sim.Schedule, micro_batches: int, steps: int, alone: bool,
                   modules: dict | None = None) -> tuple[dict, dict]:
     """Run this rank's compute actions in program order, `steps` times, with the
     interpreter's own handlers on `modules` (stage -> module; default: a fresh copy of
@@ -193,7 +193,7 @@ def compute_times(ctx, spec, bounds, schedule: sim.Schedule, micro: int, steps: 
     handler to the start mark and from the end mark to leaving it, on the same clock."""
     if ctx.device.type != "cpu":
         raise ValueError("the compute calibration times CPU ranks (gloo) only")
-    layers, inputs, batches = _prepared(spec, bounds, micro)
+    layers, inputs, batches = _prepared(spec, bounds, micro_batches)
     mine = [s for s, r in enumerate(schedule.placement) if r == ctx.rank]
     stages = dict(modules) if modules is not None else \
         {s: torch.nn.Sequential(*layers[bounds[s]:bounds[s + 1]]) for s in mine}
@@ -250,20 +250,20 @@ def reduce_times(ctx, modules: dict, repeats: int) -> dict[int, list[float]]:
     return out
 
 
-def activation_message_bytes(spec, micro: int) -> int:
+def activation_message_bytes(spec, micro_batches: int) -> int:
     """Bytes of the activation passed between stages for one micro-batch (b, seq, hidden)."""
-    x = spec.micro_batches(micro)[0][0]
+    x = spec.micro_batches(micro_batches)[0][0]
     return x.numel() * 4 * (spec.hidden if spec.model == "gpt" else 1)
 
 
-def message_sizes(spec, micro: int) -> list[int]:
+def message_sizes(spec, micro_batches: int) -> list[int]:
     """Ping-pong message sizes: powers of 4 from 4 bytes to 4 MiB, and the activation size."""
-    return sorted({4, 1 << 10, 1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22, activation_message_bytes(spec, micro)})
+    return sorted({4, 1 << 10, 1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22, activation_message_bytes(spec, micro_batches)})
 
 
 # ---------------------------------------------------------------------------- one report
 
-def calibrate_rank(ctx, spec, schedule: sim.Schedule, micro: int, bounds: Sequence[int], steps: int = 5,
+def calibrate_rank(ctx, spec, schedule: sim.Schedule, micro_batches: int, bounds: Sequence[int], steps: int = 5,
                    sizes: Sequence[int] | None = None, repeats: int = 20, modules: dict | None = None,
                    optimizer: "str | torch.optim.Optimizer" = "sgd") -> dict:
     """Run on every rank at once (inside `exec.launch.processes.launch`): what this rank measures.
@@ -280,19 +280,19 @@ def calibrate_rank(ctx, spec, schedule: sim.Schedule, micro: int, bounds: Sequen
     reduces = schedule.has_collectives and getattr(ctx, "dp_group", None) is not None
     schedule = schedule.compute_only()
     mine = [s for s, r in enumerate(schedule.placement) if r == ctx.rank]
-    memory = _memory(spec, schedule, bounds, micro, mine, modules, optimizer)
-    concurrent, own = compute_times(ctx, spec, bounds, schedule, micro, steps, alone=False, modules=modules)
-    alone, own_alone = compute_times(ctx, spec, bounds, schedule, micro, steps, alone=True, modules=modules)
+    memory = _memory(spec, schedule, bounds, micro_batches, mine, modules, optimizer)
+    concurrent, own = compute_times(ctx, spec, bounds, schedule, micro_batches, steps, alone=False, modules=modules)
+    alone, own_alone = compute_times(ctx, spec, bounds, schedule, micro_batches, steps, alone=True, modules=modules)
     grad_reduce = None
     if reduces:
-        layers = _prepared(spec, bounds, micro)[0]
+        layers = _prepared(spec, bounds, micro_batches)[0]
         stages = modules if modules is not None else \
             {s: torch.nn.Sequential(*layers[bounds[s]:bounds[s + 1]]) for s in mine}
         grad_reduce = {str(s): v for s, v in reduce_times(ctx, stages, repeats).items()}
     comm = None
     if ctx.world_size > 1 and getattr(ctx, "replica", 0) == 0:  # call costs every time: they move with the load
         comm = pingpong(ctx, sizes, repeats) if sizes else {}
-        comm["busy"] = call_costs(ctx, activation_message_bytes(spec, micro), repeats)
+        comm["busy"] = call_costs(ctx, activation_message_bytes(spec, micro_batches), repeats)
         comm["late"] = late_notice(ctx, max(4, repeats // 2))
     return {"rank": ctx.rank, "memory": memory, "concurrent": {f"{s}{k}": v for (s, k), v in concurrent.items()},
             "alone": {f"{s}{k}": v for (s, k), v in alone.items()}, "comm": comm,

@@ -52,7 +52,7 @@ class Comparison:
         """The comparison as plain JSON data."""
         s = self.measured.schedule
         return {
-            "schedule": s.name, "stages": s.stages, "ranks": s.ranks, "micro": s.micro_batches,
+            "schedule": s.name, "stages": s.stages, "ranks": s.ranks, "micro_batches": s.micro_batches,
             "measured_step_s": self.measured_step_s, "simulated_step_s": self.simulated_step_s,
             "error_pct": self.error_pct,
             "measured_bubble": self.measured.bubble_fraction, "simulated_bubble": self.simulated.bubble_fraction,

@@ -1,7 +1,7 @@
 """Cost fitting: merge the ranks' calibration reports into `sim.Costs`, and `profile_costs`, a calibration launch of its own.
 
     >>> from exec.models.spec import ModelSpec
-    >>> costs, details = profile_costs(ModelSpec(), "1f1b", micro=4)       # doctest: +SKIP
+    >>> costs, details = profile_costs(ModelSpec(), "1f1b", micro_batches=4)       # doctest: +SKIP
     >>> sim.save_costs(costs, "costs.json", details)                   # doctest: +SKIP
 
 What each rank measures, and how, is `exec.measure.calibrate`; this module turns those numbers
@@ -197,7 +197,7 @@ def costs_from_reports(reports: Sequence[dict], schedule: sim.Schedule, use: str
     # how much slower a compute runs while every rank computes than while it runs alone
     slowdown = {k: med["concurrent"][k] / med["alone"][k] for k in med["alone"] if k in med["concurrent"]}
     details = {
-        "schedule": schedule.name, "stages": stages, "micro": schedule.micro_batches, "use": use,
+        "schedule": schedule.name, "stages": stages, "micro_batches": schedule.micro_batches, "use": use,
         "threads": sorted({r["threads"] for r in reports}),
         "compute_samples": times, "compute_median": med, "compute_mean": mean, "slowdown": slowdown,
         "slowdown_median": statistics.median(slowdown.values()) if slowdown else None,
@@ -209,31 +209,31 @@ def costs_from_reports(reports: Sequence[dict], schedule: sim.Schedule, use: str
 
 # ---------------------------------------------------------------------------- a launch of its own
 
-def _as_schedule(schedule_or_stages, micro: int) -> sim.Schedule:
-    if isinstance(schedule_or_stages, sim.Schedule):
-        if schedule_or_stages.micro_batches != micro:
-            raise ValueError(f"the schedule has {schedule_or_stages.micro_batches} micro-batches but micro={micro}")
-        return schedule_or_stages.compute_only()
-    if isinstance(schedule_or_stages, str):
-        return sim.make_schedule(schedule_or_stages, 2, micro)
-    if isinstance(schedule_or_stages, int) and not isinstance(schedule_or_stages, bool):
-        return sim.make_schedule("gpipe", schedule_or_stages, micro)
-    raise TypeError(f"schedule_or_stages must be a sim.Schedule, a schedule name or a stage count, "
-                    f"got {type(schedule_or_stages).__name__}")
+def _as_schedule(schedule_or_devices, micro_batches: int) -> sim.Schedule:
+    if isinstance(schedule_or_devices, sim.Schedule):
+        if schedule_or_devices.micro_batches != micro_batches:
+            raise ValueError(f"the schedule has {schedule_or_devices.micro_batches} micro-batches but micro_batches={micro_batches}")
+        return schedule_or_devices.compute_only()
+    if isinstance(schedule_or_devices, str):
+        return sim.make_schedule(schedule_or_devices, 2, micro_batches)
+    if isinstance(schedule_or_devices, int) and not isinstance(schedule_or_devices, bool):
+        return sim.make_schedule("gpipe", schedule_or_devices, micro_batches)
+    raise TypeError(f"schedule_or_devices must be a sim.Schedule, a schedule name or a device count (GPipe on that many devices), "
+                    f"got {type(schedule_or_devices).__name__}")
 
 
-def profile_costs(spec, schedule_or_stages: "sim.Schedule | str | int", micro: int, backend: str = "gloo",
+def profile_costs(spec, schedule_or_devices: "sim.Schedule | str | int", micro_batches: int, backend: str = "gloo",
                   balance: str = "layers", bounds: Sequence[int] | None = None, steps: int = 5,
                   repeats: int = 20, threads: int | None = None, timeout: float = 300.0,
                   use: str = "concurrent", transfer: tuple[float, float] | None = None,
                   optimizer: str = "sgd") -> tuple[sim.Costs, dict]:
-    """Measure `sim.Costs` for `spec` cut into the stages of `schedule_or_stages`.
+    """Measure `sim.Costs` for `spec` cut into the stages of `schedule_or_devices`.
 
-    `schedule_or_stages`: a `sim.Schedule` (its placement and compute order are used), a
+    `schedule_or_devices`: a `sim.Schedule` (its placement and compute order are used), a
     schedule name (2 stages), or a stage count (GPipe order). One process per rank via
     `exec.launch.processes.launch` (same `backend` and `threads` as the real run), each running
     `exec.measure.calibrate.calibrate_rank` on fresh copies of its stages. Stage boundaries:
-    `bounds` if given, else `spec.partition(stages, balance, micro)`. `use` picks the
+    `bounds` if given, else `spec.partition(stages, balance, micro_batches)`. `use` picks the
     compute times: "concurrent" (all ranks compute at once, as in a step's steady state)
     or "alone" (one rank at a time). `transfer` = (latency, bandwidth) reuses a transfer
     fit instead of measuring it again. `optimizer` (a name from `exec.runtime.optim.OPTIMIZERS`)
@@ -248,10 +248,10 @@ def profile_costs(spec, schedule_or_stages: "sim.Schedule | str | int", micro: i
         raise ValueError(f"profile_costs measures CPU ranks over gloo only, not backend={backend!r}: its "
                          f"compute timing has no CUDA synchronisation and its messages are CPU tensors; "
                          f"for an NCCL run, simulate with costs written by sim.save_costs (exec.run --costs)")
-    schedule = _as_schedule(schedule_or_stages, micro)
-    bounds = list(bounds) if bounds is not None else spec.partition(schedule.stages, balance, micro)
-    sizes = None if transfer else message_sizes(spec, micro)
-    reports = launch(calibrate_rank, schedule.ranks, spec, schedule, micro, bounds, steps, sizes, repeats, None,
+    schedule = _as_schedule(schedule_or_devices, micro_batches)
+    bounds = list(bounds) if bounds is not None else spec.partition(schedule.stages, balance, micro_batches)
+    sizes = None if transfer else message_sizes(spec, micro_batches)
+    reports = launch(calibrate_rank, schedule.ranks, spec, schedule, micro_batches, bounds, steps, sizes, repeats, None,
                      optimizer, backend=backend, timeout=timeout, threads=threads)
     costs, details = costs_from_reports(reports, schedule, use, transfer)
     details.update(spec={k: getattr(spec, k) for k in spec.__dataclass_fields__}, bounds=bounds, backend=backend,

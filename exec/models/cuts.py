@@ -28,10 +28,10 @@ __all__ = ["partition", "measure_layer_times", "stage_bounds", "TIME_TOLERANCE"]
 TIME_TOLERANCE = 0.02  # a split this much slower than the fastest may be taken for fewer bytes at its cuts (a choice)
 
 
-def partition(spec, stages: int, balance: str = "layers", micro: int = 1, repeats: int = 5) -> list[int]:
+def partition(spec, stages: int, balance: str = "layers", micro_batches: int = 1, repeats: int = 5) -> list[int]:
     """Stage boundaries of `spec` (an `exec.models.spec.ModelSpec`): a list of `stages + 1`
     layer indices, stage s = layers [b[s], b[s+1]). "time" profiles on a micro-batch of
-    `batch_size // micro`, `repeats` times. Under torch.distributed, rank 0 decides and
+    `batch_size // micro_batches`, `repeats` times. Under torch.distributed, rank 0 decides and
     broadcasts, so that every rank cuts the model the same way despite timing noise."""
     n = spec.num_layers
     if isinstance(stages, bool) or not isinstance(stages, int) or stages < 1:
@@ -49,14 +49,14 @@ def partition(spec, stages: int, balance: str = "layers", micro: int = 1, repeat
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         box = [None]
         if dist.get_rank() == 0:
-            box[0] = _time_bounds(spec, stages, micro, repeats)
+            box[0] = _time_bounds(spec, stages, micro_batches, repeats)
         dist.broadcast_object_list(box, src=0)
         return list(box[0])
-    return _time_bounds(spec, stages, micro, repeats)
+    return _time_bounds(spec, stages, micro_batches, repeats)
 
 
-def _time_bounds(spec, stages: int, micro: int, repeats: int) -> list[int]:
-    times, out_bytes = measure_layer_times(spec, micro, repeats)
+def _time_bounds(spec, stages: int, micro_batches: int, repeats: int) -> list[int]:
+    times, out_bytes = measure_layer_times(spec, micro_batches, repeats)
     if spec.model == "gpt":  # the planner's split: equal blocks, the embedding and head as extras
         extra = [0.0] * stages
         extra[0] += times[0]
@@ -83,11 +83,11 @@ def stage_bounds(n: int, cuts: Sequence[int]) -> list[int]:
     return [0, *cuts, n]
 
 
-def measure_layer_times(spec, micro: int = 1, repeats: int = 5) -> tuple[list[float], list[int]]:
+def measure_layer_times(spec, micro_batches: int = 1, repeats: int = 5) -> tuple[list[float], list[int]]:
     """Per layer, the median seconds of forward + backward on one micro-batch (the last
     layer includes the loss), and the bytes of each layer's output."""
     layers = spec.build_layers()
-    x, y = spec.micro_batches(micro)[0]
+    x, y = spec.micro_batches(micro_batches)[0]
     times, out_bytes = [], []
     for i, layer in enumerate(layers):
         last = i == len(layers) - 1

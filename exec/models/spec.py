@@ -160,15 +160,15 @@ class ModelSpec:
         ids = torch.randint(0, self.vocab, (b, t + 1), generator=g)
         return ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
 
-    def micro_batches(self, micro: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """`batch()` cut along the batch dimension into `micro` equal micro-batches. Each is
+    def micro_batches(self, count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """`batch()` cut along the batch dimension into `count` equal micro-batches. Each is
         a copy with its own storage, as the runtime's (`exec.runtime.check.split_micro_batches`):
         a view would keep the whole batch's storage, and autograd's saved bytes (the loss
         saves its targets) would count all of it."""
-        if isinstance(micro, bool) or not isinstance(micro, int) or micro < 1 or self.batch_size % micro:
-            raise ValueError(f"micro must be a positive divisor of batch_size={self.batch_size}, got {micro!r}")
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1 or self.batch_size % count:
+            raise ValueError(f"count must be a positive divisor of batch_size={self.batch_size}, got {count!r}")
         x, y = self.batch()
-        return [(a.clone(), b.clone()) for a, b in zip(x.chunk(micro), y.chunk(micro))]
+        return [(a.clone(), b.clone()) for a, b in zip(x.chunk(count), y.chunk(count))]
 
     def loss(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Scalar mean loss: MSE for "mlp", next-token cross entropy for "gpt"."""
@@ -176,18 +176,18 @@ class ModelSpec:
             return F.mse_loss(output, targets)
         return F.cross_entropy(output.reshape(-1, output.shape[-1]), targets.reshape(-1))
 
-    def partition(self, stages: int, balance: str = "layers", micro: int = 1, repeats: int = 5) -> list[int]:
+    def partition(self, stages: int, balance: str = "layers", micro_batches: int = 1, repeats: int = 5) -> list[int]:
         """Stage boundaries: a list of `stages + 1` layer indices, stage s = layers
         [b[s], b[s+1]). "layers" balances layer counts; "time" balances each layer's
-        profiled forward + backward time on a micro-batch of `batch_size // micro`
+        profiled forward + backward time on a micro-batch of `batch_size // micro_batches`
         (`exec.models.cuts.partition`)."""
-        return partition(self, stages, balance, micro, repeats)
+        return partition(self, stages, balance, micro_batches, repeats)
 
-    def build_stages(self, stages: int, balance: str = "layers", micro: int = 1,
+    def build_stages(self, stages: int, balance: str = "layers", micro_batches: int = 1,
                      bounds: Sequence[int] | None = None) -> list[nn.Module]:
         """The model cut into `stages` nn.Sequential of consecutive layers (see
         `partition`; pass `bounds` to reuse a partition already made)."""
-        bounds = list(bounds) if bounds is not None else self.partition(stages, balance, micro)
+        bounds = list(bounds) if bounds is not None else self.partition(stages, balance, micro_batches)
         if len(bounds) != stages + 1 or bounds[0] != 0 or bounds[-1] != self.num_layers or \
                 any(a >= b for a, b in zip(bounds, bounds[1:])):
             raise ValueError(f"bounds must rise strictly from 0 to {self.num_layers} in {stages + 1} steps, got {bounds}")

@@ -28,7 +28,6 @@ import torch
 import sim
 from sim import Result, Schedule
 from sim.passes.order import order_transfers
-from sim.schedule.renamed import take_sizes
 
 from exec.launch.host import host_cores
 from exec.launch.processes import launch
@@ -83,7 +82,7 @@ class PipelineRun:
     def summary(self) -> dict:
         s = self.schedule
         return {
-            "schedule": s.name, "stages": s.stages, "ranks": s.ranks, "micro": s.micro_batches, "bounds": self.bounds,
+            "schedule": s.name, "stages": s.stages, "ranks": s.ranks, "micro_batches": s.micro_batches, "bounds": self.bounds,
             "dp": self.dp, "world_size": s.ranks * self.dp,
             "optimizer": self.optimizer,
             "measured_step_s": self.measured_step_s, "step_times_s": self.step_times,
@@ -160,7 +159,7 @@ def _check_replicas(per_rank: list[dict], lowered: Schedule, dp: int, ref_grads,
 def run_pipeline(spec, schedule: Schedule | str, devices: int | None = None, micro_batches: int | None = None,
                  config: RunConfig | None = None, **options) -> PipelineRun:
     """Run `schedule` (a `sim.Schedule`, or a name from `sim.SCHEDULES` with `devices` and
-    `micro_batches`; the old keywords `stages=`, `micro=` warn) on one process per rank as `config` (an `exec.pipeline.config.RunConfig`) says:
+    `micro_batches`) on one process per rank as `config` (an `exec.pipeline.config.RunConfig`) says:
     `warmup` + `steps` training steps of `spec` with its `optimizer`, and check the first
     step's loss and gradients against `reference_step`. Keyword `options` set fields of
     `config` (`run_pipeline(spec, "1f1b", 2, 8, steps=3)` is `run_pipeline(spec, "1f1b", 2,
@@ -177,7 +176,6 @@ def run_pipeline(spec, schedule: Schedule | str, devices: int | None = None, mic
     gradients of every replica are checked (`grad_match`: all of them match).
 
     Raises `exec.launch.processes.RankError` / `TimeoutError` if a rank fails or the run is too slow."""
-    devices, micro_batches = take_sizes("run_pipeline", devices, micro_batches, options)
     config = replace(config or RunConfig(), **options)
     if isinstance(schedule, str):
         if devices is None or micro_batches is None:

@@ -16,25 +16,25 @@ from torch import nn
 __all__ = ["split_micro_batches", "reference_step", "compare_grads"]
 
 
-def split_micro_batches(inputs: torch.Tensor, targets: torch.Tensor, micro: int
+def split_micro_batches(inputs: torch.Tensor, targets: torch.Tensor, micro_batches: int
                         ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Cut a batch along dim 0 into `micro` equal micro-batches. Each one is a copy with
+    """Cut a batch along dim 0 into `micro_batches` equal micro-batches. Each one is a copy with
     its own storage, so the memory it holds is measured by its own size."""
     n = inputs.shape[0]
-    if isinstance(micro, bool) or not isinstance(micro, int) or micro < 1 or n % micro:
-        raise ValueError(f"the batch of {n} samples does not split into {micro!r} equal micro-batches; "
-                         f"choose micro among the divisors of {n}")
-    return ([x.clone() for x in inputs.chunk(micro)], [y.clone() for y in targets.chunk(micro)])
+    if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) or micro_batches < 1 or n % micro_batches:
+        raise ValueError(f"the batch of {n} samples does not split into {micro_batches!r} equal micro-batches; "
+                         f"choose micro_batches among the divisors of {n}")
+    return ([x.clone() for x in inputs.chunk(micro_batches)], [y.clone() for y in targets.chunk(micro_batches)])
 
 
-def reference_step(spec, micro: int) -> tuple[float, list[torch.Tensor]]:
+def reference_step(spec, micro_batches: int) -> tuple[float, list[torch.Tensor]]:
     """The same step in one process, without a pipeline: the whole model on the whole
     batch. Returns the loss and every parameter's gradient, in model order (the order of
-    the stages' parameters one after the other). `micro` is checked to divide the batch.
+    the stages' parameters one after the other). `micro_batches` is checked to divide the batch.
     It never recomputes (`ModelSpec.recompute` is set to "none"), so that a pipeline that
     does is checked against one that does not."""
     inputs, targets = spec.batch()
-    split_micro_batches(inputs, targets, micro)  # the same error as the pipeline for a bad micro
+    split_micro_batches(inputs, targets, micro_batches)  # the same error as the pipeline for a bad micro_batches
     model = nn.Sequential(*replace(spec, recompute="none").build_layers())
     loss = spec.loss(model(inputs), targets)
     loss.backward()

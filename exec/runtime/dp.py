@@ -37,14 +37,14 @@ __all__ = ["Grid", "ReplicaContext", "replica_context", "shard", "CollectiveStre
            "check_dp"]
 
 
-def check_dp(dp: int, batch_size: int, micro: int) -> None:
+def check_dp(dp: int, batch_size: int, micro_batches: int) -> None:
     """Raise ValueError unless `dp` is a positive integer and the batch splits into dp
-    shards of `micro` equal micro-batches each."""
+    shards of `micro_batches` equal micro-batches each."""
     if isinstance(dp, bool) or not isinstance(dp, int) or dp < 1:
         raise ValueError(f"dp must be an integer >= 1 (the number of pipeline replicas), got {dp!r}")
-    if batch_size % (dp * micro):
-        raise ValueError(f"the batch of {batch_size} samples does not split into dp x micro = {dp} x {micro} "
-                         f"equal micro-batches; choose dp x micro among the divisors of {batch_size}")
+    if batch_size % (dp * micro_batches):
+        raise ValueError(f"the batch of {batch_size} samples does not split into dp x micro_batches = {dp} x {micro_batches} "
+                         f"equal micro-batches; choose dp x micro_batches among the divisors of {batch_size}")
 
 
 @dataclass(frozen=True)

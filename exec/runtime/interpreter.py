@@ -9,7 +9,7 @@ are the simulator's (docs/rules.md):
   (`exec.runtime.shapes`) and keeps the handle; lowering has placed it one compute early.
 - `forward`, `backward`, `backward_input`, `backward_weight` (F, B, I, W) first wait for
   the receives whose data they need (`sim.passes.dependencies.waits_for`), then compute between two
-  clock marks. The last stage computes the loss inside its F (scaled by 1/micro, so the
+  clock marks. The last stage computes the loss inside its F (scaled by 1/micro_batches, so the
   step's gradients are the full batch's) and its B starts from that loss; other stages
   run `torch.autograd.backward(output, received_gradient)`. I and W split that backward
   in two (`exec.runtime.split_backward`): I makes the input gradient only and keeps what W needs
@@ -68,10 +68,10 @@ HELD_FIELD = "activation_bytes"
 _RECVS = tuple(k for k, spec in KINDS.items() if spec.role is Role.RECV)  # in table order, for the tags
 
 
-def transfer_tag(recv: Action, micro: int) -> int:
+def transfer_tag(recv: Action, micro_batches: int) -> int:
     """A tag unique to one transfer of the step, named by its RECV action: both sides
     compute it (the sender from `sim.passes.dependencies.peer(send)`)."""
-    return len(_RECVS) * (recv.stage * micro + recv.micro) + _RECVS.index(recv.kind)
+    return len(_RECVS) * (recv.stage * micro_batches + recv.micro) + _RECVS.index(recv.kind)
 
 
 def isend(tensor: torch.Tensor, dst: int, tag: int):
@@ -166,7 +166,7 @@ class RankInterpreter:
         self.outputs: dict[tuple[int, int], torch.Tensor] = {}   # output, or scaled loss on the last stage
         self.input_grads: dict[tuple[int, int], torch.Tensor] = {}
         self.weight_work: dict[tuple[int, int], split_backward.WeightWork] = {}  # I's, for W
-        self.holding: dict[tuple[str, int, int], int] = {}  # (Costs field, stage, micro) -> bytes taken
+        self.holding: dict[tuple[str, int, int], int] = {}  # (Costs field, stage, micro_batches) -> bytes taken
         self.saved: dict[tuple[int, int], SavedBytes] = {}  # their count, until B or I
         self.sends: list[tuple[Any, torch.Tensor]] = []  # (work, tensor kept alive until waited)
         dp_group = getattr(ctx, "dp_group", None)

@@ -12,7 +12,7 @@ the function, so a missing torch is a `ScheduleError`.
 from __future__ import annotations
 
 from sim import Action, Kind, Schedule, ScheduleError, validate
-from sim.schedules import name_key
+from sim.schedule.registry import name_key
 
 # torch's names (get_schedule_class) and ours that mean the same schedule
 TORCH_NAMES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
@@ -32,9 +32,9 @@ def torch_name(name: str) -> str:
     return by_key[name_key(name)]
 
 
-def from_torch(name: str, stages: int, micro: int, virtual: int | None = None) -> Schedule:
-    """torch's order of schedule `name` for `stages` ranks, `micro` micro-batches and `virtual`
-    stages per rank (default: 1 for GPipe and 1F1B, 2 for the others), checked by
+def from_torch(name: str, devices: int, micro_batches: int, virtual: int | None = None) -> Schedule:
+    """torch's order of schedule `name` for `devices` ranks, `micro_batches` micro-batches and `virtual`
+    devices per rank (default: 1 for GPipe and 1F1B, 2 for the others), checked by
     `sim.validate`. Raises `ScheduleError` if torch is missing, refuses the sizes, or
     builds an order that is not a valid schedule."""
     tname = torch_name(name)
@@ -47,32 +47,32 @@ def from_torch(name: str, stages: int, micro: int, virtual: int | None = None) -
     v = (1 if single else 2) if virtual is None else virtual
     if single and v != 1:
         raise ScheduleError(f"torch's {tname} holds one stage per rank (V=1), not V={v}")
-    instance = _instantiate(cls, single, tname, stages, micro, v)
-    programs = [_compute_actions(instance.pipeline_order[r]) for r in range(stages)]
-    mapping = getattr(instance, "stage_index_to_group_rank", None) or {s: s for s in range(stages)}
-    placement = [mapping[s] for s in range(stages * v)]
+    instance = _instantiate(cls, single, tname, devices, micro_batches, v)
+    programs = [_compute_actions(instance.pipeline_order[r]) for r in range(devices)]
+    mapping = getattr(instance, "stage_index_to_group_rank", None) or {s: s for s in range(devices)}
+    placement = [mapping[s] for s in range(devices * v)]
     try:
-        schedule = Schedule(programs, placement, micro, name=f"torch-{tname}")
+        schedule = Schedule(programs, placement, micro_batches, name=f"torch-{tname}")
         validate(schedule)
     except ScheduleError as e:
-        raise ScheduleError(f"torch's {tname} order for P={stages}, M={micro}, V={v} is not a valid schedule: {e}") \
+        raise ScheduleError(f"torch's {tname} order for P={devices}, M={micro_batches}, V={v} is not a valid schedule: {e}") \
             from None
     return schedule
 
 
-def _instantiate(cls, single: bool, tname: str, stages: int, micro: int, v: int):
-    """The schedule class built on stand-in stages, as torch's get_schedule_ops does."""
+def _instantiate(cls, single: bool, tname: str, devices: int, micro_batches: int, v: int):
+    """The schedule class built on stand-in devices, as torch's get_schedule_ops does."""
     from unittest import mock
 
     from torch.distributed.pipelining.stage import PipelineStage
 
     stage = mock.create_autospec(PipelineStage, instance=True)
-    stage.group_rank, stage.group_size, stage.submod, stage.num_stages = 0, stages, None, stages * v
+    stage.group_rank, stage.group_size, stage.submod, stage.num_stages = 0, devices, None, devices * v
     try:
-        return cls(stage if single else [stage] * v, micro)
+        return cls(stage if single else [stage] * v, micro_batches)
     except (ValueError, AssertionError, RuntimeError, ZeroDivisionError) as e:
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise ScheduleError(f"torch's {tname} refuses P={stages}, M={micro}, V={v}: {reason}") from None
+        raise ScheduleError(f"torch's {tname} refuses P={devices}, M={micro_batches}, V={v}: {reason}") from None
 
 
 def _compute_actions(order) -> list[Action]:

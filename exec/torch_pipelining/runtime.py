@@ -37,7 +37,6 @@ import torch.distributed as dist
 import sim
 from sim import Schedule
 from sim.passes.order import order_transfers
-from sim.schedule.renamed import take_sizes
 
 from exec.launch.processes import launch
 from exec.runtime.check import compare_grads, reference_step
@@ -126,16 +125,12 @@ class TorchRuntimeRun:
 def run_torch_runtime(spec, schedule: Schedule | str, devices: int | None = None, micro_batches: int | None = None,
                       *, steps: int = 5, warmup: int = 2, bounds: Sequence[int] | None = None, lr: float = 0.01,
                       timeout: float = 300.0, threads: int | None = None, rtol: float = 1e-4,
-                      atol: float = 1e-5, in_order: bool = True, **old) -> TorchRuntimeRun:
-    """Run `schedule` (a `sim.Schedule`, or a name with `devices` and `micro_batches`; the old
-    keywords `stages=`, `micro=` warn) on torch's
+                      atol: float = 1e-5, in_order: bool = True) -> TorchRuntimeRun:
+    """Run `schedule` (a `sim.Schedule`, or a name with `devices` and `micro_batches`) on torch's
     `_PipelineScheduleRuntime`, one gloo process per rank, `warmup + steps` SGD steps of
     `spec`, and check the first step's gradients against `exec.runtime.check.reference_step`.
     `in_order`: as in `to_torch_csv`. Raises `exec.launch.processes.RankError` / `TimeoutError` as
     `exec.launch.processes.launch` does."""
-    devices, micro_batches = take_sizes("run_torch_runtime", devices, micro_batches, old)
-    if old:
-        raise TypeError(f"run_torch_runtime() got an unexpected keyword argument {next(iter(old))!r}")
     if isinstance(schedule, str):
         if devices is None or micro_batches is None:
             raise ValueError("a schedule name needs devices and micro_batches, e.g. run_torch_runtime(spec, '1f1b', 2, 8)")

@@ -213,8 +213,9 @@ class Result:
         return {
             "schedule": self.schedule.name,
             "source": self.source,
+            "devices": self.schedule.ranks,
             "stages": self.schedule.stages,
-            "micro": self.schedule.micro_batches,
+            "micro_batches": self.schedule.micro_batches,
             "makespan": self.makespan,
             "bubble_fraction": self.bubble_fraction,
             "steady_step": self.steady_step,

@@ -54,14 +54,16 @@ GPUS_PER_NODE = 8
 
 @dataclass(frozen=True)
 class Reference:
-    """One row of the table, as the arguments of `sim.estimate` (see the module's docstring)."""
+    """One row of the table, as the arguments of `sim.estimate` (see the module's docstring);
+    `micro_batches` and `active_micro_batches` are SageMaker's `microbatches` and
+    `active_microbatches`."""
     model: str
     nodes: int
     pp: int
     tp: int
     batch_size: int
-    microbatches: int = 1
-    active_microbatches: int | None = None
+    micro_batches: int = 1
+    active_micro_batches: int | None = None
 
     @property
     def gpus(self) -> int:
@@ -78,8 +80,8 @@ class Reference:
     def kwargs(self, **overrides) -> dict:
         """`sim.estimate`'s keyword arguments for this row; `overrides` change any (e.g.
         recompute="none" or zero=0 to see what breaks)."""
-        options = {} if self.active_microbatches is None else {"max_active": self.active_microbatches}
-        return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "micro_batch": self.batch_size // self.microbatches,
+        options = {} if self.active_micro_batches is None else {"max_active": self.active_micro_batches}
+        return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "micro_batch": self.batch_size // self.micro_batches,
                 "global_batch": self.global_batch, "schedule": "1f1b", "recompute": "full", "zero": 1,
                 "precision": "fp16", "sequence_parallel": False, "gpus_per_node": GPUS_PER_NODE,
                 **options, **overrides}
@@ -88,6 +90,6 @@ class Reference:
 REFERENCES: dict[str, Reference] = {
     "10b": Reference("sagemaker-gpt2-10b", nodes=16, pp=1, tp=4, batch_size=40),
     "30b": Reference("sagemaker-gpt2-30b", nodes=16, pp=1, tp=8, batch_size=32),
-    "60b": Reference("sagemaker-gpt2-60b", nodes=32, pp=2, tp=8, batch_size=56, microbatches=4,
-                     active_microbatches=2),
+    "60b": Reference("sagemaker-gpt2-60b", nodes=32, pp=2, tp=8, batch_size=56, micro_batches=4,
+                     active_micro_batches=2),
 }

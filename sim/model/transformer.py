@@ -3,7 +3,7 @@
 Every count is a published closed form (cited where it is used) written as a sum of named
 parts, so that the tests can check the parts against the closed forms:
 
-    >>> m = model("gpt3-175b")
+    >>> m = Transformer(layers=96, hidden=12288, heads=96, seq=2048, vocab=51200)  # GPT-3 175B
     >>> round(m.params().total / 1e9, 1)
     174.6
     >>> m.flops_per_iteration(batch=1, recompute="full") / m.flops_per_iteration(batch=1) > 1.3
@@ -281,39 +281,3 @@ def llama_ffn(hidden: int, multiple_of: int, multiplier: float = 1.0) -> int:
     2/3 of 4h, times ffn_dim_multiplier, rounded up to a multiple of multiple_of."""
     width = int(multiplier * int(2 * 4 * hidden / 3))
     return multiple_of * -(-width // multiple_of)
-
-
-_MEGATRON = dict(seq=2048, vocab=51200)  # Narayanan et al. 2021, Sec. 5.1 and Table 1
-_LLAMA2 = dict(seq=4096, vocab=32000, arch="llama")  # Touvron et al. 2023 (Llama 2), Sec. 2.2, Table 1
-MODELS: dict[str, Transformer] = {
-    # Brown et al. 2020, Table 2.1 (96 layers, d_model 12288, 96 heads, context 2048);
-    # vocabulary 51200 as Megatron-LM pads it (Korthikanti et al. 2022, Sec. 6, Table 3)
-    "gpt3-175b": Transformer(layers=96, hidden=12288, heads=96, **_MEGATRON),
-    # Narayanan et al. 2021, Table 1: (heads, hidden, layers) of the ten GPT models
-    **{f"megatron-{size}": Transformer(layers=l, hidden=h, heads=a, **_MEGATRON) for size, a, h, l in [
-        ("1.7b", 24, 2304, 24), ("3.6b", 32, 3072, 30), ("7.5b", 32, 4096, 36), ("18.4b", 48, 6144, 40),
-        ("39.1b", 64, 8192, 48), ("76.1b", 80, 10240, 60), ("145.6b", 96, 12288, 80),
-        ("310.1b", 128, 16384, 96), ("529.6b", 128, 20480, 105), ("1t", 160, 25600, 128)]},
-    # Korthikanti et al. 2022, Table 3: (heads, hidden, layers); seq 2048, vocabulary 51200
-    **{f"korthikanti-{size}": Transformer(layers=l, hidden=h, heads=a, **_MEGATRON) for size, a, h, l in [
-        ("22b", 64, 6144, 48), ("175b", 96, 12288, 96), ("530b", 128, 20480, 105), ("1t", 160, 25600, 128)]},
-    # Llama 2: layers, hidden, heads as Llama 1 (Touvron et al. 2023a, Table 2) for 7B and 13B,
-    # and the released 70B config (params.json: dim 8192, 80 layers, 64 heads, 8 KV heads;
-    # GQA per Llama 2, Table 1); ffn by llama_ffn (multiple_of 256; 70B: 4096 and 1.3)
-    "llama2-7b": Transformer(layers=32, hidden=4096, heads=32, ffn=11008, **_LLAMA2),
-    "llama2-13b": Transformer(layers=40, hidden=5120, heads=40, ffn=13824, **_LLAMA2),
-    "llama2-70b": Transformer(layers=80, hidden=8192, heads=64, ffn=28672, kv_heads=8, **_LLAMA2),
-}
-
-
-def model_key(name: str) -> str:
-    """A model's name as the registries key it: case and underscores as you like."""
-    return name.strip().lower().replace("_", "-")
-
-
-def model(name: str) -> Transformer:
-    """The preset called `name` (case and underscores as you like)."""
-    key = model_key(name)
-    if key not in MODELS:
-        raise ValueError(f"unknown model {name!r}; known: {', '.join(MODELS)}")
-    return MODELS[key]

@@ -27,10 +27,10 @@ from sim.hardware.kernels import memory_time, precision_bytes
 from sim.schedule.kinds import KINDS, Kind, program_peak
 from sim.cost.layer import Slice, layer_times
 from sim.search.partition import even
-from sim.schedules import make_schedule
+from sim.schedule.registry import make_schedule
 from sim.hardware.topology import Topology
 from sim.model.transformer import Transformer
-from sim.search.zbauto import split_1f1b
+from sim.schedule.zerobubble import split_1f1b
 
 if TYPE_CHECKING:
     from .space import Config

@@ -24,7 +24,7 @@ from sim.hardware.gpus import GIB, GPUS
 from sim.schedule.ir import ScheduleError
 from .planner import Plan, search
 from .space import MAX_CONFIGS, MAX_MICRO_BATCH, MAX_VIRTUAL, TOP
-from sim.schedules import SCHEDULES
+from sim.schedule.registry import SCHEDULES
 from sim.model.transformer import RECOMPUTE
 
 PROG = "sim.plan"
@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "draw its step and a scatter of all simulated configurations.",
         epilog="Lists are comma-separated. What is searched and the bounds that drop configurations "
                "before they are simulated: docs/planner.md, 'Planner'.")
-    p.add_argument("--model", required=True, help="a preset of sim.MODELS or sagemaker-gpt2-10b/30b/60b")
+    p.add_argument("--model", required=True, help="a model of sim.MODELS (gpt3-175b, megatron-1.7b, llama2-7b, sagemaker-gpt2-10b, ...)")
     p.add_argument("--gpu", required=True, help=f"one of {', '.join(GPUS)}")
     p.add_argument("--gpus", type=whole, required=True, help="GPUs in all: tp * pp * dp")
     p.add_argument("--global-batch", type=whole, required=True, help="sequences per step")
@@ -151,7 +151,7 @@ def format_report(plan: Plan) -> str:
     """The header, the table, and what was left out: the enumerated configurations by
     reason (they and the simulated ones that fit add up to the enumerated), then what was
     not enumerated at all (layouts and schedule sizes, not configurations)."""
-    from .names import model_name
+    from sim.model.registry import model_name
     fit = plan.simulated - plan.dropped_configs["does not fit (simulated)"]
     lines = [f"{model_name(plan.model)} on {plan.gpus} x {plan.gpu.name}, global batch {plan.global_batch}: "
              f"{plan.enumerated} configurations, {plan.simulated} simulated ({fit} fit) in {plan.seconds:.1f} s"]

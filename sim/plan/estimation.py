@@ -32,10 +32,10 @@ from sim.model.transformer import Transformer
 from sim.passes.grad_reduce import add_grad_reduce
 from sim.passes.offload import reload_waits
 from sim.schedule.kinds import Kind
-from sim.schedules import lookup, make_schedule
+from sim.schedule.registry import lookup, make_schedule
 
 from .layout import Layout, check_layout
-from .names import find_model, model_name
+from sim.model.registry import find_model, model_name
 from .stage_costs import memory_caps, memory_parts, offload_costs, partition_layers, stage_costs
 
 

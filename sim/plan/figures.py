@@ -42,7 +42,7 @@ def plot_best(plan: "Plan") -> "Figure":
 
 
 def _what(plan: "Plan") -> str:
-    from .names import model_name
+    from sim.model.registry import model_name
     return f"{model_name(plan.model)} on {plan.gpus} x {plan.gpu.name}, global batch {plan.global_batch}"
 
 
@@ -77,7 +77,7 @@ def plot_scatter(plan: "Plan") -> "Figure":
 
 def figure_paths(plan: "Plan", out: str | os.PathLike) -> tuple[Path, Path]:
     """`<out>/plan_<model>_<gpu>_n<gpus>_B<batch>_best.png` and `..._scatter.png`."""
-    from .names import model_name
+    from sim.model.registry import model_name
     tag = re.sub(r"[^A-Za-z0-9.-]+", "-", f"{model_name(plan.model)}_{plan.gpu.name}") \
         + f"_n{plan.gpus}_B{plan.global_batch}"
     out = Path(out)

@@ -8,7 +8,7 @@ from sim.hardware.profile import DeviceProfile
 from sim.hardware.topology import Topology
 from sim.model.footprint import state_bytes_per_param
 from sim.model.transformer import Transformer, check_recompute
-from sim.schedules import lookup
+from sim.schedule.registry import lookup
 
 
 @dataclass(frozen=True)

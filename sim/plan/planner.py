@@ -51,7 +51,7 @@ from sim.schedule.ir import ScheduleError
 
 from .bounds import Bounds
 from .estimation import Estimate, estimate
-from .names import find_model, model_name
+from sim.model.registry import find_model, model_name
 from .space import MAX_CONFIGS, NOT_ENUMERATED, TOP, Config, configurations, positive
 
 __all__ = ["search", "Plan", "Row", "rank_of"]

@@ -20,7 +20,7 @@ from sim.hardware.profile import resolve
 from sim.hardware.gpus import gpu as gpu_by_name
 from sim.cost.layer import Slice, layer_times
 from sim.model.sagemaker import GPU as SAGEMAKER_GPU, MODELS as SAGEMAKER, REFERENCES, Reference
-from sim.model.transformer import model as model_by_name
+from sim.model.registry import find_model
 
 A100 = "a100-80gb"  # both papers: Selene, "8 NVIDIA 80GB A100 GPUs" per node, 312 TFLOP/s 16-bit peak
 
@@ -117,7 +117,7 @@ def korthikanti_layer(sequence_parallel: bool, recompute: str):
     """`sim.cost.layer.layer_times` of one layer of the 22B model as Table 4 ran it."""
     c = KORTHIKANTI_22B_LAYER
     x = Slice(c["micro_batch"], c["tp"], sequence_parallel, KORTHIKANTI_PRECISION)
-    return layer_times(model_by_name(c["model"]), resolve(A100), x, recompute)
+    return layer_times(find_model(c["model"]), resolve(A100), x, recompute)
 
 
 def korthikanti_table_4() -> list[dict]:
@@ -146,7 +146,7 @@ def published_mfu(row) -> float:
     """MFU from Table 5's present-work time with our model FLOPs (Korthikanti et al. 2022,
     Eq. 7) and the A100's 312 TFLOP/s: a check of the FLOP count, not of the estimate."""
     name, p, gpus, batch = row[:4]
-    return model_by_name(name).flops_per_iteration(batch, "none") / row[7] / gpus / gpu_by_name(A100).flops("bf16")
+    return find_model(name).flops_per_iteration(batch, "none") / row[7] / gpus / gpu_by_name(A100).flops("bf16")
 
 
 def korthikanti_table_5() -> list[dict]:

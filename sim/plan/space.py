@@ -8,7 +8,7 @@ from typing import Sequence
 
 from sim.model.footprint import ZERO_STAGES
 from sim.model.transformer import RECOMPUTE, Transformer
-from sim.schedules import SCHEDULES, lookup
+from sim.schedule.registry import SCHEDULES, lookup
 
 MAX_MICRO_BATCH = 16   # largest micro-batch tried by default (Megatron-LM's Table 1 runs use 1 to 16)
 MAX_VIRTUAL = 4        # most chunks per device tried for a schedule that takes V > 1 (`takes_virtual`)

@@ -1,6 +1,7 @@
 """The command line of `sim.plot`: simulate schedules, print a table, draw the figures.
 
-    python -m sim.plot --stages 4 --micro 8          # out/<schedule>_p4_m8.png ..., out/compare_p4_m8.png
+    python -m sim.plot --devices 4 --micro-batches 8   # out/<schedule>_p4_m8.png ..., out/compare_p4_m8.png
+    python -m sim.plot --stages 4 --micro 8            # the same: the old flags are aliases
     python -m sim.plot --compare 1f1b,zb-h1,zb-h2,zbv   # out/compare_1f1b+zb-h1+zb-h2+zbv_p4_m8.png only
     python -m sim.plot --compare naive,gpipe,1f1b --out figures   # the README's figure
 
@@ -33,7 +34,7 @@ from .gantt import format_memory, format_times, human_bytes, memory_unit, plot_c
     plot_result, plural, save_figure, time_unit, timeline_style, TIME_UNIT
 from sim.engine.result import Result
 from sim.schedule.ir import Schedule
-from sim.schedules import SCHEDULES, TEXTBOOK, lookup, make_schedule
+from sim.schedule.registry import SCHEDULES, TEXTBOOK, lookup, make_schedule
 
 # What a run holds at its peak: a fixed part plus, per stage x micro-batch of each
 # schedule, what the table, the figures and a Chrome trace need; each rounds up the largest
@@ -97,9 +98,11 @@ def build_parser() -> argparse.ArgumentParser:
                "it per chunk (times and bytes held), so that compared schedules run the same model; a "
                "per-stage list gives each of the P x V model stages its own. The schedules: "
                + "; ".join(f"{n}: {g.summary}" for n, g in SCHEDULES.items()) + ".")
-    p.add_argument("--stages", type=whole, default=4,
-                   help="pipeline devices P, a rank each; the schedule has P x V model stages")
-    p.add_argument("--micro", type=whole, default=8, help="micro-batches per step")
+    p.add_argument("--devices", "--stages", dest="devices", type=whole, default=4, metavar="P",
+                   help="pipeline devices P, a rank each; the schedule has P x V model stages "
+                        "(--stages: alias of --devices)")
+    p.add_argument("--micro-batches", "--micro", dest="micro_batches", type=whole, default=8, metavar="M",
+                   help="micro-batches per step (--micro: alias of --micro-batches)")
     p.add_argument("--virtual", type=whole, metavar="V",
                    help="model stages (chunks) per device (default: the schedule's own, 1 or 2 for the V-shaped ones)")
     which = p.add_mutually_exclusive_group()
@@ -187,14 +190,14 @@ def check_size(args: argparse.Namespace, schedules: int, virtual: int = 1) -> No
     model stages per device among the schedules."""
     parts = ["table"] + ([] if args.no_figures else ["figures"]) + (["trace"] if args.trace else [])
     per = sum(BYTES_PER_CELL[p] for p in parts)
-    cells = args.stages * virtual * args.micro
+    cells = args.devices * virtual * args.micro_batches
     allowed = MEMORY_SHARE * machine_memory()
     need = BASE_BYTES + schedules * cells * per
     if need > allowed:
         most = max(0, int((allowed - BASE_BYTES) / (schedules * per)))
         more = [o for o, on in (("fewer --schedule", schedules > 1), ("--no-figures", len(parts) > 1)) if on]
         v = f" x V {virtual}" if virtual > 1 else ""
-        fail(f"step too large for this machine: --stages {args.stages}{v} x --micro {args.micro} = {cells:,} "
+        fail(f"step too large for this machine: --devices {args.devices}{v} x --micro-batches {args.micro_batches} = {cells:,} "
              f"stage-micro-batches x {plural(schedules, 'schedule')} would need about {human_bytes(need)} "
              f"({per:,} bytes each for the {' + '.join(parts)}, as measured), more than the {human_bytes(allowed)} "
              f"allowed ({MEMORY_SHARE:.0%} of its {human_bytes(machine_memory())} of memory); the limit here is "
@@ -218,8 +221,8 @@ def costs_of(args: argparse.Namespace) -> Costs:
 def _check_lengths(args: argparse.Namespace, name: str) -> None:
     """Each per-stage list has one value or one per model stage of `name` (P x V)."""
     v = _virtual(args, name)
-    stages = args.stages * v
-    where = "" if v == 1 else f" of {name} ({args.stages} devices x V {v})"
+    stages = args.devices * v
+    where = "" if v == 1 else f" of {name} ({args.devices} devices x V {v})"
     for field in PER_STAGE:
         values = getattr(args, field)
         if values is not None and len(values) not in (1, stages):
@@ -234,7 +237,7 @@ def _schedules(args: argparse.Namespace, names: list[str], costs: Costs) -> list
     for name in names:
         _check_lengths(args, name)
         try:
-            schedules.append(make_schedule(name, args.stages, args.micro, args.virtual, **options[name]))
+            schedules.append(make_schedule(name, args.devices, args.micro_batches, args.virtual, **options[name]))
         except (ScheduleError, ValueError) as e:
             fail(str(e).splitlines()[0])
     return schedules
@@ -292,14 +295,14 @@ def chunk_costs(costs: Costs, virtual: int) -> Costs:
 
 
 def _simulate(args: argparse.Namespace, schedules: list[Schedule], costs: Costs) -> list[Result]:
-    big = args.stages * args.micro >= BIG_STEP
+    big = args.devices * args.micro_batches >= BIG_STEP
     results = []
     try:
         for schedule in schedules:
             if big:
                 progress(f"simulating {schedule.name}: {plural(schedule.stages, 'stage')}, "
-                         f"{plural(args.micro, 'micro-batch', 'micro-batches')}")
-            results.append(simulate(schedule, chunk_costs(costs, schedule.stages // args.stages)))
+                         f"{plural(args.micro_batches, 'micro-batch', 'micro-batches')}")
+            results.append(simulate(schedule, chunk_costs(costs, schedule.stages // args.devices)))
     except (ScheduleError, ValueError) as e:
         fail(str(e).splitlines()[0])  # a deadlock report adds a grid below its first line
     return results
@@ -310,7 +313,7 @@ def _write(args: argparse.Namespace, results: list[Result], out: Path, counts: b
     With `--compare`, the comparison figure is the only figure. `counts`: memory in
     micro-batches of a device's activations (the default bytes), as in the table."""
     unit = (1.0, "micro-batches") if counts else None
-    tag = f"p{args.stages}_m{args.micro}" + (f"_v{args.virtual}" if args.virtual is not None else "")
+    tag = f"p{args.devices}_m{args.micro_batches}" + (f"_v{args.virtual}" if args.virtual is not None else "")
     jobs = []
     for r in results:
         if not args.no_figures and args.compare is None:

@@ -54,10 +54,10 @@ class _Device:
         return m
 
 
-def dualpipev(stages: int, micro: int, virtual: int = 2) -> Schedule:
+def dualpipev(devices: int, micro_batches: int, virtual: int = 2) -> Schedule:
     """DualPipeV's eight steps on device r of p, for M >= 2p micro-batches (chunk 0 is
     stage r, chunk 1 is stage 2p-1-r; "F0B1" is the pair F of chunk 0, B of chunk 1)."""
-    P, M = stages, micro
+    P, M = devices, micro_batches
     programs = []
     for r in range(P):
         d = _Device((r, 2 * P - 1 - r))

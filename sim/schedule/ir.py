@@ -21,7 +21,6 @@ from operator import itemgetter
 from typing import Callable, Iterable, NamedTuple, Sequence
 
 from .kinds import COPIES, ONCE_PER_STAGE, TRANSFERS, Kind
-from .renamed import take_renamed, warn_renamed_attribute
 
 
 def _alternatives(kinds) -> str:
@@ -80,7 +79,7 @@ def _at_step(rank: int, step: int | None = None) -> str:
     return f"rank {rank}" if step is None else f"rank {rank} step {step}"
 
 
-def check_actions(programs: Sequence[Sequence[Action]], placement: Sequence[int], micro: int,
+def check_actions(programs: Sequence[Sequence[Action]], placement: Sequence[int], micro_batches: int,
                   where: Where = _at_step) -> None:
     """No action appears twice, and every stage has, for every micro-batch, its forward F
     and its backward (B, or I and W). Raises `ScheduleError` naming the cell (`where`).
@@ -96,11 +95,11 @@ def check_actions(programs: Sequence[Sequence[Action]], placement: Sequence[int]
         # S*M distinct Fs and Bs: all there, unless some name a stage or micro-batch that
         # does not exist, which validate says
         kinds = Counter(map(itemgetter(1), unique))
-        if kinds[Kind.F] == kinds[Kind.B] == stages * micro and not kinds[Kind.I] and not kinds[Kind.W]:
+        if kinds[Kind.F] == kinds[Kind.B] == stages * micro_batches and not kinds[Kind.I] and not kinds[Kind.W]:
             return
     cells = _first_cells(programs, unique if len(unique) == total else None, where)
     for s in range(stages):
-        for m in range(micro):
+        for m in range(micro_batches):
             _check_stage_micro(s, m, placement[s], cells, where)
 
 
@@ -182,34 +181,30 @@ class Schedule:
     name: str = "custom"
 
     def __init__(self, programs: Sequence[Iterable[Action | str]], placement: Sequence[int] | None = None,
-                 micro_batches: int | None = None, name: str = "custom", *, micro: int | None = None):
-        if micro is not None:  # the old spelling of micro_batches
-            given = {"micro_batches": micro_batches, "micro": micro}
-            take_renamed("Schedule", given, {"micro": "micro_batches"})
-            micro_batches = given["micro_batches"]
+                 micro_batches: int | None = None, name: str = "custom"):
         # generators hand over Actions already; only text needs parsing
         progs = tuple(prog if set(map(type, prog)) <= {Action} else tuple(map(action, prog))
                       for prog in map(tuple, programs))
         self._init(progs, placement, micro_batches, name, _at_step)
 
-    def _init(self, progs: tuple[tuple[Action, ...], ...], placement: Sequence[int] | None, micro: int | None,
-              name: str, where: Where) -> None:
+    def _init(self, progs: tuple[tuple[Action, ...], ...], placement: Sequence[int] | None,
+              micro_batches: int | None, name: str, where: Where) -> None:
         """Set the fields and check the actions (`check_actions`); `where` names a cell in errors."""
         if not progs:
             raise ScheduleError("a schedule needs at least one device")
         if placement is None:
             placement = _placement_of(progs)
         placement = tuple(int(r) for r in placement)
-        if micro is None:
-            micro = 1 + max((a.micro for prog in progs for a in prog), default=-1)
-        check_actions(progs, placement, int(micro), where)
+        if micro_batches is None:
+            micro_batches = 1 + max((a.micro for prog in progs for a in prog), default=-1)
+        check_actions(progs, placement, int(micro_batches), where)
         # asked often and the programs never change: compute them once
         kinds = set(map(itemgetter(1), itertools.chain.from_iterable(progs)))
         if not ONCE_PER_STAGE.isdisjoint(kinds):
             _check_per_stage(progs, where)
         object.__setattr__(self, "programs", progs)
         object.__setattr__(self, "placement", placement)
-        object.__setattr__(self, "micro_batches", int(micro))
+        object.__setattr__(self, "micro_batches", int(micro_batches))
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "_lowered", not TRANSFERS.isdisjoint(kinds))
         object.__setattr__(self, "_collectives", not ONCE_PER_STAGE.isdisjoint(kinds))
@@ -223,12 +218,6 @@ class Schedule:
     def stages(self) -> int:
         """The model stages (P*V); the devices are `ranks`."""
         return len(self.placement)
-
-    @property
-    def micro(self) -> int:
-        """Deprecated spelling of `micro_batches` (`Action.micro` is a micro-batch's index)."""
-        warn_renamed_attribute("Schedule", "micro", "micro_batches")
-        return self.micro_batches
 
     def rank_of(self, stage: int) -> int:
         return self.placement[stage]

@@ -25,13 +25,14 @@ from the start of F to the end of I, then w_activation_bytes until the end of W.
 knob `budget`: device r may hold `budget * max(activation_bytes[r], w_activation_bytes[r])`
 bytes (budget micro-batches' worth).
 
-`zb_auto` takes the I/W-split 1F1B, ZB-H1 (`sim.schedule.zerobubble.zb_h1`) and the
-heuristic for every knob setting and budget (1, 2, ... and no bound; `budgets` leaves
+`zb_auto` takes the I/W-split 1F1B and ZB-H1 (`sim.schedule.zerobubble`: `split_1f1b`,
+`zb_h1`) and the heuristic for every knob setting and budget (1, 2, ... and no bound; `budgets` leaves
 out those whose runs cannot fit), simulates every candidate whose peak fits the limit
 and keeps the shortest makespan; among equal makespans the smallest bubble of one
 device (`device_bubble`, the paper's measure), then the smallest peak. The candidates
 are a family that does not depend on the limit, filtered by it: more memory never makes
-the result worse.
+the result worse. It adds itself to `sim.SCHEDULES` as "zb-auto" (a search that simulates
+lives above the engine, the registry below it).
 """
 from __future__ import annotations
 
@@ -44,7 +45,8 @@ from sim.engine.costs import Costs, StageCosts
 from sim.engine.core import simulate
 from sim.schedule.ir import Action, Kind, Schedule, ScheduleError
 from sim.schedule.kinds import program_peak
-from sim.schedule.zerobubble import zb_h1
+from sim.schedule.registry import SCHEDULES, Generator
+from sim.schedule.zerobubble import split_1f1b, zb_h1
 
 FILLS = ("fit", "always", "balance")
 
@@ -68,19 +70,19 @@ class _Greedy:
     """One run of the heuristic: the device programs, each action's end time and
     whether the memory budget ever held an action back."""
 
-    def __init__(self, stages: int, micro: int, c: StageCosts, knobs: Knobs):
-        self.P, self.M, self.c, self.k = stages, micro, c, knobs
+    def __init__(self, devices: int, micro_batches: int, c: StageCosts, knobs: Knobs):
+        self.P, self.M, self.c, self.k = devices, micro_batches, c, knobs
         self.unit = [max(a, w) for a, w in zip(c.activation_bytes, c.w_activation_bytes)]
         self.hop = [c.latency + c.transfer_time(b) for b in c.activation_bytes_sent]  # T_comm from stage s to s+1
-        self.clock = [0.0] * stages
-        self.done = {Kind.F: [0] * stages, Kind.I: [0] * stages, Kind.W: [0] * stages}
+        self.clock = [0.0] * devices
+        self.done = {Kind.F: [0] * devices, Kind.I: [0] * devices, Kind.W: [0] * devices}
         self.end: dict[tuple[int, Kind, int], float] = {}
-        self.bubble = [0.0] * stages
-        self.programs: list[list[Action]] = [[] for _ in range(stages)]
+        self.bubble = [0.0] * devices
+        self.programs: list[list[Action]] = [[] for _ in range(devices)]
         self.bound = False
         self.asked = False  # whether the knob `fill` decided anything (a bubble shorter than a W)
         self.costs = {Kind.F: c.forward, Kind.I: c.backward_input, Kind.W: c.backward_weight}
-        self.warmup = [0] * stages  # forwards a device ran before its first I (0: none yet)
+        self.warmup = [0] * devices  # forwards a device ran before its first I (0: none yet)
 
     def ready(self, s: int, kind: Kind) -> tuple[float, bool]:
         """When the next `kind` of stage s may start: (time, exact) where not exact means
@@ -180,56 +182,41 @@ class _Greedy:
 
 
 @lru_cache(maxsize=4096)
-def heuristic(stages: int, micro: int, c: StageCosts, knobs: Knobs) -> tuple[tuple[tuple[Action, ...], ...], bool, bool]:
+def heuristic(devices: int, micro_batches: int, c: StageCosts, knobs: Knobs) -> tuple[tuple[tuple[Action, ...], ...], bool, bool]:
     """The device programs the heuristic lays out with `knobs`; whether its memory budget
     held an action back (if not, a larger budget lays out the same); whether the knob
     `fill` decided anything (if not, another `fill` lays out the same)."""
-    g = _Greedy(stages, micro, c, knobs).run()
+    g = _Greedy(devices, micro_batches, c, knobs).run()
     return tuple(map(tuple, g.programs)), g.bound, g.asked
 
 
-def split_1f1b(stages: int, micro: int) -> Schedule:
-    """1F1B with each backward split into I and then, at once, its W: the candidate that
-    holds as much as 1F1B and is never slower (an I sends its gradient before the W)."""
-    programs = []
-    for s in range(stages):
-        warmup = min(stages - s - 1, micro)
-        prog = [Action(s, Kind.F, m) for m in range(warmup)]
-        for m in range(micro):
-            if m + warmup < micro:
-                prog.append(Action(s, Kind.F, m + warmup))
-            prog += [Action(s, Kind.I, m), Action(s, Kind.W, m)]
-        programs.append(prog)
-    return Schedule(programs, micro_batches=micro, name="1f1b-split")
-
-
-def candidates(stages: int, micro: int, c: StageCosts, limit: float, runs: int | None = None):
+def candidates(devices: int, micro_batches: int, c: StageCosts, limit: float, runs: int | None = None):
     """The candidate schedules that may fit `limit`: the I/W-split 1F1B, ZB-H1 where
     `sim.schedule.zerobubble.zb_h1`, and the heuristic for each knob setting and each budget
     (`budgets`) up to the first that does not bind; with `runs`, at most that many runs of
     the heuristic, the likeliest fastest first (`_few`)."""
-    yield split_1f1b(stages, micro)
-    yield zb_h1(stages, micro)
-    yield from (_every if runs is None else _few)(stages, micro, c, limit, runs)
+    yield split_1f1b(devices, micro_batches)
+    yield zb_h1(devices, micro_batches)
+    yield from (_every if runs is None else _few)(devices, micro_batches, c, limit, runs)
 
 
-def _every(stages: int, micro: int, c: StageCosts, limit: float, runs=None):
+def _every(devices: int, micro_batches: int, c: StageCosts, limit: float, runs=None):
     """The heuristic for every knob setting and every budget up to the first that does not bind."""
     seen = set()
     for forward_first, fill in itertools.product((False, True), FILLS):
         for budget in budgets(c, limit):
-            programs, bound, asked = heuristic(stages, micro, c, Knobs(budget, forward_first, FILLS[0]))
+            programs, bound, asked = heuristic(devices, micro_batches, c, Knobs(budget, forward_first, FILLS[0]))
             if fill != FILLS[0] and asked:
-                programs, bound, _ = heuristic(stages, micro, c, Knobs(budget, forward_first, fill))
+                programs, bound, _ = heuristic(devices, micro_batches, c, Knobs(budget, forward_first, fill))
             # else `fill` decided nothing: the same run as with FILLS[0]
             if programs not in seen:
                 seen.add(programs)
-                yield Schedule([list(p) for p in programs], micro_batches=micro, name="zb-auto")
+                yield Schedule([list(p) for p in programs], micro_batches=micro_batches, name="zb-auto")
             if not bound:
                 break
 
 
-def _few(stages: int, micro: int, c: StageCosts, limit: float, runs: int):
+def _few(devices: int, micro_batches: int, c: StageCosts, limit: float, runs: int):
     """At most `runs` runs of the heuristic, the likeliest fastest first: a schedule that
     may hold more in flight has the smaller bubble, so each fill (in the order of `FILLS`),
     each `forward_first`, with no budget, then, where that run holds more than `limit`,
@@ -247,10 +234,10 @@ def _few(stages: int, micro: int, c: StageCosts, limit: float, runs: int):
                 (fill != FILLS[0] and (forward_first, budget) not in asked):
             continue
         tried.add(knobs)
-        programs, _, did_ask = heuristic(stages, micro, c, knobs)
+        programs, _, did_ask = heuristic(devices, micro_batches, c, knobs)
         if did_ask:
             asked.add((forward_first, budget))
-        cand = Schedule([list(p) for p in programs], micro_batches=micro, name="zb-auto")
+        cand = Schedule([list(p) for p in programs], micro_batches=micro_batches, name="zb-auto")
         if budget is None and within(order_peak(cand, c), limit):
             fits.add((forward_first, fill))  # no budget needed: a budget would lay out no faster
         if programs not in seen:
@@ -291,11 +278,11 @@ def activation_peak(result, c: StageCosts) -> float:
     return max(peak - c.static_total(r) for r, peak in enumerate(result.peak_memory))
 
 
-def zb_auto(stages: int, micro: int, virtual: int = 1, costs: Costs | None = None,
+def zb_auto(devices: int, micro_batches: int, virtual: int = 1, costs: Costs | None = None,
             memory_limit: float | None = None, max_runs: int | None = None) -> Schedule:
     """The best schedule the zero-bubble heuristic finds (the module's docstring) for
-    `stages` devices and `micro` micro-batches under `costs` (default F = I = W = 1),
-    whose activations never exceed `memory_limit` bytes on any device (default: `stages`
+    `devices` devices and `micro_batches` micro-batches under `costs` (default F = I = W = 1),
+    whose activations never exceed `memory_limit` bytes on any device (default: `devices`
     micro-batches' activation_bytes of the largest stage: the paper's ZB-1p; twice that
     is its ZB-2p). Static bytes (weights, gradients, optimizer state) do not count.
     `max_runs` (>= 2) bounds the search to that many runs of the heuristic, the likeliest
@@ -306,11 +293,11 @@ def zb_auto(stages: int, micro: int, virtual: int = 1, costs: Costs | None = Non
     if not isinstance(costs, Costs):
         raise ScheduleError(f"zb-auto costs must be a sim.Costs, got {type(costs).__name__}")
     try:
-        c = costs.for_stages(stages)
+        c = costs.for_stages(devices)
     except ValueError as e:
         raise ScheduleError(f"zb-auto: {e}") from None
     one = max(map(max, c.activation_bytes, c.w_activation_bytes))
-    limit = stages * max(c.activation_bytes) if memory_limit is None else memory_limit
+    limit = devices * max(c.activation_bytes) if memory_limit is None else memory_limit
     if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not limit >= one:
         raise ScheduleError(f"zb-auto memory_limit {limit!r} is below one micro-batch's activations ({one:g} bytes)")
     if max_runs is not None and (isinstance(max_runs, bool) or not isinstance(max_runs, int) or max_runs < 2):
@@ -319,17 +306,17 @@ def zb_auto(stages: int, micro: int, virtual: int = 1, costs: Costs | None = Non
     try:
         hash(costs)
     except TypeError:  # costs with lists in them: search without the cache
-        return _search.__wrapped__(stages, micro, costs, float(limit), max_runs)
-    return _search(stages, micro, costs, float(limit), max_runs)
+        return _search.__wrapped__(devices, micro_batches, costs, float(limit), max_runs)
+    return _search(devices, micro_batches, costs, float(limit), max_runs)
 
 
 @lru_cache(maxsize=256)
-def _search(stages: int, micro: int, costs: Costs, limit: float, runs: int | None = None) -> Schedule:
+def _search(devices: int, micro_batches: int, costs: Costs, limit: float, runs: int | None = None) -> Schedule:
     """Simulate every candidate that may fit `limit` (at most `runs` runs of the
     heuristic) and keep the best: the shortest makespan, then the smallest
     `device_bubble`, then the smallest peak."""
-    c, best = costs.for_stages(stages), None
-    for cand in candidates(stages, micro, c, limit, runs):
+    c, best = costs.for_stages(devices), None
+    for cand in candidates(devices, micro_batches, c, limit, runs):
         peak = order_peak(cand, c)  # what the simulation finds, without rounding the static bytes in
         if not within(peak, limit):
             continue
@@ -338,4 +325,8 @@ def _search(stages: int, micro: int, costs: Costs, limit: float, runs: int | Non
             score = (r.makespan, device_bubble(r), peak)
             if best is None or score < best[0]:
                 best = (score, cand)
-    return Schedule(best[1].programs, micro_batches=micro, name="zb-auto")
+    return Schedule(best[1].programs, micro_batches=micro_batches, name="zb-auto")
+
+
+SCHEDULES.add("zb-auto", Generator(zb_auto, "the zero-bubble paper's automatic scheduler: best found under costs "
+                                   "and memory_limit (Qi et al. 2024, Sec. 3)", options=("costs", "memory_limit", "max_runs")))

@@ -23,7 +23,7 @@ import torch.distributed as dist  # noqa: E402
 
 import sim  # noqa: E402
 from sim import Action, Kind  # noqa: E402
-from helpers import gpipe_like  # noqa: E402
+from sim.schedule.textbook import gpipe_on  # noqa: E402
 from exec.runtime.check import compare_grads, reference_step, split_micro_batches  # noqa: E402
 from exec.launch.host import GLOO_IO_THREAD, host_cores, rank_cores  # noqa: E402
 from exec.launch.processes import RankError, children_of, free_port, launch  # noqa: E402
@@ -243,9 +243,9 @@ def test_launch_rejects_bad_arguments_before_starting_anything():
 
 # ---------------------------------------------------------------------------- the interpreter, steps and runs
 
-def _gpipe_like(placement, micro, split=False):
-    """All forwards in stage order, then the backwards in reverse (I then W if split)."""
-    return gpipe_like(placement, micro, split, name="v-split" if split else "v")
+def _gpipe_on(placement, micro_batches, split=False):
+    """`gpipe_on`, named as the runs' records name it."""
+    return gpipe_on(placement, micro_batches, split, name="v-split" if split else "v")
 
 
 CASES = [  # (id, spec, schedule)
@@ -253,8 +253,8 @@ CASES = [  # (id, spec, schedule)
     ("gpipe-mlp", MLP, sim.make_schedule("gpipe", 2, 4)),
     ("1f1b-mlp", MLP, sim.make_schedule("1f1b", 2, 4)),
     ("1f1b-gpt", GPT, sim.make_schedule("1f1b", 2, 2)),
-    ("v-shape-mlp", MLP, _gpipe_like([0, 1, 1, 0], 2)),           # two stages per rank
-    ("v-shape-split-mlp", MLP, _gpipe_like([0, 1, 1, 0], 2, True)),  # and I/W backwards
+    ("v-shape-mlp", MLP, _gpipe_on([0, 1, 1, 0], 2)),           # two stages per rank
+    ("v-shape-split-mlp", MLP, _gpipe_on([0, 1, 1, 0], 2, True)),  # and I/W backwards
 ]
 
 
@@ -379,7 +379,7 @@ def test_every_kind_has_its_handler_in_the_interpreter():
 
 # ---------------------------------------------------------------------------- the command line
 
-SMALL = ["--layers", "4", "--hidden", "32", "--seq", "8", "--batch-size", "8", "--micro", "4"]
+SMALL = ["--layers", "4", "--hidden", "32", "--seq", "8", "--batch-size", "8", "--micro-batches", "4"]
 
 
 def _cli(*args, timeout=120):
@@ -387,19 +387,34 @@ def _cli(*args, timeout=120):
                           text=True, timeout=timeout)
 
 
+def test_the_old_flags_are_aliases_that_say_so_in_the_help_only(capsys):
+    """`--stages 2 --micro 8` parses as `--devices 2 --micro-batches 8`, with nothing said at
+    run time; `--help` names them aliases."""
+    import warnings
+    from exec.run import build_parser
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        old = build_parser().parse_args(["--stages", "2", "--micro", "8"])
+    assert vars(old) == vars(build_parser().parse_args(["--devices", "2", "--micro-batches", "8"]))
+    assert (old.devices, old.micro_batches) == (2, 8) and capsys.readouterr() == ("", "")
+    text = "".join(build_parser().format_help().split())
+    assert "--devicesP,--stagesP" in text and "--stages:aliasof--devices" in text
+    assert "--micro-batchesM,--microM" in text and "--micro:aliasof--micro-batches" in text
+
+
 @pytest.mark.slow
 def test_cli_json_is_all_of_stdout(tmp_path):
     costs = tmp_path / "costs.json"  # given costs: no profiling run
     save_costs(sim.Costs(forward=1e-3, backward=2e-3), costs)
-    p = _cli("--schedule", "gpipe", "--stages", "2", *SMALL, "--steps", "2", "--warmup", "1",
+    p = _cli("--schedule", "gpipe", "--devices", "2", *SMALL, "--steps", "2", "--warmup", "1",
              "--costs", str(costs), "--json", "--out", str(tmp_path / "out"))
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)  # the table and progress go to stderr
     assert "measured step" in p.stderr
-    for key in ("schedule", "stages", "micro", "measured_step_s", "simulated_step_s", "error_pct",
+    for key in ("schedule", "stages", "micro_batches", "measured_step_s", "simulated_step_s", "error_pct",
                 "grad_match", "max_grad_diff"):
         assert key in out, key
-    assert out["schedule"] == "gpipe" and out["stages"] == 2 and out["micro"] == 4
+    assert out["schedule"] == "gpipe" and out["stages"] == 2 and out["micro_batches"] == 4
     assert out["grad_match"] is True and out["measured_step_s"] > 0 and out["simulated_step_s"] > 0
     assert (tmp_path / "out" / "gpipe_p2_m4_measured.trace.json").is_file()
 
@@ -408,7 +423,7 @@ def test_cli_json_is_all_of_stdout(tmp_path):
 def test_cli_calibrates_in_the_run_and_keeps_the_costs(tmp_path):
     """Without --costs the run calibrates between its steps; --out keeps the costs, and the
     simulated step it reports is the simulation under them, which --costs reproduces."""
-    p = _cli("--schedule", "1f1b", "--stages", "2", *SMALL, "--steps", "2", "--warmup", "1", "--json",
+    p = _cli("--schedule", "1f1b", "--devices", "2", *SMALL, "--steps", "2", "--warmup", "1", "--json",
              "--out", str(tmp_path / "out"))
     assert p.returncode == 0, p.stderr
     assert p.stderr.count("exec: calibrating") == 2
@@ -418,7 +433,7 @@ def test_cli_calibrates_in_the_run_and_keeps_the_costs(tmp_path):
     assert out["simulated_step_s"] == pytest.approx(simulated.makespan, rel=1e-12)
     assert out["simulated_peak_memory"] == out["measured_peak_memory"]
     assert out["costs"]["forward"] == list(costs.forward)
-    again = _cli("--schedule", "1f1b", "--stages", "2", *SMALL, "--steps", "1", "--warmup", "0", "--json",
+    again = _cli("--schedule", "1f1b", "--devices", "2", *SMALL, "--steps", "1", "--warmup", "0", "--json",
                  "--costs", str(tmp_path / "out" / "costs.json"))
     assert again.returncode == 0 and "calibrating" not in again.stderr
     assert json.loads(again.stdout.strip().splitlines()[-1])["simulated_step_s"] == out["simulated_step_s"]
@@ -432,7 +447,7 @@ def test_cli_bad_costs_file_exits_2_before_running(tmp_path, capsys):
     for path, says in ((three, "Costs.forward has 3 values but the schedule has 2 stages"),
                        (tmp_path / "junk.json", "junk.json"), (tmp_path / "none.json", "no such file")):
         with pytest.raises(SystemExit) as info:
-            main(["--stages", "2", *SMALL, "--costs", str(path)])
+            main(["--devices", "2", *SMALL, "--costs", str(path)])
         err = capsys.readouterr().err
         assert info.value.code == 2 and err.count("\n") == 1 and says in err, err
 
@@ -444,7 +459,7 @@ def test_cli_under_torchrun_reports_once(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR")}
     env["PYTHONPATH"] = str(ROOT)
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                        "--master-port", str(free_port()), "-m", "exec.run", "--stages", "2", *SMALL,
+                        "--master-port", str(free_port()), "-m", "exec.run", "--devices", "2", *SMALL,
                         "--steps", "1", "--warmup", "1", "--json"],
                        capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
     assert p.returncode == 0, p.stderr[-2000:]
@@ -454,15 +469,16 @@ def test_cli_under_torchrun_reports_once(tmp_path):
 
 
 @pytest.mark.parametrize("args, says", [
-    (["--stages", "0"], "--stages"),
+    (["--devices", "0"], "--devices"),
+    (["--stages", "0"], "--devices/--stages"),  # the old flag, an alias
     (["--schedule", "zigzag"], "unknown schedule"),
-    (["--micro", "5"], "does not split"),
+    (["--micro-batches", "5"], "does not split"),
     (["--model", "rnn"], "--model"),
     (["--optimizer", "adam"], "--optimizer"),
     (["--fault", "raise:7"], "names rank 7"),
     (["--out", __file__], "is a file"),
     (["--dp", "0"], "--dp"),
-    (["--dp", "3", "--micro", "4", "--batch-size", "8"], "does not split into --dp 3 x --micro 4"),
+    (["--dp", "3", "--micro-batches", "4", "--batch-size", "8"], "does not split into --dp 3 x --micro-batches 4"),
     (["--dp", "2", "--fault", "raise:4"], "names rank 4"),
     (["--overlap-grad-reduce"], "give --dp 2 or more"),
 ])
@@ -480,7 +496,7 @@ def test_more_ranks_than_cores_calibrate_with_a_warning():
     """Three ranks calibrate (ranks 0 and 1 time the transport without the third one) and
     the run says at its start, in one line, that it has more ranks than cores, and its
     table says it again beside the simulated step."""
-    p = _cli("--schedule", "1f1b", "--stages", "3", *SMALL, "--steps", "1", "--warmup", "0", "--json",
+    p = _cli("--schedule", "1f1b", "--devices", "3", *SMALL, "--steps", "1", "--warmup", "0", "--json",
              "--timeout", "150", timeout=200)
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["grad_match"] is True
@@ -492,7 +508,7 @@ def test_more_ranks_than_cores_calibrate_with_a_warning():
 
 @pytest.mark.slow
 def test_a_silent_rank_gets_a_progress_line_every_few_seconds():
-    p = _cli("--stages", "2", *SMALL, "--steps", "1", "--warmup", "0", "--no-compare", "--fault", "hang:1",
+    p = _cli("--devices", "2", *SMALL, "--steps", "1", "--warmup", "0", "--no-compare", "--fault", "hang:1",
              "--timeout", "14")
     assert p.returncode == 1 and "took longer than timeout=14s" in p.stderr
     assert p.stderr.count("step 1/1: still running after") >= 1
@@ -502,7 +518,7 @@ def test_a_silent_rank_gets_a_progress_line_every_few_seconds():
 def test_cli_rank_failure_is_one_line_and_exit_1(capsys):
     from exec.run import main
     with pytest.raises(SystemExit) as info:
-        main(["--stages", "2", *SMALL, "--steps", "1", "--warmup", "0", "--no-compare", "--quiet",
+        main(["--devices", "2", *SMALL, "--steps", "1", "--warmup", "0", "--no-compare", "--quiet",
               "--fault", "raise:1", "--timeout", "60"])
     err = capsys.readouterr().err
     assert info.value.code == 1
@@ -521,15 +537,14 @@ def test_nccl_run_matches_one_process():
     assert run.measured_step_s > 0 and run.result.peak_memory[0] > 0
 
 
-def test_run_pipeline_and_torch_runtime_take_devices_and_micro_batches_and_warn_on_the_old_keywords():
+def test_run_pipeline_and_torch_runtime_take_devices_and_micro_batches_only():
     from exec.pipeline.runner import run_pipeline
     from exec.torch_pipelining.runtime import run_torch_runtime
     for run in (run_pipeline, run_torch_runtime):
         # a name without micro_batches is refused before any process starts
         with pytest.raises(ValueError, match=r"a schedule name needs devices and micro_batches"):
             run(MLP, "1f1b", devices=2)
-        with pytest.warns(DeprecationWarning, match=r"stages= is now devices="), \
-                pytest.raises(ValueError, match=r"needs devices and micro_batches"):
-            run(MLP, "1f1b", stages=2)
+        with pytest.raises(TypeError, match=r"unexpected keyword argument 'stages'"):
+            run(MLP, "1f1b", stages=2)  # the old keyword for devices is gone
     with pytest.raises(TypeError, match=r"unexpected keyword argument 'step'"):
         run_torch_runtime(MLP, "1f1b", 2, 4, step=1)

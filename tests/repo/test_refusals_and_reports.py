@@ -21,7 +21,8 @@ import sim
 from sim.plan.planner import search
 from sim.plan.space import Config
 from sim.plan.cli import ProgressBar
-from sim.search.zbauto import order_peak, split_1f1b, zb_auto
+from sim.schedule.zerobubble import split_1f1b
+from sim.search.zbauto import order_peak, zb_auto
 from helpers import counting_calls
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -209,12 +210,12 @@ def test_plot_refuses_degenerate_costs(tmp_path, args, words):
 def test_readme_commands_leave_the_checkout_clean(tmp_path):
     """The compare figure of other schedules is named after them, never the README's; by
     default figures go to out/, which git ignores."""
-    proc = run("sim.plot", "--compare", "1f1b,zb-h1,zb-h2,zbv", "--stages", "4", "--micro", "8",
+    proc = run("sim.plot", "--compare", "1f1b,zb-h1,zb-h2,zbv", "--devices", "4", "--micro-batches", "8",
                "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     assert [p.name for p in tmp_path.iterdir()] == ["compare_1f1b+zb-h1+zb-h2+zbv_p4_m8.png"]
     assert "peak activations: per rank" in proc.stdout  # chunks and micro-batches of memory told apart
-    proc = run("sim.plot", "--compare", "naive,gpipe,1f1b", "--stages", "4", "--micro", "8", "--out", str(tmp_path))
+    proc = run("sim.plot", "--compare", "naive,gpipe,1f1b", "--devices", "4", "--micro-batches", "8", "--out", str(tmp_path))
     assert (tmp_path / "compare_p4_m8.png").exists()
     assert "/out/" in (ROOT / ".gitignore").read_text().split()
     assert sorted(p.name for p in (ROOT / "figures").iterdir()) == ["compare_p4_m8.png"]
@@ -280,7 +281,7 @@ def test_planner_bounds_do_not_search_zb_auto():
     (it took minutes)."""
     from sim.plan.bounds import Bounds
     from sim.hardware.gpus import gpu
-    from sim.model.transformer import model
+    from sim.model.registry import find_model as model
     b = Bounds(model("gpt3-175b"), gpu("a100-80gb"), 1536, "bf16", 8)
     c = Config(8, 64, 2, 1, "zb-auto", 1, "full", 1, True)
     search = sim.SCHEDULES["zb-auto"].make

@@ -155,7 +155,7 @@ def test_costs_check_every_scalar_field_by_its_spec(field, value, message):
         sim.Costs(**{field: value})
 
 
-# ---------------------------------------------------------------- names: devices and micro_batches, old spellings
+# ---------------------------------------------------------------- names: devices and micro_batches
 
 def test_make_schedule_takes_devices_and_micro_batches_and_a_schedules_stages_are_model_stages():
     s = sim.make_schedule("interleaved-1f1b", devices=4, micro_batches=8, virtual=2)
@@ -163,33 +163,32 @@ def test_make_schedule_takes_devices_and_micro_batches_and_a_schedules_stages_ar
     assert sim.make_schedule("interleaved-1f1b", 4, 8, 2).programs == s.programs  # positionally as before
 
 
-@pytest.mark.parametrize("old, new", [({"stages": 4, "micro": 8}, "devices=, micro_batches="),
-                                      ({"stages": 4, "micro_batches": 8}, "devices="),
-                                      ({"devices": 4, "micro": 8}, "micro_batches=")])
-def test_the_old_keywords_of_make_schedule_work_with_one_warning_naming_the_new_ones(old, new):
-    with pytest.warns(DeprecationWarning) as caught:
-        s = sim.make_schedule("1f1b", **old)
-    assert len(caught) == 1
-    said = str(caught[0].message)
-    assert all(f"is now {n.strip()}" in said for n in new.split(", ")), said
-    assert caught[0].filename == __file__  # the warning points at the caller's line
-    assert s.programs == sim.make_schedule("1f1b", 4, 8).programs
+def test_the_registry_holds_every_generator_once_zb_auto_added_from_above_the_engine():
+    """`sim.schedule.registry` names the generators of `sim.schedule`; zb-auto, a search that
+    simulates, adds itself from `sim.search.zbauto`, and a name is never taken twice."""
+    from sim.schedule.registry import SCHEDULES, Generator
+    from sim.search.zbauto import zb_auto
+    assert sim.SCHEDULES is SCHEDULES and SCHEDULES["zb-auto"].make is zb_auto
+    assert list(SCHEDULES)[:3] == ["naive", "gpipe", "1f1b"]
+    with pytest.raises(ValueError, match=r"a schedule named 'ZB_Auto' is already registered"):
+        SCHEDULES.add("ZB_Auto", Generator(zb_auto, "again"))
 
 
-def test_make_schedule_refuses_both_spellings_and_a_missing_size():
-    with pytest.raises(TypeError, match=r"got both devices= and its old spelling stages="):
-        sim.make_schedule("1f1b", devices=4, stages=4, micro_batches=8)
-    with pytest.raises(TypeError, match=r"missing required argument: micro_batches"):
+def test_the_old_keywords_are_gone_and_a_size_is_required():
+    """`stages=` and `micro=` for devices and a count were renamed (docs/schedules.md, "Names")
+    and the shim that took them is gone: Python itself refuses them."""
+    with pytest.raises(TypeError, match=r"missing 2 required positional arguments: 'devices' and 'micro_batches'"):
+        sim.make_schedule("1f1b", stages=4, micro=8)
+    with pytest.raises(TypeError, match=r"missing 1 required positional argument: 'micro_batches'"):
         sim.make_schedule("1f1b", 4)
 
 
-def test_schedule_micro_is_a_deprecated_alias_of_micro_batches_and_actions_keep_their_index():
+def test_a_schedule_counts_micro_batches_and_an_action_keeps_its_index():
     s = sim.make_schedule("gpipe", 2, 3)
-    with pytest.warns(DeprecationWarning, match=r"Schedule.micro is deprecated: use Schedule.micro_batches"):
-        assert s.micro == s.micro_batches == 3
+    assert s.micro_batches == 3 and not hasattr(s, "micro")
     with pytest.raises(AttributeError):
-        s.micro = 4  # read-only, as every field of the frozen Schedule
+        s.micro_batches = 4  # read-only, as every field of the frozen Schedule
     assert sorted({a.micro for a in s.programs[0]}) == [0, 1, 2]  # an action's micro is its index
-    with pytest.warns(DeprecationWarning, match=r"Schedule\(\): micro= is now micro_batches="):
-        old = Schedule(s.programs, micro=3)
-    assert old == Schedule(s.programs, micro_batches=3)
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'micro'"):
+        Schedule(s.programs, micro=3)
+    assert Schedule(s.programs, micro_batches=3, name="gpipe") == s

@@ -59,7 +59,7 @@ def test_compare_a_step_with_its_own_simulation_gives_zero_error():
         cmp = compare(measured, costs, grad_match=True)
         assert cmp.error_pct == pytest.approx(0.0, abs=1e-9)
         js = cmp.as_json()
-        assert js["schedule"] == name and js["stages"] == 2 and js["micro"] == 4 and js["grad_match"] is True
+        assert js["schedule"] == name and js["stages"] == 2 and js["micro_batches"] == 4 and js["grad_match"] is True
         assert js["measured_step_s"] == pytest.approx(js["simulated_step_s"])
         assert js["measured_peak_memory"] == js["simulated_peak_memory"]
         assert "error +0.00%" in cmp.table() or "error -0.00%" in cmp.table()
@@ -99,7 +99,7 @@ def test_profile_costs_on_two_ranks():
     from exec.models.spec import ModelSpec
     from exec.measure.costs import profile_costs
     spec = ModelSpec("mlp", layers=2, hidden=16, seq=4, batch_size=4)
-    costs, details = profile_costs(spec, "gpipe", micro=2, steps=1, repeats=2, timeout=120)
+    costs, details = profile_costs(spec, "gpipe", micro_batches=2, steps=1, repeats=2, timeout=120)
     c = costs.for_stages(2)
     assert all(t > 0 for t in c.forward + c.backward)
     assert c.latency >= 0 and c.bandwidth > 0
@@ -263,7 +263,7 @@ def test_profile_costs_refuses_a_backend_it_cannot_time():
     from exec.models.spec import ModelSpec
     from exec.measure.costs import profile_costs
     with pytest.raises(ValueError, match="gloo only"):
-        profile_costs(ModelSpec("mlp", layers=2, hidden=16, seq=4, batch_size=4), "gpipe", micro=2, backend="nccl")
+        profile_costs(ModelSpec("mlp", layers=2, hidden=16, seq=4, batch_size=4), "gpipe", micro_batches=2, backend="nccl")
 
 
 def test_sharing_check_recognises_processor_sharing():

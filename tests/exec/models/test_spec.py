@@ -116,7 +116,7 @@ def test_time_balance_on_a_really_uneven_model():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        times, out_bytes = measure_layer_times(spec, micro=1, repeats=3)
+        times, out_bytes = measure_layer_times(spec, micro_batches=1, repeats=3)
         got = spec.partition(2, "time")
     finally:
         torch.set_num_threads(threads)

@@ -16,8 +16,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import sim  # noqa: E402
-from sim.schedules import TEXTBOOK  # noqa: E402
-from helpers import gpipe_like  # noqa: E402
+from sim.schedule.registry import TEXTBOOK  # noqa: E402
+from sim.schedule.textbook import gpipe_on  # noqa: E402
 from exec.measure.calibrate import activation_bytes, stage_inputs, w_activation_bytes  # noqa: E402
 from exec.runtime.check import compare_grads, reference_step  # noqa: E402
 from exec.measure.compare import breakdown, compare  # noqa: E402
@@ -34,13 +34,13 @@ MLP = ModelSpec("mlp", layers=4, hidden=16, seq=4, batch_size=8)
 GPT = ModelSpec("gpt", layers=2, hidden=16, seq=4, vocab=32, heads=2, batch_size=8)
 
 
-def _stage_step(spec, stages: int, s: int, micro: int = 2):
+def _stage_step(spec, stages: int, s: int, micro_batches: int = 2):
     """Stage s of `spec` cut in `stages`, its input (needing a gradient past stage 0), and
     a function that runs its forward under the runtime's count of saved bytes and returns
     (input, what the backward starts from, the count)."""
     bounds = spec.partition(stages)
     module = spec.build_stages(stages, bounds=bounds)[s]
-    x, y = stage_inputs(spec, spec.build_layers(), bounds, s, micro)[0]
+    x, y = stage_inputs(spec, spec.build_layers(), bounds, s, micro_batches)[0]
     last = s == stages - 1
 
     def forward():
@@ -48,7 +48,7 @@ def _stage_step(spec, stages: int, s: int, micro: int = 2):
         saved = SavedBytes(param_storages(module))
         with saved.hooks():
             out = module(inp)
-            root = spec.loss(out, y) / micro if last else out
+            root = spec.loss(out, y) / micro_batches if last else out
         return inp, root, saved
     grad = None if last else torch.randn(module(x).shape, generator=torch.Generator().manual_seed(s))
     return module, forward, grad
@@ -115,7 +115,7 @@ def test_w_is_cheaper_than_b_and_i_plus_w_is_b():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        module, forward, grad = _stage_step(spec, 2, 1, micro=1)
+        module, forward, grad = _stage_step(spec, 2, 1, micro_batches=1)
         params = list(module.parameters())
         times = {"B": [], "I": [], "W": []}
         for _ in range(15):
@@ -139,24 +139,24 @@ def test_w_is_cheaper_than_b_and_i_plus_w_is_b():
 
 # ---------------------------------------------------------------------------- real runs on two ranks
 
-def v_1f1b_split(micro: int) -> sim.Schedule:
+def v_1f1b_split(micro_batches: int) -> sim.Schedule:
     """A V-shaped 1F1B-like order with split backwards on 2 ranks: rank 0 holds stages 0 and
     3, rank 1 stages 1 and 2 (the two middle stages hand over locally); each micro-batch's
     W comes after the next micro-batch's I, filling the wait for it."""
     r0, r1 = [], []
-    for m in range(micro):
+    for m in range(micro_batches):
         r0 += [f"0F{m}"]
         r1 += [f"1F{m}", f"2F{m}"]
-    for m in range(micro):
+    for m in range(micro_batches):
         r0 += [f"3F{m}", f"3I{m}"] + ([f"3W{m - 1}"] if m else [])
-    r0 += [f"3W{micro - 1}"]
-    for m in range(micro):
+    r0 += [f"3W{micro_batches - 1}"]
+    for m in range(micro_batches):
         r1 += [f"2I{m}", f"1I{m}"]
         r0 += [f"0I{m}"]
-    for m in range(micro):
+    for m in range(micro_batches):
         r1 += [f"2W{m}", f"1W{m}"]
         r0 += [f"0W{m}"]
-    return sim.Schedule([r0, r1], placement=[0, 1, 1, 0], micro_batches=micro, name="v-1f1b-split")
+    return sim.Schedule([r0, r1], placement=[0, 1, 1, 0], micro_batches=micro_batches, name="v-1f1b-split")
 
 
 def _many_runs(ctx, jobs):
@@ -164,8 +164,8 @@ def _many_runs(ctx, jobs):
 
 
 def _cases():
-    cases = [("interleaved-split-mlp", MLP, gpipe_like([0, 1, 0, 1], 2, split=True, name="interleaved-split")),
-             ("v-split-gpt", GPT, gpipe_like([0, 1, 1, 0], 2, split=True, name="v-split"))]
+    cases = [("interleaved-split-mlp", MLP, gpipe_on([0, 1, 0, 1], 2, split=True, name="interleaved-split")),
+             ("v-split-gpt", GPT, gpipe_on([0, 1, 1, 0], 2, split=True, name="v-split"))]
     for name in sim.SCHEDULES:  # every generator of the zoo (the textbook ones: tests/exec/test_run.py)
         if name not in TEXTBOOK:
             cases.append((name, MLP, sim.make_schedule(name, 2, 4)))

@@ -34,7 +34,7 @@ def ideal(**fields) -> Costs:
 @pytest.mark.parametrize("name", VALID)
 @pytest.mark.parametrize("P,M", SIZES)
 def test_torch_orders_validate(name, P, M):
-    s = from_torch(name, stages=P, micro=M)
+    s = from_torch(name, devices=P, micro_batches=M)
     sim.validate(s)
     assert s.micro_batches == M and s.ranks == P and s.stages == P * (1 if name == "GPipe" else 2)
     assert sorted(s.placement) == sorted(list(range(P)) * (s.stages // P))

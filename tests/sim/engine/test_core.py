@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import sim
-from sim.schedules import TEXTBOOK
+from sim.schedule.registry import TEXTBOOK
 from sim import Costs, Kind
 
 from helpers import assert_matches_reference

@@ -6,11 +6,12 @@ from hypothesis import given, settings, strategies as st
 import sim
 from sim import Costs
 
-from helpers import gpipe_like, reference_times
+from sim.schedule.textbook import gpipe_on
+from helpers import reference_times
 
 
 def test_v_shape_has_no_transfer_between_stages_on_one_device():
-    s = gpipe_like([0, 1, 1, 0], micro=3)
+    s = gpipe_on([0, 1, 1, 0], micro_batches=3)
     low = sim.lower(s)
     comm = {str(a) for p in low.programs for a in p if not a.kind.is_compute}
     assert "1SEND_F0" not in comm and "2RECV_F0" not in comm  # stages 1 and 2 share rank 1
@@ -24,7 +25,7 @@ def test_v_shape_has_no_transfer_between_stages_on_one_device():
 @given(st.sampled_from([[0, 1, 0, 1], [0, 1, 1, 0], [0, 0, 1], [1, 0, 2, 2, 0, 1]]),
        st.integers(1, 5), st.booleans(), st.floats(0, 1.0))
 def test_multi_stage_placement_matches_independent_rules(placement, micro, split, latency):
-    s = gpipe_like(placement, micro, split)
+    s = gpipe_on(placement, micro, split)
     S = len(placement)
     costs = Costs(forward=[1.0 + 0.1 * i for i in range(S)], backward=2.0, latency=latency,
                   backward_input=[1.2] * S, backward_weight=[0.7] * S)
@@ -38,7 +39,7 @@ def test_multi_stage_placement_matches_independent_rules(placement, micro, split
 
 
 def test_split_backward_frees_activations_at_i_but_what_w_needs_at_w():
-    s = gpipe_like([0, 1], micro=2, split=True)
+    s = gpipe_on([0, 1], micro_batches=2, split=True)
     r = sim.simulate(s, Costs(backward_input=1.0, backward_weight=0.5, activation_bytes=10, w_activation_bytes=4))
     ends = {str(e.action): e.end for e in r.events if e.is_compute}
 

@@ -11,7 +11,8 @@ from hypothesis import assume, given, settings, strategies as st
 import sim
 from sim import Costs
 
-from helpers import gpipe_like, reference_times
+from sim.schedule.textbook import gpipe_on
+from helpers import reference_times
 
 stage_times = st.floats(0.05, 4.0, allow_nan=False)
 
@@ -25,7 +26,7 @@ def schedules(draw):
         assume(sim.SCHEDULES[name].refusal(p, m, sim.SCHEDULES[name].virtual) is None)  # sizes it refuses
         return sim.make_schedule(name, devices=p, micro_batches=m)
     placement = draw(st.sampled_from([[0, 1, 0, 1], [0, 1, 1, 0], [0, 0, 1], [1, 0, 2, 2, 0, 1]]))
-    return gpipe_like(placement, draw(st.integers(1, 5)), split=draw(st.booleans()))
+    return gpipe_on(placement, draw(st.integers(1, 5)), split=draw(st.booleans()))
 
 
 def stage_costs(draw, p: int, **fields) -> Costs:

@@ -4,7 +4,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import sim
-from sim.model.transformer import MODELS, Transformer, llama_ffn, model
+from sim.model.registry import MODELS, find_model as model
+from sim.model.transformer import Transformer, llama_ffn
 
 V, S = 51200, 2048
 
@@ -187,13 +188,26 @@ def test_grouped_query_attention_and_swiglu_change_what_is_stored():
 
 # ---- presets and bad input -------------------------------------------------------------------
 
+def test_sim_models_is_the_one_registry_that_estimate_resolves_names_in():
+    """Every model `sim.estimate` takes by name is in `sim.MODELS`, the same object, and a
+    name outside it is refused naming them all (SageMaker's were once missing)."""
+    from sim.model import sagemaker
+    assert sim.MODELS is MODELS and set(sagemaker.MODELS) <= set(MODELS)
+    for name, m in MODELS.items():
+        assert model(name.upper().replace("-", "_")) is m
+    e = sim.estimate("sagemaker-gpt2-10b", "a100-40gb", tp=4, pp=1, dp=32, micro_batch=5, global_batch=1280)
+    assert e.model is MODELS["sagemaker-gpt2-10b"]
+    with pytest.raises(ValueError, match=r"unknown model 'gpt5'; known: gpt3-175b, .*sagemaker-gpt2-60b"):
+        sim.estimate("gpt5", "a100-40gb", tp=1, pp=1, dp=1, micro_batch=1, global_batch=1)
+
+
 def test_presets_are_the_papers_models():
     assert {"gpt3-175b", "llama2-7b", "llama2-13b", "llama2-70b"} <= set(MODELS)
     assert {n for n in MODELS if n.startswith("megatron-")} == {f"megatron-{k}" for k in NARAYANAN_TABLE_1}
     assert len([n for n in MODELS if n.startswith("korthikanti-")]) == 4
     assert model("GPT3_175B") is MODELS["gpt3-175b"] is sim.MODELS["gpt3-175b"]
     assert model("gpt3-175b") == model("korthikanti-175b")
-    assert all(m.seq == S and m.vocab == V for n, m in MODELS.items() if not n.startswith("llama"))
+    assert all(m.seq == S and m.vocab == V for n, m in MODELS.items() if not n.startswith(("llama", "sagemaker")))
     assert all(m.seq == 4096 and m.vocab == 32000 for n, m in MODELS.items() if n.startswith("llama"))
 
 

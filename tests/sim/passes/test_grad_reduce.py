@@ -10,7 +10,8 @@ import sim
 import sim.passes.order
 from sim import Action, Costs, Kind, Schedule, ScheduleError
 
-from helpers import assert_matches_reference, gpipe_like
+from sim.schedule.textbook import gpipe_on
+from helpers import assert_matches_reference
 
 RG = Kind.REDUCE_GRAD
 
@@ -193,7 +194,7 @@ def reduced_schedules(draw):
         ranks = draw(st.integers(1, 3))
         placement = draw(st.lists(st.integers(0, ranks - 1), min_size=ranks, max_size=5))
         placement = list(range(ranks)) + placement[ranks:]  # every rank hosts a stage
-        s = gpipe_like(placement, m, split=draw(st.booleans()))
+        s = gpipe_on(placement, m, split=draw(st.booleans()))
     n = s.stages
     costs = Costs(
         forward=draw(st.lists(stage_times, min_size=n, max_size=n)),

@@ -12,7 +12,8 @@ import sim.passes.order
 from sim import Action, Costs, Kind, Schedule, ScheduleError
 from sim.passes.offload import copy_time, reload_waits
 
-from helpers import assert_matches_reference, gpipe_like, reference_peak_memory
+from sim.schedule.textbook import gpipe_on
+from helpers import assert_matches_reference, reference_peak_memory
 
 OFF, REL = Kind.OFFLOAD, Kind.RELOAD
 
@@ -228,7 +229,7 @@ def offloaded(draw):
                   w_activation_bytes=[a / 2 for a in act], static_bytes=draw(per_stage),
                   offload=draw(per_stage), reload=draw(per_stage), grad_reduce=draw(per_stage),
                   transport="ideal" if ideal else "gloo-cpu", **overheads)
-    s = sim.add_offload(gpipe_like(placement, micro, split), draw(st.integers(0, 5)))
+    s = sim.add_offload(gpipe_on(placement, micro, split), draw(st.integers(0, 5)))
     if draw(st.booleans()):
         s = sim.add_grad_reduce(s, overlap=draw(st.booleans()))
     return s, costs
@@ -332,7 +333,7 @@ def test_estimate_with_offloading():
     micro-batches in flight, 5 of them reloaded: SageMaker's horizon 4). With PCIe free the step
     is the one without offloading."""
     import dataclasses
-    from sim.model.transformer import model
+    from sim.model.registry import find_model as model
     plain = sim.estimate("gpt3-175b", "a100-80gb", **GPT)
     off = sim.estimate("gpt3-175b", "a100-80gb", **GPT, offload=True)
     m, g = model("gpt3-175b"), sim.GPUS["a100-80gb"]

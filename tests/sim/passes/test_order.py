@@ -9,7 +9,7 @@ import sim
 from sim import Action, Kind, Schedule, ScheduleError
 from sim.schedule.kinds import COMPUTE, KINDS, NEEDS, Role
 from sim.passes.order import order_transfers, transfer_order, transfers_by_pair
-from helpers import gpipe_like
+from sim.schedule.textbook import gpipe_on
 
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -85,7 +85,7 @@ def test_every_generator_lowered_for_nccl_posts_in_order(name, P, M, data):
 @given(M=st.integers(1, 8), split=st.booleans(), placement=st.sampled_from(
     [[0, 1, 1, 0], [0, 1, 0, 1], [0, 1, 2, 2, 1, 0], [0, 1, 2, 0, 1, 2], [0, 1, 0, 1, 0, 1]]))
 def test_hand_made_v_shaped_and_interleaved_pass(M, split, placement):
-    s = gpipe_like(placement, M, split=split)
+    s = gpipe_on(placement, M, split=split)
     transfer_order(s)          # all forwards then all backwards: already in order
     assert not inversions(sim.lower(s))
     assert order_transfers(s).programs == sim.lower(s).programs

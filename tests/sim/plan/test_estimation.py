@@ -115,7 +115,7 @@ def test_the_receiver_gathers_the_scattered_activation(sp):
     """Narayanan et al. 2021, Sec. 4.1: each of the t ranks sends bsh/t and the receiver
     all-gathers bsh before computing, except under sequence parallelism. Two stages of 12
     layers: each F and B lasts its layers, its end layer and, where it receives, that gather."""
-    m, b = sim.model.transformer.model("megatron-1.7b"), 2
+    m, b = sim.MODELS["megatron-1.7b"], 2
     e = sim.estimate(m, A100, tp=8, pp=2, micro_batch=b, global_batch=4, sequence_parallel=sp)
     x = Slice(b, 8, sp, "bf16")
     lt, ends = layer_times(m, A100, x), end_times(m, A100, x)
@@ -130,13 +130,13 @@ def test_the_receiver_gathers_the_scattered_activation(sp):
 
 
 def test_no_tensor_parallelism_no_collectives():
-    t = layer_times(sim.model.transformer.model("megatron-1.7b"), A100, Slice(4, 1))
+    t = layer_times(sim.MODELS["megatron-1.7b"], A100, Slice(4, 1))
     assert t.parts["collectives"] == 0.0 and t.backward == pytest.approx(t.backward_input + t.backward_weight)
 
 
 def test_korthikanti_table_4_ordering():
     """The 22B layer (t=8, b=4): sequence parallelism shortens F; recompute lengthens B, full most."""
-    m = sim.model.transformer.model("korthikanti-22b")
+    m = sim.MODELS["korthikanti-22b"]
     base, spar = layer_times(m, A100, Slice(4, 8)), layer_times(m, A100, Slice(4, 8, True))
     sel, full = layer_times(m, A100, Slice(4, 8), "selective"), layer_times(m, A100, Slice(4, 8), "full")
     assert spar.forward < base.forward
@@ -191,7 +191,7 @@ def test_mixed_precision_adam_bytes():
 
 def test_one_device_one_micro_batch_is_a_sum():
     """No pipeline, no data parallelism, one micro-batch: the step is F + B of the whole model plus the optimizer."""
-    m = sim.model.transformer.model("megatron-1.7b")
+    m = sim.MODELS["megatron-1.7b"]
     e = sim.estimate(m, A100, micro_batch=2, global_batch=2)
     c = e.result
     lt = layer_times(m, A100, Slice(2))
@@ -221,7 +221,7 @@ def test_1f1b_first_stage_holds_p_micro_batches():
 
 
 def test_stage_params_sum_to_the_model():
-    m = sim.model.transformer.model("gpt3-175b")
+    m = sim.MODELS["gpt3-175b"]
     layers = even(m.layers, 8)
     p = m.params()
     one = stage_params(m, [m.layers], 1, [0])

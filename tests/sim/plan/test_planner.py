@@ -281,7 +281,7 @@ def test_planner_finds_the_sagemaker_row_and_no_slower_best(row):
     (same predicted step); with the recompute and ZeRO choices open, its best is no slower."""
     r = sagemaker.REFERENCES[row]
     ref = published.sagemaker_estimate(row)
-    same = dict(tp=r.tp, pp=r.pp, micro_batch=r.batch_size // r.microbatches, precision="fp16",
+    same = dict(tp=r.tp, pp=r.pp, micro_batch=r.batch_size // r.micro_batches, precision="fp16",
                 sequence_parallel=[False], schedules=["1f1b"])
     only = plan.search(r.model, sagemaker.GPU, r.gpus, r.global_batch, recompute="full", zero=1, **same)
     assert len(only) == 1 and only[0].step_time == pytest.approx(ref.step_time, rel=1e-12)

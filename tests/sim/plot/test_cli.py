@@ -33,7 +33,7 @@ def png_size(path: Path) -> tuple[int, int]:
 def test_large_step_draws_in_bounded_time_and_size(tmp_path):
     """64 stages x 512 micro-batches: about 10 s here (it took 13 minutes, 4.3 GB and a
     4212-pixel-tall figure with a patch per bar); the limit leaves room for a loaded machine."""
-    proc = run_cli("--stages", "64", "--micro", "512", "--out", str(tmp_path), timeout=240)
+    proc = run_cli("--devices", "64", "--micro-batches", "512", "--out", str(tmp_path), timeout=240)
     assert proc.returncode == 0, proc.stderr
     pngs = sorted(tmp_path.glob("*.png"))
     assert [p.name for p in pngs] == ["1f1b_p64_m512.png", "compare_p64_m512.png", "gpipe_p64_m512.png",
@@ -60,11 +60,11 @@ def assert_refused(proc: subprocess.CompletedProcess, *words: str) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("args,cells", [(["--stages", "10000000"], "80,000,000"),
-                                        (["--micro", "10000000"], "40,000,000"),
-                                        (["--stages", "2000", "--micro", "2000", "--no-figures"], "4,000,000")])
+@pytest.mark.parametrize("args,cells", [(["--devices", "10000000"], "80,000,000"),
+                                        (["--micro-batches", "10000000"], "40,000,000"),
+                                        (["--devices", "2000", "--micro-batches", "2000", "--no-figures"], "4,000,000")])
 def test_a_step_too_large_for_the_machine_is_refused_at_once(args, cells):
-    """--stages 10000000 used to eat memory silently, --micro 10000000 to end in a
+    """--devices 10000000 used to eat memory silently, --micro-batches 10000000 to end in a
     MemoryError traceback; now both are refused before anything is allocated."""
     line = assert_refused(run_cli(*args, timeout=60), "too large for this machine", "the limit here is",
                           "of memory", "as measured")
@@ -76,9 +76,9 @@ def test_the_limit_is_what_the_memory_allows(monkeypatch):
 
     per = plot_cli.BYTES_PER_CELL["table"]
     monkeypatch.setattr(plot_cli, "machine_memory", lambda: 2 * plot_cli.BASE_BYTES + 2 * 3 * per * 1000)
-    args = plot_cli.build_parser().parse_args(["--stages", "10", "--micro", "100", "--no-figures"])
+    args = plot_cli.build_parser().parse_args(["--devices", "10", "--micro-batches", "100", "--no-figures"])
     plot_cli.check_size(args, 3)  # exactly at the limit: 1000 stage-micro-batches
-    args.micro = 101
+    args.micro_batches = 101
     with pytest.raises(SystemExit) as e:
         plot_cli.check_size(args, 3)
     assert e.value.code == 2
@@ -89,7 +89,7 @@ def test_an_unwritable_out_is_refused_before_any_work(tmp_path):
     after the first figure."""
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    proc = run_cli("--stages", "64", "--micro", "512", "--out", str(blocker / "figures"), timeout=60)
+    proc = run_cli("--devices", "64", "--micro-batches", "512", "--out", str(blocker / "figures"), timeout=60)
     assert_refused(proc, "argument --out: cannot write to", "Not a directory")
     assert not (blocker.parent / "figures").exists()
 
@@ -121,7 +121,7 @@ def test_the_table_gives_bytes_with_suffixes_when_bytes_are_given():
 
 def test_makespans_are_printed_in_one_format():
     # naive 32 * 128 * (1 + 2) = 12288.x and 1F1B 400-odd: never 1.229e+04 beside 437.2
-    _, *rows = table(run_cli("--stages", "32", "--micro", "128", "--latency", "0.1", "--no-figures", timeout=180))
+    _, *rows = table(run_cli("--devices", "32", "--micro-batches", "128", "--latency", "0.1", "--no-figures", timeout=180))
     makespans = [row.split()[1] for row in rows]
     assert all("e" not in m for m in makespans)
     assert len({len(m.split(".")[1]) for m in makespans}) == 1, makespans  # as many decimals each
@@ -132,15 +132,17 @@ def test_help_shows_defaults_and_units():
     proc = run_cli("--help")
     assert proc.returncode == 0
     text = " ".join(proc.stdout.split())
-    for default in ("pipeline devices P, a rank each; the schedule has P x V model stages (default: 4)",
-                    "micro-batches per step (default: 8)",
+    for default in ("pipeline devices P, a rank each; the schedule has P x V model stages "
+                    "(--stages: alias of --devices) (default: 4)",
+                    "micro-batches per step (--micro: alias of --micro-",  # the help breaks the line there
+                    "(default: 8)",
                     "(default: inf)", "(default: out)", "in time units"):
         assert default in text
     assert text.count("(default: ") >= 17
 
 
 def test_one_stage_is_singular():
-    proc = run_cli("--stages", "1", "--forward", "1,2")
+    proc = run_cli("--devices", "1", "--forward", "1,2")
     assert_refused(proc, "got 2 values for 1 stage;")
 
 

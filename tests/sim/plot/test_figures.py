@@ -11,11 +11,12 @@ from hypothesis import given, settings, strategies as st
 from matplotlib.patches import Rectangle
 
 import sim
-from helpers import gpipe_like, reference_times
+from sim.schedule.textbook import gpipe_on
+from helpers import reference_times
 from sim import Kind
 from sim.plot.bars import COLLECTIVE_COLORS
 from sim.plot.gantt import COLORS, HATCHES, plot_compare, plot_result, save_figure, timeline_style
-from sim.schedules import SCHEDULES, make_schedule
+from sim.schedule.registry import SCHEDULES, make_schedule
 
 
 # ---------------------------------------------------------------- the two bubbles
@@ -65,7 +66,7 @@ def test_a_parallelogram_step_has_no_steady_bubble(m):
 def _schedules_to_check(costs: sim.Costs) -> list[sim.Schedule]:
     """Hand-built split schedules with several stages per rank, and every registered
     schedule that builds at P=3, M=6."""
-    out = [gpipe_like([0, 1, 2, 2, 1, 0], 6, split=True), gpipe_like([0, 1, 2, 0, 1, 2], 6, split=True),
+    out = [gpipe_on([0, 1, 2, 2, 1, 0], 6, split=True), gpipe_on([0, 1, 2, 0, 1, 2], 6, split=True),
            deferred_w(5)]
     for name, gen in SCHEDULES.items():
         options = {"costs": costs} if "costs" in gen.options else {}
@@ -152,7 +153,7 @@ def compute_bars(ax) -> list[Rectangle]:
 @pytest.fixture(scope="module")
 def v_split():
     """A V-shaped placement (rank r holds stages r and 2P-1-r), split backward: P=4, M=8, V=2."""
-    return sim.simulate(gpipe_like([0, 1, 2, 3, 3, 2, 1, 0], 8, split=True, name="v-split"),
+    return sim.simulate(gpipe_on([0, 1, 2, 3, 3, 2, 1, 0], 8, split=True, name="v-split"),
                         sim.Costs(w_activation_bytes=0.5))
 
 
@@ -180,11 +181,11 @@ def test_split_schedule_with_two_stages_per_rank_draws_kinds_and_chunks(v_split,
 
 
 def test_wide_bars_name_their_stage_and_thin_ones_show_no_label(tmp_path):
-    wide = sim.simulate(gpipe_like([0, 1, 1, 0], 1, split=True))
+    wide = sim.simulate(gpipe_on([0, 1, 1, 0], 1, split=True))
     fig = plot_result(wide)
     save_figure(fig, tmp_path / "wide.png")
     assert sorted(t.get_text() for t in fig.axes[0].texts) == sorted(f"0 s{s}" for s in range(4) for _ in "FIW")
-    thin = sim.simulate(gpipe_like([0, 1, 1, 0], 2, split=True), sim.Costs(forward=0.01))
+    thin = sim.simulate(gpipe_on([0, 1, 1, 0], 2, split=True), sim.Costs(forward=0.01))
     fig = plot_result(thin)
     save_figure(fig, tmp_path / "thin.png")
     forwards = [t for t in fig.axes[0].texts if "F" in t.sim_bar.get_gid()]
@@ -192,7 +193,7 @@ def test_wide_bars_name_their_stage_and_thin_ones_show_no_label(tmp_path):
 
 
 def test_dense_bars_keep_a_collection_per_kind_and_chunk():
-    result = sim.simulate(gpipe_like([0, 1, 1, 0], 60, split=True))  # 360 bars per rank, 2.5 px each
+    result = sim.simulate(gpipe_on([0, 1, 1, 0], 60, split=True))  # 360 bars per rank, 2.5 px each
     assert timeline_style(result) == "dense"
     chart = plot_result(result).axes[0]
     bars = {c.get_gid(): c for c in chart.collections if (c.get_gid() or "").startswith("computes")}

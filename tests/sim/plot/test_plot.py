@@ -12,7 +12,7 @@ from matplotlib.patches import Rectangle
 
 import sim
 from sim.plot import heatmap
-from sim.schedules import TEXTBOOK  # what the CLI draws unless told
+from sim.schedule.registry import TEXTBOOK  # what the CLI draws unless told
 from sim.plot.gantt import DPI, MAX_HEIGHT, WIDTH, counts_micro_batches, format_times, human_bytes, plot_compare, plot_overlay, \
     plot_result, save_figure, timeline_style
 
@@ -48,12 +48,29 @@ def measured_copy(result: sim.Result, offset: float = 1000.0, stretch: float = 0
 
 # ---------------------------------------------------------------- the command line
 
+USERS_COMMAND = ("--stages", "4", "--micro", "8")  # the users' own spelling of --devices 4 --micro-batches 8
+
+
 @pytest.fixture(scope="module")
 def cli_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("figures")
-    proc = run_cli("--stages", "4", "--micro", "8", "--out", str(out), "--trace")
+    proc = run_cli(*USERS_COMMAND, "--out", str(out), "--trace")
     assert proc.returncode == 0, proc.stderr
     return out, proc
+
+
+def test_the_old_flags_are_aliases_that_say_so_in_the_help_only(cli_run, tmp_path):
+    """`--stages 4 --micro 8` runs exactly as `--devices 4 --micro-batches 8`, printing nothing
+    on stderr but its progress (no warning); only `--help` says they are aliases."""
+    _, proc = cli_run
+    assert all(line.startswith("sim.plot: [") for line in proc.stderr.splitlines()), proc.stderr  # progress only
+    new = run_cli("--devices", "4", "--micro-batches", "8", "--no-figures")
+    old = run_cli(*USERS_COMMAND, "--no-figures")
+    assert new.returncode == old.returncode == 0 and (new.stdout, new.stderr) == (old.stdout, old.stderr)
+    assert not any(word in old.stderr.lower() for word in ("warn", "deprecat", "alias"))
+    text = "".join(run_cli("--help").stdout.split())  # without the help's line breaks
+    assert "--devicesP,--stagesP" in text and "(--stages:aliasof--devices)" in text
+    assert "--micro-batchesM,--microM" in text and "(--micro:aliasof--micro-batches)" in text
 
 
 def test_cli_writes_one_png_per_schedule_and_a_comparison(cli_run):
@@ -94,7 +111,7 @@ def test_cli_schedule_choice_and_no_figures(tmp_path):
 def test_cli_call_overheads_reach_the_simulation(tmp_path):
     """naive on 2 stages, m = 3: 2m(F + B + L + o_arrive) + (2m - 1) o_recv = 18 + 6 * 0.05 + 5 * 0.2
     (docs/rules.md)."""
-    proc = run_cli("--stages", "2", "--micro", "3", "--schedule", "naive", "--recv-overhead", "0.2",
+    proc = run_cli("--devices", "2", "--micro-batches", "3", "--schedule", "naive", "--recv-overhead", "0.2",
                    "--send-overhead", "0.1", "--arrive-overhead", "0.05", "--no-figures", "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     row = proc.stdout.splitlines()[1].split()
@@ -106,7 +123,7 @@ def test_cli_io_tick_reaches_the_simulation(tmp_path):
     (at 3.5, rank 0 sent F2 at 3) while rank 0 computes F3, but rank 1 is still busy with
     F1 until 6, so the step is the same with and without the wait; the SEND_F2 in the
     trace ends at 3.5 + E[min(0.5, U(0, 1))] = 3.875 (tests/sim/engine/test_core.py has the rule)."""
-    base = ["--stages", "2", "--micro", "4", "--schedule", "gpipe", "--forward", "1,2.5", "--backward", "1",
+    base = ["--devices", "2", "--micro-batches", "4", "--schedule", "gpipe", "--forward", "1,2.5", "--backward", "1",
             "--no-figures", "--trace"]
     steps = []
     for tick in ("0", "1"):
@@ -124,14 +141,14 @@ def test_cli_runtime_time_around_computes():
     """Naive on 2 stages, m = 2, F = 1, B = 2: all 4m computes are on the critical path, each
     with the runtime's time before it and all but the last with the time after it:
     2m(F + B) + 4m x 0.1 + (4m - 1) x 0.05 = 13.15 (the closed form is in tests/sim/engine/test_core.py)."""
-    proc = run_cli("--stages", "2", "--micro", "2", "--schedule", "naive", "--forward", "1", "--backward", "2",
+    proc = run_cli("--devices", "2", "--micro-batches", "2", "--schedule", "naive", "--forward", "1", "--backward", "2",
                    "--before-compute", "0.1", "--after-compute", "0.05", "--no-figures")
     assert proc.returncode == 0, proc.stderr
     assert float(proc.stdout.splitlines()[1].split()[1]) == pytest.approx(13.15)
 
 
 @pytest.mark.parametrize("args", [
-    ["--stages", "0"],
+    ["--devices", "0"],
     ["--micro", "-3"],
     ["--stages", "four"],
     ["--micro", "2.5"],
@@ -165,8 +182,8 @@ def zoo(monkeypatch):
     """Generators registered for the test: 'capped' takes max_active; 'auto' takes costs and
     memory_limit and refuses M < P; 'looped' puts V stages on each device (stage s on
     s mod P) with a split backward. Each records the options it was given."""
-    from helpers import gpipe_like
-    from sim.schedules import Generator, SCHEDULES, one_f_one_b
+    from sim.schedule.registry import Generator, SCHEDULES
+    from sim.schedule.textbook import gpipe_on, one_f_one_b
 
     calls = {}
 
@@ -175,7 +192,7 @@ def zoo(monkeypatch):
         return schedule
 
     def looped(p, m, v):
-        return record("looped", gpipe_like([s % p for s in range(p * v)], m, split=True, name="looped"))
+        return record("looped", gpipe_on([s % p for s in range(p * v)], m, split=True, name="looped"))
 
     monkeypatch.setitem(SCHEDULES, "capped", Generator(
         lambda p, m, v, **o: record("capped", one_f_one_b(p, m), **o), "1f1b, capped", options=("max_active",)))
@@ -210,7 +227,7 @@ def test_cli_options_go_to_the_schedules_that_take_them(zoo, capsys):
 
 
 def test_cli_turns_a_generators_refusal_into_one_line(zoo, capsys):
-    code, out, err = run_main(capsys, "--schedule", "auto", "--stages", "4", "--micro", "2", "--no-figures")
+    code, out, err = run_main(capsys, "--schedule", "auto", "--devices", "4", "--micro-batches", "2", "--no-figures")
     assert code == 2 and out == ""
     assert err == "sim.plot: error: auto on 4 devices, 2 micro-batches: M=2 is fewer than the 4 devices\n"
 
@@ -219,12 +236,12 @@ def test_cli_virtual_and_split_costs_reach_the_simulation(zoo, capsys, tmp_path)
     """--virtual 3 gives 2 x 3 model stages; per-stage lists count them, and one number is a
     device's share, 1/3 of it per chunk; the table is the simulation of the same schedule
     under those costs, in process."""
-    from helpers import gpipe_like
+    from sim.schedule.textbook import gpipe_on
 
     costs = sim.Costs(forward=(1, 2, 1, 2, 1, 2), backward_input=0.5 / 3, backward_weight=0.25 / 3,
                       w_activation_bytes=0.75 / 3, activation_bytes=1 / 3)
-    expected = sim.simulate(gpipe_like([0, 1, 0, 1, 0, 1], 4, split=True), costs)
-    code, out, err = run_main(capsys, "--schedule", "looped", "--stages", "2", "--micro", "4", "--virtual", "3",
+    expected = sim.simulate(gpipe_on([0, 1, 0, 1, 0, 1], 4, split=True), costs)
+    code, out, err = run_main(capsys, "--schedule", "looped", "--devices", "2", "--micro-batches", "4", "--virtual", "3",
                               "--forward", "1,2,1,2,1,2", "--backward-input", "0.5", "--backward-weight", "0.25",
                               "--w-activation-bytes", "0.75", "--out", str(tmp_path))
     assert code == 0, err
@@ -233,7 +250,7 @@ def test_cli_virtual_and_split_costs_reach_the_simulation(zoo, capsys, tmp_path)
     assert float(row[3]) == pytest.approx(expected.steady_step, abs=0.01)
     assert row[-1] == "B" and float(row[-2]) == pytest.approx(max(expected.peak_memory), rel=0.01)
     assert (tmp_path / "looped_p2_m4_v3.png").exists()
-    code, _, err = run_main(capsys, "--schedule", "looped", "--stages", "2", "--forward", "1,2", "--no-figures")
+    code, _, err = run_main(capsys, "--schedule", "looped", "--devices", "2", "--forward", "1,2", "--no-figures")
     assert code == 2 and "got 2 values for 4 stages of looped (2 devices x V 2); give one number or 4" in err
 
 
@@ -446,7 +463,7 @@ def test_cli_compares_schedules_on_the_same_model(capsys, tmp_path):
     half of it, so with F = 1, B = 2 per device (F = I = W = 0.5 per chunk) ZB-V's step is
     6Mt + (P-1)t with t = 0.5 (docs/schedules.md) and it holds P micro-batches' activations
     per device at most, as 1F1B does (Qi et al. 2024, ZB-V)."""
-    code, out, err = run_main(capsys, "--compare", "1f1b,zbv", "--stages", "4", "--micro", "8", "--out", str(tmp_path))
+    code, out, err = run_main(capsys, "--compare", "1f1b,zbv", "--devices", "4", "--micro-batches", "8", "--out", str(tmp_path))
     assert code == 0, err
     rows = {line.split()[0]: line for line in out.splitlines()[1:3]}
     assert float(rows["zbv"].split()[1]) == 6 * 8 * 0.5 + 3 * 0.5

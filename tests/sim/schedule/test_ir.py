@@ -112,10 +112,10 @@ def test_lowering_adds_exactly_the_transfers_the_dependencies_imply():
         sim.lower(low)
 
 
-@pytest.mark.parametrize("name,stages,micro", [("gpipe", 0, 4), ("1f1b", 4, 0), ("1f1b", -1, 2), ("bogus", 2, 2)])
-def test_make_schedule_rejects_bad_arguments(name, stages, micro):
+@pytest.mark.parametrize("name,devices,micro_batches", [("gpipe", 0, 4), ("1f1b", 4, 0), ("1f1b", -1, 2), ("bogus", 2, 2)])
+def test_make_schedule_rejects_bad_arguments(name, devices, micro_batches):
     with pytest.raises(ScheduleError):
-        sim.make_schedule(name, devices=stages, micro_batches=micro)
+        sim.make_schedule(name, devices=devices, micro_batches=micro_batches)
 
 
 @pytest.mark.parametrize("programs", [

@@ -10,7 +10,7 @@ from sim import KINDS, Action, Kind, Role
 from sim.engine.costs import StageCosts
 from sim.schedule.kinds import peer_key, recv_consumer, remote_inputs
 
-from helpers import gpipe_like
+from sim.schedule.textbook import gpipe_on
 
 COST_FIELDS = {f.name for f in dataclasses.fields(StageCosts)}
 
@@ -63,7 +63,7 @@ def test_memory_effects_balance():
 def test_lowering_places_exactly_the_receives_each_compute_waits_for(placement, micro, split):
     """Every RECV that lowering adds feeds a compute that waits for it, and every compute
     waits for exactly the RECVs of its inputs from other ranks, posted before it."""
-    s = gpipe_like(placement, micro, split)
+    s = gpipe_on(placement, micro, split)
     low = sim.lower(s)
     computes = {a for p in low.programs for a in p if a.kind.is_compute}
     recvs = {a for p in low.programs for a in p if KINDS[a.kind].role is Role.RECV}

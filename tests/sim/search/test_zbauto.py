@@ -9,7 +9,8 @@ from hypothesis import given, settings, strategies as st
 import sim
 from sim import Costs, ScheduleError
 from sim.search import zbauto
-from sim.search.zbauto import activation_peak, device_bubble, order_peak, split_1f1b, zb_auto
+from sim.schedule.zerobubble import split_1f1b
+from sim.search.zbauto import activation_peak, device_bubble, order_peak, zb_auto
 
 EQUAL_FREE = Costs(backward_input=1.0, backward_weight=1.0, transport="ideal")  # F = I = W = 1, free transfers
 times = st.sampled_from([0.25, 0.5, 1.0, 1.5, 2.0, 3.0])
@@ -120,9 +121,9 @@ def test_without_costs_it_takes_equal_f_i_w_and_p_micro_batches():
 def test_it_tries_zb_h1_among_its_candidates(monkeypatch):
     asked = []
 
-    def fake(stages, micro):
-        asked.append((stages, micro))
-        return split_1f1b(stages, micro)
+    def fake(devices, micro_batches):
+        asked.append((devices, micro_batches))
+        return split_1f1b(devices, micro_batches)
 
     monkeypatch.setattr(zbauto, "zb_h1", fake)
     zb_auto(3, 7, costs=Costs(forward=1.3, backward_input=0.7, backward_weight=0.4), memory_limit=2.0)

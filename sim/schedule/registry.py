@@ -1,92 +1,20 @@
-"""Schedule generators: each writes, per device, the order of its compute actions.
+"""The schedule registry: `SCHEDULES` names every generator with what it accepts, and `make_schedule` builds one by name.
 
-They only say *what runs where and in which order*; timing comes from `sim.simulate`
-and communication from `sim.passes.lowering.lower`. The textbook ones (one stage per device)
-are written here, the others in `sim.schedule` (interleaved, zerobubble, dualpipe) and
-`sim.search.zbauto`; `SCHEDULES` names them all, with what each accepts and where it
-places the stages (`Generator`).
+The generators live beside it in `sim.schedule`: `textbook` (naive, GPipe, 1F1B),
+`interleaved`, `zerobubble`, `dualpipe`; `zb-auto`, a search that simulates its candidates,
+lives above the engine (`sim.search.zbauto`) and adds its entry there. Each entry is a
+`Generator`: what it makes, which sizes it takes and where it places the stages.
 """
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
-from functools import partial
-from typing import Callable, Iterable
+from typing import Callable
 
-from sim.schedule.dualpipe import dualpipev
-from sim.schedule.interleaved import check_interleaved, interleaved_1f1b, looped_bfs, looped_placement
-from sim.schedule.ir import Action, Kind, Schedule, ScheduleError
-from sim.schedule.renamed import take_sizes
-from sim.schedule.zerobubble import v_placement, zb_h1, zb_h2, zbv
-from sim.search.zbauto import zb_auto
-
-
-def F(s: int, m: int) -> Action:
-    return Action(s, Kind.F, m)
-
-
-def B(s: int, m: int) -> Action:
-    return Action(s, Kind.B, m)
-
-
-_new_action = partial(tuple.__new__, Action)  # Action(*t) without a Python call per action
-
-
-def run_of(stage: int, kind: Kind, micros: Iterable[int]) -> list[Action]:
-    """[Action(stage, kind, m) for m in micros], built in bulk: a 1F1B step of 64 stages
-    and 1024 micro-batches has 131,072 actions, and this builds them twice as fast."""
-    return list(map(_new_action, zip(itertools.repeat(stage), itertools.repeat(kind), micros)))
-
-
-def naive(devices: int, micro_batches: int) -> Schedule:
-    """Naive model parallelism: each micro-batch goes forward through every stage and
-    back before the next one starts, so only one device computes at a time."""
-    programs = [[x for m in range(micro_batches) for x in (F(s, m), B(s, m))] for s in range(devices)]
-    return Schedule(programs, micro_batches=micro_batches, name="naive")
-
-
-def gpipe(devices: int, micro_batches: int, max_active: int | None = None) -> Schedule:
-    """GPipe: every stage runs all its forwards, then all its backwards. With `max_active`
-    = c (SageMaker model parallel's `active_microbatches`), in waves of c micro-batches (as
-    gradient accumulation over GPipe steps): a wave enters stage 0 once the last one has
-    left it, so at most c are in flight. A rolling window (micro-batch m entering once m-c
-    has left) would cost a round trip per micro-batch: a forwards-first last stage runs
-    F(m) before B(m-c+1), and F(m) waits for B(m-c) on stage 0."""
-    cap = micro_batches if max_active is None else _check_cap(max_active)
-    waves = [range(w, min(w + cap, micro_batches)) for w in range(0, micro_batches, cap)]
-    programs = []
-    for s in range(devices):
-        prog = []
-        for wave in waves:
-            prog += run_of(s, Kind.F, wave) + run_of(s, Kind.B, wave)
-        programs.append(prog)
-    return Schedule(programs, micro_batches=micro_batches, name="gpipe")
-
-
-def one_f_one_b(devices: int, micro_batches: int, max_active: int | None = None) -> Schedule:
-    """1F1B (PipeDream-Flush, as in Megatron-LM): stage s warms up with min(p-s-1, m)
-    forwards, then alternates one forward and one backward, then cools down with the
-    backwards left. Stage s never holds more than min(p-s, m) micro-batches. With
-    `max_active` = c the warm-up is at most c-1: no stage holds more than c, and micro-batch
-    m enters stage 0 only once micro-batch m-c has left it."""
-    p, m = devices, micro_batches
-    cap = p if max_active is None else _check_cap(max_active)
-    programs = []
-    for s in range(p):
-        w = min(p - s - 1, cap - 1, m)
-        forwards, backwards = run_of(s, Kind.F, range(m)), run_of(s, Kind.B, range(m))
-        prog = forwards[:w]
-        # steady state: forward i + w, then backward i (zip stops at the last forward)
-        prog += itertools.chain.from_iterable(zip(forwards[w:], backwards))
-        prog += backwards[m - w:]
-        programs.append(prog)
-    return Schedule(programs, micro_batches=m, name="1f1b")
-
-
-def _check_cap(max_active) -> int:
-    if isinstance(max_active, bool) or not isinstance(max_active, int) or max_active < 1:
-        raise ScheduleError(f"max_active must be a positive integer (micro-batches in flight), got {max_active!r}")
-    return max_active
+from .dualpipe import dualpipev
+from .interleaved import check_interleaved, interleaved_1f1b, looped_bfs, looped_placement
+from .ir import Schedule, ScheduleError
+from .textbook import gpipe, naive, one_f_one_b
+from .zerobubble import v_placement, zb_h1, zb_h2, zbv
 
 
 def one_per_device(devices: int, virtual: int = 1) -> list[int]:
@@ -123,7 +51,7 @@ class Generator:
     virtual: int = 1
     takes_virtual: bool = False
     placement: Callable[[int, int], list[int]] = one_per_device
-    check: Callable[[int, int, int], str | None] = lambda p, m, v: None
+    check: Callable[[int, int, int], str | None] = lambda devices, micro_batches, virtual: None
     options: tuple[str, ...] = ()
 
     def refusal(self, devices: int, micro_batches: int, virtual: int) -> str | None:
@@ -138,14 +66,17 @@ class Generator:
 
 
 def _textbook(fn: Callable[..., Schedule], summary: str, options: tuple[str, ...] = ()) -> Generator:
-    return Generator(lambda devices, micro_batches, virtual, **o: fn(devices, micro_batches, **o), summary,
-                     options=options)
+    """The entry of a generator of one stage per device, which takes no `virtual`."""
+    def make(devices: int, micro_batches: int, virtual: int, **chosen) -> Schedule:
+        return fn(devices, micro_batches, **chosen)
+    return Generator(make, summary, options=options)
 
 
-def _at_least(min_micro: Callable[[int], int], why: str) -> Callable:
-    """A `check` for a schedule that takes at least min_micro(p) micro-batches."""
-    def check(p: int, m: int, virtual: int) -> str | None:
-        return f"needs at least {min_micro(p)} micro-batches ({why}), got {m}" if m < min_micro(p) else None
+def _at_least(fewest: Callable[[int], int], why: str) -> Callable:
+    """A `check` for a schedule that takes at least fewest(devices) micro-batches."""
+    def check(devices: int, micro_batches: int, virtual: int) -> str | None:
+        least = fewest(devices)
+        return f"needs at least {least} micro-batches ({why}), got {micro_batches}" if micro_batches < least else None
     return check
 
 
@@ -159,8 +90,15 @@ class Registry(dict):
         return f"sim.SCHEDULES ({len(self)} schedules; make one with sim.make_schedule(name, devices, micro_batches)):\n" + \
             "\n".join(lines)
 
+    def add(self, name: str, generator: Generator) -> None:
+        """Name one more generator (one defined above the engine, as `zb-auto`); ValueError
+        where the name is taken."""
+        if name_key(name) in map(name_key, self):
+            raise ValueError(f"a schedule named {name!r} is already registered")
+        self[name] = generator
 
-SCHEDULES: dict[str, Generator] = Registry({
+
+SCHEDULES: Registry = Registry({
     "naive": _textbook(naive, "one micro-batch at a time through every stage (no pipelining)"),
     "gpipe": _textbook(gpipe, "all forwards, then all backwards (Huang et al. 2019)", ("max_active",)),
     "1f1b": _textbook(one_f_one_b, "warm-up, one forward one backward, cool-down (PipeDream-Flush)", ("max_active",)),
@@ -178,8 +116,6 @@ SCHEDULES: dict[str, Generator] = Registry({
     "dualpipev": Generator(dualpipev, "DeepSeek's DualPipe cut in half: V-shaped, F/B pairs (DualPipeV)",
                            virtual=2, placement=v_shape, check=_at_least(lambda p: 2 * p, "DualPipeV's steady "
                                                                          "state starts after 2P forwards of each chunk")),
-    "zb-auto": Generator(zb_auto, "the zero-bubble paper's automatic scheduler: best found under costs "
-                         "and memory_limit (Qi et al. 2024, Sec. 3)", options=("costs", "memory_limit", "max_runs")),
 })
 
 TEXTBOOK = ("naive", "gpipe", "1f1b")  # the three that `python -m sim.plot` draws by default
@@ -200,18 +136,12 @@ def lookup(name: str) -> tuple[str, Generator]:
     return canonical, SCHEDULES[canonical]
 
 
-def make_schedule(name: str, devices: int | None = None, micro_batches: int | None = None, virtual: int | None = None,
-                  **options) -> Schedule:
+def make_schedule(name: str, devices: int, micro_batches: int, virtual: int | None = None, **options) -> Schedule:
     """Build the named schedule (`sim.SCHEDULES` lists them) for `devices` pipeline devices (P),
     `micro_batches` micro-batches (M) and `virtual` model chunks per device (V, default: the
     schedule's own, 1 or 2): P*V model stages (`Schedule.stages`). Some take options
-    (`SCHEDULES[name].options`). The old keywords `stages=` and `micro=` still work, with a
-    DeprecationWarning. Raises `ScheduleError` with a one-line reason for sizes or options the
+    (`SCHEDULES[name].options`). Raises `ScheduleError` with a one-line reason for sizes or options the
     schedule does not allow."""
-    devices, micro_batches = take_sizes("make_schedule", devices, micro_batches, options)
-    missing = [what for what, n in (("devices", devices), ("micro_batches", micro_batches)) if n is None]
-    if missing:
-        raise TypeError(f"make_schedule() missing required argument: {', '.join(missing)}")
     canonical, gen = lookup(name)
     virtual = gen.virtual if virtual is None else virtual
     for what, n in (("devices", devices), ("micro_batches", micro_batches), ("virtual", virtual)):
