@@ -290,7 +290,7 @@ def test_copy_colours_stay_apart_from_the_other_kinds(vision):
     simulated for each full dichromacy (the measure of tests/sim/plot/test_figures.py)."""
     import itertools
     import numpy as np
-    from test_figures import DEFICIENCIES, JND, _lab, _linear
+    from tests.sim.plot.test_figures import DEFICIENCIES, JND, _lab, _linear
     colours = {k: spec.colour for k, spec in sim.KINDS.items() if spec.role is not sim.Role.SEND
                and spec.role is not sim.Role.RECV}
     m = np.eye(3) if vision == "normal" else np.array(DEFICIENCIES[vision])
