@@ -27,6 +27,7 @@ import torch
 
 import sim
 from sim import Result, Schedule
+from sim.hardware.topology import Topology
 from sim.passes.order import order_transfers
 from sim.schedule.renamed import take_sizes
 
@@ -37,7 +38,7 @@ from exec.measure.costs import costs_from_reports
 from exec.pipeline.config import RunConfig
 from exec.pipeline.worker import pipeline_worker, say
 from exec.runtime.check import compare_grads, reference_step, split_micro_batches
-from exec.runtime.dp import Grid, check_dp
+from exec.runtime.dp import check_dp
 from exec.runtime.interpreter import refuse_offload
 
 __all__ = ["run_pipeline", "check_run", "PipelineRun", "median_step"]
@@ -147,10 +148,10 @@ def _check_replicas(per_rank: list[dict], lowered: Schedule, dp: int, ref_grads,
                     ) -> tuple[bool, float, str]:
     """Every replica's gradients after the first step against one process on the whole
     batch: (all match, largest difference, where; "replica d: stageS.name" with dp > 1)."""
-    grid, checks = Grid(lowered.ranks, dp), []
+    topo, checks = Topology(tp=1, pp=lowered.ranks, dp=dp), []
     for d in range(dp):
         grads = [(f"stage{s}.{n}", g) for s in range(lowered.stages)
-                 for n, g in per_rank[grid.rank(lowered.rank_of(s), d)]["grads"][s]]
+                 for n, g in per_rank[topo.rank(0, d, lowered.rank_of(s))]["grads"][s]]
         match, worst, where = compare_grads(grads, ref_grads, rtol, atol)
         checks.append((worst, match, f"replica {d}: {where}" if dp > 1 else where))
     worst, _, where = max(checks, key=lambda c: c[0])
