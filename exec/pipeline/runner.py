@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
@@ -35,7 +35,7 @@ from exec.launch.host import host_cores
 from exec.launch.processes import launch
 from exec.measure.busy import describe_load, load_summary
 from exec.measure.costs import costs_from_reports
-from exec.pipeline.config import RunConfig
+from exec.pipeline.config import RunConfig, run_options, run_schedule
 from exec.pipeline.worker import pipeline_worker, say
 from exec.runtime.check import compare_grads, reference_step, split_micro_batches
 from exec.runtime.dp import check_dp
@@ -165,7 +165,7 @@ def run_pipeline(spec, schedule: Schedule | str, devices: int | None = None, mic
     `warmup` + `steps` training steps of `spec` with its `optimizer`, and check the first
     step's loss and gradients against `reference_step`. Keyword `options` set fields of
     `config` (`run_pipeline(spec, "1f1b", 2, 8, steps=3)` is `run_pipeline(spec, "1f1b", 2,
-    8, RunConfig(steps=3))`).
+    8, RunConfig(steps=3))`); it reads every field.
 
     `calibrate` = k > 0 also measures the simulator's costs in the same processes: a
     calibration round before every k measured steps (`exec.pipeline.worker`); the run's
@@ -179,13 +179,8 @@ def run_pipeline(spec, schedule: Schedule | str, devices: int | None = None, mic
 
     Raises `exec.launch.processes.RankError` / `TimeoutError` if a rank fails or the run is too slow."""
     devices, micro_batches = take_sizes("run_pipeline", devices, micro_batches, options)
-    config = replace(config or RunConfig(), **options)
-    if isinstance(schedule, str):
-        if devices is None or micro_batches is None:
-            raise ValueError("a schedule name needs devices and micro_batches, e.g. run_pipeline(spec, '1f1b', 2, 8)")
-        schedule = sim.make_schedule(schedule, devices, micro_batches)
-        if config.dp > 1:
-            schedule = sim.add_grad_reduce(schedule, config.overlap_grad_reduce)
+    config = run_options("run_pipeline", config, options)
+    schedule = run_schedule("run_pipeline", schedule, devices, micro_batches, config)
     lowered, dp = check_run(spec, schedule, config), config.dp
     # balance="time" profiles a micro-batch of the size a replica computes
     bounds = list(config.bounds) if config.bounds is not None else \
