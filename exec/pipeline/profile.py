@@ -49,6 +49,6 @@ def profile_costs(spec, schedule: "sim.Schedule | str", devices: int | None = No
     reports = launch(calibrate_rank, schedule.ranks, spec, schedule, micro, bounds, config.steps, sizes, repeats, None,
                      config.optimizer, backend=config.backend, timeout=config.timeout, threads=config.threads)
     costs, details = costs_from_reports(reports, schedule, use, transfer)
-    details.update(spec={k: getattr(spec, k) for k in spec.__dataclass_fields__}, bounds=bounds,
+    details.update(spec=spec.describe(), bounds=bounds,
                    backend=config.backend, optimizer=config.optimizer)
     return costs, details
