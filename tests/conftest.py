@@ -30,6 +30,9 @@ SLOW: dict[str, frozenset[str]] = {
         "test_cli_under_torchrun_reports_once", "test_more_ranks_than_cores_calibrate_with_a_warning",
         "test_a_silent_rank_gets_a_progress_line_every_few_seconds", "test_cli_rank_failure_is_one_line_and_exit_1",
         "test_nccl_run_matches_one_process"}),
+    "test_exec_door.py": frozenset({  # also marked at each test (@pytest.mark.slow)
+        "test_user_blocks_train_as_one_process_under_any_schedule",
+        "test_run_pipeline_takes_user_blocks_through_the_front_door"}),
     "test_exec_dp.py": frozenset({"dp_runs", "test_the_run_leaves_no_rank_process_behind"}),
     "test_new_user.py": frozenset({"test_exec_run_non_finite_loss_exits_1_naming_the_step"}),
     "test_profile.py": frozenset({
