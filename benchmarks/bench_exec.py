@@ -47,7 +47,8 @@ from exec.measure.compare import breakdown, compare, overlay_figure, replay_erro
 from exec.models.spec import ModelSpec  # noqa: E402
 from exec.runtime.optim import OPTIMIZERS  # noqa: E402
 from exec.pipeline.runner import run_pipeline  # noqa: E402
-from exec.measure.costs import costs_from_reports, profile_costs  # noqa: E402
+from exec.measure.costs import costs_from_reports  # noqa: E402
+from exec.pipeline.profile import profile_costs  # noqa: E402
 
 
 def run_config(spec: ModelSpec, name: str, ranks: int, micro: int, rounds: int, steps: int, balance: str,
@@ -71,7 +72,7 @@ def run_config(spec: ModelSpec, name: str, ranks: int, micro: int, rounds: int, 
         paired += [(sim_s - r.makespan) / r.makespan * 100 for r in results[i * steps:(i + 1) * steps]]
     cmp = compare(run.result, costs)
     if separate:
-        own, _ = profile_costs(spec, schedule, micro, bounds=run.bounds, threads=threads, steps=steps * rounds,
+        own, _ = profile_costs(spec, schedule, bounds=run.bounds, threads=threads, steps=steps * rounds,
                                optimizer=optimizer)
         separate_pct = compare(run.result, own).error_pct
     replay = [replay_error(r, costs) for r in results]

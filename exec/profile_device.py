@@ -3,6 +3,7 @@
     python -m exec.profile_device --out profiles/this-cpu.json            # gloo, cores ranks
     python -m exec.profile_device --out my.json --ranks 2 --quick         # seconds, coarser
     python -m exec.profile_device --out gpu.json --backend nccl --ranks 1 # a GPU
+    >>> measure_device(Path("my.json"), ranks=2, quick=True)               # doctest: +SKIP
 
 It measures, in ranks set up as `exec.launch.processes` sets up a run's (each rank on its cores with
 cores / ranks threads, or one GPU each):
@@ -40,7 +41,7 @@ from typing import Sequence
 
 from sim.cli import OneLineParser, number, whole
 
-__all__ = ["main", "profile_device", "SCHEMA"]
+__all__ = ["main", "measure_device", "SCHEMA"]
 
 PROG = "exec.profile_device"
 SCHEMA = "pipeline-workbench/device-profile/1"
@@ -158,7 +159,7 @@ def refusal(backend: str, ranks: int | None) -> str | None:
     return None
 
 
-def profile_device(out: Path, backend: str = "gloo", ranks: int | None = None, quick: bool = False,
+def measure_device(out: Path, backend: str = "gloo", ranks: int | None = None, quick: bool = False,
                    model=None, micro_batches: Sequence[int] = (1, 2, 4, 8), timeout: float = 280.0,
                    command: str | None = None) -> dict:
     """Measure and write the profile to `out`; return it. `model`: the `sim.Transformer`
@@ -221,7 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(e))
     command = "python -m exec.profile_device " + " ".join(sys.argv[1:] if argv is None else argv)
     try:
-        profile_device(args.out, args.backend, args.ranks, args.quick, model, args.micro_batches or (1, 2, 4, 8),
+        measure_device(args.out, args.backend, args.ranks, args.quick, model, args.micro_batches or (1, 2, 4, 8),
                        args.timeout, command)
     except (RankError, TimeoutError) as e:
         print(f"{PROG}: {e}", file=sys.stderr)

@@ -7,7 +7,7 @@
 # over gloo, so it runs on any laptop (about a minute on 2 cores). This notebook:
 #
 # 1. runs a small model with 1F1B on 2 ranks, and measures as it runs what the simulator needs
-#    (`exec.calibrate`, merged by `exec.profile`): its `Costs`;
+#    (`exec.measure.calibrate`, merged by `exec.measure.costs`): its `Costs`;
 # 2. checks that the pipelined gradients equal single-process training;
 # 3. overlays the measured and simulated timelines and reads off where and why they differ;
 # 4. compares GPipe with 1F1B, measured on real tensors.
@@ -36,9 +36,7 @@ from sim.plot import plot_overlay, plot_result
 import time
 
 import torch  # exec needs it: pip install -e ".[exec]"
-from exec.measure.compare import breakdown, compare
-from exec.models.spec import ModelSpec
-from exec.pipeline.runner import run_pipeline
+from exec import ModelSpec, breakdown, compare, run_pipeline
 
 spec = ModelSpec(model="mlp", layers=LAYERS, hidden=HIDDEN, batch_size=BATCH_SIZE)
 schedule = sim.make_schedule(SCHEDULE, STAGES, MICRO)
@@ -94,7 +92,7 @@ assert run.grad_match and run.max_grad_diff < 1e-4, "the pipelined gradients dif
 # %% [markdown]
 # ## 3. Measured against simulated
 #
-# `exec.measure.compare.compare` simulates the same schedule under the profiled costs and puts both steps
+# `exec.compare` simulates the same schedule under the profiled costs and puts both steps
 # side by side. In the overlay, the wide hatched bars are the simulation and the narrow solid bars
 # the measurement, on the same rows. The `error`, in the table and in the figure's title, is
 # `(simulated - measured) / measured`: positive when the simulator predicts a longer step.
@@ -145,12 +143,12 @@ for key, a in bd["actions"].items():
 # sharing: an action runs at its *alone* speed while the other rank waits and at its *concurrent*
 # speed while both compute, which one fixed cost per action cannot express. Last, the *replay*:
 # every compute takes exactly the time it took in this step (`sim.simulate(..., durations=)`,
-# `exec.measure.compare.replay_error`), so only the rules of communication and of the runtime are left to
+# `exec.replay_error`), so only the rules of communication and of the runtime are left to
 # be wrong.
 
 # %%
 import dataclasses
-from exec.measure.compare import replay_error
+from exec import replay_error
 
 alone = details["compute_median"]["alone"]
 alone_costs = dataclasses.replace(

@@ -347,9 +347,7 @@ sliders(explore, schedule=Choice("zbv", [n for n in sim.SCHEDULES if n != "naive
 import time
 
 import torch  # exec needs it: pip install -e ".[exec]"
-from exec.measure.compare import compare
-from exec.models.spec import ModelSpec
-from exec.pipeline.runner import run_pipeline
+from exec import ModelSpec, compare, run_pipeline
 
 spec = ModelSpec(model="mlp", layers=REAL_LAYERS, hidden=REAL_HIDDEN, batch_size=REAL_BATCH)
 real_schedule = sim.make_schedule(REAL_SCHEDULE, REAL_RANKS, REAL_MICRO)

@@ -29,13 +29,12 @@ import os
 import tempfile
 from pathlib import Path
 
-from exec.profile_device import profile_device
-from exec.models.spec import ModelSpec
+from exec import ModelSpec, measure_device
 
 SPEC = ModelSpec("gpt", layers=2, hidden=64, heads=4, seq=32, vocab=128, batch_size=8)
 MICRO = 4
 PROFILE = Path(tempfile.mkdtemp()) / "this-machine.json"
-profile_device(PROFILE, "gloo", ranks=2, quick=True, model=SPEC.transformer(),
+measure_device(PROFILE, "gloo", ranks=2, quick=True, model=SPEC.transformer(),
                micro_batches=(SPEC.batch_size // MICRO,), timeout=120)
 profile = sim.load_profile(PROFILE)
 print(profile.name, "| load average:", open("/proc/loadavg").read().split()[:3])
@@ -50,7 +49,7 @@ print({k: f"{v * 1e3:.2f} ms" for k, v in e.time_parts.items() if v})
 show(plot_result(e.result))  # the predicted step
 
 # %%
-from exec.pipeline.runner import run_pipeline
+from exec import run_pipeline
 
 run = run_pipeline(SPEC, "1f1b", 2, MICRO, steps=3, warmup=1, optimizer="adamw")
 measured = sorted(run.train_step_times)[len(run.train_step_times) // 2]

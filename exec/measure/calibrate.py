@@ -251,8 +251,13 @@ def reduce_times(ctx, modules: dict, repeats: int) -> dict[int, list[float]]:
 
 
 def activation_message_bytes(spec, micro_batches: int) -> int:
-    """Bytes of the activation passed between stages for one micro-batch (b, seq, hidden)."""
+    """Bytes of the activation passed between stages for one micro-batch (b, seq, hidden);
+    for a user's blocks, of what their first layer outputs."""
     x = spec.micro_batches(micro_batches)[0][0]
+    if spec.model == "blocks":
+        with torch.no_grad():
+            x = spec.build_layers()[0](x)
+        return x.numel() * x.element_size()
     return x.numel() * 4 * (spec.hidden if spec.model == "gpt" else 1)
 
 

@@ -1,9 +1,10 @@
-"""Cost fitting: merge the ranks' calibration reports into `sim.Costs`, and `profile_costs`, a calibration launch of its own.
+"""Cost fitting: merge the ranks' calibration reports into `sim.Costs`.
 
-    >>> from exec.models.spec import ModelSpec
-    >>> costs, details = profile_costs(ModelSpec(), "1f1b", micro_batches=4)       # doctest: +SKIP
+    >>> costs, details = costs_from_reports(reports, schedule)          # doctest: +SKIP
     >>> sim.save_costs(costs, "costs.json", details)                   # doctest: +SKIP
 
+The reports come from a run's calibration rounds (`exec.pipeline.runner.run_pipeline` with
+`calibrate`) or from a calibration launch of their own (`exec.pipeline.profile.profile_costs`).
 What each rank measures, and how, is `exec.measure.calibrate`; this module turns those numbers
 into the simulator's costs:
 
@@ -41,7 +42,7 @@ from typing import Sequence
 import sim
 from sim.schedule.kinds import COMPUTE, KINDS, Kind
 
-__all__ = ["profile_costs", "costs_from_reports", "fit_latency_bandwidth", "io_tick_from"]
+__all__ = ["costs_from_reports", "fit_latency_bandwidth", "io_tick_from"]
 
 STATIC_FIELDS = ("weight_bytes", "grad_bytes", "optimizer_bytes")  # a stage's static memory in Costs
 # the per-micro-batch bytes that computes take and give back: their kinds' memory effects
@@ -204,56 +205,4 @@ def costs_from_reports(reports: Sequence[dict], schedule: sim.Schedule, use: str
         "memory": memory, "comm": comm, "latency": latency, "bandwidth": bandwidth,
         "runtime": own, "runtime_median": {k: statistics.median(v) if v else None for k, v in own.items()},
     }
-    return costs, details
-
-
-# ---------------------------------------------------------------------------- a launch of its own
-
-def _as_schedule(schedule_or_devices, micro_batches: int) -> sim.Schedule:
-    if isinstance(schedule_or_devices, sim.Schedule):
-        if schedule_or_devices.micro_batches != micro_batches:
-            raise ValueError(f"the schedule has {schedule_or_devices.micro_batches} micro-batches but micro_batches={micro_batches}")
-        return schedule_or_devices.compute_only()
-    if isinstance(schedule_or_devices, str):
-        return sim.make_schedule(schedule_or_devices, 2, micro_batches)
-    if isinstance(schedule_or_devices, int) and not isinstance(schedule_or_devices, bool):
-        return sim.make_schedule("gpipe", schedule_or_devices, micro_batches)
-    raise TypeError(f"schedule_or_devices must be a sim.Schedule, a schedule name or a device count (GPipe on that many devices), "
-                    f"got {type(schedule_or_devices).__name__}")
-
-
-def profile_costs(spec, schedule_or_devices: "sim.Schedule | str | int", micro_batches: int, backend: str = "gloo",
-                  balance: str = "layers", bounds: Sequence[int] | None = None, steps: int = 5,
-                  repeats: int = 20, threads: int | None = None, timeout: float = 300.0,
-                  use: str = "concurrent", transfer: tuple[float, float] | None = None,
-                  optimizer: str = "sgd") -> tuple[sim.Costs, dict]:
-    """Measure `sim.Costs` for `spec` cut into the stages of `schedule_or_devices`.
-
-    `schedule_or_devices`: a `sim.Schedule` (its placement and compute order are used), a
-    schedule name (2 stages), or a stage count (GPipe order). One process per rank via
-    `exec.launch.processes.launch` (same `backend` and `threads` as the real run), each running
-    `exec.measure.calibrate.calibrate_rank` on fresh copies of its stages. Stage boundaries:
-    `bounds` if given, else `spec.partition(stages, balance, micro_batches)`. `use` picks the
-    compute times: "concurrent" (all ranks compute at once, as in a step's steady state)
-    or "alone" (one rank at a time). `transfer` = (latency, bandwidth) reuses a transfer
-    fit instead of measuring it again. `optimizer` (a name from `exec.runtime.optim.OPTIMIZERS`)
-    sets the optimizer state counted in the static memory. Returns (costs, details)."""
-    from exec.measure.calibrate import calibrate_rank, message_sizes
-    from exec.launch.processes import launch
-    from exec.runtime.optim import OPTIMIZERS
-
-    if optimizer not in OPTIMIZERS:
-        raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
-    if backend != "gloo":
-        raise ValueError(f"profile_costs measures CPU ranks over gloo only, not backend={backend!r}: its "
-                         f"compute timing has no CUDA synchronisation and its messages are CPU tensors; "
-                         f"for an NCCL run, simulate with costs written by sim.save_costs (exec.run --costs)")
-    schedule = _as_schedule(schedule_or_devices, micro_batches)
-    bounds = list(bounds) if bounds is not None else spec.partition(schedule.stages, balance, micro_batches)
-    sizes = None if transfer else message_sizes(spec, micro_batches)
-    reports = launch(calibrate_rank, schedule.ranks, spec, schedule, micro_batches, bounds, steps, sizes, repeats, None,
-                     optimizer, backend=backend, timeout=timeout, threads=threads)
-    costs, details = costs_from_reports(reports, schedule, use, transfer)
-    details.update(spec={k: getattr(spec, k) for k in spec.__dataclass_fields__}, bounds=bounds, backend=backend,
-                   optimizer=optimizer)
     return costs, details

@@ -1,8 +1,9 @@
 """Cutting a model into stages: by layer count, or by each layer's profiled time with sim's partitioners.
 
-"layers" gives every stage as equal a number of layers as possible; for the GPT that is the
-planner's split (`sim.search.partition.even` over the blocks, the embedding on the first
-stage and the head on the last). "time" profiles each layer's forward + backward on one
+"layers" gives every stage as equal a number of layers as possible; for a model with ends
+(the GPT's embedding and head, a user's where given: `ModelSpec.ends`) that is the planner's
+split (`sim.search.partition.even` over the blocks, the embedding on the first stage and the
+head on the last). "time" profiles each layer's forward + backward on one
 micro-batch (`measure_layer_times`, a measurement; `sim.cost.layer.layer_times` is the
 planner's model of one layer); the GPT's stages are then the planner's
 `sim.search.partition.balanced` (equal blocks, the embedding's and head's times as the end
@@ -39,8 +40,8 @@ def partition(spec, stages: int, balance: str = "layers", micro_batches: int = 1
     if stages > n:
         raise ValueError(f"cannot cut {n} layers into {stages} stages; every stage needs at least one layer "
                          f"(use stages <= {n} or a model with more layers)")
-    if balance == "layers" and spec.model == "gpt":
-        return gpt_bounds(spec, even(spec.layers, stages))
+    if balance == "layers" and any(spec.ends):
+        return end_bounds(spec, even(spec.layers, stages))
     if balance == "layers":
         return stage_bounds(n, [round(n * s / stages) for s in range(1, stages)])
     if balance != "time":
@@ -61,19 +62,20 @@ def _time_bounds(spec, stages: int, micro_batches: int, repeats: int) -> list[in
         extra = [0.0] * stages
         extra[0] += times[0]
         extra[-1] += times[-1]
-        return gpt_bounds(spec, balanced(spec.layers, stages, statistics.median(times[1:-1]), extra))
+        return end_bounds(spec, balanced(spec.layers, stages, statistics.median(times[1:-1]), extra))
     return stage_bounds(spec.num_layers, balanced_cuts(times, stages, out_bytes[:-1], tolerance=TIME_TOLERANCE))
 
 
-def gpt_bounds(spec, blocks: Sequence[int]) -> list[int]:
-    """Stage boundaries of the GPT `spec` with `blocks[s]` transformer blocks on stage s,
-    the embedding (layer 0) on the first and the head (the last layer) on the last."""
+def end_bounds(spec, blocks: Sequence[int]) -> list[int]:
+    """Stage boundaries of `spec` with `blocks[s]` blocks on stage s, the layers before the
+    blocks (`spec.ends[0]`: the GPT's embedding) on the first and those after them (its
+    head) on the last."""
     if any(n == 0 for n in blocks[1:-1]):
         raise ValueError(f"the split {list(blocks)} of {spec.layers} blocks leaves a middle stage without one; "
                          f"use fewer stages or more layers")
     bounds = [0]
     for s, n in enumerate(blocks):
-        bounds.append(bounds[-1] + n + (1 if s == 0 else 0))
+        bounds.append(bounds[-1] + n + (spec.ends[0] if s == 0 else 0))
     bounds[-1] = spec.num_layers
     return bounds
 

@@ -8,7 +8,7 @@ so every process that holds the same spec builds the same weights and the same b
     >>> x, y = spec.batch()
     >>> loss = spec.loss(stages[1](stages[0](x)), y)
 
-Two models:
+Two built-in models, and the user's own:
 
 - "mlp": `layers` residual MLP blocks (pre-LayerNorm, Linear-GELU-Linear + residual) on
   float inputs of shape (batch, seq, hidden); regression targets, mean squared error.
@@ -19,6 +19,11 @@ Two models:
   scaled_dot_product_attention + GeLU MLP of width `ffn`, biases, no dropout), and the
   last layer is the final LayerNorm + the LM head (no bias, not tied to the embedding);
   random token ids, next-token targets, cross entropy. Llama's arch is not built here.
+- "blocks": a user's own torch modules, batch and loss (`exec.models.blocks.Blocks`), made
+  with `ModelSpec.from_blocks(blocks, inputs, targets, loss, embedding=None, head=None)`,
+  as torch.distributed.pipelining takes a user's modules; exec cuts them into stages and
+  runs any schedule on them. `layers` counts the blocks, `batch_size` the samples; the
+  size fields that describe the built-in models keep their defaults and mean nothing here.
 
 `ModelSpec.recompute` ("full", or "selective" for the GPT's attention core) runs the blocks
 under activation recomputation (`exec.models.layers.recomputed`, torch.utils.checkpoint).
@@ -26,8 +31,8 @@ under activation recomputation (`exec.models.layers.recomputed`, torch.utils.che
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import dataclass, fields
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +40,7 @@ from torch import nn
 
 from sim.model.transformer import RECOMPUTE, Transformer
 
+from exec.models.blocks import Blocks
 from exec.models.cuts import partition
 from exec.models.layers import Block, Embedding, Head, MLPBlock
 
@@ -69,10 +75,14 @@ class ModelSpec:
     dtype: str = "float32"
     ffn: tuple[int, ...] | None = None
     recompute: str = "none"
+    user: Blocks | None = None  # model "blocks": the user's modules, batch and loss
 
     def __post_init__(self):
-        if self.model not in ("mlp", "gpt"):
-            raise ValueError(f"ModelSpec.model must be 'mlp' or 'gpt', got {self.model!r}")
+        if self.model not in ("mlp", "gpt", "blocks"):
+            raise ValueError(f"ModelSpec.model must be 'mlp', 'gpt' or 'blocks', got {self.model!r}")
+        if (self.model == "blocks") != isinstance(self.user, Blocks):
+            raise ValueError("ModelSpec: model 'blocks' and the user's Blocks go together; make it with "
+                             "ModelSpec.from_blocks(blocks, inputs, targets, loss)")
         for name in ("layers", "hidden", "seq", "vocab", "heads", "batch_size"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -90,9 +100,35 @@ class ModelSpec:
             raise ValueError(f"ModelSpec: hidden {self.hidden} is not divisible by heads {self.heads}")
         if self.recompute not in RECOMPUTE:
             raise ValueError(f"ModelSpec.recompute must be one of {', '.join(RECOMPUTE)}, got {self.recompute!r}")
+        if self.recompute != "none" and self.model == "blocks":
+            raise ValueError("ModelSpec.recompute is for the built-in models; recompute your own blocks "
+                             "inside them (torch.utils.checkpoint)")
         if self.recompute == "selective" and self.model != "gpt":
             raise ValueError("ModelSpec.recompute='selective' recomputes the attention core, which only model 'gpt' "
                              "has; use recompute='full' for model 'mlp'")
+
+    @classmethod
+    def from_blocks(cls, blocks: "nn.Sequential | Sequence[nn.Module]", inputs: torch.Tensor, targets: torch.Tensor,
+                    loss: Callable = F.mse_loss, embedding: nn.Module | None = None, head: nn.Module | None = None,
+                    **options) -> "ModelSpec":
+        """A model of the user's own torch modules (`exec.models.blocks.Blocks.of`): `blocks`
+        (an `nn.Sequential` or a list of modules), the whole batch `inputs` and `targets`,
+        the mean `loss(output, targets)`, and an `embedding` first and a `head` last where
+        the model has them (the cut by layer count keeps them with the first and last stage)."""
+        user = Blocks.of(blocks, inputs, targets, loss, embedding, head)
+        return cls(model="blocks", layers=len(user.blocks), batch_size=int(inputs.shape[0]), user=user, **options)
+
+    def describe(self) -> dict:
+        """The fields, as JSON can hold them (the user's blocks by `Blocks.describe`)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["user"] = self.user.describe() if self.user is not None else None
+        return out
+
+    @property
+    def ends(self) -> tuple[int, int]:
+        """How many layers before the blocks and after them stay with the first and last
+        stage: the GPT's embedding and head, the user's where given; none for the MLP."""
+        return self.user.ends if self.user is not None else (1, 1) if self.model == "gpt" else (0, 0)
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -130,10 +166,13 @@ class ModelSpec:
     @property
     def num_layers(self) -> int:
         """Number of modules `build_layers` returns (the unit that stages are cut in)."""
-        return self.layers + (2 if self.model == "gpt" else 0)
+        return self.layers + sum(self.ends)
 
     def build_layers(self) -> list[nn.Module]:
-        """The model as a list of layers, with weights drawn from `seed` (same everywhere)."""
+        """The model as a list of layers, with weights drawn from `seed` (same everywhere);
+        the user's: fresh copies of their modules."""
+        if self.user is not None:
+            return self.user.build()
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed)
             if self.model == "mlp":
@@ -150,7 +189,10 @@ class ModelSpec:
         """The full synthetic batch (inputs, targets), the same on every call and process.
 
         mlp: inputs and regression targets of shape (batch, seq, hidden).
-        gpt: token ids (batch, seq) and the next token of each position (batch, seq)."""
+        gpt: token ids (batch, seq) and the next token of each position (batch, seq).
+        blocks: the user's."""
+        if self.user is not None:
+            return self.user.inputs, self.user.targets
         g = torch.Generator().manual_seed(self.seed + 1)
         b, t = self.batch_size, self.seq
         if self.model == "mlp":
@@ -171,7 +213,9 @@ class ModelSpec:
         return [(a.clone(), b.clone()) for a, b in zip(x.chunk(count), y.chunk(count))]
 
     def loss(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Scalar mean loss: MSE for "mlp", next-token cross entropy for "gpt"."""
+        """Scalar mean loss: MSE for "mlp", next-token cross entropy for "gpt", the user's for "blocks"."""
+        if self.user is not None:
+            return self.user.loss(output, targets)
         if self.model == "mlp":
             return F.mse_loss(output, targets)
         return F.cross_entropy(output.reshape(-1, output.shape[-1]), targets.reshape(-1))

@@ -7,18 +7,32 @@
     ...
     ValueError: steps must be an integer >= 1, got 0
 
-A new option of `exec.pipeline.runner.run_pipeline` is one field here: `run_pipeline` takes
-a `RunConfig` (or its fields as keywords), hands it to every rank (`exec.pipeline.worker`),
-and `python -m exec.run` builds one from its flags. Imports no torch.
+One record for every entry point that starts ranks: `exec.pipeline.runner.run_pipeline`,
+`exec.torch_pipelining.runtime.run_torch_runtime` and `exec.pipeline.profile.profile_costs` each
+take `(spec, schedule, devices, micro_batches, config, **options)`, the keyword `options`
+setting fields of `config` (`run_options`), and a schedule name made into a `sim.Schedule`
+the one way (`run_schedule`). Each reads the fields it names; one it does not read, set
+away from its default, is refused rather than ignored:
+
+    >>> run_options("run_torch_runtime", None, {"dp": 2}, reads=("steps", "warmup"))
+    Traceback (most recent call last):
+    ...
+    ValueError: run_torch_runtime does not take RunConfig.dp (got 2); it reads steps, warmup
+
+A new option is one field here; `run_pipeline` hands the record to every rank
+(`exec.pipeline.worker`), and `python -m exec.run` builds one from its flags. Imports no torch.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
+from typing import Sequence
+
+import sim
 
 from exec.runtime.optim import OPTIMIZERS
 
-__all__ = ["RunConfig", "parse_fault", "FAULTS"]
+__all__ = ["RunConfig", "run_options", "run_schedule", "parse_fault", "FAULTS"]
 
 FAULTS = ("raise", "exit", "hang")
 BALANCES = ("layers", "time")
@@ -82,3 +96,33 @@ class RunConfig:
     def injected(self) -> tuple[str, int] | None:
         """The fault as (what, world rank), or None."""
         return parse_fault(self.fault)
+
+
+def run_options(entry: str, config: RunConfig | None, options: dict, reads: Sequence[str] | None = None) -> RunConfig:
+    """`config` (default `RunConfig()`) with the keyword `options` as its fields. `reads`: the
+    fields `entry` reads (None: all); another one set away from its default is a ValueError."""
+    config = replace(config or RunConfig(), **options)
+    if reads is not None:
+        for f in fields(RunConfig):
+            value = getattr(config, f.name)
+            if f.name not in reads and value != f.default:
+                raise ValueError(f"{entry} does not take RunConfig.{f.name} (got {value!r}); it reads {', '.join(reads)}")
+    return config
+
+
+def run_schedule(entry: str, schedule: "sim.Schedule | str", devices: int | None, micro_batches: int | None,
+                 config: RunConfig) -> sim.Schedule:
+    """The `sim.Schedule` a run of `entry` runs: `schedule` itself, or the one its name makes
+    with `devices` and `micro_batches` (given REDUCE_GRAD actions where `config.dp` > 1,
+    placed as `config.overlap_grad_reduce` says: `sim.add_grad_reduce`)."""
+    if isinstance(schedule, sim.Schedule):
+        for what, n, has in (("devices", devices, schedule.ranks), ("micro_batches", micro_batches, schedule.micro_batches)):
+            if n is not None and n != has:
+                raise ValueError(f"{what}={n} but the schedule {schedule.name!r} has {has}; give the schedule alone")
+        return schedule
+    if not isinstance(schedule, str):
+        raise TypeError(f"schedule must be a sim.Schedule or a name of sim.SCHEDULES, got {type(schedule).__name__}")
+    if devices is None or micro_batches is None:
+        raise ValueError(f"a schedule name needs devices and micro_batches, e.g. {entry}(spec, {schedule!r}, 2, 8)")
+    made = sim.make_schedule(schedule, devices, micro_batches)
+    return sim.add_grad_reduce(made, config.overlap_grad_reduce) if config.dp > 1 else made

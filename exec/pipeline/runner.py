@@ -20,23 +20,24 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
 
 import sim
 from sim import Result, Schedule
+from sim.hardware.topology import Topology
 from sim.passes.order import order_transfers
 
 from exec.launch.host import host_cores
 from exec.launch.processes import launch
 from exec.measure.busy import describe_load, load_summary
 from exec.measure.costs import costs_from_reports
-from exec.pipeline.config import RunConfig
+from exec.pipeline.config import RunConfig, run_options, run_schedule
 from exec.pipeline.worker import pipeline_worker, say
 from exec.runtime.check import compare_grads, reference_step, split_micro_batches
-from exec.runtime.dp import Grid, check_dp
+from exec.runtime.dp import check_dp
 from exec.runtime.interpreter import refuse_offload
 
 __all__ = ["run_pipeline", "check_run", "PipelineRun", "median_step"]
@@ -146,10 +147,10 @@ def _check_replicas(per_rank: list[dict], lowered: Schedule, dp: int, ref_grads,
                     ) -> tuple[bool, float, str]:
     """Every replica's gradients after the first step against one process on the whole
     batch: (all match, largest difference, where; "replica d: stageS.name" with dp > 1)."""
-    grid, checks = Grid(lowered.ranks, dp), []
+    topo, checks = Topology(tp=1, pp=lowered.ranks, dp=dp), []
     for d in range(dp):
         grads = [(f"stage{s}.{n}", g) for s in range(lowered.stages)
-                 for n, g in per_rank[grid.rank(lowered.rank_of(s), d)]["grads"][s]]
+                 for n, g in per_rank[topo.rank(0, d, lowered.rank_of(s))]["grads"][s]]
         match, worst, where = compare_grads(grads, ref_grads, rtol, atol)
         checks.append((worst, match, f"replica {d}: {where}" if dp > 1 else where))
     worst, _, where = max(checks, key=lambda c: c[0])
@@ -163,7 +164,7 @@ def run_pipeline(spec, schedule: Schedule | str, devices: int | None = None, mic
     `warmup` + `steps` training steps of `spec` with its `optimizer`, and check the first
     step's loss and gradients against `reference_step`. Keyword `options` set fields of
     `config` (`run_pipeline(spec, "1f1b", 2, 8, steps=3)` is `run_pipeline(spec, "1f1b", 2,
-    8, RunConfig(steps=3))`).
+    8, RunConfig(steps=3))`); it reads every field.
 
     `calibrate` = k > 0 also measures the simulator's costs in the same processes: a
     calibration round before every k measured steps (`exec.pipeline.worker`); the run's
@@ -176,13 +177,8 @@ def run_pipeline(spec, schedule: Schedule | str, devices: int | None = None, mic
     gradients of every replica are checked (`grad_match`: all of them match).
 
     Raises `exec.launch.processes.RankError` / `TimeoutError` if a rank fails or the run is too slow."""
-    config = replace(config or RunConfig(), **options)
-    if isinstance(schedule, str):
-        if devices is None or micro_batches is None:
-            raise ValueError("a schedule name needs devices and micro_batches, e.g. run_pipeline(spec, '1f1b', 2, 8)")
-        schedule = sim.make_schedule(schedule, devices, micro_batches)
-        if config.dp > 1:
-            schedule = sim.add_grad_reduce(schedule, config.overlap_grad_reduce)
+    config = run_options("run_pipeline", config, options)
+    schedule = run_schedule("run_pipeline", schedule, devices, micro_batches, config)
     lowered, dp = check_run(spec, schedule, config), config.dp
     # balance="time" profiles a micro-batch of the size a replica computes
     bounds = list(config.bounds) if config.bounds is not None else \

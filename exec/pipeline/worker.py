@@ -113,8 +113,8 @@ def pipeline_worker(ctx, spec, schedule: Schedule, bounds: Sequence[int], config
     """The function every rank runs (via `exec.launch.processes.launch`, on
     `schedule.ranks * config.dp` ranks): build this rank's stages and its optimizer, run
     `config.warmup + config.steps` steps of the lowered `schedule` on the model `spec` cut
-    at `bounds`, and return what the parent needs. `config.fault` names a world rank; the
-    ranks of replica d are `exec.runtime.dp.Grid.pipe_ranks(d)`.
+    at `bounds`, and return what the parent needs. `config.fault` names a world rank (laid
+    out by `sim.hardware.topology.Topology`: `coords` gives a rank's replica and pipeline rank).
 
     Every rank returns the gradients of its stages after the first step (numpy arrays,
     before the optimizer moved the weights, so they compare with `reference_step`) and

@@ -21,7 +21,7 @@ from typing import Callable, Iterable
 import sim
 import torch.distributed as dist
 from exec.measure.calibrate import compute_times
-from exec.models.cuts import gpt_bounds
+from exec.models.cuts import end_bounds
 from exec.models.spec import ModelSpec
 from sim.hardware.layer_table import BLOCK_PASSES, END_PASSES
 
@@ -43,7 +43,7 @@ def _stage_medians(ctx, model: sim.Transformer, micro_batch: int, recompute: str
                      vocab=model.vocab, ffn=(model.ffn,) * (2 * blocks), batch_size=micro_batch * MICRO_BATCHES,
                      recompute=recompute)
     sched = sim.make_schedule(schedule, 2, MICRO_BATCHES)
-    samples, _ = compute_times(ctx, spec, gpt_bounds(spec, [blocks, blocks]), sched, MICRO_BATCHES, steps,
+    samples, _ = compute_times(ctx, spec, end_bounds(spec, [blocks, blocks]), sched, MICRO_BATCHES, steps,
                                alone=False)
     mine = {key: statistics.median(v) for key, v in samples.items()}
     both: list = [None] * ctx.world_size

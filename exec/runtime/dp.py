@@ -1,17 +1,18 @@
-"""Data parallelism: pp x dp ranks in Megatron-LM's order, a replica's view of its pipeline, its shard of the batch, and the gradient reduction on a collective stream.
+"""Data parallelism: pp x dp ranks laid out by `sim.hardware.topology.Topology`, a replica's view of its pipeline, its shard of the batch, and the gradient reduction on a collective stream.
 
-    >>> grid = Grid(pp=2, dp=2)
-    >>> [grid.rank(p, d) for p in range(2) for d in range(2)]   # (pipeline rank, replica) -> world rank
+    >>> topo = Topology(tp=1, pp=2, dp=2)
+    >>> [topo.rank(0, d, p) for p in range(2) for d in range(2)]   # (replica, pipeline rank) -> world rank
     [0, 1, 2, 3]
-    >>> grid.dp_ranks(1), grid.pipe_ranks(1)                    # a data-parallel group, a pipeline
-    ([2, 3], [1, 3])
+    >>> topo.group_of("dp", 2), topo.group_of("pp", 3)             # a data-parallel group, a pipeline
+    ((2, 3), (1, 3))
 
 A run of `dp` pipeline replicas of `pp` ranks each has `pp * dp` processes. They are
-numbered as `sim.Layout` numbers them (Megatron-LM's default order, with tp = 1):
-the data-parallel index fastest, then the pipeline rank, so world rank = pipeline rank *
-dp + replica. The ranks that hold the same pipeline position in every replica form one
-data-parallel process group (`torch.distributed.new_group`); all the stages a rank hosts
-reduce over it (docs/rules.md, rule 13).
+numbered as the simulator numbers a run's GPUs (`sim.hardware.topology.Topology`,
+Megatron-LM's default order, with tp = 1): the data-parallel index fastest, then the
+pipeline rank, so world rank = pipeline rank * dp + replica. The ranks that hold the same
+pipeline position in every replica form one data-parallel process group
+(`torch.distributed.new_group`); all the stages a rank hosts reduce over it (docs/rules.md,
+rule 13).
 
 `ReplicaContext` is what a rank of a replica passes where `exec` takes a rank context
 (`exec.launch.processes.RankContext`): its `rank` and `world_size` are its pipeline's (the schedule's
@@ -33,7 +34,9 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 
-__all__ = ["Grid", "ReplicaContext", "replica_context", "shard", "CollectiveStream", "Reduction",
+from sim.hardware.topology import Topology
+
+__all__ = ["ReplicaContext", "replica_context", "shard", "CollectiveStream", "Reduction",
            "check_dp"]
 
 
@@ -45,34 +48,6 @@ def check_dp(dp: int, batch_size: int, micro_batches: int) -> None:
     if batch_size % (dp * micro_batches):
         raise ValueError(f"the batch of {batch_size} samples does not split into dp x micro_batches = {dp} x {micro_batches} "
                          f"equal micro-batches; choose dp x micro_batches among the divisors of {batch_size}")
-
-
-@dataclass(frozen=True)
-class Grid:
-    """The world of a pp x dp run (tensor parallelism 1): world rank = pipeline rank * dp + replica."""
-
-    pp: int
-    dp: int
-
-    @property
-    def world_size(self) -> int:
-        return self.pp * self.dp
-
-    def rank(self, pipe_rank: int, replica: int) -> int:
-        """The world rank of pipeline rank `pipe_rank` in replica `replica`."""
-        return pipe_rank * self.dp + replica
-
-    def coords(self, rank: int) -> tuple[int, int]:
-        """World rank -> (pipeline rank, replica)."""
-        return divmod(rank, self.dp)
-
-    def dp_ranks(self, pipe_rank: int) -> list[int]:
-        """The world ranks of one data-parallel group: pipeline position `pipe_rank` in every replica."""
-        return [self.rank(pipe_rank, d) for d in range(self.dp)]
-
-    def pipe_ranks(self, replica: int) -> list[int]:
-        """The world ranks of replica `replica`'s pipeline, in pipeline order."""
-        return [self.rank(p, replica) for p in range(self.pp)]
 
 
 @dataclass(frozen=True)
@@ -95,21 +70,21 @@ class ReplicaContext:
 
     def global_rank(self, pipe_rank: int) -> int:
         """The world rank of pipeline rank `pipe_rank` of this replica."""
-        return Grid(self.world_size, self.dp).rank(pipe_rank, self.replica)
+        return Topology(tp=1, pp=self.world_size, dp=self.dp).rank(0, self.replica, pipe_rank)
 
 
 def replica_context(ctx, pp: int, dp: int) -> ReplicaContext:
     """This rank's `ReplicaContext` in a run of `dp` replicas of `pp` ranks. Every rank of
     the world calls it at once: it makes every data-parallel group (`new_group` is a
     collective of the whole world, called for every group in the same order)."""
-    grid = Grid(pp, dp)
-    if ctx.world_size != grid.world_size:
-        raise ValueError(f"pp={pp} x dp={dp} needs {grid.world_size} ranks, but the process group has "
+    topo = Topology(tp=1, pp=pp, dp=dp)
+    if ctx.world_size != topo.gpus:
+        raise ValueError(f"pp={pp} x dp={dp} needs {topo.gpus} ranks, but the process group has "
                          f"{ctx.world_size}; launch pp * dp processes")
-    pipe_rank, replica = grid.coords(ctx.rank)
-    groups = [dist.new_group(grid.dp_ranks(p)) for p in range(pp)]
+    _, replica, pipe_rank = topo.coords(ctx.rank)
+    groups = {g: dist.new_group(list(g)) for g in topo.groups("dp")}
     return ReplicaContext(pipe_rank, pp, replica, dp, ctx.rank, ctx.local_rank, ctx.backend, ctx.cores,
-                          groups[pipe_rank])
+                          groups[topo.group_of("dp", ctx.rank)])
 
 
 def shard(inputs: torch.Tensor, targets: torch.Tensor, dp: int, replica: int) -> tuple[torch.Tensor, torch.Tensor]:

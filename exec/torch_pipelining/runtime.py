@@ -16,9 +16,10 @@ NCCL does): the export posts receives in the order the peer sends them
 scale the gradients: the loss is divided by the number of micro-batches, as in our
 runtime (`exec.runtime.interpreter`), and the gradients are the full batch's.
 
-`run_torch_runtime` runs it on one process per rank (`exec.launch.processes`): each rank wraps its
-stages of `ModelSpec.build_stages` in torch's `PipelineStage`, loads the CSV and runs
-`warmup + steps` steps, each timed from a barrier to the end of the rank's `step()` (the
+`run_torch_runtime` takes what `exec.pipeline.runner.run_pipeline` takes (a model, a
+schedule, an `exec.pipeline.config.RunConfig`) and runs it on one process per rank
+(`exec.launch.processes`): each rank wraps its stages of `ModelSpec.build_stages` in torch's
+`PipelineStage`, loads the CSV and runs `warmup + steps` steps, each timed from a barrier to the end of the rank's `step()` (the
 optimizer's step after it is not timed, as in our runtime's makespan); a step's time is
 its slowest rank's. The first step's gradients are checked against one process
 (`exec.runtime.check`).
@@ -39,10 +40,11 @@ from sim import Schedule
 from sim.passes.order import order_transfers
 
 from exec.launch.processes import launch
+from exec.pipeline.config import RunConfig, run_options, run_schedule
 from exec.runtime.check import compare_grads, reference_step
 from exec.runtime.optim import make_optimizer
 
-__all__ = ["to_torch_csv", "run_torch_runtime", "torch_runtime_worker", "TorchRuntimeRun"]
+__all__ = ["to_torch_csv", "run_torch_runtime", "torch_runtime_worker", "TorchRuntimeRun", "READS"]
 
 
 def to_torch_csv(schedule: Schedule, in_order: bool = True) -> str:
@@ -78,12 +80,13 @@ def _runtime(ctx, spec, schedule: Schedule, bounds: Sequence[int], csv_text: str
 
 
 def torch_runtime_worker(ctx, spec, schedule: Schedule, bounds: Sequence[int], csv_text: str,
-                         steps: int, warmup: int, lr: float) -> dict:
-    """What every rank runs: `warmup + steps` steps of torch's runtime on the CSV. Returns
-    this rank's step times (seconds, measured steps only), the losses rank by rank (the
-    last stage's ranks know them) and its stages' gradients after the first step."""
+                         config: RunConfig) -> dict:
+    """What every rank runs: `config.warmup + config.steps` steps of torch's runtime on the
+    CSV. Returns this rank's step times (seconds, measured steps only), the losses rank by
+    rank (the last stage's ranks know them) and its stages' gradients after the first step."""
     modules, runtime = _runtime(ctx, spec, schedule, bounds, csv_text)
-    opt = make_optimizer("sgd", [p for m in modules.values() for p in m.parameters()], lr)
+    opt = make_optimizer(config.optimizer, [p for m in modules.values() for p in m.parameters()], config.lr)
+    warmup, steps = config.warmup, config.steps
     inputs, targets = spec.batch()
     inputs, targets = inputs.to(ctx.device), targets.to(ctx.device)
     out = {"times": [], "losses": [], "grads": {}}
@@ -122,30 +125,28 @@ class TorchRuntimeRun:
         return ordered[(len(ordered) - 1) // 2]
 
 
+READS = ("steps", "warmup", "lr", "optimizer", "balance", "bounds", "timeout", "threads", "rtol", "atol")
+
+
 def run_torch_runtime(spec, schedule: Schedule | str, devices: int | None = None, micro_batches: int | None = None,
-                      *, steps: int = 5, warmup: int = 2, bounds: Sequence[int] | None = None, lr: float = 0.01,
-                      timeout: float = 300.0, threads: int | None = None, rtol: float = 1e-4,
-                      atol: float = 1e-5, in_order: bool = True) -> TorchRuntimeRun:
-    """Run `schedule` (a `sim.Schedule`, or a name with `devices` and `micro_batches`) on torch's
-    `_PipelineScheduleRuntime`, one gloo process per rank, `warmup + steps` SGD steps of
-    `spec`, and check the first step's gradients against `exec.runtime.check.reference_step`.
-    `in_order`: as in `to_torch_csv`. Raises `exec.launch.processes.RankError` / `TimeoutError` as
-    `exec.launch.processes.launch` does."""
-    if isinstance(schedule, str):
-        if devices is None or micro_batches is None:
-            raise ValueError("a schedule name needs devices and micro_batches, e.g. run_torch_runtime(spec, '1f1b', 2, 8)")
-        schedule = sim.make_schedule(schedule, devices, micro_batches)
-    for what, n, least in (("steps", steps, 1), ("warmup", warmup, 0)):
-        if isinstance(n, bool) or not isinstance(n, int) or n < least:
-            raise ValueError(f"{what} must be an integer >= {least}, got {n!r}")
+                      config: RunConfig | None = None, *, in_order: bool = True, **options) -> TorchRuntimeRun:
+    """Run `schedule` (a `sim.Schedule`, or a name with `devices` and `micro_batches`) on torch's `_PipelineScheduleRuntime`, one gloo
+    process per rank, `warmup + steps` steps of `spec` with `config.optimizer`, and check
+    the first step's gradients against `exec.runtime.check.reference_step`. `config` is
+    `run_pipeline`'s `exec.pipeline.config.RunConfig` (keyword `options` set its fields); it
+    reads the fields in `READS` and refuses the others set. `in_order`: as in `to_torch_csv`.
+    Raises `exec.launch.processes.RankError` / `TimeoutError` as `exec.launch.processes.launch` does."""
+    config = run_options("run_torch_runtime", config, options, READS)
+    schedule = run_schedule("run_torch_runtime", schedule, devices, micro_batches, config)
     csv_text = to_torch_csv(schedule, in_order)
-    bounds = list(bounds) if bounds is not None else spec.partition(schedule.stages)
+    bounds = list(config.bounds) if config.bounds is not None else \
+        spec.partition(schedule.stages, config.balance, schedule.micro_batches)
     ref_loss, ref_grads = reference_step(spec, schedule.micro_batches)  # also checks that micro divides the batch
-    per_rank = launch(torch_runtime_worker, schedule.ranks, spec, schedule, bounds, csv_text, steps, warmup, lr,
-                      timeout=timeout, threads=threads)
+    per_rank = launch(torch_runtime_worker, schedule.ranks, spec, schedule, bounds, csv_text, config,
+                      timeout=config.timeout, threads=config.threads)
     grads = [(f"stage{s}.{n}", g) for s in range(schedule.stages)
              for n, g in per_rank[schedule.rank_of(s)]["grads"][s]]
-    match, worst, where = compare_grads(grads, ref_grads, rtol, atol)
+    match, worst, where = compare_grads(grads, ref_grads, config.rtol, config.atol)
     last = per_rank[schedule.rank_of(schedule.stages - 1)]
     times = [max(ts) for ts in zip(*(r["times"] for r in per_rank))]
     return TorchRuntimeRun(csv_text, times, last["losses"], ref_loss, match, worst, where)

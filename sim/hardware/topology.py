@@ -43,6 +43,13 @@ GPUs on a node (the smallest NIC share), then the most nodes.
     Group(size=16, per_node=8, nodes=2, nic_share=4.0)
     >>> t.group("dp")     # rank r and r + 16: one GPU of the group on each of two nodes
     Group(size=2, per_node=1, nodes=2, nic_share=0.5)
+
+The same object answers which ranks form a group, as DeepSpeed's `ProcessTopology` and
+Megatron-LM's `RankGenerator` do: exec lays out its pp x dp ranks with it (`exec.runtime.dp`).
+
+    >>> t = Topology(tp=1, pp=2, dp=2)
+    >>> t.coords(3), t.group_of("dp", 3), t.group_of("pp", 3)   # (t, replica, pipeline device)
+    ((0, 1, 1), (2, 3), (1, 3))
 """
 from __future__ import annotations
 
@@ -100,6 +107,14 @@ class Topology:
         """The global rank of tensor-parallel index t, replica d, pipeline device p."""
         return t + self.tp * (d + self.dp * p)
 
+    def coords(self, rank: int) -> tuple[int, int, int]:
+        """The (tensor-parallel index, replica, pipeline device) of global rank `rank`: `rank`'s inverse."""
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.gpus:
+            raise ValueError(f"ranks are 0..{self.gpus - 1}; got {rank!r}")
+        rest, t = divmod(rank, self.tp)
+        p, d = divmod(rest, self.dp)
+        return t, d, p
+
     def node(self, rank: int) -> int:
         return rank // self.gpus_per_node
 
@@ -115,6 +130,14 @@ class Topology:
         if axis == "embedding":
             return [(g[0], g[-1]) if pp > 1 else g for g in self.groups("pp")]
         raise ValueError(f"axis must be one of {', '.join(AXES)}; got {axis!r}")
+
+    def group_of(self, axis: str, rank: int) -> tuple[int, ...]:
+        """The group of `axis` that holds `rank` (a rank in no embedding group: ValueError)."""
+        self.coords(rank)  # a rank out of range: its own error
+        group = next((g for g in self.groups(axis) if rank in g), None)
+        if group is None:
+            raise ValueError(f"rank {rank} is in no {axis} group: only the first and last device of a pipeline are")
+        return group
 
     def placed(self, ranks) -> Group:
         """How the group of `ranks` sits on the nodes, its axis's groups all communicating."""

@@ -97,9 +97,9 @@ def test_overlay_figure_is_written(tmp_path):
 @pytest.mark.slow
 def test_profile_costs_on_two_ranks():
     from exec.models.spec import ModelSpec
-    from exec.measure.costs import profile_costs
+    from exec.pipeline.profile import profile_costs
     spec = ModelSpec("mlp", layers=2, hidden=16, seq=4, batch_size=4)
-    costs, details = profile_costs(spec, "gpipe", micro_batches=2, steps=1, repeats=2, timeout=120)
+    costs, details = profile_costs(spec, "gpipe", 2, 2, steps=1, repeats=2, timeout=120)
     c = costs.for_stages(2)
     assert all(t > 0 for t in c.forward + c.backward)
     assert c.latency >= 0 and c.bandwidth > 0
@@ -261,9 +261,9 @@ def test_calibration_times_the_runtimes_own_work_around_a_compute(monkeypatch):
 
 def test_profile_costs_refuses_a_backend_it_cannot_time():
     from exec.models.spec import ModelSpec
-    from exec.measure.costs import profile_costs
+    from exec.pipeline.profile import profile_costs
     with pytest.raises(ValueError, match="gloo only"):
-        profile_costs(ModelSpec("mlp", layers=2, hidden=16, seq=4, batch_size=4), "gpipe", micro_batches=2, backend="nccl")
+        profile_costs(ModelSpec("mlp", layers=2, hidden=16, seq=4, batch_size=4), "gpipe", 2, 2, backend="nccl")
 
 
 def test_sharing_check_recognises_processor_sharing():

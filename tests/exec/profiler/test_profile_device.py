@@ -26,7 +26,7 @@ import bench_plan_vs_run as bench  # noqa: E402
 @pytest.fixture(scope="module")
 def profile_file(tmp_path_factory):
     out = tmp_path_factory.mktemp("profile") / "cpu.json"
-    pd.profile_device(out, "gloo", ranks=2, quick=True, micro_batches=(2,), timeout=120)
+    pd.measure_device(out, "gloo", ranks=2, quick=True, micro_batches=(2,), timeout=120)
     return out
 
 

@@ -14,16 +14,15 @@ import statistics
 from pathlib import Path
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
 import sim  # noqa: E402
 from sim import Kind  # noqa: E402
+from sim.hardware.topology import Topology  # noqa: E402
 from exec.measure.calibrate import calibrate_rank  # noqa: E402
 from exec.runtime.check import compare_grads, reference_step  # noqa: E402
-from exec.runtime.dp import Grid, check_dp, replica_context, shard  # noqa: E402
+from exec.runtime.dp import check_dp, replica_context, shard  # noqa: E402
 from exec.launch.processes import children_of, launch  # noqa: E402
 from exec.models.spec import ModelSpec  # noqa: E402
 from exec.pipeline.config import RunConfig  # noqa: E402
@@ -37,26 +36,6 @@ SPEC = ModelSpec("mlp", layers=4, hidden=16, seq=4, batch_size=8)
 
 
 # ---------------------------------------------------------------------------- the layout, without processes
-
-@given(st.integers(1, 6), st.integers(1, 6))
-def test_grid_numbers_replicas_fastest_then_pipeline_ranks(pp, dp):
-    """sim.estimate's order with tp = 1: the data-parallel index runs fastest, then the
-    pipeline rank; the data-parallel groups and the pipelines each cut the world into
-    disjoint sets that cover it, and one of each meet in exactly one rank."""
-    g = Grid(pp, dp)
-    world = list(range(pp * dp))
-    assert sorted(r for p in range(pp) for r in g.dp_ranks(p)) == world
-    assert sorted(r for d in range(dp) for r in g.pipe_ranks(d)) == world
-    for p in range(pp):
-        for d in range(dp):
-            r = g.rank(p, d)
-            assert g.coords(r) == (p, d)
-            assert set(g.dp_ranks(p)) & set(g.pipe_ranks(d)) == {r}
-            if d + 1 < dp:
-                assert g.rank(p, d + 1) == r + 1
-            if p + 1 < pp:
-                assert g.rank(p + 1, d) == r + dp
-
 
 def test_replicas_take_disjoint_shards_that_make_the_batch():
     x, y = SPEC.batch()
@@ -132,11 +111,11 @@ def test_the_two_placements_of_the_reduction_differ():
 def test_every_replica_has_the_gradients_of_one_process_on_the_whole_batch(dp_runs, overlap):
     schedules, runs, _ = dp_runs
     i = 0 if overlap else 1
-    lowered, grid = schedules[overlap], Grid(PP, DP)
+    lowered, topo = schedules[overlap], Topology(tp=1, pp=PP, dp=DP)
     ref_loss, ref_grads = reference_step(SPEC, MICRO)
     for d in range(DP):
         grads = [(f"stage{s}.{n}", g) for s in range(lowered.stages)
-                 for n, g in runs[grid.rank(lowered.rank_of(s), d)][i]["grads"][s]]
+                 for n, g in runs[topo.rank(0, d, lowered.rank_of(s))][i]["grads"][s]]
         ok, worst, where = compare_grads(grads, ref_grads)
         assert ok, f"overlap={overlap}, replica {d}: gradients differ by up to {worst} at {where}"
     losses = [runs[r][i]["losses"] for r in range(PP * DP)]

@@ -57,6 +57,41 @@ def test_megatrons_own_example():
     assert sorted(t.groups("embedding"))[:2] == [(0, 12), (1, 13)]
 
 
+@settings(max_examples=200, deadline=None)
+@given(layouts)
+def test_coords_and_group_of_answer_for_every_rank(topo):
+    """`coords` inverts `rank`; `group_of` is the one group of its axis that holds the rank."""
+    for rank in range(topo.gpus):
+        t, d, p = topo.coords(rank)
+        assert topo.rank(t, d, p) == rank and 0 <= t < topo.tp and 0 <= d < topo.dp and 0 <= p < topo.pp
+        for axis in ("tp", "dp", "pp"):
+            group = topo.group_of(axis, rank)
+            assert rank in group and [g for g in topo.groups(axis) if rank in g] == [group]
+    with pytest.raises(ValueError, match=r"ranks are 0\.\."):
+        topo.coords(topo.gpus)
+
+
+@given(st.integers(1, 6), st.integers(1, 6))
+def test_exec_layout_numbers_replicas_fastest_then_pipeline_devices(pp, dp):
+    """exec's pp x dp ranks (tp = 1): the replica runs fastest, then the pipeline device;
+    the data-parallel groups and the pipelines each cut the world into disjoint sets that
+    cover it, and one of each meet in exactly one rank."""
+    topo = Topology(tp=1, pp=pp, dp=dp)
+    for p in range(pp):
+        for d in range(dp):
+            r = topo.rank(0, d, p)
+            assert r == p * dp + d and topo.coords(r) == (0, d, p)
+            assert set(topo.group_of("dp", r)) & set(topo.group_of("pp", r)) == {r}
+            assert topo.group_of("pp", r) == tuple(topo.rank(0, d, q) for q in range(pp))
+
+
+def test_a_middle_device_is_in_no_embedding_group():
+    topo = Topology(tp=1, pp=3, dp=1)
+    assert topo.group_of("embedding", 2) == (0, 2)
+    with pytest.raises(ValueError, match="rank 1 is in no embedding group"):
+        topo.group_of("embedding", 1)
+
+
 def brute_placed(topo: Topology, ranks) -> Group:
     per_node = Counter(r // topo.gpus_per_node for r in ranks)
     k = min(per_node.values())
