@@ -27,7 +27,7 @@ DOCS = ("README.md", "docs/*.md")
 
 # `sim.x.y`, not inside a path or a longer word (`tests/test_exec.py`, `bench_sim.py`, `a.sim.b`)
 DOTTED = re.compile(r"(?<![\w./-])(?:sim|exec)(?:\.[A-Za-z_]\w*)+")
-MADE_UP = {"x", "_x"}  # `sim.x.y` and the like: examples in the docstrings of checks like this one
+MADE_UP = {"x", "_x", "X", "NAME"}  # `sim.x.y` and the like: examples in the docstrings of checks like this one
 FILE_TYPES = {"md", "py", "json", "ipynb", "txt", "csv", "png", "svg", "html"}  # `exec.md` is a file's name
 
 
@@ -123,6 +123,12 @@ class _Anything:
         return True
 
 
+def _strings_of(module: str) -> set[str]:
+    """Every string constant in `module`'s source."""
+    tree = ast.parse(module_file(module).read_text())
+    return {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+
+
 def lookup(module: str, name: str, depth: int = 0):
     """What `module`.`name` is: ("module", dotted), ("class", node), ("value", None), ("external",
     None) for what lies outside the repository; None where it is not there."""
@@ -136,8 +142,8 @@ def lookup(module: str, name: str, depth: int = 0):
         source, original = what
         return ("module", source) if original is None and module_file(source) else \
             ("external", None) if original is None else lookup(source, original, depth + 1)
-    if kind is None and "__getattr__" in names and name in names.get("__all__", ("", ()))[1]:
-        return ("value", None)
+    if kind is None and "__getattr__" in names and name in _strings_of(module):
+        return ("value", None)  # a lazy module (PEP 562) names what it exports as strings
     return (kind, what) if kind else None
 
 
