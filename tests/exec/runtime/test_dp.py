@@ -43,13 +43,13 @@ def test_replicas_take_disjoint_shards_that_make_the_batch():
     assert torch.equal(torch.cat([a for a, _ in parts]), x) and torch.equal(torch.cat([b for _, b in parts]), y)
     with pytest.raises(ValueError, match=r"dp must be an integer >= 1"):
         check_dp(0, 8, 2)
-    with pytest.raises(ValueError, match=r"does not split into dp x micro = 3 x 2 .* divisors of 8"):
+    with pytest.raises(ValueError, match=r"does not split into dp x micro_batches = 3 x 2 .* divisors of 8"):
         check_dp(3, 8, 2)
 
 
 def test_bad_data_parallel_runs_are_refused_before_any_rank_starts():
     plain = sim.make_schedule("1f1b", PP, MICRO)
-    with pytest.raises(ValueError, match=r"does not split into dp x micro = 3 x 2"):
+    with pytest.raises(ValueError, match=r"does not split into dp x micro_batches = 3 x 2"):
         run_pipeline(SPEC, "1f1b", PP, MICRO, dp=3, timeout=10)
     with pytest.raises(ValueError, match=r"dp must be an integer >= 1"):
         run_pipeline(SPEC, plain, dp=0, timeout=10)
