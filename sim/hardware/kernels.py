@@ -40,7 +40,11 @@ TILE = (256, 128)
 
 
 def precision_bytes(precision: str) -> int:
-    """Bytes of one element at `precision`."""
+    """Bytes of one element at `precision`; "fp8" is refused: its training is not modelled yet."""
+    if precision == "fp8":
+        raise ValueError("precision 'fp8' is not modelled yet: the planner times bf16, fp16, tf32 and fp32; "
+                         "FP8 training (Transformer Engine's FP8 GEMMs) is issue 32 item 3; "
+                         "sim.gpu(name).flops('fp8') has the datasheet's FP8 peak")
     try:
         return BYTES[precision]
     except KeyError:
@@ -68,6 +72,16 @@ def gemm_time(dev: DeviceProfile, precision: str, m: int, n: int, k: int, batch:
     compute = waves * 2 * TILE[0] * TILE[1] * k / per_sm
     memory = batch * (m * k + k * n + m * n) * precision_bytes(precision) / dev.memory_bandwidth
     return max(compute, memory)
+
+
+def attention_time(dev: DeviceProfile, precision: str, flops: float, matmuls: float) -> float:
+    """Seconds of a fused attention kernel (FlashAttention-2/3, cuDNN's) doing `flops`: at the
+    profile's attention efficiency of the datasheet peak, or, for a profile without one, the
+    `matmuls` seconds its matmuls take as GEMMs alone (the profile's matmul model: a best case,
+    not measured; docs/profiles.md)."""
+    if dev.attention_efficiency is None:
+        return matmuls
+    return flops / (dev.flops(precision) * dev.attention_efficiency)
 
 
 def gemm_flops(m: int, n: int, k: int, batch: int = 1) -> float:

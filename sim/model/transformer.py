@@ -22,7 +22,7 @@ log-sum-exp in fp32 and recomputes the scores in its backward). `kernels`: "mega
 fused kernels; the paper's count, which leaves out anything smaller than an sbh tensor) or
 "torch" (torch's eager modules as `exec.models` builds them: LayerNorm keeps its fp32 mean and
 reciprocal deviation per token, the embedding its int64 token ids, the loss its log-softmax
-and its int64 targets). `dropout` and `tied` default to the arch's.
+and its int64 targets). `mlp`, `positions`, `dropout` and `tied` default to the arch's.
 """
 from __future__ import annotations
 
@@ -42,12 +42,17 @@ _FP32, _INT64 = 4, 8  # norm statistics and flash's log-sum-exp are fp32; token 
 # RMSNorm (gain only), rotary positions (no parameters), SwiGLU MLP of three matrices, no
 # dropout, untied output layer. norm_stats: the fp32 numbers per token a norm keeps for its
 # backward (LayerNorm: mean and 1/std; RMSNorm: 1/rms; torch's native_layer_norm, _fused_rms_norm).
+# `arch` sets these as defaults; `mlp`, `positions`, `dropout` and `tied` can each be given apart.
 ARCHS = {
-    "gpt": dict(bias=True, norm_params=2, learned_positions=True, mlp_matrices=2, dropout=True, tied=True,
-                norm_stats=2),
-    "llama": dict(bias=False, norm_params=1, learned_positions=False, mlp_matrices=3, dropout=False, tied=False,
+    "gpt": dict(bias=True, norm_params=2, positions="learned", mlp="gelu", dropout=True, tied=True, norm_stats=2),
+    "llama": dict(bias=False, norm_params=1, positions="rotary", mlp="swiglu", dropout=False, tied=False,
                   norm_stats=1),
 }
+# The MLP's matrices: "gelu" (Hendrycks and Gimpel 2016; GPT) and "squared-relu" (So et al. 2021,
+# Primer; Nemotron-4, Parmar et al. 2024, Sec. 2) an input and an output matrix; "swiglu"
+# (Shazeer 2020; Llama) a gate and an up matrix, their product into the output matrix.
+MLP_MATRICES = {"gelu": 2, "swiglu": 3, "squared-relu": 2}
+POSITIONS = ("learned", "rotary")  # learned: an s x h table (GPT); rotary: none (Su et al. 2021)
 
 # Forward matmuls that multiply two activations (no weights): their backward is all input
 # gradient, and twice their forward (Qi et al. 2024, Table 1: B = sbh(24h + 8s), W = 24sbh^2).
@@ -102,6 +107,8 @@ class Transformer:
     dropout: bool | None = None   # the arch's by default
     tied: bool | None = None      # output layer tied to the input embedding; the arch's by default
     kernels: str = "megatron"     # "megatron" or "torch": see the module's docstring
+    mlp: str | None = None        # "gelu", "swiglu" or "squared-relu" (MLP_MATRICES); the arch's by default
+    positions: str | None = None  # "learned" or "rotary" (POSITIONS); the arch's by default
 
     def __post_init__(self):
         for name in ("layers", "hidden", "heads", "seq", "vocab"):
@@ -118,7 +125,11 @@ class Transformer:
             raise ValueError(f"Transformer: heads {self.heads} is not divisible by kv_heads {self.kv_heads}")
         if self.arch not in ARCHS:
             raise ValueError(f"Transformer: arch must be one of {', '.join(ARCHS)}; got {self.arch!r}")
-        for name, allowed in (("attention", ATTENTION), ("kernels", KERNELS)):
+        for name in ("mlp", "positions"):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, ARCHS[self.arch][name])
+        for name, allowed in (("attention", ATTENTION), ("kernels", KERNELS), ("mlp", tuple(MLP_MATRICES)),
+                              ("positions", POSITIONS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"Transformer: {name} must be one of {', '.join(allowed)}; got {getattr(self, name)!r}")
         for name in ("dropout", "tied"):
@@ -132,6 +143,11 @@ class Transformer:
         return ARCHS[self.arch]
 
     @property
+    def mlp_matrices(self) -> int:
+        """The MLP's weight matrices: 2 (gelu, squared-relu) or 3 (swiglu)."""
+        return MLP_MATRICES[self.mlp]
+
+    @property
     def _kv(self) -> float:
         """K and V width as a fraction of h: kv_heads/heads (1 without grouped-query attention)."""
         return self.kv_heads / self.heads
@@ -142,10 +158,10 @@ class Transformer:
         Eq. 2 leaves out the final LayerNorm (2h) and counts the output layer as tied."""
         h, f, a = self.hidden, self.ffn, self._a
         qkv = h * h + 2 * h * (h // self.heads) * self.kv_heads        # Q: h x h, K and V: h x (kv_heads * h/heads)
-        matrices = qkv + h * h + (a["mlp_matrices"] - 1) * h * f + f * h  # QKV, projection, MLP in, MLP out
-        biases = qkv // h + h + (a["mlp_matrices"] - 1) * f + h if a["bias"] else 0  # one per output feature
+        matrices = qkv + h * h + (self.mlp_matrices - 1) * h * f + f * h  # QKV, projection, MLP in, MLP out
+        biases = qkv // h + h + (self.mlp_matrices - 1) * f + h if a["bias"] else 0  # one per output feature
         norms = 2 * a["norm_params"] * h                                  # before attention and before the MLP
-        embedding = self.vocab * h + (self.seq * h if a["learned_positions"] else 0)
+        embedding = self.vocab * h + (self.seq * h if self.positions == "learned" else 0)
         return Params(embedding=embedding, per_layer=matrices + biases + norms, layers=self.layers,
                       final_norm=a["norm_params"] * h, output=0 if self.tied else self.vocab * h,
                       tied=self.tied)
@@ -157,7 +173,7 @@ class Transformer:
         b, s, h, f = micro_batch, self.seq, self.hidden, self.ffn
         return {"qkv": 2 * b * s * h * h * (1 + 2 * self._kv), "scores": 2 * b * s * s * h,
                 "values": 2 * b * s * s * h, "projection": 2 * b * s * h * h,
-                "mlp_in": 2 * b * s * h * f * (self._a["mlp_matrices"] - 1), "mlp_out": 2 * b * s * h * f}
+                "mlp_in": 2 * b * s * h * f * (self.mlp_matrices - 1), "mlp_out": 2 * b * s * h * f}
 
     def pass_flops(self, micro_batch: int) -> dict[str, float]:
         """FLOPs of one layer's F, I (input gradient: B of Qi et al. 2024) and W (weight gradient).
@@ -219,7 +235,7 @@ class Transformer:
         replicated = 4 * e * sbh + 2 * drop * sbh + stats
         # Q and K, V, projection input; MLP: one sbf tensor per matrix (GeLU input and output;
         # SwiGLU's two inputs and product)
-        split = (2 + 2 * self._kv) * e * sbh + e * sb * self.ffn * a["mlp_matrices"]
+        split = (2 + 2 * self._kv) * e * sbh + e * sb * self.ffn * self.mlp_matrices
         if recompute == "none":
             heads_sb = self.heads * sb
             # unfused: softmax output, its dropout mask and dropout output, as^2b each; flash: the
@@ -270,7 +286,7 @@ class Transformer:
         if self.kernels == "torch":
             return self.activation_bytes_per_layer(micro_batch, tp, sequence_parallel, recompute, precision)
         e = _element_bytes(precision)
-        sbh, sbf, m = self.seq * micro_batch * self.hidden, self.seq * micro_batch * self.ffn, self._a["mlp_matrices"]
+        sbh, sbf, m = self.seq * micro_batch * self.hidden, self.seq * micro_batch * self.ffn, self.mlp_matrices
         replicated = 4 * e * sbh
         split = e * ((1 + 2 * self._kv) * sbh + sbh + (m - 1) * sbf + sbf)
         return self._split(replicated, split, tp, sequence_parallel)
@@ -284,7 +300,22 @@ def llama_ffn(hidden: int, multiple_of: int, multiplier: float = 1.0) -> int:
 
 
 _MEGATRON = dict(seq=2048, vocab=51200)  # Narayanan et al. 2021, Sec. 5.1 and Table 1
-_LLAMA2 = dict(seq=4096, vocab=32000, arch="llama")  # Touvron et al. 2023 (Llama 2), Sec. 2.2, Table 1
+# Presets of 2023 on run fused attention, timed as one kernel (sim.cost.layer): Llama 1 and 2
+# (Touvron et al. 2023a, Sec. 2.4, kept by Llama 2, Sec. 2.2) xformers' memory-efficient causal
+# attention, which "does not store the attention weights" nor compute the masked scores.
+_LLAMA2 = dict(seq=4096, vocab=32000, arch="llama", attention="flash")  # Touvron et al. 2023 (Llama 2), Sec. 2.2, Table 1
+# Llama 3 and 3.1 (Llama Team 2024, "The Llama 3 Herd of Models", Table 3: layers, model dim,
+# FFN dim, heads, 8 KV heads, vocabulary 128K; the releases' config.json: vocab_size 128256,
+# untied), pre-trained at 8K tokens (Sec. 3.4.1) before the long-context stage; 3.1 is the same
+# network. The paper does not name its attention kernel; the stacks that run it today fuse it
+# (Megatron-Core/NeMo: Transformer Engine's cuDNN fused attention; torchtitan: torch's SDPA).
+_LLAMA3 = dict(seq=8192, vocab=128256, arch="llama", kv_heads=8, attention="flash")
+_LLAMA3_SIZES = {"8b": (32, 4096, 32, 14336), "70b": (80, 8192, 64, 28672), "405b": (126, 16384, 128, 53248)}
+# Nemotron-4 (Parmar et al. 2024, 15B, Table 1 and Sec. 2: squared-ReLU MLP, rotary positions, no
+# biases, no dropout, untied embeddings, grouped-query attention; NVIDIA 2024, Nemotron-4 340B
+# Technical Report, Table 1), ffn 4h; trained with Megatron-LM on H100s, whose layer runs Transformer
+# Engine's fused attention. Its LayerNorm's bias (h a norm, under 0.01 % of the parameters) is not counted.
+_NEMOTRON4 = dict(seq=4096, vocab=256000, arch="llama", mlp="squared-relu", kv_heads=8, attention="flash")
 MODELS: dict[str, Transformer] = {
     # Brown et al. 2020, Table 2.1 (96 layers, d_model 12288, 96 heads, context 2048);
     # vocabulary 51200 as Megatron-LM pads it (Korthikanti et al. 2022, Sec. 6, Table 3)
@@ -303,6 +334,21 @@ MODELS: dict[str, Transformer] = {
     "llama2-7b": Transformer(layers=32, hidden=4096, heads=32, ffn=11008, **_LLAMA2),
     "llama2-13b": Transformer(layers=40, hidden=5120, heads=40, ffn=13824, **_LLAMA2),
     "llama2-70b": Transformer(layers=80, hidden=8192, heads=64, ffn=28672, kv_heads=8, **_LLAMA2),
+    **{f"llama{v}-{size}": Transformer(layers=l, hidden=h, heads=a, ffn=f, **_LLAMA3)
+       for v in ("3", "3.1") for size, (l, h, a, f) in _LLAMA3_SIZES.items()},
+    "nemotron4-15b": Transformer(layers=32, hidden=6144, heads=48, ffn=24576, **_NEMOTRON4),
+    "nemotron4-340b": Transformer(layers=96, hidden=18432, heads=96, ffn=73728, **_NEMOTRON4),
+    # Jiang et al. 2023 (Mistral 7B), Table 1: dim 4096, 32 layers, 32 heads, 8 KV heads, hidden_dim
+    # 14336, context 8192, vocabulary 32000; FlashAttention and xFormers kernels (Sec. 2). Its
+    # sliding window (4096) is not modelled: the attention is timed as full causal attention.
+    "mistral-7b": Transformer(layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336, seq=8192, vocab=32000,
+                              arch="llama", attention="flash"),
+    # Qwen2.5-7B's config.json (Qwen/Qwen2.5-7B): hidden_size 3584, intermediate_size 18944, 28
+    # layers, 28 heads, 4 KV heads, vocab_size 152064, untied; pre-trained at 4096 tokens (Qwen
+    # Team 2024, Qwen2.5 Technical Report, before its long-context stage). Its QKV biases (4608 a layer) are not
+    # counted; its attention kernel is not published (flash assumed, as for every preset of 2023 on).
+    "qwen2.5-7b": Transformer(layers=28, hidden=3584, heads=28, kv_heads=4, ffn=18944, seq=4096, vocab=152064,
+                              arch="llama", attention="flash"),
 }
 
 
