@@ -9,7 +9,7 @@ from sim.hardware.gpus import GIB, GPU, GPUS, MIB, PRECISIONS, gpu
 def test_every_number_is_positive_and_the_tensor_cores_are_faster(name):
     g = gpu(name)
     assert g.name == name and sim.GPUS[name] is g
-    assert all(g.flops(p) > 0 for p in PRECISIONS if p != "fp8" or not name.startswith("a100"))  # no FP8 on A100
+    assert all(g.flops(p) > 0 for p in PRECISIONS)
     assert g.flops("bf16") == g.flops("fp16") > g.flops("tf32") > g.flops("fp32")
     assert g.flops("tf32") in (g.flops("bf16") / 2, 1100e12)  # B200: 1,100 of 2,250
     assert g.memory > 0 and g.hbm_bandwidth > 0 and g.pcie_bandwidth > 0

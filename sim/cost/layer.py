@@ -51,7 +51,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sim.hardware.profile import DeviceProfile, resolve
-from sim.hardware.kernels import attention_time, elementwise_time, gemm_time, precision_bytes
+from sim.hardware.kernels import elementwise_time, gemm_time, precision_bytes
 from sim.hardware.network import collective_time, links_of
 from sim.hardware.topology import Group, one_node
 from sim.model.transformer import Transformer, check_recompute
@@ -210,11 +210,13 @@ def layer_times(m: Transformer, dev: DeviceProfile | str, x: Slice, recompute: s
     weightless = ("scores", "values")  # both their gradients are input gradients (Qi et al. 2024, Table 1)
     comm_f, comm_i, hidden = _collectives(m, dev, x, dx, dw)
     hidden = hidden if tp_overlap else 0.0
-    # the attention core's matmuls (scores, values) in F and in I: as batched GEMMs, or one fused kernel
+    # the attention core's matmuls (scores, values) in F and in I, as batched GEMMs: Megatron-LM's
+    # unfused core, torch's flash kernel, and a fused kernel on a profile without an attention
+    # efficiency (the whole s^2, no causal saving); else one fused kernel at that efficiency
     core_f = fwd["scores"] + fwd["values"]
     core_i = sum(dx[n] + dw[n] for n in weightless) + k["rescore"] * fwd["scores"]
-    if k["fused"] and m.kernels == "megatron":
-        core_f, core_i = fused_attention_times(m, dev, x, core_f)
+    if k["fused"] and m.kernels == "megatron" and dev.attention_efficiency is not None:
+        core_f, core_i = fused_attention_times(m, dev, x)
     weighted = [n for n in fwd if n not in weightless]
     f = {"gemm": sum(fwd[n] for n in weighted) + core_f, "memory": _kernels_time(m, dev, x, k["F"]),
          "collectives": comm_f}
@@ -245,15 +247,15 @@ CAUSAL_SHARE = 0.5
 BACKWARD_OVER_FORWARD = 2.5
 
 
-def fused_attention_times(m: Transformer, dev: DeviceProfile, x: Slice, matmuls: float) -> tuple[float, float]:
+def fused_attention_times(m: Transformer, dev: DeviceProfile, x: Slice) -> tuple[float, float]:
     """Seconds of one GPU's fused causal attention kernel (FlashAttention-2/3, cuDNN's fused
     attention) in F and in the backward: its FLOPs (FlashAttention-2's count above, the heads of
-    this GPU's tensor-parallel slice) at the profile's attention efficiency of the peak, or, where
-    the profile has none, at the rate of its own matmuls run alone (`matmuls`: the scores and
-    values as batched GEMMs, a best case). It never writes the s^2 scores: no memory-bound
-    kernels; the backward runs BACKWARD_OVER_FORWARD times the forward's FLOPs at the same rate."""
+    this GPU's tensor-parallel slice) at the profile's attention efficiency of the datasheet peak;
+    the backward runs BACKWARD_OVER_FORWARD times the forward's FLOPs at the same rate. It never
+    writes the s^2 scores: the layer has no memory-bound kernel of them. (A profile without an
+    attention efficiency times the kernel as its matmuls alone: `layer_times`.)"""
     flops = CAUSAL_SHARE * 4 * x.micro_batch * m.seq ** 2 * m.hidden / x.tp
-    forward = attention_time(dev, x.precision, flops, CAUSAL_SHARE * matmuls)
+    forward = flops / (dev.flops(x.precision) * dev.attention_efficiency)
     return forward, BACKWARD_OVER_FORWARD * forward
 
 

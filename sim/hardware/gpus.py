@@ -21,7 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-PRECISIONS = ("bf16", "fp16", "tf32", "fp32", "fp8")
+PRECISIONS = ("bf16", "fp16", "tf32", "fp32")  # what the planner times (and a profile's tables hold)
+PEAK_PRECISIONS = PRECISIONS + ("fp8",)        # what a datasheet's peak table may hold
 GB = 10 ** 9          # bandwidths: datasheets' GB/s are decimal
 MIB = 2 ** 20         # capacities: as nvidia-smi totals them, in MiB (the datasheets' "80GB" is rounded)
 GIB = 2 ** 30
@@ -46,8 +47,8 @@ class GPU:
         for name in ("nvlink_bandwidth", "network_bandwidth", "pcie_bandwidth", "power"):
             if getattr(self, name) is not None and not getattr(self, name) > 0:
                 raise ValueError(f"GPU {self.name}: {name} must be positive or None, got {getattr(self, name)!r}")
-        if not self.peak_flops or set(self.peak_flops) - set(PRECISIONS) or not all(v > 0 for v in self.peak_flops.values()):
-            raise ValueError(f"GPU {self.name}: peak_flops needs positive values for precisions among {', '.join(PRECISIONS)}")
+        if not self.peak_flops or set(self.peak_flops) - set(PEAK_PRECISIONS) or not all(v > 0 for v in self.peak_flops.values()):
+            raise ValueError(f"GPU {self.name}: peak_flops needs positive values for precisions among {', '.join(PEAK_PRECISIONS)}")
 
     def flops(self, precision: str) -> float:
         """Peak dense FLOP/s at `precision`."""

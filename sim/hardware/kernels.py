@@ -74,16 +74,6 @@ def gemm_time(dev: DeviceProfile, precision: str, m: int, n: int, k: int, batch:
     return max(compute, memory)
 
 
-def attention_time(dev: DeviceProfile, precision: str, flops: float, matmuls: float) -> float:
-    """Seconds of a fused attention kernel (FlashAttention-2/3, cuDNN's) doing `flops`: at the
-    profile's attention efficiency of the datasheet peak, or, for a profile without one, the
-    `matmuls` seconds its matmuls take as GEMMs alone (the profile's matmul model: a best case,
-    not measured; docs/profiles.md)."""
-    if dev.attention_efficiency is None:
-        return matmuls
-    return flops / (dev.flops(precision) * dev.attention_efficiency)
-
-
 def gemm_flops(m: int, n: int, k: int, batch: int = 1) -> float:
     """FLOPs of `batch` (m x k) @ (k x n) products: 2mnk each (a multiply and an add)."""
     return 2 * batch * m * n * k

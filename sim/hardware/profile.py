@@ -20,7 +20,7 @@ from functools import cache, cached_property
 from pathlib import Path
 from typing import Any, Mapping
 
-from .gpus import GPU, GPUS, PRECISIONS
+from .gpus import GPU, GPUS, PEAK_PRECISIONS, PRECISIONS
 from . import layer_table
 from .host_transport import read as read_host_transport
 
@@ -273,9 +273,9 @@ class _Reader:
         if not isinstance(ds, Mapping):
             self.fail("'datasheet' must be a GPU preset name or an object")
         peak = self.section("datasheet.peak_flops")
-        flops = {p: self.number(f"datasheet.peak_flops.{p}") for p in peak if p in PRECISIONS}
-        if not flops or set(peak) - set(PRECISIONS):
-            self.fail(f"datasheet.peak_flops needs precisions among {', '.join(PRECISIONS)}; got {sorted(peak)}")
+        flops = {p: self.number(f"datasheet.peak_flops.{p}") for p in peak if p in PEAK_PRECISIONS}
+        if not flops or set(peak) - set(PEAK_PRECISIONS):
+            self.fail(f"datasheet.peak_flops needs precisions among {', '.join(PEAK_PRECISIONS)}; got {sorted(peak)}")
         opt = {k: self.number(f"datasheet.{k}", required=False)
                for k in ("nvlink_bandwidth", "network_bandwidth", "pcie_bandwidth")}
         if not isinstance(ds.get("name"), str):
