@@ -103,8 +103,3 @@ def test_a_gpu_without_a_profile_is_refused_with_the_fix():
     with pytest.raises(ValueError, match="GPU 'b200' has a datasheet but no device profile yet: give sim.load_profile"):
         sim.profile("b200")
 
-
-def test_fp8_training_is_refused_as_not_modelled():
-    with pytest.raises(ValueError, match="precision 'fp8' is not modelled yet") as e:
-        sim.estimate("llama3-8b", "h100-80gb", precision="fp8")
-    assert "\n" not in str(e.value)
