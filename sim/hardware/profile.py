@@ -395,5 +395,5 @@ def resolve(gpu) -> DeviceProfile:
         if gpu.name in DEFAULT_PROFILES and GPUS.get(gpu.name) == gpu:
             return profile(gpu.name)
         raise ValueError(f"GPU {gpu.name!r} is a datasheet without a profile: give sim.load_profile(path) "
-                         f"or a preset name ({', '.join(GPUS)})")
+                         f"or a GPU with one ({', '.join(DEFAULT_PROFILES)})")
     raise TypeError(f"gpu must be a GPU or profile name, a sim.GPU or a sim.DeviceProfile; got {type(gpu).__name__}")
