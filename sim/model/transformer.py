@@ -313,8 +313,9 @@ _LLAMA3 = dict(seq=8192, vocab=128256, arch="llama", kv_heads=8, attention="flas
 _LLAMA3_SIZES = {"8b": (32, 4096, 32, 14336), "70b": (80, 8192, 64, 28672), "405b": (126, 16384, 128, 53248)}
 # Nemotron-4 (Parmar et al. 2024, 15B, Table 1 and Sec. 2: squared-ReLU MLP, rotary positions, no
 # biases, no dropout, untied embeddings, grouped-query attention; NVIDIA 2024, Nemotron-4 340B
-# Technical Report, Table 1), ffn 4h; trained with Megatron-LM on H100s, whose layer runs Transformer
-# Engine's fused attention. Its LayerNorm's bias (h a norm, under 0.01 % of the parameters) is not counted.
+# Technical Report, Table 1); ffn 4h (the 340B release's ffn_hidden_size 73728; the 15B paper's 12.5B
+# non-embedding parameters imply the same); trained with Megatron-LM on DGX H100s, whose layer runs
+# Transformer Engine's fused attention. Its LayerNorm's bias (h a norm, under 0.01 %) is not counted.
 _NEMOTRON4 = dict(seq=4096, vocab=256000, arch="llama", mlp="squared-relu", kv_heads=8, attention="flash")
 MODELS: dict[str, Transformer] = {
     # Brown et al. 2020, Table 2.1 (96 layers, d_model 12288, 96 heads, context 2048);
