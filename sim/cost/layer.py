@@ -18,6 +18,11 @@ Korthikanti et al. 2022, Sec. 4) and timed alone; a pass is their sum, except wh
   its asynchronous tensor-parallel all-reduce, `--no-async-tensor-model-parallel-allreduce`;
   the SC'21 paper, Narayanan et al. 2021, Sec. 3.3, describes the backward all-reduces with
   no overlap): B then waits for every collective, as I does.
+- The attention core: `attention="unfused"` is Megatron-LM's (the scores and values as batched
+  GEMMs, softmax and dropout over the as^2b scores); `attention="flash"` one fused kernel
+  (FlashAttention-2/3, cuDNN's), FlashAttention-2's causal FLOP count at the profile's attention
+  efficiency, its backward 2.5 times its forward, no kernel over the scores
+  (`fused_attention_times`).
 - Recompute runs before the backward: "full" the whole forward, collectives included;
   "selective" the attention core (scores, softmax, dropout, values), which needs none.
 
