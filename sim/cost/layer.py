@@ -18,6 +18,11 @@ Korthikanti et al. 2022, Sec. 4) and timed alone; a pass is their sum, except wh
   its asynchronous tensor-parallel all-reduce, `--no-async-tensor-model-parallel-allreduce`;
   the SC'21 paper, Narayanan et al. 2021, Sec. 3.3, describes the backward all-reduces with
   no overlap): B then waits for every collective, as I does.
+- The attention core: `attention="unfused"` is Megatron-LM's (the scores and values as batched
+  GEMMs, softmax and dropout over the as^2b scores); `attention="flash"` one fused kernel
+  (FlashAttention-2/3, cuDNN's), FlashAttention-2's causal FLOP count at the profile's attention
+  efficiency, its backward 2.5 times its forward, no kernel over the scores
+  (`fused_attention_times`).
 - Recompute runs before the backward: "full" the whole forward, collectives included;
   "selective" the attention core (scores, softmax, dropout, values), which needs none.
 
@@ -58,25 +63,30 @@ from sim.model.transformer import Transformer, check_recompute
 
 # (name, bytes per element of the tensor it works on, which tensor) per layer, forward and
 # backward. Tensors: "sbh" (a hidden state), "sbf" (an MLP activation), "as2b" (the attention
-# scores of all heads). The dropout ones are left out for arch="llama", which has none.
+# scores of all heads). The dropout ones are left out for arch="llama", which has none. The
+# MLP's activation (_MLP), the rotary embedding (_ROTARY) and the unfused attention core
+# (_CORE: softmax and its dropout) are added by `_lists` as the model has them.
 _FORWARD = {
     "gpt": [("context_transpose", 4, "sbh/t"), ("layernorm", 4, "sbh"), ("bias_dropout_add", 7, "sbh"),
-            ("layernorm", 4, "sbh"),
-            ("bias_dropout_add", 7, "sbh"), ("bias_gelu", 4, "sbf"), ("softmax", 4, "as2b"),
-            ("attention_dropout", 5, "as2b")],
+            ("layernorm", 4, "sbh"), ("bias_dropout_add", 7, "sbh")],
     "llama": [("rmsnorm", 4, "sbh"), ("residual_add", 6, "sbh"), ("rmsnorm", 4, "sbh"),
-              ("residual_add", 6, "sbh"), ("swiglu", 6, "sbf"), ("softmax", 4, "as2b"),
-              ("rotary", 4, "sbqk"), ("context_transpose", 4, "sbh/t")],
+              ("residual_add", 6, "sbh"), ("context_transpose", 4, "sbh/t")],
 }
 _BACKWARD = {
     "gpt": [("context_transpose", 4, "sbh/t"), ("bias_grad", 2, "sbqkv"), ("bias_grad", 2, "sbh"),
             ("bias_grad", 2, "sbf"), ("bias_grad", 2, "sbh"), ("layernorm", 6, "sbh"), ("layernorm", 6, "sbh"), ("dropout_add", 5, "sbh"),
-            ("dropout_add", 5, "sbh"), ("residual_grad", 6, "sbh"), ("residual_grad", 6, "sbh"),
-            ("gelu", 6, "sbf"), ("softmax", 6, "as2b"), ("attention_dropout", 5, "as2b")],
+            ("dropout_add", 5, "sbh"), ("residual_grad", 6, "sbh"), ("residual_grad", 6, "sbh")],
     "llama": [("rmsnorm", 6, "sbh"), ("rmsnorm", 6, "sbh"), ("residual_grad", 6, "sbh"),
-              ("residual_grad", 6, "sbh"), ("swiglu", 10, "sbf"), ("softmax", 6, "as2b"),
-              ("rotary", 4, "sbqk"), ("context_transpose", 4, "sbh/t")],
+              ("residual_grad", 6, "sbh"), ("context_transpose", 4, "sbh/t")],
 }
+# The MLP's activation, forward and backward: GeLU (Megatron-LM's bias-GeLU with biases) and
+# squared ReLU read their sbf input and write their output (and the backward reads the input
+# and output gradient, writes the input gradient); SwiGLU reads its two sbf inputs.
+_MLP = {"gelu": ((4, "sbf"), (6, "sbf")), "squared-relu": ((4, "sbf"), (6, "sbf")), "swiglu": ((6, "sbf"), (10, "sbf"))}
+_ROTARY = ("rotary", 4, "sbqk")  # on Q and K, each way
+_CORE = {"gpt": ([("softmax", 4, "as2b"), ("attention_dropout", 5, "as2b")],
+                 [("softmax", 6, "as2b"), ("attention_dropout", 5, "as2b")]),
+         "llama": ([("softmax", 4, "as2b")], [("softmax", 6, "as2b")])}
 _ATTENTION_CORE = ("softmax", "attention_dropout")  # recomputed by "selective", with the scores and values
 # kernels="torch" (arch "gpt"): forward, input-gradient pass I and weight-gradient pass W.
 # Tensors as above, and "params" (the layer's parameters: each gradient added into `.grad`).
@@ -140,7 +150,7 @@ def gemm_shapes(m: Transformer, x: Slice) -> dict[str, tuple[int, int, int, int]
     """Forward matmuls of one layer on one GPU as (m, n, k, batch), M = bs tokens."""
     b, s, h, f, t, a = x.micro_batch, m.seq, m.hidden, m.ffn, x.tp, m.heads
     tokens, head = b * s, h // a
-    gated = m._a["mlp_matrices"] - 1
+    gated = m.mlp_matrices - 1
     return {"qkv": (tokens, h * (a + 2 * m.kv_heads) // a // t, h, 1),
             "scores": (s, s, head, b * a // t), "values": (s, head, s, b * a // t),
             "projection": (tokens, h, h // t, 1), "mlp_in": (tokens, gated * f // t, h, 1),
@@ -173,13 +183,22 @@ def _count(kernels, only=None) -> int:
 
 def _lists(m: Transformer) -> dict:
     """The layer's memory- and compute-bound kernels by pass (F, I, W), the attention core's,
-    and the matmuls its backward adds: Megatron-LM's or torch's (see the module's docstring)."""
+    whether its attention is one fused kernel, and the matmuls its backward adds: Megatron-LM's
+    or torch's (see the module's docstring)."""
     if m.kernels == "megatron":
-        return {"F": _FORWARD[m.arch], "I": _BACKWARD[m.arch], "W": [], "core": _ATTENTION_CORE, "rescore": 0}
-    if (m.arch, m.attention, m.dropout) != ("gpt", "flash", False):
+        (f_mlp, f_t), (b_mlp, b_t) = _MLP[m.mlp]
+        act = "bias_gelu" if (m.mlp, m.arch) == ("gelu", "gpt") else m.mlp.replace("-", "_")
+        f = _FORWARD[m.arch] + [(act, f_mlp, f_t)] + [_ROTARY] * (m.positions == "rotary")
+        b = _BACKWARD[m.arch] + [(act.removeprefix("bias_"), b_mlp, b_t)] + [_ROTARY] * (m.positions == "rotary")
+        fused = m.attention == "flash"
+        if not fused:
+            f, b = f + _CORE[m.arch][0], b + _CORE[m.arch][1]
+        return {"F": f, "I": b, "W": [], "core": _ATTENTION_CORE, "rescore": 0, "fused": fused}
+    if (m.arch, m.attention, m.dropout, m.mlp, m.positions) != ("gpt", "flash", False, "gelu", "learned"):
         raise ValueError(f"kernels='torch' lists the kernels of exec's GPT (arch 'gpt', flash attention, no dropout); "
-                         f"got arch {m.arch!r}, attention {m.attention!r}, dropout {m.dropout}")
-    return {**_TORCH, "core": _TORCH_CORE, "rescore": 1}
+                         f"got arch {m.arch!r}, attention {m.attention!r}, dropout {m.dropout}, mlp {m.mlp!r}, "
+                         f"positions {m.positions!r}")
+    return {**_TORCH, "core": _TORCH_CORE, "rescore": 1, "fused": True}
 
 
 def layer_times(m: Transformer, dev: DeviceProfile | str, x: Slice, recompute: str = "none",
@@ -196,12 +215,20 @@ def layer_times(m: Transformer, dev: DeviceProfile | str, x: Slice, recompute: s
     weightless = ("scores", "values")  # both their gradients are input gradients (Qi et al. 2024, Table 1)
     comm_f, comm_i, hidden = _collectives(m, dev, x, dx, dw)
     hidden = hidden if tp_overlap else 0.0
-    f = {"gemm": sum(fwd.values()), "memory": _kernels_time(m, dev, x, k["F"]), "collectives": comm_f}
-    core = {"gemm": fwd["scores"] + fwd["values"], "collectives": 0.0,
-            "memory": _kernels_time(m, dev, x, k["F"], k["core"])}
+    # the attention core's matmuls (scores, values) in F and in I, as batched GEMMs: Megatron-LM's
+    # unfused core, torch's flash kernel, and a fused kernel on a profile without an attention
+    # efficiency (the whole s^2, no causal saving); else one fused kernel at that efficiency
+    core_f = fwd["scores"] + fwd["values"]
+    core_i = sum(dx[n] + dw[n] for n in weightless) + k["rescore"] * fwd["scores"]
+    if k["fused"] and m.kernels == "megatron" and dev.attention_efficiency is not None:
+        core_f, core_i = fused_attention_times(m, dev, x)
+    weighted = [n for n in fwd if n not in weightless]
+    f = {"gemm": sum(fwd[n] for n in weighted) + core_f, "memory": _kernels_time(m, dev, x, k["F"]),
+         "collectives": comm_f}
+    core = {"gemm": core_f, "collectives": 0.0, "memory": _kernels_time(m, dev, x, k["F"], k["core"])}
     redo = {"none": dict.fromkeys(f, 0.0), "selective": core, "full": f}[recompute]
-    i = {"gemm": sum(dx.values()) + sum(dw[n] for n in weightless) + k["rescore"] * fwd["scores"],
-         "memory": _kernels_time(m, dev, x, k["I"]), "collectives": comm_i}
+    i = {"gemm": sum(dx[n] for n in weighted) + core_i, "memory": _kernels_time(m, dev, x, k["I"]),
+         "collectives": comm_i}
     w_gemm, w_memory = sum(v for n, v in dw.items() if n not in weightless), _kernels_time(m, dev, x, k["W"])
     w = w_gemm + w_memory
     w_redo = sum(f.values()) if recompute == "full" and m.kernels == "torch" else 0.0  # W's own recompute
@@ -215,6 +242,26 @@ def layer_times(m: Transformer, dev: DeviceProfile | str, x: Slice, recompute: s
                     backward_input=backward_input, backward_weight=w + w_redo, recompute=sum(redo.values()),
                     parts=parts, kernels=n)
     return _measured(m, dev, x, recompute, lt) or lt
+
+
+# FlashAttention-2's benchmark count (Dao-AILab/flash-attention, benchmarks/benchmark_flash_attention.py,
+# `flops`): a forward of 4 s^2 (heads x head dim) b FLOPs (the scores and values matmuls), halved
+# when causal ("// (2 if causal else 1)"), and a backward of 2.5 times the forward's (it recomputes
+# the scores: five matmuls of the forward's size less the causal half, "2.5 * f").
+CAUSAL_SHARE = 0.5
+BACKWARD_OVER_FORWARD = 2.5
+
+
+def fused_attention_times(m: Transformer, dev: DeviceProfile, x: Slice) -> tuple[float, float]:
+    """Seconds of one GPU's fused causal attention kernel (FlashAttention-2/3, cuDNN's fused
+    attention) in F and in the backward: its FLOPs (FlashAttention-2's count above, the heads of
+    this GPU's tensor-parallel slice) at the profile's attention efficiency of the datasheet peak;
+    the backward runs BACKWARD_OVER_FORWARD times the forward's FLOPs at the same rate. It never
+    writes the s^2 scores: the layer has no memory-bound kernel of them. (A profile without an
+    attention efficiency times the kernel as its matmuls alone: `layer_times`.)"""
+    flops = CAUSAL_SHARE * 4 * x.micro_batch * m.seq ** 2 * m.hidden / x.tp
+    forward = flops / (dev.flops(x.precision) * dev.attention_efficiency)
+    return forward, BACKWARD_OVER_FORWARD * forward
 
 
 def _measured(m: Transformer, dev: DeviceProfile, x: Slice, recompute: str, lt: LayerTimes) -> LayerTimes | None:
@@ -240,15 +287,15 @@ def measured_apply(m: Transformer, x: Slice) -> bool:
 
 def pass_kernels(m: Transformer, x: Slice, recompute: str = "none") -> dict[str, int]:
     """Kernels one layer launches per pass (F, B, I, W): the matmuls, the listed kernels and the
-    tensor-parallel collectives; torch's flash attention is one kernel each way."""
+    tensor-parallel collectives; fused (flash) attention is one kernel each way."""
     k, gemms, weightless = _lists(m), len(gemm_shapes(m, x)), 2
     collectives = 2 if not x.sequence_parallel else 4  # per pass: all-reduces, or all-gathers and reduce-scatters
-    flash = gemms - weightless + 1 if k["rescore"] else gemms  # torch: the linear layers and one attention kernel
+    flash = gemms - weightless + 1 if k["fused"] else gemms  # fused: the linear layers and one attention kernel
     n = {"F": flash + _count(k["F"]) + collectives * (x.tp > 1),
          "W": gemms - weightless + _count(k["W"])}
-    core = 1 if k["rescore"] else weightless + _count(k["F"], k["core"])
+    core = 1 if k["fused"] else weightless + _count(k["F"], k["core"])
     n_redo = {"none": 0, "selective": core, "full": n["F"]}[recompute]
-    n_i = flash if k["rescore"] else gemms + weightless
+    n_i = flash if k["fused"] else gemms + weightless
     n["I"] = n_redo + n_i + _count(k["I"]) + (collectives + 2 * x.sequence_parallel) * (x.tp > 1)
     n["B"] = n["I"] + n["W"]
     if recompute == "full" and k["rescore"]:

@@ -16,11 +16,11 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cache, cached_property
 from pathlib import Path
 from typing import Any, Mapping
 
-from .gpus import GPU, GPUS, PRECISIONS
+from .gpus import GPU, GPUS, PEAK_PRECISIONS, PRECISIONS
 from . import layer_table
 from .host_transport import read as read_host_transport
 
@@ -81,13 +81,12 @@ class DeviceProfile:
     compute_points: Mapping[str, tuple] = field(default_factory=dict)   # class: ((elements, seconds), ...)
     host_transport: Mapping[str, Any] | None = None  # the Costs fields of its runtime's transport (host_transport.py)
     layers: layer_table.LayerTable = field(default_factory=layer_table.LayerTable)  # measured blocks and ends
+    attention_efficiency: float | None = None  # fused attention's share of the peak; None: at its matmuls' rate
 
     def __repr__(self) -> str:
         return f"DeviceProfile({self.name!r} on {self.gpu.name}, {self.fingerprint.get('date')})"
 
-    @property
-    def memory(self) -> int:  # the datasheet's, for code that sizes memory and MFU
-        return self.gpu.memory
+    memory = property(lambda self: self.gpu.memory)  # the datasheet's, for code that sizes memory and MFU
 
     def flops(self, precision: str) -> float:
         """The datasheet's peak dense FLOP/s at `precision`."""
@@ -274,9 +273,9 @@ class _Reader:
         if not isinstance(ds, Mapping):
             self.fail("'datasheet' must be a GPU preset name or an object")
         peak = self.section("datasheet.peak_flops")
-        flops = {p: self.number(f"datasheet.peak_flops.{p}") for p in peak if p in PRECISIONS}
-        if not flops or set(peak) - set(PRECISIONS):
-            self.fail(f"datasheet.peak_flops needs precisions among {', '.join(PRECISIONS)}; got {sorted(peak)}")
+        flops = {p: self.number(f"datasheet.peak_flops.{p}") for p in peak if p in PEAK_PRECISIONS}
+        if not flops or set(peak) - set(PEAK_PRECISIONS):
+            self.fail(f"datasheet.peak_flops needs precisions among {', '.join(PEAK_PRECISIONS)}; got {sorted(peak)}")
         opt = {k: self.number(f"datasheet.{k}", required=False)
                for k in ("nvlink_bandwidth", "network_bandwidth", "pcie_bandwidth")}
         if not isinstance(ds.get("name"), str):
@@ -308,7 +307,7 @@ def from_dict(data: Mapping, where: str = "profile") -> DeviceProfile:
     fp = r.section("fingerprint")
     if not isinstance(fp.get("date"), str):
         r.fail("fingerprint.date must be an ISO date string")
-    eff = r.number("matmul.efficiency", required=False)
+    eff, attention = r.number("matmul.efficiency", required=False), r.number("attention.efficiency", required=False)
     mm = r.rows("matmul.table", ((str, PRECISIONS), (int, None), (int, None), (int, None), (int, None), (float, None),
                                  (str, LAYOUTS)), optional=1)
     mm = tuple(row + ("nn",) * (7 - len(row)) for row in mm)  # a row without a layout: "nn"
@@ -339,7 +338,8 @@ def from_dict(data: Mapping, where: str = "profile") -> DeviceProfile:
         compute_classes={k: r.number(f"compute_bound.classes.{k}") for k in compute},
         compute_points={k: r.points(f"compute_bound.classes.{k}") for k in compute if "points" in compute[k]},
         host_transport=read_host_transport(r.section("host_transport", required=False), r.number, r.fail),
-        layers=layer_table.read(r.rows("layers.blocks", layer_table.BLOCKS), r.rows("layers.ends", layer_table.ENDS)))
+        layers=layer_table.read(r.rows("layers.blocks", layer_table.BLOCKS), r.rows("layers.ends", layer_table.ENDS)),
+        attention_efficiency=attention)
 
 
 def load_profile(path) -> DeviceProfile:
@@ -370,19 +370,18 @@ def profile(name: str) -> DeviceProfile:
     """A shipped profile by name, or a GPU preset's default profile by the GPU's name."""
     key = name.strip().lower().replace("_", "-")
     key = DEFAULT_PROFILES.get(key, key)
+    if key in GPUS:
+        raise ValueError(f"GPU {name!r} has a datasheet but no device profile yet: give sim.load_profile(path) "
+                         f"(docs/profiles.md); profiles: {', '.join(presets())}")
     if key not in presets():
         raise ValueError(f"unknown GPU or profile {name!r}; known GPUs: {', '.join(GPUS)}; "
                          f"profiles: {', '.join(presets())}")
     return _cached(key)
 
 
-_CACHE: dict[str, DeviceProfile] = {}
-
-
+@cache
 def _cached(key: str) -> DeviceProfile:
-    if key not in _CACHE:
-        _CACHE[key] = load_profile(PRESETS / f"{key}.json")
-    return _CACHE[key]
+    return load_profile(PRESETS / f"{key}.json")
 
 
 def resolve(gpu) -> DeviceProfile:
@@ -396,5 +395,5 @@ def resolve(gpu) -> DeviceProfile:
         if gpu.name in DEFAULT_PROFILES and GPUS.get(gpu.name) == gpu:
             return profile(gpu.name)
         raise ValueError(f"GPU {gpu.name!r} is a datasheet without a profile: give sim.load_profile(path) "
-                         f"or a preset name ({', '.join(GPUS)})")
+                         f"or a GPU with one ({', '.join(DEFAULT_PROFILES)})")
     raise TypeError(f"gpu must be a GPU or profile name, a sim.GPU or a sim.DeviceProfile; got {type(gpu).__name__}")

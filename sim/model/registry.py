@@ -17,7 +17,23 @@ from .sagemaker import MODELS as SAGEMAKER
 from .transformer import Transformer
 
 _MEGATRON = dict(seq=2048, vocab=51200)  # Narayanan et al. 2021, Sec. 5.1 and Table 1
-_LLAMA2 = dict(seq=4096, vocab=32000, arch="llama")  # Touvron et al. 2023 (Llama 2), Sec. 2.2, Table 1
+# Presets of 2023 on run fused attention, timed as one kernel (sim.cost.layer): Llama 1 and 2
+# (Touvron et al. 2023a, Sec. 2.4, kept by Llama 2, Sec. 2.2) xformers' memory-efficient causal
+# attention, which "does not store the attention weights" nor compute the masked scores.
+_LLAMA2 = dict(seq=4096, vocab=32000, arch="llama", attention="flash")  # Touvron et al. 2023 (Llama 2), Sec. 2.2, Table 1
+# Llama 3 and 3.1 (Llama Team 2024, "The Llama 3 Herd of Models", Table 3: layers, model dim,
+# FFN dim, heads, 8 KV heads, vocabulary 128K; the releases' config.json: vocab_size 128256,
+# untied), pre-trained at 8K tokens (Sec. 3.4.1) before the long-context stage; 3.1 is the same
+# network. The paper does not name its attention kernel; the stacks that run it today fuse it
+# (Megatron-Core/NeMo: Transformer Engine's cuDNN fused attention; torchtitan: torch's SDPA).
+_LLAMA3 = dict(seq=8192, vocab=128256, arch="llama", kv_heads=8, attention="flash")
+_LLAMA3_SIZES = {"8b": (32, 4096, 32, 14336), "70b": (80, 8192, 64, 28672), "405b": (126, 16384, 128, 53248)}
+# Nemotron-4 (Parmar et al. 2024, 15B, Table 1 and Sec. 2: squared-ReLU MLP, rotary positions, no
+# biases, no dropout, untied embeddings, grouped-query attention; NVIDIA 2024, Nemotron-4 340B
+# Technical Report, Table 1); ffn 4h (the 340B release's ffn_hidden_size 73728; the 15B paper's 12.5B
+# non-embedding parameters imply the same); trained with Megatron-LM on DGX H100s, whose layer runs
+# Transformer Engine's fused attention. Its LayerNorm's bias (h a norm, under 0.01 %) is not counted.
+_NEMOTRON4 = dict(seq=4096, vocab=256000, arch="llama", mlp="squared-relu", kv_heads=8, attention="flash")
 PRESETS: dict[str, Transformer] = {
     # Brown et al. 2020, Table 2.1 (96 layers, d_model 12288, 96 heads, context 2048);
     # vocabulary 51200 as Megatron-LM pads it (Korthikanti et al. 2022, Sec. 6, Table 3)
@@ -36,6 +52,21 @@ PRESETS: dict[str, Transformer] = {
     "llama2-7b": Transformer(layers=32, hidden=4096, heads=32, ffn=11008, **_LLAMA2),
     "llama2-13b": Transformer(layers=40, hidden=5120, heads=40, ffn=13824, **_LLAMA2),
     "llama2-70b": Transformer(layers=80, hidden=8192, heads=64, ffn=28672, kv_heads=8, **_LLAMA2),
+    **{f"llama{v}-{size}": Transformer(layers=l, hidden=h, heads=a, ffn=f, **_LLAMA3)
+       for v in ("3", "3.1") for size, (l, h, a, f) in _LLAMA3_SIZES.items()},
+    "nemotron4-15b": Transformer(layers=32, hidden=6144, heads=48, ffn=24576, **_NEMOTRON4),
+    "nemotron4-340b": Transformer(layers=96, hidden=18432, heads=96, ffn=73728, **_NEMOTRON4),
+    # Jiang et al. 2023 (Mistral 7B), Table 1: dim 4096, 32 layers, 32 heads, 8 KV heads, hidden_dim
+    # 14336, context 8192, vocabulary 32000; FlashAttention and xFormers kernels (Sec. 2). Its
+    # sliding window (4096) is not modelled: the attention is timed as full causal attention.
+    "mistral-7b": Transformer(layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336, seq=8192, vocab=32000,
+                              arch="llama", attention="flash"),
+    # Qwen2.5-7B's config.json (Qwen/Qwen2.5-7B): hidden_size 3584, intermediate_size 18944, 28
+    # layers, 28 heads, 4 KV heads, vocab_size 152064, untied; pre-trained at 4096 tokens (Qwen
+    # Team 2024, Qwen2.5 Technical Report, before its long-context stage). Its QKV biases (4608 a layer) are not
+    # counted; its attention kernel is not published (flash assumed, as for every preset of 2023 on).
+    "qwen2.5-7b": Transformer(layers=28, hidden=3584, heads=28, kv_heads=4, ffn=18944, seq=4096, vocab=152064,
+                              arch="llama", attention="flash"),
 }
 
 MODELS: dict[str, Transformer] = {**PRESETS, **SAGEMAKER}

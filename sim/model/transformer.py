@@ -22,7 +22,7 @@ log-sum-exp in fp32 and recomputes the scores in its backward). `kernels`: "mega
 fused kernels; the paper's count, which leaves out anything smaller than an sbh tensor) or
 "torch" (torch's eager modules as `exec.models` builds them: LayerNorm keeps its fp32 mean and
 reciprocal deviation per token, the embedding its int64 token ids, the loss its log-softmax
-and its int64 targets). `dropout` and `tied` default to the arch's.
+and its int64 targets). `mlp`, `positions`, `dropout` and `tied` default to the arch's.
 """
 from __future__ import annotations
 
@@ -42,12 +42,17 @@ _FP32, _INT64 = 4, 8  # norm statistics and flash's log-sum-exp are fp32; token 
 # RMSNorm (gain only), rotary positions (no parameters), SwiGLU MLP of three matrices, no
 # dropout, untied output layer. norm_stats: the fp32 numbers per token a norm keeps for its
 # backward (LayerNorm: mean and 1/std; RMSNorm: 1/rms; torch's native_layer_norm, _fused_rms_norm).
+# `arch` sets these as defaults; `mlp`, `positions`, `dropout` and `tied` can each be given apart.
 ARCHS = {
-    "gpt": dict(bias=True, norm_params=2, learned_positions=True, mlp_matrices=2, dropout=True, tied=True,
-                norm_stats=2),
-    "llama": dict(bias=False, norm_params=1, learned_positions=False, mlp_matrices=3, dropout=False, tied=False,
+    "gpt": dict(bias=True, norm_params=2, positions="learned", mlp="gelu", dropout=True, tied=True, norm_stats=2),
+    "llama": dict(bias=False, norm_params=1, positions="rotary", mlp="swiglu", dropout=False, tied=False,
                   norm_stats=1),
 }
+# The MLP's matrices: "gelu" (Hendrycks and Gimpel 2016; GPT) and "squared-relu" (So et al. 2021,
+# Primer; Nemotron-4, Parmar et al. 2024, Sec. 2) an input and an output matrix; "swiglu"
+# (Shazeer 2020; Llama) a gate and an up matrix, their product into the output matrix.
+MLP_MATRICES = {"gelu": 2, "swiglu": 3, "squared-relu": 2}
+POSITIONS = ("learned", "rotary")  # learned: an s x h table (GPT); rotary: none (Su et al. 2021)
 
 # Forward matmuls that multiply two activations (no weights): their backward is all input
 # gradient, and twice their forward (Qi et al. 2024, Table 1: B = sbh(24h + 8s), W = 24sbh^2).
@@ -102,6 +107,8 @@ class Transformer:
     dropout: bool | None = None   # the arch's by default
     tied: bool | None = None      # output layer tied to the input embedding; the arch's by default
     kernels: str = "megatron"     # "megatron" or "torch": see the module's docstring
+    mlp: str | None = None        # "gelu", "swiglu" or "squared-relu" (MLP_MATRICES); the arch's by default
+    positions: str | None = None  # "learned" or "rotary" (POSITIONS); the arch's by default
 
     def __post_init__(self):
         for name in ("layers", "hidden", "heads", "seq", "vocab"):
@@ -118,7 +125,11 @@ class Transformer:
             raise ValueError(f"Transformer: heads {self.heads} is not divisible by kv_heads {self.kv_heads}")
         if self.arch not in ARCHS:
             raise ValueError(f"Transformer: arch must be one of {', '.join(ARCHS)}; got {self.arch!r}")
-        for name, allowed in (("attention", ATTENTION), ("kernels", KERNELS)):
+        for name in ("mlp", "positions"):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, ARCHS[self.arch][name])
+        for name, allowed in (("attention", ATTENTION), ("kernels", KERNELS), ("mlp", tuple(MLP_MATRICES)),
+                              ("positions", POSITIONS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"Transformer: {name} must be one of {', '.join(allowed)}; got {getattr(self, name)!r}")
         for name in ("dropout", "tied"):
@@ -132,6 +143,11 @@ class Transformer:
         return ARCHS[self.arch]
 
     @property
+    def mlp_matrices(self) -> int:
+        """The MLP's weight matrices: 2 (gelu, squared-relu) or 3 (swiglu)."""
+        return MLP_MATRICES[self.mlp]
+
+    @property
     def _kv(self) -> float:
         """K and V width as a fraction of h: kv_heads/heads (1 without grouped-query attention)."""
         return self.kv_heads / self.heads
@@ -142,10 +158,10 @@ class Transformer:
         Eq. 2 leaves out the final LayerNorm (2h) and counts the output layer as tied."""
         h, f, a = self.hidden, self.ffn, self._a
         qkv = h * h + 2 * h * (h // self.heads) * self.kv_heads        # Q: h x h, K and V: h x (kv_heads * h/heads)
-        matrices = qkv + h * h + (a["mlp_matrices"] - 1) * h * f + f * h  # QKV, projection, MLP in, MLP out
-        biases = qkv // h + h + (a["mlp_matrices"] - 1) * f + h if a["bias"] else 0  # one per output feature
+        matrices = qkv + h * h + (self.mlp_matrices - 1) * h * f + f * h  # QKV, projection, MLP in, MLP out
+        biases = qkv // h + h + (self.mlp_matrices - 1) * f + h if a["bias"] else 0  # one per output feature
         norms = 2 * a["norm_params"] * h                                  # before attention and before the MLP
-        embedding = self.vocab * h + (self.seq * h if a["learned_positions"] else 0)
+        embedding = self.vocab * h + (self.seq * h if self.positions == "learned" else 0)
         return Params(embedding=embedding, per_layer=matrices + biases + norms, layers=self.layers,
                       final_norm=a["norm_params"] * h, output=0 if self.tied else self.vocab * h,
                       tied=self.tied)
@@ -157,7 +173,7 @@ class Transformer:
         b, s, h, f = micro_batch, self.seq, self.hidden, self.ffn
         return {"qkv": 2 * b * s * h * h * (1 + 2 * self._kv), "scores": 2 * b * s * s * h,
                 "values": 2 * b * s * s * h, "projection": 2 * b * s * h * h,
-                "mlp_in": 2 * b * s * h * f * (self._a["mlp_matrices"] - 1), "mlp_out": 2 * b * s * h * f}
+                "mlp_in": 2 * b * s * h * f * (self.mlp_matrices - 1), "mlp_out": 2 * b * s * h * f}
 
     def pass_flops(self, micro_batch: int) -> dict[str, float]:
         """FLOPs of one layer's F, I (input gradient: B of Qi et al. 2024) and W (weight gradient).
@@ -219,7 +235,7 @@ class Transformer:
         replicated = 4 * e * sbh + 2 * drop * sbh + stats
         # Q and K, V, projection input; MLP: one sbf tensor per matrix (GeLU input and output;
         # SwiGLU's two inputs and product)
-        split = (2 + 2 * self._kv) * e * sbh + e * sb * self.ffn * a["mlp_matrices"]
+        split = (2 + 2 * self._kv) * e * sbh + e * sb * self.ffn * self.mlp_matrices
         if recompute == "none":
             heads_sb = self.heads * sb
             # unfused: softmax output, its dropout mask and dropout output, as^2b each; flash: the
@@ -270,7 +286,7 @@ class Transformer:
         if self.kernels == "torch":
             return self.activation_bytes_per_layer(micro_batch, tp, sequence_parallel, recompute, precision)
         e = _element_bytes(precision)
-        sbh, sbf, m = self.seq * micro_batch * self.hidden, self.seq * micro_batch * self.ffn, self._a["mlp_matrices"]
+        sbh, sbf, m = self.seq * micro_batch * self.hidden, self.seq * micro_batch * self.ffn, self.mlp_matrices
         replicated = 4 * e * sbh
         split = e * ((1 + 2 * self._kv) * sbh + sbh + (m - 1) * sbf + sbf)
         return self._split(replicated, split, tp, sequence_parallel)

@@ -1,5 +1,7 @@
 """sim.model.transformer: parameters, FLOPs and activation bytes against the papers' closed forms,
 tables and worked numbers (Narayanan et al. 2021; Korthikanti et al. 2022; Qi et al. 2024)."""
+import dataclasses
+
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -178,8 +180,9 @@ def test_sequence_parallel_and_selective_recompute_save_5x(name):
 
 
 def test_grouped_query_attention_and_swiglu_change_what_is_stored():
-    """K and V shrink by kv_heads/heads; the SwiGLU MLP keeps three ffn-wide tensors, no dropout."""
-    m = model("llama2-70b")
+    """K and V shrink by kv_heads/heads; the SwiGLU MLP keeps three ffn-wide tensors, no dropout
+    (unfused attention here: the preset's flash keeps a log-sum-exp instead of the as^2 scores)."""
+    m = dataclasses.replace(model("llama2-70b"), attention="unfused")
     s, h, f, a = m.seq, m.hidden, m.ffn, m.heads
     replicated, split = 8 * s * h, (2 + 4 / 8 + 2) * s * h + 6 * s * f + 2 * a * s * s
     assert m.activation_bytes_per_layer(1) == replicated + split
@@ -207,8 +210,8 @@ def test_presets_are_the_papers_models():
     assert len([n for n in MODELS if n.startswith("korthikanti-")]) == 4
     assert model("GPT3_175B") is MODELS["gpt3-175b"] is sim.MODELS["gpt3-175b"]
     assert model("gpt3-175b") == model("korthikanti-175b")
-    assert all(m.seq == S and m.vocab == V for n, m in MODELS.items() if not n.startswith(("llama", "sagemaker")))
-    assert all(m.seq == 4096 and m.vocab == 32000 for n, m in MODELS.items() if n.startswith("llama"))
+    assert all(m.seq == S and m.vocab == V for n, m in MODELS.items() if n.startswith(("gpt", "megatron", "korth")))
+    assert all(m.seq == 4096 and m.vocab == 32000 for n, m in MODELS.items() if n.startswith("llama2"))
 
 
 def test_unknown_model_lists_the_names():
@@ -243,3 +246,68 @@ def test_bad_arguments_are_refused_in_one_line():
         m.activation_bytes_per_layer(1, tp=0)
     with pytest.raises(ValueError, match="micro_batch must be a positive int"):
         m.w_activation_bytes_per_layer(0)
+
+
+# ---- the parts of a layer, and the presets of models trained since 2023 ------------------------
+
+# Published totals: Llama 3 8B, 70B, 405B (the releases' model cards: 8.03B, 70.6B, 405.9B);
+# Nemotron-4 340B (Technical Report: 9.4B embedding + 331.6B non-embedding = 341B) and 15B (Parmar
+# et al. 2024, Sec. 2: 3.2B embedding, 12.5B non-embedding); Mistral 7B (model card: 7.24B);
+# Qwen2.5-7B (model card: 7.61B, non-embedding 6.53B).
+@pytest.mark.parametrize("name,billions", [("llama3-8b", 8.03), ("llama3-70b", 70.6), ("llama3-405b", 405.9),
+                                           ("llama3.1-8b", 8.03), ("llama3.1-70b", 70.6), ("llama3.1-405b", 405.9),
+                                           ("nemotron4-340b", 341), ("nemotron4-15b", 15.7), ("mistral-7b", 7.24),
+                                           ("qwen2.5-7b", 7.61)])
+def test_presets_since_2023_have_their_published_parameter_counts(name, billions):
+    assert model(name).params().total / 1e9 == pytest.approx(billions, rel=0.01)
+
+
+@pytest.mark.parametrize("name,embedding,rest", [("nemotron4-15b", 3.2, 12.5), ("nemotron4-340b", 9.4, 331.6),
+                                                 ("qwen2.5-7b", None, 6.53)])
+def test_embedding_and_non_embedding_parameters_are_the_published_split(name, embedding, rest):
+    p = model(name).params()
+    if embedding is not None:
+        assert (p.embedding + p.output) / 1e9 == pytest.approx(embedding, rel=0.02)  # 3.2 has two digits
+    assert (p.layers * p.per_layer + p.final_norm) / 1e9 == pytest.approx(rest, rel=0.01)
+
+
+def test_presets_say_what_attention_their_stacks_ran():
+    """2021-22 tables: Megatron-LM's unfused softmax; 2023 on: a fused (flash) kernel."""
+    old = [n for n in MODELS if n.startswith(("gpt3", "megatron-", "korthikanti-"))]
+    new = [n for n in MODELS if n not in old]
+    assert old and all(MODELS[n].attention == "unfused" for n in old)
+    assert len(new) >= 12 and all(MODELS[n].attention == "flash" for n in new)
+
+
+def test_nemotron4_is_squared_relu_rotary_untied():
+    m = model("nemotron4-340b")
+    assert (m.mlp, m.mlp_matrices, m.positions, m.tied, m.kv_heads) == ("squared-relu", 2, "rotary", False, 8)
+    h, f = m.hidden, m.ffn
+    assert m.params().per_layer == h * h * (1 + 2 * 8 / 96) + h * h + 2 * h * f + 2 * h  # two RMSNorm-style gains
+
+
+def test_arch_sets_defaults_and_each_part_can_be_given_apart():
+    base = dict(layers=2, hidden=64, heads=4, seq=16, vocab=100)
+    gpt, llama = Transformer(**base), Transformer(**base, arch="llama")
+    assert (gpt.mlp, gpt.positions, gpt.tied) == ("gelu", "learned", True)
+    assert (llama.mlp, llama.positions, llama.tied) == ("swiglu", "rotary", False)
+    h, f, s = 64, 256, 16
+    # swiglu adds one h x f matrix (and, with biases, f of them); rotary drops the s x h positions
+    assert Transformer(**base, mlp="swiglu").params().per_layer - gpt.params().per_layer == h * f + f
+    assert gpt.params().embedding - Transformer(**base, positions="rotary").params().embedding == s * h
+    assert Transformer(**base, arch="llama", mlp="gelu").params().per_layer == llama.params().per_layer - h * f
+    sq = Transformer(**base, mlp="squared-relu")
+    assert sq.params() == gpt.params() and sq.layer_flops(1) == gpt.layer_flops(1)
+    # what the backward keeps: one sbf tensor a matrix
+    assert Transformer(**base, mlp="swiglu").activation_bytes_per_layer(1) - gpt.activation_bytes_per_layer(1) \
+        == 2 * s * f
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(mlp="relu"), "mlp must be one of gelu, swiglu, squared-relu; got 'relu'"),
+    (dict(positions="alibi"), "positions must be one of learned, rotary; got 'alibi'"),
+])
+def test_unknown_parts_are_refused_in_one_line(kwargs, message):
+    with pytest.raises(ValueError, match=message) as e:
+        Transformer(layers=2, hidden=64, heads=4, seq=16, vocab=100, **kwargs)
+    assert "\n" not in str(e.value)

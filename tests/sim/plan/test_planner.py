@@ -12,6 +12,7 @@ from hypothesis import assume, given, settings, strategies as st
 
 import sim
 import sim.plan.planner as plan
+from sim.hardware.profile import DEFAULT_PROFILES
 from sim.model import sagemaker
 from sim.plan import bounds as plan_bounds, published, space as plan_space
 from sim.plan.cli import main
@@ -116,9 +117,11 @@ def problems(draw):
     arch = draw(st.sampled_from(["gpt", "llama"]))
     m = sim.Transformer(layers=draw(st.integers(2, 12)), hidden=heads * draw(st.sampled_from([16, 32, 64])),
                         heads=heads, seq=draw(st.sampled_from([64, 256])), vocab=draw(st.sampled_from([512, 1000])),
-                        kv_heads=heads // draw(st.sampled_from([1, 2])) if arch == "llama" else None, arch=arch)
+                        kv_heads=heads // draw(st.sampled_from([1, 2])) if arch == "llama" else None, arch=arch,
+                        attention=draw(st.sampled_from(["unfused", "flash"])),
+                        mlp=draw(st.sampled_from([None, "squared-relu"])))
     gpus = draw(st.sampled_from([2, 4, 8, 16]))
-    return m, draw(st.sampled_from(sorted(sim.GPUS))), gpus, gpus * draw(st.integers(1, 4)), \
+    return m, draw(st.sampled_from(sorted(DEFAULT_PROFILES))), gpus, gpus * draw(st.integers(1, 4)), \
         draw(st.sampled_from([2, 4, 8]))
 
 
