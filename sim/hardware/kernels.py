@@ -44,7 +44,7 @@ def precision_bytes(precision: str) -> int:
     if precision == "fp8":
         raise ValueError("precision 'fp8' is not modelled yet: the planner times bf16, fp16, tf32 and fp32; "
                          "FP8 training (Transformer Engine's FP8 GEMMs) is issue 32 item 3; "
-                         "sim.gpu(name).flops('fp8') has the datasheet's FP8 peak")
+                         "sim.hardware.gpus.gpu(name).flops('fp8') has the datasheet's FP8 peak")
     try:
         return BYTES[precision]
     except KeyError:
