@@ -35,7 +35,8 @@ import simpy
 
 from .costs import Costs, StageCosts
 from sim.schedule.ir import Action, Schedule
-from sim.schedule.kinds import KINDS, Role, memory_delta
+from sim.schedule.kinds import KINDS, Role
+from sim.schedule.liveness import change
 from sim.passes.offload import CopyEngines
 from sim.passes.checks import check_communication, check_complete
 from sim.passes.lowering import lower
@@ -69,7 +70,7 @@ def _costs(p: Program, c: StageCosts, placement: tuple[int, ...]):
     for k, spec in KINDS.items():
         if spec.role is _COMPUTE:
             for s, t in enumerate(getattr(c, spec.cost)):
-                by_kind[s, k] = (t, _memory(k, "start", c, s), _memory(k, "end", c, s))
+                by_kind[s, k] = (t, change(k, "start", c, s), change(k, "end", c, s))
     per = list(map(by_kind.__getitem__, zip(stage, map(itemgetter(1), p.actions))))
     dur, at_start, at_end = (list(map(itemgetter(i), per)) for i in range(3))
     # A transfer's link and hold time depend only on the stages at its two ends: work them
@@ -86,16 +87,6 @@ def _costs(p: Program, c: StageCosts, placement: tuple[int, ...]):
     for t, (l, b) in zip(transfers, map(channel.__getitem__, ends)):
         link[t], busy[t] = l, b
     return dur, at_start, at_end, link, busy, len(links)
-
-
-def _memory(kind, at: str, c: StageCosts, stage: int) -> tuple[float, int] | None:
-    """(bytes, micro-batches) that a compute of `kind` on `stage` adds to its rank's
-    memory at its start or end; None if its kind does nothing to memory then. The
-    micro-batches held count the activations' comings and goings."""
-    effects = [e for e in KINDS[kind].memory if e.at == at]
-    if not effects:
-        return None
-    return memory_delta(kind, at, c, stage), sum(e.sign for e in effects if e.field == "activation_bytes")
 
 
 class _Run:

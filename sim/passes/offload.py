@@ -16,7 +16,8 @@ from __future__ import annotations
 import math
 
 from sim.schedule.ir import Action, Schedule, ScheduleError
-from sim.schedule.kinds import COPIES, KINDS, Kind, memory_delta
+from sim.schedule.kinds import COPIES, KINDS, Kind
+from sim.schedule.liveness import memory_delta
 
 _F, _B, _I, _OFFLOAD, _RELOAD = Kind.F, Kind.B, Kind.I, Kind.OFFLOAD, Kind.RELOAD
 

@@ -43,7 +43,7 @@ from functools import lru_cache
 from sim.engine.costs import Costs, StageCosts
 from sim.engine.core import simulate
 from sim.schedule.ir import Action, Kind, Schedule, ScheduleError
-from sim.schedule.kinds import program_peak
+from sim.schedule.liveness import held_after, schedule_peak
 from sim.schedule.zerobubble import zb_h1
 
 FILLS = ("fit", "always", "balance")
@@ -101,10 +101,8 @@ class _Greedy:
 
     def held(self, s: int, kind: Kind | None = None) -> float:
         """Activation bytes device s holds now, or after one more `kind`: counted from the
-        actions done (F..I holds activation_bytes, I..W w_activation_bytes), so that no
-        rounding piles up over a step."""
-        n = {k: done[s] + (k is kind) for k, done in self.done.items()}
-        return (n[Kind.F] - n[Kind.I]) * self.c.activation_bytes[s] + (n[Kind.I] - n[Kind.W]) * self.c.w_activation_bytes[s]
+        actions done (`sim.schedule.liveness.held_after`)."""
+        return held_after({k: done[s] + (k is kind) for k, done in self.done.items()}, self.c, s)
 
     def fits(self, s: int, kind: Kind) -> bool:
         """Whether one more `kind` on device s keeps it within its budget: an action that
@@ -251,7 +249,7 @@ def _few(stages: int, micro: int, c: StageCosts, limit: float, runs: int):
         if did_ask:
             asked.add((forward_first, budget))
         cand = Schedule([list(p) for p in programs], micro_batches=micro, name="zb-auto")
-        if budget is None and within(order_peak(cand, c), limit):
+        if budget is None and within(schedule_peak(cand, c), limit):
             fits.add((forward_first, fill))  # no budget needed: a budget would lay out no faster
         if programs not in seen:
             seen.add(programs)
@@ -270,25 +268,11 @@ def budgets(c: StageCosts, limit: float):
     yield None
 
 
-def order_peak(schedule: Schedule, c: StageCosts) -> float:
-    """The most bytes of activations any device holds, from the program order alone: a
-    device computes one action at a time, and each takes or gives back its bytes at its
-    start or end as the action-kind table says (`sim.schedule.kinds`)."""
-    return max((program_peak(prog, c) for prog in schedule.programs), default=0.0)
-
-
 def device_bubble(result) -> float:
     """The zero-bubble paper's bubble: the most idle time of one device between its first
     compute's start and its last compute's end (what consecutive steps cost when the
     optimizer step does not synchronise the pipeline; `sim.Result.spans`)."""
     return max(hi - lo - busy for (lo, hi), busy in zip(result.spans(), result.busy()))
-
-
-def activation_peak(result, c: StageCosts) -> float:
-    """The most bytes of activations any device held in a simulated step: its peak memory
-    less its static bytes (one stage per device); equal to `order_peak` but for the
-    rounding of the static bytes in and out."""
-    return max(peak - c.static_total(r) for r, peak in enumerate(result.peak_memory))
 
 
 def zb_auto(stages: int, micro: int, virtual: int = 1, costs: Costs | None = None,
@@ -330,7 +314,7 @@ def _search(stages: int, micro: int, costs: Costs, limit: float, runs: int | Non
     `device_bubble`, then the smallest peak."""
     c, best = costs.for_stages(stages), None
     for cand in candidates(stages, micro, c, limit, runs):
-        peak = order_peak(cand, c)  # what the simulation finds, without rounding the static bytes in
+        peak = schedule_peak(cand, c)  # what the simulation finds, without rounding the static bytes in
         if not within(peak, limit):
             continue
         r = simulate(cand, costs)
