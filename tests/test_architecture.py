@@ -93,7 +93,7 @@ def test_find_cycle_finds_one():
 
 def test_the_graph_is_read():
     graph = import_graph()
-    assert "sim.engine.core" in graph["sim"] and "exec.runtime.step" in graph["exec.pipeline.worker"]
+    assert "sim.simulation" in graph["sim"] and "exec.runtime.step" in graph["exec.pipeline.worker"]
     assert {"sim.schedule.ir"} <= graph["sim.engine.core"]
 
 
@@ -120,6 +120,15 @@ def test_packages_are_layers():
     assert "sim.schedule" in graph["sim.passes"] and "exec.runtime" in graph["exec.pipeline"]  # read
     cycle = find_cycle(graph)
     assert cycle is None, "packages import each other in a cycle: " + " -> ".join(cycle)
+
+
+def test_the_engine_sits_below_the_passes():
+    """The engine runs a compiled `Program` and compiles nothing: `sim.engine` imports
+    nothing of `sim.passes`; the passes build on the engine's `Program`, and what compiles
+    and then runs (`sim.simulation`) stands above both."""
+    graph = package_graph(import_graph())
+    assert "sim.passes" not in graph["sim.engine"]
+    assert "sim.engine" in graph["sim.passes"] and {"sim.engine", "sim.passes"} <= graph["sim.simulation"]
 
 
 def test_nothing_inside_sim_imports_the_sim_facade():

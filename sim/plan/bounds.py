@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 from sim.engine.costs import Costs, StageCosts
-from sim.engine.core import simulate
+from sim.simulation import simulate
 from .data_parallel import optimizer_time, stage_params
 from .layout import Layout
 from .stage_costs import end_times, partition_layers, stage_costs

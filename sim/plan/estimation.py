@@ -20,14 +20,14 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from sim.engine.core import simulate
+from sim.simulation import simulate
 from sim.engine.result import Result
 from sim.hardware.gpus import GPU
 from sim.hardware.profile import DeviceProfile, resolve
 from sim.model.layer import LayerTimes, Slice, layer_times
 from sim.model.transformer import Transformer
 from sim.passes.grad_reduce import add_grad_reduce
-from sim.passes.offload import reload_waits
+from sim.engine.result import reload_waits
 from sim.schedule.kinds import Kind
 from sim.schedules import lookup, make_schedule
 

@@ -12,7 +12,8 @@ from sim.hardware.profile import DeviceProfile
 from sim.model.footprint import state_bytes_per_param
 from sim.model.layer import LayerTimes, Slice, gemm_products, measured_apply
 from sim.model.transformer import Transformer
-from sim.passes.offload import add_offload, copy_time
+from sim.engine.costs import copy_time
+from sim.passes.offload import add_offload
 from sim.schedule.liveness import program_peak
 from sim.search.partition import balanced, even
 

@@ -224,6 +224,9 @@ RECVS = frozenset(k for k, spec in KINDS.items() if spec.role is Role.RECV)
 TRANSFERS = SENDS | RECVS  # what `sim.lower` adds: a schedule with any of these is lowered
 COLLECTIVES = frozenset(k for k, spec in KINDS.items() if spec.role is Role.COLLECTIVE)
 COPIES = frozenset(k for k, spec in KINDS.items() if spec.role is Role.COPY)
+# Kinds the device issues and goes on: each runs on a resource beside it (a collective
+# stream, a copy engine), one per role (`sim.engine.resources.RESOURCES`).
+BESIDE = frozenset(k for k, spec in KINDS.items() if spec.role not in (Role.COMPUTE, Role.SEND, Role.RECV))
 # Kinds done once per stage per step: an action of one has micro-batch 0, and its text form
 # omits it (`0REDUCE_GRAD`, as torch.distributed.pipelining writes it).
 ONCE_PER_STAGE = COLLECTIVES

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from sim.engine.costs import Costs, StageCosts
-from sim.engine.core import simulate
+from sim.simulation import simulate
 from sim.schedule.ir import Action, Kind, Schedule, ScheduleError
 from sim.schedule.liveness import held_after, schedule_peak
 from sim.schedule.zerobubble import zb_h1
