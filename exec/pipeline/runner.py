@@ -5,7 +5,8 @@
     >>> run = run_pipeline(ModelSpec(), "1f1b", 2, 4, RunConfig(dp=2, steps=3))    # doctest: +SKIP
 
 `run_pipeline` checks its `exec.pipeline.config.RunConfig` against the model and the
-schedule (`check_run`), lowers the schedule, starts the ranks (`exec.launch.processes`),
+schedule and compiles the schedule for its backend (`check_run`, which calls `sim.compile`,
+the one pipeline of checks and passes that `sim.simulate` runs too), starts the ranks (`exec.launch.processes`),
 each of which runs `exec.pipeline.worker.pipeline_worker`, then checks the first step's
 gradients against one process (`exec.runtime.check`) and merges the calibration into
 `sim.Costs` (`exec.measure.costs`).
@@ -13,8 +14,8 @@ gradients against one process (`exec.runtime.check`) and merges the calibration 
 With `dp` > 1 the run has `dp` pipeline replicas, pp * dp processes in Megatron-LM's
 order (`exec.runtime.dp`): each replica trains on its own contiguous 1/dp of the batch,
 and the schedule's REDUCE_GRAD actions average each stage's gradients over its replicas
-(`sim.add_grad_reduce`; a schedule named by a string gets them, a `Schedule` must have
-them). Every replica's gradients are checked against one process on the whole batch.
+(`sim.add_grad_reduce`; a schedule named by a string gets them from `step_schedule`, a
+`Schedule` must have them). Every replica's gradients are checked against one process on the whole batch.
 """
 from __future__ import annotations
 
@@ -27,7 +28,6 @@ import torch
 
 import sim
 from sim import Result, Schedule
-from sim.passes.order import order_transfers
 from sim.schedule.renamed import take_sizes
 
 from exec.launch.host import host_cores
@@ -40,7 +40,7 @@ from exec.runtime.check import compare_grads, reference_step, split_micro_batche
 from exec.runtime.dp import Grid, check_dp
 from exec.runtime.interpreter import refuse_offload
 
-__all__ = ["run_pipeline", "check_run", "PipelineRun", "median_step"]
+__all__ = ["run_pipeline", "check_run", "step_schedule", "PipelineRun", "median_step"]
 
 @dataclass
 class PipelineRun:
@@ -122,8 +122,9 @@ def median_step(results: Sequence[Result]) -> Result:
 
 
 def check_run(spec, schedule: Schedule, config: RunConfig) -> Schedule:
-    """The schedule lowered for `config.backend`, or a ValueError before anything starts:
-    the model, the schedule and the configuration must fit together."""
+    """The schedule compiled for `config.backend` (`sim.compile`) and lowered, or a
+    ValueError (a `sim.ScheduleError` for the schedule itself) before anything starts: the
+    model, the schedule and the configuration must fit together."""
     dp, backend = config.dp, config.backend
     check_dp(dp, spec.batch_size, schedule.micro_batches)
     if dp > 1 and not schedule.has_collectives:
@@ -131,16 +132,27 @@ def check_run(spec, schedule: Schedule, config: RunConfig) -> Schedule:
                          f"REDUCE_GRAD actions; pass sim.add_grad_reduce(schedule, overlap) (a schedule name gets them)")
     if schedule.has_collectives and backend != "gloo":
         raise ValueError(f"exec runs REDUCE_GRAD (data parallelism) on CPU ranks (gloo) only, not backend={backend!r}")
-    lowered = sim.validate(schedule)
+    lowered = sim.compile(schedule, backend).lowered()  # for nccl, RECVs in the order the peer sends
     refuse_offload(lowered)
-    if backend == "nccl":  # NCCL pairs a rank's transfers by order, not tag (docs/rules.md)
-        lowered = order_transfers(lowered)
     split_micro_batches(torch.empty(spec.batch_size, 0), torch.empty(spec.batch_size, 0), lowered.micro_batches)
     fault = config.injected
     if fault is not None and fault[1] >= lowered.ranks * dp:
         raise ValueError(f"fault {config.fault!r} names rank {fault[1]} but the run has ranks "
                          f"0..{lowered.ranks * dp - 1}")
     return lowered
+
+
+def step_schedule(schedule: Schedule | str, devices: int | None, micro_batches: int | None, dp: int = 1,
+                  overlap_grad_reduce: bool = False, virtual: int | None = None) -> Schedule:
+    """The schedule a run steps through: `schedule`, or the one `sim.make_schedule` makes of
+    a name with `devices`, `micro_batches` (and `virtual`), which with `dp` > 1 replicas
+    gets a REDUCE_GRAD per stage (`sim.add_grad_reduce(schedule, overlap_grad_reduce)`)."""
+    if not isinstance(schedule, str):
+        return schedule
+    if devices is None or micro_batches is None:
+        raise ValueError("a schedule name needs devices and micro_batches, e.g. run_pipeline(spec, '1f1b', 2, 8)")
+    made = sim.make_schedule(schedule, devices, micro_batches, virtual)
+    return sim.add_grad_reduce(made, overlap_grad_reduce) if dp > 1 else made
 
 
 def _check_replicas(per_rank: list[dict], lowered: Schedule, dp: int, ref_grads, rtol: float, atol: float
@@ -179,12 +191,7 @@ def run_pipeline(spec, schedule: Schedule | str, devices: int | None = None, mic
     Raises `exec.launch.processes.RankError` / `TimeoutError` if a rank fails or the run is too slow."""
     devices, micro_batches = take_sizes("run_pipeline", devices, micro_batches, options)
     config = replace(config or RunConfig(), **options)
-    if isinstance(schedule, str):
-        if devices is None or micro_batches is None:
-            raise ValueError("a schedule name needs devices and micro_batches, e.g. run_pipeline(spec, '1f1b', 2, 8)")
-        schedule = sim.make_schedule(schedule, devices, micro_batches)
-        if config.dp > 1:
-            schedule = sim.add_grad_reduce(schedule, config.overlap_grad_reduce)
+    schedule = step_schedule(schedule, devices, micro_batches, config.dp, config.overlap_grad_reduce)
     lowered, dp = check_run(spec, schedule, config), config.dp
     # balance="time" profiles a micro-batch of the size a replica computes
     bounds = list(config.bounds) if config.bounds is not None else \
