@@ -160,7 +160,7 @@ def _check(parser: argparse.ArgumentParser, args):
     """The schedule, the model, the given costs (or None) and the run's configuration, or
     exit 2 with one line before anything runs."""
     import sim
-    from exec.pipeline.runner import check_run, step_schedule
+    from exec.pipeline.config import step_schedule
     if args.overlap_grad_reduce and args.dp == 1:
         parser.error("--overlap-grad-reduce places the data-parallel gradient reduction; give --dp 2 or more")
     try:
@@ -178,6 +178,7 @@ def _check(parser: argparse.ArgumentParser, args):
         config = run_config(args)
     except ValueError as e:
         parser.error(str(e))
+    from exec.pipeline.runner import check_run
     try:  # the checks run_pipeline makes (the replicas, the batch, the fault, the schedule), before torch starts ranks
         check_run(spec, schedule, config)
     except ValueError as e:

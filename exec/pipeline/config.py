@@ -1,4 +1,4 @@
-"""A run's configuration: `RunConfig`, everything a pipelined run takes besides the model and the schedule, checked when made.
+"""A run's configuration: `RunConfig`, everything a pipelined run takes besides the model and the schedule, checked when made; `step_schedule`, the schedule it steps through.
 
     >>> RunConfig(steps=3, optimizer="adamw").warmup
     2
@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import sim
 from exec.runtime.optim import OPTIMIZERS
 
 __all__ = ["RunConfig", "parse_fault", "FAULTS"]
@@ -82,3 +83,16 @@ class RunConfig:
     def injected(self) -> tuple[str, int] | None:
         """The fault as (what, world rank), or None."""
         return parse_fault(self.fault)
+
+
+def step_schedule(schedule: sim.Schedule | str, devices: int | None, micro_batches: int | None, dp: int = 1,
+                  overlap_grad_reduce: bool = False, virtual: int | None = None) -> sim.Schedule:
+    """The schedule a run steps through: `schedule`, or the one `sim.make_schedule` makes of
+    a name with `devices`, `micro_batches` (and `virtual`), which with `dp` > 1 replicas
+    gets a REDUCE_GRAD per stage (`sim.add_grad_reduce(schedule, overlap_grad_reduce)`)."""
+    if not isinstance(schedule, str):
+        return schedule
+    if devices is None or micro_batches is None:
+        raise ValueError("a schedule name needs devices and micro_batches, e.g. run_pipeline(spec, '1f1b', 2, 8)")
+    made = sim.make_schedule(schedule, devices, micro_batches, virtual)
+    return sim.add_grad_reduce(made, overlap_grad_reduce) if dp > 1 else made

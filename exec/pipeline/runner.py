@@ -14,7 +14,7 @@ gradients against one process (`exec.runtime.check`) and merges the calibration 
 With `dp` > 1 the run has `dp` pipeline replicas, pp * dp processes in Megatron-LM's
 order (`exec.runtime.dp`): each replica trains on its own contiguous 1/dp of the batch,
 and the schedule's REDUCE_GRAD actions average each stage's gradients over its replicas
-(`sim.add_grad_reduce`; a schedule named by a string gets them from `step_schedule`, a
+(`sim.add_grad_reduce`; a schedule named by a string gets them from `exec.pipeline.config.step_schedule`, a
 `Schedule` must have them). Every replica's gradients are checked against one process on the whole batch.
 """
 from __future__ import annotations
@@ -34,13 +34,13 @@ from exec.launch.host import host_cores
 from exec.launch.processes import launch
 from exec.measure.busy import describe_load, load_summary
 from exec.measure.costs import costs_from_reports
-from exec.pipeline.config import RunConfig
+from exec.pipeline.config import RunConfig, step_schedule
 from exec.pipeline.worker import pipeline_worker, say
 from exec.runtime.check import compare_grads, reference_step, split_micro_batches
 from exec.runtime.dp import Grid, check_dp
 from exec.runtime.interpreter import refuse_offload
 
-__all__ = ["run_pipeline", "check_run", "step_schedule", "PipelineRun", "median_step"]
+__all__ = ["run_pipeline", "check_run", "PipelineRun", "median_step"]
 
 @dataclass
 class PipelineRun:
@@ -140,19 +140,6 @@ def check_run(spec, schedule: Schedule, config: RunConfig) -> Schedule:
         raise ValueError(f"fault {config.fault!r} names rank {fault[1]} but the run has ranks "
                          f"0..{lowered.ranks * dp - 1}")
     return lowered
-
-
-def step_schedule(schedule: Schedule | str, devices: int | None, micro_batches: int | None, dp: int = 1,
-                  overlap_grad_reduce: bool = False, virtual: int | None = None) -> Schedule:
-    """The schedule a run steps through: `schedule`, or the one `sim.make_schedule` makes of
-    a name with `devices`, `micro_batches` (and `virtual`), which with `dp` > 1 replicas
-    gets a REDUCE_GRAD per stage (`sim.add_grad_reduce(schedule, overlap_grad_reduce)`)."""
-    if not isinstance(schedule, str):
-        return schedule
-    if devices is None or micro_batches is None:
-        raise ValueError("a schedule name needs devices and micro_batches, e.g. run_pipeline(spec, '1f1b', 2, 8)")
-    made = sim.make_schedule(schedule, devices, micro_batches, virtual)
-    return sim.add_grad_reduce(made, overlap_grad_reduce) if dp > 1 else made
 
 
 def _check_replicas(per_rank: list[dict], lowered: Schedule, dp: int, ref_grads, rtol: float, atol: float
