@@ -1,7 +1,10 @@
 """The compile pipeline: the passes that turn a schedule into the `Program` a target runs, in one list.
 
-    >>> program = sim.compile(sim.make_schedule("1f1b", 4, 8), "nccl")   # doctest: +SKIP
-    >>> program.lowered()      # the lowered schedule the ranks run   # doctest: +SKIP
+    >>> import sim
+    >>> program = sim.compile(sim.make_schedule("1f1b", devices=2, micro_batches=2), "nccl")
+    >>> print(program.lowered().to_csv(), end="")   # the lowered schedule the ranks run
+    0F0,0SEND_F0,0RECV_B0,0F1,0SEND_F1,0RECV_B1,0B0,0B1
+    1RECV_F0,1F0,1RECV_F1,1B0,1SEND_B0,1F1,1B1,1SEND_B1
 
 `simulate` and `exec` both call `compile`; nothing else checks, lowers or numbers a
 schedule on its way to a run (zero-bubble's `run_schedule_passes`: the whole pipeline
