@@ -20,7 +20,7 @@ T_comm, latency + activation bytes / bandwidth). A free device picks:
 4. The W passes left at the end (rule 4).
 Rule 3 (a stage runs at least one more F than the next) holds by construction.
 
-Memory is counted as the engine counts it (docs/rules.md, `sim.schedule.kinds`): activation_bytes
+Memory is counted as the engine counts it (docs/rules.md, `sim.schedule.liveness`): activation_bytes
 from the start of F to the end of I, then w_activation_bytes until the end of W. The
 knob `budget`: device r may hold `budget * max(activation_bytes[r], w_activation_bytes[r])`
 bytes (budget micro-batches' worth).
