@@ -161,13 +161,13 @@ def _check(parser: argparse.ArgumentParser, args):
     exit 2 with one line before anything runs."""
     import sim
     from exec.pipeline.config import step_schedule
-    if args.overlap_grad_reduce and args.dp == 1:
-        parser.error("--overlap-grad-reduce places the data-parallel gradient reduction; give --dp 2 or more")
     try:
         schedule = step_schedule(args.schedule, args.stages, args.micro, args.dp, args.overlap_grad_reduce,
                                  args.virtual)
     except sim.ScheduleError as e:
         parser.error(str(e))
+    if args.overlap_grad_reduce and args.dp == 1:
+        parser.error("--overlap-grad-reduce places the data-parallel gradient reduction; give --dp 2 or more")
     costs = _given_costs(parser, args, schedule)  # before torch: a bad file is refused at once
     problem = folder_problem(args.out) if args.out is not None else None
     if problem:
