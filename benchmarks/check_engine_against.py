@@ -14,6 +14,7 @@ import argparse
 import math
 import os
 import random
+import re
 import subprocess
 import sys
 import tempfile
@@ -29,6 +30,16 @@ def import_old(rev: str):
     archive = subprocess.run(["git", "-C", ROOT, "archive", rev, "sim"], check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", folder], input=archive, check=True)
     os.rename(os.path.join(folder, "sim"), os.path.join(folder, "oldsim"))
+    # its absolute imports (`from sim.engine import ...`) must name the old package too
+    for here, _, files in os.walk(os.path.join(folder, "oldsim")):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(here, name)
+                with open(path) as f:
+                    text = f.read()
+                text = re.sub(r"^(\s*)(from|import) sim\b", r"\1\2 oldsim", text, flags=re.M)
+                with open(path, "w") as f:
+                    f.write(text)
     sys.path.insert(0, folder)
     import oldsim
     return oldsim

@@ -162,14 +162,14 @@ def _check(parser: argparse.ArgumentParser, args):
     """The schedule, the model, the given costs (or None) and the run's configuration, or
     exit 2 with one line before anything runs."""
     import sim
+    from exec.pipeline.config import step_schedule
     try:
-        schedule = sim.make_schedule(args.schedule, args.devices, args.micro_batches, args.virtual)
+        schedule = step_schedule(args.schedule, args.devices, args.micro_batches, args.dp, args.overlap_grad_reduce,
+                                 args.virtual)
     except sim.ScheduleError as e:
         parser.error(str(e))
     if args.overlap_grad_reduce and args.dp == 1:
         parser.error("--overlap-grad-reduce places the data-parallel gradient reduction; give --dp 2 or more")
-    if args.dp > 1:
-        schedule = sim.add_grad_reduce(schedule, args.overlap_grad_reduce)
     costs = _given_costs(parser, args, schedule)  # before torch: a bad file is refused at once
     problem = folder_problem(args.out) if args.out is not None else None
     if problem:
@@ -180,15 +180,11 @@ def _check(parser: argparse.ArgumentParser, args):
         config = run_config(args)
     except ValueError as e:
         parser.error(str(e))
-    fault = config.injected
-    world = schedule.ranks * args.dp
-    if fault is not None and fault[1] >= world:
-        parser.error(f"--fault {args.fault} names rank {fault[1]}, but the run has ranks 0..{world - 1}")
-    if spec.batch_size % (args.dp * args.micro_batches):
-        parser.error(f"--batch-size {spec.batch_size} does not split into --dp {args.dp} x --micro-batches {args.micro_batches} "
-                     f"equal micro-batches; choose --dp x --micro-batches among the divisors of {spec.batch_size}")
-    if args.dp > 1 and args.backend != "gloo":
-        parser.error("--dp runs its gradient reductions on CPU ranks (gloo) only; use --backend gloo")
+    from exec.pipeline.runner import check_run
+    try:  # the checks run_pipeline makes (the replicas, the batch, the fault, the schedule), before torch starts ranks
+        check_run(spec, schedule, config)
+    except ValueError as e:
+        parser.error(str(e))
     if schedule.stages > spec.num_layers:
         v = f" x V {schedule.stages // args.devices}" if schedule.stages != args.devices else ""
         parser.error(f"--devices {args.devices}{v} = {schedule.stages} model stages is more than the model's "

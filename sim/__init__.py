@@ -8,7 +8,8 @@
 `import sim` never imports torch; `exec` runs the same `Schedule` objects on devices.
 """
 from sim.engine.costs import Costs, StageCosts, load_costs, save_costs
-from sim.engine.core import simulate
+from sim.simulation import simulate
+from sim.passes.compile import compile, validate
 from sim.plan.estimation import Estimate, Layout, estimate
 from sim.hardware.gpus import GPU, GPUS
 from sim.schedule.ir import Action, Schedule, ScheduleError
@@ -18,7 +19,7 @@ from sim.hardware.profile import DeviceProfile, ProfileError, load_profile, prof
 from sim.passes.dependencies import dependencies, waits_for
 from sim.passes.grad_reduce import add_grad_reduce
 from sim.passes.lowering import lower
-from sim.passes.validation import check_deadlock, validate
+from sim.passes.validation import check_deadlock
 from sim.engine.result import Event, Result
 from sim.schedule.registry import SCHEDULES, make_schedule
 from sim.search.zbauto import zb_auto  # noqa: F401  its import adds "zb-auto" to SCHEDULES (a search: above the engine)
@@ -28,7 +29,7 @@ from sim.engine.transports import TRANSPORTS
 
 __all__ = [
     "Action", "Kind", "KINDS", "KindSpec", "Role", "Schedule", "ScheduleError", "Costs", "StageCosts",
-    "save_costs", "load_costs", "TRANSPORTS", "simulate", "Event", "Result", "make_schedule", "SCHEDULES",
+    "save_costs", "load_costs", "TRANSPORTS", "compile", "simulate", "Event", "Result", "make_schedule", "SCHEDULES",
     "lower", "add_grad_reduce", "add_offload", "validate", "check_deadlock", "dependencies", "waits_for",
     "Transformer", "MODELS", "GPU", "GPUS", "estimate", "Estimate", "Layout",
     "DeviceProfile", "ProfileError", "load_profile", "save_profile", "profile",

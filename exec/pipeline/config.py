@@ -1,4 +1,4 @@
-"""A run's configuration: `RunConfig`, everything a pipelined run takes besides the model and the schedule, checked when made.
+"""A run's configuration: `RunConfig`, everything a pipelined run takes besides the model and the schedule, checked when made; `step_schedule`, the schedule it steps through.
 
     >>> RunConfig(steps=3, optimizer="adamw").warmup
     2
@@ -29,10 +29,9 @@ from dataclasses import dataclass, fields, replace
 from typing import Sequence
 
 import sim
-
 from exec.runtime.optim import OPTIMIZERS
 
-__all__ = ["RunConfig", "run_options", "run_schedule", "parse_fault", "FAULTS"]
+__all__ = ["RunConfig", "run_options", "run_schedule", "step_schedule", "parse_fault", "FAULTS"]
 
 FAULTS = ("raise", "exit", "hang")
 BALANCES = ("layers", "time")
@@ -98,6 +97,19 @@ class RunConfig:
         return parse_fault(self.fault)
 
 
+def step_schedule(schedule: sim.Schedule | str, devices: int | None, micro_batches: int | None, dp: int = 1,
+                  overlap_grad_reduce: bool = False, virtual: int | None = None) -> sim.Schedule:
+    """The schedule a run steps through: `schedule`, or the one `sim.make_schedule` makes of
+    a name with `devices`, `micro_batches` (and `virtual`), which with `dp` > 1 replicas
+    gets a REDUCE_GRAD per stage (`sim.add_grad_reduce(schedule, overlap_grad_reduce)`)."""
+    if not isinstance(schedule, str):
+        return schedule
+    if devices is None or micro_batches is None:
+        raise ValueError("a schedule name needs devices and micro_batches, e.g. run_pipeline(spec, '1f1b', 2, 8)")
+    made = sim.make_schedule(schedule, devices, micro_batches, virtual)
+    return sim.add_grad_reduce(made, overlap_grad_reduce) if dp > 1 else made
+
+
 def run_options(entry: str, config: RunConfig | None, options: dict, reads: Sequence[str] | None = None) -> RunConfig:
     """`config` (default `RunConfig()`) with the keyword `options` as its fields. `reads`: the
     fields `entry` reads (None: all); another one set away from its default is a ValueError."""
@@ -124,5 +136,4 @@ def run_schedule(entry: str, schedule: "sim.Schedule | str", devices: int | None
         raise TypeError(f"schedule must be a sim.Schedule or a name of sim.SCHEDULES, got {type(schedule).__name__}")
     if devices is None or micro_batches is None:
         raise ValueError(f"a schedule name needs devices and micro_batches, e.g. {entry}(spec, {schedule!r}, 2, 8)")
-    made = sim.make_schedule(schedule, devices, micro_batches)
-    return sim.add_grad_reduce(made, config.overlap_grad_reduce) if config.dp > 1 else made
+    return step_schedule(schedule, devices, micro_batches, config.dp, config.overlap_grad_reduce)

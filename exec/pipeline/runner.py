@@ -5,7 +5,8 @@
     >>> run = run_pipeline(ModelSpec(), "1f1b", 2, 4, RunConfig(dp=2, steps=3))    # doctest: +SKIP
 
 `run_pipeline` checks its `exec.pipeline.config.RunConfig` against the model and the
-schedule (`check_run`), lowers the schedule, starts the ranks (`exec.launch.processes`),
+schedule and compiles the schedule for its backend (`check_run`, which calls `sim.compile`,
+the one pipeline of checks and passes that `sim.simulate` runs too), starts the ranks (`exec.launch.processes`),
 each of which runs `exec.pipeline.worker.pipeline_worker`, then checks the first step's
 gradients against one process (`exec.runtime.check`) and merges the calibration into
 `sim.Costs` (`exec.measure.costs`).
@@ -13,8 +14,8 @@ gradients against one process (`exec.runtime.check`) and merges the calibration 
 With `dp` > 1 the run has `dp` pipeline replicas, pp * dp processes in Megatron-LM's
 order (`exec.runtime.dp`): each replica trains on its own contiguous 1/dp of the batch,
 and the schedule's REDUCE_GRAD actions average each stage's gradients over its replicas
-(`sim.add_grad_reduce`; a schedule named by a string gets them, a `Schedule` must have
-them). Every replica's gradients are checked against one process on the whole batch.
+(`sim.add_grad_reduce`; a schedule named by a string gets them from `exec.pipeline.config.step_schedule`, a
+`Schedule` must have them). Every replica's gradients are checked against one process on the whole batch.
 """
 from __future__ import annotations
 
@@ -28,7 +29,6 @@ import torch
 import sim
 from sim import Result, Schedule
 from sim.hardware.topology import Topology
-from sim.passes.order import order_transfers
 
 from exec.launch.host import host_cores
 from exec.launch.processes import launch
@@ -122,8 +122,9 @@ def median_step(results: Sequence[Result]) -> Result:
 
 
 def check_run(spec, schedule: Schedule, config: RunConfig) -> Schedule:
-    """The schedule lowered for `config.backend`, or a ValueError before anything starts:
-    the model, the schedule and the configuration must fit together."""
+    """The schedule compiled for `config.backend` (`sim.compile`) and lowered, or a
+    ValueError (a `sim.ScheduleError` for the schedule itself) before anything starts: the
+    model, the schedule and the configuration must fit together."""
     dp, backend = config.dp, config.backend
     check_dp(dp, spec.batch_size, schedule.micro_batches)
     if dp > 1 and not schedule.has_collectives:
@@ -131,10 +132,8 @@ def check_run(spec, schedule: Schedule, config: RunConfig) -> Schedule:
                          f"REDUCE_GRAD actions; pass sim.add_grad_reduce(schedule, overlap) (a schedule name gets them)")
     if schedule.has_collectives and backend != "gloo":
         raise ValueError(f"exec runs REDUCE_GRAD (data parallelism) on CPU ranks (gloo) only, not backend={backend!r}")
-    lowered = sim.validate(schedule)
+    lowered = sim.compile(schedule, backend).lowered()  # for nccl, RECVs in the order the peer sends
     refuse_offload(lowered)
-    if backend == "nccl":  # NCCL pairs a rank's transfers by order, not tag (docs/rules.md)
-        lowered = order_transfers(lowered)
     split_micro_batches(torch.empty(spec.batch_size, 0), torch.empty(spec.batch_size, 0), lowered.micro_batches)
     fault = config.injected
     if fault is not None and fault[1] >= lowered.ranks * dp:

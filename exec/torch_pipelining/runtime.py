@@ -37,7 +37,6 @@ import torch.distributed as dist
 
 import sim
 from sim import Schedule
-from sim.passes.order import order_transfers
 
 from exec.launch.processes import launch
 from exec.pipeline.config import RunConfig, run_options, run_schedule
@@ -49,11 +48,11 @@ __all__ = ["to_torch_csv", "run_torch_runtime", "torch_runtime_worker", "TorchRu
 
 def to_torch_csv(schedule: Schedule, in_order: bool = True) -> str:
     """The CSV that torch's `_PipelineScheduleRuntime` loads with format="compute_comms":
-    `schedule` validated and lowered, its receives posted in the order the peer sends
-    them (rule 12; `in_order=False` keeps `sim.lower`'s order, to show what a mismatch
-    does). Raises `ScheduleError` for a schedule that cannot run."""
-    lowered = sim.validate(schedule)
-    return (order_transfers(lowered) if in_order else lowered).to_csv()
+    `schedule` compiled (`sim.compile`) for torch's runtime, which pairs transfers by order
+    as NCCL does: its receives posted in the order the peer sends them (rule 12;
+    `in_order=False` compiles it as for gloo, in `sim.lower`'s order, to show what a
+    mismatch does). Raises `ScheduleError` for a schedule that cannot run."""
+    return sim.compile(schedule, "nccl" if in_order else "gloo").lowered().to_csv()
 
 
 def _runtime(ctx, spec, schedule: Schedule, bounds: Sequence[int], csv_text: str):

@@ -1,1 +1,1 @@
-"""The discrete-event engine: the costs it reads, the transports it models, the result it records."""
+"""The discrete-event engine: it runs a compiled `Program` (it compiles nothing: `sim.compile` does), with the costs it reads, the transports it models, the resources beside each device (one class per role) and the result it records."""

@@ -9,43 +9,42 @@ rendezvous (rule 5), a late notice waiting for the sender's transport thread (ru
 then take their link, first come first served (rule 6); memory is held from F to the end
 of the backward (rule 7); the step ends with its last compute or collective (rule 8); the
 runtime holds the device around each compute (rule 11); collectives run on the rank's
-stream (rule 13) and copies on its two copy engines (rule 14), beside the device.
+stream (rule 13) and copies on its two copy engines (rule 14), beside the device: one
+class per role, `sim.engine.resources.RESOURCES`.
 
 The engine knows actions, devices and links; the transport (`Costs.transport`, see
 `sim.engine.transports`) decides when a transfer leaves its sender and what the calls cost the
 two ends, and the action-kind table (`sim.schedule.kinds`) what each compute costs and does to
 memory.
 
-How it stays fast (docs/performance.md): it runs the numbered program (`sim.passes.program.number_program`), not
-`Action` objects. A compute whose input's arrival time is known waits and computes in one
+The engine runs a compiled `sim.engine.program.Program` (`sim.compile` makes one); it
+compiles nothing and checks nothing itself: `sim.simulate` compiles, runs and explains.
+How it stays fast (docs/performance.md): it runs the numbered program, not `Action`
+objects. A compute whose input's arrival time is known waits and computes in one
 timeout; a transfer is an event only when its receiver already waits for it, or when its
 sender must first see the notice. Link queueing needs no process: each link keeps the
-time it is next free. A run that stops with ranks unfinished is a deadlock, explained by
-`sim.passes.validation.check_deadlock`.
+time it is next free. A run that stops with ranks unfinished is a deadlock: `Run.finished`
+says which ranks got through, and the caller explains it (`sim.passes.validation.check_deadlock`).
 """
 from __future__ import annotations
 
-import gc
 import itertools
-import math
 from operator import itemgetter
-from typing import Mapping
+from typing import Mapping, NamedTuple
 
 import simpy
 
-from .costs import Costs, StageCosts
-from sim.schedule.ir import Action, Schedule
-from sim.schedule.kinds import KINDS, Role, memory_delta
-from sim.passes.offload import CopyEngines
-from sim.passes.checks import check_communication, check_complete
-from sim.passes.lowering import lower
-from sim.passes.program import Program, number_program
-from sim.passes.validation import check_deadlock
+from .costs import StageCosts
+from sim.schedule.ir import Action
+from sim.schedule.kinds import KINDS, Role
+from sim.schedule.liveness import change
+from .program import Program
+from .resources import RESOURCES, Resource, merge_memory
 from .result import Event, Result
 from .transports import Transport, transport_class
 
 INF = float("inf")
-_COMPUTE, _RECV, _SEND, _COLLECTIVE = Role.COMPUTE, Role.RECV, Role.SEND, Role.COLLECTIVE
+_COMPUTE, _RECV, _SEND = Role.COMPUTE, Role.RECV, Role.SEND
 
 
 class _Arrival(simpy.Event):
@@ -58,7 +57,7 @@ class _Arrival(simpy.Event):
         self.env.schedule(self, delay=delay)
 
 
-def _costs(p: Program, c: StageCosts, placement: tuple[int, ...]):
+def _costs(p: Program, c: StageCosts):
     """Per compute id: its duration (its kind's cost field) and what it does to memory at
     its start and at its end ((bytes, micro-batches) or None; `sim.schedule.kinds`); per transfer
     (named by the compute that receives it): its link (numbered per sender -> receiver
@@ -69,11 +68,12 @@ def _costs(p: Program, c: StageCosts, placement: tuple[int, ...]):
     for k, spec in KINDS.items():
         if spec.role is _COMPUTE:
             for s, t in enumerate(getattr(c, spec.cost)):
-                by_kind[s, k] = (t, _memory(k, "start", c, s), _memory(k, "end", c, s))
+                by_kind[s, k] = (t, change(k, "start", c, s), change(k, "end", c, s))
     per = list(map(by_kind.__getitem__, zip(stage, map(itemgetter(1), p.actions))))
     dur, at_start, at_end = (list(map(itemgetter(i), per)) for i in range(3))
     # A transfer's link and hold time depend only on the stages at its two ends: work them
     # out once per pair of stages.
+    placement = p.placement
     transfers = [t for t, j in enumerate(p.producer) if j >= 0]
     ends = list(zip(map(stage.__getitem__, map(p.producer.__getitem__, transfers)), map(stage.__getitem__, transfers)))
     links: dict[tuple[int, int], int] = {}   # (sending rank, receiving rank) -> link number
@@ -88,38 +88,42 @@ def _costs(p: Program, c: StageCosts, placement: tuple[int, ...]):
     return dur, at_start, at_end, link, busy, len(links)
 
 
-def _memory(kind, at: str, c: StageCosts, stage: int) -> tuple[float, int] | None:
-    """(bytes, micro-batches) that a compute of `kind` on `stage` adds to its rank's
-    memory at its start or end; None if its kind does nothing to memory then. The
-    micro-batches held count the activations' comings and goings."""
-    effects = [e for e in KINDS[kind].memory if e.at == at]
-    if not effects:
-        return None
-    return memory_delta(kind, at, c, stage), sum(e.sign for e in effects if e.field == "activation_bytes")
-
-
-class _Run:
+class Run:
     """What a run recorded, as flat lists indexed by compute id (a transfer is numbered by
-    the compute that receives it); `Event` records are made from them only on demand."""
+    the compute that receives it), with each rank's memory and activations over time,
+    busy time and whether it finished its program (not all ranks do where they got
+    stuck: a deadlock, which the caller explains). `result()` makes the `Result`; its
+    `Event` records are made from these lists only on demand."""
 
-    def __init__(self, p: Program, start, end, sent, posted, arrive, collective_start, collective_end, placement,
-                 copy_start=(), copy_end=()):
-        self.program = p
-        self.start, self.end, self.sent, self.posted, self.arrive = start, end, sent, posted, arrive
-        self.collective_start, self.collective_end, self.placement = collective_start, collective_end, placement
-        self.copy_start, self.copy_end = copy_start, copy_end
+    def __init__(self, p: Program, net: "_Network", devices: "_Devices", resources: list[Resource], memory, activations):
+        self.program, self.resources = p, resources
+        self.start, self.end, self.busy, self.finished = devices.start, devices.end, devices.busy, devices.finished
+        self.sent, self.posted, self.arrive = net.sent, net.posted, net.arrive_at
+        self.memory, self.activations = memory, activations
 
     def events(self) -> list[Event]:
         p = self.program
         out = [Event(r, a, s, e) for r, a, s, e in zip(p.rank, p.actions, self.start, self.end)]
-        out += [Event(self.placement[a.stage], a, s, e)
-                for a, s, e in zip(p.collectives, self.collective_start, self.collective_end)]
-        out += [Event(self.placement[a.stage], a, s, e) for a, s, e in zip(p.copies, self.copy_start, self.copy_end)]
+        for res in self.resources:
+            out += res.events(p.placement)
         for t, j in enumerate(p.producer):
             if j >= 0:
                 out.append(Event(p.rank[j], p.comm_action(t, True), self.sent[t], self.arrive[t], p.rank[t]))
                 out.append(Event(p.rank[t], p.comm_action(t, False), self.posted[t], self.arrive[t], p.rank[j]))
         return out
+
+    def result(self) -> Result:
+        """The step as a `Result` (a run whose ranks all finished). It runs from the first
+        action's start (each rank's first: 0 for a RECV post, else its first compute's,
+        after the runtime's own time before it) to the last compute's end, or the last end
+        of a resource that ends the step (a collective): every transfer feeds a compute
+        that starts after it arrives."""
+        t0 = min((self.start[prog[0].index] if prog[0].role is _COMPUTE else 0.0
+                  for prog in self.program.programs if prog), default=0.0)
+        computed = max(self.end, default=0.0)
+        last = max([computed, *(max(res.end, default=0.0) for res in self.resources if res.ends_step)])
+        return Result(self.program, self.events, self.memory, self.activations,
+                      makespan=last - t0, busy=self.busy, t0=t0, compute_end=computed)
 
 
 class _Network:
@@ -171,39 +175,33 @@ class _Network:
         return leave
 
 
-def run(schedule: Schedule, c: StageCosts, durations: Mapping[Action, float] | None = None):
-    """Run a schedule (compute-only, or lowered with complete communication). Return the
-    `_Run` record, each rank's memory and activations over time, which ranks finished
-    their program (not all of them if the ranks got stuck), and each rank's busy time."""
-    p = number_program(schedule)
-    dur, at_start, at_end, link, busy, nlinks = _costs(p, c, schedule.placement)
-    collective_dur = [getattr(c, KINDS[a.kind].cost)[a.stage] for a in p.collectives]
+def run(p: Program, c: StageCosts, durations: Mapping[Action, float] | None = None) -> Run:
+    """Run a compiled program under `c` (`durations`: compute action -> time, overriding
+    their costs). Return the `Run` record, stuck ranks and all."""
+    dur, at_start, at_end, link, busy, nlinks = _costs(p, c)
     if durations:
         dur = [durations.get(a, d) for a, d in zip(p.actions, dur)]
-        collective_dur = [durations.get(a, d) for a, d in zip(p.collectives, collective_dur)]
     env = simpy.Environment()
-    net = _Network(env, p, c, link, busy, nlinks, schedule.ranks)
+    net = _Network(env, p, c, link, busy, nlinks, p.ranks)
     transport: Transport = transport_class(c.transport)(c)
-    copies = CopyEngines(p, c, durations, schedule.ranks) if p.copies else None
-    if copies and transport.watches_devices:
-        raise ValueError("a schedule with OFFLOAD/RELOAD (copies to host memory, a GPU's) cannot run under "
-                         "Costs.io_tick > 0 (a CPU rank's I/O thread, rule 10); set io_tick=0")
+    gated = any(RESOURCES[role].gates_computes for role in p.beside)
+    ready = [0.0] * len(p.actions) if gated else None  # per compute: when its resources let it start
+    resources = {role: RESOURCES[role](p, c, durations, ready) for role in p.beside}
+    for res in resources.values():
+        res.check_transport(transport)
     transport.prepare(p, dur)
-    devices = _Devices(net, transport, c, (dur, at_start, at_end), collective_dur, copies, schedule.ranks)
-    logs = [[] for _ in range(schedule.ranks)]   # per rank: (time, (bytes, micro-batches)) changes
-    for r in range(schedule.ranks):
+    devices = _Devices(net, transport, c, (dur, at_start, at_end), resources, ready)
+    logs = [[] for _ in range(p.ranks)]   # per rank: (time, (bytes, micro-batches)) changes
+    for r in range(p.ranks):
         env.process(devices.run(r, logs[r].append))
     env.run()
-    record = _Run(p, devices.start, devices.end, net.sent, net.posted, net.arrive_at, devices.collective_start,
-                  devices.collective_end, schedule.placement, *((copies.start, copies.end) if copies else ()))
-    static = [0.0] * schedule.ranks
-    for s, r in enumerate(schedule.placement):
+    static = [0.0] * p.ranks
+    for s, r in enumerate(p.placement):
         static[r] += c.static_total(s)
     memory, activations = zip(*map(_series, logs, static)) if logs else ((), ())
-    memory, activations = list(memory), list(activations)
-    if copies:
-        memory = [copies.merge(r, series) for r, series in enumerate(memory)]
-    return record, memory, activations, devices.finished, devices.busy
+    memory = [merge_memory(series, [x for res in resources.values() for x in res.changes[r]])
+              for r, series in enumerate(memory)]
+    return Run(p, net, devices, list(resources.values()), memory, list(activations))
 
 
 def _series(log: list, static: float) -> tuple[list, list]:
@@ -216,22 +214,51 @@ def _series(log: list, static: float) -> tuple[list, list]:
     return list(zip(times, held_bytes)), list(zip(times, held))
 
 
+class Loop(NamedTuple):
+    """What a device's loop reads (`_Devices.run` binds each to a local once: the loop
+    runs once per action)."""
+
+    env: simpy.Environment
+    timeout: object          # env.timeout
+    producer: list[int]      # the program's: per compute, the compute whose tensor it receives, or -1
+    sent: list               # the network's (`_Network`): when each SEND was issued
+    posted: list             # when each RECV was posted
+    arrive_at: list          # when each transfer arrives, once known
+    waiter: list             # a receiver blocked on each transfer
+    free_until: list         # per rank, for a transport that watches the devices
+    held_until: list
+    resume: list
+    watch: bool              # the transport watches the devices
+    ahead: bool              # a device may run ahead of SimPy's clock (see `_Devices`)
+    take_in: float           # the transport's call costs
+    send_call: float
+    recv_call: float
+    issued: object           # the transport's hooks: a SEND issued, a RECV posted
+    posted_hook: object
+    before: float            # the runtime's own time around a compute (rule 11)
+    after: float
+    dur: list                # per compute: its time, its memory change at start and end
+    at_start: list
+    at_end: list
+    start_of: list           # per compute: when it started and ended (what the run records)
+    end_of: list
+    resources: dict          # role -> the `Resource` beside the devices
+    ready: list | None       # per compute: when its resources let it start (None: none gate it)
+
+
 class _Devices:
     """The devices of one run: each runs its program's `Op`s in order as a SimPy process
     (`run`; rules 1-4 and 11 of docs/rules.md); the transport's hooks take its SENDs and
-    RECVs; its collectives go to its stream (rule 13), its copies to its copy engines
-    (rule 14: `copies`). Records each compute's start and end, each collective's, each
-    rank's busy time and whether it finished."""
+    RECVs; its actions of another role go to their resource beside it (rules 13, 14:
+    `sim.engine.resources`). Records each compute's start and end, each rank's busy time
+    and whether it finished."""
 
-    def __init__(self, net: _Network, transport: Transport, c: StageCosts, computes, collective_dur,
-                 copies: CopyEngines | None, ranks: int):
-        n = len(net.program.actions)
-        self.net, self.copies = net, copies
-        self.issued, self.posted_hook = transport.bind(net)
+    def __init__(self, net: _Network, transport: Transport, c: StageCosts, computes,
+                 resources: dict[Role, Resource], ready: list[float] | None):
+        n, ranks = len(net.program.actions), net.program.ranks
+        self.net = net
+        issued, posted_hook = transport.bind(net)
         self.start, self.end = [0.0] * n, [0.0] * n
-        self.collective_dur = collective_dur
-        self.collective_start, self.collective_end = [0.0] * len(collective_dur), [0.0] * len(collective_dur)
-        self.stream = [0.0] * ranks   # when each rank's collective stream is free
         self.finished, self.busy = [False] * ranks, [0.0] * ranks
         # Run ahead: where neither the transport nor the links depend on the order in which
         # things happen at one time (no device watching, free links), when a transfer leaves
@@ -239,31 +266,26 @@ class _Devices:
         # device needs SimPy only to wait for data that has not left yet: it keeps its own
         # clock, which is never behind SimPy's, and computes without a timeout.
         ahead = not transport.watches_devices and not net.queues
-        # what `run` reads, bound to its locals at once (the loop runs once per action)
-        self.shared = (net.env, net.env.timeout, net.program.producer, net.sent, net.posted, net.arrive_at, net.waiter,
-                       net.free_until, net.held_until, net.resume, transport.watches_devices, ahead,
-                       transport.take_in, c.before_compute, c.after_compute, transport.send_call,
-                       transport.recv_call, *computes, self.start, self.end, self.issued, self.posted_hook,
-                       self.beside, copies.ready if copies else None)
-
-    def beside(self, r: int, role: Role, x: int, now: float) -> None:
-        """Issue collective or copy x of rank r at `now`; the device goes on meanwhile."""
-        if role is not _COLLECTIVE:
-            self.copies.issue(r, x, now)
-            return
-        begin = self.stream[r] if self.stream[r] > now else now
-        self.stream[r] = begin + self.collective_dur[x]
-        self.collective_start[x], self.collective_end[x] = begin, self.stream[r]
+        dur, at_start, at_end = computes
+        self.loop = Loop(
+            env=net.env, timeout=net.env.timeout, producer=net.program.producer, sent=net.sent, posted=net.posted,
+            arrive_at=net.arrive_at, waiter=net.waiter, free_until=net.free_until, held_until=net.held_until,
+            resume=net.resume, watch=transport.watches_devices, ahead=ahead, take_in=transport.take_in,
+            send_call=transport.send_call, recv_call=transport.recv_call, issued=issued, posted_hook=posted_hook,
+            before=c.before_compute, after=c.after_compute, dur=dur, at_start=at_start, at_end=at_end,
+            start_of=self.start, end_of=self.end, resources=resources, ready=ready)
 
     def run(self, r: int, log):
         """The SimPy process of device r; `log((time, (bytes, micro-batches)))` records
         each change of what it holds. A compute starts once its remote input is here:
         waiting, computing and the runtime's work around it are one timeout; only a tensor
         that has not left yet needs an event (which the sender triggers at its arrival)."""
-        (env, timeout, producer, sent, posted, arrive_at, waiter, free_until, held_until, resume, watch, ahead,
-         take_in, before, after, send_call, recv_call, dur, at_start, at_end, start_of, end_of, issued, posted_hook,
-         beside, ready) = self.shared   # `ready`: per compute, when its RELOAD has ended (None: no copies)
-        prog, runnable = self.net.program.programs[r], self.net.program.runnable[r]
+        k = self.loop  # its fields as locals, once: the loop below runs once per action
+        env, timeout, watch, ahead, producer, sent, posted = k.env, k.timeout, k.watch, k.ahead, k.producer, k.sent, k.posted
+        arrive_at, waiter, free_until, held_until, resume = k.arrive_at, k.waiter, k.free_until, k.held_until, k.resume
+        take_in, send_call, recv_call, issued, posted_hook = k.take_in, k.send_call, k.recv_call, k.issued, k.posted_hook
+        before, after, dur, at_start, at_end, start_of, end_of = k.before, k.after, k.dur, k.at_start, k.at_end, k.start_of, k.end_of
+        resources, ready, prog, runnable = k.resources, k.ready, self.net.program.programs[r], self.net.program.runnable[r]
         now, computing = env.now, 0.0
         for i, (role, x) in enumerate(prog if runnable == len(prog) else prog[:runnable], 1):
             if role is not _COMPUTE:  # post a RECV or issue a SEND at `now`: the transport decides when data leaves
@@ -272,19 +294,16 @@ class _Devices:
                     posted_hook(x, now)
                     hold = recv_call
                 elif role is _SEND:  # rule 2
-                    sent[x] = now
-                    if watch:
-                        free_until[r] = now  # the runtime yields the core before the call
+                    sent[x] = free_until[r] = now  # the runtime yields the core before the call (rule 9)
                     issued(x, now)
                     hold = send_call  # (send_call, recv_call: how long the call holds the rank)
                 else:  # a collective or a copy: beside the device, which goes on (rules 13, 14)
-                    beside(r, role, x, now)
+                    resources[role].issue(r, x, now)
                     continue
                 if hold and ahead:
                     now += hold
-                elif hold:  # the call holds the device
-                    if watch:
-                        held_until[r], resume[r] = now + hold, i
+                elif hold:  # the call holds the device (held_until, resume: read where the transport watches)
+                    held_until[r], resume[r] = now + hold, i
                     yield timeout(hold)
                     now = env.now
                 continue
@@ -301,10 +320,10 @@ class _Devices:
                 start = (at if at > start else start) + take_in  # taking the tensor in (0 unless modelled)
                 free_until[r] = start
             start += before  # rule 11
-            if ready is not None and ready[x] > start:  # a backward waits for its RELOAD (rule 14)
+            if ready is not None and ready[x] > start:  # e.g. a backward waits for its RELOAD (rule 14)
                 start = ready[x]
-            if (change := at_start[x]) is not None:  # e.g. F takes its micro-batch's activations (rule 7)
-                log((start, change))
+            if (delta := at_start[x]) is not None:  # e.g. F takes its micro-batch's activations (rule 7)
+                log((start, delta))
             end = start + dur[x]
             if watch:
                 held_until[r], resume[r] = end + after, i
@@ -315,58 +334,8 @@ class _Devices:
                 now = env.now
             start_of[x], end_of[x] = start, end
             computing += end - start
-            if (change := at_end[x]) is not None:  # e.g. the last backward (W where it is split) frees them
-                log((end, change))
+            if (delta := at_end[x]) is not None:  # e.g. the last backward (W where it is split) frees them
+                log((end, delta))
         free_until[r] = INF  # done (or stuck): it waits for its sends
         self.busy[r], self.finished[r] = computing, runnable == len(prog)  # if not, it waits on a later compute
 
-
-def simulate(schedule: Schedule, costs: Costs | None = None, durations: Mapping[Action, float] | None = None
-             ) -> Result:
-    """Simulate one training step of `schedule` (compute-only or lowered) under `costs`.
-
-    `durations` (compute action -> time) overrides the cost of those actions: to replay a
-    measured step under the rules with the very compute times it had
-    (`exec.measure.compare.replay_error`).
-
-    A schedule that cannot finish raises `ScheduleError` showing where each rank waits: the
-    run itself is the deadlock check (`sim.passes.validation.check_deadlock` explains what it found)."""
-    if not isinstance(schedule, Schedule):
-        hint = f"sim.make_schedule({schedule!r}, devices, micro_batches)" if isinstance(schedule, str) else "sim.make_schedule(...)"
-        raise TypeError(f"simulate needs a sim.Schedule, got {type(schedule).__name__} {schedule!r:.40}; build one "
-                        f"with {hint}")
-    if costs is not None and not isinstance(costs, Costs):
-        raise TypeError(f"simulate's costs must be a sim.Costs, got {type(costs).__name__}")
-    # A step of a big schedule makes millions of small objects that all live to the end;
-    # Python's cyclic garbage collector would walk them again and again (it doubles the
-    # time of p=64, m=1024). None of them needs collecting before we return.
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        check_complete(schedule)
-        if schedule.is_lowered:
-            check_communication(schedule)
-        c = (costs or Costs()).for_stages(schedule.stages)
-        if durations:
-            bad = [f"{a}: {t!r}" for a, t in durations.items()
-                   if not (isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and t >= 0)]
-            if bad:
-                raise ValueError(f"durations must be finite numbers >= 0, got {', '.join(bad[:3])}")
-        record, memory, activations, finished, busy = run(schedule, c, durations)
-        lowered = schedule if schedule.is_lowered else None
-        if not all(finished):
-            lowered = lowered or lower(schedule)
-            check_deadlock(lowered)  # raises, naming each stuck rank and what it waits for
-            raise AssertionError("the simulation stopped early but the schedule does not deadlock")
-        # The step runs from the first action's start (each rank's first: 0 for a RECV post,
-        # else its first compute's, after the runtime's own time before it) to the last
-        # compute's or collective's end: every transfer feeds a compute that starts after it arrives.
-        t0 = min((record.start[prog[0].index] if prog[0].role is _COMPUTE else 0.0
-                  for prog in record.program.programs if prog), default=0.0)
-        computed = max(record.end, default=0.0)
-        makespan = max(computed, max(record.collective_end, default=0.0)) - t0
-        return Result(lowered or (lambda: lower(schedule)), record.events, memory, activations,
-                      makespan=makespan, busy=busy, t0=t0, compute_end=computed)
-    finally:
-        if collecting:
-            gc.enable()

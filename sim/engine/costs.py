@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from sim.files import atomic_write
 from .fields import COST_FIELDS, CostField, PerStage
 
-__all__ = ["Costs", "StageCosts", "save_costs", "load_costs", "jsonable"]
+__all__ = ["Costs", "StageCosts", "save_costs", "load_costs", "jsonable", "copy_time"]
 
 
 def _per_stage(name: str, value: PerStage, stages: int) -> tuple[float, ...]:
@@ -216,3 +216,12 @@ def jsonable(x):
     if hasattr(x, "tolist"):
         return x.tolist()
     return str(x)
+
+
+def copy_time(nbytes: float, bandwidth: float, latency: float = 0.0) -> float:
+    """Seconds one copy of `nbytes` over PCIe takes: nbytes / bandwidth + latency
+    (bandwidth in bytes/s in the copy's direction; math.inf = free)."""
+    if not bandwidth > 0 or not latency >= 0 or not nbytes >= 0:
+        raise ValueError(f"copy_time needs nbytes >= 0, bandwidth > 0 and latency >= 0, "
+                         f"got {nbytes!r}, {bandwidth!r}, {latency!r}")
+    return (0.0 if math.isinf(bandwidth) else nbytes / bandwidth) + latency

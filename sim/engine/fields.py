@@ -115,7 +115,7 @@ COST_FIELDS: tuple[CostField, ...] = (
        doc="OFFLOAD after its F, RELOAD before its backward (rule 14; `sim.passes.offload.add_offload`); at most "
        "its `activation_bytes`.", per_stage=True, flag=False),
     _f("offload", 0.0, TIME, "time of an OFFLOAD on its rank's copy engine", doc="bytes / PCIe bandwidth + "
-       "latency: `sim.passes.offload.copy_time`.", per_stage=True, flag=False),
+       "latency: `sim.engine.costs.copy_time`.", per_stage=True, flag=False),
     _f("reload", 0.0, TIME, "time of a RELOAD on its rank's copy engine", per_stage=True, flag=False),
 )
 PER_STAGE = tuple(f.name for f in COST_FIELDS if f.per_stage)

@@ -9,7 +9,8 @@ from typing import Callable
 
 from sim.files import atomic_write
 from sim.schedule.ir import Action, Schedule
-from sim.schedule.kinds import COLLECTIVES, COPIES
+from sim.schedule.kinds import COLLECTIVES, COPIES, Kind
+from .program import Program
 
 
 @dataclass(slots=True)
@@ -52,17 +53,20 @@ class Result:
     `memory[r]` is rank r's memory over time as (time, bytes) steps; `activations[r]`
     the same for the number of micro-batches whose activations rank r holds.
 
-    `schedule` and `events` may be given as functions that make them: the simulator does
-    so, and a sweep that reads only the makespan, the bubble and the peaks never pays for
-    a million `Event` records. It then also gives `makespan`, `busy` and `compute_end`,
-    which are otherwise derived from the events, and `t0`, the first event's start.
+    `schedule` is the lowered schedule that ran, or the compiled `Program` it ran as (the
+    simulator gives that: `schedule` then writes it out as actions once, when asked).
+    `events` may be given as a function that makes them: the simulator does so, and a
+    sweep that reads only the makespan, the bubble and the peaks never pays for a million
+    `Event` records. It then also gives `makespan`, `busy` and `compute_end`, which are
+    otherwise derived from the events, and `t0`, the first event's start.
     """
 
-    def __init__(self, schedule: Schedule | Callable[[], Schedule], events: list[Event] | Callable[[], list[Event]],
+    def __init__(self, schedule: Schedule | Program, events: list[Event] | Callable[[], list[Event]],
                  memory: list[list[tuple[float, float]]], activations: list[list[tuple[float, int]]],
                  source: str = "simulated", *, makespan: float | None = None, busy: list[float] | None = None,
                  t0: float = 0.0, compute_end: float | None = None):
         self._schedule, self._events = schedule, events
+        self._program = schedule if isinstance(schedule, Program) else None
         self.memory, self.activations, self.source = memory, activations, source
         self._makespan, self._busy, self._compute_end = makespan, busy, compute_end
         self._spans: list[tuple[float, float]] | None = None
@@ -81,9 +85,14 @@ class Result:
     @property
     def schedule(self) -> Schedule:
         """The lowered schedule that ran."""
-        if callable(self._schedule):
-            self._schedule = self._schedule()
+        if isinstance(self._schedule, Program):
+            self._schedule = self._schedule.lowered()
         return self._schedule
+
+    @property
+    def program(self) -> Program | None:
+        """The compiled program that ran (a simulated step), else None."""
+        return self._program
 
     @property
     def events(self) -> list[Event]:
@@ -250,3 +259,23 @@ class Result:
         """Write `chrome_trace()` to `path` as JSON, whole or not at all."""
         with atomic_write(path) as f:
             json.dump(self.chrome_trace(time_scale), f)
+
+
+def reload_waits(result) -> list[float]:
+    """Per rank, how long its backwards waited for their RELOADs in `result` (a simulated
+    step): for each backward with a RELOAD, how much later than the end of the rank's
+    compute before it (and the arrival of its input from another rank) its RELOAD ended,
+    as the `ideal` transport runs them (no call overheads). Zero where the copies were on time."""
+    events = result.events
+    reload_end = {(e.action.stage, e.action.micro): e.end for e in events if e.action.kind is Kind.RELOAD}
+    arrived = {(e.action.stage, e.action.micro): e.end for e in events
+               if e.action.kind is Kind.RECV_B}   # a backward's input from another rank
+    out = [0.0] * result.ranks
+    last = [0.0] * result.ranks     # the end of each rank's compute before
+    for e in sorted((e for e in events if e.is_compute), key=lambda e: (e.start, e.end)):
+        key = (e.action.stage, e.action.micro)
+        if e.action.kind in (Kind.B, Kind.I) and key in reload_end:
+            ready = max(last[e.rank], arrived.get(key, 0.0))
+            out[e.rank] += max(0.0, min(e.start, reload_end[key]) - ready)
+        last[e.rank] = e.end
+    return out

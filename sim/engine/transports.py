@@ -62,7 +62,7 @@ class Transport:
                                  f"leave it at 0 or use transport='gloo-cpu'")
 
     def prepare(self, program, dur: list[float]) -> None:
-        """Look at the whole run before it starts (`program`: the numbered `sim.passes.program.Program`; `dur`:
+        """Look at the whole run before it starts (`program`: the compiled `sim.engine.program.Program`; `dur`:
         each compute's time)."""
 
     def bind(self, run) -> tuple[Hook, Hook]:
@@ -140,7 +140,7 @@ class GlooCpu(Rendezvous):
         (it yields the core first), at a compute with an input from another rank (it
         waits for the data or takes it in), or at its end. A compute in between holds the
         rank for its cost and the runtime's own time around it; a RECV post for its call;
-        a collective not at all."""
+        an action beside the device (a collective) not at all."""
         if not self.watches_devices:
             return
         around = self.costs.before_compute + self.costs.after_compute
@@ -152,9 +152,11 @@ class GlooCpu(Rendezvous):
                 role, x = prog[i]
                 if role is Role.RECV:
                     ahead += self.recv_call
-                elif role is Role.COLLECTIVE:
-                    pass  # it goes to the collective stream: the rank does not stop
-                elif role is Role.SEND or program.producer[x] >= 0:
+                elif role is Role.SEND:
+                    ahead = 0.0
+                elif role is not Role.COMPUTE:
+                    pass  # it goes to its resource beside the device (a collective stream): the rank does not stop
+                elif program.producer[x] >= 0:
                     ahead = 0.0
                 else:
                     ahead += dur[x] + around

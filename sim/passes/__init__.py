@@ -1,1 +1,1 @@
-"""Passes over a `Schedule`: dependencies, validation and lowering, and the passes that add actions."""
+"""Passes over a `Schedule`: `compile` (the whole pipeline, in one function), and the checks, dependencies, lowering, numbering, validation and the passes that add actions that it and the user call."""

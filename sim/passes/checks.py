@@ -13,12 +13,12 @@ from __future__ import annotations
 from operator import itemgetter
 
 from sim.schedule.ir import Action, Schedule, ScheduleError
-from sim.schedule.kinds import TRANSFERS, Computes, peer_key
+from sim.schedule.kinds import COLLECTIVES, COPIES, TRANSFERS, Computes, Kind, peer_key
 from .dependencies import compute_set, peer, transfer_keys
-from .grad_reduce import check_collectives
-from .offload import check_copies
 
-__all__ = ["check_complete", "check_communication"]
+__all__ = ["check_complete", "check_communication", "check_collectives", "check_copies"]
+
+_F, _B, _I, _W, _OFFLOAD, _RELOAD = Kind.F, Kind.B, Kind.I, Kind.W, Kind.OFFLOAD, Kind.RELOAD
 
 
 def _at(r: int, i: int, a: Action) -> str:
@@ -88,3 +88,53 @@ def check_communication(schedule: Schedule, computes: Computes | None = None) ->
         missing = sorted(map(str, (Action(*k) for k in expected - comm_set)))
         what = f"missing {', '.join(missing[:4])}" if missing else f"unneeded {', '.join(extra[:4])}"
         raise ScheduleError(f"communication does not match the data dependencies: {what}")
+
+
+def check_copies(schedule: Schedule) -> None:
+    """Each OFFLOAD and RELOAD names a stage on its own rank and an existing micro-batch
+    (`Schedule` refuses an action twice); `sOFFLOAD m` comes after `sF m`, `sRELOAD m` after `sOFFLOAD m` and before the
+    backward that needs it (B or I), so an OFFLOAD has its RELOAD. Raises `ScheduleError`."""
+    S, M = schedule.stages, schedule.micro_batches
+    for r, prog in enumerate(schedule.programs):
+        done: set[Action] = set()
+        for i, a in enumerate(prog):
+            if a.kind in COPIES:
+                if not 0 <= a.stage < S:
+                    raise ScheduleError(f"{_at(r, i, a)}: stage {a.stage} does not exist (stages 0..{S - 1})")
+                if schedule.placement[a.stage] != r:
+                    raise ScheduleError(f"{_at(r, i, a)}: stage {a.stage} lives on rank "
+                                        f"{schedule.placement[a.stage]}, not {r}")
+                if not 0 <= a.micro < M:
+                    raise ScheduleError(f"{_at(r, i, a)}: micro-batch {a.micro} does not exist (0..{M - 1})")
+                need = Action(a.stage, _F if a.kind is _OFFLOAD else _OFFLOAD, a.micro)
+                if need not in done:
+                    raise ScheduleError(f"{_at(r, i, a)} comes before {need}; put it after (sim.add_offload does)")
+            elif (a.kind is _B or a.kind is _I) and Action(a.stage, _OFFLOAD, a.micro) in done \
+                    and Action(a.stage, _RELOAD, a.micro) not in done:
+                raise ScheduleError(f"{_at(r, i, a)} comes before {Action(a.stage, _RELOAD, a.micro)}, which "
+                                    f"brings back its activations; put the RELOAD before it (sim.add_offload does)")
+            done.add(a)
+
+
+def check_collectives(schedule: Schedule) -> None:
+    """Each REDUCE_GRAD names an existing stage, on the rank that hosts it, at most once,
+    and comes after every backward of its stage that makes weight gradients (B, or W)."""
+    done = [0] * schedule.stages   # backwards (B or W) of each stage passed so far
+    seen = set()
+    for r, prog in enumerate(schedule.programs):
+        for i, a in enumerate(prog):
+            if a.kind is _B or a.kind is _W:
+                if 0 <= a.stage < schedule.stages:
+                    done[a.stage] += 1
+            elif a.kind in COLLECTIVES:
+                if not 0 <= a.stage < schedule.stages or schedule.placement[a.stage] != r:
+                    where = "does not exist" if not 0 <= a.stage < schedule.stages else \
+                        f"lives on rank {schedule.placement[a.stage]}, not {r}"
+                    raise ScheduleError(f"{_at(r, i, a)}: stage {a.stage} {where}")
+                if a in seen:
+                    raise ScheduleError(f"{a} appears twice; a stage reduces its gradients once per step")
+                seen.add(a)
+                if done[a.stage] < schedule.micro_batches:
+                    raise ScheduleError(f"{_at(r, i, a)} comes before {schedule.micro_batches - done[a.stage]} of the "
+                                        f"backwards (B or W) of stage {a.stage}; put it after its stage's last "
+                                        f"backward (sim.passes.grad_reduce.add_grad_reduce does)")

@@ -1,4 +1,4 @@
-"""The data-parallel gradient reduction as an action: the pass that adds one REDUCE_GRAD per stage, and the check of where they stand.
+"""The data-parallel gradient reduction as an action: the pass that adds one REDUCE_GRAD per stage (where they may stand: `sim.passes.checks.check_collectives`).
 
 With data parallelism, each pipeline stage has replicas, one in each pipeline copy; after
 the backward, the replicas of a stage reduce their gradients (all-reduce, or
@@ -9,13 +9,9 @@ while the device goes on with its program (docs/rules.md, rule 13).
 from __future__ import annotations
 
 from sim.schedule.ir import Action, Schedule, ScheduleError
-from sim.schedule.kinds import COLLECTIVES, Kind
+from sim.schedule.kinds import Kind
 
 _B, _W, _REDUCE_GRAD = Kind.B, Kind.W, Kind.REDUCE_GRAD
-
-
-def _at(r: int, i: int, a: Action) -> str:
-    return f"rank {r} step {i} ({a})"
 
 
 def add_grad_reduce(schedule: Schedule, overlap: bool) -> Schedule:
@@ -47,27 +43,3 @@ def add_grad_reduce(schedule: Schedule, overlap: bool) -> Schedule:
         else:
             programs.append(list(prog) + [Action(s, _REDUCE_GRAD, 0) for s in sorted(last, key=last.get)])
     return Schedule(programs, schedule.placement, schedule.micro_batches, schedule.name)
-
-
-def check_collectives(schedule: Schedule) -> None:
-    """Each REDUCE_GRAD names an existing stage, on the rank that hosts it, at most once,
-    and comes after every backward of its stage that makes weight gradients (B, or W)."""
-    done = [0] * schedule.stages   # backwards (B or W) of each stage passed so far
-    seen = set()
-    for r, prog in enumerate(schedule.programs):
-        for i, a in enumerate(prog):
-            if a.kind is _B or a.kind is _W:
-                if 0 <= a.stage < schedule.stages:
-                    done[a.stage] += 1
-            elif a.kind in COLLECTIVES:
-                if not 0 <= a.stage < schedule.stages or schedule.placement[a.stage] != r:
-                    where = "does not exist" if not 0 <= a.stage < schedule.stages else \
-                        f"lives on rank {schedule.placement[a.stage]}, not {r}"
-                    raise ScheduleError(f"{_at(r, i, a)}: stage {a.stage} {where}")
-                if a in seen:
-                    raise ScheduleError(f"{a} appears twice; a stage reduces its gradients once per step")
-                seen.add(a)
-                if done[a.stage] < schedule.micro_batches:
-                    raise ScheduleError(f"{_at(r, i, a)} comes before {schedule.micro_batches - done[a.stage]} of the "
-                                        f"backwards (B or W) of stage {a.stage}; put it after its stage's last "
-                                        f"backward (sim.passes.grad_reduce.add_grad_reduce does)")

@@ -2,10 +2,10 @@
 
 Data flows one way: generators write compute actions -> `sim.passes.grad_reduce.add_grad_reduce`
 may add the data-parallel gradient reductions (REDUCE_GRAD), `sim.passes.offload.add_offload`
-the copies of activations to host memory and back (OFFLOAD, RELOAD) -> `number_program`
-(`sim.passes.program`) numbers them and places the communication, which `lower` writes out
-as SEND/RECV actions -> `sim.simulate` or `exec` run it; `sim.passes.validation` proves or
-explains whether it can finish.
+the copies of activations to host memory and back (OFFLOAD, RELOAD) -> `sim.compile` checks
+it and numbers it (`sim.passes.numbering.number_program` places the communication, which
+`lower` writes out as SEND/RECV actions) -> `sim.simulate` or `exec` run it;
+`sim.passes.validation` proves or explains whether it can finish.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import gc
 
 from sim.schedule.ir import Schedule, ScheduleError
 from .checks import check_complete
-from .program import number_program
+from .numbering import number_program
 
 __all__ = ["lower", "lower_unchecked"]
 
@@ -45,6 +45,4 @@ def lower(schedule: Schedule) -> Schedule:
 def lower_unchecked(schedule: Schedule) -> Schedule:
     """`lower` for a compute-only schedule that `check_complete` accepted: its
     communication is right by construction."""
-    p = number_program(schedule)
-    return Schedule([list(map(p.action, prog)) for prog in p.programs],
-                    schedule.placement, schedule.micro_batches, schedule.name)
+    return number_program(schedule).lowered()

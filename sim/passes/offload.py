@@ -1,4 +1,4 @@
-"""Activation offloading as actions: the pass that adds an OFFLOAD after each forward and a RELOAD ahead of each backward, the check of where they stand, and the copy engines the engine runs them on.
+"""Activation offloading as actions: the pass that adds an OFFLOAD after each forward and a RELOAD ahead of each backward.
 
 SageMaker's model-parallel library offloads the checkpointed activations of a micro-batch
 to CPU memory "as soon as the forward pass for a particular checkpointed layer is
@@ -9,29 +9,21 @@ docs.aws.amazon.com/sagemaker/latest/dg/model-parallel-extended-features-pytorch
 Here `sOFFLOAD m` copies what stage s keeps for micro-batch m to the host and `sRELOAD m`
 copies it back; each runs on one of its rank's two copy engines (device to host, host to
 device) while the device goes on with its program, and the backward of (s, m) waits for
-its RELOAD's end (docs/rules.md, rule 14).
+its RELOAD's end (docs/rules.md, rule 14). Where they may stand is checked with the other
+checks (`sim.passes.checks.check_copies`), the copy engines run them in the engine
+(`sim.engine.resources.CopyEngines`), a copy's time is `sim.engine.costs.copy_time`, and
+how long backwards waited for their copies `sim.engine.result.reload_waits`.
 """
 from __future__ import annotations
 
-import math
-
 from sim.schedule.ir import Action, Schedule, ScheduleError
-from sim.schedule.kinds import COPIES, KINDS, Kind, memory_delta
+from sim.schedule.kinds import Kind
 
 _F, _B, _I, _OFFLOAD, _RELOAD = Kind.F, Kind.B, Kind.I, Kind.OFFLOAD, Kind.RELOAD
 
 # SageMaker's `activation_loading_horizon` default (the guide above): how many backwards
 # ahead a RELOAD is issued.
 DEFAULT_HORIZON = 4
-
-
-def copy_time(nbytes: float, bandwidth: float, latency: float = 0.0) -> float:
-    """Seconds one copy of `nbytes` over PCIe takes: nbytes / bandwidth + latency
-    (bandwidth in bytes/s in the copy's direction; math.inf = free)."""
-    if not bandwidth > 0 or not latency >= 0 or not nbytes >= 0:
-        raise ValueError(f"copy_time needs nbytes >= 0, bandwidth > 0 and latency >= 0, "
-                         f"got {nbytes!r}, {bandwidth!r}, {latency!r}")
-    return (0.0 if math.isinf(bandwidth) else nbytes / bandwidth) + latency
 
 
 def add_offload(schedule: Schedule, horizon: int = DEFAULT_HORIZON) -> Schedule:
@@ -70,101 +62,3 @@ def _offload_program(prog, horizon: int) -> list[Action]:
         after.setdefault(f, []).insert(0, Action(a.stage, _OFFLOAD, a.micro))
         after.setdefault(ahead, []).append(Action(a.stage, _RELOAD, a.micro))
     return [x for i, a in enumerate(prog) for x in [a] + after.get(i, [])]
-
-
-class CopyEngines:
-    """The copies of a run (OFFLOAD, RELOAD; docs/rules.md, rule 14): each rank's two copy engines,
-    when each copy starts and ends, when each backward may start (its RELOAD's end), and
-    what the copies do to each rank's memory, merged into its series after the run."""
-
-    def __init__(self, p, c, durations, ranks: int):
-        self.after, self.feeds = p.copy_after, p.copy_feeds
-        self.dur = [getattr(c, KINDS[a.kind].cost)[a.stage] for a in p.copies]
-        if durations:
-            self.dur = [durations.get(a, d) for a, d in zip(p.copies, self.dur)]
-        self.engine = [0 if KINDS[a.kind].stream == "to host" else 1 for a in p.copies]
-        self.effect = [(memory_delta(a.kind, "start", c, a.stage), memory_delta(a.kind, "end", c, a.stage))
-                       for a in p.copies]
-        self.start, self.end = [0.0] * len(p.copies), [0.0] * len(p.copies)
-        self.ready = [0.0] * len(p.actions)     # per compute: the end of the RELOAD it waits for
-        self.free = [[0.0, 0.0] for _ in range(ranks)]  # per rank: when each copy engine is free
-        self.changes: list[list] = [[] for _ in range(ranks)]
-
-    def issue(self, r: int, y: int, now: float) -> None:
-        """Rank r issues copy y at `now`: it runs on its engine once that is free (and, for a
-        RELOAD, its OFFLOAD has ended)."""
-        free, k = self.free[r], self.engine[y]
-        begin = max(now, free[k], self.end[self.after[y]] if self.after[y] >= 0 else 0.0)
-        end = free[k] = begin + self.dur[y]
-        self.start[y], self.end[y] = begin, end
-        if self.feeds[y] >= 0:
-            self.ready[self.feeds[y]] = end
-        take, give = self.effect[y]
-        if take:
-            self.changes[r].append((begin, 2, take))   # at one time: after the computes' changes
-        if give:
-            self.changes[r].append((end, 0, give))     # before them
-
-    def merge(self, r: int, series: list) -> list:
-        """Rank r's memory series with its copies' changes: the computes' changes keep their
-        order; at one time a copy gives back before them and takes after them."""
-        if not self.changes[r]:
-            return series
-        steps = [(series[0][0], -1, series[0][1])]
-        steps += [(t, 1, b - prev) for (_, prev), (t, b) in zip(series, series[1:])]
-        merged = sorted(steps + self.changes[r], key=lambda x: x[:2])
-        held, out = 0.0, []
-        for t, _, change in merged:
-            held += change
-            out.append((t, held))
-        return out
-
-
-def _at(r: int, i: int, a: Action) -> str:
-    return f"rank {r} step {i} ({a})"
-
-
-def check_copies(schedule: Schedule) -> None:
-    """Each OFFLOAD and RELOAD names a stage on its own rank and an existing micro-batch
-    (`Schedule` refuses an action twice); `sOFFLOAD m` comes after `sF m`, `sRELOAD m` after `sOFFLOAD m` and before the
-    backward that needs it (B or I), so an OFFLOAD has its RELOAD. Raises `ScheduleError`."""
-    S, M = schedule.stages, schedule.micro_batches
-    for r, prog in enumerate(schedule.programs):
-        done: set[Action] = set()
-        for i, a in enumerate(prog):
-            if a.kind in COPIES:
-                if not 0 <= a.stage < S:
-                    raise ScheduleError(f"{_at(r, i, a)}: stage {a.stage} does not exist (stages 0..{S - 1})")
-                if schedule.placement[a.stage] != r:
-                    raise ScheduleError(f"{_at(r, i, a)}: stage {a.stage} lives on rank "
-                                        f"{schedule.placement[a.stage]}, not {r}")
-                if not 0 <= a.micro < M:
-                    raise ScheduleError(f"{_at(r, i, a)}: micro-batch {a.micro} does not exist (0..{M - 1})")
-                need = Action(a.stage, _F if a.kind is _OFFLOAD else _OFFLOAD, a.micro)
-                if need not in done:
-                    raise ScheduleError(f"{_at(r, i, a)} comes before {need}; put it after (sim.add_offload does)")
-            elif (a.kind is _B or a.kind is _I) and Action(a.stage, _OFFLOAD, a.micro) in done \
-                    and Action(a.stage, _RELOAD, a.micro) not in done:
-                raise ScheduleError(f"{_at(r, i, a)} comes before {Action(a.stage, _RELOAD, a.micro)}, which "
-                                    f"brings back its activations; put the RELOAD before it (sim.add_offload does)")
-            done.add(a)
-
-
-def reload_waits(result) -> list[float]:
-    """Per rank, how long its backwards waited for their RELOADs in `result` (a simulated
-    step): for each backward with a RELOAD, how much later than the end of the rank's
-    compute before it (and the arrival of its input from another rank) its RELOAD ended,
-    as the `ideal` transport runs them (no call overheads). Zero where the copies were on time."""
-    events = result.events
-    reload_end = {(e.action.stage, e.action.micro): e.end for e in events if e.action.kind is _RELOAD}
-    arrived = {(e.action.stage, e.action.micro): e.end for e in events
-               if e.action.kind is Kind.RECV_B}   # a backward's input from another rank
-    out = [0.0] * result.ranks
-    last = [0.0] * result.ranks     # the end of each rank's compute before
-    for e in sorted((e for e in events if e.is_compute), key=lambda e: (e.start, e.end)):
-        key = (e.action.stage, e.action.micro)
-        if (e.action.kind is _B or e.action.kind is _I) and key in reload_end:
-            ready = max(last[e.rank], arrived.get(key, 0.0))
-            out[e.rank] += max(0.0, min(e.start, reload_end[key]) - ready)
-        last[e.rank] = e.end
-    return out

@@ -1,9 +1,9 @@
 """Validation: whether a schedule can finish, proved by running it abstractly, or explained with the step x rank grid.
 
 `check_deadlock` runs the lowered program with no time (rules 1-5 of docs/rules.md, in
-order only); `validate` checks a schedule and returns its lowered form (`exec` calls it
-before anything runs). `sim.simulate` needs neither: its run is the deadlock check, and
-it calls `check_deadlock` only to explain a run that stopped.
+order only); `run_abstractly` is that run for a schedule `sim.compile` has checked (it
+runs it for `exec`'s targets, before anything starts). `sim.simulate` needs neither: its
+run is the deadlock check, and it runs `run_abstractly` only to explain a run that stopped.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from .checks import check_communication, check_complete
 from .dependencies import compute_set
 from .lowering import lower_unchecked
 
-__all__ = ["check_deadlock", "validate"]
+__all__ = ["check_deadlock", "run_abstractly"]
 
 
 def check_deadlock(schedule: Schedule) -> None:
@@ -40,17 +40,10 @@ def check_deadlock(schedule: Schedule) -> None:
     _run_abstractly(schedule, computes)
 
 
-def validate(schedule: Schedule) -> Schedule:
-    """Check a schedule (compute-only or lowered) and return its lowered form."""
-    check_complete(schedule)
-    if schedule.is_lowered:
-        check_communication(schedule)
-        _run_abstractly(schedule, compute_set(schedule))
-        return schedule
-    computes = compute_set(schedule)
-    lowered = lower_unchecked(schedule)  # its communication is right by construction
-    _run_abstractly(lowered, computes)
-    return lowered
+def run_abstractly(lowered: Schedule) -> None:
+    """`check_deadlock` for a lowered schedule whose communication is right (`sim.compile`
+    checked it): raise the `ScheduleError` with the step x rank grid if its ranks get stuck."""
+    _run_abstractly(lowered, compute_set(lowered))
 
 
 def _run_abstractly(schedule: Schedule, computes: Computes) -> None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 from sim.engine.costs import Costs, StageCosts
-from sim.engine.core import simulate
+from sim.simulation import simulate
 from sim.cost.data_parallel import optimizer_time, stage_params
 from sim.cost.ends import end_times
 from .layout import Layout
@@ -24,7 +24,8 @@ from sim.model.footprint import optimizer_step_bytes, state_bytes_per_param
 from sim.hardware.profile import DeviceProfile, resolve
 from sim.schedule.ir import Schedule
 from sim.hardware.kernels import memory_time, precision_bytes
-from sim.schedule.kinds import KINDS, Kind, program_peak
+from sim.schedule.kinds import KINDS, Kind
+from sim.schedule.liveness import held
 from sim.cost.layer import Slice, layer_times
 from sim.search.partition import even
 from sim.schedule.registry import make_schedule
@@ -38,14 +39,6 @@ if TYPE_CHECKING:
 # Schedules that `sim.estimate` builds under the run's own costs (`sim.plan.estimation.build_schedule`):
 # the unit-cost one built here may order their actions otherwise.
 _COST_DEPENDENT = ("zb-auto",)
-
-
-def held(schedule: Schedule) -> list[int]:
-    """Per device, the most micro-batch chunks whose activations it holds at once. Memory
-    follows each device's program order (`sim.schedule.kinds`: from the start of F to the end of B
-    or I), not the timing, so no simulation is needed: one byte per micro-batch of a stage."""
-    unit = Costs(activation_bytes=1.0, w_activation_bytes=0.0).for_stages(schedule.stages)
-    return [round(program_peak(prog, unit)) for prog in schedule.programs]
 
 
 @dataclass(frozen=True)

@@ -24,13 +24,13 @@ from dataclasses import dataclass, field
 from sim.cost.data_parallel import optimizer_time
 from sim.cost.ends import end_times
 from sim.cost.layer import LayerTimes, Slice, layer_times
-from sim.engine.core import simulate
+from sim.simulation import simulate
 from sim.engine.result import Result
 from sim.hardware.gpus import GPU
 from sim.hardware.profile import DeviceProfile, resolve
 from sim.model.transformer import Transformer
 from sim.passes.grad_reduce import add_grad_reduce
-from sim.passes.offload import reload_waits
+from sim.engine.result import reload_waits
 from sim.schedule.kinds import Kind
 from sim.schedule.registry import lookup, make_schedule
 

@@ -14,8 +14,9 @@ from sim.hardware.network import collective_time, links_of, p2p_link
 from sim.hardware.profile import DeviceProfile
 from sim.model.footprint import state_bytes_per_param
 from sim.model.transformer import Transformer
-from sim.passes.offload import add_offload, copy_time
-from sim.schedule.kinds import program_peak
+from sim.engine.costs import copy_time
+from sim.passes.offload import add_offload
+from sim.schedule.liveness import program_peak
 from sim.search.partition import balanced, even
 
 from .layout import Layout
@@ -40,7 +41,7 @@ def partition_layers(layers: int, stages: int, partition, lt: LayerTimes, ends: 
 
 def memory_caps(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: LayerTimes, ends: dict, sched) -> list[int] | None:
     """The most layers each stage can hold with its device still fitting the GPU, from the
-    static bytes and the program-order peak of its activations (`sim.schedule.kinds.program_peak`,
+    static bytes and the program-order peak of its activations (`sim.schedule.liveness.program_peak`,
     the schedule's own count of micro-batches held); None unless every device holds one stage
     (with several, their layers share one memory and no cap is a stage's own)."""
     if sched.stages != lay.pp or sorted(sched.placement) != list(range(lay.pp)):

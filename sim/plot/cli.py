@@ -28,7 +28,7 @@ from sim import cli
 from sim.cli import number, whole
 from sim.engine.costs import Costs
 from sim.engine.fields import CHUNKED, COST_FIELDS
-from sim.engine.core import simulate
+from sim.simulation import simulate
 from sim.schedule.ir import Kind, ScheduleError
 from .gantt import format_memory, format_times, human_bytes, memory_unit, plot_compare, \
     plot_result, plural, save_figure, time_unit, timeline_style, TIME_UNIT

@@ -1,1 +1,1 @@
-"""The schedule IR: actions and their kinds, and the generators that write a schedule per device."""
+"""The schedule IR: actions and their kinds, the liveness of activations they imply, and the generators that write a schedule per device."""

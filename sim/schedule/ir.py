@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import Callable, Iterable, NamedTuple, Sequence
 
-from .kinds import COPIES, ONCE_PER_STAGE, TRANSFERS, Kind
+from .kinds import BESIDE, COPIES, ONCE_PER_STAGE, TRANSFERS, Kind
 
 
 def _alternatives(kinds) -> str:
@@ -209,6 +209,7 @@ class Schedule:
         object.__setattr__(self, "_lowered", not TRANSFERS.isdisjoint(kinds))
         object.__setattr__(self, "_collectives", not ONCE_PER_STAGE.isdisjoint(kinds))
         object.__setattr__(self, "_copies", not COPIES.isdisjoint(kinds))
+        object.__setattr__(self, "_beside", not BESIDE.isdisjoint(kinds))
 
     @property
     def ranks(self) -> int:
@@ -242,6 +243,12 @@ class Schedule:
     def has_copies(self) -> bool:
         """Whether the programs hold copies to host memory and back (OFFLOAD, RELOAD: `sim.add_offload`)."""
         return self._copies
+
+    @property
+    def has_beside(self) -> bool:
+        """Whether the programs hold actions that run beside the device (collectives,
+        copies: `sim.schedule.kinds.BESIDE`)."""
+        return self._beside
 
     def to_csv(self) -> str:
         """torch's CSV: no header, row i = rank i, one action string per cell."""

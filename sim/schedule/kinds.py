@@ -224,6 +224,9 @@ RECVS = frozenset(k for k, spec in KINDS.items() if spec.role is Role.RECV)
 TRANSFERS = SENDS | RECVS  # what `sim.lower` adds: a schedule with any of these is lowered
 COLLECTIVES = frozenset(k for k, spec in KINDS.items() if spec.role is Role.COLLECTIVE)
 COPIES = frozenset(k for k, spec in KINDS.items() if spec.role is Role.COPY)
+# Kinds the device issues and goes on: each runs on a resource beside it (a collective
+# stream, a copy engine), one per role (`sim.engine.resources.RESOURCES`).
+BESIDE = frozenset(k for k, spec in KINDS.items() if spec.role not in (Role.COMPUTE, Role.SEND, Role.RECV))
 # Kinds done once per stage per step: an action of one has micro-batch 0, and its text form
 # omits it (`0REDUCE_GRAD`, as torch.distributed.pipelining writes it).
 ONCE_PER_STAGE = COLLECTIVES
@@ -260,30 +263,3 @@ def recv_consumer(stage: int, kind: Kind, micro: int, computes: Computes) -> Key
         if (stage, k, micro) in computes:
             return (stage, k, micro)
     return (stage, feeds[-1], micro)  # none is in the schedule: name the last candidate
-
-
-def program_peak(program, costs) -> float:
-    """The most bytes of activations a device holds while it runs `program` (its actions in
-    order), from the order alone: a device computes one action at a time, and each takes or
-    gives back its bytes at its start or end as this table says (`costs`: a
-    `sim.engine.costs.StageCosts`). No simulation is needed."""
-    delta = {}  # (stage, kind) -> its bytes at the start and at the end, worked out once
-    held = peak = 0.0
-    for a in program:
-        d = delta.get((a.stage, a.kind))
-        if d is None:
-            d = delta[a.stage, a.kind] = (memory_delta(a.kind, "start", costs, a.stage),
-                                          memory_delta(a.kind, "end", costs, a.stage))
-        held += d[0]
-        if held > peak:
-            peak = held
-        held += d[1]
-        if held > peak:
-            peak = held
-    return peak
-
-
-def memory_delta(kind: Kind, at: str, costs, stage: int) -> float:
-    """Bytes that an action of `kind` on `stage` takes (> 0) or gives back (< 0) at its
-    "start" or "end", under `costs` (a `sim.engine.costs.StageCosts`)."""
-    return sum(e.sign * getattr(costs, e.field)[stage] for e in KINDS[kind].memory if e.at == at)

@@ -20,7 +20,7 @@ T_comm, latency + activation bytes / bandwidth). A free device picks:
 4. The W passes left at the end (rule 4).
 Rule 3 (a stage runs at least one more F than the next) holds by construction.
 
-Memory is counted as the engine counts it (docs/rules.md, `sim.schedule.kinds`): activation_bytes
+Memory is counted as the engine counts it (docs/rules.md, `sim.schedule.liveness`): activation_bytes
 from the start of F to the end of I, then w_activation_bytes until the end of W. The
 knob `budget`: device r may hold `budget * max(activation_bytes[r], w_activation_bytes[r])`
 bytes (budget micro-batches' worth).
@@ -42,9 +42,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from sim.engine.costs import Costs, StageCosts
-from sim.engine.core import simulate
+from sim.simulation import simulate
 from sim.schedule.ir import Action, Kind, Schedule, ScheduleError
-from sim.schedule.kinds import program_peak
+from sim.schedule.liveness import held_after, schedule_peak
 from sim.schedule.registry import SCHEDULES, Generator
 from sim.schedule.zerobubble import split_1f1b, zb_h1
 
@@ -103,10 +103,8 @@ class _Greedy:
 
     def held(self, s: int, kind: Kind | None = None) -> float:
         """Activation bytes device s holds now, or after one more `kind`: counted from the
-        actions done (F..I holds activation_bytes, I..W w_activation_bytes), so that no
-        rounding piles up over a step."""
-        n = {k: done[s] + (k is kind) for k, done in self.done.items()}
-        return (n[Kind.F] - n[Kind.I]) * self.c.activation_bytes[s] + (n[Kind.I] - n[Kind.W]) * self.c.w_activation_bytes[s]
+        actions done (`sim.schedule.liveness.held_after`)."""
+        return held_after({k: done[s] + (k is kind) for k, done in self.done.items()}, self.c, s)
 
     def fits(self, s: int, kind: Kind) -> bool:
         """Whether one more `kind` on device s keeps it within its budget: an action that
@@ -238,7 +236,7 @@ def _few(devices: int, micro_batches: int, c: StageCosts, limit: float, runs: in
         if did_ask:
             asked.add((forward_first, budget))
         cand = Schedule([list(p) for p in programs], micro_batches=micro_batches, name="zb-auto")
-        if budget is None and within(order_peak(cand, c), limit):
+        if budget is None and within(schedule_peak(cand, c), limit):
             fits.add((forward_first, fill))  # no budget needed: a budget would lay out no faster
         if programs not in seen:
             seen.add(programs)
@@ -257,25 +255,11 @@ def budgets(c: StageCosts, limit: float):
     yield None
 
 
-def order_peak(schedule: Schedule, c: StageCosts) -> float:
-    """The most bytes of activations any device holds, from the program order alone: a
-    device computes one action at a time, and each takes or gives back its bytes at its
-    start or end as the action-kind table says (`sim.schedule.kinds`)."""
-    return max((program_peak(prog, c) for prog in schedule.programs), default=0.0)
-
-
 def device_bubble(result) -> float:
     """The zero-bubble paper's bubble: the most idle time of one device between its first
     compute's start and its last compute's end (what consecutive steps cost when the
     optimizer step does not synchronise the pipeline; `sim.Result.spans`)."""
     return max(hi - lo - busy for (lo, hi), busy in zip(result.spans(), result.busy()))
-
-
-def activation_peak(result, c: StageCosts) -> float:
-    """The most bytes of activations any device held in a simulated step: its peak memory
-    less its static bytes (one stage per device); equal to `order_peak` but for the
-    rounding of the static bytes in and out."""
-    return max(peak - c.static_total(r) for r, peak in enumerate(result.peak_memory))
 
 
 def zb_auto(devices: int, micro_batches: int, virtual: int = 1, costs: Costs | None = None,
@@ -317,7 +301,7 @@ def _search(devices: int, micro_batches: int, costs: Costs, limit: float, runs: 
     `device_bubble`, then the smallest peak."""
     c, best = costs.for_stages(devices), None
     for cand in candidates(devices, micro_batches, c, limit, runs):
-        peak = order_peak(cand, c)  # what the simulation finds, without rounding the static bytes in
+        peak = schedule_peak(cand, c)  # what the simulation finds, without rounding the static bytes in
         if not within(peak, limit):
             continue
         r = simulate(cand, costs)

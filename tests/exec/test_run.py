@@ -478,7 +478,7 @@ def test_cli_under_torchrun_reports_once(tmp_path):
     (["--fault", "raise:7"], "names rank 7"),
     (["--out", __file__], "is a file"),
     (["--dp", "0"], "--dp"),
-    (["--dp", "3", "--micro-batches", "4", "--batch-size", "8"], "does not split into --dp 3 x --micro-batches 4"),
+    (["--dp", "3", "--micro-batches", "4", "--batch-size", "8"], "does not split into dp x micro_batches = 3 x 4"),
     (["--dp", "2", "--fault", "raise:4"], "names rank 4"),
     (["--overlap-grad-reduce"], "give --dp 2 or more"),
 ])

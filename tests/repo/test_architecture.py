@@ -93,7 +93,7 @@ def test_find_cycle_finds_one():
 
 def test_the_graph_is_read():
     graph = import_graph()
-    assert "sim.engine.core" in graph["sim"] and "exec.runtime.step" in graph["exec.pipeline.worker"]
+    assert "sim.simulation" in graph["sim"] and "exec.runtime.step" in graph["exec.pipeline.worker"]
     assert {"sim.schedule.ir"} <= graph["sim.engine.core"]
 
 
@@ -135,6 +135,15 @@ def test_the_cost_layer_sits_between_the_hardware_and_the_planner():
     assert {"sim.cost", "sim.engine"} <= graph["sim.plan"] and "sim.hardware" in graph["sim.cost"]  # read
     wrong = {p: sorted(graph[p] - allowed) for p, allowed in COST_STACK.items() if graph[p] - allowed}
     assert not wrong, f"packages of the planner's stack import above their place: {wrong}"
+
+
+def test_the_engine_sits_below_the_passes():
+    """The engine runs a compiled `Program` and compiles nothing: `sim.engine` imports
+    nothing of `sim.passes`; the passes build on the engine's `Program`, and what compiles
+    and then runs (`sim.simulation`) stands above both."""
+    graph = package_graph(import_graph())
+    assert "sim.passes" not in graph["sim.engine"]
+    assert "sim.engine" in graph["sim.passes"] and {"sim.engine", "sim.passes"} <= graph["sim.simulation"]
 
 
 def test_nothing_inside_sim_imports_the_sim_facade():

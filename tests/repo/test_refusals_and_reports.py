@@ -21,8 +21,9 @@ import sim
 from sim.plan.planner import search
 from sim.plan.space import Config
 from sim.plan.cli import ProgressBar
+from sim.schedule.liveness import schedule_peak
 from sim.schedule.zerobubble import split_1f1b
-from sim.search.zbauto import order_peak, zb_auto
+from sim.search.zbauto import zb_auto
 from helpers import counting_calls
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -302,10 +303,10 @@ def test_zb_auto_with_a_budget_fits_and_beats_split_1f1b(p, m, limit):
     full = sim.simulate(zb_auto(p, m, costs=costs, memory_limit=limit), costs).makespan
     for runs in (2, 3, 8):
         s = zb_auto(p, m, costs=costs, memory_limit=limit, max_runs=runs)
-        assert order_peak(s, c) <= limit * (1 + 1e-9)
+        assert schedule_peak(s, c) <= limit * (1 + 1e-9)
         span = sim.simulate(s, costs).makespan
         assert full <= span + 1e-9  # the whole family is never worse
-        if order_peak(split_1f1b(p, m), c) <= limit:  # a candidate it always tries
+        if schedule_peak(split_1f1b(p, m), c) <= limit:  # a candidate it always tries
             assert span <= sim.simulate(split_1f1b(p, m), costs).makespan + 1e-9
     with pytest.raises(sim.ScheduleError, match="max_runs must be an integer >= 2"):
         zb_auto(p, m, costs=costs, memory_limit=limit, max_runs=1)

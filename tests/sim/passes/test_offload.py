@@ -10,7 +10,8 @@ from hypothesis import given, settings, strategies as st
 import sim
 import sim.passes.order
 from sim import Action, Costs, Kind, Schedule, ScheduleError
-from sim.passes.offload import copy_time, reload_waits
+from sim.engine.costs import copy_time
+from sim.engine.result import reload_waits
 
 from sim.schedule.textbook import gpipe_on
 from helpers import assert_matches_reference, reference_peak_memory

@@ -9,8 +9,9 @@ from hypothesis import given, settings, strategies as st
 import sim
 from sim import Costs, ScheduleError
 from sim.search import zbauto
+from sim.schedule.liveness import schedule_peak, simulated_peak
 from sim.schedule.zerobubble import split_1f1b
-from sim.search.zbauto import activation_peak, device_bubble, order_peak, zb_auto
+from sim.search.zbauto import device_bubble, zb_auto
 
 EQUAL_FREE = Costs(backward_input=1.0, backward_weight=1.0, transport="ideal")  # F = I = W = 1, free transfers
 times = st.sampled_from([0.25, 0.5, 1.0, 1.5, 2.0, 3.0])
@@ -45,9 +46,9 @@ def test_it_validates_fits_its_limit_and_is_never_slower_than_the_split_1f1b(pro
     sim.validate(s)
     assert {str(a)[len(str(a.stage))] for prog in s.programs for a in prog} == {"F", "I", "W"}
     r, c = sim.simulate(s, costs), costs.for_stages(p)
-    assert activation_peak(r, c) <= limit + 1e-9 * max(c.weight_bytes)  # the static bytes, rounded in and out
-    assert math.isclose(activation_peak(r, c), order_peak(s, c), rel_tol=1e-9, abs_tol=1e-9 * max(c.weight_bytes))
-    if order_peak(split_1f1b(p, m), c) <= limit:
+    assert simulated_peak(r, c) <= limit + 1e-9 * max(c.weight_bytes)  # the static bytes, rounded in and out
+    assert math.isclose(simulated_peak(r, c), schedule_peak(s, c), rel_tol=1e-9, abs_tol=1e-9 * max(c.weight_bytes))
+    if schedule_peak(split_1f1b(p, m), c) <= limit:
         assert r.makespan <= _makespan(split_1f1b(p, m), costs)
 
 
@@ -59,7 +60,7 @@ def test_it_is_never_slower_than_zb_h1_where_that_fits(problem):
         h1 = sim.make_schedule("zb-h1", p, m)
     except ScheduleError:
         return  # sizes ZB-H1 refuses
-    if order_peak(h1, costs.for_stages(p)) <= limit:
+    if schedule_peak(h1, costs.for_stages(p)) <= limit:
         assert _makespan(zb_auto(p, m, costs=costs, memory_limit=limit), costs) <= _makespan(h1, costs)
 
 

@@ -1,0 +1,109 @@
+"""Numbering: a schedule's computes, transfers and the actions beside the device as the numbered `Program` the engine runs.
+
+`number_program` numbers the computes in program order over the ranks and places the
+communication by the rules of lowering (docs/rules.md, rules 2 and 3): a SEND right
+after the compute that made its tensor, the RECVs a compute needs posted one compute
+early. `sim.engine.program.Program.lowered` writes the result out as SEND/RECV actions
+(what `sim.lower` returns); `sim.engine.core` runs it without making an `Action` per step.
+"""
+from __future__ import annotations
+
+import itertools
+
+from sim.engine.program import Op, Program, new_op
+from sim.schedule.ir import Action, Schedule
+from sim.schedule.kinds import BESIDE, COMPUTE, KINDS, NEEDS, Role, peer_key, recv_consumer
+
+_COMPUTE, _SEND, _RECV = Role.COMPUTE, Role.SEND, Role.RECV
+
+__all__ = ["number_program"]
+
+
+def number_program(schedule: Schedule) -> Program:
+    """Number the computes and transfers of a complete schedule. For a lowered schedule the
+    SENDs and RECVs stay where they are; for a compute-only one this is where the rules of
+    `lower` place them, written once for `lower` and for the engine."""
+    progs = schedule.compute_only().programs if schedule.is_lowered else schedule.programs
+    beside: dict[Role, list[Action]] = {}   # role -> its actions beside the device, in order
+    side_ids: dict[Action, Op] = {}   # each of those -> its Op
+    if schedule.has_beside:  # numbered apart; `_insert_side` puts them back
+        progs, places = _take_side(progs, beside, side_ids)
+    actions: list[Action] = list(itertools.chain.from_iterable(progs))
+    n, stages = len(actions), schedule.stages
+    rank = list(itertools.chain.from_iterable(itertools.repeat(r, len(p)) for r, p in enumerate(progs)))
+    first = list(itertools.accumulate(map(len, progs), initial=0))  # rank r's computes: first[r]..first[r+1]-1
+    cid = dict(zip(actions, range(n)))  # also the `computes` that the dependency functions ask
+    producer, consumer = [-1] * n, [-1] * n
+    stuck: list[int | None] = [None] * schedule.ranks  # the first compute of each rank that waits on a later one
+    for i, (s, k, m) in enumerate(actions):
+        for d in NEEDS[k](s, m, stages, cid):
+            j = cid[d]
+            if rank[j] != rank[i]:
+                if consumer[j] >= 0:
+                    raise AssertionError(f"{actions[j]} feeds two computes on other ranks")
+                producer[i], consumer[j] = j, i
+            elif j > i and stuck[rank[i]] is None:  # a local input that comes later in the same program
+                stuck[rank[i]] = i
+    computes = list(map(new_op, zip(itertools.repeat(_COMPUTE), range(n))))
+    if schedule.is_lowered:
+        programs = _number_lowered(schedule, computes, cid, side_ids)
+    else:
+        # The lowering rules: a SEND goes right after the compute that made its tensor; the
+        # RECV for compute k+1 is posted just before compute k (the first compute's RECV
+        # goes first). So rank r runs: RECV(lo)?, then for each compute k: RECV(k+1)?, k, SEND?
+        recv_ops = map(new_op, zip(itertools.repeat(_RECV), range(n)))
+        recvs = [op if j >= 0 else None for op, j in zip(recv_ops, producer)]
+        sends = [None if c < 0 else op for c, op in zip(consumer, map(new_op, zip(itertools.repeat(_SEND), consumer)))]
+        programs = []
+        for lo, hi in zip(first, first[1:]):
+            steps = itertools.chain.from_iterable(zip(recvs[lo + 1:hi] + [None], computes[lo:hi], sends[lo:hi]))
+            programs.append([op for op in itertools.chain(recvs[lo:lo + 1], steps) if op is not None])
+        if side_ids:
+            _insert_side(programs, places, first, computes, sends)
+    starts = [None if i is None else computes[i] for i in stuck]
+    runnable = [len(prog) if op is None else prog.index(op) for prog, op in zip(programs, starts)]
+    return Program(schedule, actions, rank, producer, programs, runnable, beside)
+
+
+def _take_side(progs, beside: dict[Role, list[Action]], side_ids: dict[Action, Op]):
+    """Number the actions beside the device apart, per role (into `beside`, and their Ops
+    into `side_ids`); return the programs without them and, per rank, where each stood:
+    (number of the rank's computes before it, its Op)."""
+    for prog in progs:
+        for a in prog:
+            if a.kind in BESIDE:
+                kept = beside.setdefault(KINDS[a.kind].role, [])
+                side_ids[a] = Op(KINDS[a.kind].role, len(kept))
+                kept.append(a)
+    places = [[(sum(a.kind in COMPUTE for a in prog[:i]), side_ids[a]) for i, a in enumerate(prog)
+               if a.kind in BESIDE] for prog in progs]
+    return [[a for a in prog if a.kind not in BESIDE] for prog in progs], places
+
+
+def _number_lowered(schedule: Schedule, computes: list[Op], cid: dict, side_ids: dict[Action, Op]) -> list[list[Op]]:
+    """The programs of a lowered schedule as `Op`s, its SENDs and RECVs where they are."""
+    def number(a: Action) -> Op:
+        role = KINDS[a.kind].role
+        if role is _COMPUTE:
+            return computes[cid[a]]
+        if role is not _SEND and role is not _RECV:  # beside the device
+            return side_ids[a]
+        recv = peer_key(*a) if role is _SEND else a  # the RECV: its consumer names the transfer
+        return Op(role, cid[recv_consumer(*recv, cid)])
+
+    return [list(map(number, prog)) for prog in schedule.programs]
+
+
+def _insert_side(programs: list[list[Op]], places, first: list[int], computes: list[Op], sends) -> None:
+    """Put each action beside the device back after the compute it followed (and that compute's
+    SEND): `places[r]` holds (number of rank r's computes before it, its Op) in order."""
+    for r in reversed(range(len(programs))):
+        prog = programs[r]
+        for before, op in reversed(places[r]):
+            at = 0
+            if before:
+                j = first[r] + before - 1   # the compute it follows
+                at = prog.index(computes[j]) + 1
+                if at < len(prog) and sends[j] is not None and prog[at] is sends[j]:
+                    at += 1
+            prog.insert(at, op)
