@@ -94,4 +94,4 @@ class Program(NamedTuple):
         s = self.schedule
         if s.is_lowered:
             return s
-        return Schedule([list(map(self.action, prog)) for prog in self.programs], s.placement, s.micro_batches, s.name)
+        return s.with_programs(list(map(self.action, prog)) for prog in self.programs)

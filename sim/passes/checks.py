@@ -55,6 +55,8 @@ def _stages_and_micros_fit(schedule: Schedule) -> bool:
             if min(micros) < 0 or max(micros) >= schedule.micro_batches or min(stages) < 0 \
                     or max(stages) >= schedule.stages or any(schedule.placement[s] != r for s in stages):
                 return False
+            if schedule.pipelines > 1 and any(a.stage not in schedule.route(a.micro) for a in prog):
+                return False
     return True
 
 
@@ -70,6 +72,10 @@ def _explain_misplaced(schedule: Schedule) -> None:
                 raise ScheduleError(f"{_at(r, i, a)}: micro-batch {a.micro} does not exist (0..{M - 1})")
             if schedule.placement[a.stage] != r:
                 raise ScheduleError(f"{_at(r, i, a)}: stage {a.stage} lives on rank {schedule.placement[a.stage]}, not {r}")
+            if a.stage not in schedule.route(a.micro):
+                way = schedule.route(a.micro)
+                raise ScheduleError(f"{_at(r, i, a)}: micro-batch {a.micro} runs through stages {way[0]}..{way[-1]} "
+                                    f"(one of the schedule's {schedule.pipelines} pipelines), not stage {a.stage}")
 
 
 def check_communication(schedule: Schedule, computes: Computes | None = None) -> None:
@@ -119,6 +125,9 @@ def check_copies(schedule: Schedule) -> None:
 def check_collectives(schedule: Schedule) -> None:
     """Each REDUCE_GRAD names an existing stage, on the rank that hosts it, at most once,
     and comes after every backward of its stage that makes weight gradients (B, or W)."""
+    if schedule.pipelines > 1:
+        raise ScheduleError(f"schedule {schedule.name!r} holds {schedule.pipelines} copies of the model (pipelines), "
+                            f"whose gradients REDUCE_GRAD does not sum yet; simulate it without sim.add_grad_reduce")
     done = [0] * schedule.stages   # backwards (B or W) of each stage passed so far
     seen = set()
     for r, prog in enumerate(schedule.programs):

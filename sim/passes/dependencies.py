@@ -21,7 +21,7 @@ def dependencies(a: Action, stages: int, computes: Computes) -> list[Action]:
 def waits_for(a: Action, schedule: Schedule, computes: Computes) -> list[Action]:
     """The RECV actions whose data compute `a` waits for before it starts: one for each of
     its inputs made on another rank (`sim.schedule.kinds.remote_inputs`)."""
-    return [Action(*k) for k in remote_inputs(a.stage, a.kind, a.micro, schedule.stages, computes,
+    return [Action(*k) for k in remote_inputs(a.stage, a.kind, a.micro, schedule.chain, computes,
                                               schedule.placement)]
 
 
@@ -42,7 +42,7 @@ def transfer_keys(schedule: Schedule, computes: Computes) -> list[tuple[tuple, t
     (stage, kind, micro) tuples: one for each input a compute takes from another rank,
     named by its producer's kinds."""
     pairs = []
-    placement, stages = schedule.placement, schedule.stages
+    placement, stages = schedule.placement, schedule.chain
     for prog in schedule.programs:
         for s, k, m in prog:
             if k not in COMPUTE:

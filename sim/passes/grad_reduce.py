@@ -42,4 +42,4 @@ def add_grad_reduce(schedule: Schedule, overlap: bool) -> Schedule:
                              for x in [a] + [Action(s, _REDUCE_GRAD, 0) for s in after.get(i, ())]])
         else:
             programs.append(list(prog) + [Action(s, _REDUCE_GRAD, 0) for s in sorted(last, key=last.get)])
-    return Schedule(programs, schedule.placement, schedule.micro_batches, schedule.name)
+    return schedule.with_programs(programs)

@@ -29,7 +29,7 @@ def number_program(schedule: Schedule) -> Program:
     if schedule.has_beside:  # numbered apart; `_insert_side` puts them back
         progs, places = _take_side(progs, beside, side_ids)
     actions: list[Action] = list(itertools.chain.from_iterable(progs))
-    n, stages = len(actions), schedule.stages
+    n, stages = len(actions), schedule.chain
     rank = list(itertools.chain.from_iterable(itertools.repeat(r, len(p)) for r, p in enumerate(progs)))
     first = list(itertools.accumulate(map(len, progs), initial=0))  # rank r's computes: first[r]..first[r+1]-1
     cid = dict(zip(actions, range(n)))  # also the `computes` that the dependency functions ask

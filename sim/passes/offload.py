@@ -44,8 +44,7 @@ def add_offload(schedule: Schedule, horizon: int = DEFAULT_HORIZON) -> Schedule:
     if schedule.is_lowered or schedule.has_copies:
         raise ScheduleError(f"add_offload takes a schedule without SEND/RECV or OFFLOAD/RELOAD (as the generators "
                             f"write it, before sim.lower); {schedule.name!r} has them")
-    return Schedule([_offload_program(prog, horizon) for prog in schedule.programs],
-                    schedule.placement, schedule.micro_batches, schedule.name)
+    return schedule.with_programs(_offload_program(prog, horizon) for prog in schedule.programs)
 
 
 def _offload_program(prog, horizon: int) -> list[Action]:

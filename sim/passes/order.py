@@ -89,4 +89,4 @@ def order_transfers(schedule: Schedule) -> Schedule:
             # a RECV sorts before the action it now precedes; RECVs at one place by (peer, order)
             return (*moved[r][i][:1], 0, *moved[r][i][1:]) if i in moved[r] else (i, 1, 0, 0)
         programs.append([prog[i] for i in sorted(range(len(prog)), key=place)])
-    return Schedule(programs, low.placement, low.micro_batches, low.name)
+    return low.with_programs(programs)

@@ -48,7 +48,7 @@ def run_abstractly(lowered: Schedule) -> None:
 
 def _run_abstractly(schedule: Schedule, computes: Computes) -> None:
     """The run of `check_deadlock`, for a schedule whose communication is right."""
-    placement, stages = schedule.placement, schedule.stages
+    placement, stages = schedule.placement, schedule.chain
     done: set[tuple[int, Kind, int]] = set()   # keys of the actions that ran
 
     def blocker(r: int, a: Action) -> tuple[int, Kind, int] | None:

@@ -80,9 +80,10 @@ def _at_step(rank: int, step: int | None = None) -> str:
 
 
 def check_actions(programs: Sequence[Sequence[Action]], placement: Sequence[int], micro_batches: int,
-                  where: Where = _at_step) -> None:
-    """No action appears twice, and every stage has, for every micro-batch, its forward F
-    and its backward (B, or I and W). Raises `ScheduleError` naming the cell (`where`).
+                  where: Where = _at_step, pipelines: int = 1) -> None:
+    """No action appears twice, and every stage has, for every micro-batch that runs through
+    it (`route`), its forward F and its backward (B, or I and W). Raises `ScheduleError`
+    naming the cell (`where`).
 
     This is the one check of completeness. What else can be wrong (an action on the wrong
     rank, a stage or micro-batch that does not exist: `sim.passes.checks.check_complete`;
@@ -95,12 +96,23 @@ def check_actions(programs: Sequence[Sequence[Action]], placement: Sequence[int]
         # S*M distinct Fs and Bs: all there, unless some name a stage or micro-batch that
         # does not exist, which validate says
         kinds = Counter(map(itemgetter(1), unique))
-        if kinds[Kind.F] == kinds[Kind.B] == stages * micro_batches and not kinds[Kind.I] and not kinds[Kind.W]:
+        if kinds[Kind.F] == kinds[Kind.B] == stages // pipelines * micro_batches and not kinds[Kind.I] \
+                and not kinds[Kind.W]:
             return
     cells = _first_cells(programs, unique if len(unique) == total else None, where)
-    for s in range(stages):
-        for m in range(micro_batches):
+    for m in range(micro_batches):
+        for s in route(m, stages, micro_batches, pipelines):
             _check_stage_micro(s, m, placement[s], cells, where)
+
+
+def route(micro: int, stages: int, micro_batches: int, pipelines: int = 1) -> range:
+    """The stages micro-batch `micro` runs through: all of them in one pipeline; with
+    `pipelines` = k copies of the model (DualPipe's two directions), the stages are k
+    chains of stages/k, and the micro-batches k equal groups in order, group g running
+    chain g (`Schedule.pipelines`)."""
+    chain = stages // pipelines
+    first = micro // (micro_batches // pipelines) * chain
+    return range(first, first + chain)
 
 
 def _check_per_stage(programs: Sequence[Sequence[Action]], where: Where) -> None:
@@ -160,6 +172,15 @@ def _placement_of(programs: Sequence[Sequence[Action]]) -> Sequence[int]:
     return [where.get(s, s % len(programs)) for s in range(stages)]
 
 
+def _check_pipelines(pipelines: int, stages: int, micro_batches: int) -> None:
+    """`pipelines` copies of the model divide the stages and the micro-batches evenly."""
+    if isinstance(pipelines, bool) or not isinstance(pipelines, int) or pipelines < 1:
+        raise ScheduleError(f"pipelines must be a positive integer, got {pipelines!r}")
+    if stages % pipelines or micro_batches % pipelines:
+        raise ScheduleError(f"{pipelines} pipelines (copies of the model) must divide the {stages} stages and the "
+                            f"{micro_batches} micro-batches evenly")
+
+
 def action(text: str | Action) -> Action:
     """Accept an `Action` or its text form."""
     return text if isinstance(text, Action) else Action.parse(text)
@@ -179,16 +200,17 @@ class Schedule:
     placement: tuple[int, ...]
     micro_batches: int
     name: str = "custom"
+    pipelines: int = 1
 
     def __init__(self, programs: Sequence[Iterable[Action | str]], placement: Sequence[int] | None = None,
-                 micro_batches: int | None = None, name: str = "custom"):
+                 micro_batches: int | None = None, name: str = "custom", pipelines: int = 1):
         # generators hand over Actions already; only text needs parsing
         progs = tuple(prog if set(map(type, prog)) <= {Action} else tuple(map(action, prog))
                       for prog in map(tuple, programs))
-        self._init(progs, placement, micro_batches, name, _at_step)
+        self._init(progs, placement, micro_batches, name, _at_step, pipelines)
 
     def _init(self, progs: tuple[tuple[Action, ...], ...], placement: Sequence[int] | None,
-              micro_batches: int | None, name: str, where: Where) -> None:
+              micro_batches: int | None, name: str, where: Where, pipelines: int = 1) -> None:
         """Set the fields and check the actions (`check_actions`); `where` names a cell in errors."""
         if not progs:
             raise ScheduleError("a schedule needs at least one device")
@@ -197,7 +219,8 @@ class Schedule:
         placement = tuple(int(r) for r in placement)
         if micro_batches is None:
             micro_batches = 1 + max((a.micro for prog in progs for a in prog), default=-1)
-        check_actions(progs, placement, int(micro_batches), where)
+        _check_pipelines(pipelines, len(placement), int(micro_batches))
+        check_actions(progs, placement, int(micro_batches), where, pipelines)
         # asked often and the programs never change: compute them once
         kinds = set(map(itemgetter(1), itertools.chain.from_iterable(progs)))
         if not ONCE_PER_STAGE.isdisjoint(kinds):
@@ -206,6 +229,7 @@ class Schedule:
         object.__setattr__(self, "placement", placement)
         object.__setattr__(self, "micro_batches", int(micro_batches))
         object.__setattr__(self, "name", name)
+        object.__setattr__(self, "pipelines", pipelines)
         object.__setattr__(self, "_lowered", not TRANSFERS.isdisjoint(kinds))
         object.__setattr__(self, "_collectives", not ONCE_PER_STAGE.isdisjoint(kinds))
         object.__setattr__(self, "_copies", not COPIES.isdisjoint(kinds))
@@ -220,14 +244,30 @@ class Schedule:
         """The model stages (P*V); the devices are `ranks`."""
         return len(self.placement)
 
+    @property
+    def chain(self) -> int:
+        """The stages one micro-batch runs through: `stages`, or stages / pipelines where
+        the schedule holds several copies of the model (DualPipe: 2). Stage s is stage
+        s mod chain of its copy; what a stage's first and last are, the kinds' `needs` ask
+        of the chain (`sim.schedule.kinds`)."""
+        return len(self.placement) // self.pipelines
+
+    def route(self, micro: int) -> range:
+        """The stages micro-batch `micro` runs through (`sim.schedule.ir.route`)."""
+        return route(micro, self.stages, self.micro_batches, self.pipelines)
+
+    def with_programs(self, programs: Sequence[Iterable[Action | str]]) -> "Schedule":
+        """The same schedule (placement, micro-batches, name, pipelines) with other programs:
+        what a pass that adds or removes actions returns."""
+        return Schedule(programs, self.placement, self.micro_batches, self.name, self.pipelines)
+
     def rank_of(self, stage: int) -> int:
         return self.placement[stage]
 
     def compute_only(self) -> "Schedule":
         """The same schedule without its transfers (SEND, RECV): what `sim.lower` started
         from. Collectives (REDUCE_GRAD) and copies (OFFLOAD, RELOAD) stay where they are."""
-        return Schedule([[a for a in p if a.kind not in TRANSFERS] for p in self.programs],
-                        self.placement, self.micro_batches, self.name)
+        return self.with_programs([a for a in p if a.kind not in TRANSFERS] for p in self.programs)
 
     @property
     def is_lowered(self) -> bool:
@@ -255,7 +295,8 @@ class Schedule:
         return "".join(",".join(str(a) for a in prog) + "\n" for prog in self.programs)
 
     @classmethod
-    def from_csv(cls, text: str, placement: Sequence[int] | None = None, name: str = "custom") -> "Schedule":
+    def from_csv(cls, text: str, placement: Sequence[int] | None = None, name: str = "custom",
+                 pipelines: int = 1) -> "Schedule":
         """Read torch's CSV. Empty cells are idle steps and are dropped (timing is the
         simulator's business, not the IR's); errors name the cell by row and column.
         Without `placement`, stage s is on rank s, unless the rows name more stages than
@@ -280,7 +321,7 @@ class Schedule:
         if placement is None and max((a.stage for prog in programs for a in prog), default=-1) >= len(programs):
             placement = _placement_of(programs)
         schedule = cls.__new__(cls)
-        schedule._init(tuple(programs), placement, None, name, at_cell)
+        schedule._init(tuple(programs), placement, None, name, at_cell, pipelines)
         return schedule
 
 

@@ -153,11 +153,11 @@ def grad_kind(computes: Computes, stage: int, micro: int) -> Kind:
 
 
 def _forward_needs(s: int, m: int, stages: int, computes: Computes) -> list[Key]:
-    return [(s - 1, _F, m)] if s > 0 else []
+    return [(s - 1, _F, m)] if s % stages else []
 
 
 def _backward_needs(s: int, m: int, stages: int, computes: Computes) -> list[Key]:
-    if s == stages - 1:
+    if s % stages == stages - 1:
         return [(s, _F, m)]
     return [(s, _F, m), (s + 1, _I if (s + 1, _I, m) in computes else _B, m)]
 
