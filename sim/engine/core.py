@@ -34,7 +34,7 @@ from typing import Mapping, NamedTuple
 
 import simpy
 
-from .costs import StageCosts
+from .costs import StageCosts, pair_times
 from sim.schedule.ir import Action
 from sim.schedule.kinds import KINDS, Role
 from sim.schedule.liveness import change
@@ -44,7 +44,7 @@ from .result import Event, Result
 from .transports import Transport, transport_class
 
 INF = float("inf")
-_COMPUTE, _RECV, _SEND = Role.COMPUTE, Role.RECV, Role.SEND
+_COMPUTE, _RECV, _SEND, _PAIR = Role.COMPUTE, Role.RECV, Role.SEND, Role.PAIR
 
 
 class _Arrival(simpy.Event):
@@ -58,7 +58,8 @@ class _Arrival(simpy.Event):
 
 
 def _costs(p: Program, c: StageCosts):
-    """Per compute id: its duration (its kind's cost field) and what it does to memory at
+    """Per compute id: its duration (its kind's cost field, and its `comm` field unless an
+    overlapped pair hides it: rule 15) and what it does to memory at
     its start and at its end ((bytes, micro-batches) or None; `sim.schedule.kinds`); per transfer
     (named by the compute that receives it): its link (numbered per sender -> receiver
     pair) and the time it holds the link. These lists are as long as the schedule, so
@@ -67,10 +68,13 @@ def _costs(p: Program, c: StageCosts):
     by_kind = {}
     for k, spec in KINDS.items():
         if spec.role is _COMPUTE:
-            for s, t in enumerate(getattr(c, spec.cost)):
-                by_kind[s, k] = (t, change(k, "start", c, s), change(k, "end", c, s))
+            comm = getattr(c, spec.comm) if spec.comm else itertools.repeat(0.0)
+            for s, (t, a2a) in enumerate(zip(getattr(c, spec.cost), comm)):
+                by_kind[s, k] = (t + a2a, change(k, "start", c, s), change(k, "end", c, s))
     per = list(map(by_kind.__getitem__, zip(stage, map(itemgetter(1), p.actions))))
     dur, at_start, at_end = (list(map(itemgetter(i), per)) for i in range(3))
+    if p.schedule.has_pairs:
+        _pair_durations(p, c, dur)
     # A transfer's link and hold time depend only on the stages at its two ends: work them
     # out once per pair of stages.
     placement = p.placement
@@ -86,6 +90,18 @@ def _costs(p: Program, c: StageCosts):
     for t, (l, b) in zip(transfers, map(channel.__getitem__, ends)):
         link[t], busy[t] = l, b
     return dur, at_start, at_end, link, busy, len(links)
+
+
+def _pair_durations(p: Program, c: StageCosts, dur: list) -> None:
+    """The two computes of each overlapped pair take their shares of its time (rule 15:
+    `sim.engine.costs.pair_times`): an `Op(PAIR, y)` names the backward y, its F is y - 1."""
+    for prog in p.programs:
+        for role, y in prog:
+            if role is _PAIR:
+                (sf, _, _), (sb, kb, _) = p.actions[y - 1], p.actions[y]
+                back = KINDS[kb]
+                dur[y - 1], dur[y] = pair_times(c.forward[sf], c.a2a_forward[sf],
+                                                getattr(c, back.cost)[sb], getattr(c, back.comm)[sb])
 
 
 class Run:
@@ -184,7 +200,7 @@ def run(p: Program, c: StageCosts, durations: Mapping[Action, float] | None = No
     env = simpy.Environment()
     net = _Network(env, p, c, link, busy, nlinks, p.ranks)
     transport: Transport = transport_class(c.transport)(c)
-    gated = any(RESOURCES[role].gates_computes for role in p.beside)
+    gated = any(RESOURCES[role].gates_computes for role in p.beside) or p.schedule.has_pairs
     ready = [0.0] * len(p.actions) if gated else None  # per compute: when its resources let it start
     resources = {role: RESOURCES[role](p, c, durations, ready) for role in p.beside}
     for res in resources.values():
@@ -297,6 +313,20 @@ class _Devices:
                     sent[x] = free_until[r] = now  # the runtime yields the core before the call (rule 9)
                     issued(x, now)
                     hold = send_call  # (send_call, recv_call: how long the call holds the rank)
+                elif role is _PAIR:  # rule 15: the pair's F (x - 1) starts once its backward's input is here
+                    if producer[x] >= 0:
+                        at = arrive_at[x]
+                        if at is None:
+                            waiter[x] = _Arrival(env)
+                            free_until[r] = INF
+                            yield waiter[x]
+                            at = arrive_at[x]
+                            if not ahead:
+                                now = at
+                            free_until[r] = now
+                        if at > ready[x - 1]:
+                            ready[x - 1] = at
+                    continue
                 else:  # a collective or a copy: beside the device, which goes on (rules 13, 14)
                     resources[role].issue(r, x, now)
                     continue
@@ -320,7 +350,7 @@ class _Devices:
                 start = (at if at > start else start) + take_in  # taking the tensor in (0 unless modelled)
                 free_until[r] = start
             start += before  # rule 11
-            if ready is not None and ready[x] > start:  # e.g. a backward waits for its RELOAD (rule 14)
+            if ready is not None and ready[x] > start:  # a backward waits for its RELOAD, a pair for its B's input
                 start = ready[x]
             if (delta := at_start[x]) is not None:  # e.g. F takes its micro-batch's activations (rule 7)
                 log((start, delta))

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from sim.files import atomic_write
 from .fields import COST_FIELDS, CostField, PerStage
 
-__all__ = ["Costs", "StageCosts", "save_costs", "load_costs", "jsonable", "copy_time"]
+__all__ = ["Costs", "StageCosts", "save_costs", "load_costs", "jsonable", "copy_time", "pair_times"]
 
 
 def _per_stage(name: str, value: PerStage, stages: int) -> tuple[float, ...]:
@@ -225,3 +225,12 @@ def copy_time(nbytes: float, bandwidth: float, latency: float = 0.0) -> float:
         raise ValueError(f"copy_time needs nbytes >= 0, bandwidth > 0 and latency >= 0, "
                          f"got {nbytes!r}, {bandwidth!r}, {latency!r}")
     return (0.0 if math.isinf(bandwidth) else nbytes / bandwidth) + latency
+
+
+def pair_times(forward: float, a2a_forward: float, backward: float, a2a_backward: float) -> tuple[float, float]:
+    """The shares of an overlapped forward-backward pair's time (docs/rules.md, rule 15):
+    each compute with what of its all-to-all the other's compute does not hide,
+    (forward + max(0, a2a_forward - backward), backward + max(0, a2a_backward - forward)).
+    Their sum, the pair's time, is the two computes and the two all-to-alls less
+    min(a2a_forward, backward) + min(a2a_backward, forward)."""
+    return forward + max(0.0, a2a_forward - backward), backward + max(0.0, a2a_backward - forward)

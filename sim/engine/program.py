@@ -11,11 +11,11 @@ from functools import partial
 from typing import Mapping, NamedTuple, Sequence
 
 from sim.schedule.ir import Action, Schedule
-from sim.schedule.kinds import KINDS, Role
+from sim.schedule.kinds import KINDS, Kind, Role
 
 # Hot loops name the roles by these module globals: `Role.COMPUTE` is an attribute lookup
 # on an Enum class, several times slower than a global.
-_COMPUTE, _SEND, _RECV = Role.COMPUTE, Role.SEND, Role.RECV
+_COMPUTE, _SEND, _RECV, _PAIR = Role.COMPUTE, Role.SEND, Role.RECV, Role.PAIR
 
 __all__ = ["Op", "Program", "new_op"]
 
@@ -23,8 +23,9 @@ __all__ = ["Op", "Program", "new_op"]
 class Op(NamedTuple):
     """One step of a rank's program in a `Program`: its role, and the compute it runs
     (`index` = compute id), the transfer whose SEND it issues or whose RECV it posts
-    (`index` = transfer id: a transfer is numbered by the compute that receives it), or
-    the action beside the device it issues (`index` into `Program.beside[role]`)."""
+    (`index` = transfer id: a transfer is numbered by the compute that receives it), the
+    action beside the device it issues (`index` into `Program.beside[role]`), or the mark
+    of an overlapped pair (`index` = the compute id of its backward; its F is index - 1)."""
 
     role: Role
     index: int
@@ -86,6 +87,8 @@ class Program(NamedTuple):
             return self.actions[x]
         if role is _SEND or role is _RECV:
             return self.comm_action(x, role is _SEND)
+        if role is _PAIR:  # the mark of an overlapped pair names its backward x
+            return Action(self.actions[x].stage, Kind.OVERLAP_F_B, self.actions[x].micro)
         return self.beside[role][x]
 
     def lowered(self) -> Schedule:

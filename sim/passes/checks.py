@@ -13,10 +13,10 @@ from __future__ import annotations
 from operator import itemgetter
 
 from sim.schedule.ir import Action, Schedule, ScheduleError
-from sim.schedule.kinds import COLLECTIVES, COPIES, TRANSFERS, Computes, Kind, peer_key
+from sim.schedule.kinds import COLLECTIVES, COMPUTE, COPIES, PAIRS, TRANSFERS, Computes, Kind, peer_key
 from .dependencies import compute_set, peer, transfer_keys
 
-__all__ = ["check_complete", "check_communication", "check_collectives", "check_copies"]
+__all__ = ["check_complete", "check_communication", "check_collectives", "check_copies", "check_pairs"]
 
 _F, _B, _I, _W, _OFFLOAD, _RELOAD = Kind.F, Kind.B, Kind.I, Kind.W, Kind.OFFLOAD, Kind.RELOAD
 
@@ -40,6 +40,8 @@ def check_complete(schedule: Schedule) -> None:
         check_collectives(schedule)
     if schedule.has_copies:
         check_copies(schedule)
+    if schedule.has_pairs:
+        check_pairs(schedule)
     if not _stages_and_micros_fit(schedule):
         _explain_misplaced(schedule)
         raise AssertionError(f"check_complete found a problem in {schedule.name!r} but could not name it")
@@ -120,6 +122,32 @@ def check_copies(schedule: Schedule) -> None:
                 raise ScheduleError(f"{_at(r, i, a)} comes before {Action(a.stage, _RELOAD, a.micro)}, which "
                                     f"brings back its activations; put the RELOAD before it (sim.add_offload does)")
             done.add(a)
+
+
+def check_pairs(schedule: Schedule) -> None:
+    """Each OVERLAP_F_B mark names a stage of its own rank and an existing micro-batch, and
+    its next two computes are an F and the backward it names (B or I), rule 15. Raises
+    `ScheduleError`."""
+    for r, prog in enumerate(schedule.programs):
+        computes = [(i, a) for i, a in enumerate(prog) if a.kind in COMPUTE]
+        after = {}  # index of a mark -> the computes that follow it
+        j = 0
+        for i, a in enumerate(prog):
+            while j < len(computes) and computes[j][0] < i:
+                j += 1
+            if a.kind in PAIRS:
+                after[i] = [c for _, c in computes[j:j + 2]]
+        for i, pair in after.items():
+            a = prog[i]
+            if not (0 <= a.stage < schedule.stages and schedule.placement[a.stage] == r
+                    and 0 <= a.micro < schedule.micro_batches):
+                raise ScheduleError(f"{_at(r, i, a)}: names no backward of rank {r} (stage {a.stage}, micro-batch "
+                                    f"{a.micro})")
+            if len(pair) < 2 or pair[0].kind is not _F or pair[1][0::2] != (a.stage, a.micro) \
+                    or pair[1].kind not in (_B, _I):
+                got = " then ".join(map(str, pair)) or "nothing"
+                raise ScheduleError(f"{_at(r, i, a)} must be followed by an F and then {a.stage}B{a.micro} (or "
+                                    f"{a.stage}I{a.micro}), the pair it overlaps; its rank runs {got}")
 
 
 def check_collectives(schedule: Schedule) -> None:

@@ -12,9 +12,9 @@ import itertools
 
 from sim.engine.program import Op, Program, new_op
 from sim.schedule.ir import Action, Schedule
-from sim.schedule.kinds import BESIDE, COMPUTE, KINDS, NEEDS, Role, peer_key, recv_consumer
+from sim.schedule.kinds import BESIDE, COMPUTE, KINDS, NEEDS, PAIRS, Role, grad_kind, peer_key, recv_consumer
 
-_COMPUTE, _SEND, _RECV = Role.COMPUTE, Role.SEND, Role.RECV
+_COMPUTE, _SEND, _RECV, _PAIR = Role.COMPUTE, Role.SEND, Role.RECV, Role.PAIR
 
 __all__ = ["number_program"]
 
@@ -28,6 +28,8 @@ def number_program(schedule: Schedule) -> Program:
     side_ids: dict[Action, Op] = {}   # each of those -> its Op
     if schedule.has_beside:  # numbered apart; `_insert_side` puts them back
         progs, places = _take_side(progs, beside, side_ids)
+    if schedule.has_pairs:  # an overlapped pair's mark is put back before its F (`_insert_pairs`)
+        progs = [[a for a in prog if a.kind not in PAIRS] for prog in progs]
     actions: list[Action] = list(itertools.chain.from_iterable(progs))
     n, stages = len(actions), schedule.chain
     rank = list(itertools.chain.from_iterable(itertools.repeat(r, len(p)) for r, p in enumerate(progs)))
@@ -47,6 +49,9 @@ def number_program(schedule: Schedule) -> Program:
     computes = list(map(new_op, zip(itertools.repeat(_COMPUTE), range(n))))
     if schedule.is_lowered:
         programs = _number_lowered(schedule, computes, cid, side_ids)
+        if schedule.has_pairs:
+            programs = [[Op(_PAIR, _partner(a, cid)) if a.kind in PAIRS else op for a, op in zip(prog, ops)]
+                        for prog, ops in zip(schedule.programs, programs)]
     else:
         # The lowering rules: a SEND goes right after the compute that made its tensor; the
         # RECV for compute k+1 is posted just before compute k (the first compute's RECV
@@ -60,6 +65,8 @@ def number_program(schedule: Schedule) -> Program:
             programs.append([op for op in itertools.chain(recvs[lo:lo + 1], steps) if op is not None])
         if side_ids:
             _insert_side(programs, places, first, computes, sends)
+        if schedule.has_pairs:
+            _insert_pairs(programs, schedule, computes, cid)
     starts = [None if i is None else computes[i] for i in stuck]
     runnable = [len(prog) if op is None else prog.index(op) for prog, op in zip(programs, starts)]
     return Program(schedule, actions, rank, producer, programs, runnable, beside)
@@ -80,12 +87,29 @@ def _take_side(progs, beside: dict[Role, list[Action]], side_ids: dict[Action, O
     return [[a for a in prog if a.kind not in BESIDE] for prog in progs], places
 
 
+def _partner(mark: Action, cid: dict) -> int:
+    """The compute id of the backward an OVERLAP_F_B mark names (its F is the compute before)."""
+    return cid[(mark.stage, grad_kind(cid, mark.stage, mark.micro), mark.micro)]
+
+
+def _insert_pairs(programs: list[list[Op]], schedule: Schedule, computes: list[Op], cid: dict) -> None:
+    """Put each OVERLAP_F_B mark back right before its F, after the RECVs posted there:
+    `Op(PAIR, y)` names the pair's backward y (its F is y - 1)."""
+    for r, prog in enumerate(programs):
+        marks = {computes[y - 1]: Op(_PAIR, y) for y in (_partner(a, cid) for a in schedule.programs[r]
+                                                            if a.kind in PAIRS)}
+        if marks:
+            prog[:] = [x for op in prog for x in ((marks[op], op) if op in marks else (op,))]
+
+
 def _number_lowered(schedule: Schedule, computes: list[Op], cid: dict, side_ids: dict[Action, Op]) -> list[list[Op]]:
     """The programs of a lowered schedule as `Op`s, its SENDs and RECVs where they are."""
     def number(a: Action) -> Op:
         role = KINDS[a.kind].role
         if role is _COMPUTE:
             return computes[cid[a]]
+        if role is _PAIR:  # numbered by the caller
+            return None
         if role is not _SEND and role is not _RECV:  # beside the device
             return side_ids[a]
         recv = peer_key(*a) if role is _SEND else a  # the RECV: its consumer names the transfer

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import Callable, Iterable, NamedTuple, Sequence
 
-from .kinds import BESIDE, COPIES, ONCE_PER_STAGE, TRANSFERS, Kind
+from .kinds import BESIDE, COPIES, ONCE_PER_STAGE, PAIRS, TRANSFERS, Kind
 
 
 def _alternatives(kinds) -> str:
@@ -181,6 +181,16 @@ def _check_pipelines(pipelines: int, stages: int, micro_batches: int) -> None:
                             f"{micro_batches} micro-batches evenly")
 
 
+def _pipelines_of(programs: Sequence[Sequence[Action]]) -> int:
+    """k where micro-batch 0 runs forward through stages 0..S/k-1 exactly (of S stages),
+    k copies of the model; else 1."""
+    stages = 1 + max((a.stage for prog in programs for a in prog), default=-1)
+    first = {a.stage for prog in programs for a in prog if a.kind is Kind.F and a.micro == 0}
+    if first and first == set(range(len(first))) and stages % len(first) == 0:
+        return stages // len(first)
+    return 1
+
+
 def action(text: str | Action) -> Action:
     """Accept an `Action` or its text form."""
     return text if isinstance(text, Action) else Action.parse(text)
@@ -234,6 +244,7 @@ class Schedule:
         object.__setattr__(self, "_collectives", not ONCE_PER_STAGE.isdisjoint(kinds))
         object.__setattr__(self, "_copies", not COPIES.isdisjoint(kinds))
         object.__setattr__(self, "_beside", not BESIDE.isdisjoint(kinds))
+        object.__setattr__(self, "_pairs", not PAIRS.isdisjoint(kinds))
 
     @property
     def ranks(self) -> int:
@@ -290,17 +301,24 @@ class Schedule:
         copies: `sim.schedule.kinds.BESIDE`)."""
         return self._beside
 
+    @property
+    def has_pairs(self) -> bool:
+        """Whether the programs hold overlapped forward-backward pairs (OVERLAP_F_B marks)."""
+        return self._pairs
+
     def to_csv(self) -> str:
         """torch's CSV: no header, row i = rank i, one action string per cell."""
         return "".join(",".join(str(a) for a in prog) + "\n" for prog in self.programs)
 
     @classmethod
     def from_csv(cls, text: str, placement: Sequence[int] | None = None, name: str = "custom",
-                 pipelines: int = 1) -> "Schedule":
+                 pipelines: int | None = None) -> "Schedule":
         """Read torch's CSV. Empty cells are idle steps and are dropped (timing is the
         simulator's business, not the IR's); errors name the cell by row and column.
         Without `placement`, stage s is on rank s, unless the rows name more stages than
-        there are rows (interleaved, V-shaped): then each stage is on the row that runs it."""
+        there are rows (interleaved, V-shaped): then each stage is on the row that runs it.
+        Without `pipelines`, k copies of the model where micro-batch 0 runs forward through
+        exactly the first 1/k of the stages (DualPipe's CSV), else one."""
         rows = text.splitlines()
         while rows and not rows[-1].strip():
             rows.pop()
@@ -321,6 +339,8 @@ class Schedule:
         if placement is None and max((a.stage for prog in programs for a in prog), default=-1) >= len(programs):
             placement = _placement_of(programs)
         schedule = cls.__new__(cls)
+        if pipelines is None:
+            pipelines = _pipelines_of(programs)
         schedule._init(tuple(programs), placement, None, name, at_cell, pipelines)
         return schedule
 

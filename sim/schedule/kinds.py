@@ -19,6 +19,13 @@ The dependencies are written once here, as functions of (stage, micro-batch):
 - OFFLOAD(s, m), the copy of the activations F(s, m) keeps to host memory, needs F(s, m);
   RELOAD(s, m), their copy back, needs OFFLOAD(s, m), and the backward of (s, m) that
   consumes them (B, or I) waits for its end (`sim.passes.offload`, docs/rules.md rule 14).
+- OVERLAP_F_B(s, m) stands right before an F and names the backward (B or I) of (s, m)
+  that is the next compute after that F: the two run as one overlapped pair, which waits
+  for what that backward needs before the F starts (docs/rules.md rule 15).
+
+Where a schedule holds several copies of the model (`Schedule.pipelines`, DualPipe), the
+`stages` the dependency functions take is the chain one micro-batch runs through
+(`Schedule.chain`): stage s is the first of its chain where s mod chain = 0.
 
 A result that another rank consumes travels as a transfer: the producer's kind names its
 SEND (on the producer's rank) and its RECV (on the consumer's rank, one compute early).
@@ -44,6 +51,9 @@ class Kind(str, enum.Enum):
     REDUCE_GRAD = "REDUCE_GRAD"  # reduce this stage's gradients over its data-parallel group (once per step)
     OFFLOAD = "OFFLOAD"  # copy the activations this stage keeps for a micro-batch to host memory
     RELOAD = "RELOAD"    # copy them back from host memory, before the backward that needs them
+    # the F that follows and this stage's backward (B or I) of this micro-batch, the compute
+    # after that F, run as one overlapped pair (torch's OVERLAP_F_B; docs/rules.md rule 15)
+    OVERLAP_F_B = "OVERLAP_F_B"
 
     @property
     def spec(self) -> "KindSpec":
@@ -75,6 +85,10 @@ class Role(enum.Enum):
     # issued in program order, runs on one of the rank's two copy engines (device to host,
     # host to device; FIFO each) while the device goes on; a RELOAD's backward waits for it
     COPY = "copy"
+    # marks the next two computes of its rank, an F and the backward it names, as one
+    # overlapped pair: the pair starts once both have their inputs, and each one's expert
+    # all-to-all hides under the other's compute (rule 15); it runs nothing itself
+    PAIR = "pair"
 
 
 Key = tuple  # (stage, Kind, micro): a compute action as a plain tuple (an `Action` is one)
@@ -118,6 +132,10 @@ class KindSpec:
     - stream: which of the rank's copy engines runs it ("to host" or "from host").
     - memory: as for a compute, at the copy's own start or end.
     - feeds: on a RELOAD, the compute kinds that wait for it (B or I).
+    - comm: the per-stage `Costs` field of the communication the compute waits for (the
+      expert all-to-all), unless an overlapped pair hides it (rule 15).
+    Pair kinds (OVERLAP_F_B):
+    - needs: what the backward it names needs (the pair waits for both computes' inputs).
     Transfer kinds (SEND, RECV):
     - peer: (stage offset, kind) of the other half of the transfer.
     - tensor_of: the stage offset whose output has the tensor's shape (the gradient with
@@ -138,6 +156,7 @@ class KindSpec:
     tensor_of: int = 0
     feeds: tuple[Kind, ...] = ()
     stream: str = ""
+    comm: str | None = None
 
 
 # The dependency functions run once per compute of a schedule (millions of times in a
@@ -197,11 +216,12 @@ _FROM_HOST = MemoryEffect("offload_bytes", +1, "start")  # RELOAD: the device's 
 
 KINDS: Mapping[Kind, KindSpec] = {
     Kind.F: KindSpec(Role.COMPUTE, "F forward", "forward", "#0072B2", cost="forward", needs=_forward_needs,
-                     memory=(_TAKE,), send=Kind.SEND_F, recv=Kind.RECV_F),
+                     memory=(_TAKE,), send=Kind.SEND_F, recv=Kind.RECV_F, comm="a2a_forward"),
     Kind.B: KindSpec(Role.COMPUTE, "B backward", "backward", "#E69F00", cost="backward", needs=_backward_needs,
-                     memory=(_GIVE_BACK,), send=Kind.SEND_B, recv=Kind.RECV_B),
+                     memory=(_GIVE_BACK,), send=Kind.SEND_B, recv=Kind.RECV_B, comm="a2a_backward"),
     Kind.I: KindSpec(Role.COMPUTE, "I input grad", "backward_input", "#009E73", cost="backward_input",
-                     needs=_backward_needs, memory=(_GIVE_BACK, _KEEP_FOR_W), send=Kind.SEND_B, recv=Kind.RECV_B),
+                     needs=_backward_needs, memory=(_GIVE_BACK, _KEEP_FOR_W), send=Kind.SEND_B, recv=Kind.RECV_B,
+                     comm="a2a_backward"),
     Kind.W: KindSpec(Role.COMPUTE, "W weight grad", "backward_weight", "#CC79A7", cost="backward_weight",
                      needs=_weight_needs, memory=(_GIVE_BACK_W,)),
     Kind.SEND_F: KindSpec(Role.SEND, "send activation", "send", peer=(+1, Kind.RECV_F), tensor_of=0),
@@ -216,6 +236,7 @@ KINDS: Mapping[Kind, KindSpec] = {
                            memory=(_TO_HOST,), stream="to host"),
     Kind.RELOAD: KindSpec(Role.COPY, "L reload", "reload", "#F0E442", cost="reload", needs=_reload_needs,
                           memory=(_FROM_HOST,), stream="from host", feeds=(Kind.B, Kind.I)),
+    Kind.OVERLAP_F_B: KindSpec(Role.PAIR, "F&B overlapped pair", "overlap", needs=_backward_needs),
 }
 
 COMPUTE = frozenset(k for k, spec in KINDS.items() if spec.role is Role.COMPUTE)
@@ -226,11 +247,14 @@ COLLECTIVES = frozenset(k for k, spec in KINDS.items() if spec.role is Role.COLL
 COPIES = frozenset(k for k, spec in KINDS.items() if spec.role is Role.COPY)
 # Kinds the device issues and goes on: each runs on a resource beside it (a collective
 # stream, a copy engine), one per role (`sim.engine.resources.RESOURCES`).
-BESIDE = frozenset(k for k, spec in KINDS.items() if spec.role not in (Role.COMPUTE, Role.SEND, Role.RECV))
+BESIDE = frozenset(k for k, spec in KINDS.items()
+                   if spec.role not in (Role.COMPUTE, Role.SEND, Role.RECV, Role.PAIR))
+PAIRS = frozenset(k for k, spec in KINDS.items() if spec.role is Role.PAIR)  # marks, beside nothing
 # Kinds done once per stage per step: an action of one has micro-batch 0, and its text form
 # omits it (`0REDUCE_GRAD`, as torch.distributed.pipelining writes it).
 ONCE_PER_STAGE = COLLECTIVES
-NEEDS = {k: KINDS[k].needs for k in COMPUTE}  # kind -> its dependency function, for hot loops
+# kind -> its dependency function, for hot loops (an OVERLAP_F_B mark waits as its backward does)
+NEEDS = {k: KINDS[k].needs for k in COMPUTE | PAIRS}
 
 
 def needs(stage: int, kind: Kind, micro: int, stages: int, computes: Computes) -> list[Key]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from .dualpipe import dualpipev
+from .dualpipe import check_dualpipe, dualpipe, dualpipev
 from .interleaved import check_interleaved, interleaved_1f1b, looped_bfs, looped_placement
 from .ir import Schedule, ScheduleError
 from .textbook import gpipe, naive, one_f_one_b
@@ -115,7 +115,11 @@ SCHEDULES: Registry = Registry({
                      virtual=2, placement=v_shape),
     "dualpipev": Generator(dualpipev, "DeepSeek's DualPipe cut in half: V-shaped, F/B pairs (DualPipeV)",
                            virtual=2, placement=v_shape, check=_at_least(lambda p: 2 * p, "DualPipeV's steady "
-                                                                         "state starts after 2P forwards of each chunk")),
+                                                                         "state starts after 2P forwards of each chunk"),
+                           options=("overlap",)),
+    "dualpipe": Generator(dualpipe, "bidirectional, micro-batches fed from both ends through two copies of the "
+                          "model, F/B pairs (DeepSeek-V3's DualPipe)", virtual=2, placement=v_shape,
+                          check=check_dualpipe, options=("overlap",)),
 })
 
 TEXTBOOK = ("naive", "gpipe", "1f1b")  # the three that `python -m sim.plot` draws by default

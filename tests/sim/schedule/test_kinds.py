@@ -21,6 +21,7 @@ def test_every_kind_has_one_entry_that_names_real_fields():
         assert spec.handler.isidentifier()
         if spec.role is Role.COMPUTE:
             assert spec.cost in COST_FIELDS and spec.needs is not None and spec.peer is None
+            assert spec.comm is None or spec.comm in COST_FIELDS
             assert all(e.field in COST_FIELDS and e.sign in (-1, 1) and e.at in ("start", "end") for e in spec.memory)
         elif spec.role is Role.COLLECTIVE:  # once per stage, no memory, no transfer of its own
             assert spec.cost in COST_FIELDS and spec.needs is not None and spec.peer is None
@@ -30,6 +31,8 @@ def test_every_kind_has_one_entry_that_names_real_fields():
             assert spec.stream in ("to host", "from host") and spec.send is None and spec.recv is None
             assert all(e.field in COST_FIELDS and e.sign in (-1, 1) and e.at in ("start", "end") for e in spec.memory)
             assert all(KINDS[k].role is Role.COMPUTE for k in spec.feeds)
+        elif spec.role is Role.PAIR:  # a mark: no cost, no memory, waits as the backward it names
+            assert spec.cost is None and not spec.memory and spec.needs is KINDS[Kind.B].needs and spec.peer is None
         else:
             assert spec.cost is None and spec.needs is None and spec.peer is not None
 
