@@ -313,19 +313,8 @@ class _Devices:
                     sent[x] = free_until[r] = now  # the runtime yields the core before the call (rule 9)
                     issued(x, now)
                     hold = send_call  # (send_call, recv_call: how long the call holds the rank)
-                elif role is _PAIR:  # rule 15: the pair's F (x - 1) starts once its backward's input is here
-                    if producer[x] >= 0:
-                        at = arrive_at[x]
-                        if at is None:
-                            waiter[x] = _Arrival(env)
-                            free_until[r] = INF
-                            yield waiter[x]
-                            at = arrive_at[x]
-                            if not ahead:
-                                now = at
-                            free_until[r] = now
-                        if at > ready[x - 1]:
-                            ready[x - 1] = at
+                elif role is _PAIR:  # rule 15: the pair's F waits for its backward's input too
+                    now = yield from self._pair(r, x, now)
                     continue
                 else:  # a collective or a copy: beside the device, which goes on (rules 13, 14)
                     resources[role].issue(r, x, now)
@@ -340,11 +329,8 @@ class _Devices:
             start = now  # compute x
             if producer[x] >= 0:
                 at = arrive_at[x]
-                if at is None:
-                    waiter[x] = _Arrival(env)
-                    free_until[r] = INF  # the rank waits: its transport thread runs (rule 10)
-                    yield waiter[x]
-                    at = arrive_at[x]
+                if at is None:  # the rank waits: its transport thread runs (rule 10)
+                    at = yield from self._arrival(r, x)
                     if not ahead:
                         now = at
                 start = (at if at > start else start) + take_in  # taking the tensor in (0 unless modelled)
@@ -369,3 +355,27 @@ class _Devices:
         free_until[r] = INF  # done (or stuck): it waits for its sends
         self.busy[r], self.finished[r] = computing, runnable == len(prog)  # if not, it waits on a later compute
 
+    def _arrival(self, r: int, x: int):
+        """Rank r waits until the data of transfer x has left and its arrival is known
+        (a step of its SimPy process); returns the arrival."""
+        k = self.loop
+        k.waiter[x] = _Arrival(k.env)
+        k.free_until[r] = INF  # its transport thread runs (rule 10)
+        yield k.waiter[x]
+        return k.arrive_at[x]
+
+    def _pair(self, r: int, y: int, now: float):
+        """The mark of an overlapped pair whose backward is compute y (rule 15): its F,
+        compute y - 1, starts no earlier than the backward's input arrives; rank r waits
+        here until that arrival is known. Returns the rank's clock."""
+        k = self.loop
+        if k.producer[y] < 0:
+            return now
+        at = k.arrive_at[y]
+        if at is None:
+            at = yield from self._arrival(r, y)
+            now = now if k.ahead else at
+            k.free_until[r] = now
+        if at > k.ready[y - 1]:
+            k.ready[y - 1] = at
+        return now

@@ -105,13 +105,13 @@ def check_actions(programs: Sequence[Sequence[Action]], placement: Sequence[int]
             _check_stage_micro(s, m, placement[s], cells, where)
 
 
-def route(micro: int, stages: int, micro_batches: int, pipelines: int = 1) -> range:
-    """The stages micro-batch `micro` runs through: all of them in one pipeline; with
+def route(index: int, stages: int, micro_batches: int, pipelines: int = 1) -> range:
+    """The stages micro-batch number `index` runs through: all of them in one pipeline; with
     `pipelines` = k copies of the model (DualPipe's two directions), the stages are k
     chains of stages/k, and the micro-batches k equal groups in order, group g running
     chain g (`Schedule.pipelines`)."""
     chain = stages // pipelines
-    first = micro // (micro_batches // pipelines) * chain
+    first = index // (micro_batches // pipelines) * chain
     return range(first, first + chain)
 
 
@@ -263,9 +263,9 @@ class Schedule:
         of the chain (`sim.schedule.kinds`)."""
         return len(self.placement) // self.pipelines
 
-    def route(self, micro: int) -> range:
-        """The stages micro-batch `micro` runs through (`sim.schedule.ir.route`)."""
-        return route(micro, self.stages, self.micro_batches, self.pipelines)
+    def route(self, index: int) -> range:
+        """The stages micro-batch number `index` runs through (`sim.schedule.ir.route`)."""
+        return route(index, self.stages, self.micro_batches, self.pipelines)
 
     def with_programs(self, programs: Sequence[Iterable[Action | str]]) -> "Schedule":
         """The same schedule (placement, micro-batches, name, pipelines) with other programs:

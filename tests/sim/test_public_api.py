@@ -46,7 +46,7 @@ def test_from_csv_names_the_row_and_column_of_the_cell():
 
 def test_complete_schedules_are_accepted_as_before():
     for name in sim.SCHEDULES:
-        s = sim.make_schedule(name, 3, 6)  # M = 2P: a size every schedule takes
+        s = sim.make_schedule(name, 4, 8)  # M = 2P, P even: a size every schedule takes
         assert Schedule.from_csv(s.to_csv(), name=name).programs == s.programs
         sim.lower(s)  # lowered (SEND/RECV added) and checked again
     # a zero-bubble split backward, and an action on the wrong rank: that is validate's to say
@@ -121,8 +121,10 @@ def test_costs_files_keep_their_format(tmp_path):
     assert c == sim.Costs(forward=(1.0, 2.0), latency=0.1, backward_weight=(0.5, 0.25), io_tick=math.inf)
     sim.save_costs(c, tmp_path / "new.json")
     import json
-    assert json.loads((tmp_path / "new.json").read_text()) == json.loads(OLD_COSTS_FILE)
-    assert list(json.loads((tmp_path / "new.json").read_text())["costs"]) == list(json.loads(OLD_COSTS_FILE)["costs"])
+    added = {"a2a_forward": 0.0, "a2a_backward": 0.0}  # fields added since, written with their defaults
+    new, old = json.loads((tmp_path / "new.json").read_text()), json.loads(OLD_COSTS_FILE)
+    assert new == {"costs": {**old["costs"], **added}}
+    assert list(new["costs"]) == list(old["costs"]) + list(added)
 
 
 def test_every_costs_field_is_written_once_and_drives_the_rest():
