@@ -37,13 +37,18 @@ def check_interleaved(devices: int, micro_batches: int, virtual: int) -> str | N
     return None
 
 
-def interleaved_1f1b(devices: int, micro_batches: int, virtual: int = 2) -> Schedule:
+def interleaved_1f1b(devices: int, micro_batches: int, virtual: int = 2, overlap: bool = False) -> Schedule:
     """Megatron-LM's interleaved 1F1B. Device r's k-th forward is of chunk (k // g) mod V and
     micro-batch (k // gV) g + k mod g, for g micro-batches per round (`rounds`); its k-th
     backward walks the chunks in reverse. It warms up with (V-1) g + 2(P-1-r) forwards
     (Megatron's get_forward_backward_func, torch's _get_warmup_ops), alternates one forward
     and one backward, and cools down with the backwards left. With V = 1 the warm-up is
-    1F1B's P-1-r: the schedule is 1F1B."""
+    1F1B's P-1-r: the schedule is 1F1B.
+
+    `overlap`: Megatron-Core's overlapped 1F1B (`--overlap-moe-expert-parallel-comm`):
+    each steady forward and the backward after it run as one overlapped pair
+    (OVERLAP_F_B, docs/rules.md rule 15), hiding each one's expert all-to-all under the
+    other's compute."""
     _, g = rounds(devices, micro_batches)
     total = micro_batches * virtual  # chunk-micro-batches per device
 
@@ -59,7 +64,8 @@ def interleaved_1f1b(devices: int, micro_batches: int, virtual: int = 2) -> Sche
         warmup = min((virtual - 1) * g + extra, total)
         prog = [nth(r, k, Kind.F) for k in range(warmup)]
         for k in range(warmup, total):
-            prog += [nth(r, k, Kind.F), nth(r, k - warmup, Kind.B)]
+            b = nth(r, k - warmup, Kind.B)
+            prog += [Action(b.stage, Kind.OVERLAP_F_B, b.micro)] * overlap + [nth(r, k, Kind.F), b]
         prog += [nth(r, k, Kind.B) for k in range(total - warmup, total)]
         programs.append(prog)
     return Schedule(programs, looped_placement(devices, virtual), micro_batches, name="interleaved-1f1b")

@@ -104,7 +104,7 @@ SCHEDULES: Registry = Registry({
     "1f1b": _textbook(one_f_one_b, "warm-up, one forward one backward, cool-down (PipeDream-Flush)", ("max_active",)),
     "interleaved-1f1b": Generator(interleaved_1f1b, "1F1B over V chunks per device, stage s on device s mod P "
                                   "(Megatron-LM, Narayanan et al. 2021)", virtual=2, takes_virtual=True,
-                                  placement=looped_placement, check=check_interleaved),
+                                  placement=looped_placement, check=check_interleaved, options=("overlap",)),
     "looped-bfs": Generator(looped_bfs, "all forwards of each chunk in turn, then the backwards in reverse "
                             "(torch's LoopedBFS)", virtual=2, takes_virtual=True, placement=looped_placement),
     # the zero-bubble family (sim/schedule/zerobubble.py, sim/schedule/dualpipe.py): backward split into I and W
