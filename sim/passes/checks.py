@@ -148,9 +148,9 @@ def check_pairs(schedule: Schedule) -> None:
                 got = " then ".join(map(str, pair)) or "nothing"
                 raise ScheduleError(f"{_at(r, i, a)} must be followed by an F and then {a.stage}B{a.micro} (or "
                                     f"{a.stage}I{a.micro}), the pair it overlaps; its rank runs {got}")
-            if pair[0][0::2] == (a.stage, a.micro):
-                raise ScheduleError(f"{_at(r, i, a)} pairs {pair[0]} with its own backward, which needs it; a pair "
-                                    f"overlaps the computes of two micro-batches")
+            if pair[0].micro == a.micro:
+                raise ScheduleError(f"{_at(r, i, a)} pairs {pair[0]} with a backward of its own micro-batch, which "
+                                    f"needs it; a pair overlaps the computes of two micro-batches")
 
 
 def check_collectives(schedule: Schedule) -> None:

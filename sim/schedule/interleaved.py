@@ -46,9 +46,9 @@ def interleaved_1f1b(devices: int, micro_batches: int, virtual: int = 2, overlap
     1F1B's P-1-r: the schedule is 1F1B.
 
     `overlap`: Megatron-Core's overlapped 1F1B (`--overlap-moe-expert-parallel-comm`):
-    each steady forward and the backward after it run as one overlapped pair
-    (OVERLAP_F_B, docs/rules.md rule 15), hiding each one's expert all-to-all under the
-    other's compute."""
+    each steady forward and the backward after it, of another micro-batch, run as one
+    overlapped pair (OVERLAP_F_B, docs/rules.md rule 15), hiding each one's expert
+    all-to-all under the other's compute."""
     _, g = rounds(devices, micro_batches)
     total = micro_batches * virtual  # chunk-micro-batches per device
 
@@ -64,8 +64,9 @@ def interleaved_1f1b(devices: int, micro_batches: int, virtual: int = 2, overlap
         warmup = min((virtual - 1) * g + extra, total)
         prog = [nth(r, k, Kind.F) for k in range(warmup)]
         for k in range(warmup, total):
-            b = nth(r, k - warmup, Kind.B)
-            prog += [Action(b.stage, Kind.OVERLAP_F_B, b.micro)] * overlap + [nth(r, k, Kind.F), b]
+            f, b = nth(r, k, Kind.F), nth(r, k - warmup, Kind.B)
+            pair = overlap and f.micro != b.micro  # a micro-batch's backward needs its forward: no pair
+            prog += [Action(b.stage, Kind.OVERLAP_F_B, b.micro)] * pair + [f, b]
         prog += [nth(r, k, Kind.B) for k in range(total - warmup, total)]
         programs.append(prog)
     return Schedule(programs, looped_placement(devices, virtual), micro_batches, name="interleaved-1f1b")

@@ -90,7 +90,7 @@ def test_marks_survive_lowering_before_their_f_after_the_backwards_recv():
 
 
 @pytest.mark.parametrize("program, why", [
-    (["0OVERLAP_F_B0", "0F0", "0B0", "0F1", "0B1"], "pairs 0F0 with its own backward"),
+    (["0OVERLAP_F_B0", "0F0", "0B0", "0F1", "0B1"], "pairs 0F0 with a backward of its own micro-batch"),
     (["0F0", "0OVERLAP_F_B0", "0F1", "0B1", "0B0"], "followed by an F and then 0B0"),
     (["0F0", "0F1", "0OVERLAP_F_B0", "0B0", "0B1"], "followed by an F and then 0B0"),
 ])
@@ -99,10 +99,13 @@ def test_a_mark_must_stand_before_an_f_and_its_backward(program, why):
         sim.simulate(Schedule([program]))
 
 
-def test_a_pair_whose_backward_needs_its_own_forward_deadlocks():
-    """0F0 paired with 0B0: the backward's gradient needs 1F0, which needs 0F0."""
-    s = Schedule([["0OVERLAP_F_B0", "0F0", "0B0"], ["1F0", "1B0"]])
+def test_a_pair_waits_for_its_backwards_input_before_its_forward():
+    """Unpaired, rank 0 runs 0F1 and then waits for 0B0's gradient; paired, 0F1 waits for
+    it, but rank 1 makes it only after 1F1, which needs 0F1."""
+    other = ["1F1", "1B1", "1F0", "1B0"]
+    sim.check_deadlock(Schedule([["0F0", "0F1", "0B0", "0B1"], other]))
+    paired = Schedule([["0F0", "0OVERLAP_F_B0", "0F1", "0B0", "0B1"], other])
+    with pytest.raises(ScheduleError, match="deadlocks: rank 0 waits at 0OVERLAP_F_B0 for 1SEND_B0 on rank 1"):
+        sim.check_deadlock(paired)
     with pytest.raises(ScheduleError, match="deadlocks"):
-        sim.check_deadlock(s)
-    with pytest.raises(ScheduleError, match="deadlocks"):
-        sim.simulate(s)
+        sim.simulate(paired)
