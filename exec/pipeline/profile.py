@@ -44,7 +44,7 @@ def profile_costs(spec, schedule: "sim.Schedule | str", devices: int | None = No
                          f"for an NCCL run, simulate with costs written by sim.save_costs (exec.run --costs)")
     schedule = run_schedule("profile_costs", schedule, devices, micro_batches, config).compute_only()
     micro_batches = schedule.micro_batches
-    bounds = list(config.bounds) if config.bounds is not None else spec.partition(schedule.stages, config.balance, micro_batches)
+    bounds = list(config.bounds) if config.bounds is not None else spec.partition(schedule.chain, config.balance, micro_batches)
     sizes = None if transfer else message_sizes(spec, micro_batches)
     reports = launch(calibrate_rank, schedule.ranks, spec, schedule, micro_batches, bounds, config.steps, sizes, repeats, None,
                      config.optimizer, backend=config.backend, timeout=config.timeout, threads=config.threads)

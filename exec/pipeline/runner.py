@@ -148,7 +148,7 @@ def _check_replicas(per_rank: list[dict], lowered: Schedule, dp: int, ref_grads,
     batch: (all match, largest difference, where; "replica d: stageS.name" with dp > 1)."""
     topo, checks = Topology(tp=1, pp=lowered.ranks, dp=dp), []
     for d in range(dp):
-        grads = [(f"stage{s}.{n}", g) for s in range(lowered.stages)
+        grads = [(f"stage{s}.{n}", g) for s in range(lowered.chain)  # a copy's stage holds the sum (DualPipe)
                  for n, g in per_rank[topo.rank(0, d, lowered.rank_of(s))]["grads"][s]]
         match, worst, where = compare_grads(grads, ref_grads, rtol, atol)
         checks.append((worst, match, f"replica {d}: {where}" if dp > 1 else where))
@@ -181,7 +181,7 @@ def run_pipeline(spec, schedule: Schedule | str, devices: int | None = None, mic
     lowered, dp = check_run(spec, schedule, config), config.dp
     # balance="time" profiles a micro-batch of the size a replica computes
     bounds = list(config.bounds) if config.bounds is not None else \
-        spec.partition(lowered.stages, config.balance, lowered.micro_batches * dp)
+        spec.partition(lowered.chain, config.balance, lowered.micro_batches * dp)
     world = lowered.ranks * dp
     if config.progress and config.backend == "gloo" and world > len(host_cores()):
         say(f"warning: {world} ranks share {len(host_cores())} cores, so they wait for each other's "

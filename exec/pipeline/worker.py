@@ -9,6 +9,7 @@ rank can be made to fail on purpose (`RunConfig.fault`) to test how a run ends.
 """
 from __future__ import annotations
 
+import copy
 import os
 import sys
 import threading
@@ -65,8 +66,9 @@ def _build_rank(ctx, spec, schedule: Schedule, bounds: Sequence[int], config: Ru
     """This rank's stages, its optimizer, its replica's micro-batches and the receive
     shapes (`ctx`: its `exec.runtime.dp.ReplicaContext`)."""
     mine = [s for s, r in enumerate(schedule.placement) if r == ctx.rank]
-    all_stages = spec.build_stages(schedule.stages, bounds=bounds)
-    modules = {s: all_stages[s].to(ctx.device) for s in mine}
+    all_stages = spec.build_stages(schedule.chain, bounds=bounds)  # stage s is s mod chain of its copy
+    modules = {s: (all_stages[s] if s < schedule.chain else copy.deepcopy(all_stages[s % schedule.chain])).to(ctx.device)
+               for s in mine}
     del all_stages
     opt = make_optimizer(config.optimizer, [p for s in mine for p in modules[s].parameters()], config.lr)
     inputs, targets = shard(*spec.batch(), ctx.dp, ctx.replica)

@@ -23,6 +23,9 @@ are the simulator's (docs/rules.md):
   on; `run` waits for every reduction at the end of the step, before the optimizer, and
   the gradients become views of the averaged buffer. Its record spans its time on the
   stream (docs/rules.md, rule 13).
+- `overlap` (OVERLAP_F_B, an overlapped forward-backward pair) waits for the receives of
+  the backward it names; the pair's F and backward then run in order, as their own
+  actions: a CPU rank has no second stream to overlap them on (docs/rules.md, rule 15).
 - `offload`, `reload` (OFFLOAD, RELOAD, activation offloading to host memory) are refused:
   on a CPU rank the host memory is the device's memory (`refuse_offload`).
 
@@ -146,7 +149,7 @@ class RankInterpreter:
                  loss_fn: LossFn, shapes: dict[int, TensorMeta], static: int):
         self.ctx, self.schedule, self.modules = ctx, schedule, stage_modules
         self.inputs, self.targets, self.loss_fn, self.shapes = micro_inputs, micro_targets, loss_fn, shapes
-        self.M, self.last = schedule.micro_batches, schedule.stages - 1
+        self.M, self.chain = schedule.micro_batches, schedule.chain  # a micro-batch's stages: s mod chain = 0 .. chain-1
         self.device = ctx.device
         self.clock = clock_for(self.device)
         self.static = static
@@ -256,6 +259,15 @@ class RankInterpreter:
         records it (its marks: `exec.runtime.dp.CollectiveStream`)."""
         self.stream.issue(a, self.param_lists[a.stage])
 
+    def overlap(self, a: Action) -> None:
+        """OVERLAP_F_B: the pair waits for both its computes' inputs (rule 15), so this waits
+        for the receives of the backward it names; the F and that backward then run one
+        after the other as their own actions. A CPU rank has no second stream to overlap
+        them on (nor an expert all-to-all to hide)."""
+        back = next(b for b in self.waits if b.kind.is_backward and (b.stage, b.micro) == (a.stage, a.micro))
+        for recv in self.waits[back]:
+            self.pending[recv].work.wait()
+
     def offload(self, a: Action) -> None:
         """OFFLOAD: refused (`refuse_offload`); a run never gets here."""
         refuse_offload(self.schedule)
@@ -268,7 +280,7 @@ class RankInterpreter:
     def forward(self, a: Action) -> Marks:
         s, m = a.stage, a.micro
         received = self._wait(a)
-        if s == 0:
+        if s % self.chain == 0:  # the first stage of its micro-batch's copy of the model
             x = self.inputs[m].to(self.device)
         elif received is None:  # previous stage on this rank: hand over locally
             x = self.outputs[(s - 1, m)].detach().requires_grad_()
@@ -280,10 +292,10 @@ class RankInterpreter:
         self._sample(start)
         with saved.hooks():
             y = self.modules[s](x)
-            if s == self.last:
+            if self._last(s):
                 y = self.loss_fn(y, self.targets[m].to(self.device)) / self.M
         end = self.clock.mark()
-        if s == self.last:
+        if self._last(s):
             self.loss_sum = y.detach() if self.loss_sum is None else self.loss_sum + y.detach()
         self.outputs[(s, m)] = y
         self.saved[(s, m)] = saved
@@ -292,10 +304,14 @@ class RankInterpreter:
         self._sample(end)
         return marks
 
+    def _last(self, s: int) -> bool:
+        """Whether stage s ends its copy of the model (DualPipe holds two: `Schedule.chain`)."""
+        return s % self.chain == self.chain - 1
+
     def _output_grad(self, s: int, m: int, received: torch.Tensor | None) -> torch.Tensor | None:
         """The gradient w.r.t. stage s's output: none on the last stage (its output is the
         loss), from stage s+1 on this rank, or received."""
-        if s == self.last:
+        if self._last(s):
             return None
         if (s + 1) in self.modules:
             return self.input_grads.pop((s + 1, m))
@@ -309,7 +325,7 @@ class RankInterpreter:
         torch.autograd.backward(self.outputs.pop((s, m)), grad)
         self.saved.pop((s, m))
         x = self.stage_inputs.pop((s, m))
-        if s > 0:
+        if s % self.chain:
             self.input_grads[(s, m)] = x.grad
         end = self.clock.mark()
         marks = self._event(a, start, end)
@@ -327,7 +343,7 @@ class RankInterpreter:
         self._sample(start)
         x = self.stage_inputs.pop((s, m))
         dx, self.weight_work[(s, m)] = split_backward.backward_input(out, grad, x, self.param_lists[s])
-        if s > 0:
+        if s % self.chain:
             self.input_grads[(s, m)] = dx
         end = self.clock.mark()
         del out, x, grad

@@ -40,13 +40,13 @@ def infer_shapes(ctx, schedule: Schedule, stage_modules: dict[int, nn.Module],
     this rank needs: its stages' outputs and their inputs' producers."""
     metas: dict[int, TensorMeta] = {}
     device = ctx.device
-    for s in range(schedule.stages):
-        here, prev = schedule.rank_of(s), schedule.rank_of(s - 1) if s > 0 else None
+    for s in range(schedule.stages):  # stage s mod chain = 0 starts a copy of the model (DualPipe's two)
+        here, prev = schedule.rank_of(s), schedule.rank_of(s - 1) if s % schedule.chain else None
         if here != ctx.rank:
             if prev == ctx.rank:  # we own s-1 and must tell rank `here` its input shape
                 _send_meta(metas[s - 1], ctx.global_rank(here))
             continue
-        if s == 0:
+        if prev is None:
             x = micro_input.to(device)
         else:
             if prev != ctx.rank:

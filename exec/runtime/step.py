@@ -25,6 +25,7 @@ from sim.schedule.kinds import KINDS, Role
 from sim.passes.order import transfer_order
 from sim.passes.dependencies import peer
 
+from exec.runtime.copies import sum_copies
 from exec.runtime.interpreter import LossFn, RankInterpreter, RankTrace, refuse_offload
 from exec.runtime.memory import static_memory
 from exec.runtime.shapes import TensorMeta, infer_shapes
@@ -110,6 +111,7 @@ def run_step(ctx, schedule_lowered: Schedule, stage_modules: dict[int, nn.Module
                              shapes, static)
     dist.barrier()  # all ranks start together: each rank's clock starts at the barrier exit
     trace = interp.run()
+    sum_copies(ctx, schedule_lowered, stage_modules)  # DualPipe's two copies of a stage: one gradient
     if optimizer is not None:
         optimizer.step()
     end = interp.clock.mark()
@@ -117,8 +119,10 @@ def run_step(ctx, schedule_lowered: Schedule, stage_modules: dict[int, nn.Module
     trace.step_end = interp.clock.seconds(end)
     gathered: list[RankTrace | None] = [None] * dist.get_world_size()  # every replica's ranks
     dist.all_gather_object(gathered, trace if record else RankTrace(ctx.rank, loss=trace.loss, step_end=trace.step_end))
-    losses = [t.loss for t in gathered if t.loss is not None]  # one per replica: its last stage's
+    # per replica, its last stages' (one per copy of the model), each over its micro-batches
+    losses = [t.loss for t in gathered if t.loss is not None]
     traces = [gathered[ctx.global_rank(r)] for r in range(ctx.world_size)]
     ends = [t.step_end for t in traces if t.step_end is not None]
-    return StepResult(assemble_result(schedule_lowered, traces) if record else None, sum(losses) / len(losses),
+    replicas = dist.get_world_size() // ctx.world_size
+    return StepResult(assemble_result(schedule_lowered, traces) if record else None, sum(losses) / replicas,
                       max(ends) if record and ends else None)

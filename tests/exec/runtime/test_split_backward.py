@@ -169,6 +169,8 @@ def _cases():
     for name in sim.SCHEDULES:  # every generator of the zoo (the textbook ones: tests/exec/test_run.py)
         if name not in TEXTBOOK:
             cases.append((name, MLP, sim.make_schedule(name, 2, 4)))
+    for name in ("dualpipe", "dualpipev", "interleaved-1f1b"):  # their overlapped pairs, run as two computes
+        cases.append((f"{name}-overlap", MLP, sim.make_schedule(name, 2, 4, overlap=True)))
     return cases
 
 
@@ -178,10 +180,10 @@ def test_split_schedules_with_two_stages_per_rank_train_as_one_process():
     jobs = []
     for _, spec, schedule in cases:
         lowered = sim.lower(schedule)
-        jobs.append((spec, lowered, spec.partition(lowered.stages), RunConfig(steps=1, warmup=0)))
+        jobs.append((spec, lowered, spec.partition(lowered.chain), RunConfig(steps=1, warmup=0)))
     per_rank = launch(_many_runs, 2, jobs, timeout=TIMEOUT)
     for i, (name, spec, schedule) in enumerate(cases):
-        grads = [(f"stage{s}.{n}", g) for s in range(schedule.stages)
+        grads = [(f"stage{s}.{n}", g) for s in range(schedule.chain)  # DualPipe: each copy holds the sum
                  for n, g in per_rank[schedule.rank_of(s)][i]["grads"][s]]
         ref_loss, ref_grads = reference_step(spec, schedule.micro_batches)
         ok, worst, where = compare_grads(grads, ref_grads)
