@@ -266,7 +266,9 @@ class RankInterpreter:
         them on (nor an expert all-to-all to hide)."""
         back = next(b for b in self.waits if b.kind.is_backward and (b.stage, b.micro) == (a.stage, a.micro))
         for recv in self.waits[back]:
-            self.pending[recv].work.wait()
+            p = self.pending[recv]
+            p.work.wait()
+            p.work = _ARRIVED  # waited for once: the backward finds it there
 
     def offload(self, a: Action) -> None:
         """OFFLOAD: refused (`refuse_offload`); a run never gets here."""
