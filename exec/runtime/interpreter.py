@@ -23,9 +23,8 @@ are the simulator's (docs/rules.md):
   on; `run` waits for every reduction at the end of the step, before the optimizer, and
   the gradients become views of the averaged buffer. Its record spans its time on the
   stream (docs/rules.md, rule 13).
-- `overlap` (OVERLAP_F_B, an overlapped forward-backward pair) waits for the receives of
-  the backward it names; the pair's F and backward then run in order, as their own
-  actions: a CPU rank has no second stream to overlap them on (docs/rules.md, rule 15).
+- `overlap` (OVERLAP_F_B) waits for the receives of the backward it names; the pair's F and
+  backward then run in order: a CPU rank has no second stream to overlap them on (rule 15).
 - `offload`, `reload` (OFFLOAD, RELOAD, activation offloading to host memory) are refused:
   on a CPU rank the host memory is the device's memory (`refuse_offload`).
 
@@ -46,6 +45,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any, Callable, NamedTuple, Sequence
 
 import torch
@@ -118,14 +118,7 @@ class RankTrace:
     step_end: float | None = None  # when the optimizer step ended (`exec.runtime.step.run_step`)
 
 
-class _Arrived:
-    """The handle of a receive whose data is already there (`RankInterpreter.deliver`)."""
-
-    def wait(self) -> bool:
-        return True
-
-
-_ARRIVED = _Arrived()
+_ARRIVED = SimpleNamespace(wait=lambda: True)  # the handle of a receive whose data is here (`deliver`)
 
 
 @dataclass
@@ -260,23 +253,17 @@ class RankInterpreter:
         self.stream.issue(a, self.param_lists[a.stage])
 
     def overlap(self, a: Action) -> None:
-        """OVERLAP_F_B: the pair waits for both its computes' inputs (rule 15), so this waits
-        for the receives of the backward it names; the F and that backward then run one
-        after the other as their own actions. A CPU rank has no second stream to overlap
-        them on (nor an expert all-to-all to hide)."""
+        """OVERLAP_F_B: wait for the receives of the backward it names (rule 15)."""
         back = next(b for b in self.waits if b.kind.is_backward and (b.stage, b.micro) == (a.stage, a.micro))
         for recv in self.waits[back]:
-            p = self.pending[recv]
-            p.work.wait()
-            p.work = _ARRIVED  # waited for once: the backward finds it there
+            self.pending[recv].work.wait()
+            self.pending[recv].work = _ARRIVED  # a gloo work is waited for once: the backward finds it here
 
     def offload(self, a: Action) -> None:
-        """OFFLOAD: refused (`refuse_offload`); a run never gets here."""
+        """OFFLOAD, RELOAD: refused (`refuse_offload`); a run never gets here."""
         refuse_offload(self.schedule)
 
-    def reload(self, a: Action) -> None:
-        """RELOAD: refused (`refuse_offload`); a run never gets here."""
-        refuse_offload(self.schedule)
+    reload = offload
 
     # -- compute
     def forward(self, a: Action) -> Marks:
@@ -294,10 +281,10 @@ class RankInterpreter:
         self._sample(start)
         with saved.hooks():
             y = self.modules[s](x)
-            if self._last(s):
+            if s % self.chain == self.chain - 1:
                 y = self.loss_fn(y, self.targets[m].to(self.device)) / self.M
         end = self.clock.mark()
-        if self._last(s):
+        if s % self.chain == self.chain - 1:
             self.loss_sum = y.detach() if self.loss_sum is None else self.loss_sum + y.detach()
         self.outputs[(s, m)] = y
         self.saved[(s, m)] = saved
@@ -306,14 +293,10 @@ class RankInterpreter:
         self._sample(end)
         return marks
 
-    def _last(self, s: int) -> bool:
-        """Whether stage s ends its copy of the model (DualPipe holds two: `Schedule.chain`)."""
-        return s % self.chain == self.chain - 1
-
     def _output_grad(self, s: int, m: int, received: torch.Tensor | None) -> torch.Tensor | None:
         """The gradient w.r.t. stage s's output: none on the last stage (its output is the
         loss), from stage s+1 on this rank, or received."""
-        if self._last(s):
+        if s % self.chain == self.chain - 1:
             return None
         if (s + 1) in self.modules:
             return self.input_grads.pop((s + 1, m))

@@ -51,7 +51,13 @@ def to_torch_csv(schedule: Schedule, in_order: bool = True) -> str:
     `schedule` compiled (`sim.compile`) for torch's runtime, which pairs transfers by order
     as NCCL does: its receives posted in the order the peer sends them (rule 12;
     `in_order=False` compiles it as for gloo, in `sim.lower`'s order, to show what a
-    mismatch does). Raises `ScheduleError` for a schedule that cannot run."""
+    mismatch does). Raises `ScheduleError` for a schedule that cannot run, or that torch's
+    runtime cannot read: two copies of the model (DualPipe), or OVERLAP_F_B marks (torch
+    writes a pair as one action holding both computes)."""
+    if schedule.pipelines > 1 or schedule.has_pairs:
+        what = f"{schedule.pipelines} copies of the model" if schedule.pipelines > 1 else "OVERLAP_F_B marks"
+        raise sim.ScheduleError(f"schedule {schedule.name!r} holds {what}, which torch's runtime cannot read from "
+                                f"a CSV; run it with exec.run_pipeline")
     return sim.compile(schedule, "nccl" if in_order else "gloo").lowered().to_csv()
 
 
