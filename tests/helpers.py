@@ -54,6 +54,9 @@ def reference_run(schedule, costs):
     engine for its direction, one at a time, from the later of its issue, the end of the
     copy before it there and the end of what it needs (a RELOAD's OFFLOAD); a backward
     whose activations a RELOAD brings back starts no earlier than that RELOAD's end.
+    A compute takes its cost and its `comm` (the expert all-to-all); at an OVERLAP_F_B mark
+    the rank waits until the input of the backward it names has arrived, and the pair's F
+    takes F + max(0, a_F - B), its backward B + max(0, a_B - F) (rule 16).
     Returns (start, end) of each of them, as two dicts."""
     low = sim.lower(schedule) if not schedule.is_lowered else schedule
     c = costs.for_stages(low.stages)
@@ -63,6 +66,7 @@ def reference_run(schedule, costs):
     stream = [0.0] * low.ranks          # when each rank's collective stream is free
     engines = [{"to host": 0.0, "from host": 0.0} for _ in range(low.ranks)]  # each rank's copy engines
     computes = {a for p in low.programs for a in p if a.kind.is_compute}
+    duration = _durations(low, c, computes)
     start = {}
     windows = [[] for _ in range(low.ranks)]  # (from, to): its transport thread may run; to=None: open
     sent, posted, left, end = {}, {}, {}, {}
@@ -110,6 +114,21 @@ def reference_run(schedule, costs):
                         assert len(backwards) == low.micro_batches, f"{a} comes before its stage's backwards"
                         start[a] = max([clock[r], stream[r]] + backwards)
                         end[a] = stream[r] = start[a] + c.grad_reduce[a.stage]
+                    elif role[a.kind] is Role.PAIR:
+                        b = Action(a.stage, Kind.I if Action(a.stage, Kind.I, a.micro) in computes else Kind.B, a.micro)
+                        recvs = [x for x in posted if (x.stage, x.micro) == (b.stage, b.micro) and x not in end
+                                 and b.kind in KINDS[x.kind].feeds]
+                        out = [leaves(x) for x in recvs]
+                        if None in out:
+                            if not windows[r] or windows[r][-1] != (clock[r], None):
+                                windows[r].append((clock[r], None))  # it waits
+                            break
+                        here = max([clock[r]] + [t + c.latency for t in out])
+                        if windows[r] and windows[r][-1] == (clock[r], None):
+                            windows[r].pop()
+                        if recvs:
+                            windows[r].append((clock[r], here))
+                        clock[r] = here
                     elif role[a.kind] is Role.COPY:
                         spec = KINDS[a.kind]
                         needed = [end[Action(*d)] for d in spec.needs(a.stage, a.micro, low.stages, computes)]
@@ -134,7 +153,7 @@ def reference_run(schedule, costs):
                         reload = Action(a.stage, Kind.RELOAD, a.micro)
                         if a.kind in KINDS[Kind.RELOAD].feeds and reload in end:
                             start[a] = max(start[a], end[reload])
-                        end[a] = start[a] + getattr(c, KINDS[a.kind].cost)[a.stage]
+                        end[a] = start[a] + duration[a]
                         clock[r] = end[a] + c.after_compute
                     pc[r] += 1
                     changed = True
@@ -152,6 +171,23 @@ def reference_run(schedule, costs):
         changed = True
 
 
+
+
+def _durations(low, c, computes):
+    """Each compute's time: its cost and its all-to-all, or its share of its pair's."""
+    def alone(a, with_comm=True):
+        spec = KINDS[a.kind]
+        return getattr(c, spec.cost)[a.stage] + (getattr(c, spec.comm)[a.stage] if spec.comm and with_comm else 0.0)
+    duration = {a: alone(a) for a in computes}
+    for prog in low.programs:
+        for i, mark in enumerate(prog):
+            if mark.kind is Kind.OVERLAP_F_B:
+                f = next(a for a in prog[i:] if a.kind.is_compute)
+                b = next(a for a in prog[i:] if a.kind.is_backward)
+                fc, bc = alone(f, False), alone(b, False)
+                duration[f] = fc + max(0.0, alone(f) - fc - bc)
+                duration[b] = bc + max(0.0, alone(b) - bc - fc)
+    return duration
 
 
 def assert_matches_reference(schedule, costs):

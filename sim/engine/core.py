@@ -59,7 +59,7 @@ class _Arrival(simpy.Event):
 
 def _costs(p: Program, c: StageCosts):
     """Per compute id: its duration (its kind's cost field, and its `comm` field unless an
-    overlapped pair hides it: rule 15) and what it does to memory at
+    overlapped pair hides it: rule 16) and what it does to memory at
     its start and at its end ((bytes, micro-batches) or None; `sim.schedule.kinds`); per transfer
     (named by the compute that receives it): its link (numbered per sender -> receiver
     pair) and the time it holds the link. These lists are as long as the schedule, so
@@ -93,7 +93,7 @@ def _costs(p: Program, c: StageCosts):
 
 
 def _pair_durations(p: Program, c: StageCosts, dur: list) -> None:
-    """The two computes of each overlapped pair take their shares of its time (rule 15:
+    """The two computes of each overlapped pair take their shares of its time (rule 16:
     `sim.engine.costs.pair_times`): an `Op(PAIR, y)` names the backward y, its F is y - 1."""
     for prog in p.programs:
         for role, y in prog:
@@ -200,7 +200,7 @@ def run(p: Program, c: StageCosts, durations: Mapping[Action, float] | None = No
     env = simpy.Environment()
     net = _Network(env, p, c, link, busy, nlinks, p.ranks)
     transport: Transport = transport_class(c.transport)(c)
-    gated = any(RESOURCES[role].gates_computes for role in p.beside) or p.schedule.has_pairs
+    gated = any(RESOURCES[role].gates_computes for role in p.beside)
     ready = [0.0] * len(p.actions) if gated else None  # per compute: when its resources let it start
     resources = {role: RESOURCES[role](p, c, durations, ready) for role in p.beside}
     for res in resources.values():
@@ -313,7 +313,7 @@ class _Devices:
                     sent[x] = free_until[r] = now  # the runtime yields the core before the call (rule 9)
                     issued(x, now)
                     hold = send_call  # (send_call, recv_call: how long the call holds the rank)
-                elif role is _PAIR:  # rule 15: the pair's F waits for its backward's input too
+                elif role is _PAIR:  # rule 16: the pair's F waits for its backward's input too
                     now = yield from self._pair(r, x, now)
                     continue
                 else:  # a collective or a copy: beside the device, which goes on (rules 13, 14)
@@ -336,7 +336,7 @@ class _Devices:
                 start = (at if at > start else start) + take_in  # taking the tensor in (0 unless modelled)
                 free_until[r] = start
             start += before  # rule 11
-            if ready is not None and ready[x] > start:  # a backward waits for its RELOAD, a pair for its B's input
+            if ready is not None and ready[x] > start:  # e.g. a backward waits for its RELOAD (rule 14)
                 start = ready[x]
             if (delta := at_start[x]) is not None:  # e.g. F takes its micro-batch's activations (rule 7)
                 log((start, delta))
@@ -365,17 +365,21 @@ class _Devices:
         return k.arrive_at[x]
 
     def _pair(self, r: int, y: int, now: float):
-        """The mark of an overlapped pair whose backward is compute y (rule 15): its F,
-        compute y - 1, starts no earlier than the backward's input arrives; rank r waits
-        here until that arrival is known. Returns the rank's clock."""
+        """The mark of an overlapped pair whose backward is compute y (rule 16): rank r
+        waits here until the backward's input has arrived, and then goes on to the pair's
+        F (compute y - 1), which takes its own input as any compute does. Returns the
+        rank's clock."""
         k = self.loop
         if k.producer[y] < 0:
             return now
         at = k.arrive_at[y]
         if at is None:
             at = yield from self._arrival(r, y)
-            now = now if k.ahead else at
-            k.free_until[r] = now
-        if at > k.ready[y - 1]:
-            k.ready[y - 1] = at
+            if not k.ahead:
+                now = at
+        k.free_until[r] = at if at > now else now  # it waits for the data: its transport thread runs
+        if at > now:
+            if not k.ahead:
+                yield k.timeout(at - now)
+            now = at
         return now

@@ -119,9 +119,9 @@ COST_FIELDS: tuple[CostField, ...] = (
     _f("reload", 0.0, TIME, "time of a RELOAD on its rank's copy engine", per_stage=True, flag=False),
     _f("a2a_forward", 0.0, TIME, "time of a forward's expert all-to-all (dispatch and combine) per micro-batch",
        doc="On top of `forward`: an F waits for it, unless it runs in an overlapped pair (OVERLAP_F_B), where it "
-       "hides under the backward's compute (rule 15).", per_stage=True, chunked=True, flag=False),
+       "hides under the backward's compute (rule 16).", per_stage=True, chunked=True, flag=False),
     _f("a2a_backward", 0.0, TIME, "time of a backward's expert all-to-all per micro-batch (B, or I)",
-       doc="On top of `backward` (or `backward_input`); in a pair it hides under the forward's compute (rule 15).",
+       doc="On top of `backward` (or `backward_input`); in a pair it hides under the forward's compute (rule 16).",
        per_stage=True, chunked=True, flag=False),
 )
 PER_STAGE = tuple(f.name for f in COST_FIELDS if f.per_stage)

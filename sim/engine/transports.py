@@ -138,7 +138,7 @@ class GlooCpu(Rendezvous):
         """For each rank and position i of its program, how long after reaching action i
         the rank next lets its transport thread run if nothing makes it wait: at a SEND
         (it yields the core first), at a compute with an input from another rank (it
-        waits for the data or takes it in), or at its end. A compute in between holds the
+        waits for the data or takes it in) or a pair's mark whose backward has one, or at its end. A compute in between holds the
         rank for its cost and the runtime's own time around it; a RECV post for its call;
         an action beside the device (a collective) not at all."""
         if not self.watches_devices:
@@ -152,8 +152,8 @@ class GlooCpu(Rendezvous):
                 role, x = prog[i]
                 if role is Role.RECV:
                     ahead += self.recv_call
-                elif role is Role.SEND:
-                    ahead = 0.0
+                elif role is Role.SEND or (role is Role.PAIR and program.producer[x] >= 0):
+                    ahead = 0.0  # (a pair's mark waits for its backward's input from another rank, rule 16)
                 elif role is not Role.COMPUTE:
                     pass  # it goes to its resource beside the device (a collective stream): the rank does not stop
                 elif program.producer[x] >= 0:

@@ -47,7 +47,7 @@ def interleaved_1f1b(devices: int, micro_batches: int, virtual: int = 2, overlap
 
     `overlap`: Megatron-Core's overlapped 1F1B (`--overlap-moe-expert-parallel-comm`):
     each steady forward and the backward after it, of another micro-batch, run as one
-    overlapped pair (OVERLAP_F_B, docs/rules.md rule 15), hiding each one's expert
+    overlapped pair (OVERLAP_F_B, docs/rules.md rule 16), hiding each one's expert
     all-to-all under the other's compute."""
     _, g = rounds(devices, micro_batches)
     total = micro_batches * virtual  # chunk-micro-batches per device

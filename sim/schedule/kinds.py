@@ -21,7 +21,7 @@ The dependencies are written once here, as functions of (stage, micro-batch):
   consumes them (B, or I) waits for its end (`sim.passes.offload`, docs/rules.md rule 14).
 - OVERLAP_F_B(s, m) stands right before an F and names the backward (B or I) of (s, m)
   that is the next compute after that F: the two run as one overlapped pair, which waits
-  for what that backward needs before the F starts (docs/rules.md rule 15).
+  for what that backward needs before the F starts (docs/rules.md rule 16).
 
 Where a schedule holds several copies of the model (`Schedule.pipelines`, DualPipe), the
 `stages` the dependency functions take is the chain one micro-batch runs through
@@ -52,7 +52,7 @@ class Kind(str, enum.Enum):
     OFFLOAD = "OFFLOAD"  # copy the activations this stage keeps for a micro-batch to host memory
     RELOAD = "RELOAD"    # copy them back from host memory, before the backward that needs them
     # the F that follows and this stage's backward (B or I) of this micro-batch, the compute
-    # after that F, run as one overlapped pair (torch's OVERLAP_F_B; docs/rules.md rule 15)
+    # after that F, run as one overlapped pair (torch's OVERLAP_F_B; docs/rules.md rule 16)
     OVERLAP_F_B = "OVERLAP_F_B"
 
     @property
@@ -87,7 +87,7 @@ class Role(enum.Enum):
     COPY = "copy"
     # marks the next two computes of its rank, an F and the backward it names, as one
     # overlapped pair: the pair starts once both have their inputs, and each one's expert
-    # all-to-all hides under the other's compute (rule 15); it runs nothing itself
+    # all-to-all hides under the other's compute (rule 16); it runs nothing itself
     PAIR = "pair"
 
 
@@ -133,7 +133,7 @@ class KindSpec:
     - memory: as for a compute, at the copy's own start or end.
     - feeds: on a RELOAD, the compute kinds that wait for it (B or I).
     - comm: the per-stage `Costs` field of the communication the compute waits for (the
-      expert all-to-all), unless an overlapped pair hides it (rule 15).
+      expert all-to-all), unless an overlapped pair hides it (rule 16).
     Pair kinds (OVERLAP_F_B):
     - needs: what the backward it names needs (the pair waits for both computes' inputs).
     Transfer kinds (SEND, RECV):

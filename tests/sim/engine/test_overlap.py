@@ -9,6 +9,8 @@ and no pair waits, and the checks and deadlocks of ill-placed marks.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -17,6 +19,7 @@ from sim.engine.costs import pair_times
 from sim.passes.dependencies import compute_set, waits_for
 from sim.schedule.ir import Action, Kind, Schedule, ScheduleError
 from sim.schedule.kinds import grad_kind
+from helpers import assert_matches_reference
 
 times = st.floats(0.0, 5.0, allow_nan=False)
 
@@ -109,3 +112,18 @@ def test_a_pair_waits_for_its_backwards_input_before_its_forward():
         sim.check_deadlock(paired)
     with pytest.raises(ScheduleError, match="deadlocks"):
         sim.simulate(paired)
+
+
+@pytest.mark.parametrize("name, P, M", [("dualpipe", 4, 10), ("dualpipev", 2, 6), ("interleaved-1f1b", 2, 4)])
+@pytest.mark.parametrize("costs", [
+    sim.Costs(forward=1.0, backward=2.0, a2a_forward=0.5, a2a_backward=1.5, transport="ideal", latency=0.3),
+    sim.Costs(forward=(1.0, 1.3, 0.7, 1.1) * 2, backward=2.0, backward_input=1.2, backward_weight=0.8,
+              a2a_forward=0.4, a2a_backward=0.9, latency=0.1, recv_overhead=0.05, send_overhead=0.02,
+              arrive_overhead=0.03, before_compute=0.01, after_compute=0.02, io_tick=0.5),
+], ids=["ideal", "gloo-cpu"])
+def test_the_engine_runs_pairs_as_the_independent_rules_do(name, P, M, costs):
+    """`tests/helpers.py`'s model of the rules, without SimPy, agrees on every action."""
+    schedule = sim.make_schedule(name, P, M, overlap=True)
+    if isinstance(costs.forward, tuple):  # one per stage
+        costs = dataclasses.replace(costs, forward=costs.forward[:schedule.stages])
+    assert_matches_reference(schedule, costs)
