@@ -44,6 +44,7 @@ class Generator:
     - check(devices, micro_batches, virtual) -> a one-line reason the generator refuses these
       sizes, or None; `refusal` adds the rule of `takes_virtual`.
     - options: the keyword options `make` takes beyond those three (e.g. `max_active`).
+    - pipelines: the copies of the model its schedules hold (`Schedule.pipelines`; DualPipe: 2).
     - summary: one line for listings (`python -m sim.plot --help`)."""
 
     make: Callable[..., Schedule]
@@ -53,6 +54,7 @@ class Generator:
     placement: Callable[[int, int], list[int]] = one_per_device
     check: Callable[[int, int, int], str | None] = lambda devices, micro_batches, virtual: None
     options: tuple[str, ...] = ()
+    pipelines: int = 1
 
     def refusal(self, devices: int, micro_batches: int, virtual: int) -> str | None:
         """Why the generator refuses these sizes (one line), or None."""
@@ -119,7 +121,7 @@ SCHEDULES: Registry = Registry({
                            options=("overlap",)),
     "dualpipe": Generator(dualpipe, "bidirectional, micro-batches fed from both ends through two copies of the "
                           "model, F/B pairs (DeepSeek-V3's DualPipe)", virtual=2, placement=v_shape,
-                          check=check_dualpipe, options=("overlap",)),
+                          check=check_dualpipe, options=("overlap",), pipelines=2),
 })
 
 TEXTBOOK = ("naive", "gpipe", "1f1b")  # the three that `python -m sim.plot` draws by default
