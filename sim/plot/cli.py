@@ -302,7 +302,8 @@ def _simulate(args: argparse.Namespace, schedules: list[Schedule], costs: Costs)
             if big:
                 progress(f"simulating {schedule.name}: {plural(schedule.stages, 'stage')}, "
                          f"{plural(args.micro_batches, 'micro-batch', 'micro-batches')}")
-            results.append(simulate(schedule, chunk_costs(costs, schedule.stages // args.devices)))
+            # a stage is 1/V of a device's share of one copy of the model (DualPipe holds two)
+            results.append(simulate(schedule, chunk_costs(costs, schedule.chain // args.devices)))
     except (ScheduleError, ValueError) as e:
         fail(str(e).splitlines()[0])  # a deadlock report adds a grid below its first line
     return results
