@@ -95,6 +95,20 @@ def reference_run(schedule, costs):
                 return left[x]
         return None
 
+    def inputs(r, a):
+        """The RECVs compute `a` takes its inputs from and when their data leaves; None
+        while one is not known yet, and rank r waits (a window open from now)."""
+        recvs = [x for x in posted if x.stage == a.stage and x.micro == a.micro and x not in end
+                 and a.kind in KINDS[x.kind].feeds]
+        out = [leaves(x) for x in recvs]
+        if None in out:
+            if not windows[r] or windows[r][-1] != (clock[r], None):
+                windows[r].append((clock[r], None))  # it waits
+            return None
+        if windows[r] and windows[r][-1] == (clock[r], None):
+            windows[r].pop()  # what it waited for is known: the window closes where it goes on
+        return recvs, out
+
     changed = True
     while True:
         while changed:
@@ -114,19 +128,13 @@ def reference_run(schedule, costs):
                         assert len(backwards) == low.micro_batches, f"{a} comes before its stage's backwards"
                         start[a] = max([clock[r], stream[r]] + backwards)
                         end[a] = stream[r] = start[a] + c.grad_reduce[a.stage]
-                    elif role[a.kind] is Role.PAIR:
+                    elif role[a.kind] is Role.PAIR:  # it waits for the input of the backward it names
                         b = Action(a.stage, Kind.I if Action(a.stage, Kind.I, a.micro) in computes else Kind.B, a.micro)
-                        recvs = [x for x in posted if (x.stage, x.micro) == (b.stage, b.micro) and x not in end
-                                 and b.kind in KINDS[x.kind].feeds]
-                        out = [leaves(x) for x in recvs]
-                        if None in out:
-                            if not windows[r] or windows[r][-1] != (clock[r], None):
-                                windows[r].append((clock[r], None))  # it waits
+                        got = inputs(r, b)
+                        if got is None:
                             break
-                        here = max([clock[r]] + [t + c.latency for t in out])
-                        if windows[r] and windows[r][-1] == (clock[r], None):
-                            windows[r].pop()
-                        if recvs:
+                        here = max([clock[r]] + [t + c.latency for t in got[1]])
+                        if got[0]:
                             windows[r].append((clock[r], here))
                         clock[r] = here
                     elif role[a.kind] is Role.COPY:
@@ -135,19 +143,14 @@ def reference_run(schedule, costs):
                         start[a] = max([clock[r], engines[r][spec.stream]] + needed)
                         end[a] = engines[r][spec.stream] = start[a] + getattr(c, spec.cost)[a.stage]
                     else:
-                        recvs = [x for x in posted if x.stage == a.stage and x.micro == a.micro and x not in end
-                                 and a.kind in KINDS[x.kind].feeds]
-                        out = [leaves(x) for x in recvs]
-                        if None in out:
-                            if not windows[r] or windows[r][-1] != (clock[r], None):
-                                windows[r].append((clock[r], None))  # it waits
+                        got = inputs(r, a)
+                        if got is None:
                             break
+                        recvs, out = got
                         for x in recvs:
                             end[x] = True
                         ready = max([clock[r]] + [t + c.latency for t in out]) + c.arrive_overhead * len(recvs)
                         if recvs:
-                            if windows[r] and windows[r][-1] == (clock[r], None):
-                                windows[r].pop()
                             windows[r].append((clock[r], ready))
                         start[a] = ready + c.before_compute
                         reload = Action(a.stage, Kind.RELOAD, a.micro)
