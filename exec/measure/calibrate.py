@@ -44,7 +44,7 @@ from exec.runtime.memory import SavedBytes, param_storages, static_memory
 from exec.runtime.optim import make_optimizer
 from exec.runtime.split_backward import backward_input
 
-__all__ = ["calibrate_rank", "compute_times", "reduce_times", "activation_bytes", "w_activation_bytes",
+__all__ = ["check_calibrated", "calibrate_rank", "compute_times", "reduce_times", "activation_bytes", "w_activation_bytes",
            "stage_inputs", "activation_message_bytes", "message_sizes"]
 
 
@@ -267,6 +267,15 @@ def message_sizes(spec, micro_batches: int) -> list[int]:
 
 
 # ---------------------------------------------------------------------------- one report
+
+def check_calibrated(schedule: sim.Schedule) -> None:
+    """Raise ValueError for a schedule calibration cannot measure yet: two copies of the
+    model (DualPipe), whose stages are cut from one copy's bounds."""
+    if schedule.pipelines > 1:
+        raise ValueError(f"calibration does not measure schedule {schedule.name!r} of {schedule.pipelines} copies of "
+                         f"the model (DualPipe) yet; calibrate the same model under dualpipev or 1f1b, whose stage "
+                         f"costs it shares")
+
 
 def calibrate_rank(ctx, spec, schedule: sim.Schedule, micro_batches: int, bounds: Sequence[int], steps: int = 5,
                    sizes: Sequence[int] | None = None, repeats: int = 20, modules: dict | None = None,

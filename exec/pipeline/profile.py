@@ -15,7 +15,7 @@ from __future__ import annotations
 import sim
 
 from exec.launch.processes import launch
-from exec.measure.calibrate import calibrate_rank, message_sizes
+from exec.measure.calibrate import calibrate_rank, check_calibrated, message_sizes
 from exec.measure.costs import costs_from_reports
 from exec.pipeline.config import RunConfig, run_options, run_schedule
 
@@ -43,6 +43,7 @@ def profile_costs(spec, schedule: "sim.Schedule | str", devices: int | None = No
                          f"compute timing has no CUDA synchronisation and its messages are CPU tensors; "
                          f"for an NCCL run, simulate with costs written by sim.save_costs (exec.run --costs)")
     schedule = run_schedule("profile_costs", schedule, devices, micro_batches, config).compute_only()
+    check_calibrated(schedule)
     micro_batches = schedule.micro_batches
     bounds = list(config.bounds) if config.bounds is not None else spec.partition(schedule.chain, config.balance, micro_batches)
     sizes = None if transfer else message_sizes(spec, micro_batches)

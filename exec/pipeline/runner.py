@@ -33,6 +33,7 @@ from sim.hardware.topology import Topology
 from exec.launch.host import host_cores
 from exec.launch.processes import launch
 from exec.measure.busy import describe_load, load_summary
+from exec.measure.calibrate import check_calibrated
 from exec.measure.costs import costs_from_reports
 from exec.pipeline.config import RunConfig, run_options, run_schedule
 from exec.pipeline.worker import pipeline_worker, say
@@ -133,6 +134,8 @@ def check_run(spec, schedule: Schedule, config: RunConfig) -> Schedule:
     if schedule.has_collectives and backend != "gloo":
         raise ValueError(f"exec runs REDUCE_GRAD (data parallelism) on CPU ranks (gloo) only, not backend={backend!r}")
     lowered = sim.compile(schedule, backend).lowered()  # for nccl, RECVs in the order the peer sends
+    if config.calibrate:
+        check_calibrated(lowered)
     refuse_offload(lowered)
     split_micro_batches(torch.empty(spec.batch_size, 0), torch.empty(spec.batch_size, 0), lowered.micro_batches)
     fault = config.injected

@@ -25,3 +25,11 @@ def test_dualpipe_on_four_ranks_trains_as_1f1b_does():
         assert run.grad_match, (overlap, run.max_grad_diff, run.worst_param)
         assert run.losses == pytest.approx(one.losses, rel=1e-5)
         assert run.losses[2] < run.losses[0]  # it trains
+
+
+def test_calibration_refuses_two_copies_before_anything_starts():
+    from exec.pipeline.config import RunConfig
+    from exec.pipeline.runner import check_run
+    with pytest.raises(ValueError, match="calibration does not measure schedule 'dualpipe' of 2 copies"):
+        check_run(MLP, sim.make_schedule("dualpipe", 2, 4), RunConfig(calibrate=1))
+    assert check_run(MLP, sim.make_schedule("dualpipe", 2, 4), RunConfig()).pipelines == 2
