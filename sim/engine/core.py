@@ -298,7 +298,7 @@ class _Devices:
         that has not left yet needs an event (which the sender triggers at its arrival)."""
         k = self.loop  # its fields as locals, once: the loop below runs once per action
         env, timeout, watch, ahead, producer, sent, posted = k.env, k.timeout, k.watch, k.ahead, k.producer, k.sent, k.posted
-        arrive_at, waiter, free_until, held_until, resume = k.arrive_at, k.waiter, k.free_until, k.held_until, k.resume
+        arrive_at, free_until, held_until, resume = k.arrive_at, k.free_until, k.held_until, k.resume
         take_in, send_call, recv_call, issued, posted_hook = k.take_in, k.send_call, k.recv_call, k.issued, k.posted_hook
         before, after, dur, at_start, at_end, start_of, end_of = k.before, k.after, k.dur, k.at_start, k.at_end, k.start_of, k.end_of
         resources, ready, prog, runnable = k.resources, k.ready, self.net.program.programs[r], self.net.program.runnable[r]
