@@ -19,9 +19,11 @@ def fail(prog: str, message: str) -> NoReturn:
 
 class OneLineParser(argparse.ArgumentParser):
     """argparse, but a bad argument is one line on stderr and exit status 2; `error_prog`
-    names the command in that line."""
+    names the command in that line. Options are never abbreviated (`allow_abbrev=False`):
+    a prefix such as `--seq` would otherwise be taken for the one option it starts."""
 
     def __init__(self, *args, error_prog: str, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
         self.error_prog = error_prog
 
@@ -67,6 +69,20 @@ def folder_problem(out: str | os.PathLike) -> str | None:
     except OSError as e:
         return f"cannot write to {out}: {e.strerror or e}"
     return None
+
+
+def machine_memory() -> int:
+    """Bytes of memory this process may use: the machine's (os.sysconf), or its cgroup's
+    limit where that is lower."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+        if limit.isdigit():
+            total = min(total, int(limit))
+    except OSError:
+        pass
+    return total
 
 
 class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):

@@ -3,12 +3,33 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sim.cli import machine_memory
 from sim.hardware.kernels import precision_bytes
 from sim.hardware.profile import DeviceProfile
 from sim.hardware.topology import Topology
 from sim.model.footprint import state_bytes_per_param
 from sim.model.transformer import Transformer, check_recompute
 from sim.schedules import lookup
+
+
+# The share of each GPU's memory a plan keeps free by default for what the estimate does not
+# count: the CUDA context (about 0.3-1 GiB a process: pytorch/pytorch#28394, #107667), NCCL's
+# communicator buffers, the caching allocator's fragmentation (docs/planner.md, "Memory headroom").
+DEFAULT_HEADROOM = 0.10
+# What simulating a step takes of this machine's memory, per stage x micro-batch (the engine's
+# records; `sim.plot`'s measure, `sim.plot.cli.BYTES_PER_CELL["table"]`), and the share of
+# the machine's memory a step may take (other work shares it).
+BYTES_PER_CELL = 3_800
+MEMORY_SHARE = 0.5
+
+
+def usable_memory(memory: float, headroom: float = DEFAULT_HEADROOM) -> float:
+    """The bytes of a GPU's `memory` a configuration may fill: all but `headroom`, a
+    fraction of it (0 <= headroom < 1) or bytes (headroom >= 1). ValueError otherwise."""
+    if isinstance(headroom, bool) or not isinstance(headroom, (int, float)) or not 0 <= headroom < memory:
+        raise ValueError(f"memory_headroom must be a fraction in [0, 1) or bytes below the GPU's "
+                         f"{memory / 2**30:.1f} GiB; got {headroom!r}")
+    return memory * (1 - headroom) if headroom < 1 else memory - headroom
 
 
 @dataclass(frozen=True)
@@ -31,6 +52,7 @@ class Layout:
     tp_overlap: bool = True
     offload: bool = False
     nics_per_node: int | None = None  # None: one a GPU
+    memory_headroom: float = DEFAULT_HEADROOM  # kept free of each GPU's memory (`usable_memory`)
 
     @property
     def gpus(self) -> int:
@@ -70,9 +92,10 @@ def check_layout(m: Transformer, g: DeviceProfile, lay: Layout) -> list[str]:
     if lay.global_batch % (lay.dp * lay.micro_batch):
         raise ValueError(f"global batch {lay.global_batch} does not split into dp={lay.dp} replicas of "
                          f"micro-batches of {lay.micro_batch}; make it a multiple of {lay.dp * lay.micro_batch}")
-    if lay.zero == 3 and lay.pp > 1:
-        raise ValueError("zero=3 with pp > 1: ZeRO-3 gathers every weight for every micro-batch; "
-                         "DeepSpeed and Megatron-LM do not combine it with pipelining; use zero <= 2")
+    if lay.zero >= 2 and lay.pp > 1:  # docs/planner.md, "ZeRO with pipelining"
+        raise ValueError(f"zero={lay.zero} with pp > 1: the micro-batches of a pipeline accumulate every "
+                         f"gradient until the step's end (DeepSpeed's pipeline engine refuses ZeRO-2 and -3; "
+                         f"Megatron-LM's distributed optimizer shards the optimizer state only); use zero <= 1")
     if lay.sequence_parallel and lay.tp == 1:
         raise ValueError("sequence_parallel needs tp > 1 (it splits what tensor parallelism leaves whole)")
     for name in ("overlap_grad_reduce", "tp_overlap", "offload"):
@@ -82,7 +105,29 @@ def check_layout(m: Transformer, g: DeviceProfile, lay: Layout) -> list[str]:
         raise ValueError(f"offload=True offloads the layer inputs that full recompute keeps (SageMaker's "
                          f"offload_activations needs activation checkpointing); set recompute='full', "
                          f"not {lay.recompute!r}")
+    usable_memory(g.memory, lay.memory_headroom)
     warnings = []
     if lay.topology().group("tp").network:
         warnings.append(f"tp={lay.tp} spans nodes of {lay.gpus_per_node} GPUs: its all-reduces go over the network")
     return warnings
+
+
+def size_problem(lay: Layout) -> str | None:
+    """One line saying why the layout's step is too large to simulate on this machine (its
+    stages x micro-batches would take more than `MEMORY_SHARE` of its memory), else None."""
+    virtual = lay.virtual if isinstance(lay.virtual, int) else lookup(lay.schedule)[1].virtual
+    cells = lay.pp * virtual * lay.micro_batches
+    allowed = MEMORY_SHARE * machine_memory()
+    if cells * BYTES_PER_CELL <= allowed:
+        return None
+    return (f"step too large to simulate here: pp={lay.pp} x V {virtual} x {lay.micro_batches:,} micro-batches = "
+            f"{cells:,} stage-micro-batches would take about {cells * BYTES_PER_CELL / 2**30:.1f} GiB, more than "
+            f"the {allowed / 2**30:.1f} GiB allowed ({MEMORY_SHARE:.0%} of this machine's); the limit here is "
+            f"{int(allowed // BYTES_PER_CELL):,}: a smaller global batch or a larger micro-batch or dp")
+
+
+def check_size(lay: Layout) -> None:
+    """Raise ValueError (`size_problem`'s line) for a step too large to simulate here."""
+    problem = size_problem(lay)
+    if problem:
+        raise ValueError(problem)

@@ -177,7 +177,7 @@ def configurations(m: Transformer, gpus: int, global_batch: int, *, schedules=No
     out = []
     for t, p, d, b in layouts(m, gpus, global_batch, dropped=dropped, **layout_limits):
         micro = global_batch // (d * b)
-        zs = [z for z in zeros if (z == 0 or d > 1) and (z < 3 or p == 1)] or [0]
+        zs = [z for z in zeros if (z == 0 or d > 1) and (z < 2 or p == 1)] or [0]
         for (name, v), r, z, sp in itertools.product(
                 _schedule_chunks(m, p, micro, names, max_virtual, virtual, dropped), recomputes, zs,
                 [s for s in sps if t > 1 or not s] or [False]):

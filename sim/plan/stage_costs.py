@@ -186,7 +186,7 @@ def stage_costs(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: Lay
     parts = {names[k]: mb * sum(layers) * v / lay.pp for k, v in lt.parts.items()}
     parts["embedding_and_output"] = mb * sum(ends[f"{side}_{p}"] for side in ("first", "last") for p in "FB") / lay.pp
     parts["launch_floor"] = mb * floor / lay.pp
-    parts["zero3_collectives"] = mb * (2 * sum(gather) + sum(scatter)) / lay.pp
+    parts["zero_collectives"] = mb * (2 * sum(gather) + sum(scatter)) / lay.pp
     parts["tp_collectives"] += mb * (sum(into_f) + sum(into_b)) / lay.pp
     return costs, parts
 

@@ -17,14 +17,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-import os
 import sys
 import time
 from pathlib import Path
 from typing import NoReturn, Sequence
 
 from sim import cli
-from sim.cli import number, whole
+from sim.cli import machine_memory, number, whole
 from sim.engine.costs import Costs
 from sim.engine.fields import CHUNKED, COST_FIELDS
 from sim.engine.core import simulate
@@ -164,20 +163,6 @@ def _options(args: argparse.Namespace, names: list[str], costs: Costs) -> dict[s
         if "costs" in SCHEDULES[n].options:
             options[n]["costs"] = costs
     return options
-
-
-def machine_memory() -> int:
-    """Bytes of memory this process may use: the machine's (os.sysconf), or its cgroup's
-    limit where that is lower."""
-    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    try:
-        with open("/sys/fs/cgroup/memory.max") as f:
-            limit = f.read().strip()
-        if limit.isdigit():
-            total = min(total, int(limit))
-    except OSError:
-        pass
-    return total
 
 
 def check_size(args: argparse.Namespace, schedules: int, virtual: int = 1) -> None:
