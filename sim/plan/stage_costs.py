@@ -17,7 +17,7 @@ from sim.schedule.kinds import program_peak
 from sim.search.partition import balanced, even
 
 from .data_parallel import grad_reduce_times, stage_params, zero3_times
-from .layout import Layout
+from .layout import Layout, usable_memory
 
 
 def end_kernels(m: Transformer, g: DeviceProfile, x: Slice) -> dict[str, list[float]]:
@@ -84,7 +84,7 @@ def partition_layers(layers: int, stages: int, partition, lt: LayerTimes, ends: 
 
 
 def memory_caps(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: LayerTimes, ends: dict, sched) -> list[int] | None:
-    """The most layers each stage can hold with its device still fitting the GPU, from the
+    """The most layers each stage can hold with its device still fitting the GPU (less the headroom), from the
     static bytes and the program-order peak of its activations (`sim.schedule.kinds.program_peak`,
     the schedule's own count of micro-batches held); None unless every device holds one stage
     (with several, their layers share one memory and no cap is a stage's own)."""
@@ -94,7 +94,8 @@ def memory_caps(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: Lay
     @cache
     def fits(n: int) -> tuple[bool, ...]:  # per stage: does its device fit with n layers on every stage?
         c = stage_costs(m, g, lay, x, lt, ends, [n] * lay.pp, sched.placement)[0].for_stages(lay.pp)
-        return tuple(c.static_total(s) + program_peak(sched.programs[sched.placement[s]], c) <= g.memory
+        usable = usable_memory(g.memory, lay.memory_headroom)
+        return tuple(c.static_total(s) + program_peak(sched.programs[sched.placement[s]], c) <= usable
                      for s in range(lay.pp))
 
     def cap(s: int) -> int:
