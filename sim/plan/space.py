@@ -78,27 +78,51 @@ def positive(name: str, v) -> int:
     return v
 
 
-def _tensor_sizes(m: Transformer, gpus: int, tp, gpus_per_node: int) -> list[int]:
+def _tensor_sizes(model: Transformer, gpus: int, tp, gpus_per_node: int) -> list[int]:
+    """The tensor-parallel sizes to try: the given ones (each checked, one line naming the fix;
+    beyond a node they run, as `sim.estimate` runs them, with its warning), else the powers
+    of two within a node that divide the GPUs and the model."""
     powers = [2 ** k for k in range(gpus_per_node.bit_length()) if 2 ** k <= gpus_per_node]
     if tp is None:
-        return [t for t in powers if gpus % t == 0 and _tp_ok(m, t)]
+        return [size for size in powers if gpus % size == 0 and _tp_ok(model, size)]
     sizes = _choices("tp", tp, powers)
-    ok = [t for t in powers if _tp_ok(m, t)]
-    for t in sizes:
-        positive("tp", t)
-        if not _tp_ok(m, t):
-            raise ValueError(f"tp={t} does not divide the model's {m.heads} heads, {m.kv_heads} KV heads, "
-                             f"{m.ffn} MLP width and {m.vocab} vocabulary; use tp in {ok}")
-        if t > gpus_per_node:
-            raise ValueError(f"tp={t} spans nodes of {gpus_per_node} GPUs; use tp <= {gpus_per_node} "
-                             f"(or set gpus_per_node)")
-        if gpus % t:
-            raise ValueError(f"{gpus} GPUs do not split into tensor-parallel groups of {t}; "
-                             f"give a GPU count that is a multiple of {t}")
+    ok = [size for size in powers if _tp_ok(model, size)]
+    for size in sizes:
+        positive("tp", size)
+        if not _tp_ok(model, size):
+            raise ValueError(f"tp={size} does not divide the model's {model.heads} heads, {model.kv_heads} KV heads, "
+                             f"{model.ffn} MLP width and {model.vocab} vocabulary; use tp in {ok}")
+        if gpus % size:
+            raise ValueError(f"{gpus} GPUs do not split into tensor-parallel groups of {size}; "
+                             f"give a GPU count that is a multiple of {size}")
     return sorted(set(sizes))
 
 
-def layouts(m: Transformer, gpus: int, global_batch: int, *, tp=None, pp=None, micro_batch=None,
+def _pipeline_sizes(model: Transformer, gpus: int, tp: int, pp, tp_given: bool) -> list[int]:
+    """The pipeline sizes to try with tensor-parallel size `tp`: the given ones (more stages
+    than layers refused by name; one that does not divide the GPUs left over by `tp` refused
+    only where the user gave that tp, else that tp is skipped for it), else every divisor of
+    gpus/tp up to the layers."""
+    if pp is None:
+        return [size for size in _divisors(gpus // tp) if size <= model.layers]
+    out = []
+    for size in _choices("pp", pp, []):
+        positive("pp", size)
+        if size > model.layers:
+            raise ValueError(f"pp={size} is more stages than the model's {model.layers} layers; "
+                             f"use pp <= {model.layers}")
+        if (gpus // tp) % size == 0:
+            out.append(size)
+        elif tp_given:
+            raise ValueError(f"{gpus} GPUs are not a multiple of tp*pp = {tp}*{size} = {tp * size}; give a GPU "
+                             f"count that is a multiple of {tp * size} or another pp")
+        elif gpus % size:
+            raise ValueError(f"{gpus} GPUs are not a multiple of pp={size}; give a GPU count that is a multiple "
+                             f"of {size} or another pp")
+    return out
+
+
+def layouts(model: Transformer, gpus: int, global_batch: int, *, tp=None, pp=None, micro_batch=None,
             gpus_per_node: int = 8, max_micro_batch: int = MAX_MICRO_BATCH,
             dropped: Counter | None = None) -> list[tuple[int, int, int, int]]:
     """Every (tp, pp, dp, micro_batch) with tp*pp*dp = gpus and global_batch = dp * b * m
@@ -106,25 +130,20 @@ def layouts(m: Transformer, gpus: int, global_batch: int, *, tp=None, pp=None, m
     sizes leave none."""
     dropped = Counter() if dropped is None else dropped
     out = []
-    for t in _tensor_sizes(m, gpus, tp, gpus_per_node):
-        pps = [p for p in _divisors(gpus // t) if p <= m.layers] if pp is None else _choices("pp", pp, [])
-        for p in pps:
-            positive("pp", p)
-            if (gpus // t) % p:
-                raise ValueError(f"{gpus} GPUs are not a multiple of tp*pp = {t}*{p} = {t * p}; give a GPU "
-                                 f"count that is a multiple of {t * p} or another pp")
-            d = gpus // (t * p)
-            if global_batch % d:
+    for tensor in _tensor_sizes(model, gpus, tp, gpus_per_node):
+        for pipeline in _pipeline_sizes(model, gpus, tensor, pp, tp is not None):
+            replicas = gpus // (tensor * pipeline)
+            if global_batch % replicas:
                 dropped["dp does not divide the global batch (tp x pp layouts)"] += 1
                 continue
-            per = global_batch // d
-            bs = [b for b in _divisors(per) if b <= max_micro_batch] if micro_batch is None \
+            per_replica = global_batch // replicas
+            sizes = [b for b in _divisors(per_replica) if b <= max_micro_batch] if micro_batch is None \
                 else [positive("micro_batch", b) for b in _choices("micro_batch", micro_batch, [])]
-            for b in bs:
-                if per % b:
+            for size in sizes:
+                if per_replica % size:
                     dropped["batch does not split into micro-batches (layouts)"] += 1
                     continue
-                out.append((t, p, d, b))
+                out.append((tensor, pipeline, replicas, size))
     if not out:
         sizes = "" if micro_batch is None else f" of {','.join(map(str, _choices('micro_batch', micro_batch, [])))}"
         raise ValueError(f"global batch {global_batch} does not split into whole micro-batches{sizes} over the dp "
