@@ -71,6 +71,35 @@ def folder_problem(out: str | os.PathLike) -> str | None:
     return None
 
 
+def missing_extra(module: str = "torch", extra: str = "exec") -> str | None:
+    """One line naming the install that brings `module`, where it cannot be imported (found
+    without importing it: `sim` never imports torch), else None."""
+    import importlib.util
+    if importlib.util.find_spec(module) is None:
+        return f"{module} is not installed; install the {extra!r} extra: pip install -e .[{extra}]"
+    return None
+
+
+def file_problem(path: str | os.PathLike) -> str | None:
+    """Before any work, whether a file can be written at `path` (its folder is made as it is
+    written): None if so, else one line saying why not (a folder at the path, a file where a
+    folder should be, no permission, a read-only or virtual file system such as /proc)."""
+    path = Path(path)
+    if path.is_dir():
+        return f"{path} is a folder; give a file name"
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        return f"{folder} is a file, not a folder; {path} cannot be written under it"
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        return f"cannot write to {folder}: {e.strerror or e}"
+    return None
+
+
 def machine_memory() -> int:
     """Bytes of memory this process may use: the machine's (os.sysconf), or its cgroup's
     limit where that is lower."""
