@@ -237,3 +237,42 @@ def test_progress_is_plain_lines_without_a_terminal(capsys):
     lines = err.splitlines()
     assert lines and all(line.startswith("sim.plan: ") and "settled" in line for line in lines)
     assert "\r" not in err and "[" not in err
+
+
+# ---------------------------------------------------------------- 7. exec checks before it works
+
+def _exit(main, argv, capsys) -> tuple[int, str]:
+    with pytest.raises(SystemExit) as end:
+        main(argv)
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1, err
+    return end.value.code, err
+
+
+@pytest.mark.parametrize("out, words", [("/proc/x.json", "cannot write to /proc"),
+                                        ("{file}/x.json", "is a file, not a folder"),
+                                        ("{tmp}", "is a folder; give a file name")])
+def test_the_profiler_checks_its_output_before_measuring(out, words, tmp_path, capsys):
+    from exec import profile_device
+    (tmp_path / "f").write_text("")
+    out = out.format(file=tmp_path / "f", tmp=tmp_path)
+    status, err = _exit(profile_device.main, ["--out", out], capsys)
+    assert status == 2 and words in err
+
+
+def test_exec_refuses_a_model_this_machine_cannot_hold(capsys):
+    from exec import run as exec_run
+    status, err = _exit(exec_run.main, ["--model", "gpt3-175b"], capsys)
+    assert status == 2 and "--model gpt3-175b of 175.2 B parameters" in err
+
+
+def test_a_sim_only_install_names_the_extra(monkeypatch, capsys):
+    from exec import profile_device
+    from exec import run as exec_run
+    assert sim.cli.missing_extra("no_such_module_here") == ("no_such_module_here is not installed; install the "
+                                                            "'exec' extra: pip install -e .[exec]")
+    gone = lambda: "torch is not installed; install the 'exec' extra: pip install -e .[exec]"  # noqa: E731
+    for module, argv in ((exec_run, []), (profile_device, ["--out", "x.json"])):
+        monkeypatch.setattr(module, "missing_extra", gone)
+        status, err = _exit(module.main, argv, capsys)
+        assert status == 2 and "pip install -e .[exec]" in err
