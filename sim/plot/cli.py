@@ -254,13 +254,36 @@ def format_table(results: Sequence[Result], counts: bool = False) -> str:
         peak = max(r.peak_memory, default=0.0)
         memory = format_memory(peak, scale, unit) if unit == "micro-batches" else human_bytes(peak)
         rows.append((r.schedule.name, times[2 * i], f"{r.bubble_fraction:.1%}", times[2 * i + 1],
-                     f"{r.steady_bubble_fraction:.1%}", _compact(r.peak_activations), memory))
+                     f"{r.steady_bubble_fraction:.1%}", _compact(device_micro_batches(r)), memory))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     left = (0, len(rows[0]) - 1)  # the schedule name and the memory read left-aligned, numbers right-aligned
     return "\n".join(
         "  ".join(c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))).rstrip()
         for row in rows
     )
+
+
+def costs_note(costs: Costs, virtual: int = 1, split: bool = False) -> str:
+    """`costs: F 1, B 2 a stage; transfers free`: what a figure's steps assume, written on it
+    (with `split`, the halves I and W of a split backward too)."""
+    def show(value, half: bool = False) -> str:
+        values = value if isinstance(value, (list, tuple)) else [value]
+        return "/".join(f"{v / (2 if half else 1):g}" for v in values)
+    halves = ""
+    if split:
+        i, w = costs.backward_input, costs.backward_weight
+        halves = f" (I {show(costs.backward if i is None else i, i is None)} + W {show(costs.backward if w is None else w, w is None)})"
+    free = costs.latency == 0 and (costs.bandwidth == float("inf") or costs.activation_bytes_sent == 0)
+    where = "a device (1/V of it a chunk)" if virtual > 1 else "a stage"
+    return f"costs: F {show(costs.forward)}, B {show(costs.backward)}{halves} {where}; transfers {'free' if free else 'timed'}"
+
+
+def device_micro_batches(result: Result) -> list[str]:
+    """Per rank, the most micro-batches whose activations it holds at once, in the unit of the
+    memory column and the figures: a device's micro-batch, of which a chunk's (one of V
+    stages on the rank) is 1/V (zbv's 8 chunk micro-batches are 4)."""
+    per = result.schedule.stages // result.ranks
+    return [f"{n / per:g}" for n in result.peak_activations]
 
 
 def chunk_costs(costs: Costs, virtual: int) -> Costs:
@@ -307,8 +330,12 @@ def _write(args: argparse.Namespace, results: list[Result], out: Path, counts: b
     if not args.no_figures and (len(results) > 1 or args.compare is not None):
         names = [r.schedule.name for r in results]
         which = "" if names == list(TEXTBOOK) else "+".join(names) + "_"  # the README's figure keeps its name
-        jobs.append((out / f"compare_{which}{tag}.png", lambda p: save_figure(plot_compare(results, unit=unit), p),
-                     "comparison"))
+        # the textbook three share one time axis: that naive takes longest is their lesson
+        shared = True if names == list(TEXTBOOK) else None
+        note = costs_note(costs_of(args), max(r.schedule.stages // r.ranks for r in results),
+                          any(a.kind is Kind.I for r in results for p in r.schedule.programs for a in p))
+        jobs.append((out / f"compare_{which}{tag}.png",
+                     lambda p: save_figure(plot_compare(results, shared, unit, note=note), p), "comparison"))
     start = time.perf_counter()
     for i, (path, write, what) in enumerate(jobs, 1):
         progress(f"[{i}/{len(jobs)}] writing {path} ({what}; {time.perf_counter() - start:.1f} s so far)")
@@ -338,9 +365,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(format_table(results, counts), flush=True)
     if counts and any(r.schedule.stages != r.ranks or any(a.kind is Kind.I for p in r.schedule.programs for a in p)
                for r in results):
-        print("peak activations: per rank, the stage micro-batches between their F and their B or I; peak memory: "
-              "what the fullest rank holds (W keeps its part after I; a chunk holds 1/V of a device's share), "
-              "in micro-batches of a device's activations", flush=True)
+        print("peak activations: per rank, the micro-batches between their F and their B or I; peak memory: what "
+              "the fullest rank holds (W keeps its part after I); both in micro-batches of a device's activations, "
+              "of which a chunk's (one of V stages on a rank) is 1/V", flush=True)
     try:
         written = _write(args, results, out, counts)
     except OSError as e:  # e.g. the disk is full
