@@ -3,7 +3,8 @@
 - `plot_best(plan)`: the fastest configuration that fits, its Gantt chart over its memory
   (`sim.plot.plot_result`), titled with its layout and predictions.
 - `plot_scatter(plan)`: step time against peak memory of each simulated configuration, those
-  that fit and those that do not, the ranked ones marked, the GPU's memory as a line.
+  that fit and those that do not, the ranked ones marked, the GPU's memory and its usable
+  part (less the headroom) as lines.
 - `write_figures(plan, out)`: both, as PNGs written whole or not at all (`sim.plot.save_figure`).
 """
 from __future__ import annotations
@@ -37,7 +38,8 @@ def plot_best(plan: "Plan") -> "Figure":
     fig = plot_result(best.estimate.result)
     fig.suptitle(f"{_what(plan)}, best: {describe(best)}\nstep {best.step_time:.3g} s, {best.tflops_per_gpu:.0f} "
                  f"TFLOP/s/GPU, MFU {best.mfu:.1%}, bubble {best.bubble_fraction:.1%}, "
-                 f"peak {best.peak_memory / GIB:.1f} GiB", fontsize=10)
+                 f"peak {best.peak_memory / GIB:.1f} of {plan.usable_memory / GIB:.1f} GiB usable "
+                 f"({plan.gpu.memory / GIB:.0f} GiB less the headroom)", fontsize=10)
     return fig
 
 
@@ -64,6 +66,9 @@ def plot_scatter(plan: "Plan") -> "Figure":
                    label=f"best: {describe(best)}")
     ax.axvline(plan.gpu.memory / GIB, color="black", linestyle="--", linewidth=1,
                label=f"{plan.gpu.name} memory ({plan.gpu.memory / GIB:.0f} GiB)")
+    if plan.usable_memory < plan.gpu.memory:
+        ax.axvline(plan.usable_memory / GIB, color="black", linestyle=":", linewidth=1,
+                   label=f"usable: less the headroom ({plan.usable_memory / GIB:.1f} GiB)")
     times = [p.step_time for p in plan.points]
     if times and max(times) > 10 * min(times):
         ax.set_yscale("log")
