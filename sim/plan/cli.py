@@ -62,51 +62,51 @@ def headroom(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = cli.OneLineParser(
+    parser = cli.OneLineParser(
         error_prog=PROG, prog="python -m sim.plan", formatter_class=cli.DefaultsFormatter,
         description="Search tensor, pipeline and data parallelism, micro-batch size, schedule, chunks, "
                     "recompute and ZeRO stage for the fastest training step that fits; print the best, "
                     "draw its step and a scatter of all simulated configurations.",
         epilog="Lists are comma-separated. What is searched and the bounds that drop configurations "
                "before they are simulated: docs/planner.md, 'Planner'.")
-    p.add_argument("--model", required=True,
+    parser.add_argument("--model", required=True,
                    help=f"a preset ({', '.join(models())}) or FILE.json, an object of sim.Transformer's fields "
                         f"(layers, hidden, heads, seq, vocab; optional ffn, kv_heads, arch, attention, ...)")
-    p.add_argument("--seq", type=whole, help="sequence length (default: the model's)")
-    p.add_argument("--gpu", required=True, help=f"one of {', '.join(GPUS)}, or a device profile's name")
-    p.add_argument("--gpus", type=whole, required=True, help="GPUs in all: tp * pp * dp")
-    p.add_argument("--global-batch", type=whole, required=True, help="sequences per step")
-    p.add_argument("--tp", type=_ints, help="tensor-parallel sizes (default: powers of two within a node)")
-    p.add_argument("--pp", type=_ints, help="pipeline sizes (default: every divisor of gpus/tp up to the layers)")
-    p.add_argument("--micro-batch", type=_ints, help="micro-batch sizes (default: divisors up to --max-micro-batch)")
-    p.add_argument("--schedules", type=_words,
+    parser.add_argument("--seq", type=whole, help="sequence length (default: the model's)")
+    parser.add_argument("--gpu", required=True, help=f"one of {', '.join(GPUS)}, or a device profile's name")
+    parser.add_argument("--gpus", type=whole, required=True, help="GPUs in all: tp * pp * dp")
+    parser.add_argument("--global-batch", type=whole, required=True, help="sequences per step")
+    parser.add_argument("--tp", type=_ints, help="tensor-parallel sizes (default: powers of two within a node)")
+    parser.add_argument("--pp", type=_ints, help="pipeline sizes (default: every divisor of gpus/tp up to the layers)")
+    parser.add_argument("--micro-batch", type=_ints, help="micro-batch sizes (default: divisors up to --max-micro-batch)")
+    parser.add_argument("--schedules", type=_words,
                    help=f"schedules, replacing the default (all but zb-auto): {', '.join(SCHEDULES)}")
-    p.add_argument("--virtual", type=_ints, help="chunks per device for the schedules that take them "
+    parser.add_argument("--virtual", type=_ints, help="chunks per device for the schedules that take them "
                                                  "(default: 2..--max-virtual where pp*V divides the layers)")
-    p.add_argument("--recompute", type=_words, help=f"any of {', '.join(RECOMPUTE)} (default: all)")
-    p.add_argument("--zero", type=_zeros, help="ZeRO stages, any of 0,1,2,3 (default: all; 2 and 3 only with pp 1)")
-    p.add_argument("--sequence-parallel", choices=("both", "on", "off"), default="both",
+    parser.add_argument("--recompute", type=_words, help=f"any of {', '.join(RECOMPUTE)} (default: all)")
+    parser.add_argument("--zero", type=_zeros, help="ZeRO stages, any of 0,1,2,3 (default: all; 2 and 3 only with pp 1)")
+    parser.add_argument("--sequence-parallel", choices=("both", "on", "off"), default="both",
                    help="sequence parallelism (only where tp > 1)")
-    p.add_argument("--precision", default="bf16", help=f"one of {', '.join(PRECISIONS)}")
-    p.add_argument("--memory-headroom", type=headroom, default=DEFAULT_HEADROOM,
+    parser.add_argument("--precision", default="bf16", help=f"one of {', '.join(PRECISIONS)}")
+    parser.add_argument("--memory-headroom", type=headroom, default=DEFAULT_HEADROOM,
                    help="kept free of each GPU's memory for the CUDA context, NCCL's buffers and fragmentation: "
                         "a fraction (0.1, 10%%) or bytes (4GiB)")
-    p.add_argument("--gpus-per-node", type=whole, default=8, help="GPUs joined by NVLink")
-    p.add_argument("--nics-per-node", type=whole, help="network cards a node's GPUs share "
+    parser.add_argument("--gpus-per-node", type=whole, default=8, help="GPUs joined by NVLink")
+    parser.add_argument("--nics-per-node", type=whole, help="network cards a node's GPUs share "
                                                        "(default: --gpus-per-node, one a GPU)")
-    p.add_argument("--max-micro-batch", type=whole, default=MAX_MICRO_BATCH, help="largest micro-batch tried")
-    p.add_argument("--max-virtual", type=whole, default=MAX_VIRTUAL, help="most chunks per device tried")
-    p.add_argument("--max-configs", type=whole, default=MAX_CONFIGS, help="refuse a larger search")
-    p.add_argument("--top", type=whole, default=TOP, help="configurations to rank and print")
-    p.add_argument("--json", action="store_true", help="print the plan as JSON on stdout instead of a table")
-    p.add_argument("--out", default="out", help="folder for the figures, created if missing (default out/, "
+    parser.add_argument("--max-micro-batch", type=whole, default=MAX_MICRO_BATCH, help="largest micro-batch tried")
+    parser.add_argument("--max-virtual", type=whole, default=MAX_VIRTUAL, help="most chunks per device tried")
+    parser.add_argument("--max-configs", type=whole, default=MAX_CONFIGS, help="refuse a larger search")
+    parser.add_argument("--top", type=whole, default=TOP, help="configurations to rank and print")
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON on stdout instead of a table")
+    parser.add_argument("--out", default="out", help="folder for the figures, created if missing (default out/, "
                                                 "which git ignores)")
-    p.add_argument("--no-figures", action="store_true", help="draw nothing")
-    shown = p.add_mutually_exclusive_group()
+    parser.add_argument("--no-figures", action="store_true", help="draw nothing")
+    shown = parser.add_mutually_exclusive_group()
     shown.add_argument("--quiet", action="store_true", help="no progress on stderr")
     shown.add_argument("--progress", action="store_true", help="a redrawn progress bar even when stderr is not a "
                                                                "terminal (else plain lines every few seconds)")
-    return p
+    return parser
 
 
 class ProgressBar:
@@ -176,12 +176,13 @@ def format_table(plan: Plan) -> str:
     head = ("rank", "tp", "pp", "dp", "b", "m", "schedule", "V", "recompute", "zero", "sp", "step s",
             "TFLOP/s/GPU", "MFU", "bubble", "peak GiB", "fits")
     rows = [head]
-    for i, r in enumerate(plan.rows, 1):
-        c = r.config
-        rows.append((str(i), str(c.tp), str(c.pp), str(c.dp), str(c.micro_batch), str(r.micro_batches), c.schedule,
-                     str(c.virtual), c.recompute, str(c.zero), "on" if c.sequence_parallel else "off",
-                     f"{r.step_time:.4g}", f"{r.tflops_per_gpu:.1f}", f"{r.mfu:.1%}", f"{r.bubble_fraction:.1%}",
-                     f"{r.peak_memory / GIB:.1f}", "yes" if r.fits else "no"))
+    for i, row in enumerate(plan.rows, 1):
+        config = row.config
+        rows.append((str(i), str(config.tp), str(config.pp), str(config.dp), str(config.micro_batch),
+                     str(row.micro_batches), config.schedule, str(config.virtual), config.recompute, str(config.zero),
+                     "on" if config.sequence_parallel else "off",
+                     f"{row.step_time:.4g}", f"{row.tflops_per_gpu:.1f}", f"{row.mfu:.1%}", f"{row.bubble_fraction:.1%}",
+                     f"{row.peak_memory / GIB:.1f}", "yes" if row.fits else "no"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     left = {6, 8}
     return "\n".join("  ".join(v.ljust(w) if i in left else v.rjust(w) for i, (v, w) in enumerate(zip(row, widths)))

@@ -68,26 +68,26 @@ class Layout:
         return self.global_batch // (self.dp * self.micro_batch)
 
 
-def check_layout(m: Transformer, g: DeviceProfile, lay: Layout) -> list[str]:
+def check_layout(model: Transformer, profile: DeviceProfile, lay: Layout) -> list[str]:
     """Raise ValueError (one line, naming the fix) for a layout that cannot run; return the
     warnings for one that runs badly."""
     for name in ("tp", "pp", "dp", "micro_batch", "global_batch", "gpus_per_node", "nics_per_node"):
-        v = getattr(lay, name)
-        if name == "nics_per_node" and v is None:
+        value = getattr(lay, name)
+        if name == "nics_per_node" and value is None:
             continue
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be a positive int, got {v!r}")
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
     check_recompute(lay.recompute)
     stages = lay.pp * (lay.virtual if isinstance(lay.virtual, int) else lookup(lay.schedule)[1].virtual)
-    if stages > m.layers:  # before any work (the schedule refuses a wrong V itself)
+    if stages > model.layers:  # before any work (the schedule refuses a wrong V itself)
         chunks = f" x V {stages // lay.pp}" if stages != lay.pp else ""
-        raise ValueError(f"pp={lay.pp}{chunks} = {stages} stages is more than the model's {m.layers} layers; "
-                         f"use pp * V <= {m.layers}")
+        raise ValueError(f"pp={lay.pp}{chunks} = {stages} stages is more than the model's {model.layers} layers; "
+                         f"use pp * V <= {model.layers}")
     precision_bytes(lay.precision)
     state_bytes_per_param(lay.precision, lay.zero, lay.dp)
-    for what, n in (("heads", m.heads), ("kv_heads", m.kv_heads), ("ffn", m.ffn), ("vocab", m.vocab)):
+    for what, n in (("heads", model.heads), ("kv_heads", model.kv_heads), ("ffn", model.ffn), ("vocab", model.vocab)):
         if n % lay.tp:
-            ok = [d for d in (1, 2, 4, 8, 16, 32, 64) if n % d == 0 and m.heads % d == 0 and m.kv_heads % d == 0]
+            ok = [d for d in (1, 2, 4, 8, 16, 32, 64) if n % d == 0 and model.heads % d == 0 and model.kv_heads % d == 0]
             raise ValueError(f"tp={lay.tp} does not divide the model's {n} {what}; use tp in {ok}")
     if lay.global_batch % (lay.dp * lay.micro_batch):
         raise ValueError(f"global batch {lay.global_batch} does not split into dp={lay.dp} replicas of "
@@ -105,7 +105,7 @@ def check_layout(m: Transformer, g: DeviceProfile, lay: Layout) -> list[str]:
         raise ValueError(f"offload=True offloads the layer inputs that full recompute keeps (SageMaker's "
                          f"offload_activations needs activation checkpointing); set recompute='full', "
                          f"not {lay.recompute!r}")
-    usable_memory(g.memory, lay.memory_headroom)
+    usable_memory(profile.memory, lay.memory_headroom)
     warnings = []
     if lay.topology().group("tp").network:
         warnings.append(f"tp={lay.tp} spans nodes of {lay.gpus_per_node} GPUs: its all-reduces go over the network")

@@ -62,7 +62,7 @@ def model_from_file(path: str | os.PathLike) -> Transformer:
         raise ValueError(f"model file {path}: {e}") from None
 
 
-def model_name(m: Transformer) -> str:
+def model_name(model: Transformer) -> str:
     """The registry's name of `m`, or its shape."""
-    return next((n for n, x in models().items() if x == m),
-                f"l{m.layers}-h{m.hidden}-a{m.heads}-s{m.seq}-v{m.vocab}")
+    return next((n for n, candidate in models().items() if candidate == model),
+                f"l{model.layers}-h{model.hidden}-a{model.heads}-s{model.seq}-v{model.vocab}")

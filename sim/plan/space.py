@@ -57,8 +57,8 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _tp_ok(m: Transformer, tp: int) -> bool:
-    return all(n % tp == 0 for n in (m.heads, m.kv_heads, m.ffn, m.vocab))
+def _tp_ok(model: Transformer, tp: int) -> bool:
+    return all(n % tp == 0 for n in (model.heads, model.kv_heads, model.ffn, model.vocab))
 
 
 def _choices(name: str, given, default: Sequence) -> list:
@@ -152,53 +152,54 @@ def layouts(model: Transformer, gpus: int, global_batch: int, *, tp=None, pp=Non
     return out
 
 
-def _schedule_chunks(m: Transformer, pp: int, micro: int, names: Sequence[str], max_virtual: int,
+def _schedule_chunks(model: Transformer, pp: int, micro_batches: int, names: Sequence[str], max_virtual: int,
                      virtual, dropped: Counter) -> list[tuple[str, int]]:
-    """(schedule, V) pairs that the schedule accepts for pp devices and `micro` micro-batches."""
+    """(schedule, V) pairs that the schedule accepts for pp devices and `micro_batches` micro-batches."""
     if pp == 1:  # gradient accumulation whatever the schedule: one of them, V = 1 (if it takes that)
         names = ["1f1b"] if "1f1b" in names or not names else names[:1]
     out = []
     for name in names:
-        gen = SCHEDULES[name]
+        generator = SCHEDULES[name]
         if pp == 1:
-            vs = [1]
+            chunk_counts = [1]
         elif virtual is not None:
-            vs = _choices("virtual", virtual, [])
-        elif gen.takes_virtual:
-            vs = [v for v in range(2, max_virtual + 1) if m.layers % (pp * v) == 0]
+            chunk_counts = _choices("virtual", virtual, [])
+        elif generator.takes_virtual:
+            chunk_counts = [v for v in range(2, max_virtual + 1) if model.layers % (pp * v) == 0]
         else:
-            vs = [gen.virtual]
-        for v in vs:
-            if pp * v > m.layers:
+            chunk_counts = [generator.virtual]
+        for chunks in chunk_counts:
+            if pp * chunks > model.layers:
                 dropped["more stages than layers"] += 1
-            elif gen.refusal(pp, micro, v):
+            elif generator.refusal(pp, micro_batches, chunks):
                 dropped["the schedule refuses these sizes"] += 1
             else:
-                out.append((name, v))
+                out.append((name, chunks))
     return out
 
 
-def configurations(m: Transformer, gpus: int, global_batch: int, *, schedules=None, recompute=None, zero=None,
+def configurations(model: Transformer, gpus: int, global_batch: int, *, schedules=None, recompute=None, zero=None,
                    sequence_parallel=None, virtual=None, max_virtual: int = MAX_VIRTUAL,
                    dropped: Counter | None = None, **layout_limits) -> list[Config]:
     """Every configuration of the search space (see the module's docstring)."""
     dropped = Counter() if dropped is None else dropped
-    names = [lookup(s)[0] for s in _choices("schedules", schedules, DEFAULT_SCHEDULES)]
+    names = [lookup(name)[0] for name in _choices("schedules", schedules, DEFAULT_SCHEDULES)]
     recomputes = _choices("recompute", recompute, RECOMPUTE)
-    for r in recomputes:
-        if r not in RECOMPUTE:
-            raise ValueError(f"recompute must be one of {', '.join(RECOMPUTE)}; got {r!r}")
+    for mode in recomputes:
+        if mode not in RECOMPUTE:
+            raise ValueError(f"recompute must be one of {', '.join(RECOMPUTE)}; got {mode!r}")
     zeros = _choices("zero", zero, ZERO_STAGES)
-    for z in zeros:
-        if z not in ZERO_STAGES:
-            raise ValueError(f"zero must be one of 0, 1, 2, 3 (ZeRO stage); got {z!r}")
-    sps = _choices("sequence_parallel", sequence_parallel, (False, True))
+    for stage in zeros:
+        if stage not in ZERO_STAGES:
+            raise ValueError(f"zero must be one of 0, 1, 2, 3 (ZeRO stage); got {stage!r}")
+    sequence_parallels = _choices("sequence_parallel", sequence_parallel, (False, True))
     out = []
-    for t, p, d, b in layouts(m, gpus, global_batch, dropped=dropped, **layout_limits):
-        micro = global_batch // (d * b)
-        zs = [z for z in zeros if (z == 0 or d > 1) and (z < 2 or p == 1)] or [0]
-        for (name, v), r, z, sp in itertools.product(
-                _schedule_chunks(m, p, micro, names, max_virtual, virtual, dropped), recomputes, zs,
-                [s for s in sps if t > 1 or not s] or [False]):
-            out.append(Config(t, p, d, b, name, v, r, z, sp))
+    for tp, pp, dp, micro_batch in layouts(model, gpus, global_batch, dropped=dropped, **layout_limits):
+        micro_batches = global_batch // (dp * micro_batch)
+        # ZeRO 1-3 shard over the replicas; 2 and 3 only without pipelining (`layout.check_layout`)
+        zero_stages = [stage for stage in zeros if (stage == 0 or dp > 1) and (stage < 2 or pp == 1)] or [0]
+        for (name, chunks), mode, stage, sp in itertools.product(
+                _schedule_chunks(model, pp, micro_batches, names, max_virtual, virtual, dropped), recomputes,
+                zero_stages, [on for on in sequence_parallels if tp > 1 or not on] or [False]):
+            out.append(Config(tp, pp, dp, micro_batch, name, chunks, mode, stage, sp))
     return out

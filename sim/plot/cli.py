@@ -15,9 +15,11 @@ that cannot be written. Progress goes to stderr, a line per figure.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import math
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import NoReturn, Sequence
@@ -61,6 +63,28 @@ def fail(message: str) -> NoReturn:
 
 def progress(message: str) -> None:
     print(f"sim.plot: {message}", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def heartbeat(what: str, first: float = 2.0, every: float = 5.0):
+    """While the block runs past `first` seconds, a plain progress line every `every` seconds
+    (`sim.plot: building zb-auto: 7 s so far`): a long build or simulation is never silent,
+    a short one prints nothing."""
+    done, start = threading.Event(), time.perf_counter()
+
+    def beat() -> None:
+        wait = first
+        while not done.wait(wait):
+            progress(f"{what}: {time.perf_counter() - start:.0f} s so far")
+            wait = every
+
+    thread = threading.Thread(target=beat, name="sim.plot-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 def _per_stage(text: str) -> list[float]:
@@ -219,7 +243,8 @@ def _schedules(args: argparse.Namespace, names: list[str], costs: Costs) -> list
     for name in names:
         _check_lengths(args, name)
         try:
-            schedules.append(make_schedule(name, args.stages, args.micro, args.virtual, **options[name]))
+            with heartbeat(f"building {name}" + (" (its search simulates candidate steps)" if name == "zb-auto" else "")):
+                schedules.append(make_schedule(name, args.stages, args.micro, args.virtual, **options[name]))
         except (ScheduleError, ValueError) as e:
             fail(str(e).splitlines()[0])
     return schedules
@@ -307,7 +332,8 @@ def _simulate(args: argparse.Namespace, schedules: list[Schedule], costs: Costs)
             if big:
                 progress(f"simulating {schedule.name}: {plural(schedule.stages, 'stage')}, "
                          f"{plural(args.micro, 'micro-batch', 'micro-batches')}")
-            results.append(simulate(schedule, chunk_costs(costs, schedule.stages // args.stages)))
+            with heartbeat(f"simulating {schedule.name}"):
+                results.append(simulate(schedule, chunk_costs(costs, schedule.stages // args.stages)))
     except (ScheduleError, ValueError) as e:
         fail(str(e).splitlines()[0])  # a deadlock report adds a grid below its first line
     return results
