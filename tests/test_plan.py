@@ -238,12 +238,15 @@ def test_json_is_ranked_and_every_row_splits_the_gpus_and_the_batch(capsys):
     assert sum(data["dropped"].values()) + data["simulated"] >= data["enumerated"] - 1
 
 
-def test_progress_bar_on_request_only(capsys):
+def test_progress_bar_on_request_plain_lines_otherwise(capsys):
     argv = ["--model", "megatron-1.7b", "--gpu", "a100-80gb", "--gpus", "8", "--global-batch", "8", "--no-figures",
             "--schedules", "1f1b", "--recompute", "none"]
-    assert run(argv, capsys)[2] == ""                # not a terminal: no bar
+    err = run(argv, capsys)[2]                       # not a terminal: plain lines, no bar
+    assert err and "\r" not in err and all(line.startswith("sim.plan: ") and " settled, " in line
+                                           for line in err.splitlines())
+    assert run(argv + ["--quiet"], capsys)[2] == ""
     status, out, err = run(argv + ["--progress"], capsys)
-    assert status == 0 and "settled" in err and err.endswith("\n")
+    assert status == 0 and "settled" in err and "\r" in err and err.endswith("\n")
     assert "rank" in out and "dropped (of the" in out
 
 

@@ -287,3 +287,48 @@ def test_the_busy_line_counts_own_ranks_when_they_outnumber_the_cores():
     assert describe_load(summary, cores=4).startswith("the machine was busy: 40% of the step lost to other processes")
     line = describe_load(summary, cores=2)
     assert line.startswith("3 ranks on 2 cores take turns: 40% of the step") and "own ranks" in line
+
+
+# ---------------------------------------------------------------- 6, 11. sim.plot: never silent, one unit, costs shown
+
+def test_a_long_build_says_so_and_a_short_one_is_silent(capsys):
+    import threading
+    from sim.plot.cli import heartbeat
+    with heartbeat("building zb-auto", first=0.01, every=0.01):
+        threading.Event().wait(0.1)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines and all(line.startswith("sim.plot: building zb-auto: ") for line in lines)
+    with heartbeat("building 1f1b", first=60):
+        pass
+    assert capsys.readouterr().err == ""
+
+
+def test_zbv_peak_is_counted_in_a_device_micro_batches_as_on_the_figure():
+    from sim.plot.cli import chunk_costs, costs_note, device_micro_batches
+    result = sim.simulate(sim.make_schedule("zbv", 4, 8), chunk_costs(sim.Costs(), 2))  # as sim.plot runs it
+    assert result.peak_activations == [8, 8, 8, 8]  # chunk micro-batches: two chunks a device
+    assert device_micro_batches(result) == ["4", "4", "4", "4"]
+    assert max(result.peak_memory) == 4  # the figure's and the table's memory: a device's micro-batches
+    assert costs_note(sim.Costs()) == "costs: F 1, B 2 a stage; transfers free"
+    assert costs_note(sim.Costs(), 2, split=True) == "costs: F 1, B 2 (I 1 + W 1) a device (1/V of it a chunk); transfers free"
+
+
+def test_the_readme_figure_shares_its_time_axis(tmp_path):
+    from sim.plot.cli import main as plot_main
+    import matplotlib.pyplot as plt
+    from sim.plot import gantt
+    seen = []
+    original = gantt.plot_compare
+
+    def spy(results, shared_time=None, unit=None, note=None):
+        seen.append((shared_time, note))
+        return original(results, shared_time, unit, note=note)
+
+    import sim.plot.cli as plot_cli
+    plot_cli.plot_compare, saved = spy, plot_cli.plot_compare
+    try:
+        assert plot_main(["--stages", "4", "--micro", "8", "--out", str(tmp_path)]) == 0
+    finally:
+        plot_cli.plot_compare = saved
+        plt.close("all")
+    assert seen == [(True, "costs: F 1, B 2 a stage; transfers free")]
