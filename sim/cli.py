@@ -1,12 +1,15 @@
-"""What the command lines (`sim.plot`, `exec.run`) share: a bad argument is one line on
-stderr and exit status 2, never a usage dump or a traceback."""
+"""What the command lines (`sim.plot`, `sim.plan`, `exec.run`) share: a bad argument is one line on
+stderr and exit status 2, never a usage dump or a traceback; a long wait is never silent."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 from typing import NoReturn
 
@@ -112,6 +115,28 @@ def machine_memory() -> int:
     except OSError:
         pass
     return total
+
+
+@contextlib.contextmanager
+def heartbeat(prog: str, what: str, first: float = 2.0, every: float = 5.0):
+    """While the block runs past `first` seconds, a plain progress line on stderr every `every`
+    seconds (`sim.plot: building zb-auto: 7 s so far`): a long build or simulation is never silent,
+    a short one prints nothing."""
+    done, start = threading.Event(), time.perf_counter()
+
+    def beat() -> None:
+        wait = first
+        while not done.wait(wait):
+            print(f"{prog}: {what}: {time.perf_counter() - start:.0f} s so far", file=sys.stderr, flush=True)
+            wait = every
+
+    thread = threading.Thread(target=beat, name="sim.plot-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):

@@ -293,18 +293,19 @@ def test_the_busy_line_counts_own_ranks_when_they_outnumber_the_cores():
 
 def test_a_long_build_says_so_and_a_short_one_is_silent(capsys):
     import threading
-    from sim.plot.cli import heartbeat
-    with heartbeat("building zb-auto", first=0.01, every=0.01):
+    from sim.cli import heartbeat
+    with heartbeat("sim.plot", "building zb-auto", first=0.01, every=0.01):
         threading.Event().wait(0.1)
     lines = capsys.readouterr().err.splitlines()
     assert lines and all(line.startswith("sim.plot: building zb-auto: ") for line in lines)
-    with heartbeat("building 1f1b", first=60):
+    with heartbeat("sim.plot", "building 1f1b", first=60):
         pass
     assert capsys.readouterr().err == ""
 
 
 def test_zbv_peak_is_counted_in_a_device_micro_batches_as_on_the_figure():
-    from sim.plot.cli import chunk_costs, costs_note, device_micro_batches
+    from sim.plot.cli import chunk_costs
+    from sim.plot.labels import costs_note, device_micro_batches
     result = sim.simulate(sim.make_schedule("zbv", 4, 8), chunk_costs(sim.Costs(), 2))  # as sim.plot runs it
     assert result.peak_activations == [8, 8, 8, 8]  # chunk micro-batches: two chunks a device
     assert device_micro_batches(result) == ["4", "4", "4", "4"]

@@ -15,11 +15,9 @@ that cannot be written. Progress goes to stderr, a line per figure.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import math
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import NoReturn, Sequence
@@ -33,6 +31,7 @@ from sim.schedule.ir import Kind, ScheduleError
 from .gantt import format_memory, format_times, human_bytes, memory_unit, plot_compare, \
     plot_result, plural, save_figure, time_unit, timeline_style, TIME_UNIT
 from sim.engine.result import Result
+from .labels import costs_note, device_micro_batches
 from sim.schedule.ir import Schedule
 from sim.schedules import SCHEDULES, TEXTBOOK, lookup, make_schedule
 
@@ -63,28 +62,6 @@ def fail(message: str) -> NoReturn:
 
 def progress(message: str) -> None:
     print(f"sim.plot: {message}", file=sys.stderr, flush=True)
-
-
-@contextlib.contextmanager
-def heartbeat(what: str, first: float = 2.0, every: float = 5.0):
-    """While the block runs past `first` seconds, a plain progress line every `every` seconds
-    (`sim.plot: building zb-auto: 7 s so far`): a long build or simulation is never silent,
-    a short one prints nothing."""
-    done, start = threading.Event(), time.perf_counter()
-
-    def beat() -> None:
-        wait = first
-        while not done.wait(wait):
-            progress(f"{what}: {time.perf_counter() - start:.0f} s so far")
-            wait = every
-
-    thread = threading.Thread(target=beat, name="sim.plot-heartbeat", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        done.set()
-        thread.join()
 
 
 def _per_stage(text: str) -> list[float]:
@@ -243,7 +220,7 @@ def _schedules(args: argparse.Namespace, names: list[str], costs: Costs) -> list
     for name in names:
         _check_lengths(args, name)
         try:
-            with heartbeat(f"building {name}" + (" (its search simulates candidate steps)" if name == "zb-auto" else "")):
+            with cli.heartbeat("sim.plot", f"building {name}" + (" (its search simulates candidate steps)" if name == "zb-auto" else "")):
                 schedules.append(make_schedule(name, args.stages, args.micro, args.virtual, **options[name]))
         except (ScheduleError, ValueError) as e:
             fail(str(e).splitlines()[0])
@@ -288,29 +265,6 @@ def format_table(results: Sequence[Result], counts: bool = False) -> str:
     )
 
 
-def costs_note(costs: Costs, virtual: int = 1, split: bool = False) -> str:
-    """`costs: F 1, B 2 a stage; transfers free`: what a figure's steps assume, written on it
-    (with `split`, the halves I and W of a split backward too)."""
-    def show(value, half: bool = False) -> str:
-        values = value if isinstance(value, (list, tuple)) else [value]
-        return "/".join(f"{v / (2 if half else 1):g}" for v in values)
-    halves = ""
-    if split:
-        i, w = costs.backward_input, costs.backward_weight
-        halves = f" (I {show(costs.backward if i is None else i, i is None)} + W {show(costs.backward if w is None else w, w is None)})"
-    free = costs.latency == 0 and (costs.bandwidth == float("inf") or costs.activation_bytes_sent == 0)
-    where = "a device (1/V of it a chunk)" if virtual > 1 else "a stage"
-    return f"costs: F {show(costs.forward)}, B {show(costs.backward)}{halves} {where}; transfers {'free' if free else 'timed'}"
-
-
-def device_micro_batches(result: Result) -> list[str]:
-    """Per rank, the most micro-batches whose activations it holds at once, in the unit of the
-    memory column and the figures: a device's micro-batch, of which a chunk's (one of V
-    stages on the rank) is 1/V (zbv's 8 chunk micro-batches are 4)."""
-    per = result.schedule.stages // result.ranks
-    return [f"{n / per:g}" for n in result.peak_activations]
-
-
 def chunk_costs(costs: Costs, virtual: int) -> Costs:
     """The costs of one model stage of a schedule with `virtual` chunks per device: a
     field that a device's share of the model splits (`sim.engine.fields.CHUNKED`: what a
@@ -332,7 +286,7 @@ def _simulate(args: argparse.Namespace, schedules: list[Schedule], costs: Costs)
             if big:
                 progress(f"simulating {schedule.name}: {plural(schedule.stages, 'stage')}, "
                          f"{plural(args.micro, 'micro-batch', 'micro-batches')}")
-            with heartbeat(f"simulating {schedule.name}"):
+            with cli.heartbeat("sim.plot", f"simulating {schedule.name}"):
                 results.append(simulate(schedule, chunk_costs(costs, schedule.stages // args.stages)))
     except (ScheduleError, ValueError) as e:
         fail(str(e).splitlines()[0])  # a deadlock report adds a grid below its first line
