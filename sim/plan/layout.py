@@ -21,6 +21,10 @@ DEFAULT_HEADROOM = 0.10
 # the machine's memory a step may take (other work shares it).
 BYTES_PER_CELL = 3_800
 MEMORY_SHARE = 0.5
+# The most stage x micro-batches a planned step may have, for time: 65,536 take 0.94 s to
+# simulate on a 2-core machine (docs/measurements.md, "Simulator speed: large step"), so this
+# is about 7 s a configuration, five times the largest published layout's (pp 64 x 1,536).
+MAX_CELLS = 500_000
 
 
 def usable_memory(memory: float, headroom: float = DEFAULT_HEADROOM) -> float:
@@ -113,17 +117,17 @@ def check_layout(model: Transformer, profile: DeviceProfile, lay: Layout) -> lis
 
 
 def size_problem(lay: Layout) -> str | None:
-    """One line saying why the layout's step is too large to simulate on this machine (its
-    stages x micro-batches would take more than `MEMORY_SHARE` of its memory), else None."""
+    """One line saying why the layout's step is too large to simulate here (more stages x
+    micro-batches than `MAX_CELLS`, or than `MEMORY_SHARE` of this machine's memory holds),
+    else None."""
     virtual = lay.virtual if isinstance(lay.virtual, int) else lookup(lay.schedule)[1].virtual
     cells = lay.pp * virtual * lay.micro_batches
-    allowed = MEMORY_SHARE * machine_memory()
-    if cells * BYTES_PER_CELL <= allowed:
+    limit = min(MAX_CELLS, int(MEMORY_SHARE * machine_memory() // BYTES_PER_CELL))
+    if cells <= limit:
         return None
     return (f"step too large to simulate here: pp={lay.pp} x V {virtual} x {lay.micro_batches:,} micro-batches = "
-            f"{cells:,} stage-micro-batches would take about {cells * BYTES_PER_CELL / 2**30:.1f} GiB, more than "
-            f"the {allowed / 2**30:.1f} GiB allowed ({MEMORY_SHARE:.0%} of this machine's); the limit here is "
-            f"{int(allowed // BYTES_PER_CELL):,}: a smaller global batch or a larger micro-batch or dp")
+            f"{cells:,} stage-micro-batches, more than the {limit:,} simulated in seconds within "
+            f"{MEMORY_SHARE:.0%} of this machine's memory; give a smaller global batch, a larger micro-batch or more dp")
 
 
 def check_size(lay: Layout) -> None:
