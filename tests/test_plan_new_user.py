@@ -333,3 +333,12 @@ def test_the_readme_figure_shares_its_time_axis(tmp_path):
         plot_cli.plot_compare = saved
         plt.close("all")
     assert seen == [(True, "costs: F 1, B 2 a stage; transfers free")]
+
+
+def test_more_gpus_than_any_published_run_says_so():
+    plan = sim.plan.search("megatron-1.7b", "a100-80gb", gpus=32_768, global_batch=32_768, tp=[1], pp=[1],
+                           micro_batch=[1], recompute="none", zero=[0])
+    assert plan.rows and len(plan.warnings) == 1 and "32,768 GPUs: more than the 16,384" in plan.warnings[0]
+    assert plan.summary()["warnings"] == plan.warnings
+    assert not sim.plan.search("megatron-1.7b", "a100-80gb", gpus=8, global_batch=8, tp=[1], pp=[1],
+                               micro_batch=[1], recompute="none", zero=[0]).warnings
