@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import NoReturn, Sequence
 
-from sim.cli import OneLineParser, folder_problem, number, whole
+from sim.cli import OneLineParser, folder_problem, machine_memory, missing_extra, number, whole
 
 from exec.runtime.optim import OPTIMIZERS  # torch is imported only once the arguments are read
 from sim.model.transformer import RECOMPUTE
@@ -174,12 +174,17 @@ def _check(parser: argparse.ArgumentParser, args):
     problem = folder_problem(args.out) if args.out is not None else None
     if problem:
         parser.error(f"--out {problem}")
+    if missing_extra():
+        parser.error(missing_extra())
     import torch
     try:
         spec = model_spec(args)
         config = run_config(args)
     except ValueError as e:
         parser.error(str(e))
+    too_big = memory_problem(spec, args.optimizer, args.model)
+    if too_big:
+        parser.error(too_big)
     from exec.pipeline.runner import check_run
     try:  # the checks run_pipeline makes (the replicas, the batch, the fault, the schedule), before torch starts ranks
         check_run(spec, schedule, config)
@@ -196,6 +201,22 @@ def _check(parser: argparse.ArgumentParser, args):
         parser.error("--backend nccl: the profiler measures CPU ranks (gloo) only; "
                      "pass --costs FILE (sim.save_costs) or --no-compare")
     return schedule, spec, costs, config
+
+
+def memory_problem(spec, optimizer: str, name: str) -> str | None:
+    """One line if the model cannot fit this machine's memory, else None: its fp32 weights,
+    gradients and optimizer state (AdamW: two moments) held twice, by the ranks and by the
+    single process that checks their gradients (activations aside: a lower bound)."""
+    if spec.model != "gpt":
+        return None
+    params = spec.transformer().params().total
+    need = 2 * params * (4 + 4 + (8 if optimizer == "adamw" else 0))
+    if need <= machine_memory():
+        return None
+    return (f"--model {name} of {params / 1e9:.1f} B parameters needs at least {need / 2**30:,.0f} GiB "
+            f"(weights, gradients and optimizer state, on the ranks and in the checking process), more than this "
+            f"machine's {machine_memory() / 2**30:.0f} GiB; exec runs small models: give fewer --layers or a "
+            f"smaller --hidden")
 
 
 def model_spec(args):

@@ -1,12 +1,15 @@
-"""What the command lines (`sim.plot`, `exec.run`) share: a bad argument is one line on
-stderr and exit status 2, never a usage dump or a traceback."""
+"""What the command lines (`sim.plot`, `sim.plan`, `exec.run`) share: a bad argument is one line on
+stderr and exit status 2, never a usage dump or a traceback; a long wait is never silent."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 from typing import NoReturn
 
@@ -19,9 +22,11 @@ def fail(prog: str, message: str) -> NoReturn:
 
 class OneLineParser(argparse.ArgumentParser):
     """argparse, but a bad argument is one line on stderr and exit status 2; `error_prog`
-    names the command in that line."""
+    names the command in that line. Options are never abbreviated (`allow_abbrev=False`):
+    a prefix such as `--seq` would otherwise be taken for the one option it starts."""
 
     def __init__(self, *args, error_prog: str, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
         self.error_prog = error_prog
 
@@ -67,6 +72,71 @@ def folder_problem(out: str | os.PathLike) -> str | None:
     except OSError as e:
         return f"cannot write to {out}: {e.strerror or e}"
     return None
+
+
+def missing_extra(module: str = "torch", extra: str = "exec") -> str | None:
+    """One line naming the install that brings `module`, where it cannot be imported (found
+    without importing it: `sim` never imports torch), else None."""
+    import importlib.util
+    if importlib.util.find_spec(module) is None:
+        return f"{module} is not installed; install the {extra!r} extra: pip install -e .[{extra}]"
+    return None
+
+
+def file_problem(path: str | os.PathLike) -> str | None:
+    """Before any work, whether a file can be written at `path` (its folder is made as it is
+    written): None if so, else one line saying why not (a folder at the path, a file where a
+    folder should be, no permission, a read-only or virtual file system such as /proc)."""
+    path = Path(path)
+    if path.is_dir():
+        return f"{path} is a folder; give a file name"
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        return f"{folder} is a file, not a folder; {path} cannot be written under it"
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        return f"cannot write to {folder}: {e.strerror or e}"
+    return None
+
+
+def machine_memory() -> int:
+    """Bytes of memory this process may use: the machine's (os.sysconf), or its cgroup's
+    limit where that is lower."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+        if limit.isdigit():
+            total = min(total, int(limit))
+    except OSError:
+        pass
+    return total
+
+
+@contextlib.contextmanager
+def heartbeat(prog: str, what: str, first: float = 2.0, every: float = 5.0):
+    """While the block runs past `first` seconds, a plain progress line on stderr every `every`
+    seconds (`sim.plot: building zb-auto: 7 s so far`): a long build or simulation is never silent,
+    a short one prints nothing."""
+    done, start = threading.Event(), time.perf_counter()
+
+    def beat() -> None:
+        wait = first
+        while not done.wait(wait):
+            print(f"{prog}: {what}: {time.perf_counter() - start:.0f} s so far", file=sys.stderr, flush=True)
+            wait = every
+
+    thread = threading.Thread(target=beat, name="sim.plot-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):

@@ -61,9 +61,10 @@ def grad_reduce_times(m: Transformer, g: DeviceProfile, lay: Parallelism, params
     def reduce(nbytes: float) -> float:
         if lay.zero == 0:
             return collective_time(links, "all_reduce", nbytes, dp)
-        return collective_time(links, "reduce_scatter", nbytes, dp) + collective_time(links, "all_gather", nbytes, dp)
+        scatter = collective_time(links, "reduce_scatter", nbytes, dp) if lay.zero == 1 else 0.0
+        return scatter + collective_time(links, "all_gather", nbytes, dp)
 
-    # ZeRO-3 reduce-scatters every micro-batch's gradients in its backward (`zero3_times`)
+    # ZeRO-2 and -3 reduce-scatter every micro-batch's gradients in its backward (`zero3_times`)
     out = [0.0 if lay.zero == 3 else reduce(p * grad) for p in params]
     if m.params().tied and placement[0] != placement[-1]:
         tied = collective_time(links, "all_reduce", m.vocab * m.hidden / lay.tp * grad, topo.group("embedding"))
@@ -77,13 +78,17 @@ def zero3_times(g: DeviceProfile, lay: Parallelism, params: list[float]) -> tupl
     from their dp shards (before F, and again before the backward) and the reduce-scatter of
     its gradients (after it): DeepSpeed's ZeRO-3, 1.5x a data-parallel all-reduce's bytes per
     micro-batch (Rajbhandari et al. 2020, Sec. 7.2.2). Taken as not overlapped with the
-    compute (DeepSpeed prefetches some of it; not modelled). Zero for other stages."""
-    if lay.zero != 3:
+    compute (DeepSpeed prefetches some of it; not modelled). Under ZeRO-2 (pp = 1 only) the
+    reduce-scatter of the stage's gradients after each micro-batch's backward, DeepSpeed's
+    stage 2, so that only 1/dp of them accumulates (docs/planner.md, "ZeRO with pipelining").
+    Zero for other stages."""
+    if lay.zero < 2:
         return [0.0] * len(params), [0.0] * len(params)
     links, dp = links_of(g), lay.topology().group("dp")
     weight = precision_bytes(lay.precision)
-    gather = [collective_time(links, "all_gather", p * weight, dp) for p in params]
-    scatter = [collective_time(links, "reduce_scatter", p * weight, dp) for p in params]
+    grad = state_bytes_per_param(lay.precision)["grads"]
+    gather = [collective_time(links, "all_gather", p * weight, dp) if lay.zero == 3 else 0.0 for p in params]
+    scatter = [collective_time(links, "reduce_scatter", p * (weight if lay.zero == 3 else grad), dp) for p in params]
     return gather, scatter
 
 

@@ -4,7 +4,8 @@ Mixed-precision Adam keeps, per parameter, the 16-bit weight and its gradient an
 master weight and the two fp32 Adam moments: 2 + 2 + 12 = 16 bytes (Rajbhandari et al. 2020,
 "ZeRO", Sec. 3.1, K = 12). Megatron-LM accumulates bf16 gradients in fp32
 (`--accumulate-allreduce-grads-in-fp32`, required with --bf16), so its gradient takes 4: 18
-bytes. In fp32 the weight and gradient are 4 bytes each and no master copy is kept: 16.
+bytes. In fp32 the weight and gradient are 4 bytes each and no master copy is kept: 16; tf32
+is fp32 storage with TF32 matmuls (NVIDIA's Ampere whitepaper), so it keeps the same 16.
 
 ZeRO (Rajbhandari et al. 2020, Sec. 5) divides over the d data-parallel ranks the optimizer
 state (stage 1), also the gradients (stage 2), also the weights (stage 3).
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 ZERO_STAGES = (0, 1, 2, 3)
 # bytes per parameter: (weight, gradient, optimizer state); sources in the module docstring
-_STATES = {"bf16": (2, 4, 12), "fp16": (2, 2, 12), "fp32": (4, 4, 8)}
+_STATES = {"bf16": (2, 4, 12), "fp16": (2, 2, 12), "tf32": (4, 4, 8), "fp32": (4, 4, 8)}
 
 
 def state_bytes_per_param(precision: str, zero: int = 0, dp: int = 1) -> dict[str, float]:
@@ -37,8 +38,8 @@ def state_bytes_per_param(precision: str, zero: int = 0, dp: int = 1) -> dict[st
 def optimizer_step_bytes(precision: str) -> int:
     """Bytes an AdamW step reads and writes per parameter it updates (a memory-bound kernel):
     it reads the gradient, the master weight and both moments, and writes the three and the
-    16-bit weight (mixed precision) or two fewer (fp32: the weight is the master)."""
+    16-bit weight (mixed precision) or two fewer (fp32 and tf32: the weight is the master)."""
     weight, grad, opt = _STATES[precision]
-    if precision == "fp32":
+    if precision in ("fp32", "tf32"):
         return grad + 2 * (weight + opt)          # read g, w, m, v; write w, m, v
     return grad + 2 * opt + weight                # read g, w32, m, v; write w32, m, v, w16

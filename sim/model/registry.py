@@ -13,6 +13,11 @@ of them takes, the others take too.
 """
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
+from pathlib import Path
+
 from .sagemaker import MODELS as SAGEMAKER
 from .transformer import Transformer
 
@@ -84,13 +89,38 @@ def find_model(model: Transformer | str) -> Transformer:
         return model
     if not isinstance(model, str):
         raise TypeError(f"model must be a sim.Transformer or a model name; got {type(model).__name__}")
+    if model.endswith(".json"):
+        return model_from_file(model)
     key = model_key(model)
     if key not in MODELS:
-        raise ValueError(f"unknown model {model!r}; known: {', '.join(MODELS)}")
+        raise ValueError(f"unknown model {model!r}; known: {', '.join(MODELS)}, or a FILE.json of "
+                         f"sim.Transformer's fields")
     return MODELS[key]
 
 
-def model_name(m: Transformer) -> str:
-    """The registry's name of `m`, or its shape."""
-    return next((n for n, x in MODELS.items() if x == m),
-                f"l{m.layers}-h{m.hidden}-a{m.heads}-s{m.seq}-v{m.vocab}")
+def model_from_file(path: str | os.PathLike) -> Transformer:
+    """A model without a preset: a JSON object of `sim.Transformer`'s fields, e.g.
+    `{"layers": 32, "hidden": 4096, "heads": 32, "seq": 4096, "vocab": 32000, "arch": "llama"}`.
+    ValueError (one line) naming the file and what is wrong."""
+    try:
+        fields = json.loads(Path(path).read_text())
+    except OSError as e:
+        raise ValueError(f"cannot read model file {path}: {e.strerror or e}") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"model file {path} is not JSON: {e.msg} at line {e.lineno}") from None
+    known = [f.name for f in dataclasses.fields(Transformer)]
+    if not isinstance(fields, dict) or set(fields) - set(known):
+        extra = sorted(set(fields) - set(known)) if isinstance(fields, dict) else fields
+        raise ValueError(f"model file {path}: unknown fields {extra}; give a JSON object of {', '.join(known)}")
+    try:
+        return Transformer(**fields)
+    except TypeError as e:
+        raise ValueError(f"model file {path}: {e}; the fields are {', '.join(known)}") from None
+    except ValueError as e:
+        raise ValueError(f"model file {path}: {e}") from None
+
+
+def model_name(model: Transformer) -> str:
+    """The registry's name of `model`, or its shape."""
+    return next((n for n, candidate in MODELS.items() if candidate == model),
+                f"l{model.layers}-h{model.hidden}-a{model.heads}-s{model.seq}-v{model.vocab}")

@@ -5,7 +5,7 @@ The flow, a module each: `layout` (a parallel layout and its checks) -> the cost
 pipeline stage costs on the device) -> `estimation` (the simulated step on the engine: time,
 memory, fit) -> `planner` (the search over layouts, `sim.plan.search`). `python -m sim.plan` is its command line.
 """
-from sim.plan.planner import Plan, Row, rank_of, search
+from sim.plan.planner import Plan, Row, rank_key, rank_of, search
 from sim.plan.space import Config
 
-__all__ = ["search", "Plan", "Config", "Row", "rank_of"]
+__all__ = ["search", "Plan", "Config", "Row", "rank_of", "rank_key"]

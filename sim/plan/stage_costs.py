@@ -19,7 +19,7 @@ from sim.passes.offload import add_offload
 from sim.schedule.liveness import program_peak
 from sim.search.partition import balanced, even
 
-from .layout import Layout
+from .layout import Layout, usable_memory
 
 
 def partition_layers(layers: int, stages: int, partition, lt: LayerTimes, ends: dict, caps=None) -> list[int]:
@@ -40,7 +40,7 @@ def partition_layers(layers: int, stages: int, partition, lt: LayerTimes, ends: 
 
 
 def memory_caps(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: LayerTimes, ends: dict, sched) -> list[int] | None:
-    """The most layers each stage can hold with its device still fitting the GPU, from the
+    """The most layers each stage can hold with its device still fitting the GPU (less the headroom), from the
     static bytes and the program-order peak of its activations (`sim.schedule.liveness.program_peak`,
     the schedule's own count of micro-batches held); None unless every device holds one stage
     (with several, their layers share one memory and no cap is a stage's own)."""
@@ -50,7 +50,8 @@ def memory_caps(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: Lay
     @cache
     def fits(n: int) -> tuple[bool, ...]:  # per stage: does its device fit with n layers on every stage?
         c = stage_costs(m, g, lay, x, lt, ends, [n] * lay.pp, sched.placement)[0].for_stages(lay.pp)
-        return tuple(c.static_total(s) + program_peak(sched.programs[sched.placement[s]], c) <= g.memory
+        usable = usable_memory(g.memory, lay.memory_headroom)
+        return tuple(c.static_total(s) + program_peak(sched.programs[sched.placement[s]], c) <= usable
                      for s in range(lay.pp))
 
     def cap(s: int) -> int:
@@ -139,7 +140,7 @@ def stage_costs(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: Lay
     parts = {names[k]: mb * sum(layers) * v / lay.pp for k, v in lt.parts.items()}
     parts["embedding_and_output"] = mb * sum(ends[f"{side}_{p}"] for side in ("first", "last") for p in "FB") / lay.pp
     parts["launch_floor"] = mb * floor / lay.pp
-    parts["zero3_collectives"] = mb * (2 * sum(gather) + sum(scatter)) / lay.pp
+    parts["zero_collectives"] = mb * (2 * sum(gather) + sum(scatter)) / lay.pp
     parts["tp_collectives"] += mb * (sum(into_f) + sum(into_b)) / lay.pp
     return costs, parts
 

@@ -227,7 +227,7 @@ def test_readme_commands_leave_the_checkout_clean(tmp_path):
 
 def test_plan_exits_1_when_nothing_fits_and_counts_add_up():
     proc = run("sim.plan", "--model", "gpt3-175b", "--gpu", "a100-80gb", "--gpus", "3", "--global-batch", "1536",
-               "--no-figures")
+               "--no-figures", "--quiet")
     one_line(proc, 1, "no configuration fits")
     head = proc.stdout.splitlines()[0]
     enumerated = int(head.split(": ")[1].split()[0])
