@@ -189,9 +189,11 @@ def _row(config: Config, est: Estimate, keep: bool) -> Row:
 def rank_key(row: Row) -> tuple:
     """The total order of the rows: step time, then peak memory, then the configuration's
     fields in `Config`'s order (tp, pp, dp, micro-batch, schedule, V, recompute, ZeRO,
-    sequence parallelism), so that any `top` ranks the same rows first."""
+    sequence parallelism), so that any `top` ranks the same rows first. Step times are
+    compared to the nanosecond: two layouts that differ only in the last bits of a float
+    sum (a reduction timed in another order) tie, and memory decides."""
     config = row.config
-    return (row.step_time, row.peak_memory, config.tp, config.pp, config.dp, config.micro_batch, config.schedule,
+    return (round(row.step_time, 9), row.peak_memory, config.tp, config.pp, config.dp, config.micro_batch, config.schedule,
             config.virtual, config.recompute, config.zero, config.sequence_parallel)
 
 
