@@ -292,4 +292,4 @@ def test_planner_finds_the_sagemaker_row_and_no_slower_best(row):
     only = plan.search(r.model, sagemaker.GPU, r.gpus, r.global_batch, recompute="full", zero=1, **same)
     assert len(only) == 1 and only[0].step_time == pytest.approx(ref.step_time, rel=1e-12)
     wider = plan.search(r.model, sagemaker.GPU, r.gpus, r.global_batch, top=1, **same)
-    assert wider[0].step_time <= ref.step_time
+    assert round(wider[0].step_time, 9) <= round(ref.step_time, 9)  # to the nanosecond, as rank_key ranks
