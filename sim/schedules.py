@@ -17,6 +17,7 @@ from sim.schedule.dualpipe import dualpipev
 from sim.schedule.interleaved import check_interleaved, interleaved_1f1b, looped_bfs, looped_placement
 from sim.schedule.ir import Action, Kind, Schedule, ScheduleError
 from sim.schedule.renamed import take_sizes
+from sim.schedule.vshape import v_half, v_min
 from sim.schedule.zerobubble import v_placement, zb_h1, zb_h2, zbv
 from sim.search.zbauto import zb_auto
 
@@ -178,6 +179,10 @@ SCHEDULES: dict[str, Generator] = Registry({
     "dualpipev": Generator(dualpipev, "DeepSeek's DualPipe cut in half: V-shaped, F/B pairs (DualPipeV)",
                            virtual=2, placement=v_shape, check=_at_least(lambda p: 2 * p, "DualPipeV's steady "
                                                                          "state starts after 2P forwards of each chunk")),
+    "v-min": Generator(v_min, "V-shaped, the least memory: (P+4)//3 micro-batches (Qi et al. 2024b, V-Min)",
+                       virtual=2, placement=v_shape),
+    "v-half": Generator(v_half, "V-shaped, half of 1F1B's memory: (P+2)//2 micro-batches (Qi et al. 2024b, "
+                        "V-Half)", virtual=2, placement=v_shape),
     "zb-auto": Generator(zb_auto, "the zero-bubble paper's automatic scheduler: best found under costs "
                          "and memory_limit (Qi et al. 2024, Sec. 3)", options=("costs", "memory_limit", "max_runs")),
 })
