@@ -15,6 +15,7 @@ from typing import Callable, Iterable
 
 from sim.schedule.dualpipe import dualpipev
 from sim.schedule.interleaved import check_interleaved, interleaved_1f1b, looped_bfs, looped_placement
+from sim.schedule.interleaved_zb import interleaved_zb
 from sim.schedule.ir import Action, Kind, Schedule, ScheduleError
 from sim.schedule.renamed import take_sizes
 from sim.schedule.vshape import v_half, v_min
@@ -174,6 +175,9 @@ SCHEDULES: dict[str, Generator] = Registry({
     "zb-h1": Generator(zb_h1, "1F1B with I/W split, Ws put off to fill the tail (Qi et al. 2024, ZB-H1)"),
     "zb-h2": Generator(zb_h2, "2p-1 micro-batches in flight, zero bubble with F=I=W (Qi et al. 2024, ZB-H2)",
                        check=_at_least(lambda p: 2 * p - 1, "its warm-up runs 2P-1 forwards on device 0")),
+    "interleaved-zb": Generator(interleaved_zb, "ZB-H1 over V chunks per device, stage s on device s mod P "
+                                "(torch's InterleavedZeroBubble)", virtual=2, takes_virtual=True,
+                                placement=looped_placement, check=check_interleaved),
     "zbv": Generator(zbv, "V-shaped, 2 stages per device, zero bubble at 1F1B's memory (Qi et al. 2024, ZB-V)",
                      virtual=2, placement=v_shape),
     "dualpipev": Generator(dualpipev, "DeepSeek's DualPipe cut in half: V-shaped, F/B pairs (DualPipeV)",
