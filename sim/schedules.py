@@ -115,8 +115,8 @@ class Generator:
     - placement(devices, virtual) -> the device of each of the P*V model stages, as the
       schedules it makes place them (`one_per_device`, `looped_placement`: stage s on
       device s mod P, `v_shape`).
-    - check(devices, micro_batches, virtual) -> a one-line reason the generator refuses these
-      sizes, or None; `refusal` adds the rule of `takes_virtual`.
+    - check(devices, micro_batches, virtual, **options) -> a one-line reason the generator
+      refuses these sizes (with these options), or None; `refusal` adds the rule of `takes_virtual`.
     - options: the keyword options `make` takes beyond those three (e.g. `max_active`).
     - summary: one line for listings (`python -m sim.plot --help`)."""
 
@@ -125,15 +125,15 @@ class Generator:
     virtual: int = 1
     takes_virtual: bool = False
     placement: Callable[[int, int], list[int]] = one_per_device
-    check: Callable[[int, int, int], str | None] = lambda p, m, v: None
+    check: Callable[..., str | None] = lambda p, m, v, **options: None
     options: tuple[str, ...] = ()
 
-    def refusal(self, devices: int, micro_batches: int, virtual: int) -> str | None:
-        """Why the generator refuses these sizes (one line), or None."""
+    def refusal(self, devices: int, micro_batches: int, virtual: int, **options) -> str | None:
+        """Why the generator refuses these sizes (with these options; one line), or None."""
         if not self.takes_virtual and virtual != self.virtual:
             held = "one stage" if self.virtual == 1 else f"{self.virtual} stages"
             return f"V={virtual}: this schedule holds {held} per device (V={self.virtual})"
-        return self.check(devices, micro_batches, virtual)
+        return self.check(devices, micro_batches, virtual, **options)
 
     def __repr__(self) -> str:
         return f"<Generator V={self.virtual}{' (any)' * self.takes_virtual}: {self.summary}>"
@@ -146,7 +146,7 @@ def _textbook(fn: Callable[..., Schedule], summary: str, options: tuple[str, ...
 
 def _at_least(min_micro: Callable[[int], int], why: str) -> Callable:
     """A `check` for a schedule that takes at least min_micro(p) micro-batches."""
-    def check(p: int, m: int, virtual: int) -> str | None:
+    def check(p: int, m: int, virtual: int, **options) -> str | None:
         return f"needs at least {min_micro(p)} micro-batches ({why}), got {m}" if m < min_micro(p) else None
     return check
 
@@ -168,7 +168,7 @@ SCHEDULES: dict[str, Generator] = Registry({
     "1f1b": _textbook(one_f_one_b, "warm-up, one forward one backward, cool-down (PipeDream-Flush)", ("max_active",)),
     "interleaved-1f1b": Generator(interleaved_1f1b, "1F1B over V chunks per device, stage s on device s mod P "
                                   "(Megatron-LM, Narayanan et al. 2021)", virtual=2, takes_virtual=True,
-                                  placement=looped_placement, check=check_interleaved),
+                                  placement=looped_placement, check=check_interleaved, options=("group_size",)),
     "looped-bfs": Generator(looped_bfs, "all forwards of each chunk in turn, then the backwards in reverse "
                             "(torch's LoopedBFS)", virtual=2, takes_virtual=True, placement=looped_placement),
     # the zero-bubble family (sim/schedule/zerobubble.py, sim/schedule/dualpipe.py): backward split into I and W
@@ -177,7 +177,7 @@ SCHEDULES: dict[str, Generator] = Registry({
                        check=_at_least(lambda p: 2 * p - 1, "its warm-up runs 2P-1 forwards on device 0")),
     "interleaved-zb": Generator(interleaved_zb, "ZB-H1 over V chunks per device, stage s on device s mod P "
                                 "(torch's InterleavedZeroBubble)", virtual=2, takes_virtual=True,
-                                placement=looped_placement, check=check_interleaved),
+                                placement=looped_placement, check=check_interleaved, options=("group_size",)),
     "zbv": Generator(zbv, "V-shaped, 2 stages per device, zero bubble at 1F1B's memory (Qi et al. 2024, ZB-V)",
                      virtual=2, placement=v_shape),
     "dualpipev": Generator(dualpipev, "DeepSeek's DualPipe cut in half: V-shaped, F/B pairs (DualPipeV)",
@@ -230,7 +230,7 @@ def make_schedule(name: str, devices: int | None = None, micro_batches: int | No
     if unknown:
         takes = f"takes {', '.join(gen.options)}" if gen.options else "takes no options"
         raise ScheduleError(f"{canonical} {takes}, not {', '.join(unknown)}")
-    reason = gen.refusal(devices, micro_batches, virtual)
+    reason = gen.refusal(devices, micro_batches, virtual, **options)
     if reason:
         raise ScheduleError(f"{canonical} on {devices} devices, {micro_batches} micro-batches: {reason}")
     return gen.make(devices, micro_batches, virtual, **options)

@@ -10,30 +10,24 @@ backwards earlier, and ends with the r Ws it put off.
 """
 from __future__ import annotations
 
-from .interleaved import looped_placement, rounds
+from .interleaved import interleaved_order, looped_placement, rounds
 from .ir import Action, Kind, Schedule
 
 
-def nth_of_round(devices: int, virtual: int, per_round: int, r: int, k: int, kind: Kind) -> Action:
-    """Device r's k-th action of `kind` in interleaved order: forwards walk the chunks
-    0..V-1 in turns of `per_round` micro-batches, backwards (I, W) walk them V-1..0."""
-    chunk = (k // per_round) % virtual
-    if kind is not Kind.F:
-        chunk = virtual - 1 - chunk
-    return Action(chunk * devices + r, kind, (k // (per_round * virtual)) * per_round + k % per_round)
-
-
-def interleaved_zb(devices: int, micro_batches: int, virtual: int = 2) -> Schedule:
-    """torch's interleaved zero bubble (ZB1P over V chunks). Rounds of micro-batches as
-    interleaved 1F1B's (`rounds`: max(1, M // P) of them, refused where they do not
-    divide M, `check_interleaved`). With V = 1 it is ZB-H1, program for program."""
+def interleaved_zb(devices: int, micro_batches: int, virtual: int = 2, group_size: int | None = None) -> Schedule:
+    """torch's interleaved zero bubble (ZB1P over V chunks). Groups of micro-batches as
+    interleaved 1F1B's (`interleaved_order`: torch's rounds, refused where they do not
+    divide M, or Megatron-Core's groups of `group_size`). With V = 1 it is ZB-H1, program
+    for program."""
     P, V = devices, virtual
-    _, g = rounds(P, micro_batches)
+    order = interleaved_order(P, micro_batches, V, group_size)
+    g = group_size or rounds(P, micro_batches)[1]
     total = micro_batches * V  # chunk micro-batches per device
     programs = []
     for r in range(P):
         def nth(k: int, kind: Kind) -> Action:
-            return nth_of_round(P, V, g, r, k, kind)
+            m, chunk = order[k]
+            return Action((chunk if kind is Kind.F else V - 1 - chunk) * P + r, kind, m)
 
         warmup = min((V - 1) * g + P - 1 - r, total)
         prog = [nth(k, Kind.F) for k in range(warmup)]
