@@ -11,6 +11,7 @@ from sim.hardware.network import collective_time, links_of, p2p_link
 from sim.hardware.profile import DeviceProfile
 from sim.model.footprint import state_bytes_per_param
 from sim.model.layer import LayerTimes, Slice, gemm_products, measured_apply
+from sim.model.layer_layout import LayoutError, parse_layer_layout
 from sim.model.transformer import Transformer
 from sim.passes.offload import add_offload, copy_time
 from sim.schedule.kinds import program_peak
@@ -75,12 +76,27 @@ def partition_layers(layers: int, stages: int, partition, lt: LayerTimes, ends: 
         extra[-1] += ends["last_F"] + ends["last_B"]
         fitting = caps if caps is not None and sum(caps) >= layers else None  # none fits: time alone
         return balanced(layers, stages, lt.forward + lt.backward, extra, fitting)
-    counts = list(partition) if not isinstance(partition, str) else None
+    if isinstance(partition, str):
+        return layout_layers(partition, layers, stages)
+    counts = list(partition)
     if not counts or len(counts) != stages or sum(counts) != layers or min(counts) < 0 \
             or not all(isinstance(n, int) for n in counts):
-        raise ValueError(f"partition must be 'even', 'balanced' or {stages} layer counts summing to {layers}, "
-                         f"got {partition!r}")
+        raise ValueError(f"partition must be 'even', 'balanced' or {stages} layer counts summing to {layers} "
+                         f"(or a layout string such as 'Et|tt|tL'), got {partition!r}")
     return counts
+
+
+def layout_layers(text: str, layers: int, stages: int) -> list[int]:
+    """The layers per stage of a Megatron-Core layout string (`sim.model.layer_layout`), for a
+    model of `layers` transformer layers cut into `stages` stages; the embedding on the first
+    stage and the loss on the last, as `stage_costs` prices them, and no MTP layers."""
+    layout = parse_layer_layout(text).check(layers=layers)
+    if len(layout.stages) != stages:
+        raise LayoutError(f"layout {layout}: {len(layout.stages)} stages, the schedule has {stages} (P x V)")
+    if layout.holds("E")[0] != 1 or layout.holds("L")[-1] != 1 or any(layout.mtp):
+        raise LayoutError(f"layout {layout}: the planner prices the embedding E on the first stage, the loss L on "
+                          f"the last and no MTP layer m")
+    return layout.layers
 
 
 def memory_caps(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: LayerTimes, ends: dict, sched) -> list[int] | None:
