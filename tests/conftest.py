@@ -31,6 +31,7 @@ SLOW: dict[str, frozenset[str]] = {
         "test_a_silent_rank_gets_a_progress_line_every_few_seconds", "test_cli_rank_failure_is_one_line_and_exit_1",
         "test_nccl_run_matches_one_process"}),
     "test_exec_dp.py": frozenset({"dp_runs", "test_the_run_leaves_no_rank_process_behind"}),
+    "test_layer_layout.py": frozenset({"test_embedding_and_loss_as_stages_of_their_own_train_as_one_process"}),
     "test_new_user.py": frozenset({"test_exec_run_non_finite_loss_exits_1_naming_the_step"}),
     "test_profile.py": frozenset({
         "test_profile_costs_on_two_ranks", "test_a_run_calibrates_between_its_steps_without_changing_them",

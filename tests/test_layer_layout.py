@@ -95,3 +95,39 @@ def test_the_planner_reads_a_layout_and_proposes_its_balanced_one():
         sim.estimate("megatron-1.7b", "a100-80gb", partition="Et*5|(t*7|)*2t*5|L", **kw)
     with pytest.raises(LayoutError, match=r"the planner prices the embedding E on the first stage"):
         sim.estimate("megatron-1.7b", "a100-80gb", partition="|Et*8|t*8|t*8L", **kw)
+
+
+def _gpt():
+    from exec.models.spec import ModelSpec
+
+    return ModelSpec("gpt", layers=4, hidden=16, seq=4, vocab=32, heads=2, batch_size=8)
+
+
+def test_exec_cuts_its_gpt_by_a_layout():
+    """'E|tt|tt|L': the embedding alone, two blocks, two blocks, the head and loss alone; the
+    stages run one after the other are the whole model."""
+    torch = pytest.importorskip("torch")
+    from exec.models.cuts import layout_bounds
+
+    spec = _gpt()
+    bounds = layout_bounds(spec, "E|tt|tt|L")
+    assert bounds == [0, 1, 3, 5, 6]
+    x, _ = spec.batch()
+    out = x
+    for stage in spec.build_stages(4, bounds=bounds):
+        out = stage(out)
+    assert torch.equal(out, torch.nn.Sequential(*spec.build_layers())(x))
+    with pytest.raises(ValueError, match=r"stage 1 holds nothing; every stage needs a layer here"):
+        layout_bounds(spec, "E||t*4|L")
+
+
+@pytest.mark.parametrize("name", ["interleaved-1f1b", "interleaved-zb"])
+def test_embedding_and_loss_as_stages_of_their_own_train_as_one_process(name):
+    """Two gloo ranks, V = 2: the four stages of 'E|tt|tt|L' give one process's gradients."""
+    pytest.importorskip("torch")
+    from exec.models.cuts import layout_bounds
+    from exec.pipeline.runner import run_pipeline
+
+    spec = _gpt()
+    run = run_pipeline(spec, name, 2, 4, bounds=layout_bounds(spec, "E|tt|tt|L"), steps=1, warmup=0, timeout=120)
+    assert run.grad_match, (run.max_grad_diff, run.worst_param)
