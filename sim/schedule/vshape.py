@@ -55,25 +55,19 @@ def repeat(block: list[list[int]], micro_batches: int) -> list[list[list[int]]]:
     return [[[x + PERIOD * k for k in range(micro_batches)] for x in device] for device in block]
 
 
-def by_slot(passes: list[list[int]]) -> dict[int, tuple[int, int]]:
-    """One device's slots -> (pass, micro-batch) run there."""
-    return {t: (i, k) for i, slots in enumerate(passes) for k, t in enumerate(slots)}
-
-
 def fill_weights(passes: list[list[int]], split: bool) -> list[list[int]]:
     """One device's four F and I lists with Ws added: each I leaves a W that runs in the next
     free slot (after the last pass, one slot after another). `split`: W1 and W0 as two
     lists (the W of chunk 1 first where both wait), else one list of Ws in I order."""
-    at = by_slot(passes[:4])
+    at = slot_map(passes[:4])
     end = max(max(slots) for slots in passes[:4])
     weights: list[list[int]] = [[], []]
     waiting = [0, 0]
     t = 0
     while t <= end or sum(waiting):
         if t in at:
-            pass_, _ = at[t]
-            if pass_ in (2, 3):
-                waiting[pass_ - 2 if split else 0] += 1
+            if at[t] in (2, 3):
+                waiting[at[t] - 2 if split else 0] += 1
         else:
             w = 0 if waiting[0] else 1
             if waiting[w]:
@@ -83,19 +77,32 @@ def fill_weights(passes: list[list[int]], split: bool) -> list[list[int]]:
     return [list(s) for s in passes[:4]] + (weights if split else weights[:1])
 
 
+def walk(at: dict[int, int], owing: bool, held: int, owed: int, slots: range):
+    """(held, owed) after each slot of `slots`, one device, from (held, owed) before them:
+    the pass at a slot (`at`: slot -> pass) takes or gives back chunk activations (`HELD`);
+    with `owing` (no W lists) an I owes its W instead, and a free slot runs an owed W."""
+    for t in slots:
+        pass_ = at.get(t)
+        if pass_ is None:
+            if owed:
+                held, owed = held - 1, owed - 1
+        elif owing and pass_ in (2, 3):
+            owed += 1
+        else:
+            held += HELD[pass_]
+        yield held, owed
+
+
+def slot_map(passes: list[list[int]]) -> dict[int, int]:
+    """One device's slot -> the pass run there."""
+    return {t: i for i, slots in enumerate(passes) for t in slots}
+
+
 def peak_held(passes: list[list[int]]) -> int:
     """The most chunk activations one device holds: +1 at each F, -1 at each W. Without W
     lists, a W runs in each free slot while one is owed (as `fill_weights` would put it)."""
-    events = sorted((t, HELD[i], i in (2, 3)) for i, slots in enumerate(passes) for t in slots)
-    if len(passes) > 4:
-        return max(0, *itertools.accumulate(change for _, change, _ in events))
-    held = owed = peak = 0
-    last = -1
-    for t, change, is_input_grad in events:
-        paid = min(owed, t - last - 1)  # the Ws owed run in the free slots before this pass
-        held, owed = held - paid + change, owed - paid + is_input_grad
-        peak, last = max(peak, held), t
-    return peak
+    end = max(max(slots) for slots in passes)
+    return max(0, *(held for held, _ in walk(slot_map(passes), len(passes) == 4, 0, 0, range(end + 1))))
 
 
 def neighbour(devices: int, d: int, pass_: int) -> int | None:
@@ -145,7 +152,8 @@ def reorder(slots: list[list[list[int]]], micro_batches: int, warm_up: bool) -> 
     earliest free slot its inputs allow (`earliest`) that keeps its device within the
     peak the blocks had; the steady state stays as the blocks lay it."""
     slots = [[list(s) for s in passes] for passes in slots]
-    limit = max(map(peak_held, slots))
+    devices = [Held(passes) for passes in slots]
+    limit = max(device.peak() for device in devices)
     order = sorted((t, d, i, k) for d, passes in enumerate(slots) for i, s in enumerate(passes) for k, t in enumerate(s))
     taken: list[set[int]] = [set() for _ in slots]
     phase = "warm-up"
@@ -157,16 +165,50 @@ def reorder(slots: list[list[list[int]]], micro_batches: int, warm_up: bool) -> 
                 phase = "cool-down"
             taken[d].add(t)
             continue
-        raises = i < 2 or (i < 4 and len(slots[d]) == 4)  # only an F, or an I whose W follows it, can raise the peak
+        raises = i < 2 or (i < 4 and devices[d].owing)  # an F, or an I that owes its W; a W only gives back
         for s in range(earliest(slots, d, i, k), t):
-            if s not in taken[d]:
+            if s not in taken[d] and (not raises or devices[d].peak_if_moved(i, s, t) <= limit):
                 slots[d][i][k] = s
-                if not raises or peak_held(slots[d]) <= limit:
-                    break
-        else:
-            slots[d][i][k] = t
+                devices[d].move(i, s, t)
+                break
         taken[d].add(slots[d][i][k])
     return slots
+
+
+class Held:
+    """What one device holds after each slot, kept as its passes move earlier: a move from
+    slot t to s changes it from s on, and before t only by what `peak_if_moved` walks."""
+
+    def __init__(self, passes: list[list[int]]):
+        self.owing = len(passes) == 4
+        self.at = slot_map(passes)
+        self.after = list(walk(self.at, self.owing, 0, 0, range(max(self.at) + 1)))
+
+    def peak(self) -> int:
+        return max(0, *(held for held, _ in self.after))
+
+    def _before(self, s: int) -> tuple[int, int]:
+        return self.after[s - 1] if s else (0, 0)
+
+    def peak_if_moved(self, pass_: int, s: int, t: int) -> int:
+        """The most held over slots s..t-1 with `pass_` moved from t to s: past t no more is
+        held than now (the moved pass is in as it was, and its old slot frees a W sooner)."""
+        self.at[s] = pass_
+        try:
+            return max(held for held, _ in walk(self.at, self.owing, *self._before(s), range(s, t)))
+        finally:
+            del self.at[s]
+
+    def move(self, pass_: int, s: int, t: int) -> None:
+        """Move `pass_` from slot t to s: the slots from s on walked again, until past t they
+        hold what they held (from there on nothing differs)."""
+        del self.at[t]
+        self.at[s] = pass_
+        for slot, now in zip(range(s, len(self.after)), walk(self.at, self.owing, *self._before(s),
+                                                              range(s, len(self.after)))):
+            if slot >= t and now == self.after[slot]:
+                break
+            self.after[slot] = now
 
 
 def build(block: list[list[int]], micro_batches: int) -> list[list[list[int]]]:
@@ -190,7 +232,7 @@ def programs_of(slots: list[list[list[int]]]) -> list[list[Action]]:
     return programs
 
 
-@functools.lru_cache(maxsize=64)  # a second or so at P=8, M=1024, and the planner asks for the same sizes again
+@functools.lru_cache(maxsize=64)  # half a second at P=8, M=1024, and the planner asks for the same sizes again
 def v_min(devices: int, micro_batches: int, virtual: int = 2) -> Schedule:
     """V-Min: V-shaped, two chunks a device, each block living about 2P/3 micro-batches'
     slots: the least memory of the family, (P+4)//3 micro-batches of a whole device's
