@@ -22,7 +22,6 @@ Slots are kept per device as six lists over micro-batches, indexed by the pass (
 from __future__ import annotations
 
 import functools
-import itertools
 
 from .ir import Action, Kind, Schedule
 from .zerobubble import v_placement
@@ -96,13 +95,6 @@ def walk(at: dict[int, int], owing: bool, held: int, owed: int, slots: range):
 def slot_map(passes: list[list[int]]) -> dict[int, int]:
     """One device's slot -> the pass run there."""
     return {t: i for i, slots in enumerate(passes) for t in slots}
-
-
-def peak_held(passes: list[list[int]]) -> int:
-    """The most chunk activations one device holds: +1 at each F, -1 at each W. Without W
-    lists, a W runs in each free slot while one is owed (as `fill_weights` would put it)."""
-    end = max(max(slots) for slots in passes)
-    return max(0, *(held for held, _ in walk(slot_map(passes), len(passes) == 4, 0, 0, range(end + 1))))
 
 
 def neighbour(devices: int, d: int, pass_: int) -> int | None:
@@ -185,6 +177,8 @@ class Held:
         self.after = list(walk(self.at, self.owing, 0, 0, range(max(self.at) + 1)))
 
     def peak(self) -> int:
+        """The most chunk activations the device holds: +1 at each F, -1 at each W (or, with
+        the Ws owed, one run in each free slot while one is owed, as `fill_weights` puts them)."""
         return max(0, *(held for held, _ in self.after))
 
     def _before(self, s: int) -> tuple[int, int]:
