@@ -29,6 +29,7 @@ from sim.simulation import simulate
 from sim.engine.result import Result
 from sim.hardware.gpus import GPU
 from sim.hardware.profile import DeviceProfile, resolve
+from sim.model.layer_layout import from_counts
 from sim.model.transformer import Transformer
 from sim.passes.grad_reduce import add_grad_reduce
 from sim.engine.result import reload_waits
@@ -62,6 +63,12 @@ class Estimate:
     @property
     def gpu(self) -> GPU:
         return self.profile.gpu
+
+    @property
+    def layer_layout(self) -> str:
+        """`layers_per_stage` as a Megatron-Core layout string (`--pipeline-model-parallel-layout`,
+        `sim.model.layer_layout`), e.g. the balanced partition's 'Et*3|t*4|t*4|t*3L'."""
+        return str(from_counts(self.layers_per_stage))
 
     def __repr__(self) -> str:
         lay = self.layout

@@ -5,6 +5,7 @@ from dataclasses import replace
 from functools import cache
 
 from sim.engine.costs import Costs
+from sim.engine.fields import PER_STAGE
 from sim.engine.result import Result
 from sim.cost.data_parallel import grad_reduce_times, stage_params, zero3_times
 from sim.cost.ends import end_kernel_counts
@@ -13,6 +14,7 @@ from sim.hardware.kernels import precision_bytes
 from sim.hardware.network import collective_time, links_of, p2p_link
 from sim.hardware.profile import DeviceProfile
 from sim.model.footprint import state_bytes_per_param
+from sim.model.layer_layout import LayerLayout, LayoutError, parse_layer_layout
 from sim.model.transformer import Transformer
 from sim.engine.costs import copy_time
 from sim.passes.offload import add_offload
@@ -31,12 +33,27 @@ def partition_layers(layers: int, stages: int, partition, lt: LayerTimes, ends: 
         extra[-1] += ends["last_F"] + ends["last_B"]
         fitting = caps if caps is not None and sum(caps) >= layers else None  # none fits: time alone
         return balanced(layers, stages, lt.forward + lt.backward, extra, fitting)
-    counts = list(partition) if not isinstance(partition, str) else None
+    if isinstance(partition, str):
+        return layout_layers(partition, layers, stages)
+    counts = list(partition)
     if not counts or len(counts) != stages or sum(counts) != layers or min(counts) < 0 \
             or not all(isinstance(n, int) for n in counts):
-        raise ValueError(f"partition must be 'even', 'balanced' or {stages} layer counts summing to {layers}, "
-                         f"got {partition!r}")
+        raise ValueError(f"partition must be 'even', 'balanced' or {stages} layer counts summing to {layers} "
+                         f"(or a layout string such as 'Et|tt|tL'), got {partition!r}")
     return counts
+
+
+def layout_layers(text: str, layers: int, stages: int) -> list[int]:
+    """The layers per stage of a Megatron-Core layout string (`sim.model.layer_layout`), for a
+    model of `layers` transformer layers cut into `stages` stages; the embedding on the first
+    stage and the loss on the last, as `stage_costs` prices them, and no MTP layers."""
+    layout = parse_layer_layout(text).check(layers=layers)
+    if len(layout.stages) != stages:
+        raise LayoutError(f"layout {layout}: {len(layout.stages)} stages, the schedule has {stages} (P x V)")
+    if layout.holds("E")[0] != 1 or layout.holds("L")[-1] != 1 or any(layout.mtp):
+        raise LayoutError(f"layout {layout}: the planner prices the embedding E on the first stage, the loss L on "
+                          f"the last and no MTP layer m")
+    return layout.layers
 
 
 def memory_caps(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: LayerTimes, ends: dict, sched) -> list[int] | None:
@@ -170,3 +187,17 @@ def offload_costs(m: Transformer, g: DeviceProfile, lay: Layout, layers: list[in
         raise ValueError(f"offload=True needs the device's PCIe bandwidth; {g.gpu.name}'s datasheet has none")
     times = tuple(copy_time(b, g.gpu.pcie_bandwidth) for b in nbytes)
     return add_offload(sched), replace(costs, offload_bytes=nbytes, offload=times, reload=times)
+
+
+def priced(layout: LayerLayout, layer: Costs, embedding: Costs | None = None, loss: Costs | None = None,
+           mtp: Costs | None = None) -> Costs:
+    """`layer`'s costs with every per-stage field (times, bytes) of stage s the sum over what
+    it holds: its transformer layers' (`layer`), the embedding's, the loss's and the MTP
+    layers' (none: free). The other fields (latency, bandwidth, transport) are `layer`'s."""
+    parts = {"t": layer, "E": embedding, "L": loss, "m": mtp}
+    one = {k: c.for_stages(1) for k, c in parts.items() if c is not None}
+    fields = {}
+    for name in PER_STAGE:
+        fields[name] = tuple(sum(n * getattr(one[k], name)[0] for k, n in zip(parts, counts) if k in one)
+                             for counts in zip(*(layout.holds(k) for k in parts)))
+    return replace(layer, **fields)

@@ -49,6 +49,8 @@ STYLES = {"bars": "a bar per compute", "dense": "bars without outlines", "heat":
 OPTION_FLAGS = {
     "max_active": ("--max-active", "N", whole, "most micro-batches in flight per device"),
     "memory_limit": ("--memory-limit", "BYTES", lambda t: number(t, strict=True), "activation bytes a device may hold"),
+    "group_size": ("--group-size", "N", whole, "micro-batches per group of chunks (Megatron-Core's "
+                   "microbatch_group_size_per_vp_stage)"),
 }
 # The Costs fields that have a flag (`CostField.flag`): times first, then bandwidth, then bytes
 FLAGGED = sorted((f for f in COST_FIELDS if f.flag), key=lambda f: (("time", "bandwidth", "bytes").index(f.unit),

@@ -198,7 +198,7 @@ def zoo(monkeypatch):
         lambda p, m, v, **o: record("capped", one_f_one_b(p, m), **o), "1f1b, capped", options=("max_active",)))
     monkeypatch.setitem(SCHEDULES, "auto", Generator(
         lambda p, m, v, **o: record("auto", one_f_one_b(p, m), **o), "automatic", options=("costs", "memory_limit"),
-        check=lambda p, m, v: f"M={m} is fewer than the {p} devices" if m < p else None))
+        check=lambda p, m, v, **o: f"M={m} is fewer than the {p} devices" if m < p else None))
     monkeypatch.setitem(SCHEDULES, "looped", Generator(looped, "looped, split", virtual=2, takes_virtual=True))
     return calls
 
