@@ -123,6 +123,7 @@ def test_exec_cuts_its_gpt_by_a_layout():
 
 
 @pytest.mark.parametrize("name", ["interleaved-1f1b", "interleaved-zb"])
+@pytest.mark.slow
 def test_embedding_and_loss_as_stages_of_their_own_train_as_one_process(name):
     """Two gloo ranks, V = 2: the four stages of 'E|tt|tt|L' give one process's gradients."""
     pytest.importorskip("torch")
