@@ -26,7 +26,7 @@ from sim.schedule.ir import Schedule
 from sim.hardware.kernels import memory_time, precision_bytes
 from sim.schedule.kinds import KINDS, Kind
 from sim.schedule.liveness import held
-from sim.cost.layer import Slice, layer_times
+from sim.cost.layer import Slice, check_timed, layer_times
 from sim.search.partition import even
 from sim.schedule.registry import make_schedule
 from sim.hardware.topology import Topology
@@ -86,6 +86,7 @@ class Bounds:
 
     def __init__(self, m: Transformer, g: DeviceProfile, global_batch: int, precision: str, gpus_per_node: int,
                  partition="even", nics_per_node: int | None = None):
+        check_timed(m)  # a MoE model is refused, not searched as a dense one
         self.m, self.g, self.batch, self.precision, self.gpn = m, resolve(g), global_batch, precision, gpus_per_node
         self.nics = gpus_per_node if nics_per_node is None else nics_per_node
         self.partition = partition if isinstance(partition, str) else tuple(partition)
