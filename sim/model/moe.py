@@ -64,6 +64,7 @@ class Experts:
     matrices: int
     load_imbalance: float = 1.0
     capacity_factor: float | None = None
+    bias: bool = False  # each expert's matrices have biases (the arch's, as the dense MLP's)
 
     def __post_init__(self):
         owner = "Transformer"
@@ -88,8 +89,10 @@ class Experts:
         return self.experts > 1
 
     def expert_params(self, hidden: int) -> int:
-        """One expert's weights: `matrices` h x F matrices (no biases)."""
-        return self.matrices * hidden * self.expert_ffn
+        """One expert's weights: `matrices` h x F matrices, and one bias per output feature where
+        `bias` (as the dense MLP's)."""
+        f = self.expert_ffn
+        return self.matrices * hidden * f + ((self.matrices - 1) * f + hidden if self.bias else 0)
 
     def params(self, hidden: int) -> dict[str, int]:
         """The layer's MLP parameters by part: the router (h x E; none for one expert), the

@@ -163,7 +163,7 @@ class Transformer:
         if self.experts is None:
             return None
         return Experts(self.experts, self.top_k, self.expert_ffn, self.shared_experts, self.mlp_matrices,
-                       self.load_imbalance, self.capacity_factor)
+                       self.load_imbalance, self.capacity_factor, self._a["bias"])
 
     @property
     def moe_layers(self) -> int:
@@ -193,8 +193,8 @@ class Transformer:
         """Parameters by part. For arch="gpt", ffn=4h and kv_heads=heads, embedding + layers *
         per_layer is Narayanan et al. 2021, Eq. 2: 12lh^2(1 + 13/(12h) + (V+s)/(12lh)) exactly;
         Eq. 2 leaves out the final LayerNorm (2h) and counts the output layer as tied. A MoE
-        layer has the dense layer's attention and norms and the experts' MLP (`sim.model.moe`;
-        no bias of a router or an expert is counted), MLA its own projections
+        layer has the dense layer's attention and norms and the experts' MLP (`sim.model.moe`:
+        experts' biases as the arch's, the router's none), MLA its own projections
         (`sim.model.attention`; no bias counted)."""
         h, f, a, q = self.hidden, self.ffn, self._a, self.heads * self._head
         qkv = h * q + 2 * h * self._head * self.kv_heads                # Q: h x q, K and V: h x (kv_heads * head_dim)
