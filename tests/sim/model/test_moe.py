@@ -30,7 +30,7 @@ PUBLISHED = [
 
 
 def tolerance(published: str) -> float:
-    """Half a unit in the figure's last digit (its own rounding: 1.4 % of "37", 0.2 % of "314")
+    """Half a unit in the figure's last digit (its own rounding: 1.5 % of "3.3", 0.16 % of "314")
     plus 0.5 % for what the presets leave out (GPT-OSS's biases, Qwen3's q/k norms: under 0.1 %),
     at most 2 %."""
     decimals = len(published.split(".")[1]) if "." in published else 0
