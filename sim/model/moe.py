@@ -29,8 +29,8 @@ _FP32 = 4  # the router's scores and the gates are fp32
 
 def _count(owner: str, name: str, value, least: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        kind = "positive int" if least == 1 else f"int >= {least}"
-        raise ValueError(f"{owner}: {name} must be a {kind}, got {value!r}")
+        kind = "a positive int" if least == 1 else f"an int >= {least}"
+        raise ValueError(f"{owner}: {name} must be {kind}, got {value!r}")
 
 
 def moe_fields(experts: int | None, layers: int, ffn: int, given: dict) -> dict:

@@ -254,7 +254,7 @@ BASE = dict(layers=4, hidden=64, heads=4, seq=16, vocab=100, arch="llama")
     (dict(experts=0), "experts must be a positive int, got 0"),
     (dict(experts=4, top_k=5), "top_k 5 is more than the 4 experts"),
     (dict(experts=4, expert_ffn=0), "expert_ffn must be a positive int"),
-    (dict(experts=4, shared_experts=-1), "shared_experts must be a int >= 0"),
+    (dict(experts=4, shared_experts=-1), "shared_experts must be an int >= 0"),
     (dict(experts=4, dense_layers=4), "dense_layers must be an int from 0 to layers-1 = 3"),
     (dict(experts=8, top_k=2, load_imbalance=5.0), "load_imbalance .* between 1 and experts/top_k = 4"),
     (dict(experts=8, load_imbalance=0.5), "load_imbalance"),
