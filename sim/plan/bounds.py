@@ -26,7 +26,7 @@ from sim.schedule.ir import Schedule
 from sim.hardware.kernels import memory_time, precision_bytes
 from sim.schedule.kinds import KINDS, Kind
 from sim.schedule.liveness import held
-from sim.cost.layer import Slice, layer_times
+from sim.cost.layer import Slice, check_timed, layer_times
 from sim.search.partition import even
 from sim.schedule.registry import make_schedule
 from sim.hardware.topology import Topology
@@ -88,6 +88,7 @@ class Bounds:
     def __init__(self, model: Transformer, profile: DeviceProfile, global_batch: int, precision: str,
                  gpus_per_node: int,
                  partition="even", nics_per_node: int | None = None):
+        check_timed(model)  # a MoE model is refused, not searched as a dense one
         self.model, self.profile, self.batch = model, resolve(profile), global_batch
         self.precision, self.gpn = precision, gpus_per_node
         self.nics = gpus_per_node if nics_per_node is None else nics_per_node
