@@ -80,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--pp", type=_ints, help="pipeline sizes (default: every divisor of gpus/tp up to the layers)")
     parser.add_argument("--micro-batch", type=_ints, help="micro-batch sizes (default: divisors up to --max-micro-batch)")
     parser.add_argument("--schedules", type=_words,
-                   help=f"schedules, replacing the default (all but zb-auto): {', '.join(SCHEDULES)}")
+                   help=f"schedules, replacing the default (all but zb-auto, v-min and v-half): {', '.join(SCHEDULES)}")
     parser.add_argument("--virtual", type=_ints, help="chunks per device for the schedules that take them "
                                                  "(default: 2..--max-virtual where pp*V divides the layers)")
     parser.add_argument("--recompute", type=_words, help=f"any of {', '.join(RECOMPUTE)} (default: all)")

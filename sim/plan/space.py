@@ -14,9 +14,13 @@ MAX_MICRO_BATCH = 16   # largest micro-batch tried by default (Megatron-LM's Tab
 MAX_VIRTUAL = 4        # most chunks per device tried for a schedule that takes V > 1 (`takes_virtual`)
 MAX_CONFIGS = 200_000  # most configurations a search enumerates before it refuses
 TOP = 10
-# Every schedule but zb-auto, whose own search simulates dozens of candidate steps for each
-# one it builds (minutes for pp=64 and hundreds of micro-batches); name it to include it.
-DEFAULT_SCHEDULES = tuple(name for name in SCHEDULES if name != "zb-auto")
+# The search's schedules unless told: all but zb-auto, whose own search simulates dozens of
+# candidate steps for each one it builds (minutes for pp=64 and hundreds of micro-batches),
+# and the memory-controlled V shapes (v-min, v-half): building their orders is the search's
+# largest cost (GPT-3 on 1024 A100s: 9 s -> 20 s with them), and they win only where 1F1B's
+# memory does not fit; name them with `schedules=` / `--schedules` when memory binds.
+OPT_IN_SCHEDULES = ("zb-auto", "v-min", "v-half")
+DEFAULT_SCHEDULES = tuple(name for name in SCHEDULES if name not in OPT_IN_SCHEDULES)
 # Where it is named, the planner's zb-auto runs its heuristic at most this many times per
 # configuration (`sim.search.zbauto.zb_auto(max_runs=)`: the likeliest fastest runs first), so that
 # one configuration of hundreds of micro-batches takes seconds, not minutes.
