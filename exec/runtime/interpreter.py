@@ -23,8 +23,8 @@ are the simulator's (docs/rules.md):
   on; `run` waits for every reduction at the end of the step, before the optimizer, and
   the gradients become views of the averaged buffer. Its record spans its time on the
   stream (docs/rules.md, rule 13).
-- `offload`, `reload` (OFFLOAD, RELOAD, activation offloading to host memory) are refused:
-  on a CPU rank the host memory is the device's memory (`refuse_offload`).
+- `offload`, `reload` (activation offloading) are refused: a CPU rank's host memory is its
+  device's; so are `unshard`, `reshard` (FSDP, not run here yet: `refuse_offload`).
 
 Point-to-point calls name world ranks: `ctx.global_rank(r)` of the schedule's rank r (the
 same rank without data parallelism); the events name the schedule's ranks.
@@ -85,7 +85,10 @@ def isend(tensor: torch.Tensor, dst: int, tag: int):
 
 
 def refuse_offload(schedule: Schedule) -> None:
-    """Raise ValueError if `schedule` holds an OFFLOAD or RELOAD: on CPU ranks host memory is device memory."""
+    """Raise ValueError for OFFLOAD/RELOAD (a CPU rank's host memory is its device's) or FSDP's UNSHARD/RESHARD."""
+    if schedule.has_gathers:
+        raise ValueError(f"schedule {schedule.name!r} has UNSHARD/RESHARD actions (FSDP, sim.add_fsdp), which exec "
+                         f"does not run yet (its ranks keep whole parameters); simulate it (sim.simulate)")
     if schedule.has_copies:
         raise ValueError(f"schedule {schedule.name!r} has OFFLOAD/RELOAD actions (activation offloading to host "
                          f"memory), but exec runs on CPU ranks, whose host memory is their device memory; simulate "
@@ -257,12 +260,10 @@ class RankInterpreter:
         self.stream.issue(a, self.param_lists[a.stage])
 
     def offload(self, a: Action) -> None:
-        """OFFLOAD: refused (`refuse_offload`); a run never gets here."""
+        """OFFLOAD, RELOAD, UNSHARD, RESHARD: refused (`refuse_offload`); a run never gets here."""
         refuse_offload(self.schedule)
 
-    def reload(self, a: Action) -> None:
-        """RELOAD: refused (`refuse_offload`); a run never gets here."""
-        refuse_offload(self.schedule)
+    reload = unshard = reshard = offload
 
     # -- compute
     def forward(self, a: Action) -> Marks:
