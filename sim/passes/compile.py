@@ -39,7 +39,7 @@ def compile(schedule: Schedule, target: str = "sim") -> Program:  # noqa: A001 (
     `target` runs (the module's docstring). Raises `ScheduleError` naming the first problem."""
     if target not in TARGETS:
         raise ValueError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)}")
-    check_complete(schedule)                   # each action where rules 13 and 14 let it stand
+    check_complete(schedule)                   # each action where rules 13, 14 and 16 let it stand
     if schedule.is_lowered:
         check_communication(schedule)          # its SENDs and RECVs: those its dependencies imply
     program = number_program(schedule)         # numbered; SEND/RECV placed by rules 2 and 3

@@ -227,6 +227,40 @@ def test_torchs_order_with_up_to_three_stages_per_rank(name, p, m, v):
         assert list(map(str, theirs)) == list(map(str, ours.programs[r]))
 
 
+def test_gathers_are_drawn_dotted_along_the_top_of_their_row(tmp_path):
+    from matplotlib.patches import Rectangle
+    from sim.plot.gantt import plot_result, save_figure
+    result = sim.simulate(add_fsdp(layers(3, 2)), Costs(unshard=0.4, unshard_bytes=2.0))
+    fig = plot_result(result)
+    chart = fig.axes[0]
+    bars = {p.get_gid().split()[1]: p for p in chart.patches
+            if isinstance(p, Rectangle) and (p.get_gid() or "").startswith("gather")}
+    events = {str(e.action): e for e in result.events if e.action.kind is UN}
+    assert set(bars) == set(events) and events
+    for name, bar in bars.items():
+        e = events[name]
+        assert (bar.get_x(), bar.get_width()) == pytest.approx((e.start - result.t0, e.end - e.start))
+        assert e.rank - 0.45 <= bar.get_y() and bar.get_y() + bar.get_height() < e.rank and bar.get_hatch()
+    assert "U unshard (all-gather) (its stream)" in [t.get_text() for t in chart.get_legend().get_texts()]
+    save_figure(fig, tmp_path / "fsdp.png")
+
+
+@pytest.mark.parametrize("vision", ["normal", "protanopia", "deuteranopia", "tritanopia"])
+def test_gather_colour_stays_apart_from_the_drawn_kinds(vision):
+    """UNSHARD's wine is at least 5 just-noticeable differences from every other drawn
+    kind's colour (RESHARD takes no time and is not drawn), in normal vision and simulated
+    for each full dichromacy (the measure of tests/sim/plot/test_figures.py)."""
+    import numpy as np
+    from tests.sim.plot.test_figures import DEFICIENCIES, JND, _lab, _linear
+    drawn = {k: spec.colour for k, spec in sim.KINDS.items()
+             if spec.role not in (sim.Role.SEND, sim.Role.RECV) and k is not RE}
+    m = np.eye(3) if vision == "normal" else np.array(DEFICIENCIES[vision])
+    lab = {k: _lab(m @ _linear(c)) for k, c in drawn.items()}
+    for k in lab:
+        if k is not UN:
+            assert np.linalg.norm(lab[UN] - lab[k]) >= 5 * JND, (vision, k)
+
+
 def test_exec_refuses_fsdp():
     pytest.importorskip("torch")
     from exec.runtime.interpreter import refuse_offload
