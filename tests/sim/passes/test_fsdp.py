@@ -1,7 +1,8 @@
 """UNSHARD and RESHARD, FSDP's gathers as actions: their text form, the pass that adds them
 (`sim.add_fsdp`), the checks, the engine's timing and memory (closed forms, and random
 schedules against the reference model of tests/helpers.py and without FSDP), torch's own
-`_add_unshard_reshard` where the two are comparable, and exec's refusal."""
+`_add_unshard_reshard` where the two are comparable, and the figures (exec runs them:
+tests/exec/runtime/test_fsdp.py)."""
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -259,10 +260,3 @@ def test_gather_colour_stays_apart_from_the_drawn_kinds(vision):
     for k in lab:
         if k is not UN:
             assert np.linalg.norm(lab[UN] - lab[k]) >= 5 * JND, (vision, k)
-
-
-def test_exec_refuses_fsdp():
-    pytest.importorskip("torch")
-    from exec.runtime.interpreter import refuse_offload
-    with pytest.raises(ValueError, match="UNSHARD/RESHARD"):
-        refuse_offload(add_fsdp(sim.make_schedule("1f1b", devices=2, micro_batches=2)))
