@@ -5,9 +5,10 @@ become views of one flat buffer, padded to a multiple of the group's size; the r
 its own contiguous 1/dp of it (its shard), and the buffer's storage is freed
 (`untyped_storage().resize_(0)`: the views, and the tensors autograd saved from them,
 stay valid, their data gone). `unshard` reallocates the storage and fills it with the
-all-gather of every rank's shard (`all_gather_into_tensor`, which gloo runs), so that a
-backward finds the weights its forward saved gathered again (the runtime saves them
-through its hooks, `exec.runtime.memory.SavedBytes`, so autograd checks no version).
+all-gather of every rank's shard (`all_gather_single`, torch 2.13's name for
+`all_gather_into_tensor`, which gloo runs), so that a backward finds the weights its
+forward saved gathered again (the runtime saves them through its hooks,
+`exec.runtime.memory.SavedBytes`, so autograd checks no version).
 A compute between a RESHARD and the next UNSHARD would read freed storage; the
 schedule's checks (`sim.passes.checks.check_gathers`) refuse one.
 
@@ -25,6 +26,9 @@ import torch.distributed as dist
 from torch import nn
 
 __all__ = ["Shards"]
+
+# torch 2.13 deprecates all_gather_into_tensor (a FutureWarning) for all_gather_single
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 class Shards:
@@ -56,7 +60,7 @@ class Shards:
         gathered = self.shard[stage]
         if self.size > 1:
             gathered = torch.empty(flat.numel(), dtype=flat.dtype, device=flat.device)
-            dist.all_gather_into_tensor(gathered, self.shard[stage], group=self.group)
+            _all_gather(gathered, self.shard[stage], group=self.group)
         flat.untyped_storage().resize_(flat.numel() * flat.element_size())
         with torch.no_grad():  # autograd saved the weights through the runtime's hooks: no version check
             flat.copy_(gathered)
