@@ -16,7 +16,8 @@ from sim.schedule.ir import Action, Schedule, ScheduleError
 from sim.schedule.kinds import COLLECTIVES, COMPUTE, COPIES, GATHERS, TRANSFERS, Computes, Kind, peer_key
 from .dependencies import compute_set, peer, transfer_keys
 
-__all__ = ["check_complete", "check_communication", "check_collectives", "check_copies", "check_gathers"]
+__all__ = ["check_complete", "check_communication", "check_collectives", "check_copies", "check_gathers",
+           "check_pass_input"]
 
 _F, _B, _I, _W, _OFFLOAD, _RELOAD = Kind.F, Kind.B, Kind.I, Kind.W, Kind.OFFLOAD, Kind.RELOAD
 
@@ -169,3 +170,15 @@ def check_gathers(schedule: Schedule) -> None:
         if gathered:
             a = next(iter(gathered.values()))
             raise ScheduleError(f"rank {r}: {a} is never resharded; end its program with {a.stage}RESHARD")
+
+
+def check_pass_input(schedule: Schedule, pass_name: str, added: str, has_them: bool,
+                     option: str, value, meaning: str) -> None:
+    """What a pass that adds actions (`sim.add_offload`, `sim.add_fsdp`) takes: its count
+    `option` an int >= 0 (`meaning`: what it counts, and its default), and an unlowered
+    schedule without the actions it adds (`added`, `has_them`)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{option} must be an int >= 0 ({meaning}), got {value!r}")
+    if schedule.is_lowered or has_them:
+        raise ScheduleError(f"{pass_name} takes a schedule without SEND/RECV or {added} (as the generators "
+                            f"write it, before sim.lower); {schedule.name!r} has them")

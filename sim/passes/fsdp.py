@@ -27,8 +27,9 @@ time, weight_bytes=the shard)` per stage.
 """
 from __future__ import annotations
 
-from sim.schedule.ir import Action, Schedule, ScheduleError
+from sim.schedule.ir import Action, Schedule
 from sim.schedule.kinds import COMPUTE, Kind
+from .checks import check_pass_input
 
 __all__ = ["add_fsdp", "DEFAULT_LOOKAHEAD"]
 
@@ -56,12 +57,8 @@ def add_fsdp(schedule: Schedule, lookahead: int = DEFAULT_LOOKAHEAD, reshard_aft
     - A hold's UNSHARD is issued `lookahead` computes ahead of the hold's first compute on
       its rank (0: right before it, no prefetch), but not before the stage's previous
       RESHARD: a stage is gathered once at a time."""
-    if isinstance(lookahead, bool) or not isinstance(lookahead, int) or lookahead < 0:
-        raise ValueError(f"lookahead must be an int >= 0 (computes ahead that a gather is issued; "
-                         f"default {DEFAULT_LOOKAHEAD}), got {lookahead!r}")
-    if schedule.is_lowered or schedule.has_gathers:
-        raise ScheduleError(f"add_fsdp takes a schedule without SEND/RECV or UNSHARD/RESHARD (as the generators "
-                            f"write it, before sim.lower); {schedule.name!r} has them")
+    check_pass_input(schedule, "add_fsdp", "UNSHARD/RESHARD", schedule.has_gathers, "lookahead", lookahead,
+                     f"computes ahead that a gather is issued; default {DEFAULT_LOOKAHEAD}")
     return Schedule([_fsdp_program(prog, lookahead, reshard_after_forward) for prog in schedule.programs],
                     schedule.placement, schedule.micro_batches, schedule.name)
 
