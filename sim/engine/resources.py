@@ -160,7 +160,8 @@ class Gathers(Resource):
 
 
 # role -> the class that runs its actions beside the devices (a new role: one class, one entry)
-RESOURCES: dict[Role, type[Resource]] = {Role.COLLECTIVE: CollectiveStream, Role.COPY: CopyEngines, Role.GATHER: Gathers}
+RESOURCES: dict[Role, type[Resource]] = {
+    Role.COLLECTIVE: CollectiveStream, Role.COPY: CopyEngines, Role.GATHER: Gathers}
 
 
 def merge_memory(series: list, changes: list) -> list:

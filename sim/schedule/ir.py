@@ -11,7 +11,8 @@ A `Schedule` is plain data: for each device (rank) the ordered list of its actio
 the placement of stages on devices. Generators write compute actions only (F, B, I, W);
 `sim.passes.grad_reduce.add_grad_reduce` adds the data-parallel reductions (REDUCE_GRAD),
 `sim.passes.offload.add_offload` the copies of activations to host memory and back (OFFLOAD,
-RELOAD), `sim.passes.fsdp.add_fsdp` FSDP's gathers and releases (UNSHARD, RESHARD), and `sim.passes.lowering.lower` derives the communication actions from the data dependencies.
+RELOAD), `sim.passes.fsdp.add_fsdp` FSDP's gathers and releases (UNSHARD, RESHARD), and
+`sim.passes.lowering.lower` derives the communication actions from the data dependencies.
 """
 from __future__ import annotations
 
@@ -233,7 +234,8 @@ class Schedule:
 
     def compute_only(self) -> "Schedule":
         """The same schedule without its transfers (SEND, RECV): what `sim.lower` started
-        from. Collectives (REDUCE_GRAD) and copies (OFFLOAD, RELOAD) stay where they are."""
+        from. Collectives (REDUCE_GRAD), copies (OFFLOAD, RELOAD) and gathers (UNSHARD,
+        RESHARD) stay where they are."""
         return Schedule([[a for a in p if a.kind not in TRANSFERS] for p in self.programs],
                         self.placement, self.micro_batches, self.name)
 

@@ -107,7 +107,7 @@ class MemoryEffect:
 class KindSpec:
     """Everything about one kind of action.
 
-    - role: compute, send, recv or collective.
+    - role: compute, send, recv, collective, copy or gather.
     - label, colour: how figures name and draw it.
     - handler: the name of the method of `exec`'s interpreter that runs it.
     Compute kinds:
