@@ -9,7 +9,8 @@
 `simulate` and `exec` both call `compile`; nothing else checks, lowers or numbers a
 schedule on its way to a run (zero-bubble's `run_schedule_passes`: the whole pipeline
 in one short function). The passes that add actions (`sim.add_grad_reduce`,
-`sim.add_offload`) are the caller's choice of what the step does, made before.
+`sim.add_offload`, `sim.add_fsdp`) are the caller's choice of what the step does, made
+before (FSDP's gathers first, then the reductions: torch's order).
 
 A target says what runs the program:
 - "sim": the simulator (`sim.simulate`). Its run is its own deadlock check, so none runs
