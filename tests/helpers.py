@@ -54,6 +54,9 @@ def reference_run(schedule, costs):
     engine for its direction, one at a time, from the later of its issue, the end of the
     copy before it there and the end of what it needs (a RELOAD's OFFLOAD); a backward
     whose activations a RELOAD brings back starts no earlier than that RELOAD's end.
+    An UNSHARD runs on its rank's all-gather stream, one at a time, from the later of its
+    issue and the end of the gather before it, for its stage's `unshard`; a compute starts
+    no earlier than its stage's latest UNSHARD's end, and a RESHARD takes no time.
     Returns (start, end) of each of them, as two dicts."""
     low = sim.lower(schedule) if not schedule.is_lowered else schedule
     c = costs.for_stages(low.stages)
@@ -62,6 +65,8 @@ def reference_run(schedule, costs):
     clock = [0.0] * low.ranks           # when each rank is free
     stream = [0.0] * low.ranks          # when each rank's collective stream is free
     engines = [{"to host": 0.0, "from host": 0.0} for _ in range(low.ranks)]  # each rank's copy engines
+    gathers = [0.0] * low.ranks         # when each rank's all-gather stream is free (rule 16)
+    gathered = {}                       # stage -> the end of its latest UNSHARD
     computes = {a for p in low.programs for a in p if a.kind.is_compute}
     start = {}
     windows = [[] for _ in range(low.ranks)]  # (from, to): its transport thread may run; to=None: open
@@ -115,6 +120,11 @@ def reference_run(schedule, costs):
                         needed = [end[Action(*d)] for d in spec.needs(a.stage, a.micro, low.stages, computes)]
                         start[a] = max([clock[r], engines[r][spec.stream]] + needed)
                         end[a] = engines[r][spec.stream] = start[a] + getattr(c, spec.cost)[a.stage]
+                    elif a.kind is Kind.UNSHARD:
+                        start[a] = max(clock[r], gathers[r])
+                        end[a] = gathers[r] = gathered[a.stage] = start[a] + c.unshard[a.stage]
+                    elif a.kind is Kind.RESHARD:
+                        start[a] = end[a] = max(clock[r], gathered[a.stage])
                     else:
                         recvs = [x for x in posted if x.stage == a.stage and x.micro == a.micro and x not in end
                                  and a.kind in KINDS[x.kind].feeds]
@@ -134,6 +144,7 @@ def reference_run(schedule, costs):
                         reload = Action(a.stage, Kind.RELOAD, a.micro)
                         if a.kind in KINDS[Kind.RELOAD].feeds and reload in end:
                             start[a] = max(start[a], end[reload])
+                        start[a] = max(start[a], gathered.get(a.stage, 0.0))  # its stage's gather (rule 16)
                         end[a] = start[a] + getattr(c, KINDS[a.kind].cost)[a.stage]
                         clock[r] = end[a] + c.after_compute
                     pc[r] += 1
@@ -141,7 +152,7 @@ def reference_run(schedule, costs):
                 if pc[r] == len(prog) and (not windows[r] or windows[r][-1][1] != math.inf):
                     windows[r].append((clock[r], math.inf))  # done: it waits for its sends
         if all(pc[r] == len(p) for r, p in enumerate(low.programs)):
-            kept = (Role.COMPUTE, Role.COLLECTIVE, Role.COPY)
+            kept = (Role.COMPUTE, Role.COLLECTIVE, Role.COPY, Role.GATHER)
             return start, {a: t for a, t in end.items() if role[a.kind] in kept}
         # Stuck: every rank left waits on a transfer whose notice came while its sender
         # was waiting. Each of those waits lasts past the earliest such notice (everything

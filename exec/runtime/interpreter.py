@@ -23,8 +23,9 @@ are the simulator's (docs/rules.md):
   on; `run` waits for every reduction at the end of the step, before the optimizer, and
   the gradients become views of the averaged buffer. Its record spans its time on the
   stream (docs/rules.md, rule 13).
-- `offload`, `reload` (OFFLOAD, RELOAD, activation offloading to host memory) are refused:
-  on a CPU rank the host memory is the device's memory (`refuse_offload`).
+- `unshard`, `reshard` (UNSHARD, RESHARD: FSDP) all-gather a stage's flat parameters from
+  its data-parallel group's shards, and free them (`exec.runtime.fsdp.Shards`).
+- `offload`, `reload` are refused: a CPU rank's host memory is its device's (`refuse_offload`).
 
 Point-to-point calls name world ranks: `ctx.global_rank(r)` of the schedule's rank r (the
 same rank without data parallelism); the events name the schedule's ranks.
@@ -42,8 +43,8 @@ runs one action and returns its marks.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
-from typing import Any, Callable, NamedTuple, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -55,7 +56,9 @@ from sim.passes.dependencies import compute_set, peer, waits_for
 
 from exec.runtime import split_backward
 from exec.runtime.clocks import clock_for
+from exec.runtime.records import Marks, RankTrace
 from exec.runtime.dp import CollectiveStream
+from exec.runtime.fsdp import Shards
 from exec.runtime.memory import SavedBytes, param_storages
 from exec.runtime.shapes import TensorMeta
 
@@ -90,29 +93,6 @@ def refuse_offload(schedule: Schedule) -> None:
         raise ValueError(f"schedule {schedule.name!r} has OFFLOAD/RELOAD actions (activation offloading to host "
                          f"memory), but exec runs on CPU ranks, whose host memory is their device memory; simulate "
                          f"it (sim.simulate), or run it without sim.add_offload")
-
-
-class Marks(NamedTuple):
-    """One action's record in a step: its start and end as clock marks (`clock.seconds`
-    reads them out; on CPU they are `time.perf_counter()` seconds) and, for a SEND or
-    RECV, the other rank (-1 for a compute)."""
-
-    action: Action
-    start: Any
-    end: Any
-    peer: int = -1
-
-
-@dataclass
-class RankTrace:
-    """What one rank measured, in seconds since its step start (picklable, for gathering)."""
-
-    rank: int
-    events: list[Event] = field(default_factory=list)
-    memory: list[tuple[float, float]] = field(default_factory=list)
-    activations: list[tuple[float, int]] = field(default_factory=list)
-    loss: float | None = None
-    step_end: float | None = None  # when the optimizer step ended (`exec.runtime.step.run_step`)
 
 
 class _Arrived:
@@ -155,6 +135,7 @@ class RankInterpreter:
         # starts: the runtime's own time between actions is time the rank does not compute.
         computes = compute_set(schedule)
         self.waits = {a: waits_for(a, schedule, computes) for a in self.program if a.kind.is_compute}
+        self.shards = Shards(stage_modules, getattr(ctx, "dp_group", None)) if schedule.has_gathers else None
         self.params = {s: param_storages(m) for s, m in stage_modules.items()}
         self.param_lists = {s: list(m.parameters()) for s, m in stage_modules.items()}
         self.routes = {a: self._route(a) for a in self.program if a.kind in TRANSFERS}
@@ -196,6 +177,8 @@ class RankInterpreter:
             work.wait()
         for r in self.stream.finish_all():  # before the optimizer: the gradients are the average
             self._event(r.action, r.start, r.end)
+        if self.shards is not None:  # the optimizer steps whole parameters
+            self.shards.restore()
         self.clock.finish()
         self._resolve()
         if self.loss_sum is not None:
@@ -257,12 +240,24 @@ class RankInterpreter:
         self.stream.issue(a, self.param_lists[a.stage])
 
     def offload(self, a: Action) -> None:
-        """OFFLOAD: refused (`refuse_offload`); a run never gets here."""
+        """OFFLOAD, RELOAD: refused (`refuse_offload`); a run never gets here."""
         refuse_offload(self.schedule)
 
-    def reload(self, a: Action) -> None:
-        """RELOAD: refused (`refuse_offload`); a run never gets here."""
-        refuse_offload(self.schedule)
+    reload = offload
+
+    def unshard(self, a: Action) -> Marks:
+        """UNSHARD: all-gather the stage's parameters (`exec.runtime.fsdp`); they take their bytes."""
+        start = self.clock.mark()
+        self._memory(a, start, start, unshard_bytes=self.shards.unshard(a.stage))
+        self.params[a.stage] = param_storages(self.modules[a.stage])  # a new storage: SavedBytes leaves it out
+        return self._event(a, start, self.clock.mark())
+
+    def reshard(self, a: Action) -> Marks:
+        """RESHARD: free the stage's gathered parameters, its shard staying."""
+        start = self.clock.mark()
+        self.shards.reshard(a.stage)
+        self._memory(a, start, start)
+        return self._event(a, start, start)
 
     # -- compute
     def forward(self, a: Action) -> Marks:

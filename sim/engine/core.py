@@ -249,7 +249,7 @@ class Loop(NamedTuple):
 class _Devices:
     """The devices of one run: each runs its program's `Op`s in order as a SimPy process
     (`run`; rules 1-4 and 11 of docs/rules.md); the transport's hooks take its SENDs and
-    RECVs; its actions of another role go to their resource beside it (rules 13, 14:
+    RECVs; its actions of another role go to their resource beside it (rules 13, 14, 16:
     `sim.engine.resources`). Records each compute's start and end, each rank's busy time
     and whether it finished."""
 
@@ -297,7 +297,7 @@ class _Devices:
                     sent[x] = free_until[r] = now  # the runtime yields the core before the call (rule 9)
                     issued(x, now)
                     hold = send_call  # (send_call, recv_call: how long the call holds the rank)
-                else:  # a collective or a copy: beside the device, which goes on (rules 13, 14)
+                else:  # a collective, a copy or a gather: beside the device, which goes on (rules 13, 14, 16)
                     resources[role].issue(r, x, now)
                     continue
                 if hold and ahead:

@@ -19,6 +19,10 @@ The dependencies are written once here, as functions of (stage, micro-batch):
 - OFFLOAD(s, m), the copy of the activations F(s, m) keeps to host memory, needs F(s, m);
   RELOAD(s, m), their copy back, needs OFFLOAD(s, m), and the backward of (s, m) that
   consumes them (B, or I) waits for its end (`sim.passes.offload`, docs/rules.md rule 14).
+- UNSHARD(s), FSDP's all-gather of stage s's parameters, needs nothing but its rank's
+  all-gather stream; the computes of stage s that follow it on its rank, up to the next
+  RESHARD(s) that gives the gathered parameters back, wait for its end. Their micro-batch
+  counts a stage's gathers in the step (`sim.passes.fsdp`, docs/rules.md rule 16).
 
 A result that another rank consumes travels as a transfer: the producer's kind names its
 SEND (on the producer's rank) and its RECV (on the consumer's rank, one compute early).
@@ -44,6 +48,8 @@ class Kind(str, enum.Enum):
     REDUCE_GRAD = "REDUCE_GRAD"  # reduce this stage's gradients over its data-parallel group (once per step)
     OFFLOAD = "OFFLOAD"  # copy the activations this stage keeps for a micro-batch to host memory
     RELOAD = "RELOAD"    # copy them back from host memory, before the backward that needs them
+    UNSHARD = "UNSHARD"  # all-gather this stage's sharded parameters (FSDP), before its computes
+    RESHARD = "RESHARD"  # give the gathered parameters back, keeping this rank's shard
 
     @property
     def spec(self) -> "KindSpec":
@@ -75,6 +81,10 @@ class Role(enum.Enum):
     # issued in program order, runs on one of the rank's two copy engines (device to host,
     # host to device; FIFO each) while the device goes on; a RELOAD's backward waits for it
     COPY = "copy"
+    # issued in program order: an UNSHARD runs on the rank's all-gather stream (FIFO, FSDP2's
+    # own stream) and the computes of its stage wait for its end; a RESHARD gives the
+    # gathered parameters back when the device reaches it (`sim.engine.resources.Gathers`)
+    GATHER = "gather"
 
 
 Key = tuple  # (stage, Kind, micro): a compute action as a plain tuple (an `Action` is one)
@@ -97,7 +107,7 @@ class MemoryEffect:
 class KindSpec:
     """Everything about one kind of action.
 
-    - role: compute, send, recv or collective.
+    - role: compute, send, recv, collective, copy or gather.
     - label, colour: how figures name and draw it.
     - handler: the name of the method of `exec`'s interpreter that runs it.
     Compute kinds:
@@ -118,6 +128,11 @@ class KindSpec:
     - stream: which of the rank's copy engines runs it ("to host" or "from host").
     - memory: as for a compute, at the copy's own start or end.
     - feeds: on a RELOAD, the compute kinds that wait for it (B or I).
+    Gather kinds (UNSHARD, RESHARD):
+    - cost: UNSHARD's per-stage `Costs` field with its time on the all-gather stream;
+      RESHARD takes no time (None).
+    - memory: the gathered parameters (`unshard_bytes`), taken at UNSHARD's start and
+      given back at RESHARD's end.
     Transfer kinds (SEND, RECV):
     - peer: (stage offset, kind) of the other half of the transfer.
     - tensor_of: the stage offset whose output has the tensor's shape (the gradient with
@@ -194,6 +209,8 @@ _KEEP_FOR_W = MemoryEffect("w_activation_bytes", +1, "end")     # I: what W stil
 _GIVE_BACK_W = MemoryEffect("w_activation_bytes", -1, "end")
 _TO_HOST = MemoryEffect("offload_bytes", -1, "end")      # OFFLOAD: the device's copy is freed once on the host
 _FROM_HOST = MemoryEffect("offload_bytes", +1, "start")  # RELOAD: the device's copy is allocated first
+_GATHERED = MemoryEffect("unshard_bytes", +1, "start")   # UNSHARD: the all-gather's output buffer
+_RESHARDED = MemoryEffect("unshard_bytes", -1, "end")    # RESHARD: freed, the rank's shard stays
 
 KINDS: Mapping[Kind, KindSpec] = {
     Kind.F: KindSpec(Role.COMPUTE, "F forward", "forward", "#0072B2", cost="forward", needs=_forward_needs,
@@ -216,6 +233,9 @@ KINDS: Mapping[Kind, KindSpec] = {
                            memory=(_TO_HOST,), stream="to host"),
     Kind.RELOAD: KindSpec(Role.COPY, "L reload", "reload", "#F0E442", cost="reload", needs=_reload_needs,
                           memory=(_FROM_HOST,), stream="from host", feeds=(Kind.B, Kind.I)),
+    Kind.UNSHARD: KindSpec(Role.GATHER, "U unshard (all-gather)", "unshard", "#882255", cost="unshard",
+                           memory=(_GATHERED,)),
+    Kind.RESHARD: KindSpec(Role.GATHER, "X reshard", "reshard", "#AA4499", memory=(_RESHARDED,)),
 }
 
 COMPUTE = frozenset(k for k, spec in KINDS.items() if spec.role is Role.COMPUTE)
@@ -230,6 +250,10 @@ BESIDE = frozenset(k for k, spec in KINDS.items() if spec.role not in (Role.COMP
 # Kinds done once per stage per step: an action of one has micro-batch 0, and its text form
 # omits it (`0REDUCE_GRAD`, as torch.distributed.pipelining writes it).
 ONCE_PER_STAGE = COLLECTIVES
+# FSDP's gathers and releases (UNSHARD, RESHARD): a stage may be gathered several times a
+# step; the micro-batch of one counts them (0, 1, ...), and the text form omits a 0
+# (`0UNSHARD`, as torch writes it; `0UNSHARD1` for the stage's second gather).
+GATHERS = frozenset(k for k, spec in KINDS.items() if spec.role is Role.GATHER)
 NEEDS = {k: KINDS[k].needs for k in COMPUTE}  # kind -> its dependency function, for hot loops
 
 

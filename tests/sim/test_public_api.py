@@ -121,8 +121,9 @@ def test_costs_files_keep_their_format(tmp_path):
     assert c == sim.Costs(forward=(1.0, 2.0), latency=0.1, backward_weight=(0.5, 0.25), io_tick=math.inf)
     sim.save_costs(c, tmp_path / "new.json")
     import json
-    assert json.loads((tmp_path / "new.json").read_text()) == json.loads(OLD_COSTS_FILE)
-    assert list(json.loads((tmp_path / "new.json").read_text())["costs"]) == list(json.loads(OLD_COSTS_FILE)["costs"])
+    added = {"unshard": 0.0, "unshard_bytes": 0.0}  # fields added since, at their defaults (FSDP, rule 16)
+    assert json.loads((tmp_path / "new.json").read_text()) == {"costs": json.loads(OLD_COSTS_FILE)["costs"] | added}
+    assert list(json.loads((tmp_path / "new.json").read_text())["costs"]) == [*json.loads(OLD_COSTS_FILE)["costs"], *added]
 
 
 def test_every_costs_field_is_written_once_and_drives_the_rest():
