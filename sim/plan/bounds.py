@@ -20,7 +20,7 @@ from sim.cost.data_parallel import optimizer_time, stage_params
 from sim.cost.ends import end_times
 from .layout import Layout
 from .stage_costs import partition_layers, stage_costs
-from sim.model.footprint import optimizer_step_bytes, state_bytes_per_param
+from sim.model.footprint import DEFAULT_OPTIMIZER, optimizer_step_bytes, state_bytes_per_param
 from sim.hardware.profile import DeviceProfile, resolve
 from sim.schedule.ir import Schedule
 from sim.hardware.kernels import memory_time, precision_bytes
@@ -85,7 +85,8 @@ class Bounds:
     `sim.estimate` does; with another partition, only the averages over the devices."""
 
     def __init__(self, m: Transformer, g: DeviceProfile, global_batch: int, precision: str, gpus_per_node: int,
-                 partition="even", nics_per_node: int | None = None):
+                 partition="even", nics_per_node: int | None = None, optimizer: str = DEFAULT_OPTIMIZER):
+        self.optimizer = optimizer
         self.m, self.g, self.batch, self.precision, self.gpn = m, resolve(g), global_batch, precision, gpus_per_node
         self.nics = gpus_per_node if nics_per_node is None else nics_per_node
         self.partition = partition if isinstance(partition, str) else tuple(partition)
@@ -123,7 +124,7 @@ class Bounds:
         parameters sum to the model's over tp) and, with the even split, one micro-batch's
         activations of the fewest layers a stage has (a device holds at least the one its
         forward takes in). No schedule needed: the pp * V stages are known."""
-        per = sum(state_bytes_per_param(self.precision, c.zero, c.dp).values())
+        per = sum(state_bytes_per_param(self.precision, c.zero, c.dp, self.optimizer).values())
         fewest = self.m.layers // (c.pp * c.virtual) if self.even else 0
         return self.params.total / (c.tp * c.pp) * per + fewest * self._activations(c)
 
@@ -134,7 +135,7 @@ class Bounds:
         average = self.memory_average(c)
         if not self.even or average > self.g.memory:
             return average
-        per = sum(state_bytes_per_param(self.precision, c.zero, c.dp).values())
+        per = sum(state_bytes_per_param(self.precision, c.zero, c.dp, self.optimizer).values())
         sh, act = self.shape(c), self._activations(c)
         static = sh.per_device([p * per for p in stage_params(self.m, sh.layers, c.tp, sh.schedule.placement)])
         smallest = sh.per_device([n * act for n in sh.layers], min)
@@ -142,7 +143,7 @@ class Bounds:
 
     def _optimizer(self, c: Config) -> float:
         share = c.dp if c.zero >= 1 else 1
-        return memory_time(self.g, self.params.total / (c.tp * c.pp * share) * optimizer_step_bytes(self.precision), "optimizer")
+        return memory_time(self.g, self.params.total / (c.tp * c.pp * share) * optimizer_step_bytes(self.precision, self.optimizer), "optimizer")
 
     def average(self, c: Config) -> float:
         """The average device's computes one after another (F + B of the layers for every
@@ -160,7 +161,7 @@ class Bounds:
             self._ends[x] = end_times(self.m, self.g, x)
         ends = self._ends[x]
         lay = Layout(global_batch=self.batch, precision=self.precision, gpus_per_node=self.gpn,
-                     partition=self.partition, nics_per_node=self.nics, **c.kwargs())
+                     partition=self.partition, nics_per_node=self.nics, optimizer=self.optimizer, **c.kwargs())
         layers = partition_layers(self.m.layers, sh.schedule.stages, self.partition, lt, ends)
         costs, _ = stage_costs(self.m, self.g, lay, x, lt, ends, layers, sh.schedule.placement)
         return costs.for_stages(sh.schedule.stages), layers, lay

@@ -21,6 +21,7 @@ from typing import Sequence
 from sim import cli
 from sim.cli import whole
 from sim.hardware.gpus import GIB, GPUS
+from sim.model.footprint import DEFAULT_OPTIMIZER, OPTIMIZERS
 from sim.schedule.ir import ScheduleError
 from .planner import Plan, search
 from .space import MAX_CONFIGS, MAX_MICRO_BATCH, MAX_VIRTUAL, TOP
@@ -67,6 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sequence-parallel", choices=("both", "on", "off"), default="both",
                    help="sequence parallelism (only where tp > 1)")
     p.add_argument("--precision", default="bf16", help="bf16, fp16 or fp32")
+    p.add_argument("--optimizer", default=DEFAULT_OPTIMIZER, choices=list(OPTIMIZERS),
+                   help="the run's optimizer: its state in memory, its step in time (the names of exec.run --optimizer)")
     p.add_argument("--gpus-per-node", type=whole, default=8, help="GPUs joined by NVLink")
     p.add_argument("--nics-per-node", type=whole, help="network cards a node's GPUs share "
                                                        "(default: --gpus-per-node, one a GPU)")
@@ -175,7 +178,7 @@ def _limits(args: argparse.Namespace) -> dict:
     sp = {"both": None, "on": [True], "off": [False]}[args.sequence_parallel]
     return dict(tp=args.tp, pp=args.pp, micro_batch=args.micro_batch, schedules=args.schedules,
                 virtual=args.virtual, recompute=args.recompute, zero=args.zero, sequence_parallel=sp,
-                precision=args.precision, gpus_per_node=args.gpus_per_node,
+                precision=args.precision, optimizer=args.optimizer, gpus_per_node=args.gpus_per_node,
                 nics_per_node=args.nics_per_node, max_micro_batch=args.max_micro_batch,
                 max_virtual=args.max_virtual, max_configs=args.max_configs, top=args.top)
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from sim.hardware.kernels import precision_bytes
 from sim.hardware.profile import DeviceProfile
 from sim.hardware.topology import Topology
-from sim.model.footprint import state_bytes_per_param
+from sim.model.footprint import DEFAULT_OPTIMIZER, state_bytes_per_param
 from sim.model.transformer import Transformer, check_recompute
 from sim.schedule.registry import lookup
 
@@ -31,6 +31,7 @@ class Layout:
     tp_overlap: bool = True
     offload: bool = False
     nics_per_node: int | None = None  # None: one a GPU
+    optimizer: str = DEFAULT_OPTIMIZER  # a name of sim.model.footprint.OPTIMIZERS (exec.run --optimizer)
 
     @property
     def gpus(self) -> int:
@@ -62,7 +63,7 @@ def check_layout(m: Transformer, g: DeviceProfile, lay: Layout) -> list[str]:
         raise ValueError(f"pp={lay.pp}{chunks} = {stages} stages is more than the model's {m.layers} layers; "
                          f"use pp * V <= {m.layers}")
     precision_bytes(lay.precision)
-    state_bytes_per_param(lay.precision, lay.zero, lay.dp)
+    state_bytes_per_param(lay.precision, lay.zero, lay.dp, lay.optimizer)
     for what, n in (("heads", m.heads), ("kv_heads", m.kv_heads), ("ffn", m.ffn), ("vocab", m.vocab)):
         if n % lay.tp:
             ok = [d for d in (1, 2, 4, 8, 16, 32, 64) if n % d == 0 and m.heads % d == 0 and m.kv_heads % d == 0]

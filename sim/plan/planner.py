@@ -46,6 +46,7 @@ from typing import Callable, Iterator
 from sim.hardware.gpus import GPU
 from sim.hardware.kernels import precision_bytes
 from sim.hardware.profile import DeviceProfile, resolve
+from sim.model.footprint import DEFAULT_OPTIMIZER, check_optimizer
 from sim.model.transformer import Transformer
 from sim.schedule.ir import ScheduleError
 
@@ -179,10 +180,12 @@ def _row(c: Config, e: Estimate, keep: bool) -> Row:
 def search(model: Transformer | str, gpu: DeviceProfile | GPU | str, gpus: int, global_batch: int, *, top: int | None = TOP,
            max_step_time: float | None = None, precision: str = "bf16", gpus_per_node: int = 8,
            nics_per_node: int | None = None, partition="even", max_configs: int = MAX_CONFIGS,
-           progress: Callable[[int, int], None] | None = None, **limits) -> Plan:
+           progress: Callable[[int, int], None] | None = None, optimizer: str = DEFAULT_OPTIMIZER,
+           **limits) -> Plan:
     """Search the layouts of `gpus` GPUs for a step of `global_batch` sequences of `model`
     (see the module's docstring); return the `top` fastest that fit (all with top=None),
-    only those at most `max_step_time` if it is given; `nics_per_node` defaults to gpus_per_node.
+    only those at most `max_step_time` if it is given; `nics_per_node` defaults to gpus_per_node;
+    `optimizer` (`sim.model.footprint.OPTIMIZERS`) is the run's, for every configuration.
     `limits` narrow the space: tp, pp, micro_batch, schedules, virtual, recompute, zero,
     sequence_parallel (each one value or a list), max_micro_batch, max_virtual. `progress(done,
     total)` is called as configurations are settled. Raises ValueError naming the fix."""
@@ -194,12 +197,13 @@ def search(model: Transformer | str, gpu: DeviceProfile | GPU | str, gpus: int, 
     if top is not None:
         positive("top", top)
     precision_bytes(precision)
+    check_optimizer(optimizer)
     dropped = Counter()
     configs = configurations(m, gpus, global_batch, gpus_per_node=gpus_per_node, dropped=dropped, **limits)
     if len(configs) > max_configs:
         raise ValueError(f"the search has {len(configs)} configurations, more than max_configs={max_configs}; "
                          f"narrow it (tp, pp, micro_batch, schedules, recompute, zero) or raise max_configs")
-    bounds = Bounds(m, g, global_batch, precision, gpus_per_node, partition, nics_per_node)
+    bounds = Bounds(m, g, global_batch, precision, gpus_per_node, partition, nics_per_node, optimizer)
     cap = math.inf if max_step_time is None else max_step_time
     best: list[tuple[float, int, Row]] = []   # a max-heap of the `top` fastest that fit, by (step time, index)
     points: list[Row] = []
@@ -214,7 +218,7 @@ def search(model: Transformer | str, gpu: DeviceProfile | GPU | str, gpus: int, 
     for i, c, waiting in _best_first(configs, bounds, g.memory, limit, dropped):
         try:
             e = estimate(m, g, precision=precision, gpus_per_node=gpus_per_node, nics_per_node=nics_per_node,
-                         partition=partition, global_batch=global_batch, **c.kwargs(), **c.options())
+                         partition=partition, optimizer=optimizer, global_batch=global_batch, **c.kwargs(), **c.options())
         except (ValueError, ScheduleError) as err:
             dropped[f"refused by the estimate: {str(err).splitlines()[0][:60]}"] += 1
             continue
@@ -236,7 +240,7 @@ def search(model: Transformer | str, gpu: DeviceProfile | GPU | str, gpus: int, 
     rows = [r for _, _, r in sorted(best, key=lambda b: (-b[0], b[2].peak_memory, -b[1])) if r.step_time <= cap]
     if rows and rows[0].estimate is None:  # the best keeps its step, for the figures
         best_kw = dict(precision=precision, gpus_per_node=gpus_per_node, nics_per_node=nics_per_node,
-                       partition=partition, global_batch=global_batch, **rows[0].config.kwargs(),
+                       partition=partition, optimizer=optimizer, global_batch=global_batch, **rows[0].config.kwargs(),
                        **rows[0].config.options())
         rows[0] = _row(rows[0].config, estimate(m, g, **best_kw), keep=True)
     return Plan(m, g, gpus, global_batch, rows, points, dropped, len(configs), len(points),
