@@ -196,8 +196,7 @@ def search(model: Transformer | str, gpu: DeviceProfile | GPU | str, gpus: int, 
     nics_per_node = positive("nics_per_node", gpus_per_node if nics_per_node is None else nics_per_node)
     if top is not None:
         positive("top", top)
-    precision_bytes(precision)
-    check_optimizer(optimizer)
+    precision_bytes(precision), check_optimizer(optimizer)
     dropped = Counter()
     configs = configurations(m, gpus, global_batch, gpus_per_node=gpus_per_node, dropped=dropped, **limits)
     if len(configs) > max_configs:
