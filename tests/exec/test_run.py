@@ -370,6 +370,17 @@ def test_static_memory_is_weights_gradients_and_optimizer_state(spec):
         make_optimizer("lion", params, lr=0.01)
 
 
+def test_exec_and_the_planner_agree_on_the_optimizers_and_the_default():
+    """`exec.run --optimizer`, `RunConfig` and `sim.estimate(optimizer=)` take the same names
+    (`sim.model.footprint.OPTIMIZERS`) and default to AdamW."""
+    from exec.pipeline.config import RunConfig
+    from exec.run import build_parser
+    from exec.runtime.optim import OPTIMIZERS
+    from sim.model.footprint import DEFAULT_OPTIMIZER, OPTIMIZERS as PLANNED
+    assert OPTIMIZERS == tuple(PLANNED) == ("adamw", "adam", "sgd", "sgd-momentum")
+    assert DEFAULT_OPTIMIZER == RunConfig().optimizer == build_parser().get_default("optimizer") == "adamw"
+
+
 def test_every_kind_has_its_handler_in_the_interpreter():
     """The interpreter dispatches each kind to the method `sim.schedule.kinds.KINDS` names."""
     from exec.runtime.interpreter import RankInterpreter

@@ -23,14 +23,6 @@ def test_state_is_the_master_weight_and_the_buffers(optimizer):
     assert optimizer_step_bytes("bf16", optimizer) == 4 + 2 * (4 + 4 * n) + 2
 
 
-def test_the_default_is_adamw_in_the_planner_and_in_exec():
-    from exec.pipeline.config import RunConfig
-    from exec.runtime.optim import OPTIMIZERS as EXEC_NAMES
-    assert DEFAULT_OPTIMIZER == RunConfig().optimizer == "adamw"
-    assert EXEC_NAMES == tuple(OPTIMIZERS)
-    assert state_bytes_per_param("bf16") == state_bytes_per_param("bf16", optimizer="adamw")
-
-
 def test_the_estimate_holds_each_optimizers_state_and_times_its_step():
     """Only the optimizer's state and step change: the state by 4 bytes a buffer per
     parameter each device holds, the step in proportion to the bytes it moves."""
