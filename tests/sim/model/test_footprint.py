@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 import sim
-from sim.model.footprint import DEFAULT_OPTIMIZER, OPTIMIZERS, optimizer_step_bytes, state_bytes_per_param
+from sim.model.footprint import OPTIMIZERS, optimizer_step_bytes, state_bytes_per_param
 from sim.plan.cli import main as plan_main
 
 BUFFERS = {"sgd": 0, "sgd-momentum": 1, "adam": 2, "adamw": 2}  # torch.optim's fp32 state per parameter
