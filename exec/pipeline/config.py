@@ -29,7 +29,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Sequence
 
 import sim
-from exec.runtime.optim import OPTIMIZERS
+from exec.runtime.optim import DEFAULT_OPTIMIZER, OPTIMIZERS
 
 __all__ = ["RunConfig", "run_options", "run_schedule", "step_schedule", "parse_fault", "FAULTS"]
 
@@ -56,7 +56,7 @@ class RunConfig:
     steps: int = 5                    # measured steps
     warmup: int = 2                   # steps before them, not measured
     lr: float = 0.01                  # learning rate, finite and >= 0
-    optimizer: str = "sgd"            # a name of `exec.runtime.optim.OPTIMIZERS`
+    optimizer: str = DEFAULT_OPTIMIZER  # a name of `exec.runtime.optim.OPTIMIZERS` (adamw)
     dp: int = 1                       # pipeline replicas (data parallelism, `exec.runtime.dp`)
     overlap_grad_reduce: bool = False  # a schedule name with dp > 1: where its REDUCE_GRADs go (`sim.add_grad_reduce`)
     calibrate: int = 0                # k > 0: a calibration round before every k measured steps (gloo only)

@@ -1,10 +1,10 @@
 """What data parallelism and the optimizer step cost one GPU: the parameters each stage holds,
-the reduction of their gradients over the replicas, ZeRO-3's gathers, and the AdamW step.
+the reduction of their gradients over the replicas, ZeRO-3's gathers, and the optimizer's step.
 
 `sim.estimate` puts the reductions on the step as REDUCE_GRAD actions, the ZeRO-3 gathers into
-each micro-batch's passes and the AdamW step after the pipeline flush. What they read of the
+each micro-batch's passes and the optimizer step after the pipeline flush. What they read of the
 run's layout is a `Parallelism` (the planner's `sim.plan.layout.Layout` is one: its tp, dp, pp,
-ZeRO stage, precision, and nodes, `topology`, which says how each data-parallel group sits on
+ZeRO stage, precision, optimizer, and nodes, `topology`, which says how each data-parallel group sits on
 them); collectives are timed by `sim.hardware.network`.
 """
 from __future__ import annotations
@@ -26,6 +26,7 @@ class Parallelism(Protocol):
     dp: int
     zero: int
     precision: str
+    optimizer: str  # a name of sim.model.footprint.OPTIMIZERS
 
     def topology(self) -> Topology:
         """Where the run's GPUs sit and which links its groups use (`sim.hardware.topology`)."""
@@ -93,11 +94,12 @@ def zero3_times(g: DeviceProfile, lay: Parallelism, params: list[float]) -> tupl
 
 
 def optimizer_time(m: Transformer, g: DeviceProfile, lay: Parallelism, layers: list[int], placement) -> float:
-    """The AdamW step after the pipeline flush: memory-bound over the parameters each GPU
-    updates (all it holds; 1/dp of them under ZeRO), on the device that holds the most."""
+    """The optimizer's step after the pipeline flush: memory-bound over the parameters each GPU
+    updates (all it holds; 1/dp of them under ZeRO), on the device that holds the most, at
+    the bytes its optimizer reads and writes per parameter (`sim.model.footprint.optimizer_step_bytes`)."""
     params = stage_params(m, layers, lay.tp, placement)
     per_rank = [0.0] * lay.pp
     for s, r in enumerate(placement):
         per_rank[r] += params[s]
     share = lay.dp if lay.zero >= 1 else 1
-    return memory_time(g, max(per_rank) / share * optimizer_step_bytes(lay.precision), "optimizer")
+    return memory_time(g, max(per_rank) / share * optimizer_step_bytes(lay.precision, lay.optimizer), "optimizer")

@@ -18,7 +18,9 @@ How the layer is implemented changes what its backward keeps and which kernels i
 defaults are Megatron-LM's GPT as the papers count it. `attention`: "unfused" (the scores are
 materialised: softmax output and dropout kept, as2b elements each; Korthikanti et al. 2022,
 Sec. 4.1) or "flash" (Dao et al. 2022, Alg. 2 and 4: the kernel keeps only its per-row
-log-sum-exp in fp32 and recomputes the scores in its backward). `kernels`: "megatron" (its
+log-sum-exp in fp32 and recomputes the scores in its backward); with kernels="torch",
+"flash" is torch's fused SDPA kernel (CPU flash) and "unfused" its math backend, which
+torch falls back to (docs/rules.md, rule 17: what each keeps, measured). `kernels`: "megatron" (its
 fused kernels; the paper's count, which leaves out anything smaller than an sbh tensor) or
 "torch" (torch's eager modules as `exec.models` builds them: LayerNorm keeps its fp32 mean and
 reciprocal deviation per token, the embedding its int64 token ids, the loss its log-softmax
@@ -323,10 +325,7 @@ class Transformer:
             replicated, attention = replicated + e * latents, e * heads
         split = attention + (0 if moe else e * sb * self.ffn * self.mlp_matrices)
         if recompute == "none":
-            heads_sb = self.heads * sb
-            # unfused: softmax output, its dropout mask and dropout output, as^2b each; flash: the
-            # log-sum-exp, fp32, one per head and token
-            split += heads_sb * self.seq * (e + drop * (1 + e)) if self.attention == "unfused" else heads_sb * _FP32
+            split += self._attention_core_bytes(micro_batch, tp, e)
         if moe:
             return self._split(replicated, split, tp, sequence_parallel) + sum(
                 self.moe_activation_bytes(micro_batch, ep, precision).values())
@@ -341,6 +340,22 @@ class Transformer:
         if self.moe is None:
             raise ValueError("Transformer.moe_activation_bytes: a dense model (experts=None) has no MoE layer")
         return self.moe.activation_bytes(self.seq * micro_batch, self.hidden, _element_bytes(precision), ep)
+
+    def _attention_core_bytes(self, micro_batch: int, tp: int, e: int) -> float:
+        """What the attention core keeps beyond Q, K, V and its output (docs/rules.md, rule 17).
+        flash: the log-sum-exp, fp32, one per head and token. unfused (Megatron): the softmax
+        output, its dropout mask and dropout output, as^2b each. unfused with kernels="torch"
+        (SDPA's math backend): the softmax output, and copies of Q and K scaled by d^-1/4 in
+        place of the QKV output, which stays only where V, flattened to (b a, s, d), is a view
+        of it (one sample or one head a rank): 2sbh more then."""
+        heads_sb, sbh = self.heads * self.seq * micro_batch, self.seq * micro_batch * self.hidden
+        if self.attention == "flash":
+            return heads_sb * _FP32
+        if self.kernels == "torch":
+            v_is_a_view = micro_batch == 1 or self.heads == tp
+            return heads_sb * self.seq * e + (2 * e * sbh if v_is_a_view else 0)
+        drop = 1 if self.dropout else 0
+        return heads_sb * self.seq * (e + drop * (1 + e))
 
     def end_activation_bytes(self, micro_batch: int, tp: int = 1, sequence_parallel: bool = False,
                              precision: str = "bf16") -> dict[str, float]:

@@ -20,7 +20,7 @@ from sim.cost.data_parallel import optimizer_time, stage_params
 from sim.cost.ends import end_times
 from .layout import Layout
 from .stage_costs import partition_layers, stage_costs
-from sim.model.footprint import optimizer_step_bytes, state_bytes_per_param
+from sim.model.footprint import DEFAULT_OPTIMIZER, optimizer_step_bytes, state_bytes_per_param
 from sim.hardware.profile import DeviceProfile, resolve
 from sim.schedule.ir import Schedule
 from sim.hardware.kernels import memory_time, precision_bytes
@@ -87,10 +87,10 @@ class Bounds:
 
     def __init__(self, model: Transformer, profile: DeviceProfile, global_batch: int, precision: str,
                  gpus_per_node: int,
-                 partition="even", nics_per_node: int | None = None):
+                 partition="even", nics_per_node: int | None = None, optimizer: str = DEFAULT_OPTIMIZER):
         check_timed(model)  # a MoE model is refused, not searched as a dense one
         self.model, self.profile, self.batch = model, resolve(profile), global_batch
-        self.precision, self.gpn = precision, gpus_per_node
+        self.precision, self.gpn, self.optimizer = precision, gpus_per_node, optimizer
         self.nics = gpus_per_node if nics_per_node is None else nics_per_node
         self.partition = partition if isinstance(partition, str) else tuple(partition)
         self.even = partition == "even"
@@ -128,7 +128,7 @@ class Bounds:
         parameters sum to the model's over tp) and, with the even split, one micro-batch's
         activations of the fewest layers a stage has (a device holds at least the one its
         forward takes in). No schedule needed: the pp * V stages are known."""
-        per = sum(state_bytes_per_param(self.precision, config.zero, config.dp).values())
+        per = sum(state_bytes_per_param(self.precision, config.zero, config.dp, self.optimizer).values())
         fewest = self.model.layers // (config.pp * config.virtual) if self.even else 0
         return self.params.total / (config.tp * config.pp) * per + fewest * self._activations(config)
 
@@ -139,7 +139,7 @@ class Bounds:
         average = self.memory_average(config)
         if not self.even or average > self.profile.memory:
             return average
-        per = sum(state_bytes_per_param(self.precision, config.zero, config.dp).values())
+        per = sum(state_bytes_per_param(self.precision, config.zero, config.dp, self.optimizer).values())
         shape, act = self.shape(config), self._activations(config)
         params = stage_params(self.model, shape.layers, config.tp, shape.schedule.placement)
         static = shape.per_device([p * per for p in params])
@@ -149,7 +149,7 @@ class Bounds:
     def _optimizer(self, config: Config) -> float:
         share = config.dp if config.zero >= 1 else 1
         updated = self.params.total / (config.tp * config.pp * share)
-        return memory_time(self.profile, updated * optimizer_step_bytes(self.precision), "optimizer")
+        return memory_time(self.profile, updated * optimizer_step_bytes(self.precision, self.optimizer), "optimizer")
 
     def average(self, config: Config) -> float:
         """The average device's computes one after another (F + B of the layers for every
@@ -168,7 +168,8 @@ class Bounds:
             self._ends[piece] = end_times(self.model, self.profile, piece)
         ends = self._ends[piece]
         lay = Layout(global_batch=self.batch, precision=self.precision, gpus_per_node=self.gpn,
-                     partition=self.partition, nics_per_node=self.nics, **config.kwargs())
+                     partition=self.partition, nics_per_node=self.nics, optimizer=self.optimizer,
+                     **config.kwargs())
         layers = partition_layers(self.model.layers, shape.schedule.stages, self.partition, layer, ends)
         costs, _ = stage_costs(self.model, self.profile, lay, piece, layer, ends, layers, shape.schedule.placement)
         return costs.for_stages(shape.schedule.stages), layers, lay

@@ -24,6 +24,7 @@ from typing import Sequence
 from sim import cli
 from sim.cli import whole
 from sim.hardware.gpus import GIB, GPUS, PRECISIONS
+from sim.model.footprint import DEFAULT_OPTIMIZER, OPTIMIZERS
 from sim.schedule.ir import ScheduleError
 from .layout import DEFAULT_HEADROOM
 from sim.model.registry import MODELS, find_model, model_name
@@ -88,6 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--sequence-parallel", choices=("both", "on", "off"), default="both",
                    help="sequence parallelism (only where tp > 1)")
     parser.add_argument("--precision", default="bf16", help=f"one of {', '.join(PRECISIONS)}")
+    parser.add_argument("--optimizer", default=DEFAULT_OPTIMIZER, choices=list(OPTIMIZERS),
+                        help="the run's optimizer: its state in memory, its step in time (the names of exec.run --optimizer)")
     parser.add_argument("--memory-headroom", type=headroom, default=DEFAULT_HEADROOM,
                    help="kept free of each GPU's memory for the CUDA context, NCCL's buffers and fragmentation: "
                         "a fraction (0.1, 10%%) or bytes (4GiB)")
@@ -238,7 +241,7 @@ def _limits(args: argparse.Namespace) -> dict:
     sp = {"both": None, "on": [True], "off": [False]}[args.sequence_parallel]
     return dict(tp=args.tp, pp=args.pp, micro_batch=args.micro_batch, schedules=args.schedules,
                 virtual=args.virtual, recompute=args.recompute, zero=args.zero, sequence_parallel=sp,
-                precision=args.precision, gpus_per_node=args.gpus_per_node,
+                precision=args.precision, optimizer=args.optimizer, gpus_per_node=args.gpus_per_node,
                 nics_per_node=args.nics_per_node, max_micro_batch=args.max_micro_batch,
                 max_virtual=args.max_virtual, max_configs=args.max_configs, top=args.top,
                 memory_headroom=args.memory_headroom)

@@ -30,6 +30,7 @@ from sim.engine.result import Result
 from sim.hardware.gpus import GPU
 from sim.hardware.profile import DeviceProfile, resolve
 from sim.model.layer_layout import from_counts
+from sim.model.footprint import DEFAULT_OPTIMIZER
 from sim.model.transformer import Transformer
 from sim.passes.grad_reduce import add_grad_reduce
 from sim.engine.result import reload_waits
@@ -84,7 +85,8 @@ class Estimate:
                 "dp": lay.dp, "micro_batch": lay.micro_batch, "global_batch": lay.global_batch,
                 "micro_batches": lay.micro_batches, "schedule": lay.schedule, "virtual": self.result.schedule.stages // lay.pp,
                 "recompute": lay.recompute, "sequence_parallel": lay.sequence_parallel, "zero": lay.zero,
-                "precision": lay.precision, "offload": lay.offload, "memory_headroom": lay.memory_headroom,
+                "precision": lay.precision, "optimizer": lay.optimizer, "offload": lay.offload,
+                "memory_headroom": lay.memory_headroom,
                 "usable_memory": self.usable_memory, "step_time": self.step_time, "tflops_per_gpu": self.tflops_per_gpu,
                 "mfu": self.mfu, "bubble_fraction": self.bubble_fraction, "peak_memory": max(self.peak_memory),
                 "fits": self.fits, "layers_per_stage": self.layers_per_stage, "time_parts": self.time_parts,
@@ -96,7 +98,8 @@ def estimate(model: Transformer | str, gpu: DeviceProfile | GPU | str = "a100-80
              virtual: int | None = None, recompute: str = "none", sequence_parallel: bool = False, zero: int = 0,
              precision: str = "bf16", overlap_grad_reduce: bool = False, partition="even",
              tp_overlap: bool = True, offload: bool = False, nics_per_node: int | None = None,
-             memory_headroom: float = DEFAULT_HEADROOM, **schedule_options) -> Estimate:
+             memory_headroom: float = DEFAULT_HEADROOM, optimizer: str = DEFAULT_OPTIMIZER,
+             **schedule_options) -> Estimate:
     """Simulate one training step of `model` on `gpu`s split as given (see `Layout` and the
     module's docstring); `gpu` is a device profile (`sim.load_profile`), a profile's or GPU
     preset's name (its default profile, `sim.hardware.profile.DEFAULT_PROFILES`) or a preset `GPU`;
@@ -108,11 +111,13 @@ def estimate(model: Transformer | str, gpu: DeviceProfile | GPU | str = "a100-80
     (`stage_costs.offload_costs`). `nics_per_node` (default `gpus_per_node`: one a GPU, as on a DGX) are the
     network cards of a node that collectives and sends between nodes share (`sim.hardware.topology`).
     `memory_headroom` is what each GPU keeps free (a fraction of its memory, or bytes; `fits`
-    compares the peak with the rest: `layout.usable_memory`)."""
+    compares the peak with the rest: `layout.usable_memory`). `optimizer` (a name of
+    `sim.model.footprint.OPTIMIZERS`, those of `exec.run --optimizer`) sets the state each GPU
+    holds and the bytes its step reads and writes."""
     lay = Layout(tp, pp, dp, micro_batch, dp * micro_batch if global_batch is None else global_batch,
                  lookup(schedule)[0], virtual, recompute, sequence_parallel, zero, precision, gpus_per_node,
                  overlap_grad_reduce, partition if isinstance(partition, str) else tuple(partition), tp_overlap,
-                 offload, gpus_per_node if nics_per_node is None else nics_per_node, memory_headroom)
+                 offload, gpus_per_node if nics_per_node is None else nics_per_node, memory_headroom, optimizer)
     return estimate_layout(find_model(model), resolve(gpu), lay, **schedule_options)
 
 

@@ -7,7 +7,7 @@ from sim.cli import machine_memory
 from sim.hardware.kernels import precision_bytes
 from sim.hardware.profile import DeviceProfile
 from sim.hardware.topology import Topology
-from sim.model.footprint import state_bytes_per_param
+from sim.model.footprint import DEFAULT_OPTIMIZER, state_bytes_per_param
 from sim.model.transformer import Transformer, check_recompute
 from sim.schedule.registry import lookup
 
@@ -57,6 +57,7 @@ class Layout:
     offload: bool = False
     nics_per_node: int | None = None  # None: one a GPU
     memory_headroom: float = DEFAULT_HEADROOM  # kept free of each GPU's memory (`usable_memory`)
+    optimizer: str = DEFAULT_OPTIMIZER  # a name of sim.model.footprint.OPTIMIZERS (exec.run --optimizer)
 
     @property
     def gpus(self) -> int:
@@ -88,7 +89,7 @@ def check_layout(model: Transformer, profile: DeviceProfile, lay: Layout) -> lis
         raise ValueError(f"pp={lay.pp}{chunks} = {stages} stages is more than the model's {model.layers} layers; "
                          f"use pp * V <= {model.layers}")
     precision_bytes(lay.precision)
-    state_bytes_per_param(lay.precision, lay.zero, lay.dp)
+    state_bytes_per_param(lay.precision, lay.zero, lay.dp, lay.optimizer)
     for what, n in (("heads", model.heads), ("kv_heads", model.kv_heads), ("ffn", model.ffn), ("vocab", model.vocab)):
         if n % lay.tp:
             ok = [d for d in (1, 2, 4, 8, 16, 32, 64) if n % d == 0 and model.heads % d == 0 and model.kv_heads % d == 0]

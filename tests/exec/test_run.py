@@ -343,18 +343,19 @@ def test_micro_batches_must_split_the_batch_evenly():
 @pytest.mark.parametrize("spec", [MLP, GPT], ids=["mlp", "gpt"])
 def test_static_memory_is_weights_gradients_and_optimizer_state(spec):
     """A stage's static memory in real tensor bytes: its parameters, their gradients, and
-    the optimizer's state for them. SGD without momentum keeps none; AdamW two moments of
-    each parameter and a float32 `step` tensor per parameter. Before the first step the
+    the optimizer's state for them. SGD without momentum keeps none, with momentum one
+    buffer of each parameter; Adam and AdamW two moments of each parameter and a float32
+    `step` tensor per parameter. Before the first step the
     optimizer holds nothing yet, and what its first step creates is counted; after it,
     what torch holds: the same bytes."""
     from exec.runtime.memory import StaticMemory, static_memory
-    from exec.runtime.optim import make_optimizer
-    for optimizer in ("sgd", "adamw"):
+    from exec.runtime.optim import OPTIMIZERS, make_optimizer
+    for optimizer in OPTIMIZERS:
         stage = spec.build_stages(1)[0]
         params = list(stage.parameters())
         weights = sum(p.numel() * p.element_size() for p in params)
         opt = make_optimizer(optimizer, params, lr=0.01)
-        state = 2 * weights + 4 * len(params) if optimizer == "adamw" else 0
+        state = {"sgd": 0, "sgd-momentum": weights}.get(optimizer, 2 * weights + 4 * len(params))
         expected = static_memory(stage, opt)
         assert expected == StaticMemory(weights, weights, state) and expected.total == 2 * weights + state
         assert not opt.state  # nothing held yet
@@ -365,8 +366,19 @@ def test_static_memory_is_weights_gradients_and_optimizer_state(spec):
                    if isinstance(v, torch.Tensor))
         assert held == state and static_memory(stage, opt) == expected, optimizer
     assert static_memory(stage).optimizer_bytes == 0  # no optimizer, no state
-    with pytest.raises(ValueError, match="optimizer must be one of sgd, adamw"):
-        make_optimizer("adam", params, lr=0.01)
+    with pytest.raises(ValueError, match="optimizer must be one of adamw, adam, sgd, sgd-momentum"):
+        make_optimizer("lion", params, lr=0.01)
+
+
+def test_exec_and_the_planner_agree_on_the_optimizers_and_the_default():
+    """`exec.run --optimizer`, `RunConfig` and `sim.estimate(optimizer=)` take the same names
+    (`sim.model.footprint.OPTIMIZERS`) and default to AdamW."""
+    from exec.pipeline.config import RunConfig
+    from exec.run import build_parser
+    from exec.runtime.optim import OPTIMIZERS
+    from sim.model.footprint import DEFAULT_OPTIMIZER, OPTIMIZERS as PLANNED
+    assert OPTIMIZERS == tuple(PLANNED) == ("adamw", "adam", "sgd", "sgd-momentum")
+    assert DEFAULT_OPTIMIZER == RunConfig().optimizer == build_parser().get_default("optimizer") == "adamw"
 
 
 def test_every_kind_has_its_handler_in_the_interpreter():
@@ -474,7 +486,7 @@ def test_cli_under_torchrun_reports_once(tmp_path):
     (["--schedule", "zigzag"], "unknown schedule"),
     (["--micro-batches", "5"], "does not split"),
     (["--model", "rnn"], "--model"),
-    (["--optimizer", "adam"], "--optimizer"),
+    (["--optimizer", "lion"], "--optimizer"),
     (["--fault", "raise:7"], "names rank 7"),
     (["--out", __file__], "is a file"),
     (["--dp", "0"], "--dp"),
