@@ -38,7 +38,8 @@ from sim.engine.result import reload_waits
 from sim.schedule.kinds import Kind
 from sim.schedule.registry import lookup, make_schedule
 
-from .layout import DEFAULT_HEADROOM, Cluster, Layout, Parallel, Run, check_layout, check_size, usable_memory
+from .layout import (DEFAULT_HEADROOM, Cluster, Layout, Parallel, Run, check_layout, check_size, layout_slice,
+                     usable_memory)
 from sim.model.registry import find_model, model_name
 from .stage_costs import memory_caps, memory_parts, offload_costs, partition_layers, stage_costs
 
@@ -165,15 +166,6 @@ def estimate_layout(model: Transformer, profile: DeviceProfile, lay: Layout, **s
                     peak_memory=peak, fits=max(peak) <= usable, result=result, layers_per_stage=layers,
                     time_parts=parts, memory_parts=memory_parts(costs, result.schedule, result), warnings=warnings,
                     usable_memory=usable)
-
-
-def layout_slice(lay: Layout) -> Slice:
-    """How one GPU of the layout holds a layer (`sim.cost.layer.Slice`), its groups placed by
-    the layout's topology."""
-    topo = lay.topology()
-    cp_group = topo.ring_send("cp") if lay.cp_comm == "p2p" else topo.group("cp")
-    return Slice(lay.micro_batch, lay.tp, lay.sequence_parallel, lay.precision, tp_group=topo.group("tp"),
-                 cp=lay.cp, cp_comm=lay.cp_comm, cp_group=cp_group)
 
 
 def step_parts(lay: Layout, layer: LayerTimes, layers: list[int], result: Result, optimizer: float,

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from sim.cli import machine_memory
+from sim.cost.layer import Slice
 from sim.hardware.kernels import precision_bytes
 from sim.hardware.profile import DeviceProfile
 from sim.hardware.topology import Topology
@@ -161,6 +162,15 @@ class Layout:
     def micro_batches(self) -> int:
         """Micro-batches per pipeline per step: global batch / (dp * micro-batch)."""
         return self.global_batch // (self.dp * self.micro_batch)
+
+
+def layout_slice(lay: Layout) -> Slice:
+    """How one GPU of the layout holds a layer (`sim.cost.layer.Slice`), its groups placed by
+    the layout's topology."""
+    topo = lay.topology()
+    cp_group = topo.ring_send("cp") if lay.cp_comm == "p2p" else topo.group("cp")
+    return Slice(lay.micro_batch, lay.tp, lay.sequence_parallel, lay.precision, tp_group=topo.group("tp"),
+                 cp=lay.cp, cp_comm=lay.cp_comm, cp_group=cp_group)
 
 
 def check_layout(model: Transformer, profile: DeviceProfile, lay: Layout) -> list[str]:
