@@ -14,7 +14,8 @@ from sim.cost.layer import (BACKWARD_OVER_FORWARD, Slice, context_attention, fus
 from sim.hardware.network import all_to_all_time, bus_bandwidth, links_of, p2p_time
 from sim.hardware.topology import Group, one_node
 from sim.model.transformer import Transformer
-from sim.plan.space import CP_MIN_SEQ, configurations, layouts
+from sim.plan.bounds import Bounds
+from sim.plan.space import CP_MIN_SEQ, Config, configurations, layouts
 
 H100 = dataclasses.replace(sim.profile("h100-80gb-best-case"), launch_per_kernel=0.0)
 # 2 heads of 4, 2 KV heads, 16 tokens: K and V of 8 tokens (cp = 2) are 2 x 8 x 8 x 2 bytes
@@ -160,3 +161,17 @@ def test_cli_takes_cp(tmp_path):
     from sim.plan.cli import main
     assert main(["--model", "llama3-8b", "--gpu", "h100-80gb", "--gpus", "16", "--global-batch", "16",
                  "--cp", "2", "--tp", "8", "--top", "1", "--no-figures"]) in (0, None)
+
+
+@pytest.mark.parametrize("schedule, pp, dp, cp, comm", [("1f1b", 4, 1, 2, "p2p"), ("interleaved-1f1b", 2, 2, 2, "p2p"),
+                                                       ("zb-h1", 2, 1, 4, "p2p"), ("1f1b", 2, 2, 2, "a2a")])
+def test_bounds_hold_with_cp(schedule, pp, dp, cp, comm):
+    """The planner's lower bounds stay below the estimate with context parallelism."""
+    m = dataclasses.replace(LLAMA, layers=8, seq=16384)
+    bounds = Bounds(m, H100, 16, "bf16", 8)
+    for recompute, zero in (("selective", 1), ("none", 0)):
+        c = Config(8 // cp if comm == "a2a" else 8, pp, dp, 1, schedule, 2 if schedule.startswith("inter") else 1,
+                   recompute, zero, True, cp)
+        e = sim.estimate(m, H100, global_batch=16, cp_comm=comm, **c.kwargs())
+        assert bounds.memory_average(c) <= bounds.memory(c) <= max(e.peak_memory) * (1 + 1e-9)
+        assert bounds.average(c) <= bounds.time(c) <= bounds.schedule_time(c) <= e.step_time * (1 + 1e-9)
