@@ -313,10 +313,12 @@ def context_attention(m: Transformer, dev: DeviceProfile, x: Slice, core_f: floa
     context-parallel attention; docs/planner.md, "Context parallelism"):
 
     "p2p", ring attention: cp steps, each computing against one rank's K and V while the next
-    rank's arrive, so a pass takes c + (cp - 1) max(c, k) with c its compute / cp (load
-    balanced: each rank holds chunks i and 2cp-1-i of 2cp, so every step is equal work) and k
-    one send of K and V of s/cp tokens (the backward's sends carry K, V and their gradients:
-    2k). Added: (cp - 1) max(0, k - c).
+    send runs; c is a pass's compute / cp (load balanced: each rank holds chunks i and 2cp-1-i
+    of 2cp, so every step is equal work) and k one send of K and V of s/cp tokens. F sends K and
+    V on all steps but the last: c + (cp - 1) max(c, k). The backward sends K and V on the first
+    step, K, V and their gradients (2k) on the middle ones, the gradients alone on the last
+    (Transformer Engine's AttnFuncWithCPAndKVP2P.backward): 2 max(c, k) + (cp - 2) max(c, 2k).
+    Added: what exceeds cp c.
     "a2a", Ulysses: Q, K, V go from s/cp tokens of all heads to all s of a/cp heads, and the
     output back, two all-to-alls each way, not overlapped with the compute."""
     if x.cp == 1:
@@ -324,8 +326,9 @@ def context_attention(m: Transformer, dev: DeviceProfile, x: Slice, core_f: floa
     e, links, group = precision_bytes(x.precision), links_of(dev), x.context_group
     kv = 2 * x.tokens(m) * m.hidden * m.kv_heads / m.heads / x.tp * e
     if x.cp_comm == "p2p":
-        return tuple((x.cp - 1) * max(0.0, p2p_time(links, sent, group) - c / x.cp)
-                     for c, sent in ((core_f, kv), (core_i, 2 * kv)))
+        k, c_f, c_i = p2p_time(links, kv, group), core_f / x.cp, core_i / x.cp
+        both = p2p_time(links, 2 * kv, group)
+        return (x.cp - 1) * max(0.0, k - c_f), 2 * max(0.0, k - c_i) + (x.cp - 2) * max(0.0, both - c_i)
     q_and_out = 2 * x.tokens(m) * m.hidden / x.tp * e
     swaps = all_to_all_time(links, kv + q_and_out / 2, group) + all_to_all_time(links, q_and_out / 2, group)
     return swaps, swaps

@@ -24,8 +24,8 @@ LLAMA = sim.MODELS["llama3-70b"]
 
 
 def test_ring_attention_adds_the_sends_it_cannot_hide():
-    """p2p: each pass is c + (cp - 1) max(c, k), c = its compute / cp, k one send of K and V of
-    s/cp tokens (the backward: K, V and their gradients, 2k). Hand-counted: 256 bytes."""
+    """p2p: F is c + (cp - 1) max(c, k), c = its compute / cp, k one send of K and V of s/cp
+    tokens (hand-counted: 256 bytes at cp 2); the backward 2 max(c, k) + (cp - 2) max(c, 2k)."""
     for cp, group in ((2, one_node(2)), (4, Group(2, 1, 2, 1.0))):
         x = Slice(1, cp=cp, cp_comm="p2p", cp_group=group)
         kv = 2 * (16 // cp) * 8 * 2
@@ -35,7 +35,8 @@ def test_ring_attention_adds_the_sends_it_cannot_hide():
             f, b = context_attention(SMALL, H100, x, core, 2.5 * core)
             k_f, k_b = p2p_time(links, kv, group), p2p_time(links, 2 * kv, group)
             assert core + f == pytest.approx(core / cp + (cp - 1) * max(core / cp, k_f), rel=1e-12)
-            assert 2.5 * core + b == pytest.approx(2.5 * core / cp + (cp - 1) * max(2.5 * core / cp, k_b), rel=1e-12)
+            c = 2.5 * core / cp
+            assert 2.5 * core + b == pytest.approx(2 * max(c, k_f) + (cp - 2) * max(c, k_b), rel=1e-12)
             assert (f == 0) == (core == 1e-3)
 
 
