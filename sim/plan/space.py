@@ -120,9 +120,11 @@ def _context_sizes(model: Transformer, gpus: int, cp) -> list[int]:
                 if gpus % 2 ** k == 0 and model.seq // 2 ** k >= CP_MIN_TOKENS and model.seq % 2 ** (k + 1) == 0]
     sizes = [positive("cp", size) for size in _choices("cp", cp, [])]
     for size in sizes:
-        if size > 1 and (model.attention != "flash" or model.seq % (2 * size)):
-            raise ValueError(f"cp={size} needs flash attention and a sequence that splits into 2 x cp chunks; "
-                             f"the model has {model.attention} attention and {model.seq} tokens")
+        if size > 1 and model.attention != "flash":
+            raise ValueError(f"cp={size} needs a fused attention kernel; the model has {model.attention} attention")
+        if model.seq % (2 * size):
+            raise ValueError(f"cp={size} splits the sequence into 2 x cp = {2 * size} chunks; the model's "
+                             f"{model.seq} tokens do not divide")
     return [size for size in sorted(set(sizes)) if gpus % size == 0]
 
 

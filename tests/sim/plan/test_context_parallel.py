@@ -154,8 +154,10 @@ def test_search_tries_cp_only_for_long_sequences():
         tp, pp, dp, b, cp = lay
         assert cp == 2 and tp * cp * pp * dp == 64
     assert {c.cp for c in configurations(LLAMA, 64, 64, tp=8, pp=4, cp=[1, 2], recompute="none")} == {1, 2}
-    with pytest.raises(ValueError, match="needs flash attention"):
+    with pytest.raises(ValueError, match="needs a fused attention kernel"):
         layouts(sim.MODELS["gpt3-175b"], 64, 64, cp=2)
+    with pytest.raises(ValueError, match="6 chunks"):
+        layouts(LLAMA, 64, 64, cp=3)
 
 
 def test_cli_takes_cp(tmp_path):
