@@ -4,8 +4,11 @@ the reduction of their gradients over the replicas, ZeRO-3's gathers, and the op
 `sim.estimate` puts the reductions on the step as REDUCE_GRAD actions, the ZeRO-3 gathers into
 each micro-batch's passes and the optimizer step after the pipeline flush. What they read of the
 run's layout is a `Parallelism` (the planner's `sim.plan.layout.Layout` is one: its tp, dp, pp,
-ZeRO stage, precision, optimizer, and nodes, `topology`, which says how each data-parallel group sits on
-them); collectives are timed by `sim.hardware.network`.
+cp, ZeRO stage, precision, optimizer, and nodes, `topology`, which says how each data-parallel group sits on
+them); collectives are timed by `sim.hardware.network`. With context parallelism the replicas
+of a parameter are dp x cp (each cp rank computes gradients of its s/cp tokens): gradients are
+reduced, and ZeRO shards, over the "dp_cp" group (Megatron-Core's data-parallel group with
+context parallel), which is the "dp" group where cp = 1.
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ class Parallelism(Protocol):
     tp: int
     pp: int
     dp: int
+    cp: int
     zero: int
     precision: str
     optimizer: str  # a name of sim.model.footprint.OPTIMIZERS
@@ -57,7 +61,7 @@ def grad_reduce_times(m: Transformer, g: DeviceProfile, lay: Parallelism, params
     embedding group)."""
     grad = state_bytes_per_param(lay.precision)["grads"]
     topo, links = lay.topology(), links_of(g)
-    dp = topo.group("dp")
+    dp = topo.group("dp_cp")
 
     def reduce(nbytes: float) -> float:
         if lay.zero == 0:
@@ -85,7 +89,7 @@ def zero3_times(g: DeviceProfile, lay: Parallelism, params: list[float]) -> tupl
     Zero for other stages."""
     if lay.zero < 2:
         return [0.0] * len(params), [0.0] * len(params)
-    links, dp = links_of(g), lay.topology().group("dp")
+    links, dp = links_of(g), lay.topology().group("dp_cp")
     weight = precision_bytes(lay.precision)
     grad = state_bytes_per_param(lay.precision)["grads"]
     gather = [collective_time(links, "all_gather", p * weight, dp) if lay.zero == 3 else 0.0 for p in params]
@@ -101,5 +105,5 @@ def optimizer_time(m: Transformer, g: DeviceProfile, lay: Parallelism, layers: l
     per_rank = [0.0] * lay.pp
     for s, r in enumerate(placement):
         per_rank[r] += params[s]
-    share = lay.dp if lay.zero >= 1 else 1
+    share = lay.dp * lay.cp if lay.zero >= 1 else 1
     return memory_time(g, max(per_rank) / share * optimizer_step_bytes(lay.precision, lay.optimizer), "optimizer")

@@ -222,7 +222,7 @@ def search(model: Transformer | str, gpu: DeviceProfile | GPU | str, gpus: int, 
     only those at most `max_step_time` if it is given; `nics_per_node` defaults to gpus_per_node;
     `memory_headroom` is kept free of each GPU's memory (`sim.estimate`'s). `optimizer`
     (`sim.model.footprint.OPTIMIZERS`) is the run's, for every configuration.
-    `limits` narrow the space: tp, pp, micro_batch, schedules, virtual, recompute, zero,
+    `limits` narrow the space: tp, cp, pp, micro_batch, schedules, virtual, recompute, zero,
     sequence_parallel (each one value or a list), max_micro_batch, max_virtual. `progress(done,
     total)` is called as configurations are settled. Raises ValueError naming the fix."""
     start = time.perf_counter()

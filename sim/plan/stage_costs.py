@@ -9,7 +9,7 @@ from sim.engine.fields import PER_STAGE
 from sim.engine.result import Result
 from sim.cost.data_parallel import grad_reduce_times, stage_params, zero3_times
 from sim.cost.ends import end_kernel_counts
-from sim.cost.layer import LayerTimes, Slice
+from sim.cost.layer import LayerTimes, Slice, per_rank
 from sim.hardware.kernels import precision_bytes
 from sim.hardware.network import collective_time, links_of, p2p_link
 from sim.hardware.profile import DeviceProfile
@@ -113,6 +113,7 @@ def stage_costs(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: Lay
     first, last = [s == 0 for s in range(stages)], [s == stages - 1 for s in range(stages)]
     fwd, bwd, bi, bw, floor = pass_times(m, g, x, lt, ends, layers)
     e = precision_bytes(lay.precision)
+    full, m = m, per_rank(m, x)  # what scales with the tokens: s/cp of the sequence
     sbh = m.seq * lay.micro_batch * m.hidden
     act_layer = m.activation_bytes_per_layer(lay.micro_batch, lay.tp, lay.sequence_parallel, lay.recompute,
                                              lay.precision)
@@ -125,8 +126,8 @@ def stage_costs(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: Lay
              for n, f, la in zip(layers, first, last)]
     if m.kernels == "torch":  # rule 15: the first stage's I keeps its whole graph for W (the head's too, pp = 1)
         w_act[0] = act[0]
-    per = state_bytes_per_param(lay.precision, lay.zero, lay.dp, lay.optimizer)
-    params = stage_params(m, layers, lay.tp, placement)
+    per = state_bytes_per_param(lay.precision, lay.zero, lay.replicas, lay.optimizer)
+    params = stage_params(full, layers, lay.tp, placement)
     links = links_of(g)
     pipe = p2p_link(links, lay.topology().pipeline_send(placement))  # the slowest of its links
     sent = sbh * e / lay.tp  # Narayanan et al. 2021, Sec. 4.1: scatter/gather across the tp ranks' links
@@ -135,7 +136,7 @@ def stage_costs(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: Lay
     regather = 0.0 if lay.sequence_parallel else collective_time(links, "all_gather", sbh * e, x.tensor_group)
     into_f = [regather if s and placement[s - 1] != placement[s] else 0.0 for s in range(stages)]
     into_b = [regather if s < stages - 1 and placement[s + 1] != placement[s] else 0.0 for s in range(stages)]
-    reduce = grad_reduce_times(m, g, lay, params, placement)
+    reduce = grad_reduce_times(full, g, lay, params, placement)
     gather, scatter = zero3_times(g, lay, params)
     fwd = [t + a + r for t, a, r in zip(fwd, gather, into_f)]
     bwd = [t + a + r + q for t, a, r, q in zip(bwd, gather, scatter, into_b)]
@@ -181,6 +182,7 @@ def offload_costs(m: Transformer, g: DeviceProfile, lay: Layout, layers: list[in
     recompute keeps of its layers, their inputs (`Transformer.activation_bytes_per_layer`),
     over PCIe at the GPU's `pcie_bandwidth` each way; the embedding's and output layer's
     activations stay on the GPU."""
+    m = per_rank(m, Slice(lay.micro_batch, cp=lay.cp))  # s/cp of the sequence
     per_layer = m.activation_bytes_per_layer(lay.micro_batch, lay.tp, lay.sequence_parallel, "full", lay.precision)
     nbytes = tuple(n * per_layer for n in layers)
     if g.gpu.pcie_bandwidth is None:
