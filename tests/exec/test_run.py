@@ -152,13 +152,13 @@ def test_under_torchrun_launch_runs_this_process_as_its_rank(tmp_path):
         "    return ctx.rank, t.item()\n"
         "if __name__ == '__main__':\n"
         "    import os, pathlib\n"
-        "    out = launch(fn, 2, timeout=60)\n"
+        f"    out = launch(fn, 2, timeout={TIMEOUT})\n"
         "    pathlib.Path(f\"out{os.environ['RANK']}.txt\").write_text(repr(out))\n")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env = {k: v for k, v in env.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR")}
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                         "--master-port", str(free_port()), str(script)],
-                       capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+                       capture_output=True, text=True, timeout=TIMEOUT + 60, env=env, cwd=tmp_path)
     assert p.returncode == 0, p.stderr[-2000:]
     for rank in range(2):  # every rank gets every rank's value
         assert (tmp_path / f"out{rank}.txt").read_text() == "[(0, 1.0), (1, 1.0)]"
@@ -549,7 +549,7 @@ def test_cli_rank_failure_is_one_line_and_exit_1(capsys):
     from exec.run import main
     with pytest.raises(SystemExit) as info:
         main(["--devices", "2", *SMALL, "--steps", "1", "--warmup", "0", "--no-compare", "--quiet",
-              "--fault", "raise:1", "--timeout", "60"])
+              "--fault", "raise:1", "--timeout", str(TIMEOUT)])
     err = capsys.readouterr().err
     assert info.value.code == 1
     assert err.count("\n") == 1 and err.startswith("exec.run: rank 1 raised RuntimeError: fault injected")
