@@ -135,14 +135,15 @@ class Heartbeat:
                  clock: Callable[[], float] = time.monotonic, write: Callable[[str], None] | None = None):
         self.line, self.every, self.first = line, every, every if first is None else first
         self.clock, self.write = clock, write or (lambda text: print(text, file=sys.stderr, flush=True))
-        self._done = threading.Event()
+        self._done, self._lock = threading.Event(), threading.Lock()  # said() and beat() come from two threads
         self._thread: threading.Thread | None = None
         self.said()
 
     def said(self) -> None:
         """A line of the caller's own went out: the silence starts now."""
-        self.quiet_since = self.last = self.clock()
-        self.beats = 0
+        with self._lock:
+            self.quiet_since = self.last = self.clock()
+            self.beats = 0
 
     def due(self) -> float:
         """When, on `clock`, the next beat writes a line (unless `said()` comes first)."""
@@ -150,12 +151,13 @@ class Heartbeat:
 
     def beat(self) -> bool:
         """Write a line if one is due; say whether it did."""
-        now = self.clock()
-        if now < self.due():
-            return False
-        self.last, self.beats = now, self.beats + 1
-        self.write(self.line(now - self.quiet_since))
-        return True
+        with self._lock:
+            now = self.clock()
+            if now < self.due():
+                return False
+            self.last, self.beats = now, self.beats + 1
+            self.write(self.line(now - self.quiet_since))
+            return True
 
     def __enter__(self) -> "Heartbeat":
         def run() -> None:
