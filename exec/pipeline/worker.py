@@ -5,7 +5,9 @@
 Each rank builds its stages and its optimizer (`exec.runtime.optim`), learns the receive
 shapes (`exec.runtime.shapes`), and runs `warmup + steps` steps (`exec.runtime.step.run_step`),
 calibrating (`exec.measure.calibrate`) before every `calibrate` measured steps if asked. A
-rank can be made to fail on purpose (`RunConfig.fault`) to test how a run ends.
+rank can be made to fail on purpose (`RunConfig.fault`) to test how a run ends. Rank 0
+says what it does, and what it is still doing after `RunConfig.progress_every` silent
+seconds (`Progress`, on `sim.cli.Heartbeat`).
 """
 from __future__ import annotations
 
