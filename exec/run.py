@@ -96,6 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--out", type=Path, help="directory for the Chrome trace and figures")
     c.add_argument("--json", action="store_true", help="print one JSON object on stdout, and the table on stderr (for | jq)")
     c.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    c.add_argument("--progress-every", type=_seconds, default=5.0, metavar="S",
+                   help="seconds without a progress line before a 'still running' one (default 5)")
     c.add_argument("--fault", metavar="KIND:RANK",
                    help="make a rank fail on purpose before its first measured step, to test how a run "
                         "ends: raise:R, exit:R or hang:R")
@@ -275,7 +277,8 @@ def run_config(args):
                      overlap_grad_reduce=args.overlap_grad_reduce,
                      calibrate=0 if args.no_compare or args.costs is not None else 1,
                      balance=args.balance, backend=args.backend, timeout=args.timeout, threads=args.threads,
-                     fault=args.fault, progress=not args.quiet)
+                     fault=args.fault, progress=not args.quiet,
+                     progress_every=args.progress_every)
 
 
 def _run(args, schedule, spec, config):
