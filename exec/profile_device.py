@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from sim.cli import OneLineParser, number, whole
+from sim.cli import OneLineParser, file_problem, missing_extra, number, whole
 
 __all__ = ["main", "measure_device", "SCHEMA"]
 
@@ -207,10 +207,11 @@ def measure_device(out: Path, backend: str = "gloo", ranks: int | None = None, q
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    problem = missing_extra() or file_problem(args.out)  # before any measuring
+    if problem:
+        parser.error(problem if problem.startswith("torch") else f"--out {problem}")
     import sim
     from exec.launch.processes import RankError
-    if args.out.exists() and args.out.is_dir():
-        parser.error(f"--out {args.out} is a folder; give a file name")
     why = refusal(args.backend, args.ranks)
     if why:
         print(f"{PROG}: {why}", file=sys.stderr)

@@ -229,7 +229,8 @@ plt.show()
 # A100s, TFLOP/s per GPU) and Korthikanti et al. 2022, Table 5 (iteration times of four models
 # with full recompute and with selective recompute + sequence parallelism). The full tables,
 # with the per-layer times of Table 4, are printed by `python benchmarks/bench_published.py`
-# and recorded in [docs/measurements.md](../docs/measurements.md).
+# (it needs scipy: `pip install -e ".[bench]"`) and recorded in
+# [docs/measurements.md](../docs/measurements.md).
 
 # %%
 narayanan = published.narayanan_table_1()

@@ -15,6 +15,7 @@ from sim.hardware.gpus import GPU, GPUS
 from sim.schedule.ir import Action, Schedule, ScheduleError
 from sim.schedule.kinds import KINDS, Kind, KindSpec, Role
 from sim.passes.offload import add_offload
+from sim.passes.fsdp import add_fsdp
 from sim.hardware.profile import DeviceProfile, ProfileError, load_profile, profile, save_profile
 from sim.passes.dependencies import dependencies, waits_for
 from sim.passes.grad_reduce import add_grad_reduce
@@ -30,7 +31,7 @@ from sim.engine.transports import TRANSPORTS
 __all__ = [
     "Action", "Kind", "KINDS", "KindSpec", "Role", "Schedule", "ScheduleError", "Costs", "StageCosts",
     "save_costs", "load_costs", "TRANSPORTS", "compile", "simulate", "Event", "Result", "make_schedule", "SCHEDULES",
-    "lower", "add_grad_reduce", "add_offload", "validate", "check_deadlock", "dependencies", "waits_for",
+    "lower", "add_grad_reduce", "add_offload", "add_fsdp", "validate", "check_deadlock", "dependencies", "waits_for",
     "Transformer", "MODELS", "GPU", "GPUS", "estimate", "Estimate", "Layout",
     "DeviceProfile", "ProfileError", "load_profile", "save_profile", "profile",
 ]

@@ -56,7 +56,10 @@ def reference_run(schedule, costs):
     whose activations a RELOAD brings back starts no earlier than that RELOAD's end.
     A compute takes its cost and its `comm` (the expert all-to-all); at an OVERLAP_F_B mark
     the rank waits until the input of the backward it names has arrived, and the pair's F
-    takes F + max(0, a_F - B), its backward B + max(0, a_B - F) (rule 16).
+    takes F + max(0, a_F - B), its backward B + max(0, a_B - F) (rule 18).
+    An UNSHARD runs on its rank's all-gather stream, one at a time, from the later of its
+    issue and the end of the gather before it, for its stage's `unshard`; a compute starts
+    no earlier than its stage's latest UNSHARD's end, and a RESHARD takes no time.
     Returns (start, end) of each of them, as two dicts."""
     low = sim.lower(schedule) if not schedule.is_lowered else schedule
     c = costs.for_stages(low.stages)
@@ -65,6 +68,8 @@ def reference_run(schedule, costs):
     clock = [0.0] * low.ranks           # when each rank is free
     stream = [0.0] * low.ranks          # when each rank's collective stream is free
     engines = [{"to host": 0.0, "from host": 0.0} for _ in range(low.ranks)]  # each rank's copy engines
+    gathers = [0.0] * low.ranks         # when each rank's all-gather stream is free (rule 16)
+    gathered = {}                       # stage -> the end of its latest UNSHARD
     computes = {a for p in low.programs for a in p if a.kind.is_compute}
     duration = _durations(low, c, computes)
     start = {}
@@ -142,6 +147,11 @@ def reference_run(schedule, costs):
                         needed = [end[Action(*d)] for d in spec.needs(a.stage, a.micro, low.stages, computes)]
                         start[a] = max([clock[r], engines[r][spec.stream]] + needed)
                         end[a] = engines[r][spec.stream] = start[a] + getattr(c, spec.cost)[a.stage]
+                    elif a.kind is Kind.UNSHARD:
+                        start[a] = max(clock[r], gathers[r])
+                        end[a] = gathers[r] = gathered[a.stage] = start[a] + c.unshard[a.stage]
+                    elif a.kind is Kind.RESHARD:
+                        start[a] = end[a] = max(clock[r], gathered[a.stage])
                     else:
                         got = inputs(r, a)
                         if got is None:
@@ -156,6 +166,7 @@ def reference_run(schedule, costs):
                         reload = Action(a.stage, Kind.RELOAD, a.micro)
                         if a.kind in KINDS[Kind.RELOAD].feeds and reload in end:
                             start[a] = max(start[a], end[reload])
+                        start[a] = max(start[a], gathered.get(a.stage, 0.0))  # its stage's gather (rule 16)
                         end[a] = start[a] + duration[a]
                         clock[r] = end[a] + c.after_compute
                     pc[r] += 1
@@ -163,7 +174,7 @@ def reference_run(schedule, costs):
                 if pc[r] == len(prog) and (not windows[r] or windows[r][-1][1] != math.inf):
                     windows[r].append((clock[r], math.inf))  # done: it waits for its sends
         if all(pc[r] == len(p) for r, p in enumerate(low.programs)):
-            kept = (Role.COMPUTE, Role.COLLECTIVE, Role.COPY)
+            kept = (Role.COMPUTE, Role.COLLECTIVE, Role.COPY, Role.GATHER)
             return start, {a: t for a, t in end.items() if role[a.kind] in kept}
         # Stuck: every rank left waits on a transfer whose notice came while its sender
         # was waiting. Each of those waits lasts past the earliest such notice (everything
@@ -172,8 +183,6 @@ def reference_run(schedule, costs):
         assert pending, "the reference got stuck without a pending transfer"
         leaves(min(pending, key=notice_at), stalled=True)
         changed = True
-
-
 
 
 def _durations(low, c, computes):

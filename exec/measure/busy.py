@@ -99,8 +99,10 @@ def load_summary(per_rank: Sequence[Sequence[dict]], step: int | None = None) ->
     return {"ranks": ranks, "lost_share_max": max(losts) if losts and None not in losts else None}
 
 
-def describe_load(summary: dict) -> str:
-    """One line: how much of the step other processes took, by the rank that lost most."""
+def describe_load(summary: dict, cores: int | None = None) -> str:
+    """One line: how much of the step other processes took, by the rank that lost most. Where
+    the ranks outnumber this process's `cores` (default: those it may run on), they take
+    turns on them: the wait then counts the run's own ranks, and the line says so."""
     lost = summary.get("lost_share_max")
     if lost is None:
         cpus = [r["cpu_share"] for r in summary["ranks"] if r["cpu_share"] is not None]
@@ -108,6 +110,11 @@ def describe_load(summary: dict) -> str:
             "no scheduler statistics here"
     worst = max(range(len(summary["ranks"])), key=lambda r: summary["ranks"][r]["lost_share"])
     cpu = summary["ranks"][worst]["cpu_share"]
+    ranks = len(summary["ranks"])
+    cores = len(os.sched_getaffinity(0)) if cores is None and hasattr(os, "sched_getaffinity") else cores
+    if cores is not None and ranks > cores:
+        return (f"{ranks} ranks on {cores} cores take turns: {lost:.0%} of the step runnable but not running (rank "
+                f"{worst}) counts the run's own ranks, not other processes alone; CPU time {cpu:.0%} of its wall time")
     state = "busy" if lost > BUSY_SHARE else "quiet"
     return (f"the machine was {state}: {lost:.0%} of the step lost to other processes (rank {worst} runnable but "
             f"not running; CPU time {cpu:.0%} of its wall time)")

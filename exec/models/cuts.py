@@ -16,15 +16,17 @@ the contiguous cuts that minimise the slowest stage, preferring, within 2% of it
 """
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
 from typing import Sequence
 
 import torch
 
+from sim.model.layer_layout import parse_layer_layout
 from sim.search.partition import balanced, balanced_cuts, even
 
-__all__ = ["partition", "measure_layer_times", "stage_bounds", "TIME_TOLERANCE"]
+__all__ = ["partition", "measure_layer_times", "stage_bounds", "layout_bounds", "TIME_TOLERANCE"]
 
 TIME_TOLERANCE = 0.02  # a split this much slower than the fastest may be taken for fewer bytes at its cuts (a choice)
 
@@ -78,6 +80,22 @@ def end_bounds(spec, blocks: Sequence[int]) -> list[int]:
         bounds.append(bounds[-1] + n + (spec.ends[0] if s == 0 else 0))
     bounds[-1] = spec.num_layers
     return bounds
+
+
+def layout_bounds(spec, text: str) -> list[int]:
+    """Stage boundaries of the GPT `spec` cut by a Megatron-Core layout string
+    (`sim.model.layer_layout`): stage s holds the embedding (layer 0) if the layout puts `E`
+    there, its `t` blocks, and the head with the loss (the last layer) for `L`. A stage of
+    nothing cannot run here: every stage needs a layer."""
+    if spec.model != "gpt":
+        raise ValueError(f"a layout string cuts a gpt model (its E, t and L), not {spec.model!r}")
+    layout = parse_layer_layout(text).check(layers=spec.layers)
+    if any(layout.mtp):
+        raise ValueError(f"layout {layout}: exec's gpt has no MTP layers m")
+    sizes = [len(stage) for stage in layout.stages]
+    if 0 in sizes:
+        raise ValueError(f"layout {layout}: stage {sizes.index(0)} holds nothing; every stage needs a layer here")
+    return [0, *itertools.accumulate(sizes)]
 
 
 def stage_bounds(n: int, cuts: Sequence[int]) -> list[int]:

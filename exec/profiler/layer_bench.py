@@ -82,10 +82,14 @@ def layer_rows(ctx, model: sim.Transformer, micro_batches: Iterable[int], recomp
     `model` (a `sim.Transformer` of exec's GPT) at each micro-batch size and recompute mode,
     and its ends at each micro-batch size (from the runs without recompute: the ends are
     never recomputed). A time below the clock's resolution is kept at 1 ns (the tables hold
-    positive times)."""
+    positive times). One untimed step runs first (a cold first measurement is slower)."""
     if ctx.world_size != 2:
         raise ValueError(f"the layer table times a 2-stage step: run it on 2 ranks, not {ctx.world_size}")
     out = {"blocks": [], "ends": []}
+    micro_batches = list(micro_batches)
+    # the process's first steps run cold (the allocator's pools, torch's threads, the caches):
+    # one untimed step first, or the first row's F comes out slower than the same block's later
+    _stage_medians(ctx, model, micro_batches[0], recomputes[0], max(BLOCK_COUNTS), "1f1b", 1)
     for b in micro_batches:
         for recompute in recomputes:
             t, ends = _passes(ctx, model, b, recompute, steps)

@@ -23,10 +23,11 @@ are the simulator's (docs/rules.md):
   on; `run` waits for every reduction at the end of the step, before the optimizer, and
   the gradients become views of the averaged buffer. Its record spans its time on the
   stream (docs/rules.md, rule 13).
+- `unshard`, `reshard` (UNSHARD, RESHARD: FSDP) all-gather a stage's flat parameters from
+  its data-parallel group's shards, and free them (`exec.runtime.fsdp.Shards`).
 - `overlap` (OVERLAP_F_B) waits for the receives of the backward it names; the pair's F and
-  backward then run in order: a CPU rank has no second stream to overlap them on (rule 15).
-- `offload`, `reload` (OFFLOAD, RELOAD, activation offloading to host memory) are refused:
-  on a CPU rank the host memory is the device's memory (`refuse_offload`).
+  backward then run in order: a CPU rank has no second stream to overlap them on (rule 18).
+- `offload`, `reload` are refused: a CPU rank's host memory is its device's (`refuse_offload`).
 
 Point-to-point calls name world ranks: `ctx.global_rank(r)` of the schedule's rank r (the
 same rank without data parallelism); the events name the schedule's ranks.
@@ -44,9 +45,9 @@ runs one action and returns its marks.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -58,7 +59,9 @@ from sim.passes.dependencies import compute_set, peer, waits_for
 
 from exec.runtime import split_backward
 from exec.runtime.clocks import clock_for
+from exec.runtime.records import Marks, RankTrace
 from exec.runtime.dp import CollectiveStream
+from exec.runtime.fsdp import Shards
 from exec.runtime.memory import SavedBytes, param_storages
 from exec.runtime.shapes import TensorMeta
 
@@ -95,29 +98,6 @@ def refuse_offload(schedule: Schedule) -> None:
                          f"it (sim.simulate), or run it without sim.add_offload")
 
 
-class Marks(NamedTuple):
-    """One action's record in a step: its start and end as clock marks (`clock.seconds`
-    reads them out; on CPU they are `time.perf_counter()` seconds) and, for a SEND or
-    RECV, the other rank (-1 for a compute)."""
-
-    action: Action
-    start: Any
-    end: Any
-    peer: int = -1
-
-
-@dataclass
-class RankTrace:
-    """What one rank measured, in seconds since its step start (picklable, for gathering)."""
-
-    rank: int
-    events: list[Event] = field(default_factory=list)
-    memory: list[tuple[float, float]] = field(default_factory=list)
-    activations: list[tuple[float, int]] = field(default_factory=list)
-    loss: float | None = None
-    step_end: float | None = None  # when the optimizer step ended (`exec.runtime.step.run_step`)
-
-
 _ARRIVED = SimpleNamespace(wait=lambda: True)  # the handle of a receive whose data is here (`deliver`)
 
 
@@ -151,6 +131,7 @@ class RankInterpreter:
         # starts: the runtime's own time between actions is time the rank does not compute.
         computes = compute_set(schedule)
         self.waits = {a: waits_for(a, schedule, computes) for a in self.program if a.kind.is_compute}
+        self.shards = Shards(stage_modules, getattr(ctx, "dp_group", None)) if schedule.has_gathers else None
         self.params = {s: param_storages(m) for s, m in stage_modules.items()}
         self.param_lists = {s: list(m.parameters()) for s, m in stage_modules.items()}
         self.routes = {a: self._route(a) for a in self.program if a.kind in TRANSFERS}
@@ -192,6 +173,8 @@ class RankInterpreter:
             work.wait()
         for r in self.stream.finish_all():  # before the optimizer: the gradients are the average
             self._event(r.action, r.start, r.end)
+        if self.shards is not None:  # the optimizer steps whole parameters
+            self.shards.restore()
         self.clock.finish()
         self._resolve()
         if self.loss_sum is not None:
@@ -253,7 +236,7 @@ class RankInterpreter:
         self.stream.issue(a, self.param_lists[a.stage])
 
     def overlap(self, a: Action) -> None:
-        """OVERLAP_F_B: wait for the receives of the backward it names (rule 15)."""
+        """OVERLAP_F_B: wait for the receives of the backward it names (rule 18)."""
         back = next(b for b in self.waits if b.kind.is_backward and (b.stage, b.micro) == (a.stage, a.micro))
         for recv in self.waits[back]:
             self.pending[recv].work.wait()
@@ -264,6 +247,20 @@ class RankInterpreter:
         refuse_offload(self.schedule)
 
     reload = offload
+
+    def unshard(self, a: Action) -> Marks:
+        """UNSHARD: all-gather the stage's parameters (`exec.runtime.fsdp`); they take their bytes."""
+        start = self.clock.mark()
+        self._memory(a, start, start, unshard_bytes=self.shards.unshard(a.stage))
+        self.params[a.stage] = param_storages(self.modules[a.stage])  # a new storage: SavedBytes leaves it out
+        return self._event(a, start, self.clock.mark())
+
+    def reshard(self, a: Action) -> Marks:
+        """RESHARD: free the stage's gathered parameters, its shard staying."""
+        start = self.clock.mark()
+        self.shards.reshard(a.stage)
+        self._memory(a, start, start)
+        return self._event(a, start, start)
 
     # -- compute
     def forward(self, a: Action) -> Marks:

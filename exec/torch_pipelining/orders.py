@@ -17,7 +17,8 @@ from sim.schedule.registry import name_key
 # torch's names (get_schedule_class) and ours that mean the same schedule
 TORCH_NAMES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
 ALIASES = {
-    "zbh1": "InterleavedZeroBubble",  # torch's ZB1P over V chunks: the nearest to ZB-H1 (Qi et al. 2024)
+    "interleavedzb": "InterleavedZeroBubble",  # torch's ZB1P over V chunks (sim.schedule.interleaved_zb)
+    "zbh1": "InterleavedZeroBubble",  # with V=1 it is ZB-H1 (Qi et al. 2024)
     "zbv": "ZBVZeroBubble",
 }
 _KIND = {"F": Kind.F, "B": Kind.B, "I": Kind.I, "W": Kind.W}  # torch's _ComputationType values
@@ -28,7 +29,7 @@ def torch_name(name: str) -> str:
     by_key = {name_key(n): n for n in TORCH_NAMES} | ALIASES
     if not isinstance(name, str) or name_key(name) not in by_key:
         raise ScheduleError(f"torch has no schedule {name!r}; choose one of {', '.join(TORCH_NAMES)} "
-                            f"(or ours: gpipe, 1f1b, interleaved-1f1b, looped-bfs, zb-h1, zbv, dualpipev)")
+                            f"(or ours: gpipe, 1f1b, interleaved-1f1b, looped-bfs, interleaved-zb, zb-h1, zbv, dualpipev)")
     return by_key[name_key(name)]
 
 

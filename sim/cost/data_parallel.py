@@ -1,11 +1,14 @@
 """What data parallelism and the optimizer step cost one GPU: the parameters each stage holds,
-the reduction of their gradients over the replicas, ZeRO-3's gathers, and the AdamW step.
+the reduction of their gradients over the replicas, ZeRO-3's gathers, and the optimizer's step.
 
 `sim.estimate` puts the reductions on the step as REDUCE_GRAD actions, the ZeRO-3 gathers into
-each micro-batch's passes and the AdamW step after the pipeline flush. What they read of the
+each micro-batch's passes and the optimizer step after the pipeline flush. What they read of the
 run's layout is a `Parallelism` (the planner's `sim.plan.layout.Layout` is one: its tp, dp, pp,
-ZeRO stage, precision, and nodes, `topology`, which says how each data-parallel group sits on
-them); collectives are timed by `sim.hardware.network`.
+cp, ZeRO stage, precision, optimizer, and nodes, `topology`, which says how each data-parallel group sits on
+them); collectives are timed by `sim.hardware.network`. With context parallelism the replicas
+of a parameter are dp x cp (each cp rank computes gradients of its s/cp tokens): gradients are
+reduced, and ZeRO shards, over the "dp_cp" group (Megatron-Core's data-parallel group with
+context parallel), which is the "dp" group where cp = 1.
 """
 from __future__ import annotations
 
@@ -24,8 +27,10 @@ class Parallelism(Protocol):
     tp: int
     pp: int
     dp: int
+    cp: int
     zero: int
     precision: str
+    optimizer: str  # a name of sim.model.footprint.OPTIMIZERS
 
     def topology(self) -> Topology:
         """Where the run's GPUs sit and which links its groups use (`sim.hardware.topology`)."""
@@ -56,14 +61,15 @@ def grad_reduce_times(m: Transformer, g: DeviceProfile, lay: Parallelism, params
     embedding group)."""
     grad = state_bytes_per_param(lay.precision)["grads"]
     topo, links = lay.topology(), links_of(g)
-    dp = topo.group("dp")
+    dp = topo.group("dp_cp")
 
     def reduce(nbytes: float) -> float:
         if lay.zero == 0:
             return collective_time(links, "all_reduce", nbytes, dp)
-        return collective_time(links, "reduce_scatter", nbytes, dp) + collective_time(links, "all_gather", nbytes, dp)
+        scatter = collective_time(links, "reduce_scatter", nbytes, dp) if lay.zero == 1 else 0.0
+        return scatter + collective_time(links, "all_gather", nbytes, dp)
 
-    # ZeRO-3 reduce-scatters every micro-batch's gradients in its backward (`zero3_times`)
+    # ZeRO-2 and -3 reduce-scatter every micro-batch's gradients in its backward (`zero3_times`)
     out = [0.0 if lay.zero == 3 else reduce(p * grad) for p in params]
     if m.params().tied and placement[0] != placement[-1]:
         tied = collective_time(links, "all_reduce", m.vocab * m.hidden / lay.tp * grad, topo.group("embedding"))
@@ -77,22 +83,27 @@ def zero3_times(g: DeviceProfile, lay: Parallelism, params: list[float]) -> tupl
     from their dp shards (before F, and again before the backward) and the reduce-scatter of
     its gradients (after it): DeepSpeed's ZeRO-3, 1.5x a data-parallel all-reduce's bytes per
     micro-batch (Rajbhandari et al. 2020, Sec. 7.2.2). Taken as not overlapped with the
-    compute (DeepSpeed prefetches some of it; not modelled). Zero for other stages."""
-    if lay.zero != 3:
+    compute (DeepSpeed prefetches some of it; not modelled). Under ZeRO-2 (pp = 1 only) the
+    reduce-scatter of the stage's gradients after each micro-batch's backward, DeepSpeed's
+    stage 2, so that only 1/dp of them accumulates (docs/planner.md, "ZeRO with pipelining").
+    Zero for other stages."""
+    if lay.zero < 2:
         return [0.0] * len(params), [0.0] * len(params)
-    links, dp = links_of(g), lay.topology().group("dp")
+    links, dp = links_of(g), lay.topology().group("dp_cp")
     weight = precision_bytes(lay.precision)
-    gather = [collective_time(links, "all_gather", p * weight, dp) for p in params]
-    scatter = [collective_time(links, "reduce_scatter", p * weight, dp) for p in params]
+    grad = state_bytes_per_param(lay.precision)["grads"]
+    gather = [collective_time(links, "all_gather", p * weight, dp) if lay.zero == 3 else 0.0 for p in params]
+    scatter = [collective_time(links, "reduce_scatter", p * (weight if lay.zero == 3 else grad), dp) for p in params]
     return gather, scatter
 
 
 def optimizer_time(m: Transformer, g: DeviceProfile, lay: Parallelism, layers: list[int], placement) -> float:
-    """The AdamW step after the pipeline flush: memory-bound over the parameters each GPU
-    updates (all it holds; 1/dp of them under ZeRO), on the device that holds the most."""
+    """The optimizer's step after the pipeline flush: memory-bound over the parameters each GPU
+    updates (all it holds; 1/dp of them under ZeRO), on the device that holds the most, at
+    the bytes its optimizer reads and writes per parameter (`sim.model.footprint.optimizer_step_bytes`)."""
     params = stage_params(m, layers, lay.tp, placement)
     per_rank = [0.0] * lay.pp
     for s, r in enumerate(placement):
         per_rank[r] += params[s]
-    share = lay.dp if lay.zero >= 1 else 1
-    return memory_time(g, max(per_rank) / share * optimizer_step_bytes(lay.precision), "optimizer")
+    share = lay.dp * lay.cp if lay.zero >= 1 else 1
+    return memory_time(g, max(per_rank) / share * optimizer_step_bytes(lay.precision, lay.optimizer), "optimizer")

@@ -22,8 +22,8 @@ def end_kernels(m: Transformer, g: DeviceProfile, x: Slice) -> dict[str, list[fl
     output layer is a (bs, V/t, h) matmul; the vocabulary-parallel cross entropy reads the
     logits and keeps fp32 softmax (6 bytes a logit each way); the final LayerNorm moves 4 and
     6 bytes a hidden element."""
-    b, s, h, t, e = x.micro_batch, m.seq, m.hidden, x.tp, precision_bytes(x.precision)
-    tokens = b * s
+    h, t, e = m.hidden, x.tp, precision_bytes(x.precision)
+    tokens = x.tokens(m)  # b s/cp: context parallelism splits the sequence
     sbh = tokens * h * e / (t if x.sequence_parallel else 1)
     ar = [collective_time(links_of(g), "all_reduce", tokens * h * e, x.tensor_group)] if t > 1 else []
     logits = tokens * m.vocab / t

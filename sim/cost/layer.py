@@ -23,6 +23,10 @@ Korthikanti et al. 2022, Sec. 4) and timed alone; a pass is their sum, except wh
   (FlashAttention-2/3, cuDNN's), FlashAttention-2's causal FLOP count at the profile's attention
   efficiency, its backward 2.5 times its forward, no kernel over the scores
   (`fused_attention_times`).
+- Context parallelism (`Slice.cp`, Megatron-Core's `--context-parallel-size`): each of cp
+  ranks holds s/cp of the sequence, so every matmul, kernel and collective of the layer works
+  on b s/cp tokens, except the attention core, whose s/cp queries meet all s keys
+  (`context_attention`: ring attention's K/V exchange or Ulysses' all-to-alls).
 - Recompute runs before the backward: "full" the whole forward, collectives included;
   "selective" the attention core (scores, softmax, dropout, values), which needs none.
 
@@ -53,11 +57,11 @@ counts are torch's operators, a fused one (addmm, the flash kernel) once.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sim.hardware.profile import DeviceProfile, resolve
 from sim.hardware.kernels import elementwise_time, gemm_time, precision_bytes
-from sim.hardware.network import collective_time, links_of
+from sim.hardware.network import all_to_all_time, collective_time, links_of, p2p_time
 from sim.hardware.topology import Group, one_node
 from sim.model.transformer import Transformer, check_recompute
 
@@ -129,16 +133,32 @@ class LayerTimes:
 class Slice:
     """How one GPU holds a layer: its micro-batch, tensor-parallel size, sequence parallelism
     and precision, and how its tensor-parallel group sits on the nodes (`sim.hardware.topology`;
-    None: inside one node)."""
+    None: inside one node); its context-parallel size, how that group exchanges ("p2p": ring
+    attention, "a2a": Ulysses) and over which link (`cp_group`: the ring's slowest send,
+    `Topology.ring_send`, for "p2p"; the group, `Topology.group("cp")`, for "a2a"; None: one node)."""
     micro_batch: int
     tp: int = 1
     sequence_parallel: bool = False
     precision: str = "bf16"
     tp_group: Group | None = None
+    cp: int = 1
+    cp_comm: str = "p2p"
+    cp_group: Group | None = None
 
     def __post_init__(self):
         if self.tp_group is not None and self.tp_group.size != self.tp:
             raise ValueError(f"tp_group has {self.tp_group.size} GPUs, tp is {self.tp}; give the group of tp={self.tp}")
+
+    def tokens(self, m: Transformer) -> int:
+        """Tokens of a micro-batch this GPU holds: b s/cp."""
+        return self.micro_batch * m.seq // self.cp
+
+    @property
+    def context_group(self) -> Group:
+        """The link context parallelism's exchanges use (`cp_group`; one node if None)."""
+        if self.cp_group is not None:
+            return self.cp_group
+        return one_node(min(self.cp, 2) if self.cp_comm == "p2p" else self.cp)
 
     @property
     def tensor_group(self) -> Group:
@@ -146,13 +166,20 @@ class Slice:
         return one_node(self.tp) if self.tp_group is None else self.tp_group
 
 
+def per_rank(m: Transformer, x: Slice) -> Transformer:
+    """The model as one GPU of a context-parallel group holds it, for what scales with the
+    tokens alone (activations): the sequence s/cp."""
+    return m if x.cp == 1 else replace(m, seq=m.seq // x.cp)
+
+
 def gemm_shapes(m: Transformer, x: Slice) -> dict[str, tuple[int, int, int, int]]:
-    """Forward matmuls of one layer on one GPU as (m, n, k, batch), M = bs tokens."""
+    """Forward matmuls of one layer on one GPU as (m, n, k, batch), M = bs/cp tokens (the
+    scores: s/cp queries by all s keys, the whole s^2 / cp with no causal saving)."""
     b, s, h, f, t, a = x.micro_batch, m.seq, m.hidden, m.ffn, x.tp, m.heads
-    tokens, head = b * s, h // a
+    tokens, head, queries = x.tokens(m), h // a, s // x.cp
     gated = m.mlp_matrices - 1
     return {"qkv": (tokens, h * (a + 2 * m.kv_heads) // a // t, h, 1),
-            "scores": (s, s, head, b * a // t), "values": (s, head, s, b * a // t),
+            "scores": (queries, s, head, b * a // t), "values": (queries, head, s, b * a // t),
             "projection": (tokens, h, h // t, 1), "mlp_in": (tokens, gated * f // t, h, 1),
             "mlp_out": (tokens, h, f // t, 1)}
 
@@ -166,11 +193,11 @@ def gemm_products(m: int, n: int, k: int, batch: int = 1) -> tuple[tuple, tuple,
 
 def _kernels_time(m: Transformer, dev: DeviceProfile, x: Slice, kernels, only=None) -> float:
     """Seconds of the memory- and compute-bound `kernels` (the `only` ones if given) on one GPU."""
-    b, s, h, t = x.micro_batch, m.seq, m.hidden, x.tp
+    sb, h, t = x.tokens(m), m.hidden, x.tp  # s b: this GPU's tokens, s/cp of the sequence
     scale = precision_bytes(x.precision) / 2  # the table is for 16-bit elements
-    size = {"sbh": s * b * h / (t if x.sequence_parallel else 1), "sbf": s * b * m.ffn / t, "sbh/t": s * b * h / t,
-            "sbqkv": s * b * h * (1 + 2 * m.kv_heads / m.heads) / t,
-            "as2b": m.heads * s * s * b / t, "sbqk": s * b * h * (1 + m.kv_heads / m.heads) / t,
+    size = {"sbh": sb * h / (t if x.sequence_parallel else 1), "sbf": sb * m.ffn / t, "sbh/t": sb * h / t,
+            "sbqkv": sb * h * (1 + 2 * m.kv_heads / m.heads) / t,
+            "as2b": m.heads * sb * m.seq / t, "sbqk": sb * h * (1 + m.kv_heads / m.heads) / t,
             "params": m.params().per_layer / t}
     return sum(elementwise_time(dev, per * size[tensor] * scale, _CLASS.get(name, "elementwise"), size[tensor],
                                 _COMPUTE.get(name))
@@ -201,12 +228,27 @@ def _lists(m: Transformer) -> dict:
     return {**_TORCH, "core": _TORCH_CORE, "rescore": 1, "fused": True}
 
 
+def check_timed(m: Transformer) -> None:
+    """ValueError, one line, for a model whose layer this module does not time yet rather than
+    time it as a dense one: experts, multi-head latent attention, head_dim != hidden/heads."""
+    if m.experts is not None:
+        raise ValueError(f"expert parallelism is not modelled yet: issue 33 item 2 (the model has "
+                         f"{m.experts} experts; its parameters and FLOPs are sim.Transformer's)")
+    if m.mla is not None:
+        raise ValueError("multi-head latent attention is not timed yet: issue 33 item 2")
+    if m.head_dim is not None and m.head_dim * m.heads != m.hidden:
+        raise ValueError(f"head_dim {m.head_dim} x {m.heads} heads != hidden {m.hidden} is not timed yet: "
+                         f"issue 33 item 2")
+
+
 def layer_times(m: Transformer, dev: DeviceProfile | str, x: Slice, recompute: str = "none",
                 tp_overlap: bool = True) -> LayerTimes:
     """The times of one layer's passes on one device (see the module's docstring), under the
     device profile `dev`; `tp_overlap`: B hides its tensor-parallel collectives under the
     weight-gradient matmuls. Times are device times; the host's launch floor over a whole
-    stage's pass is `sim.estimate`'s (from `kernels`)."""
+    stage's pass is `sim.estimate`'s (from `kernels`). A mixture of experts, MLA or a head
+    width other than hidden/heads is refused (`check_timed`)."""
+    check_timed(m)
     check_recompute(recompute)
     dev = resolve(dev)
     p, shapes, k = x.precision, gemm_shapes(m, x), _lists(m)
@@ -222,13 +264,14 @@ def layer_times(m: Transformer, dev: DeviceProfile | str, x: Slice, recompute: s
     core_i = sum(dx[n] + dw[n] for n in weightless) + k["rescore"] * fwd["scores"]
     if k["fused"] and m.kernels == "megatron" and dev.attention_efficiency is not None:
         core_f, core_i = fused_attention_times(m, dev, x)
+    cp_f, cp_i = context_attention(m, dev, x, core_f, core_i)
     weighted = [n for n in fwd if n not in weightless]
     f = {"gemm": sum(fwd[n] for n in weighted) + core_f, "memory": _kernels_time(m, dev, x, k["F"]),
-         "collectives": comm_f}
-    core = {"gemm": core_f, "collectives": 0.0, "memory": _kernels_time(m, dev, x, k["F"], k["core"])}
+         "collectives": comm_f + cp_f}
+    core = {"gemm": core_f, "collectives": cp_f, "memory": _kernels_time(m, dev, x, k["F"], k["core"])}
     redo = {"none": dict.fromkeys(f, 0.0), "selective": core, "full": f}[recompute]
     i = {"gemm": sum(dx[n] for n in weighted) + core_i, "memory": _kernels_time(m, dev, x, k["I"]),
-         "collectives": comm_i}
+         "collectives": comm_i + cp_i}
     w_gemm, w_memory = sum(v for n, v in dw.items() if n not in weightless), _kernels_time(m, dev, x, k["W"])
     w = w_gemm + w_memory
     w_redo = sum(f.values()) if recompute == "full" and m.kernels == "torch" else 0.0  # W's own recompute
@@ -259,9 +302,36 @@ def fused_attention_times(m: Transformer, dev: DeviceProfile, x: Slice) -> tuple
     the backward runs BACKWARD_OVER_FORWARD times the forward's FLOPs at the same rate. It never
     writes the s^2 scores: the layer has no memory-bound kernel of them. (A profile without an
     attention efficiency times the kernel as its matmuls alone: `layer_times`.)"""
-    flops = CAUSAL_SHARE * 4 * x.micro_batch * m.seq ** 2 * m.hidden / x.tp
+    flops = CAUSAL_SHARE * 4 * x.micro_batch * m.seq ** 2 * m.hidden / x.tp / x.cp  # cp: balanced, below
     forward = flops / (dev.flops(x.precision) * dev.attention_efficiency)
     return forward, BACKWARD_OVER_FORWARD * forward
+
+
+def context_attention(m: Transformer, dev: DeviceProfile, x: Slice, core_f: float, core_i: float) -> tuple[float, float]:
+    """Seconds context parallelism adds to the attention core's `core_f` (F) and `core_i` (the
+    backward), the computes of one GPU's s/cp queries (Megatron-Core with Transformer Engine's
+    context-parallel attention; docs/planner.md, "Context parallelism"):
+
+    "p2p", ring attention: cp steps, each computing against one rank's K and V while the next
+    send runs; c is a pass's compute / cp (load balanced: each rank holds chunks i and 2cp-1-i
+    of 2cp, so every step is equal work) and k one send of K and V of s/cp tokens. F sends K and
+    V on all steps but the last: c + (cp - 1) max(c, k). The backward sends K and V on the first
+    step, K, V and their gradients (2k) on the middle ones, the gradients alone on the last
+    (Transformer Engine's AttnFuncWithCPAndKVP2P.backward): 2 max(c, k) + (cp - 2) max(c, 2k).
+    Added: what exceeds cp c.
+    "a2a", Ulysses: Q, K, V go from s/cp tokens of all heads to all s of a/cp heads, and the
+    output back, two all-to-alls each way, not overlapped with the compute."""
+    if x.cp == 1:
+        return 0.0, 0.0
+    e, links, group = precision_bytes(x.precision), links_of(dev), x.context_group
+    kv = 2 * x.tokens(m) * m.hidden * m.kv_heads / m.heads / x.tp * e
+    if x.cp_comm == "p2p":
+        k, c_f, c_i = p2p_time(links, kv, group), core_f / x.cp, core_i / x.cp
+        both = p2p_time(links, 2 * kv, group)
+        return (x.cp - 1) * max(0.0, k - c_f), 2 * max(0.0, k - c_i) + (x.cp - 2) * max(0.0, both - c_i)
+    q_and_out = 2 * x.tokens(m) * m.hidden / x.tp * e
+    swaps = all_to_all_time(links, kv + q_and_out / 2, group) + all_to_all_time(links, q_and_out / 2, group)
+    return swaps, swaps
 
 
 def _measured(m: Transformer, dev: DeviceProfile, x: Slice, recompute: str, lt: LayerTimes) -> LayerTimes | None:
@@ -282,7 +352,7 @@ def _measured(m: Transformer, dev: DeviceProfile, x: Slice, recompute: str, lt: 
 def measured_apply(m: Transformer, x: Slice) -> bool:
     """Whether a profile's measured blocks and ends (`sim.hardware.layer_table`) can stand for
     this model's: exec's GPT (torch's kernels) without tensor parallelism."""
-    return x.tp == 1 and m.kernels == "torch"
+    return x.tp == 1 and x.cp == 1 and m.kernels == "torch"
 
 
 def pass_kernels(m: Transformer, x: Slice, recompute: str = "none") -> dict[str, int]:
@@ -297,6 +367,8 @@ def pass_kernels(m: Transformer, x: Slice, recompute: str = "none") -> dict[str,
     n_redo = {"none": 0, "selective": core, "full": n["F"]}[recompute]
     n_i = flash if k["fused"] else gemms + weightless
     n["I"] = n_redo + n_i + _count(k["I"]) + (collectives + 2 * x.sequence_parallel) * (x.tp > 1)
+    context = (x.cp - 1 if x.cp_comm == "p2p" else 2) * (x.cp > 1)  # more attention steps, or the all-to-alls
+    n["F"], n["I"] = n["F"] + context, n["I"] + context
     n["B"] = n["I"] + n["W"]
     if recompute == "full" and k["rescore"]:
         n["W"] += n["F"]
@@ -315,7 +387,7 @@ def _collectives(m: Transformer, dev: DeviceProfile, x: Slice, dx: dict, dw: dic
     output gradients, all-gathers each column-parallel input again for its weight gradient
     (under its input-gradient matmul) and reduce-scatters its input gradient (under its
     weight-gradient matmul in B)."""
-    buf = x.micro_batch * m.seq * m.hidden * precision_bytes(x.precision)
+    buf = x.tokens(m) * m.hidden * precision_bytes(x.precision)
     column = ("qkv", "mlp_in")
     links, group = links_of(dev), x.tensor_group
     if not x.sequence_parallel:

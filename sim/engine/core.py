@@ -59,7 +59,7 @@ class _Arrival(simpy.Event):
 
 def _costs(p: Program, c: StageCosts):
     """Per compute id: its duration (its kind's cost field, and its `comm` field unless an
-    overlapped pair hides it: rule 16) and what it does to memory at
+    overlapped pair hides it: rule 18) and what it does to memory at
     its start and at its end ((bytes, micro-batches) or None; `sim.schedule.kinds`); per transfer
     (named by the compute that receives it): its link (numbered per sender -> receiver
     pair) and the time it holds the link. These lists are as long as the schedule, so
@@ -93,7 +93,7 @@ def _costs(p: Program, c: StageCosts):
 
 
 def _pair_durations(p: Program, c: StageCosts, dur: list) -> None:
-    """The two computes of each overlapped pair take their shares of its time (rule 16:
+    """The two computes of each overlapped pair take their shares of its time (rule 18:
     `sim.engine.costs.pair_times`): an `Op(PAIR, y)` names the backward y, its F is y - 1."""
     for prog in p.programs:
         for role, y in prog:
@@ -265,7 +265,7 @@ class Loop(NamedTuple):
 class _Devices:
     """The devices of one run: each runs its program's `Op`s in order as a SimPy process
     (`run`; rules 1-4 and 11 of docs/rules.md); the transport's hooks take its SENDs and
-    RECVs; its actions of another role go to their resource beside it (rules 13, 14:
+    RECVs; its actions of another role go to their resource beside it (rules 13, 14, 16:
     `sim.engine.resources`). Records each compute's start and end, each rank's busy time
     and whether it finished."""
 
@@ -313,10 +313,10 @@ class _Devices:
                     sent[x] = free_until[r] = now  # the runtime yields the core before the call (rule 9)
                     issued(x, now)
                     hold = send_call  # (send_call, recv_call: how long the call holds the rank)
-                elif role is _PAIR:  # rule 16: the pair's F waits for its backward's input too
+                elif role is _PAIR:  # rule 18: the pair's F waits for its backward's input too
                     now = yield from self._pair(r, x, now)
                     continue
-                else:  # a collective or a copy: beside the device, which goes on (rules 13, 14)
+                else:  # a collective, a copy or a gather: beside the device, which goes on (rules 13, 14, 16)
                     resources[role].issue(r, x, now)
                     continue
                 if hold and ahead:
@@ -365,7 +365,7 @@ class _Devices:
         return k.arrive_at[x]
 
     def _pair(self, r: int, y: int, now: float):
-        """The mark of an overlapped pair whose backward is compute y (rule 16): rank r
+        """The mark of an overlapped pair whose backward is compute y (rule 18): rank r
         waits here until the backward's input has arrived, and then goes on to the pair's
         F (compute y - 1), which takes its own input as any compute does. Returns the
         rank's clock."""

@@ -228,7 +228,7 @@ def copy_time(nbytes: float, bandwidth: float, latency: float = 0.0) -> float:
 
 
 def pair_times(forward: float, a2a_forward: float, backward: float, a2a_backward: float) -> tuple[float, float]:
-    """The shares of an overlapped forward-backward pair's time (docs/rules.md, rule 16):
+    """The shares of an overlapped forward-backward pair's time (docs/rules.md, rule 18):
     each compute with what of its all-to-all the other's compute does not hide,
     (forward + max(0, a2a_forward - backward), backward + max(0, a2a_backward - forward)).
     Their sum, the pair's time, is the two computes and the two all-to-alls less

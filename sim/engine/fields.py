@@ -117,11 +117,16 @@ COST_FIELDS: tuple[CostField, ...] = (
     _f("offload", 0.0, TIME, "time of an OFFLOAD on its rank's copy engine", doc="bytes / PCIe bandwidth + "
        "latency: `sim.engine.costs.copy_time`.", per_stage=True, flag=False),
     _f("reload", 0.0, TIME, "time of a RELOAD on its rank's copy engine", per_stage=True, flag=False),
+    _f("unshard", 0.0, TIME, "time of an UNSHARD (FSDP's all-gather of a stage's parameters) on its rank's "
+       "all-gather stream", doc="Rule 16; `sim.passes.fsdp.add_fsdp`. Under FSDP, `weight_bytes` is the rank's "
+       "shard and `grad_reduce` the gradients' reduce-scatter.", per_stage=True, chunked=True, flag=False),
+    _f("unshard_bytes", 0.0, BYTES, "bytes of a stage's gathered (unsharded) parameters, held from its UNSHARD's "
+       "start to its RESHARD", per_stage=True, chunked=True, flag=False),
     _f("a2a_forward", 0.0, TIME, "time of a forward's expert all-to-all (dispatch and combine) per micro-batch",
        doc="On top of `forward`: an F waits for it, unless it runs in an overlapped pair (OVERLAP_F_B), where it "
-       "hides under the backward's compute (rule 16).", per_stage=True, chunked=True, flag=False),
+       "hides under the backward's compute (rule 18).", per_stage=True, chunked=True, flag=False),
     _f("a2a_backward", 0.0, TIME, "time of a backward's expert all-to-all per micro-batch (B, or I)",
-       doc="On top of `backward` (or `backward_input`); in a pair it hides under the forward's compute (rule 16).",
+       doc="On top of `backward` (or `backward_input`); in a pair it hides under the forward's compute (rule 18).",
        per_stage=True, chunked=True, flag=False),
 )
 PER_STAGE = tuple(f.name for f in COST_FIELDS if f.per_stage)

@@ -1,7 +1,7 @@
-"""What runs beside the devices, one class per role: each rank's collective stream and its two copy engines, in a table keyed by role.
+"""What runs beside the devices, one class per role: each rank's collective stream, its two copy engines and its all-gather stream, in a table keyed by role.
 
 A device issues an action of such a role in program order and goes on with its program
-(docs/rules.md, rules 13 and 14); the action runs on its rank's resource of that role.
+(docs/rules.md, rules 13, 14 and 16); the action runs on its rank's resource of that role.
 The engine (`sim.engine.core`) asks `RESOURCES[role]` for the class, makes one per run
 that has actions of the role (`Program.beside[role]`), and calls `issue` when a device
 reaches one: the DeepSpeed pipeline engine's idea of a map from instruction type to
@@ -11,18 +11,18 @@ add a role").
 A `Resource` keeps when each of its actions starts and ends and what they do to their
 rank's memory (their kind's `memory` effects, at their own start and end:
 `sim.schedule.liveness`); one whose actions a compute waits for (a RELOAD's backward)
-sets `gates_computes` and writes `ready[compute]`.
+sets `gates_computes` and raises `ready[compute]` to when it lets the compute start.
 """
 from __future__ import annotations
 
 from typing import Mapping
 
 from sim.schedule.ir import Action
-from sim.schedule.kinds import KINDS, Role, recv_consumer
+from sim.schedule.kinds import KINDS, Kind, Role, recv_consumer
 from sim.schedule.liveness import memory_delta
 from .result import Event
 
-__all__ = ["Resource", "CollectiveStream", "CopyEngines", "RESOURCES", "merge_memory"]
+__all__ = ["Resource", "CollectiveStream", "CopyEngines", "Gathers", "RESOURCES", "merge_memory"]
 
 
 class Resource:
@@ -36,7 +36,7 @@ class Resource:
 
     def __init__(self, program, costs, durations: Mapping[Action, float] | None, ready: list[float] | None):
         self.actions = program.beside[self.role]
-        self.dur = [getattr(costs, KINDS[a.kind].cost)[a.stage] for a in self.actions]
+        self.dur = [getattr(costs, KINDS[a.kind].cost)[a.stage] if KINDS[a.kind].cost else 0.0 for a in self.actions]
         if durations:
             self.dur = [durations.get(a, d) for a, d in zip(self.actions, self.dur)]
         self.effect = [(memory_delta(a.kind, "start", costs, a.stage), memory_delta(a.kind, "end", costs, a.stage))
@@ -114,12 +114,54 @@ class CopyEngines(Resource):
         begin = max(now, free[k], self.end[self.after[y]] if self.after[y] >= 0 else 0.0)
         end = free[k] = begin + self.dur[y]
         self.ran(r, y, begin, end)
-        if self.feeds[y] >= 0:
+        if self.feeds[y] >= 0 and self.ready[self.feeds[y]] < end:
             self.ready[self.feeds[y]] = end
 
 
+class Gathers(Resource):
+    """Each rank's all-gather stream (rule 16): FSDP's UNSHARDs, one at a time in the order
+    they are issued (FSDP2 all-gathers on a stream of its own); the computes of the stage
+    that follow an UNSHARD on its rank, up to the stage's next RESHARD, wait for its end.
+    A RESHARD takes no time: the gathered parameters go when the device reaches it."""
+
+    role = Role.GATHER
+    gates_computes = True
+
+    def __init__(self, program, costs, durations, ready):
+        super().__init__(program, costs, durations, ready)
+        self.free = [0.0] * program.ranks  # when each rank's all-gather stream is free
+        self.unshard = [a.kind is Kind.UNSHARD for a in self.actions]
+        self.feeds: list[list[int]] = [[] for _ in self.actions]  # per UNSHARD: the computes that wait for it
+        self.gather_of = [-1] * len(self.actions)                  # per RESHARD: the UNSHARD it ends
+        for prog in program.programs:
+            open_: dict[int, int] = {}  # stage -> its UNSHARD not resharded yet
+            for role, x in prog:
+                if role is Role.COMPUTE and program.actions[x].stage in open_:
+                    self.feeds[open_[program.actions[x].stage]].append(x)
+                elif role is Role.GATHER:
+                    stage = self.actions[x].stage
+                    if self.unshard[x]:
+                        open_[stage] = x
+                    else:
+                        self.gather_of[x] = open_.pop(stage, -1)
+
+    def issue(self, r: int, x: int, now: float) -> None:
+        if not self.unshard[x]:  # RESHARD: now, or once its gather has ended if that is later
+            g = self.gather_of[x]
+            end = now if g < 0 or self.end[g] <= now else self.end[g]
+            return self.ran(r, x, end, end)
+        begin = self.free[r] if self.free[r] > now else now
+        end = self.free[r] = begin + self.dur[x]
+        self.ran(r, x, begin, end)
+        ready = self.ready
+        for c in self.feeds[x]:
+            if ready[c] < end:
+                ready[c] = end
+
+
 # role -> the class that runs its actions beside the devices (a new role: one class, one entry)
-RESOURCES: dict[Role, type[Resource]] = {Role.COLLECTIVE: CollectiveStream, Role.COPY: CopyEngines}
+RESOURCES: dict[Role, type[Resource]] = {
+    Role.COLLECTIVE: CollectiveStream, Role.COPY: CopyEngines, Role.GATHER: Gathers}
 
 
 def merge_memory(series: list, changes: list) -> list:

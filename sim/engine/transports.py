@@ -153,7 +153,7 @@ class GlooCpu(Rendezvous):
                 if role is Role.RECV:
                     ahead += self.recv_call
                 elif role is Role.SEND or (role is Role.PAIR and program.producer[x] >= 0):
-                    ahead = 0.0  # (a pair's mark waits for its backward's input from another rank, rule 16)
+                    ahead = 0.0  # (a pair's mark waits for its backward's input from another rank, rule 18)
                 elif role is not Role.COMPUTE:
                     pass  # it goes to its resource beside the device (a collective stream): the rank does not stop
                 elif program.producer[x] >= 0:

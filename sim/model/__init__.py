@@ -1,1 +1,1 @@
-"""What a model is: a transformer's shape, parameters, FLOPs and activation bytes, the state it holds per parameter, and SageMaker's reference models; no device, no time (those are `sim.cost`'s)."""
+"""What a model is: a transformer's shape (dense, or a mixture of experts, with multi-head latent attention), parameters, FLOPs and activation bytes, the state it holds per parameter, and SageMaker's reference models; no device, no time (those are `sim.cost`'s)."""

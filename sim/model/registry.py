@@ -13,6 +13,12 @@ of them takes, the others take too.
 """
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+from .attention import MLA
 from .sagemaker import MODELS as SAGEMAKER
 from .transformer import Transformer
 
@@ -69,7 +75,59 @@ PRESETS: dict[str, Transformer] = {
                               arch="llama", attention="flash"),
 }
 
-MODELS: dict[str, Transformer] = {**PRESETS, **SAGEMAKER}
+# Mixtures of experts, each from its release's configuration (the field names are config.json's),
+# trained at the sequence length named; all SwiGLU (Grok-1's gated GeLU has the same three
+# matrices), rotary, RMSNorm, no biases (GPT-OSS's attention, router and expert biases, 0.03 % of
+# it, and Qwen3's q/k norms, 256 a layer, are not counted), fused attention. Their published
+# parameter counts are checked in tests/sim/model/test_moe.py; sources in docs/planner.md.
+_MOE = dict(arch="llama", attention="flash")
+# DeepSeek-V3 and V2: deepseek-ai/DeepSeek-V3 inference/configs/config_671B.json and the
+# releases' config.json (Megatron-LM's deepseek_v3.yaml and deepseek_v2.yaml have the same):
+# q_lora_rank 1536, kv_lora_rank 512, qk_rope_head_dim 64, qk_nope_head_dim 128, v_head_dim 128;
+# n_routed_experts, num_experts_per_tok, n_shared_experts, moe_intermediate_size,
+# first_k_dense_replace (the dense layers, of intermediate_size). Pre-trained at 4K tokens
+# (DeepSeek-AI 2024, V3 report Sec. 4.2; V2 report Sec. 3.1.2). The multi-token-prediction
+# module of V3 (14B more, not in the 671B) is left out.
+_DEEPSEEK_MLA = MLA(q_lora_rank=1536, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128)
+MOE_PRESETS: dict[str, Transformer] = {
+    "deepseek-v3-671b": Transformer(layers=61, hidden=7168, heads=128, seq=4096, vocab=129280, ffn=18432,
+                                    mla=_DEEPSEEK_MLA, experts=256, top_k=8, expert_ffn=2048, shared_experts=1,
+                                    dense_layers=3, **_MOE),
+    "deepseek-v2-236b": Transformer(layers=60, hidden=5120, heads=128, seq=4096, vocab=102400, ffn=12288,
+                                    mla=_DEEPSEEK_MLA, experts=160, top_k=6, expert_ffn=1536, shared_experts=2,
+                                    dense_layers=1, **_MOE),
+    # Mixtral 8x7B and 8x22B: mistralai/Mixtral-8x7B-v0.1 and Mixtral-8x22B-v0.1 config.json
+    # (hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads,
+    # num_local_experts 8, num_experts_per_tok 2, vocab_size; max_position_embeddings 32768 and
+    # 65536, the context they were trained at: Jiang et al. 2024, "Mixtral of Experts", Sec. 2)
+    "mixtral-8x7b": Transformer(layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336, seq=32768, vocab=32000,
+                                experts=8, top_k=2, **_MOE),
+    "mixtral-8x22b": Transformer(layers=56, hidden=6144, heads=48, kv_heads=8, ffn=16384, seq=65536,
+                                 vocab=32768, experts=8, top_k=2, **_MOE),
+    # Qwen3 MoE: Qwen/Qwen3-30B-A3B and Qwen3-235B-A22B config.json (head_dim 128, num_experts 128,
+    # num_experts_per_tok 8, moe_intermediate_size; every layer sparse, no shared expert); the
+    # same in slime's Megatron scripts (scripts/models/qwen3-30B-A3B.sh, qwen3-235B-A22B.sh).
+    # Pre-trained at 4096 tokens before the long-context stage (Qwen Team 2025, Qwen3 report, Sec. 3.2).
+    "qwen3-30b-a3b": Transformer(layers=48, hidden=2048, heads=32, kv_heads=4, head_dim=128, ffn=6144, seq=4096,
+                                 vocab=151936, experts=128, top_k=8, expert_ffn=768, **_MOE),
+    "qwen3-235b-a22b": Transformer(layers=94, hidden=4096, heads=64, kv_heads=4, head_dim=128, ffn=12288,
+                                   seq=4096, vocab=151936, experts=128, top_k=8, expert_ffn=1536, **_MOE),
+    # Grok-1: xai-org/grok-1 run.py (LanguageModelConfig: vocab_size 128*1024, emb_size 48*128,
+    # widening_factor 8 -> ffn 32768 by model.py's ffn_size, 48 query and 8 key/value heads, 64
+    # layers, num_experts 8, num_selected_experts 2, sequence_len 8192; input and output
+    # embedding shared, model.py's InOutEmbed).
+    "grok-1-314b": Transformer(layers=64, hidden=6144, heads=48, kv_heads=8, ffn=32768, seq=8192, vocab=131072,
+                               experts=8, top_k=2, tied=True, **_MOE),
+    # GPT-OSS: openai/gpt-oss-120b and gpt-oss-20b config.json (hidden_size 2880, intermediate_size
+    # 2880, head_dim 64, 64 heads, 8 KV heads, num_local_experts 128 and 32, experts_per_token 4,
+    # vocab_size 201088, untied; initial_context_length 4096); 36 and 24 layers. Its alternate
+    # layers' 128-token sliding window is not modelled (full causal attention).
+    **{f"gpt-oss-{size}": Transformer(layers=l, hidden=2880, heads=64, kv_heads=8, head_dim=64, ffn=2880, seq=4096,
+                                      vocab=201088, experts=e, top_k=4, **_MOE)
+       for size, l, e in (("120b", 36, 128), ("20b", 24, 32))},
+}
+
+MODELS: dict[str, Transformer] = {**PRESETS, **MOE_PRESETS, **SAGEMAKER}
 
 
 def model_key(name: str) -> str:
@@ -84,13 +142,38 @@ def find_model(model: Transformer | str) -> Transformer:
         return model
     if not isinstance(model, str):
         raise TypeError(f"model must be a sim.Transformer or a model name; got {type(model).__name__}")
+    if model.endswith(".json"):
+        return model_from_file(model)
     key = model_key(model)
     if key not in MODELS:
-        raise ValueError(f"unknown model {model!r}; known: {', '.join(MODELS)}")
+        raise ValueError(f"unknown model {model!r}; known: {', '.join(MODELS)}, or a FILE.json of "
+                         f"sim.Transformer's fields")
     return MODELS[key]
 
 
-def model_name(m: Transformer) -> str:
-    """The registry's name of `m`, or its shape."""
-    return next((n for n, x in MODELS.items() if x == m),
-                f"l{m.layers}-h{m.hidden}-a{m.heads}-s{m.seq}-v{m.vocab}")
+def model_from_file(path: str | os.PathLike) -> Transformer:
+    """A model without a preset: a JSON object of `sim.Transformer`'s fields, e.g.
+    `{"layers": 32, "hidden": 4096, "heads": 32, "seq": 4096, "vocab": 32000, "arch": "llama"}`.
+    ValueError (one line) naming the file and what is wrong."""
+    try:
+        fields = json.loads(Path(path).read_text())
+    except OSError as e:
+        raise ValueError(f"cannot read model file {path}: {e.strerror or e}") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"model file {path} is not JSON: {e.msg} at line {e.lineno}") from None
+    known = [f.name for f in dataclasses.fields(Transformer)]
+    if not isinstance(fields, dict) or set(fields) - set(known):
+        extra = sorted(set(fields) - set(known)) if isinstance(fields, dict) else fields
+        raise ValueError(f"model file {path}: unknown fields {extra}; give a JSON object of {', '.join(known)}")
+    try:
+        return Transformer(**fields)
+    except TypeError as e:
+        raise ValueError(f"model file {path}: {e}; the fields are {', '.join(known)}") from None
+    except ValueError as e:
+        raise ValueError(f"model file {path}: {e}") from None
+
+
+def model_name(model: Transformer) -> str:
+    """The registry's name of `model`, or its shape."""
+    return next((n for n, candidate in MODELS.items() if candidate == model),
+                f"l{model.layers}-h{model.hidden}-a{model.heads}-s{model.seq}-v{model.vocab}")

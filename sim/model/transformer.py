@@ -18,15 +18,27 @@ How the layer is implemented changes what its backward keeps and which kernels i
 defaults are Megatron-LM's GPT as the papers count it. `attention`: "unfused" (the scores are
 materialised: softmax output and dropout kept, as2b elements each; Korthikanti et al. 2022,
 Sec. 4.1) or "flash" (Dao et al. 2022, Alg. 2 and 4: the kernel keeps only its per-row
-log-sum-exp in fp32 and recomputes the scores in its backward). `kernels`: "megatron" (its
+log-sum-exp in fp32 and recomputes the scores in its backward); with kernels="torch",
+"flash" is torch's fused SDPA kernel (CPU flash) and "unfused" its math backend, which
+torch falls back to (docs/rules.md, rule 17: what each keeps, measured). `kernels`: "megatron" (its
 fused kernels; the paper's count, which leaves out anything smaller than an sbh tensor) or
 "torch" (torch's eager modules as `exec.models` builds them: LayerNorm keeps its fp32 mean and
 reciprocal deviation per token, the embedding its int64 token ids, the loss its log-softmax
 and its int64 targets). `mlp`, `positions`, `dropout` and `tied` default to the arch's.
+
+A mixture of experts (`experts=E`, `top_k`, `expert_ffn`, `shared_experts`, `dense_layers`,
+`load_imbalance`, `capacity_factor`: `sim.model.moe`) makes every layer after the first
+`dense_layers` a MoE layer; `mla=` (`sim.model.attention.MLA`) makes the attention
+DeepSeek's multi-head latent attention; `head_dim` is a head's width where it is not
+hidden/heads (Qwen3, GPT-OSS). Dense models leave them out and count exactly as before.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from .attention import MLA, check_mla, core_bytes
+from .moe import Experts, moe_fields
+from .params import Params
 
 RECOMPUTE = ("none", "selective", "full")
 ATTENTION = ("unfused", "flash")
@@ -53,25 +65,11 @@ ARCHS = {
 # (Shazeer 2020; Llama) a gate and an up matrix, their product into the output matrix.
 MLP_MATRICES = {"gelu": 2, "swiglu": 3, "squared-relu": 2}
 POSITIONS = ("learned", "rotary")  # learned: an s x h table (GPT); rotary: none (Su et al. 2021)
+MOE_FIELDS = ("top_k", "expert_ffn", "shared_experts", "dense_layers", "load_imbalance", "capacity_factor")
 
 # Forward matmuls that multiply two activations (no weights): their backward is all input
 # gradient, and twice their forward (Qi et al. 2024, Table 1: B = sbh(24h + 8s), W = 24sbh^2).
 WEIGHTLESS = ("scores", "values")
-
-
-@dataclass(frozen=True)
-class Params:
-    """A model's parameter count by part; `total` is what the optimizer holds."""
-    embedding: int      # token embedding V*h, plus the learned positions s*h where there are some
-    per_layer: int      # one transformer layer: attention, MLP, their norms (and biases)
-    layers: int
-    final_norm: int     # the LayerNorm/RMSNorm before the output layer
-    output: int         # the output (logit) layer: 0 when tied to the embedding
-    tied: bool
-
-    @property
-    def total(self) -> int:
-        return self.embedding + self.layers * self.per_layer + self.final_norm + self.output
 
 
 def _positive_int(name: str, value) -> None:
@@ -109,6 +107,15 @@ class Transformer:
     kernels: str = "megatron"     # "megatron" or "torch": see the module's docstring
     mlp: str | None = None        # "gelu", "swiglu" or "squared-relu" (MLP_MATRICES); the arch's by default
     positions: str | None = None  # "learned" or "rotary" (POSITIONS); the arch's by default
+    head_dim: int | None = None   # a head's width; hidden/heads by default
+    mla: MLA | None = None        # multi-head latent attention (sim.model.attention); None: MHA/GQA
+    experts: int | None = None    # routed experts E of a mixture of experts (sim.model.moe); None: dense
+    top_k: int | None = None      # experts a token is routed to; 1 by default
+    expert_ffn: int | None = None  # one expert's MLP width; ffn by default
+    shared_experts: int | None = None  # experts every token passes through; 0 by default
+    dense_layers: int | None = None    # the first layers, with a dense MLP of width ffn; 0 by default
+    load_imbalance: float | None = None  # busiest expert's tokens over the mean; 1 (balanced) by default
+    capacity_factor: float | None = None  # drop tokens beyond this times the mean; None: drop none
 
     def __post_init__(self):
         for name in ("layers", "hidden", "heads", "seq", "vocab"):
@@ -137,10 +144,33 @@ class Transformer:
                 object.__setattr__(self, name, ARCHS[self.arch][name])
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"Transformer: {name} must be True, False or None; got {getattr(self, name)!r}")
+        if self.head_dim is not None:
+            _positive_int("head_dim", self.head_dim)
+        check_mla(self.mla, self.head_dim, self.kv_heads, self.heads)
+        for name, value in moe_fields(self.experts, self.layers, self.ffn,
+                                      {n: getattr(self, n) for n in MOE_FIELDS}).items():
+            object.__setattr__(self, name, value)
+        self.moe  # noqa: B018  its checks
+        if (self.mla is not None or self.experts is not None) and self.kernels == "torch":
+            raise ValueError("Transformer: kernels='torch' lists exec's GPT; a model with mla or experts "
+                             "counts Megatron-Core's kernels (kernels='megatron')")
 
     @property
     def _a(self) -> dict:
         return ARCHS[self.arch]
+
+    @property
+    def moe(self) -> Experts | None:
+        """The MoE layers' MLP (`sim.model.moe.Experts`), or None for a dense model."""
+        if self.experts is None:
+            return None
+        return Experts(self.experts, self.top_k, self.expert_ffn, self.shared_experts, self.mlp_matrices,
+                       self.load_imbalance, self.capacity_factor, self._a["bias"])
+
+    @property
+    def moe_layers(self) -> int:
+        """How many layers (the last ones) have a mixture of experts for their MLP: 0 if dense."""
+        return 0 if self.experts is None else self.layers - self.dense_layers
 
     @property
     def mlp_matrices(self) -> int:
@@ -148,40 +178,68 @@ class Transformer:
         return MLP_MATRICES[self.mlp]
 
     @property
+    def _head(self) -> int:
+        return self.hidden // self.heads if self.head_dim is None else self.head_dim
+
+    @property
+    def _q(self) -> float:
+        """Q's width as a fraction of h: 1, or heads*head_dim/h where head_dim is given."""
+        return self.heads * self._head / self.hidden
+
+    @property
     def _kv(self) -> float:
         """K and V width as a fraction of h: kv_heads/heads (1 without grouped-query attention)."""
-        return self.kv_heads / self.heads
+        return self.kv_heads * self._head / self.hidden
 
     def params(self) -> Params:
         """Parameters by part. For arch="gpt", ffn=4h and kv_heads=heads, embedding + layers *
         per_layer is Narayanan et al. 2021, Eq. 2: 12lh^2(1 + 13/(12h) + (V+s)/(12lh)) exactly;
-        Eq. 2 leaves out the final LayerNorm (2h) and counts the output layer as tied."""
-        h, f, a = self.hidden, self.ffn, self._a
-        qkv = h * h + 2 * h * (h // self.heads) * self.kv_heads        # Q: h x h, K and V: h x (kv_heads * h/heads)
-        matrices = qkv + h * h + (self.mlp_matrices - 1) * h * f + f * h  # QKV, projection, MLP in, MLP out
-        biases = qkv // h + h + (self.mlp_matrices - 1) * f + h if a["bias"] else 0  # one per output feature
+        Eq. 2 leaves out the final LayerNorm (2h) and counts the output layer as tied. A MoE
+        layer has the dense layer's attention and norms and the experts' MLP (`sim.model.moe`:
+        experts' biases as the arch's, the router's none), MLA its own projections
+        (`sim.model.attention`; no bias counted)."""
+        h, f, a, q = self.hidden, self.ffn, self._a, self.heads * self._head
+        qkv = h * q + 2 * h * self._head * self.kv_heads                # Q: h x q, K and V: h x (kv_heads * head_dim)
+        attention = self.mla.params(h, self.heads, a["norm_params"]) if self.mla else qkv + q * h  # and projection
+        mlp = (self.mlp_matrices - 1) * h * f + f * h                    # MLP in, MLP out
+        attention_biases = (qkv // h + h if a["bias"] else 0) if self.mla is None else 0  # one per output feature
+        biases = attention_biases + ((self.mlp_matrices - 1) * f + h if a["bias"] else 0)
         norms = 2 * a["norm_params"] * h                                  # before attention and before the MLP
         embedding = self.vocab * h + (self.seq * h if self.positions == "learned" else 0)
-        return Params(embedding=embedding, per_layer=matrices + biases + norms, layers=self.layers,
+        moe = {}
+        if self.moe is not None:
+            experts, shared = self.moe.params(h), attention + attention_biases + norms
+            moe = dict(moe_layers=self.moe_layers, per_moe_layer=shared + sum(experts.values()),
+                       active_per_moe_layer=shared + self.moe.active_params(h))
+        return Params(embedding=embedding, per_layer=attention + mlp + biases + norms, layers=self.layers,
                       final_norm=a["norm_params"] * h, output=0 if self.tied else self.vocab * h,
-                      tied=self.tied)
+                      tied=self.tied, **moe)
 
-    def layer_flops(self, micro_batch: int) -> dict[str, float]:
+    def layer_flops(self, micro_batch: int, moe: bool = False) -> dict[str, float]:
         """Forward FLOPs of one layer by matmul (2 FLOPs a multiply-add), as Narayanan et al. 2021,
         Appendix, counts them: QKV 6bsh^2, scores 2bs^2h, values 2bs^2h, projection 2bsh^2,
-        MLP 16bsh^2; in all 24bsh^2 + 4bs^2h for ffn=4h (Korthikanti et al. 2022 count the same)."""
-        b, s, h, f = micro_batch, self.seq, self.hidden, self.ffn
-        return {"qkv": 2 * b * s * h * h * (1 + 2 * self._kv), "scores": 2 * b * s * s * h,
-                "values": 2 * b * s * s * h, "projection": 2 * b * s * h * h,
-                "mlp_in": 2 * b * s * h * f * (self.mlp_matrices - 1), "mlp_out": 2 * b * s * h * f}
+        MLP 16bsh^2; in all 24bsh^2 + 4bs^2h for ffn=4h (Korthikanti et al. 2022 count the same).
+        `moe`: a MoE layer, its MLP the experts' (`sim.model.moe.Experts.flops`: router, k routed
+        and the shared experts); MLA's attention is `sim.model.attention.MLA.flops`'s."""
+        b, s, h, f, q = micro_batch, self.seq, self.hidden, self.ffn, self.heads * self._head
+        if self.mla is not None:
+            attention = self.mla.flops(b, s, h, self.heads)
+        else:
+            attention = {"qkv": 2 * b * s * h * h * (self._q + 2 * self._kv), "scores": 2 * b * s * s * q,
+                         "values": 2 * b * s * s * q, "projection": 2 * b * s * h * q}
+        if moe:
+            if self.moe is None:
+                raise ValueError("Transformer.layer_flops: moe=True on a dense model (experts=None)")
+            return attention | self.moe.flops(b * s, h)
+        return attention | {"mlp_in": 2 * b * s * h * f * (self.mlp_matrices - 1), "mlp_out": 2 * b * s * h * f}
 
-    def pass_flops(self, micro_batch: int) -> dict[str, float]:
+    def pass_flops(self, micro_batch: int, moe: bool = False) -> dict[str, float]:
         """FLOPs of one layer's F, I (input gradient: B of Qi et al. 2024) and W (weight gradient).
         Each weight matmul Y = XW costs as much again for dX (in I) and for dW (in W); the score
         and values matmuls multiply two activations, so both their gradients are input gradients
         (in I) and W has none of them. Qi et al. 2024, Table 1: F = sbh(24h + 4s),
-        B = sbh(24h + 8s), W = sbh(24h); F + I + W = 3F."""
-        parts = self.layer_flops(micro_batch)
+        B = sbh(24h + 8s), W = sbh(24h); F + I + W = 3F. `moe`: a MoE layer's."""
+        parts = self.layer_flops(micro_batch, moe)
         weighted = sum(v for k, v in parts.items() if k not in WEIGHTLESS)
         weightless = sum(parts[k] for k in WEIGHTLESS)
         return {"F": weighted + weightless, "I": weighted + 2 * weightless, "W": weighted}
@@ -190,12 +248,12 @@ class Transformer:
         """Forward FLOPs of the output layer: 2bshV (Narayanan et al. 2021, Appendix)."""
         return 2 * micro_batch * self.seq * self.hidden * self.vocab
 
-    def recompute_flops(self, micro_batch: int, recompute: str) -> float:
+    def recompute_flops(self, micro_batch: int, recompute: str, moe: bool = False) -> float:
         """FLOPs one layer recomputes before its backward: the whole forward with "full"
         (Narayanan et al. 2021, Appendix: the 4x of Eq. 3); with "selective" the attention core
         only (Korthikanti et al. 2022, Sec. 5 and Appendix A, Eq. 8), whose matmuls are the
-        scores and values."""
-        parts = self.layer_flops(micro_batch)
+        scores and values. `moe`: a MoE layer's."""
+        parts = self.layer_flops(micro_batch, moe)
         return {"none": 0.0, "selective": parts["scores"] + parts["values"],
                 "full": sum(parts.values())}[check_recompute(recompute)]
 
@@ -204,10 +262,28 @@ class Transformer:
         Eq. 3, 96Bslh^2(1 + s/(6h) + V/(16lh)): layers 4x their forward (forward, backward twice
         the forward, recomputed forward), logit layer 3x (not recomputed). "none": the same
         without the recomputed forward, 72Bslh^2(1 + s/(6h) + V/(12lh)) (Korthikanti et al.
-        2022's model FLOPs, the numerator of MFU)."""
-        p = self.pass_flops(batch)
-        per_layer = p["F"] + p["I"] + p["W"] + self.recompute_flops(batch, recompute)
-        return self.layers * per_layer + 3 * self.logit_flops(batch)
+        2022's model FLOPs, the numerator of MFU). With experts, the dense layers and the MoE
+        layers (`moe_layers`) each count their own."""
+        def per_layer(moe: bool) -> float:
+            p = self.pass_flops(batch, moe)
+            return p["F"] + p["I"] + p["W"] + self.recompute_flops(batch, recompute, moe)
+        n = self.moe_layers
+        layers = (self.layers - n) * per_layer(False) + (n * per_layer(True) if n else 0)
+        return layers + 3 * self.logit_flops(batch)
+
+    def model_flops_per_token(self, causal: bool = True) -> float:
+        """Training FLOPs a token as Megatron-LM's `num_floating_point_operations` (training.py)
+        counts them for MFU: 3x the forward of each weight matmul a token uses (k routed and the
+        shared experts, not the router; MLA's projections, not its latents' norms), of the logit
+        layer and of the attention core, its s^2 halved where `causal`. DeepSeek counts the same
+        (docs/planner.md); causal=False is `flops_per_iteration(1) / seq` less the router."""
+        def forward(moe: bool) -> float:
+            parts = self.layer_flops(1, moe)
+            core = sum(parts[k] for k in WEIGHTLESS)
+            return sum(parts.values()) - parts.get("router", 0) - core + core * (0.5 if causal else 1)
+        n = self.moe_layers
+        layers = (self.layers - n) * forward(False) + (n * forward(True) if n else 0)
+        return 3 * (layers + self.logit_flops(1)) / self.seq
 
     def _split(self, replicated: float, split: float, tp: int, sequence_parallel: bool) -> float:
         """Bytes per GPU: `split` is divided over the tp ranks; `replicated` too under sequence
@@ -216,15 +292,23 @@ class Transformer:
         return replicated / (tp if sequence_parallel else 1) + split / tp
 
     def activation_bytes_per_layer(self, micro_batch: int, tp: int = 1, sequence_parallel: bool = False,
-                                   recompute: str = "none", precision: str = "bf16") -> float:
+                                   recompute: str = "none", precision: str = "bf16", moe: bool = False,
+                                   ep: int = 1) -> float:
         """Bytes one layer keeps from its forward for its backward, per GPU: Korthikanti et al.
         2022, Table 2; for arch="gpt", ffn=4h: sbh(34 + 5as/h) at tp=1, sbh(10 + 24/t + 5as/(ht))
         with tp, sbh(34/t + 5as/(ht)) with sequence parallelism; selective recompute drops the
         5as/h; full keeps the layer input only, 2sbh. Each activation element takes the bytes
         of `precision` (2 above), a dropout mask 1; attention="flash" keeps a 4-byte log-sum-exp
         per head and token instead of the 5as^2b bytes of scores (selective recompute drops it);
-        kernels="torch" adds the norms' fp32 statistics per token (see the module's docstring)."""
+        kernels="torch" adds the norms' fp32 statistics per token (see the module's docstring).
+        MLA keeps its latents and its heads' Q, K, V (`sim.model.attention.MLA.activation_elements`).
+        `moe`: a MoE layer, whose MLP keeps `moe_activation_bytes` (on the busiest of `ep`
+        expert-parallel ranks) instead of the dense MLP's; tp=1 only (expert tensor parallelism
+        is issue 33 item 2)."""
         _positive_int("micro_batch", micro_batch)
+        if moe and tp != 1:
+            raise ValueError(f"Transformer.activation_bytes_per_layer: a MoE layer's bytes are counted at tp=1 "
+                             f"(tensor and expert tensor parallelism of experts: issue 33 item 2), got tp={tp}")
         e, sb, a = _element_bytes(precision), self.seq * micro_batch, self._a
         sbh = sb * self.hidden
         if check_recompute(recompute) == "full":
@@ -235,13 +319,28 @@ class Transformer:
         replicated = 4 * e * sbh + 2 * drop * sbh + stats
         # Q and K, V, projection input; MLP: one sbf tensor per matrix (GeLU input and output;
         # SwiGLU's two inputs and product)
-        split = (2 + 2 * self._kv) * e * sbh + e * sb * self.ffn * self.mlp_matrices
+        attention = (2 * self._q + 2 * self._kv) * e * sbh
+        if self.mla is not None:
+            latents, heads = self.mla.activation_elements(sb, self.heads)
+            replicated, attention = replicated + e * latents, e * heads
+        split = attention + (0 if moe else e * sb * self.ffn * self.mlp_matrices)
         if recompute == "none":
-            heads_sb = self.heads * sb
-            # unfused: softmax output, its dropout mask and dropout output, as^2b each; flash: the
-            # log-sum-exp, fp32, one per head and token
-            split += heads_sb * self.seq * (e + drop * (1 + e)) if self.attention == "unfused" else heads_sb * _FP32
+            split += core_bytes(self.attention, self.kernels, self.dropout, self.heads, self.hidden, self.seq,
+                                micro_batch, tp, e)
+        if moe:
+            return self._split(replicated, split, tp, sequence_parallel) + sum(
+                self.moe_activation_bytes(micro_batch, ep, precision).values())
         return self._split(replicated, split, tp, sequence_parallel)
+
+    def moe_activation_bytes(self, micro_batch: int, ep: int = 1, precision: str = "bf16") -> dict[str, float]:
+        """Bytes a MoE layer's MLP keeps for its backward per micro-batch, on the busiest of `ep`
+        expert-parallel ranks, by part: the router's scores and routing map, the permuted
+        tokens, the experts' intermediate and gates, the shared experts' intermediate
+        (`sim.model.moe.Experts.activation_bytes`: Megatron-Core's alltoall dispatcher, tp = etp = 1)."""
+        _positive_int("micro_batch", micro_batch)
+        if self.moe is None:
+            raise ValueError("Transformer.moe_activation_bytes: a dense model (experts=None) has no MoE layer")
+        return self.moe.activation_bytes(self.seq * micro_batch, self.hidden, _element_bytes(precision), ep)
 
     def end_activation_bytes(self, micro_batch: int, tp: int = 1, sequence_parallel: bool = False,
                              precision: str = "bf16") -> dict[str, float]:
@@ -281,8 +380,10 @@ class Transformer:
         weight-gradient nodes, and through them every node between them and the input: I frees
         none of the layer's saved tensors, all of `activation_bytes_per_layer` (with
         `recompute`) stays until W (which recomputes them from the layer input if asked); the
-        output gradients it keeps are not counted, as exec does not count them."""
+        output gradients it keeps are not counted, as exec does not count them. (MLA's: not yet.)"""
         _positive_int("micro_batch", micro_batch)
+        if self.mla is not None:
+            raise ValueError("Transformer.w_activation_bytes_per_layer: MLA's split backward is not counted yet")
         if self.kernels == "torch":
             return self.activation_bytes_per_layer(micro_batch, tp, sequence_parallel, recompute, precision)
         e = _element_bytes(precision)

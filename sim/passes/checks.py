@@ -4,7 +4,7 @@ Completeness (every action once; every stage's F and backward for every micro-ba
 checked once, when a `Schedule` is made (`sim.schedule.ir.check_actions`). What the IR
 cannot know alone is checked here (`check_complete`): that the placement names existing
 ranks, every action names an existing stage and micro-batch on its stage's rank, and the
-collectives and copies stand where rules 13 and 14 (docs/rules.md) put them.
+collectives, copies and gathers stand where rules 13, 14 and 16 (docs/rules.md) put them.
 `check_communication` checks that a lowered schedule's SENDs and RECVs are exactly the
 transfers its data dependencies imply.
 """
@@ -13,10 +13,11 @@ from __future__ import annotations
 from operator import itemgetter
 
 from sim.schedule.ir import Action, Schedule, ScheduleError
-from sim.schedule.kinds import COLLECTIVES, COMPUTE, COPIES, PAIRS, TRANSFERS, Computes, Kind, peer_key
+from sim.schedule.kinds import COLLECTIVES, COMPUTE, COPIES, GATHERS, PAIRS, TRANSFERS, Computes, Kind, peer_key
 from .dependencies import compute_set, peer, transfer_keys
 
-__all__ = ["check_complete", "check_communication", "check_collectives", "check_copies", "check_pairs"]
+__all__ = ["check_complete", "check_communication", "check_collectives", "check_copies", "check_gathers",
+           "check_pairs", "check_pass_input"]
 
 _F, _B, _I, _W, _OFFLOAD, _RELOAD = Kind.F, Kind.B, Kind.I, Kind.W, Kind.OFFLOAD, Kind.RELOAD
 
@@ -40,6 +41,8 @@ def check_complete(schedule: Schedule) -> None:
         check_collectives(schedule)
     if schedule.has_copies:
         check_copies(schedule)
+    if schedule.has_gathers:
+        check_gathers(schedule)
     if schedule.has_pairs:
         check_pairs(schedule)
     if not _stages_and_micros_fit(schedule):
@@ -53,11 +56,12 @@ def _stages_and_micros_fit(schedule: Schedule) -> bool:
     for r, prog in enumerate(schedule.programs):
         if prog:
             stages = set(map(itemgetter(0), prog))
-            micros = set(map(itemgetter(2), prog))
+            micros = {a.micro for a in prog if a.kind not in GATHERS}  # a gather's micro counts its gathers
             if min(micros) < 0 or max(micros) >= schedule.micro_batches or min(stages) < 0 \
                     or max(stages) >= schedule.stages or any(schedule.placement[s] != r for s in stages):
                 return False
-            if schedule.pipelines > 1 and any(a.stage not in schedule.route(a.micro) for a in prog):
+            if schedule.pipelines > 1 and any(a.stage not in schedule.route(a.micro) for a in prog
+                                              if a.kind not in GATHERS):
                 return False
     return True
 
@@ -70,11 +74,11 @@ def _explain_misplaced(schedule: Schedule) -> None:
         for i, a in enumerate(prog):
             if not 0 <= a.stage < S:
                 raise ScheduleError(f"{_at(r, i, a)}: stage {a.stage} does not exist (stages 0..{S - 1})")
-            if not 0 <= a.micro < M:
+            if not 0 <= a.micro < M and a.kind not in GATHERS:
                 raise ScheduleError(f"{_at(r, i, a)}: micro-batch {a.micro} does not exist (0..{M - 1})")
             if schedule.placement[a.stage] != r:
                 raise ScheduleError(f"{_at(r, i, a)}: stage {a.stage} lives on rank {schedule.placement[a.stage]}, not {r}")
-            if a.stage not in schedule.route(a.micro):
+            if a.kind not in GATHERS and a.stage not in schedule.route(a.micro):
                 way = schedule.route(a.micro)
                 raise ScheduleError(f"{_at(r, i, a)}: micro-batch {a.micro} runs through stages {way[0]}..{way[-1]} "
                                     f"(one of the schedule's {schedule.pipelines} pipelines), not stage {a.stage}")
@@ -126,7 +130,7 @@ def check_copies(schedule: Schedule) -> None:
 
 def check_pairs(schedule: Schedule) -> None:
     """Each OVERLAP_F_B mark names a stage of its own rank and an existing micro-batch, and
-    its next two computes are an F and the backward it names (B or I), rule 15. Raises
+    its next two computes are an F and the backward it names (B or I), rule 18. Raises
     `ScheduleError`."""
     for r, prog in enumerate(schedule.programs):
         computes = [(i, a) for i, a in enumerate(prog) if a.kind in COMPUTE]
@@ -178,3 +182,44 @@ def check_collectives(schedule: Schedule) -> None:
                     raise ScheduleError(f"{_at(r, i, a)} comes before {schedule.micro_batches - done[a.stage]} of the "
                                         f"backwards (B or W) of stage {a.stage}; put it after its stage's last "
                                         f"backward (sim.passes.grad_reduce.add_grad_reduce does)")
+
+
+def check_gathers(schedule: Schedule) -> None:
+    """FSDP's gathers (rule 16): on every rank, each compute of a stage comes between an
+    UNSHARD of that stage and its RESHARD; a stage is not gathered again before its
+    RESHARD, nor resharded where it is not gathered, and every stage is resharded by the
+    end of its rank's program. Raises `ScheduleError` naming the first action at fault."""
+    for r, prog in enumerate(schedule.programs):
+        gathered: dict[int, Action] = {}  # stage -> its UNSHARD not resharded yet
+        for i, a in enumerate(prog):
+            if a.kind in GATHERS and (not 0 <= a.stage < schedule.stages or schedule.placement[a.stage] != r):
+                where = "does not exist" if not 0 <= a.stage < schedule.stages else \
+                    f"lives on rank {schedule.placement[a.stage]}, not {r}"
+                raise ScheduleError(f"{_at(r, i, a)}: stage {a.stage} {where}")
+            if a.kind is Kind.UNSHARD:
+                if a.stage in gathered:
+                    raise ScheduleError(f"{_at(r, i, a)}: stage {a.stage} is still gathered by {gathered[a.stage]}; "
+                                        f"put {a.stage}RESHARD before it (sim.add_fsdp does)")
+                gathered[a.stage] = a
+            elif a.kind is Kind.RESHARD:
+                if gathered.pop(a.stage, None) is None:
+                    raise ScheduleError(f"{_at(r, i, a)}: stage {a.stage} is not gathered here; an UNSHARD of it "
+                                        f"comes first")
+            elif a.kind in COMPUTE and a.stage not in gathered:
+                raise ScheduleError(f"{_at(r, i, a)} computes on stage {a.stage}'s sharded parameters; gather them "
+                                    f"first with an UNSHARD of it (sim.add_fsdp adds them)")
+        if gathered:
+            a = next(iter(gathered.values()))
+            raise ScheduleError(f"rank {r}: {a} is never resharded; end its program with {a.stage}RESHARD")
+
+
+def check_pass_input(schedule: Schedule, pass_name: str, added: str, has_them: bool,
+                     option: str, value, meaning: str) -> None:
+    """What a pass that adds actions (`sim.add_offload`, `sim.add_fsdp`) takes: its count
+    `option` an int >= 0 (`meaning`: what it counts, and its default), and an unlowered
+    schedule without the actions it adds (`added`, `has_them`)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{option} must be an int >= 0 ({meaning}), got {value!r}")
+    if schedule.is_lowered or has_them:
+        raise ScheduleError(f"{pass_name} takes a schedule without SEND/RECV or {added} (as the generators "
+                            f"write it, before sim.lower); {schedule.name!r} has them")

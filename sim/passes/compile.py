@@ -9,7 +9,8 @@
 `simulate` and `exec` both call `compile`; nothing else checks, lowers or numbers a
 schedule on its way to a run (zero-bubble's `run_schedule_passes`: the whole pipeline
 in one short function). The passes that add actions (`sim.add_grad_reduce`,
-`sim.add_offload`) are the caller's choice of what the step does, made before.
+`sim.add_offload`, `sim.add_fsdp`) are the caller's choice of what the step does, made
+before (FSDP's gathers first, then the reductions: torch's order).
 
 A target says what runs the program:
 - "sim": the simulator (`sim.simulate`). Its run is its own deadlock check, so none runs
@@ -39,7 +40,7 @@ def compile(schedule: Schedule, target: str = "sim") -> Program:  # noqa: A001 (
     `target` runs (the module's docstring). Raises `ScheduleError` naming the first problem."""
     if target not in TARGETS:
         raise ValueError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)}")
-    check_complete(schedule)                   # each action where rules 13 and 14 let it stand
+    check_complete(schedule)                   # each action where rules 13, 14 and 16 let it stand
     if schedule.is_lowered:
         check_communication(schedule)          # its SENDs and RECVs: those its dependencies imply
     program = number_program(schedule)         # numbered; SEND/RECV placed by rules 2 and 3

@@ -2,7 +2,8 @@
 
 Data flows one way: generators write compute actions -> `sim.passes.grad_reduce.add_grad_reduce`
 may add the data-parallel gradient reductions (REDUCE_GRAD), `sim.passes.offload.add_offload`
-the copies of activations to host memory and back (OFFLOAD, RELOAD) -> `sim.compile` checks
+the copies of activations to host memory and back (OFFLOAD, RELOAD), `sim.passes.fsdp.add_fsdp`
+FSDP's gathers (UNSHARD, RESHARD) -> `sim.compile` checks
 it and numbers it (`sim.passes.numbering.number_program` places the communication, which
 `lower` writes out as SEND/RECV actions) -> `sim.simulate` or `exec` run it;
 `sim.passes.validation` proves or explains whether it can finish.

@@ -16,8 +16,9 @@ how long backwards waited for their copies `sim.engine.result.reload_waits`.
 """
 from __future__ import annotations
 
-from sim.schedule.ir import Action, Schedule, ScheduleError
+from sim.schedule.ir import Action, Schedule
 from sim.schedule.kinds import Kind
+from .checks import check_pass_input
 
 _F, _B, _I, _OFFLOAD, _RELOAD = Kind.F, Kind.B, Kind.I, Kind.OFFLOAD, Kind.RELOAD
 
@@ -38,12 +39,8 @@ def add_offload(schedule: Schedule, horizon: int = DEFAULT_HORIZON) -> Schedule:
     before the rank computes anything after its F (its backward is within `horizon` of
     its forward: the last stage of 1F1B, or a horizon as deep as the pipeline) is not
     offloaded: the copies would cost PCIe time and save no memory."""
-    if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 0:
-        raise ValueError(f"horizon must be an int >= 0 (SageMaker's activation_loading_horizon, default "
-                         f"{DEFAULT_HORIZON}), got {horizon!r}")
-    if schedule.is_lowered or schedule.has_copies:
-        raise ScheduleError(f"add_offload takes a schedule without SEND/RECV or OFFLOAD/RELOAD (as the generators "
-                            f"write it, before sim.lower); {schedule.name!r} has them")
+    check_pass_input(schedule, "add_offload", "OFFLOAD/RELOAD", schedule.has_copies, "horizon", horizon,
+                     f"SageMaker's activation_loading_horizon, default {DEFAULT_HORIZON}")
     return schedule.with_programs(_offload_program(prog, horizon) for prog in schedule.programs)
 
 

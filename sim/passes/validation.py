@@ -10,8 +10,7 @@ from __future__ import annotations
 from collections import deque
 
 from sim.schedule.ir import Action, Schedule, ScheduleError
-from sim.schedule.kinds import COLLECTIVES, COPIES, KINDS, NEEDS, RECVS, SENDS, Computes, Kind, peer_key, \
-    recv_consumer
+from sim.schedule.kinds import BESIDE, KINDS, NEEDS, RECVS, SENDS, Computes, Kind, peer_key, recv_consumer
 from .checks import check_communication, check_complete
 from .dependencies import compute_set
 from .lowering import lower_unchecked
@@ -56,8 +55,9 @@ def _run_abstractly(schedule: Schedule, computes: Computes) -> None:
         s, k, m = a.stage, a.kind, a.micro
         if k in RECVS:
             return None
-        if k in COLLECTIVES or k in COPIES:  # its rank's own backwards; its F, or its OFFLOAD
-            return next((d for d in KINDS[k].needs(s, m, stages, computes) if d not in done), None)
+        if k in BESIDE:  # its rank's own backwards; its F, or its OFFLOAD; nothing (a gather)
+            needs = KINDS[k].needs
+            return next((d for d in needs(s, m, stages, computes) if d not in done), None) if needs else None
         if k in SENDS:  # the tensor it sends: made by the compute its peer's consumer needs
             recv = peer_key(s, k, m)
             src = next(d for d in NEEDS[recv_consumer(*recv, computes)[1]](recv[0], m, stages, computes)

@@ -18,18 +18,17 @@ from sim.engine.costs import Costs, StageCosts
 from sim.simulation import simulate
 from sim.cost.data_parallel import optimizer_time, stage_params
 from sim.cost.ends import end_times
-from .layout import Layout
+from .layout import Layout, layout_slice
 from .stage_costs import partition_layers, stage_costs
-from sim.model.footprint import optimizer_step_bytes, state_bytes_per_param
+from sim.model.footprint import DEFAULT_OPTIMIZER, optimizer_step_bytes, state_bytes_per_param
 from sim.hardware.profile import DeviceProfile, resolve
 from sim.schedule.ir import Schedule
 from sim.hardware.kernels import memory_time, precision_bytes
 from sim.schedule.kinds import KINDS, Kind
 from sim.schedule.liveness import held
-from sim.cost.layer import Slice, layer_times
+from sim.cost.layer import Slice, check_timed, layer_times, per_rank
 from sim.search.partition import even
 from sim.schedule.registry import make_schedule
-from sim.hardware.topology import Topology
 from sim.model.transformer import Transformer
 from sim.schedule.zerobubble import split_1f1b
 
@@ -60,7 +59,7 @@ class _Shape:
         return [pick([per_stage[s] for s in stages]) for stages in self.stages_of]
 
 
-def _shape(m: Transformer, key: tuple) -> _Shape:
+def _shape(model: Transformer, key: tuple) -> _Shape:
     # zb-auto's own order is searched under the run's costs (minutes for hundreds of
     # micro-batches): what the bounds read of it (placement, the computes per stage) is
     # the I/W-split 1F1B's, one of its candidates
@@ -74,7 +73,8 @@ def _shape(m: Transformer, key: tuple) -> _Shape:
         last, most = [None] * sched.ranks, [1] * sched.ranks
     else:
         last, most = [prog[-1].kind for prog in sched.programs], held(sched)
-    return _Shape(sched, even(m.layers, sched.stages), stages_of, most, bool(any(c[Kind.I] for c in counts)),
+    split = any(count[Kind.I] for count in counts)
+    return _Shape(sched, even(model.layers, sched.stages), stages_of, most, split,
                   counts, last)
 
 
@@ -84,88 +84,98 @@ class Bounds:
     bound and `schedule_time` take the layers of each stage from `sim.search.partition.even`, as
     `sim.estimate` does; with another partition, only the averages over the devices."""
 
-    def __init__(self, m: Transformer, g: DeviceProfile, global_batch: int, precision: str, gpus_per_node: int,
-                 partition="even", nics_per_node: int | None = None):
-        self.m, self.g, self.batch, self.precision, self.gpn = m, resolve(g), global_batch, precision, gpus_per_node
+    def __init__(self, model: Transformer, profile: DeviceProfile, global_batch: int, precision: str,
+                 gpus_per_node: int,
+                 partition="even", nics_per_node: int | None = None, optimizer: str = DEFAULT_OPTIMIZER):
+        check_timed(model)  # a MoE model is refused, not searched as a dense one
+        self.model, self.profile, self.batch = model, resolve(profile), global_batch
+        self.precision, self.gpn, self.optimizer = precision, gpus_per_node, optimizer
         self.nics = gpus_per_node if nics_per_node is None else nics_per_node
         self.partition = partition if isinstance(partition, str) else tuple(partition)
         self.even = partition == "even"
-        self.params = m.params()
+        self.params = model.params()
         self._layer, self._ends, self._shape, self._unit = {}, {}, {}, {}
 
-    def _slice(self, c: Config) -> Slice:
-        group = Topology(c.tp, c.pp, c.dp, self.gpn, self.nics).group("tp")
-        return Slice(c.micro_batch, c.tp, c.sequence_parallel, self.precision, tp_group=group)
+    def _layout(self, config: Config) -> Layout:
+        return Layout(global_batch=self.batch, precision=self.precision, gpus_per_node=self.gpn,
+                      partition=self.partition, nics_per_node=self.nics, optimizer=self.optimizer,
+                      **config.kwargs())
 
-    def layer(self, c: Config):
-        x = self._slice(c)
-        key = (x, c.recompute)
+    def _slice(self, config: Config) -> Slice:
+        return layout_slice(self._layout(config))
+
+    def layer(self, config: Config):
+        piece = self._slice(config)
+        key = (piece, config.recompute)
         if key not in self._layer:
-            self._layer[key] = layer_times(self.m, self.g, x, c.recompute)
+            self._layer[key] = layer_times(self.model, self.profile, piece, config.recompute)
         return self._layer[key]
 
-    def _key(self, c: Config) -> tuple:
-        return c.schedule, c.pp, self.batch // (c.dp * c.micro_batch), c.virtual
+    def _key(self, config: Config) -> tuple:
+        return config.schedule, config.pp, self.batch // (config.dp * config.micro_batch), config.virtual
 
-    def shape(self, c: Config) -> _Shape:
-        key = self._key(c)
+    def shape(self, config: Config) -> _Shape:
+        key = self._key(config)
         if key not in self._shape:
-            self._shape[key] = _shape(self.m, key)
+            self._shape[key] = _shape(self.model, key)
         return self._shape[key]
 
-    def _activations(self, c: Config) -> float:
-        """One micro-batch's activations of one layer on one GPU."""
-        return self.m.activation_bytes_per_layer(c.micro_batch, c.tp, c.sequence_parallel, c.recompute,
-                                                 self.precision)
+    def _activations(self, config: Config) -> float:
+        """One micro-batch's activations of one layer on one GPU (s/cp of the sequence)."""
+        model = per_rank(self.model, self._slice(config))
+        return model.activation_bytes_per_layer(config.micro_batch, config.tp, config.sequence_parallel,
+                                                config.recompute, self.precision)
 
-    def memory_average(self, c: Config) -> float:
+    def memory_average(self, config: Config) -> float:
         """The average device's weights, gradients and optimizer state (the stages'
         parameters sum to the model's over tp) and, with the even split, one micro-batch's
         activations of the fewest layers a stage has (a device holds at least the one its
         forward takes in). No schedule needed: the pp * V stages are known."""
-        per = sum(state_bytes_per_param(self.precision, c.zero, c.dp).values())
-        fewest = self.m.layers // (c.pp * c.virtual) if self.even else 0
-        return self.params.total / (c.tp * c.pp) * per + fewest * self._activations(c)
+        per = sum(state_bytes_per_param(self.precision, config.zero, config.dp * config.cp, self.optimizer).values())
+        fewest = self.model.layers // (config.pp * config.virtual) if self.even else 0
+        return self.params.total / (config.tp * config.pp) * per + fewest * self._activations(config)
 
-    def memory(self, c: Config) -> float:
+    def memory(self, config: Config) -> float:
         """The fullest device holds at least its stages' weights, gradients and optimizer
         state (`sim.cost.data_parallel.stage_params`, `sim.model.footprint`) and, at its peak, its most
         chunks held times its smallest chunk's activations."""
-        average = self.memory_average(c)
-        if not self.even or average > self.g.memory:
+        average = self.memory_average(config)
+        if not self.even or average > self.profile.memory:
             return average
-        per = sum(state_bytes_per_param(self.precision, c.zero, c.dp).values())
-        sh, act = self.shape(c), self._activations(c)
-        static = sh.per_device([p * per for p in stage_params(self.m, sh.layers, c.tp, sh.schedule.placement)])
-        smallest = sh.per_device([n * act for n in sh.layers], min)
-        return max(s + h * a for s, h, a in zip(static, sh.held, smallest))
+        per = sum(state_bytes_per_param(self.precision, config.zero, config.dp * config.cp, self.optimizer).values())
+        shape, act = self.shape(config), self._activations(config)
+        params = stage_params(self.model, shape.layers, config.tp, shape.schedule.placement)
+        static = shape.per_device([p * per for p in params])
+        smallest = shape.per_device([n * act for n in shape.layers], min)
+        return max(s + h * a for s, h, a in zip(static, shape.held, smallest))
 
-    def _optimizer(self, c: Config) -> float:
-        share = c.dp if c.zero >= 1 else 1
-        return memory_time(self.g, self.params.total / (c.tp * c.pp * share) * optimizer_step_bytes(self.precision), "optimizer")
+    def _optimizer(self, config: Config) -> float:
+        share = config.dp * config.cp if config.zero >= 1 else 1
+        updated = self.params.total / (config.tp * config.pp * share)
+        return memory_time(self.profile, updated * optimizer_step_bytes(self.precision, self.optimizer), "optimizer")
 
-    def average(self, c: Config) -> float:
+    def average(self, config: Config) -> float:
         """The average device's computes one after another (F + B of the layers for every
         micro-batch; a split I + W is never shorter), then the optimizer step over the
         average device's share. No schedule needed."""
-        lt = self.layer(c)
-        micro = self.batch // (c.dp * c.micro_batch)
-        return micro * self.m.layers / c.pp * (lt.forward + lt.backward) + self._optimizer(c) + self.g.step_overhead
+        layer = self.layer(config)
+        micro_batches = self.batch // (config.dp * config.micro_batch)
+        computes = micro_batches * self.model.layers / config.pp * (layer.forward + layer.backward)
+        return computes + self._optimizer(config) + self.profile.step_overhead
 
-    def costs(self, c: Config) -> tuple[StageCosts, list[int], Layout]:
+    def costs(self, config: Config) -> tuple[StageCosts, list[int], Layout]:
         """The per-stage costs, layers per stage and layout that `sim.estimate` simulates `c`
         with (its own functions, so the bound follows any change to the estimate)."""
-        sh, lt, x = self.shape(c), self.layer(c), self._slice(c)
-        if x not in self._ends:
-            self._ends[x] = end_times(self.m, self.g, x)
-        ends = self._ends[x]
-        lay = Layout(global_batch=self.batch, precision=self.precision, gpus_per_node=self.gpn,
-                     partition=self.partition, nics_per_node=self.nics, **c.kwargs())
-        layers = partition_layers(self.m.layers, sh.schedule.stages, self.partition, lt, ends)
-        costs, _ = stage_costs(self.m, self.g, lay, x, lt, ends, layers, sh.schedule.placement)
-        return costs.for_stages(sh.schedule.stages), layers, lay
+        shape, layer, piece = self.shape(config), self.layer(config), self._slice(config)
+        if piece not in self._ends:
+            self._ends[piece] = end_times(self.model, self.profile, piece)
+        ends = self._ends[piece]
+        lay = self._layout(config)
+        layers = partition_layers(self.model.layers, shape.schedule.stages, self.partition, layer, ends)
+        costs, _ = stage_costs(self.model, self.profile, lay, piece, layer, ends, layers, shape.schedule.placement)
+        return costs.for_stages(shape.schedule.stages), layers, lay
 
-    def time(self, c: Config) -> float:
+    def time(self, config: Config) -> float:
         """The longest of one path per device d through the step's dependencies: the
         forward of one micro-batch through the stages below d's first (on other devices,
         each hop a transfer) up to d's first compute; all of d's computes one after
@@ -173,41 +183,45 @@ class Bounds:
         stages (where d's last compute is a B or I of its first stage) or d's gradient
         reductions, which follow its last compute on its collective stream; then the
         optimizer step of the fullest device. With the estimate's own durations."""
-        sh = self.shape(c)
-        sc, layers, lay = self.costs(c)
-        place, n = sh.schedule.placement, sh.schedule.stages
-        hop = [sc.latency + sc.transfer_time(sc.activation_bytes_sent[s]) if place[s] != place[s + 1] else 0.0
+        shape = self.shape(config)
+        per_stage, layers, lay = self.costs(config)
+        place, n = shape.schedule.placement, shape.schedule.stages
+        hop = [per_stage.latency + per_stage.transfer_time(per_stage.activation_bytes_sent[s])
+               if place[s] != place[s + 1] else 0.0
                for s in range(n - 1)]
         head, tail = [0.0], [0.0]  # the forward up to stage s; the backward down from it
         for s in range(n - 1):
-            head.append(head[-1] + sc.forward[s] + hop[s])
-            tail.append(tail[-1] + min(sc.backward[s], sc.backward_input[s]) + hop[s])
-        micro = sh.schedule.micro_batches
-        busy = [sum(k * getattr(sc, KINDS[kind].cost)[s] for kind, k in sh.counts[s].items())
-                if sh.last[place[s]] is not None else
-                micro * (sc.forward[s] + min(sc.backward[s], sc.backward_input[s] + sc.backward_weight[s]))
+            head.append(head[-1] + per_stage.forward[s] + hop[s])
+            tail.append(tail[-1] + min(per_stage.backward[s], per_stage.backward_input[s]) + hop[s])
+        micro_batches = shape.schedule.micro_batches
+        busy = [sum(k * getattr(per_stage, KINDS[kind].cost)[s] for kind, k in shape.counts[s].items())
+                if shape.last[place[s]] is not None else
+                micro_batches * (per_stage.forward[s] + min(per_stage.backward[s],
+                                                            per_stage.backward_input[s] + per_stage.backward_weight[s]))
                 for s in range(n)]
         longest = 0.0
-        for d, stages in enumerate(sh.stages_of):
+        for d, stages in enumerate(shape.stages_of):
             first = stages[0]
-            after = tail[first] if sh.last[d] in (Kind.B, Kind.I) else 0.0
-            reduce = sum(sc.grad_reduce[s] for s in stages)
+            after = tail[first] if shape.last[d] in (Kind.B, Kind.I) else 0.0
+            reduce = sum(per_stage.grad_reduce[s] for s in stages)
             longest = max(longest, head[first] + sum(busy[s] for s in stages) + max(after, reduce))
-        return max(self.average(c), longest + optimizer_time(self.m, self.g, lay, layers, place) + self.g.step_overhead)
+        optimizer = optimizer_time(self.model, self.profile, lay, layers, place)
+        return max(self.average(config), longest + optimizer + self.profile.step_overhead)
 
-    def schedule_time(self, c: Config) -> float:
+    def schedule_time(self, config: Config) -> float:
         """The schedule's makespan with each stage's F, B, I, W at (1, 2, 1, 1) per layer
         and free transfers, times the smallest ratio of a layer's real times to those: a
         makespan is a longest path through the programs' order and the dependencies, so it
         grows with every duration and scales with them all. A simulation per schedule,
         pp, micro-batches and V: asked only of configurations about to be simulated."""
-        if not self.even or c.schedule in _COST_DEPENDENT:
-            return self.time(c)
-        key, sh, lt = self._key(c), self.shape(c), self.layer(c)
+        if not self.even or config.schedule in _COST_DEPENDENT:
+            return self.time(config)
+        key, shape, layer = self._key(config), self.shape(config), self.layer(config)
         if key not in self._unit:
-            n = [float(k) for k in sh.layers]
+            n = [float(k) for k in shape.layers]
             unit = Costs(forward=n, backward=[2 * k for k in n], backward_input=n, backward_weight=n,
                          transport="ideal")
-            self._unit[key] = simulate(sh.schedule, unit).makespan
-        ratio = min(lt.forward, lt.backward_input, lt.backward_weight) if sh.split else min(lt.forward, lt.backward / 2)
-        return max(self.time(c), ratio * self._unit[key] + self._optimizer(c))
+            self._unit[key] = simulate(shape.schedule, unit).makespan
+        ratio = (min(layer.forward, layer.backward_input, layer.backward_weight) if shape.split
+                 else min(layer.forward, layer.backward / 2))
+        return max(self.time(config), ratio * self._unit[key] + self._optimizer(config))

@@ -5,12 +5,15 @@
 
 Bad input (an unknown model or GPU, a tp that does not divide the heads, GPUs that tp*pp
 does not divide, a batch that does not split into micro-batches) is one line on stderr and
-exit status 2, before any work. A progress bar goes to stderr when it is a terminal (or
-with --progress), never with --quiet.
+exit status 2, before any work. Progress goes to stderr: a bar when it is a terminal (or
+with --progress), else a plain line every 2 s; none with --quiet.
+
+    python -m sim.plan --model my-model.json --gpu h100-80gb --gpus 64 --global-batch 512 --seq 8192
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import threading
@@ -20,10 +23,13 @@ from typing import Sequence
 
 from sim import cli
 from sim.cli import whole
-from sim.hardware.gpus import GIB, GPUS
+from sim.hardware.gpus import GIB, GPUS, PRECISIONS
+from sim.model.footprint import DEFAULT_OPTIMIZER, OPTIMIZERS
 from sim.schedule.ir import ScheduleError
-from .planner import Plan, search
-from .space import MAX_CONFIGS, MAX_MICRO_BATCH, MAX_VIRTUAL, TOP
+from .layout import DEFAULT_HEADROOM
+from sim.model.registry import MODELS, find_model, model_name
+from .planner import TOO_LARGE, Plan, search
+from .space import CP_MIN_SEQ, CP_MIN_TOKENS, MAX_CONFIGS, MAX_MICRO_BATCH, MAX_VIRTUAL, TOP
 from sim.schedule.registry import SCHEDULES
 from sim.model.transformer import RECOMPUTE
 
@@ -43,55 +49,81 @@ def _words(text: str) -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
 
 
+def headroom(text: str) -> float:
+    """`--memory-headroom`: `10%` or `0.1` (a fraction of each GPU's memory), or bytes:
+    `4GiB`, `512MiB`, `4e9`."""
+    units = {"%": 0.01, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
+    for suffix, scale in units.items():
+        if text.endswith(suffix):
+            value = cli.number(text[:-len(suffix)]) * scale
+            if suffix == "%" and value >= 1:
+                raise argparse.ArgumentTypeError(f"got {text}, need a share below 100%")
+            return value
+    return cli.number(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = cli.OneLineParser(
+    parser = cli.OneLineParser(
         error_prog=PROG, prog="python -m sim.plan", formatter_class=cli.DefaultsFormatter,
         description="Search tensor, pipeline and data parallelism, micro-batch size, schedule, chunks, "
                     "recompute and ZeRO stage for the fastest training step that fits; print the best, "
                     "draw its step and a scatter of all simulated configurations.",
         epilog="Lists are comma-separated. What is searched and the bounds that drop configurations "
                "before they are simulated: docs/planner.md, 'Planner'.")
-    p.add_argument("--model", required=True, help="a model of sim.MODELS (gpt3-175b, megatron-1.7b, llama2-7b, sagemaker-gpt2-10b, ...)")
-    p.add_argument("--gpu", required=True, help=f"one of {', '.join(GPUS)}")
-    p.add_argument("--gpus", type=whole, required=True, help="GPUs in all: tp * pp * dp")
-    p.add_argument("--global-batch", type=whole, required=True, help="sequences per step")
-    p.add_argument("--tp", type=_ints, help="tensor-parallel sizes (default: powers of two within a node)")
-    p.add_argument("--pp", type=_ints, help="pipeline sizes (default: every divisor of gpus/tp up to the layers)")
-    p.add_argument("--micro-batch", type=_ints, help="micro-batch sizes (default: divisors up to --max-micro-batch)")
-    p.add_argument("--schedules", type=_words,
-                   help=f"schedules (default: all but zb-auto): {', '.join(SCHEDULES)}")
-    p.add_argument("--virtual", type=_ints, help="chunks per device for the schedules that take them "
+    parser.add_argument("--model", required=True,
+                   help=f"a preset ({', '.join(MODELS)}) or FILE.json, an object of sim.Transformer's fields "
+                        f"(layers, hidden, heads, seq, vocab; optional ffn, kv_heads, arch, attention, ...)")
+    parser.add_argument("--seq", type=whole, help="sequence length (default: the model's)")
+    parser.add_argument("--gpu", required=True, help=f"one of {', '.join(GPUS)}, or a device profile's name")
+    parser.add_argument("--gpus", type=whole, required=True, help="GPUs in all: tp * cp * pp * dp")
+    parser.add_argument("--global-batch", type=whole, required=True, help="sequences per step")
+    parser.add_argument("--tp", type=_ints, help="tensor-parallel sizes (default: powers of two within a node)")
+    parser.add_argument("--cp", type=_ints, help="context-parallel sizes (default: 1 below a sequence of "
+                        f"{CP_MIN_SEQ}; from it, powers of two keeping {CP_MIN_TOKENS} tokens a rank)")
+    parser.add_argument("--pp", type=_ints, help="pipeline sizes (default: every divisor of gpus/tp up to the layers)")
+    parser.add_argument("--micro-batch", type=_ints, help="micro-batch sizes (default: divisors up to --max-micro-batch)")
+    parser.add_argument("--schedules", type=_words,
+                   help=f"schedules, replacing the default (all but zb-auto, v-min and v-half): {', '.join(SCHEDULES)}")
+    parser.add_argument("--virtual", type=_ints, help="chunks per device for the schedules that take them "
                                                  "(default: 2..--max-virtual where pp*V divides the layers)")
-    p.add_argument("--recompute", type=_words, help=f"any of {', '.join(RECOMPUTE)} (default: all)")
-    p.add_argument("--zero", type=_zeros, help="ZeRO stages, any of 0,1,2,3 (default: all)")
-    p.add_argument("--sequence-parallel", choices=("both", "on", "off"), default="both",
+    parser.add_argument("--recompute", type=_words, help=f"any of {', '.join(RECOMPUTE)} (default: all)")
+    parser.add_argument("--zero", type=_zeros, help="ZeRO stages, any of 0,1,2,3 (default: all; 2 and 3 only with pp 1)")
+    parser.add_argument("--sequence-parallel", choices=("both", "on", "off"), default="both",
                    help="sequence parallelism (only where tp > 1)")
-    p.add_argument("--precision", default="bf16", help="bf16, fp16 or fp32")
-    p.add_argument("--gpus-per-node", type=whole, default=8, help="GPUs joined by NVLink")
-    p.add_argument("--nics-per-node", type=whole, help="network cards a node's GPUs share "
+    parser.add_argument("--precision", default="bf16", help=f"one of {', '.join(PRECISIONS)}")
+    parser.add_argument("--optimizer", default=DEFAULT_OPTIMIZER, choices=list(OPTIMIZERS),
+                        help="the run's optimizer: its state in memory, its step in time (the names of exec.run --optimizer)")
+    parser.add_argument("--memory-headroom", type=headroom, default=DEFAULT_HEADROOM,
+                   help="kept free of each GPU's memory for the CUDA context, NCCL's buffers and fragmentation: "
+                        "a fraction (0.1, 10%%) or bytes (4GiB)")
+    parser.add_argument("--gpus-per-node", type=whole, default=8, help="GPUs joined by NVLink")
+    parser.add_argument("--nics-per-node", type=whole, help="network cards a node's GPUs share "
                                                        "(default: --gpus-per-node, one a GPU)")
-    p.add_argument("--max-micro-batch", type=whole, default=MAX_MICRO_BATCH, help="largest micro-batch tried")
-    p.add_argument("--max-virtual", type=whole, default=MAX_VIRTUAL, help="most chunks per device tried")
-    p.add_argument("--max-configs", type=whole, default=MAX_CONFIGS, help="refuse a larger search")
-    p.add_argument("--top", type=whole, default=TOP, help="configurations to rank and print")
-    p.add_argument("--json", action="store_true", help="print the plan as JSON on stdout instead of a table")
-    p.add_argument("--out", default="out", help="folder for the figures, created if missing (default out/, "
+    parser.add_argument("--max-micro-batch", type=whole, default=MAX_MICRO_BATCH, help="largest micro-batch tried")
+    parser.add_argument("--max-virtual", type=whole, default=MAX_VIRTUAL, help="most chunks per device tried")
+    parser.add_argument("--max-configs", type=whole, default=MAX_CONFIGS, help="refuse a larger search")
+    parser.add_argument("--top", type=whole, default=TOP, help="configurations to rank and print")
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON on stdout instead of a table")
+    parser.add_argument("--out", default="out", help="folder for the figures, created if missing (default out/, "
                                                 "which git ignores)")
-    p.add_argument("--no-figures", action="store_true", help="draw nothing")
-    shown = p.add_mutually_exclusive_group()
-    shown.add_argument("--quiet", action="store_true", help="no progress bar")
-    shown.add_argument("--progress", action="store_true", help="a progress bar even when stderr is not a terminal")
-    return p
+    parser.add_argument("--no-figures", action="store_true", help="draw nothing")
+    shown = parser.add_mutually_exclusive_group()
+    shown.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    shown.add_argument("--progress", action="store_true", help="a redrawn progress bar even when stderr is not a "
+                                                               "terminal (else plain lines every few seconds)")
+    return parser
 
 
 class ProgressBar:
     """`sim.plan: [#####.......] 1234/5678 settled, 12.3 s` on stderr, redrawn at most 10
     times a second as configurations settle, and at least once every `every` seconds of
     `clock` while one is being simulated (a zb-auto configuration takes seconds: the clock
-    keeps moving; a thread calls `beat`); a newline when done. `close()` stops the redrawing."""
+    keeps moving; a thread calls `beat`); a newline when done. `plain=True` (stderr not a
+    terminal: a log, a pipe) writes a whole line instead, `sim.plan: 1234/5678 settled, 12.3 s`,
+    at most every `every` seconds. `close()` stops the redrawing."""
 
-    def __init__(self, width: int = 30, every: float = 1.0, clock=time.perf_counter):
-        self.width, self.every, self.clock = width, every, clock
+    def __init__(self, width: int = 30, every: float = 1.0, plain: bool = False, clock=time.perf_counter):
+        self.width, self.every, self.plain, self.clock = width, every, plain, clock
         self.start, self.last = clock(), 0.0
         self.state: tuple[int, int] | None = None
         self._lock, self._done = threading.RLock(), threading.Event()
@@ -101,7 +133,7 @@ class ProgressBar:
         with self._lock:  # one drawing of a moment, whether this call or `beat` makes it
             now = self.clock()
             self.state = (done, total)
-            if done >= total or now - self.last >= 0.1:
+            if done >= total or now - self.last >= (self.every if self.plain else 0.1):
                 self._draw(done, total, now)
 
     def _draw(self, done: int, total: int, now: float) -> None:
@@ -110,8 +142,9 @@ class ProgressBar:
                 return
             self.last = now
             filled = self.width * done // max(total, 1)
-            print(f"\r{PROG}: [{'#' * filled}{'.' * (self.width - filled)}] {done}/{total} settled, "
-                  f"{now - self.start:.1f} s", end="\n" if done >= total else "", file=sys.stderr, flush=True)
+            bar = "" if self.plain else f"[{'#' * filled}{'.' * (self.width - filled)}] "
+            print(f"{'' if self.plain else chr(13)}{PROG}: {bar}{done}/{total} settled, {now - self.start:.1f} s",
+                  end="\n" if done >= total or self.plain else "", file=sys.stderr, flush=True)
             if done >= total:
                 self._done.set()
 
@@ -130,31 +163,58 @@ class ProgressBar:
         self._done.set()
 
 
+def profile_kind(profile) -> str:
+    """What the profile's numbers are (their `source`s, docs/profiles.md): "calibrated" if any
+    was fitted, else "measured" if any was measured here, else "best case" (published figures)."""
+    sources = set()
+
+    def walk(node) -> None:
+        if isinstance(node, dict):
+            if isinstance(node.get("source"), str):
+                sources.add(node["source"])
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(profile.data)
+    return next((kind for kind in ("calibrated", "measured") if kind in sources), "best case")
+
+
 def format_table(plan: Plan) -> str:
     """One aligned line per ranked configuration."""
-    head = ("rank", "tp", "pp", "dp", "b", "m", "schedule", "V", "recompute", "zero", "sp", "step s",
+    head = ("rank", "tp", "cp", "pp", "dp", "b", "m", "schedule", "V", "recompute", "zero", "sp", "step s",
             "TFLOP/s/GPU", "MFU", "bubble", "peak GiB", "fits")
     rows = [head]
-    for i, r in enumerate(plan.rows, 1):
-        c = r.config
-        rows.append((str(i), str(c.tp), str(c.pp), str(c.dp), str(c.micro_batch), str(r.micro_batches), c.schedule,
-                     str(c.virtual), c.recompute, str(c.zero), "on" if c.sequence_parallel else "off",
-                     f"{r.step_time:.4g}", f"{r.tflops_per_gpu:.1f}", f"{r.mfu:.1%}", f"{r.bubble_fraction:.1%}",
-                     f"{r.peak_memory / GIB:.1f}", "yes" if r.fits else "no"))
+    for i, row in enumerate(plan.rows, 1):
+        config = row.config
+        rows.append((str(i), str(config.tp), str(config.cp), str(config.pp), str(config.dp), str(config.micro_batch),
+                     str(row.micro_batches), config.schedule, str(config.virtual), config.recompute, str(config.zero),
+                     "on" if config.sequence_parallel else "off",
+                     f"{row.step_time:.4g}", f"{row.tflops_per_gpu:.1f}", f"{row.mfu:.1%}", f"{row.bubble_fraction:.1%}",
+                     f"{row.peak_memory / GIB:.1f}", "yes" if row.fits else "no"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
-    left = {6, 8}
+    left = {7, 9}
     return "\n".join("  ".join(v.ljust(w) if i in left else v.rjust(w) for i, (v, w) in enumerate(zip(row, widths)))
                      .rstrip() for row in rows)
 
 
 def format_report(plan: Plan) -> str:
-    """The header, the table, and what was left out: the enumerated configurations by
-    reason (they and the simulated ones that fit add up to the enumerated), then what was
-    not enumerated at all (layouts and schedule sizes, not configurations)."""
-    from sim.model.registry import model_name
+    """The header (the run, its profile and kind, the memory a GPU may fill), the table, and
+    what was left out: the enumerated configurations by reason (they and the simulated ones
+    that fit add up to the enumerated), then what was not enumerated at all (layouts and
+    schedule sizes, not configurations)."""
     fit = plan.simulated - plan.dropped_configs["does not fit (simulated)"]
+    kind = profile_kind(plan.profile)
     lines = [f"{model_name(plan.model)} on {plan.gpus} x {plan.gpu.name}, global batch {plan.global_batch}: "
-             f"{plan.enumerated} configurations, {plan.simulated} simulated ({fit} fit) in {plan.seconds:.1f} s"]
+             f"{plan.enumerated} configurations, {plan.simulated} simulated ({fit} fit) in {plan.seconds:.1f} s",
+             f"profile {plan.profile.name} ({kind}); fits: peak <= {plan.usable_memory / GIB:.1f} of "
+             f"{plan.gpu.memory / GIB:.1f} GiB (the rest is headroom for CUDA, NCCL and fragmentation)"]
+    if kind == "best case":
+        lines.append("caveat: a best-case profile (the best published figures for recent software, not a "
+                     "calibrated stack): expect real steps 10-25 % slower")
+    lines += [f"warning: {w}" for w in plan.warnings]
     lines.append(format_table(plan) if plan.rows else "no configuration fits")
     for title, counts in ((f"dropped (of the {plan.enumerated} configurations):", plan.dropped_configs),
                           ("not enumerated (layouts, schedule sizes):", plan.not_enumerated)):
@@ -162,6 +222,14 @@ def format_report(plan: Plan) -> str:
             lines.append(title)
             lines += [f"  {n:>7}  {why}" for why, n in sorted(counts.items(), key=lambda kv: -kv[1])]
     return "\n".join(lines)
+
+
+def why_none_fits(plan: Plan) -> str:
+    """The fix for a plan with no row, from the commonest reason its configurations went."""
+    reasons = plan.dropped_configs
+    if reasons and max(reasons, key=reasons.get) == TOO_LARGE:
+        return "its steps are too large to simulate on this machine; give a smaller global batch"
+    return "give more GPUs, a smaller global batch, a smaller --memory-headroom or a GPU with more memory"
 
 
 def _check_out(out: Path) -> None:
@@ -173,11 +241,12 @@ def _check_out(out: Path) -> None:
 
 def _limits(args: argparse.Namespace) -> dict:
     sp = {"both": None, "on": [True], "off": [False]}[args.sequence_parallel]
-    return dict(tp=args.tp, pp=args.pp, micro_batch=args.micro_batch, schedules=args.schedules,
+    return dict(tp=args.tp, cp=args.cp, pp=args.pp, micro_batch=args.micro_batch, schedules=args.schedules,
                 virtual=args.virtual, recompute=args.recompute, zero=args.zero, sequence_parallel=sp,
-                precision=args.precision, gpus_per_node=args.gpus_per_node,
+                precision=args.precision, optimizer=args.optimizer, gpus_per_node=args.gpus_per_node,
                 nics_per_node=args.nics_per_node, max_micro_batch=args.max_micro_batch,
-                max_virtual=args.max_virtual, max_configs=args.max_configs, top=args.top)
+                max_virtual=args.max_virtual, max_configs=args.max_configs, top=args.top,
+                memory_headroom=args.memory_headroom)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -186,9 +255,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Path(args.out)
     if not args.no_figures:
         _check_out(out)
-    bar = None if args.quiet or not (args.progress or sys.stderr.isatty()) else ProgressBar()
+    bar = None if args.quiet else ProgressBar(plain=not (args.progress or sys.stderr.isatty()),
+                                              every=1.0 if args.progress or sys.stderr.isatty() else 2.0)
     try:
-        plan = search(args.model, args.gpu, args.gpus, args.global_batch, progress=bar, **_limits(args))
+        model = find_model(args.model)
+        if args.seq is not None:
+            model = dataclasses.replace(model, seq=args.seq)
+        plan = search(model, args.gpu, args.gpus, args.global_batch, progress=bar, **_limits(args))
     except (ValueError, ScheduleError) as e:
         cli.fail(PROG, str(e).splitlines()[0])
     finally:
@@ -196,8 +269,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             bar.close()
     print(json.dumps(plan.summary(), indent=1) if args.json else format_report(plan), flush=True)
     if not plan.rows:
-        print(f"{PROG}: no configuration fits on {args.gpus} x {args.gpu}; give more GPUs, a smaller global batch "
-              f"or a GPU with more memory", file=sys.stderr)
+        print(f"{PROG}: no configuration fits on {args.gpus} x {args.gpu}; {why_none_fits(plan)}", file=sys.stderr)
         return 1
     if args.no_figures:
         return 0

@@ -6,9 +6,11 @@
     >>> e.step_time, e.tflops_per_gpu, e.mfu, e.fits            # doctest: +SKIP
 
 The layout is Megatron-LM's: tp-way tensor parallelism inside each layer (within a node
-unless tp exceeds it), pp pipeline devices each holding `virtual` chunks of contiguous
-layers, dp data-parallel replicas; ranks are numbered tp fastest, then dp, then pp (Megatron-
-LM's default order). Which link each group uses (NVLink, or the nodes' NICs and how many of
+unless tp exceeds it), cp-way context parallelism (the sequence split over cp ranks), pp
+pipeline devices each holding `virtual` chunks of contiguous layers, dp data-parallel
+replicas; ranks are numbered tp fastest, then cp, then dp, then pp (Megatron-LM's default
+order). The keywords are the fields of three records (`sim.plan.layout`: `Cluster`,
+`Parallel`, `Run`), which `Layout` composes. Which link each group uses (NVLink, or the nodes' NICs and how many of
 them) is `sim.hardware.topology`'s answer, and what a collective or a send over it costs is
 `sim.hardware.network`'s (NCCL's model). Each stage's costs come from the cost layer, `sim.cost`:
 its layers (`sim.cost.layer`), the embedding and output layer on the first and last stage
@@ -18,8 +20,9 @@ estimate does not model is listed in docs/planner.md.
 """
 from __future__ import annotations
 
+import math
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sim.cost.data_parallel import optimizer_time
 from sim.cost.ends import end_times
@@ -28,13 +31,16 @@ from sim.simulation import simulate
 from sim.engine.result import Result
 from sim.hardware.gpus import GPU
 from sim.hardware.profile import DeviceProfile, resolve
+from sim.model.layer_layout import from_counts
+from sim.model.footprint import DEFAULT_OPTIMIZER
 from sim.model.transformer import Transformer
 from sim.passes.grad_reduce import add_grad_reduce
 from sim.engine.result import reload_waits
 from sim.schedule.kinds import Kind
 from sim.schedule.registry import lookup, make_schedule
 
-from .layout import Layout, check_layout
+from .layout import (DEFAULT_HEADROOM, Cluster, Layout, Parallel, Run, check_layout, check_size, layout_slice,
+                     usable_memory)
 from sim.model.registry import find_model, model_name
 from .stage_costs import memory_caps, memory_parts, offload_costs, partition_layers, stage_costs
 
@@ -56,14 +62,22 @@ class Estimate:
     time_parts: dict = field(default_factory=dict)    # where the step's time goes, seconds
     memory_parts: list = field(default_factory=list)  # per pipeline device: weights, grads, optimizer, activations
     warnings: list = field(default_factory=list)
+    usable_memory: float = math.inf  # bytes a device may fill: its memory less the headroom
 
     @property
     def gpu(self) -> GPU:
         return self.profile.gpu
 
+    @property
+    def layer_layout(self) -> str:
+        """`layers_per_stage` as a Megatron-Core layout string (`--pipeline-model-parallel-layout`,
+        `sim.model.layer_layout`), e.g. the balanced partition's 'Et*3|t*4|t*4|t*3L'."""
+        return str(from_counts(self.layers_per_stage))
+
     def __repr__(self) -> str:
         lay = self.layout
-        return (f"<Estimate {model_name(self.model)} on {lay.gpus} x {self.gpu.name} (tp={lay.tp}, pp={lay.pp}, "
+        cp = f"cp={lay.cp}, " if lay.cp > 1 else ""
+        return (f"<Estimate {model_name(self.model)} on {lay.gpus} x {self.gpu.name} (tp={lay.tp}, {cp}pp={lay.pp}, "
                 f"dp={lay.dp}, {lay.schedule}): step {self.step_time:.4g} s, {self.tflops_per_gpu:.0f} TFLOP/s/GPU, "
                 f"MFU {self.mfu:.1%}, bubble {self.bubble_fraction:.1%}, peak {max(self.peak_memory) / 2**30:.1f} GiB, "
                 f"fits {self.fits}; .summary() for every number, .result for the step>")
@@ -72,69 +86,94 @@ class Estimate:
         """The estimate as plain data (no result)."""
         lay = self.layout
         return {"model": model_name(self.model), "gpu": self.gpu.name, "profile": self.profile.name, "gpus": lay.gpus, "tp": lay.tp, "pp": lay.pp,
-                "dp": lay.dp, "micro_batch": lay.micro_batch, "global_batch": lay.global_batch,
+                "dp": lay.dp, "cp": lay.cp, "cp_comm": lay.cp_comm, "attention": self.model.attention, "micro_batch": lay.micro_batch, "global_batch": lay.global_batch,
                 "micro_batches": lay.micro_batches, "schedule": lay.schedule, "virtual": self.result.schedule.stages // lay.pp,
                 "recompute": lay.recompute, "sequence_parallel": lay.sequence_parallel, "zero": lay.zero,
-                "precision": lay.precision, "offload": lay.offload, "step_time": self.step_time, "tflops_per_gpu": self.tflops_per_gpu,
+                "precision": lay.precision, "optimizer": lay.optimizer, "offload": lay.offload,
+                "memory_headroom": lay.memory_headroom,
+                "usable_memory": self.usable_memory, "step_time": self.step_time, "tflops_per_gpu": self.tflops_per_gpu,
                 "mfu": self.mfu, "bubble_fraction": self.bubble_fraction, "peak_memory": max(self.peak_memory),
                 "fits": self.fits, "layers_per_stage": self.layers_per_stage, "time_parts": self.time_parts,
                 "warnings": self.warnings}
 
 
 def estimate(model: Transformer | str, gpu: DeviceProfile | GPU | str = "a100-80gb", *, tp: int = 1, pp: int = 1, dp: int = 1,
-             micro_batch: int = 1, global_batch: int | None = None, gpus_per_node: int = 8, schedule: str = "1f1b",
-             virtual: int | None = None, recompute: str = "none", sequence_parallel: bool = False, zero: int = 0,
-             precision: str = "bf16", overlap_grad_reduce: bool = False, partition="even",
-             tp_overlap: bool = True, offload: bool = False, nics_per_node: int | None = None,
+             cp: int = 1, micro_batch: int = 1, global_batch: int | None = None, gpus_per_node: int = 8,
+             nics_per_node: int | None = None, schedule: str = "1f1b", virtual: int | None = None,
+             recompute: str = "none", sequence_parallel: bool = False, zero: int = 0, precision: str = "bf16",
+             attention: str | None = None, cp_comm: str = "p2p", overlap_grad_reduce: bool = False, partition="even",
+             tp_overlap: bool = True, offload: bool = False,
+             memory_headroom: float = DEFAULT_HEADROOM, optimizer: str = DEFAULT_OPTIMIZER,
              **schedule_options) -> Estimate:
     """Simulate one training step of `model` on `gpu`s split as given (see `Layout` and the
     module's docstring); `gpu` is a device profile (`sim.load_profile`), a profile's or GPU
     preset's name (its default profile, `sim.hardware.profile.DEFAULT_PROFILES`) or a preset `GPU`;
     `global_batch` defaults to one micro-batch per replica. Raises
-    ValueError naming the fix for a layout that cannot run. `offload=True` (with
+    ValueError naming the fix for a layout that cannot run, or one too large to simulate
+    here (`check_size`). `offload=True` (with
     recompute="full") copies each micro-batch's checkpointed layer inputs to host memory
     after its forward and back before its backward, SageMaker's `offload_activations`
     (`stage_costs.offload_costs`). `nics_per_node` (default `gpus_per_node`: one a GPU, as on a DGX) are the
-    network cards of a node that collectives and sends between nodes share (`sim.hardware.topology`)."""
-    lay = Layout(tp, pp, dp, micro_batch, dp * micro_batch if global_batch is None else global_batch,
-                 lookup(schedule)[0], virtual, recompute, sequence_parallel, zero, precision, gpus_per_node,
-                 overlap_grad_reduce, partition if isinstance(partition, str) else tuple(partition), tp_overlap,
-                 offload, gpus_per_node if nics_per_node is None else nics_per_node)
-    return estimate_layout(find_model(model), resolve(gpu), lay, **schedule_options)
+    network cards of a node that collectives and sends between nodes share (`sim.hardware.topology`).
+    `memory_headroom` is what each GPU keeps free (a fraction of its memory, or bytes; `fits`
+    compares the peak with the rest: `layout.usable_memory`). `cp` splits the sequence over cp
+    ranks, their attention exchanging K and V in a ring (`cp_comm="p2p"`) or by all-to-alls
+    ("a2a"; `sim.cost.layer.context_attention`); `attention` ("flash", "unfused") overrides the
+    model's attention kernel. `optimizer` (a name of `sim.model.footprint.OPTIMIZERS`, those of
+    `exec.run --optimizer`) sets the state each GPU holds and the bytes its step reads and writes."""
+    cluster = Cluster(gpus_per_node=gpus_per_node,
+                      nics_per_node=gpus_per_node if nics_per_node is None else nics_per_node)
+    parallel = Parallel(tp=tp, pp=pp, dp=dp, cp=cp, cp_comm=cp_comm, sequence_parallel=sequence_parallel, zero=zero,
+                        partition=partition if isinstance(partition, str) else tuple(partition),
+                        overlap_grad_reduce=overlap_grad_reduce, tp_overlap=tp_overlap)
+    run = Run(micro_batch=micro_batch, global_batch=dp * micro_batch if global_batch is None else global_batch,
+              schedule=lookup(schedule)[0], virtual=virtual, recompute=recompute, precision=precision,
+              attention=attention, offload=offload, memory_headroom=memory_headroom,
+              optimizer=optimizer)
+    return estimate_layout(find_model(model), resolve(gpu), Layout.of(parallel, run, cluster), **schedule_options)
 
 
-def estimate_layout(m: Transformer, g: DeviceProfile, lay: Layout, **schedule_options) -> Estimate:
+def estimate_layout(model: Transformer, profile: DeviceProfile, lay: Layout, **schedule_options) -> Estimate:
     """`estimate`'s steps, on a `Layout` record: check the layout; time one layer and the ends
     (`sim.cost.layer`, `sim.cost.ends.end_times`); build the schedule; split the layers over its
     stages; cost each stage; add offloading and the gradient reduction; simulate the step."""
-    warnings = check_layout(m, g, lay)
-    x = Slice(lay.micro_batch, lay.tp, lay.sequence_parallel, lay.precision, tp_group=lay.topology().group("tp"))
-    lt = layer_times(m, g, x, lay.recompute, lay.tp_overlap)
-    ends = end_times(m, g, x)
-    sched = build_schedule(m, g, lay, x, lt, ends, schedule_options)
-    caps = memory_caps(m, g, lay, x, lt, ends, sched) if lay.partition == "balanced" else None
-    layers = partition_layers(m.layers, sched.stages, lay.partition, lt, ends, caps)
-    costs, parts = stage_costs(m, g, lay, x, lt, ends, layers, sched.placement)
+    warnings = check_layout(model, profile, lay)
+    check_size(lay)
+    if lay.attention is not None:
+        model = replace(model, attention=lay.attention)
+    piece = layout_slice(lay)
+    layer = layer_times(model, profile, piece, lay.recompute, lay.tp_overlap)
+    ends = end_times(model, profile, piece)
+    sched = build_schedule(model, profile, lay, piece, layer, ends, schedule_options)
+    caps = memory_caps(model, profile, lay, piece, layer, ends, sched) if lay.partition == "balanced" else None
+    layers = partition_layers(model.layers, sched.stages, lay.partition, layer, ends, caps)
+    costs, parts = stage_costs(model, profile, lay, piece, layer, ends, layers, sched.placement)
     if lay.offload:
-        sched, costs = offload_costs(m, g, lay, layers, sched, costs)
+        sched, costs = offload_costs(model, profile, lay, layers, sched, costs)
     if any(costs.grad_reduce):
         sched = add_grad_reduce(sched, overlap=lay.overlap_grad_reduce)
     result = simulate(sched, costs)
     result.in_seconds = True  # the costs are seconds: figures say so
-    opt = optimizer_time(m, g, lay, layers, sched.placement)
-    step = result.makespan + opt + g.step_overhead
-    parts |= step_parts(lay, lt, layers, result, opt, g.step_overhead, parts["tp_collectives"])
+    optimizer = optimizer_time(model, profile, lay, layers, sched.placement)
+    step = result.makespan + optimizer + profile.step_overhead
+    parts |= step_parts(lay, layer, layers, result, optimizer, profile.step_overhead, parts["tp_collectives"])
     peak = result.peak_memory
-    flops = m.flops_per_iteration(lay.global_batch, lay.recompute)
-    model_flops = m.flops_per_iteration(lay.global_batch, "none")
-    return Estimate(m, g, lay, step_time=step, tflops_per_gpu=flops / step / lay.gpus / 1e12,
-                    mfu=model_flops / step / lay.gpus / g.flops(lay.precision),
+    usable = usable_memory(profile.memory, lay.memory_headroom)
+    if usable < max(peak) <= profile.memory:
+        warnings.append(f"peak {max(peak) / 2**30:.1f} GiB fits the GPU's {profile.memory / 2**30:.1f} GiB only "
+                        f"in the headroom kept for CUDA, NCCL and fragmentation (memory_headroom="
+                        f"{lay.memory_headroom:g}): counted as not fitting")
+    flops = model.flops_per_iteration(lay.global_batch, lay.recompute)
+    model_flops = model.flops_per_iteration(lay.global_batch, "none")
+    return Estimate(model, profile, lay, step_time=step, tflops_per_gpu=flops / step / lay.gpus / 1e12,
+                    mfu=model_flops / step / lay.gpus / profile.flops(lay.precision),
                     bubble_fraction=result.pipeline_bubble_fraction,
-                    peak_memory=peak, fits=max(peak) <= g.memory, result=result, layers_per_stage=layers,
-                    time_parts=parts, memory_parts=memory_parts(costs, result.schedule, result), warnings=warnings)
+                    peak_memory=peak, fits=max(peak) <= usable, result=result, layers_per_stage=layers,
+                    time_parts=parts, memory_parts=memory_parts(costs, result.schedule, result), warnings=warnings,
+                    usable_memory=usable)
 
 
-def step_parts(lay: Layout, lt: LayerTimes, layers: list[int], result: Result, optimizer: float,
+def step_parts(lay: Layout, layer: LayerTimes, layers: list[int], result: Result, optimizer: float,
                overhead: float, tp_collectives: float) -> dict[str, float]:
     """Where the step's time goes beyond the computes (`stage_costs` gives those), per device
     on average: the pipeline bubble, the gradient reduction left after the last compute, the
@@ -143,7 +182,7 @@ def step_parts(lay: Layout, lt: LayerTimes, layers: list[int], result: Result, o
     sched, pp = result.schedule, lay.pp
     splits = Counter(a.stage for prog in sched.programs for a in prog if a.kind is Kind.I)
     tp_collectives += sum(n * layers[s] for s, n in splits.items()) * (
-        lt.backward_input + lt.backward_weight - lt.backward) / pp
+        layer.backward_input + layer.backward_weight - layer.backward) / pp
     computed = result.compute_end  # the last compute's end
     busy = sum(result.busy()) / pp
     waits = sum(reload_waits(result)) / pp if lay.offload else 0.0  # backwards waiting for their RELOAD
@@ -154,18 +193,20 @@ def step_parts(lay: Layout, lt: LayerTimes, layers: list[int], result: Result, o
     return parts
 
 
-def build_schedule(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: LayerTimes, ends: dict, options: dict):
+def build_schedule(model: Transformer, profile: DeviceProfile, lay: Layout, piece: Slice, layer: LayerTimes,
+                   ends: dict, options: dict):
     """The layout's schedule. zb-auto searches its order under this run's own costs and the
-    memory the GPU has left after the static bytes (unless the options say otherwise)."""
+    memory the GPU has left after the static bytes and the headroom (unless the options say otherwise)."""
     options = dict(options)
     if lay.schedule == "zb-auto" and "costs" not in options:
         placement = list(range(lay.pp))
-        layers = partition_layers(m.layers, lay.pp, lay.partition, lt, ends)
-        costs, _ = stage_costs(m, g, lay, x, lt, ends, layers, placement)
-        c = costs.for_stages(lay.pp)
-        room = g.memory - max(map(c.static_total, placement))
+        layers = partition_layers(model.layers, lay.pp, lay.partition, layer, ends)
+        costs, _ = stage_costs(model, profile, lay, piece, layer, ends, layers, placement)
+        per_stage = costs.for_stages(lay.pp)
+        room = usable_memory(profile.memory, lay.memory_headroom) - max(map(per_stage.static_total, placement))
         options["costs"] = costs
-        if "memory_limit" not in options and room >= max(map(max, c.activation_bytes, c.w_activation_bytes)):
+        if "memory_limit" not in options and room >= max(map(max, per_stage.activation_bytes,
+                                                               per_stage.w_activation_bytes)):
             options["memory_limit"] = room
     return make_schedule(lay.schedule, lay.pp, lay.micro_batches, lay.virtual, **options)
 

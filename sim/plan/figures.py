@@ -3,7 +3,8 @@
 - `plot_best(plan)`: the fastest configuration that fits, its Gantt chart over its memory
   (`sim.plot.plot_result`), titled with its layout and predictions.
 - `plot_scatter(plan)`: step time against peak memory of each simulated configuration, those
-  that fit and those that do not, the ranked ones marked, the GPU's memory as a line.
+  that fit and those that do not, the ranked ones marked, the GPU's memory and its usable
+  part (less the headroom) as lines.
 - `write_figures(plan, out)`: both, as PNGs written whole or not at all (`sim.plot.save_figure`).
 """
 from __future__ import annotations
@@ -24,9 +25,10 @@ if TYPE_CHECKING:
 
 def describe(row: "Row") -> str:
     """`tp=8 pp=8 dp=16 b=1 m=96 1f1b V=1 recompute=selective zero=1 sp`: a row's layout."""
-    c = row.config
-    return (f"tp={c.tp} pp={c.pp} dp={c.dp} b={c.micro_batch} m={row.micro_batches} {c.schedule} V={c.virtual} "
-            f"recompute={c.recompute} zero={c.zero}{' sp' if c.sequence_parallel else ''}")
+    config = row.config
+    cp = f"cp={config.cp} " if config.cp > 1 else ""
+    return (f"tp={config.tp} {cp}pp={config.pp} dp={config.dp} b={config.micro_batch} m={row.micro_batches} {config.schedule} V={config.virtual} "
+            f"recompute={config.recompute} zero={config.zero}{' sp' if config.sequence_parallel else ''}")
 
 
 def plot_best(plan: "Plan") -> "Figure":
@@ -37,7 +39,8 @@ def plot_best(plan: "Plan") -> "Figure":
     fig = plot_result(best.estimate.result)
     fig.suptitle(f"{_what(plan)}, best: {describe(best)}\nstep {best.step_time:.3g} s, {best.tflops_per_gpu:.0f} "
                  f"TFLOP/s/GPU, MFU {best.mfu:.1%}, bubble {best.bubble_fraction:.1%}, "
-                 f"peak {best.peak_memory / GIB:.1f} GiB", fontsize=10)
+                 f"peak {best.peak_memory / GIB:.1f} of {plan.usable_memory / GIB:.1f} GiB usable "
+                 f"({plan.gpu.memory / GIB:.0f} GiB less the headroom)", fontsize=10)
     return fig
 
 
@@ -50,21 +53,24 @@ def plot_scatter(plan: "Plan") -> "Figure":
     """Step time against peak memory of every simulated configuration."""
     fig = new_figure(WIDTH, 6.0)
     ax = fig.subplots()
-    fits = [p for p in plan.points if p.fits]
-    over = [p for p in plan.points if not p.fits]
+    fits = [point for point in plan.points if point.fits]
+    over = [point for point in plan.points if not point.fits]
     for rows, style in ((fits, dict(marker="o", color="#4c72b0", alpha=0.5, label="fits")),
                         (over, dict(marker="x", color="#999999", alpha=0.6, label="does not fit"))):
         if rows:
-            ax.scatter([r.peak_memory / GIB for r in rows], [r.step_time for r in rows], s=14, **style)
+            ax.scatter([row.peak_memory / GIB for row in rows], [row.step_time for row in rows], s=14, **style)
     if plan.rows:
-        ax.scatter([r.peak_memory / GIB for r in plan.rows], [r.step_time for r in plan.rows], s=40,
+        ax.scatter([row.peak_memory / GIB for row in plan.rows], [row.step_time for row in plan.rows], s=40,
                    facecolors="none", edgecolors="#dd8452", linewidths=1.2, label=f"ranked ({len(plan.rows)})")
         best = plan.rows[0]
         ax.scatter([best.peak_memory / GIB], [best.step_time], s=160, marker="*", color="#c44e52", zorder=3,
                    label=f"best: {describe(best)}")
     ax.axvline(plan.gpu.memory / GIB, color="black", linestyle="--", linewidth=1,
                label=f"{plan.gpu.name} memory ({plan.gpu.memory / GIB:.0f} GiB)")
-    times = [p.step_time for p in plan.points]
+    if plan.usable_memory < plan.gpu.memory:
+        ax.axvline(plan.usable_memory / GIB, color="black", linestyle=":", linewidth=1,
+                   label=f"usable: less the headroom ({plan.usable_memory / GIB:.1f} GiB)")
+    times = [point.step_time for point in plan.points]
     if times and max(times) > 10 * min(times):
         ax.set_yscale("log")
     ax.set_xlabel("peak memory of the fullest device (GiB)")

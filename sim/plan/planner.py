@@ -10,15 +10,18 @@ layers; dp = gpus / (tp*pp), which must divide the global batch; the micro-batch
 divisor of global_batch/dp up to `max_micro_batch`; every schedule of `sim.SCHEDULES` with
 the chunks V it takes (a schedule whose `takes_virtual` is true, interleaved-1f1b and looped-bfs: each V of 2..`max_virtual` with
 pp*V dividing the layers, as Megatron-LM requires); recompute none, selective, full; ZeRO 0-3
-(1-3 only where dp > 1, 3 only where pp = 1, as `sim.estimate` allows); sequence
+(1-3 only where dp > 1, 2 and 3 only where pp = 1, as `sim.estimate` allows); sequence
 parallelism off and on (on only where tp > 1). With pp = 1 every schedule is gradient
 accumulation over the micro-batches, so only one is tried: 1f1b (or, where it is not named,
 the first named, with V = 1 if it takes that). zb-auto is searched only when named
 (`schedules`): its own search simulates dozens of steps for each one it builds.
 
 Each configuration is then checked by `sim.estimate`, which simulates its step; the rows are
-the `top` that fit with the shortest steps (the first enumerated on a tie), shown by step
-time, then peak memory. To keep a search of thousands of configurations within seconds,
+the `top` that fit with the shortest steps, in one total order (`rank_key`): step time, then
+peak memory, then the configuration's fields, so that `top=1` and `top=10` name the same best.
+A configuration fits when its peak is within the GPU's memory less `memory_headroom`; one
+whose step is too large to simulate on this machine (`sim.plan.layout.size_problem`) is
+counted and skipped. To keep a search of thousands of configurations within seconds,
 lower bounds (`sim.plan.bounds`) drop configurations before they are simulated; none can
 drop one that would have ranked (tests check each against the estimate, and the search
 against an exhaustive loop):
@@ -36,6 +39,7 @@ against an exhaustive loop):
 """
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 import time
@@ -46,17 +50,21 @@ from typing import Callable, Iterator
 from sim.hardware.gpus import GPU
 from sim.hardware.kernels import precision_bytes
 from sim.hardware.profile import DeviceProfile, resolve
+from sim.model.footprint import DEFAULT_OPTIMIZER, check_optimizer
 from sim.model.transformer import Transformer
 from sim.schedule.ir import ScheduleError
 
 from .bounds import Bounds
 from .estimation import Estimate, estimate
+from .layout import DEFAULT_HEADROOM, Layout, size_problem, usable_memory
 from sim.model.registry import find_model, model_name
 from .space import MAX_CONFIGS, NOT_ENUMERATED, TOP, Config, configurations, positive
 
-__all__ = ["search", "Plan", "Row", "rank_of"]
+__all__ = ["search", "Plan", "Row", "rank_of", "rank_key"]
 
-_MEMORY = "static memory over the GPU's (bound, not simulated)"
+_MEMORY = "static memory over the GPU's usable memory (bound, not simulated)"
+TOO_LARGE = "step too large to simulate on this machine (not simulated)"
+LARGEST_RUN = 16_384  # GPUs of the largest published training run (Llama 3 405B's H100s)
 # The bounds add the estimate's own numbers in another order than the simulation does, and
 # some (pp = 1) are exact: one may come out above the value it bounds by a rounding error.
 _ROUNDING = 1e-9
@@ -101,6 +109,8 @@ class Plan:
     enumerated: int
     simulated: int
     seconds: float
+    usable_memory: float = math.inf  # bytes a GPU may fill: its memory less the headroom
+    warnings: list = field(default_factory=list)
 
     @property
     def gpu(self) -> GPU:
@@ -134,7 +144,8 @@ class Plan:
         """The plan as plain data (JSON-ready)."""
         return {"model": model_name(self.model), "gpu": self.gpu.name, "profile": self.profile.name, "gpus": self.gpus,
                 "global_batch": self.global_batch, "enumerated": self.enumerated, "simulated": self.simulated,
-                "seconds": self.seconds, "dropped": dict(self.dropped), "rows": [r.summary() for r in self.rows]}
+                "seconds": self.seconds, "usable_memory": self.usable_memory,
+                "warnings": self.warnings, "dropped": dict(self.dropped), "rows": [r.summary() for r in self.rows]}
 
 
 # ----------------------------------------------------------------------------- the search
@@ -149,98 +160,132 @@ def _best_first(configs: list[Config], bounds: Bounds, memory: float, limit: Cal
     step-time bound tightened, one level of `_TIGHTER` at a time."""
     memory *= 1 + _ROUNDING
     queue = []
-    for i, c in enumerate(configs):
-        if bounds.memory_average(c) > memory:
+    for index, config in enumerate(configs):
+        if bounds.memory_average(config) > memory:
             dropped[_MEMORY] += 1
         else:
-            queue.append((bounds.average(c), i, 0))
+            queue.append((bounds.average(config), index, 0))
     heapq.heapify(queue)
     while queue:
-        bound, i, level = queue[0]
+        bound, index, level = queue[0]
         if bound > limit() * (1 + _ROUNDING):
             dropped.update(_LEFT[lv] for _, _, lv in queue)
             return
         heapq.heappop(queue)
-        c = configs[i]
-        if level == 0 and bounds.memory(c) > memory:
+        config = configs[index]
+        if level == 0 and bounds.memory(config) > memory:
             dropped[_MEMORY] += 1
         elif level < len(_TIGHTER) and (level == 0 or limit() < math.inf):
             # (the unit-cost simulation only once there is a limit to compare it with)
-            heapq.heappush(queue, (max(bound, getattr(bounds, _TIGHTER[level])(c)), i, level + 1))
+            heapq.heappush(queue, (max(bound, getattr(bounds, _TIGHTER[level])(config)), index, level + 1))
         else:
-            yield i, c, len(queue)
+            yield index, config, len(queue)
 
 
-def _row(c: Config, e: Estimate, keep: bool) -> Row:
-    return Row(c, e.layout.micro_batches, e.step_time, e.tflops_per_gpu, e.mfu, e.bubble_fraction,
-               max(e.peak_memory), e.fits, e if keep else None)
+def _row(config: Config, est: Estimate, keep: bool) -> Row:
+    return Row(config, est.layout.micro_batches, est.step_time, est.tflops_per_gpu, est.mfu, est.bubble_fraction,
+               max(est.peak_memory), est.fits, est if keep else None)
+
+
+def rank_key(row: Row) -> tuple:
+    """The total order of the rows: step time, then peak memory, then the configuration's
+    fields in `Config`'s order (tp, pp, dp, micro-batch, schedule, V, recompute, ZeRO,
+    sequence parallelism), so that any `top` ranks the same rows first. Step times are
+    compared to the nanosecond: two layouts that differ only in the last bits of a float
+    sum (a reduction timed in another order) tie, and memory decides."""
+    config = row.config
+    return (round(row.step_time, 9), row.peak_memory, config.tp, config.pp, config.dp, config.micro_batch, config.schedule,
+            config.virtual, config.recompute, config.zero, config.sequence_parallel)
+
+
+def _too_large(configs: list[Config], global_batch: int, dropped: Counter) -> list[Config]:
+    """The configurations whose steps this machine can simulate (`layout.size_problem`);
+    the others are counted in `dropped`."""
+    kept = []
+    for config in configs:
+        lay = Layout(global_batch=global_batch, **config.kwargs())
+        if size_problem(lay):
+            dropped[TOO_LARGE] += 1
+        else:
+            kept.append(config)
+    return kept
 
 
 def search(model: Transformer | str, gpu: DeviceProfile | GPU | str, gpus: int, global_batch: int, *, top: int | None = TOP,
            max_step_time: float | None = None, precision: str = "bf16", gpus_per_node: int = 8,
            nics_per_node: int | None = None, partition="even", max_configs: int = MAX_CONFIGS,
-           progress: Callable[[int, int], None] | None = None, **limits) -> Plan:
+           memory_headroom: float = DEFAULT_HEADROOM, progress: Callable[[int, int], None] | None = None,
+           optimizer: str = DEFAULT_OPTIMIZER,
+           **limits) -> Plan:
     """Search the layouts of `gpus` GPUs for a step of `global_batch` sequences of `model`
     (see the module's docstring); return the `top` fastest that fit (all with top=None),
-    only those at most `max_step_time` if it is given; `nics_per_node` defaults to gpus_per_node.
-    `limits` narrow the space: tp, pp, micro_batch, schedules, virtual, recompute, zero,
+    only those at most `max_step_time` if it is given; `nics_per_node` defaults to gpus_per_node;
+    `memory_headroom` is kept free of each GPU's memory (`sim.estimate`'s). `optimizer`
+    (`sim.model.footprint.OPTIMIZERS`) is the run's, for every configuration.
+    `limits` narrow the space: tp, cp, pp, micro_batch, schedules, virtual, recompute, zero,
     sequence_parallel (each one value or a list), max_micro_batch, max_virtual. `progress(done,
     total)` is called as configurations are settled. Raises ValueError naming the fix."""
     start = time.perf_counter()
-    m = find_model(model)
-    g = resolve(gpu)
+    model, profile = find_model(model), resolve(gpu)
     positive("gpus", gpus), positive("global_batch", global_batch), positive("gpus_per_node", gpus_per_node)
     nics_per_node = positive("nics_per_node", gpus_per_node if nics_per_node is None else nics_per_node)
     if top is not None:
         positive("top", top)
-    precision_bytes(precision)
+    precision_bytes(precision), check_optimizer(optimizer)
+    usable = usable_memory(profile.memory, memory_headroom)
     dropped = Counter()
-    configs = configurations(m, gpus, global_batch, gpus_per_node=gpus_per_node, dropped=dropped, **limits)
+    configs = configurations(model, gpus, global_batch, gpus_per_node=gpus_per_node, dropped=dropped, **limits)
     if len(configs) > max_configs:
         raise ValueError(f"the search has {len(configs)} configurations, more than max_configs={max_configs}; "
                          f"narrow it (tp, pp, micro_batch, schedules, recompute, zero) or raise max_configs")
-    bounds = Bounds(m, g, global_batch, precision, gpus_per_node, partition, nics_per_node)
+    enumerated = len(configs)
+    configs = _too_large(configs, global_batch, dropped)
+    bounds = Bounds(model, profile, global_batch, precision, gpus_per_node, partition, nics_per_node, optimizer)
     cap = math.inf if max_step_time is None else max_step_time
-    best: list[tuple[float, int, Row]] = []   # a max-heap of the `top` fastest that fit, by (step time, index)
+    fixed = dict(precision=precision, gpus_per_node=gpus_per_node, nics_per_node=nics_per_node, partition=partition,
+                 global_batch=global_batch, memory_headroom=memory_headroom, optimizer=optimizer)
+    best: list[tuple[tuple, Row]] = []   # the `top` first that fit, in `rank_key` order
     points: list[Row] = []
 
     def limit() -> float:
         """The step time a configuration must not exceed to enter the rows."""
-        return min(-best[0][0] if top is not None and len(best) == top else math.inf, cap)
+        return min(best[-1][0][0] if top is not None and len(best) == top else math.inf, cap)
 
     total = len(configs)
     if progress is not None:
         progress(0, total)
-    for i, c, waiting in _best_first(configs, bounds, g.memory, limit, dropped):
+    for _, config, waiting in _best_first(configs, bounds, usable, limit, dropped):
         try:
-            e = estimate(m, g, precision=precision, gpus_per_node=gpus_per_node, nics_per_node=nics_per_node,
-                         partition=partition, global_batch=global_batch, **c.kwargs(), **c.options())
+            est = estimate(model, profile, **fixed, **config.kwargs(), **config.options())
         except (ValueError, ScheduleError) as err:
             dropped[f"refused by the estimate: {str(err).splitlines()[0][:60]}"] += 1
             continue
         finally:
             if progress is not None:
                 progress(total - waiting, total)
-        row = _row(c, e, keep=False)
+        row = _row(config, est, keep=False)
         points.append(row)
         if not row.fits:
             dropped["does not fit (simulated)"] += 1
             continue
-        kept = _row(c, e, keep=top is not None)  # with top=None the rows do not keep their steps
-        if top is None or len(best) < top:
-            heapq.heappush(best, (-row.step_time, -i, kept))
-        elif (-row.step_time, -i) > best[0][:2]:  # faster, or as fast and enumerated first
-            heapq.heapreplace(best, (-row.step_time, -i, kept))
+        bisect.insort(best, (rank_key(row), _row(config, est, keep=top is not None)))  # top=None: rows keep no step
+        del best[top if top is not None else len(best):]
     if progress is not None:
         progress(total, total)
-    rows = [r for _, _, r in sorted(best, key=lambda b: (-b[0], b[2].peak_memory, -b[1])) if r.step_time <= cap]
+    rows = [row for _, row in best if row.step_time <= cap]
     if rows and rows[0].estimate is None:  # the best keeps its step, for the figures
-        best_kw = dict(precision=precision, gpus_per_node=gpus_per_node, nics_per_node=nics_per_node,
-                       partition=partition, global_batch=global_batch, **rows[0].config.kwargs(),
-                       **rows[0].config.options())
-        rows[0] = _row(rows[0].config, estimate(m, g, **best_kw), keep=True)
-    return Plan(m, g, gpus, global_batch, rows, points, dropped, len(configs), len(points),
-                time.perf_counter() - start)
+        rows[0] = _row(rows[0].config, estimate(model, profile, **fixed, **rows[0].config.kwargs(),
+                                                **rows[0].config.options()), keep=True)
+    return Plan(model, profile, gpus, global_batch, rows, points, dropped, enumerated, len(points),
+                time.perf_counter() - start, usable, _warnings(gpus))
+
+
+def _warnings(gpus: int) -> list[str]:
+    """What is unusual about the request itself."""
+    if gpus > LARGEST_RUN:
+        return [f"{gpus:,} GPUs: more than the {LARGEST_RUN:,} of the largest published training run "
+                f"(Llama 3 405B; Dubey et al. 2024, Sec. 3.3); its network is not modelled at that scale"]
+    return []
 
 
 def rank_of(plan: Plan, step_time: float) -> int:

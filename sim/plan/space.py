@@ -14,10 +14,21 @@ MAX_MICRO_BATCH = 16   # largest micro-batch tried by default (Megatron-LM's Tab
 MAX_VIRTUAL = 4        # most chunks per device tried for a schedule that takes V > 1 (`takes_virtual`)
 MAX_CONFIGS = 200_000  # most configurations a search enumerates before it refuses
 TOP = 10
-# Every schedule but zb-auto, whose own search simulates dozens of candidate steps for each
-# one it builds (minutes for pp=64 and hundreds of micro-batches); name it to include it.
-# zb-auto simulates; DualPipe's two copies of the model the planner does not count yet
-DEFAULT_SCHEDULES = tuple(name for name in SCHEDULES if name != "zb-auto" and SCHEDULES[name].pipelines == 1)
+# Context parallelism is searched where the sequence is long (Megatron-Core's context parallel
+# docs: for long-context training; NeMo's long-context recipes start cp at 8K tokens): cp = 1
+# below CP_MIN_SEQ; from it, the powers of two that keep at least CP_MIN_TOKENS of the sequence
+# on each rank and divide the GPUs left over by tp (8K: cp 1, 2; 32K: up to 8; 128K: up to 32),
+# with ring attention (cp_comm="p2p", Megatron-Core's default). Given `cp=`: those sizes.
+CP_MIN_SEQ = 8192
+CP_MIN_TOKENS = 4096
+# The search's schedules unless told: all but zb-auto, whose own search simulates dozens of
+# candidate steps for each one it builds (minutes for pp=64 and hundreds of micro-batches),
+# and the memory-controlled V shapes (v-min, v-half): building their orders is the search's
+# largest cost (GPT-3 on 1024 A100s: 9 s -> 20 s with them), and they win only where 1F1B's
+# memory does not fit; name them with `schedules=` / `--schedules` when memory binds.
+# DualPipe's two copies of the model the planner does not count yet: left out, even named.
+OPT_IN_SCHEDULES = ("zb-auto", "v-min", "v-half")
+DEFAULT_SCHEDULES = tuple(name for name in SCHEDULES if name not in OPT_IN_SCHEDULES and SCHEDULES[name].pipelines == 1)
 # Where it is named, the planner's zb-auto runs its heuristic at most this many times per
 # configuration (`sim.search.zbauto.zb_auto(max_runs=)`: the likeliest fastest runs first), so that
 # one configuration of hundreds of micro-batches takes seconds, not minutes.
@@ -41,11 +52,12 @@ class Config:
     recompute: str
     zero: int
     sequence_parallel: bool
+    cp: int = 1
 
     def kwargs(self) -> dict:
         """Keyword arguments of `sim.estimate` for this configuration."""
-        return dict(tp=self.tp, pp=self.pp, dp=self.dp, micro_batch=self.micro_batch, schedule=self.schedule,
-                    virtual=self.virtual, recompute=self.recompute, zero=self.zero,
+        return dict(tp=self.tp, pp=self.pp, dp=self.dp, cp=self.cp, micro_batch=self.micro_batch,
+                    schedule=self.schedule, virtual=self.virtual, recompute=self.recompute, zero=self.zero,
                     sequence_parallel=self.sequence_parallel)
 
     def options(self) -> dict:
@@ -58,8 +70,8 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _tp_ok(m: Transformer, tp: int) -> bool:
-    return all(n % tp == 0 for n in (m.heads, m.kv_heads, m.ffn, m.vocab))
+def _tp_ok(model: Transformer, tp: int) -> bool:
+    return all(n % tp == 0 for n in (model.heads, model.kv_heads, model.ffn, model.vocab))
 
 
 def _choices(name: str, given, default: Sequence) -> list:
@@ -79,110 +91,149 @@ def positive(name: str, v) -> int:
     return v
 
 
-def _tensor_sizes(m: Transformer, gpus: int, tp, gpus_per_node: int) -> list[int]:
+def _tensor_sizes(model: Transformer, gpus: int, tp, gpus_per_node: int) -> list[int]:
+    """The tensor-parallel sizes to try: the given ones (each checked, one line naming the fix;
+    beyond a node they run, as `sim.estimate` runs them, with its warning), else the powers
+    of two within a node that divide the GPUs and the model."""
     powers = [2 ** k for k in range(gpus_per_node.bit_length()) if 2 ** k <= gpus_per_node]
     if tp is None:
-        return [t for t in powers if gpus % t == 0 and _tp_ok(m, t)]
+        return [size for size in powers if gpus % size == 0 and _tp_ok(model, size)]
     sizes = _choices("tp", tp, powers)
-    ok = [t for t in powers if _tp_ok(m, t)]
-    for t in sizes:
-        positive("tp", t)
-        if not _tp_ok(m, t):
-            raise ValueError(f"tp={t} does not divide the model's {m.heads} heads, {m.kv_heads} KV heads, "
-                             f"{m.ffn} MLP width and {m.vocab} vocabulary; use tp in {ok}")
-        if t > gpus_per_node:
-            raise ValueError(f"tp={t} spans nodes of {gpus_per_node} GPUs; use tp <= {gpus_per_node} "
-                             f"(or set gpus_per_node)")
-        if gpus % t:
-            raise ValueError(f"{gpus} GPUs do not split into tensor-parallel groups of {t}; "
-                             f"give a GPU count that is a multiple of {t}")
+    ok = [size for size in powers if _tp_ok(model, size)]
+    for size in sizes:
+        positive("tp", size)
+        if not _tp_ok(model, size):
+            raise ValueError(f"tp={size} does not divide the model's {model.heads} heads, {model.kv_heads} KV heads, "
+                             f"{model.ffn} MLP width and {model.vocab} vocabulary; use tp in {ok}")
+        if gpus % size:
+            raise ValueError(f"{gpus} GPUs do not split into tensor-parallel groups of {size}; "
+                             f"give a GPU count that is a multiple of {size}")
     return sorted(set(sizes))
 
 
-def layouts(m: Transformer, gpus: int, global_batch: int, *, tp=None, pp=None, micro_batch=None,
+def _context_sizes(model: Transformer, gpus: int, cp) -> list[int]:
+    """The context-parallel sizes to try over `gpus` GPUs (those left by tp): the given ones
+    that divide them (each checked: one line naming the fix), else `CP_MIN_SEQ`'s rule."""
+    if cp is None:
+        if model.seq < CP_MIN_SEQ or model.attention != "flash" or model.kernels != "megatron":
+            return [1]
+        return [2 ** k for k in range(gpus.bit_length())
+                if gpus % 2 ** k == 0 and model.seq // 2 ** k >= CP_MIN_TOKENS and model.seq % 2 ** (k + 1) == 0]
+    sizes = [positive("cp", size) for size in _choices("cp", cp, [])]
+    for size in sizes:
+        if size > 1 and model.attention != "flash":
+            raise ValueError(f"cp={size} needs a fused attention kernel; the model has {model.attention} attention")
+        if model.seq % (2 * size):
+            raise ValueError(f"cp={size} splits the sequence into 2 x cp = {2 * size} chunks; the model's "
+                             f"{model.seq} tokens do not divide")
+    return [size for size in sorted(set(sizes)) if gpus % size == 0]
+
+
+def _pipeline_sizes(model: Transformer, gpus: int, tp: int, pp, tp_given: bool) -> list[int]:
+    """The pipeline sizes to try with tensor-parallel size `tp`: the given ones (more stages
+    than layers refused by name; one that does not divide the GPUs left over by `tp` refused
+    only where the user gave that tp, else that tp is skipped for it), else every divisor of
+    gpus/tp up to the layers."""
+    if pp is None:
+        return [size for size in _divisors(gpus // tp) if size <= model.layers]
+    out = []
+    for size in _choices("pp", pp, []):
+        positive("pp", size)
+        if size > model.layers:
+            raise ValueError(f"pp={size} is more stages than the model's {model.layers} layers; "
+                             f"use pp <= {model.layers}")
+        if (gpus // tp) % size == 0:
+            out.append(size)
+        elif tp_given:
+            raise ValueError(f"{gpus} GPUs are not a multiple of tp*pp = {tp}*{size} = {tp * size}; give a GPU "
+                             f"count that is a multiple of {tp * size} or another pp")
+        elif gpus % size:
+            raise ValueError(f"{gpus} GPUs are not a multiple of pp={size}; give a GPU count that is a multiple "
+                             f"of {size} or another pp")
+    return out
+
+
+def layouts(model: Transformer, gpus: int, global_batch: int, *, tp=None, pp=None, micro_batch=None, cp=None,
             gpus_per_node: int = 8, max_micro_batch: int = MAX_MICRO_BATCH,
-            dropped: Counter | None = None) -> list[tuple[int, int, int, int]]:
-    """Every (tp, pp, dp, micro_batch) with tp*pp*dp = gpus and global_batch = dp * b * m
+            dropped: Counter | None = None) -> list[tuple[int, int, int, int, int]]:
+    """Every (tp, pp, dp, micro_batch, cp) with tp*cp*pp*dp = gpus and global_batch = dp * b * m
     for a whole number m of micro-batches. Raises ValueError naming the fix when the given
     sizes leave none."""
     dropped = Counter() if dropped is None else dropped
     out = []
-    for t in _tensor_sizes(m, gpus, tp, gpus_per_node):
-        pps = [p for p in _divisors(gpus // t) if p <= m.layers] if pp is None else _choices("pp", pp, [])
-        for p in pps:
-            positive("pp", p)
-            if (gpus // t) % p:
-                raise ValueError(f"{gpus} GPUs are not a multiple of tp*pp = {t}*{p} = {t * p}; give a GPU "
-                                 f"count that is a multiple of {t * p} or another pp")
-            d = gpus // (t * p)
-            if global_batch % d:
+    for tensor, context in ((t, c) for t in _tensor_sizes(model, gpus, tp, gpus_per_node)
+                            for c in _context_sizes(model, gpus // t, cp)):
+        for pipeline in _pipeline_sizes(model, gpus // context, tensor, pp, tp is not None):
+            replicas = gpus // (tensor * context * pipeline)
+            if global_batch % replicas:
                 dropped["dp does not divide the global batch (tp x pp layouts)"] += 1
                 continue
-            per = global_batch // d
-            bs = [b for b in _divisors(per) if b <= max_micro_batch] if micro_batch is None \
+            per_replica = global_batch // replicas
+            sizes = [b for b in _divisors(per_replica) if b <= max_micro_batch] if micro_batch is None \
                 else [positive("micro_batch", b) for b in _choices("micro_batch", micro_batch, [])]
-            for b in bs:
-                if per % b:
+            for size in sizes:
+                if per_replica % size:
                     dropped["batch does not split into micro-batches (layouts)"] += 1
                     continue
-                out.append((t, p, d, b))
+                out.append((tensor, pipeline, replicas, size, context))
     if not out:
         sizes = "" if micro_batch is None else f" of {','.join(map(str, _choices('micro_batch', micro_batch, [])))}"
         raise ValueError(f"global batch {global_batch} does not split into whole micro-batches{sizes} over the dp "
                          f"replicas of any layout of {gpus} GPUs; make it a multiple of dp * micro_batch "
-                         f"(dp = gpus / (tp * pp))")
+                         f"(dp = gpus / (tp * cp * pp))")
     return out
 
 
-def _schedule_chunks(m: Transformer, pp: int, micro: int, names: Sequence[str], max_virtual: int,
+def _schedule_chunks(model: Transformer, pp: int, micro_batches: int, names: Sequence[str], max_virtual: int,
                      virtual, dropped: Counter) -> list[tuple[str, int]]:
-    """(schedule, V) pairs that the schedule accepts for pp devices and `micro` micro-batches."""
+    """(schedule, V) pairs that the schedule accepts for pp devices and `micro_batches` micro-batches."""
     if pp == 1:  # gradient accumulation whatever the schedule: one of them, V = 1 (if it takes that)
         names = ["1f1b"] if "1f1b" in names or not names else names[:1]
     out = []
     for name in names:
-        gen = SCHEDULES[name]
+        generator = SCHEDULES[name]
         if pp == 1:
-            vs = [1]
+            chunk_counts = [1]
         elif virtual is not None:
-            vs = _choices("virtual", virtual, [])
-        elif gen.takes_virtual:
-            vs = [v for v in range(2, max_virtual + 1) if m.layers % (pp * v) == 0]
+            chunk_counts = _choices("virtual", virtual, [])
+        elif generator.takes_virtual:
+            chunk_counts = [v for v in range(2, max_virtual + 1) if model.layers % (pp * v) == 0]
         else:
-            vs = [gen.virtual]
-        for v in vs:
-            if gen.pipelines > 1:
+            chunk_counts = [generator.virtual]
+        for chunks in chunk_counts:
+            if generator.pipelines > 1:
                 dropped["the planner does not count two copies of the model (DualPipe) yet"] += 1
-            elif pp * v > m.layers:
+            elif pp * chunks > model.layers:
                 dropped["more stages than layers"] += 1
-            elif gen.refusal(pp, micro, v):
+            elif generator.refusal(pp, micro_batches, chunks):
                 dropped["the schedule refuses these sizes"] += 1
             else:
-                out.append((name, v))
+                out.append((name, chunks))
     return out
 
 
-def configurations(m: Transformer, gpus: int, global_batch: int, *, schedules=None, recompute=None, zero=None,
+def configurations(model: Transformer, gpus: int, global_batch: int, *, schedules=None, recompute=None, zero=None,
                    sequence_parallel=None, virtual=None, max_virtual: int = MAX_VIRTUAL,
                    dropped: Counter | None = None, **layout_limits) -> list[Config]:
     """Every configuration of the search space (see the module's docstring)."""
     dropped = Counter() if dropped is None else dropped
-    names = [lookup(s)[0] for s in _choices("schedules", schedules, DEFAULT_SCHEDULES)]
+    names = [lookup(name)[0] for name in _choices("schedules", schedules, DEFAULT_SCHEDULES)]
     recomputes = _choices("recompute", recompute, RECOMPUTE)
-    for r in recomputes:
-        if r not in RECOMPUTE:
-            raise ValueError(f"recompute must be one of {', '.join(RECOMPUTE)}; got {r!r}")
+    for mode in recomputes:
+        if mode not in RECOMPUTE:
+            raise ValueError(f"recompute must be one of {', '.join(RECOMPUTE)}; got {mode!r}")
     zeros = _choices("zero", zero, ZERO_STAGES)
-    for z in zeros:
-        if z not in ZERO_STAGES:
-            raise ValueError(f"zero must be one of 0, 1, 2, 3 (ZeRO stage); got {z!r}")
-    sps = _choices("sequence_parallel", sequence_parallel, (False, True))
+    for stage in zeros:
+        if stage not in ZERO_STAGES:
+            raise ValueError(f"zero must be one of 0, 1, 2, 3 (ZeRO stage); got {stage!r}")
+    sequence_parallels = _choices("sequence_parallel", sequence_parallel, (False, True))
     out = []
-    for t, p, d, b in layouts(m, gpus, global_batch, dropped=dropped, **layout_limits):
-        micro = global_batch // (d * b)
-        zs = [z for z in zeros if (z == 0 or d > 1) and (z < 3 or p == 1)] or [0]
-        for (name, v), r, z, sp in itertools.product(
-                _schedule_chunks(m, p, micro, names, max_virtual, virtual, dropped), recomputes, zs,
-                [s for s in sps if t > 1 or not s] or [False]):
-            out.append(Config(t, p, d, b, name, v, r, z, sp))
+    for tp, pp, dp, micro_batch, cp in layouts(model, gpus, global_batch, dropped=dropped, **layout_limits):
+        micro_batches = global_batch // (dp * micro_batch)
+        # ZeRO 1-3 shard over the replicas; 2 and 3 only without pipelining (`layout.check_layout`)
+        zero_stages = [stage for stage in zeros if (stage == 0 or dp * cp > 1) and (stage < 2 or pp == 1)] or [0]
+        for (name, chunks), mode, stage, sp in itertools.product(
+                _schedule_chunks(model, pp, micro_batches, names, max_virtual, virtual, dropped), recomputes,
+                zero_stages, [on for on in sequence_parallels if tp > 1 or not on] or [False]):
+            out.append(Config(tp, pp, dp, micro_batch, name, chunks, mode, stage, sp, cp))
     return out

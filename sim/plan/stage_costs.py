@@ -5,21 +5,23 @@ from dataclasses import replace
 from functools import cache
 
 from sim.engine.costs import Costs
+from sim.engine.fields import PER_STAGE
 from sim.engine.result import Result
 from sim.cost.data_parallel import grad_reduce_times, stage_params, zero3_times
 from sim.cost.ends import end_kernel_counts
-from sim.cost.layer import LayerTimes, Slice
+from sim.cost.layer import LayerTimes, Slice, per_rank
 from sim.hardware.kernels import precision_bytes
 from sim.hardware.network import collective_time, links_of, p2p_link
 from sim.hardware.profile import DeviceProfile
 from sim.model.footprint import state_bytes_per_param
+from sim.model.layer_layout import LayerLayout, LayoutError, parse_layer_layout
 from sim.model.transformer import Transformer
 from sim.engine.costs import copy_time
 from sim.passes.offload import add_offload
 from sim.schedule.liveness import program_peak
 from sim.search.partition import balanced, even
 
-from .layout import Layout
+from .layout import Layout, usable_memory
 
 
 def partition_layers(layers: int, stages: int, partition, lt: LayerTimes, ends: dict, caps=None) -> list[int]:
@@ -31,16 +33,31 @@ def partition_layers(layers: int, stages: int, partition, lt: LayerTimes, ends: 
         extra[-1] += ends["last_F"] + ends["last_B"]
         fitting = caps if caps is not None and sum(caps) >= layers else None  # none fits: time alone
         return balanced(layers, stages, lt.forward + lt.backward, extra, fitting)
-    counts = list(partition) if not isinstance(partition, str) else None
+    if isinstance(partition, str):
+        return layout_layers(partition, layers, stages)
+    counts = list(partition)
     if not counts or len(counts) != stages or sum(counts) != layers or min(counts) < 0 \
             or not all(isinstance(n, int) for n in counts):
-        raise ValueError(f"partition must be 'even', 'balanced' or {stages} layer counts summing to {layers}, "
-                         f"got {partition!r}")
+        raise ValueError(f"partition must be 'even', 'balanced' or {stages} layer counts summing to {layers} "
+                         f"(or a layout string such as 'Et|tt|tL'), got {partition!r}")
     return counts
 
 
+def layout_layers(text: str, layers: int, stages: int) -> list[int]:
+    """The layers per stage of a Megatron-Core layout string (`sim.model.layer_layout`), for a
+    model of `layers` transformer layers cut into `stages` stages; the embedding on the first
+    stage and the loss on the last, as `stage_costs` prices them, and no MTP layers."""
+    layout = parse_layer_layout(text).check(layers=layers)
+    if len(layout.stages) != stages:
+        raise LayoutError(f"layout {layout}: {len(layout.stages)} stages, the schedule has {stages} (P x V)")
+    if layout.holds("E")[0] != 1 or layout.holds("L")[-1] != 1 or any(layout.mtp):
+        raise LayoutError(f"layout {layout}: the planner prices the embedding E on the first stage, the loss L on "
+                          f"the last and no MTP layer m")
+    return layout.layers
+
+
 def memory_caps(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: LayerTimes, ends: dict, sched) -> list[int] | None:
-    """The most layers each stage can hold with its device still fitting the GPU, from the
+    """The most layers each stage can hold with its device still fitting the GPU (less the headroom), from the
     static bytes and the program-order peak of its activations (`sim.schedule.liveness.program_peak`,
     the schedule's own count of micro-batches held); None unless every device holds one stage
     (with several, their layers share one memory and no cap is a stage's own)."""
@@ -50,7 +67,8 @@ def memory_caps(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: Lay
     @cache
     def fits(n: int) -> tuple[bool, ...]:  # per stage: does its device fit with n layers on every stage?
         c = stage_costs(m, g, lay, x, lt, ends, [n] * lay.pp, sched.placement)[0].for_stages(lay.pp)
-        return tuple(c.static_total(s) + program_peak(sched.programs[sched.placement[s]], c) <= g.memory
+        usable = usable_memory(g.memory, lay.memory_headroom)
+        return tuple(c.static_total(s) + program_peak(sched.programs[sched.placement[s]], c) <= usable
                      for s in range(lay.pp))
 
     def cap(s: int) -> int:
@@ -95,6 +113,7 @@ def stage_costs(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: Lay
     first, last = [s == 0 for s in range(stages)], [s == stages - 1 for s in range(stages)]
     fwd, bwd, bi, bw, floor = pass_times(m, g, x, lt, ends, layers)
     e = precision_bytes(lay.precision)
+    full, m = m, per_rank(m, x)  # what scales with the tokens: s/cp of the sequence
     sbh = m.seq * lay.micro_batch * m.hidden
     act_layer = m.activation_bytes_per_layer(lay.micro_batch, lay.tp, lay.sequence_parallel, lay.recompute,
                                              lay.precision)
@@ -107,8 +126,8 @@ def stage_costs(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: Lay
              for n, f, la in zip(layers, first, last)]
     if m.kernels == "torch":  # rule 15: the first stage's I keeps its whole graph for W (the head's too, pp = 1)
         w_act[0] = act[0]
-    per = state_bytes_per_param(lay.precision, lay.zero, lay.dp)
-    params = stage_params(m, layers, lay.tp, placement)
+    per = state_bytes_per_param(lay.precision, lay.zero, lay.replicas, lay.optimizer)
+    params = stage_params(full, layers, lay.tp, placement)
     links = links_of(g)
     pipe = p2p_link(links, lay.topology().pipeline_send(placement))  # the slowest of its links
     sent = sbh * e / lay.tp  # Narayanan et al. 2021, Sec. 4.1: scatter/gather across the tp ranks' links
@@ -117,7 +136,7 @@ def stage_costs(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: Lay
     regather = 0.0 if lay.sequence_parallel else collective_time(links, "all_gather", sbh * e, x.tensor_group)
     into_f = [regather if s and placement[s - 1] != placement[s] else 0.0 for s in range(stages)]
     into_b = [regather if s < stages - 1 and placement[s + 1] != placement[s] else 0.0 for s in range(stages)]
-    reduce = grad_reduce_times(m, g, lay, params, placement)
+    reduce = grad_reduce_times(full, g, lay, params, placement)
     gather, scatter = zero3_times(g, lay, params)
     fwd = [t + a + r for t, a, r in zip(fwd, gather, into_f)]
     bwd = [t + a + r + q for t, a, r, q in zip(bwd, gather, scatter, into_b)]
@@ -139,7 +158,7 @@ def stage_costs(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: Lay
     parts = {names[k]: mb * sum(layers) * v / lay.pp for k, v in lt.parts.items()}
     parts["embedding_and_output"] = mb * sum(ends[f"{side}_{p}"] for side in ("first", "last") for p in "FB") / lay.pp
     parts["launch_floor"] = mb * floor / lay.pp
-    parts["zero3_collectives"] = mb * (2 * sum(gather) + sum(scatter)) / lay.pp
+    parts["zero_collectives"] = mb * (2 * sum(gather) + sum(scatter)) / lay.pp
     parts["tp_collectives"] += mb * (sum(into_f) + sum(into_b)) / lay.pp
     return costs, parts
 
@@ -163,9 +182,24 @@ def offload_costs(m: Transformer, g: DeviceProfile, lay: Layout, layers: list[in
     recompute keeps of its layers, their inputs (`Transformer.activation_bytes_per_layer`),
     over PCIe at the GPU's `pcie_bandwidth` each way; the embedding's and output layer's
     activations stay on the GPU."""
+    m = per_rank(m, Slice(lay.micro_batch, cp=lay.cp))  # s/cp of the sequence
     per_layer = m.activation_bytes_per_layer(lay.micro_batch, lay.tp, lay.sequence_parallel, "full", lay.precision)
     nbytes = tuple(n * per_layer for n in layers)
     if g.gpu.pcie_bandwidth is None:
         raise ValueError(f"offload=True needs the device's PCIe bandwidth; {g.gpu.name}'s datasheet has none")
     times = tuple(copy_time(b, g.gpu.pcie_bandwidth) for b in nbytes)
     return add_offload(sched), replace(costs, offload_bytes=nbytes, offload=times, reload=times)
+
+
+def priced(layout: LayerLayout, layer: Costs, embedding: Costs | None = None, loss: Costs | None = None,
+           mtp: Costs | None = None) -> Costs:
+    """`layer`'s costs with every per-stage field (times, bytes) of stage s the sum over what
+    it holds: its transformer layers' (`layer`), the embedding's, the loss's and the MTP
+    layers' (none: free). The other fields (latency, bandwidth, transport) are `layer`'s."""
+    parts = {"t": layer, "E": embedding, "L": loss, "m": mtp}
+    one = {k: c.for_stages(1) for k, c in parts.items() if c is not None}
+    fields = {}
+    for name in PER_STAGE:
+        fields[name] = tuple(sum(n * getattr(one[k], name)[0] for k, n in zip(parts, counts) if k in one)
+                             for counts in zip(*(layout.holds(k) for k in parts)))
+    return replace(layer, **fields)

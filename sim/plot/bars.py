@@ -1,7 +1,7 @@
 """The compute bars of a Gantt chart: a colour per kind (from the kind table), a hatch
 per chunk where a rank holds several stages, and labels that fit their bars; and the
 collectives (REDUCE_GRAD) as thin bars along the bottom of their rank's row, and the
-copies to host memory and back (OFFLOAD, RELOAD) as thin bars along its top.
+copies to host memory and back (OFFLOAD, RELOAD) and FSDP's gathers (UNSHARD) as thin bars along its top.
 
 `sim.plot` draws its charts with these; `draw_bars` puts one Rectangle per compute
 (findable by its gid, `compute 0F0`) or, for large steps, one PolyCollection per kind and
@@ -36,6 +36,9 @@ COLLECTIVE_HATCH = "xxxx"
 # the row, with an edge so that back-to-back copies stay apart.
 COPY_COLORS = {k: KINDS[k].colour for k in COPIES}
 COPY_NAMES = {k: KINDS[k].label for k in COPIES}
+# FSDP's gather (UNSHARD) runs on its rank's all-gather stream: drawn as a copy is, dotted.
+COPY_COLORS[Kind.UNSHARD], COPY_NAMES[Kind.UNSHARD] = KINDS[Kind.UNSHARD].colour, KINDS[Kind.UNSHARD].label
+GATHER_HATCH = "...."
 TRACK = "#f4f4f4"          # the empty row behind the bars: what shows through is idle time
 LABEL_GID = "bar-label"    # marks the micro-batch numbers that `fit_labels` may hide
 # Where a rank holds several stages, its k-th stage (chunk k, in stage order) is drawn with
@@ -113,8 +116,9 @@ def draw_collectives(ax: "Axes", result: Result, height: float) -> None:
 
 def draw_copies(ax: "Axes", result: Result, height: float) -> None:
     """Each copy (OFFLOAD, RELOAD) as a thin bar in the top part of its rank's row (rows run
-    down the page), findable by its gid (`copy 0OFFLOAD3`)."""
-    events = [e for e in result.events if e.action.kind in COPIES]
+    down the page), findable by its gid (`copy 0OFFLOAD3`), and each FSDP gather (UNSHARD;
+    a RESHARD takes no time) as a dotted one there (`gather 0UNSHARD1`)."""
+    events = [e for e in result.events if e.action.kind in COPIES or e.action.kind is Kind.UNSHARD]
     if not events:
         return
     thin = height * COLLECTIVE_HEIGHT
@@ -122,7 +126,11 @@ def draw_copies(ax: "Axes", result: Result, height: float) -> None:
                    left=[e.start - result.t0 for e in events], color=[COPY_COLORS[e.action.kind] for e in events],
                    edgecolor="black", linewidth=0.4, zorder=3)
     for e, bar in zip(events, bars):
-        bar.set_gid(f"copy {e.action}")
+        gather = e.action.kind is Kind.UNSHARD
+        bar.set_gid(f"{'gather' if gather else 'copy'} {e.action}")
+        if gather:
+            bar.set_hatch(GATHER_HATCH)
+            bar.set_hatchcolor(HATCH_COLOUR)
 
 
 def bar_collections(ax: "Axes", events: Sequence[Event], t0: float, height: float, chunk: dict[int, int],
@@ -154,8 +162,10 @@ def kind_legend(ax: "Axes", kinds: set[Kind], extra: Sequence = (), chunk_count:
     handles += [Patch(facecolor=COLLECTIVE_COLORS[k], hatch=COLLECTIVE_HATCH, hatchcolor=HATCH_COLOUR,
                       edgecolor="black", linewidth=0.4, label=f"{COLLECTIVE_NAMES[k]} (its stream)")
                 for k in COLLECTIVE_COLORS if k in kinds]
-    handles += [Patch(facecolor=COPY_COLORS[k], edgecolor="black", linewidth=0.4,
-                      label=f"{COPY_NAMES[k]} (copy engine)") for k in COPY_COLORS if k in kinds]
+    handles += [Patch(facecolor=COPY_COLORS[k], edgecolor="black", linewidth=0.4, hatchcolor=HATCH_COLOUR,
+                      hatch=GATHER_HATCH if k is Kind.UNSHARD else None,
+                      label=f"{COPY_NAMES[k]} ({'its stream' if k is Kind.UNSHARD else 'copy engine'})")
+                for k in COPY_COLORS if k in kinds]
     handles.append(Patch(facecolor=TRACK, edgecolor="#bbbbbb", label="idle (bubble)"))
     if chunk_count > 1:
         handles += [Patch(facecolor="#888888", hatch=HATCHES[k % len(HATCHES)], hatchcolor=HATCH_COLOUR,
@@ -169,9 +179,9 @@ def _ordinal(n: int) -> str:
 
 
 def kinds_of(result: Result) -> set[Kind]:
-    """The compute, collective and copy kinds of `result`'s events: what its legend lists."""
+    """The compute, collective, copy and gather kinds of `result`'s events: what its legend lists."""
     return {e.action.kind for e in result.events
-            if e.action.kind.is_compute or e.action.kind in COLLECTIVES or e.action.kind in COPIES}
+            if e.action.kind.is_compute or e.action.kind in COLLECTIVES or e.action.kind in COPY_COLORS}
 
 
 def fit_labels(fig: "Figure") -> None:

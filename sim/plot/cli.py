@@ -18,14 +18,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-import os
 import sys
 import time
 from pathlib import Path
 from typing import NoReturn, Sequence
 
 from sim import cli
-from sim.cli import number, whole
+from sim.cli import machine_memory, number, whole
 from sim.engine.costs import Costs
 from sim.engine.fields import CHUNKED, COST_FIELDS
 from sim.simulation import simulate
@@ -33,6 +32,7 @@ from sim.schedule.ir import Kind, ScheduleError
 from .gantt import format_memory, format_times, human_bytes, memory_unit, plot_compare, \
     plot_result, plural, save_figure, time_unit, timeline_style, TIME_UNIT
 from sim.engine.result import Result
+from .labels import costs_note, device_micro_batches
 from sim.schedule.ir import Schedule
 from sim.schedule.registry import SCHEDULES, TEXTBOOK, lookup, make_schedule
 
@@ -49,6 +49,8 @@ STYLES = {"bars": "a bar per compute", "dense": "bars without outlines", "heat":
 OPTION_FLAGS = {
     "max_active": ("--max-active", "N", whole, "most micro-batches in flight per device"),
     "memory_limit": ("--memory-limit", "BYTES", lambda t: number(t, strict=True), "activation bytes a device may hold"),
+    "group_size": ("--group-size", "N", whole, "micro-batches per group of chunks (Megatron-Core's "
+                   "microbatch_group_size_per_vp_stage)"),
 }
 # The Costs fields that have a flag (`CostField.flag`): times first, then bandwidth, then bytes
 FLAGGED = sorted((f for f in COST_FIELDS if f.flag), key=lambda f: (("time", "bandwidth", "bytes").index(f.unit),
@@ -169,20 +171,6 @@ def _options(args: argparse.Namespace, names: list[str], costs: Costs) -> dict[s
     return options
 
 
-def machine_memory() -> int:
-    """Bytes of memory this process may use: the machine's (os.sysconf), or its cgroup's
-    limit where that is lower."""
-    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    try:
-        with open("/sys/fs/cgroup/memory.max") as f:
-            limit = f.read().strip()
-        if limit.isdigit():
-            total = min(total, int(limit))
-    except OSError:
-        pass
-    return total
-
-
 def check_size(args: argparse.Namespace, schedules: int, virtual: int = 1) -> None:
     """Refuse, before allocating anything, a step whose simulation (and figures, and
     traces) would need more than `MEMORY_SHARE` of this machine's memory, by the bytes
@@ -237,7 +225,8 @@ def _schedules(args: argparse.Namespace, names: list[str], costs: Costs) -> list
     for name in names:
         _check_lengths(args, name)
         try:
-            schedules.append(make_schedule(name, args.devices, args.micro_batches, args.virtual, **options[name]))
+            with cli.heartbeat("sim.plot", f"building {name}" + (" (its search simulates candidate steps)" if name == "zb-auto" else "")):
+                schedules.append(make_schedule(name, args.devices, args.micro_batches, args.virtual, **options[name]))
         except (ScheduleError, ValueError) as e:
             fail(str(e).splitlines()[0])
     return schedules
@@ -272,7 +261,7 @@ def format_table(results: Sequence[Result], counts: bool = False) -> str:
         peak = max(r.peak_memory, default=0.0)
         memory = format_memory(peak, scale, unit) if unit == "micro-batches" else human_bytes(peak)
         rows.append((r.schedule.name, times[2 * i], f"{r.bubble_fraction:.1%}", times[2 * i + 1],
-                     f"{r.steady_bubble_fraction:.1%}", _compact(r.peak_activations), memory))
+                     f"{r.steady_bubble_fraction:.1%}", _compact(device_micro_batches(r)), memory))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     left = (0, len(rows[0]) - 1)  # the schedule name and the memory read left-aligned, numbers right-aligned
     return "\n".join(
@@ -303,7 +292,8 @@ def _simulate(args: argparse.Namespace, schedules: list[Schedule], costs: Costs)
                 progress(f"simulating {schedule.name}: {plural(schedule.stages, 'stage')}, "
                          f"{plural(args.micro_batches, 'micro-batch', 'micro-batches')}")
             # a stage is 1/V of a device's share of one copy of the model (DualPipe holds two)
-            results.append(simulate(schedule, chunk_costs(costs, schedule.chain // args.devices)))
+            with cli.heartbeat("sim.plot", f"simulating {schedule.name}"):
+                results.append(simulate(schedule, chunk_costs(costs, schedule.chain // args.devices)))
     except (ScheduleError, ValueError) as e:
         fail(str(e).splitlines()[0])  # a deadlock report adds a grid below its first line
     return results
@@ -326,8 +316,12 @@ def _write(args: argparse.Namespace, results: list[Result], out: Path, counts: b
     if not args.no_figures and (len(results) > 1 or args.compare is not None):
         names = [r.schedule.name for r in results]
         which = "" if names == list(TEXTBOOK) else "+".join(names) + "_"  # the README's figure keeps its name
-        jobs.append((out / f"compare_{which}{tag}.png", lambda p: save_figure(plot_compare(results, unit=unit), p),
-                     "comparison"))
+        # the textbook three share one time axis: that naive takes longest is their lesson
+        shared = True if names == list(TEXTBOOK) else None
+        note = costs_note(costs_of(args), max(r.schedule.stages // r.ranks for r in results),
+                          any(a.kind is Kind.I for r in results for p in r.schedule.programs for a in p))
+        jobs.append((out / f"compare_{which}{tag}.png",
+                     lambda p: save_figure(plot_compare(results, shared, unit, note=note), p), "comparison"))
     start = time.perf_counter()
     for i, (path, write, what) in enumerate(jobs, 1):
         progress(f"[{i}/{len(jobs)}] writing {path} ({what}; {time.perf_counter() - start:.1f} s so far)")
@@ -357,9 +351,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(format_table(results, counts), flush=True)
     if counts and any(r.schedule.stages != r.ranks or any(a.kind is Kind.I for p in r.schedule.programs for a in p)
                for r in results):
-        print("peak activations: per rank, the stage micro-batches between their F and their B or I; peak memory: "
-              "what the fullest rank holds (W keeps its part after I; a chunk holds 1/V of a device's share), "
-              "in micro-batches of a device's activations", flush=True)
+        print("peak activations: per rank, the micro-batches between their F and their B or I; peak memory: what "
+              "the fullest rank holds (W keeps its part after I); both in micro-batches of a device's activations, "
+              "of which a chunk's (one of V stages on a rank) is 1/V", flush=True)
     try:
         written = _write(args, results, out, counts)
     except OSError as e:  # e.g. the disk is full

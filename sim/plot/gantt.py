@@ -252,14 +252,15 @@ def plot_overlay(simulated: Result, measured: Result) -> "Figure":
 
 
 def plot_compare(results: Sequence[Result], shared_time: bool | None = None,
-                 unit: tuple[float, str] | None = None) -> "Figure":
+                 unit: tuple[float, str] | None = None, note: str | None = None) -> "Figure":
     """For each result, its Gantt chart over its memory panel; every memory panel on one
     scale (the largest peak), so that GPipe's m micro-batches and 1F1B's p - s differ
     at a glance.
 
     `shared_time`: one time axis for all, so step lengths compare directly; else each
     schedule on its own, so a short step is not squeezed by a long one. Default: shared
-    when the shortest step is at least half the longest. The title says which."""
+    when the shortest step is at least half the longest. The title says which; `note` (the
+    costs the steps assume) is a second line of it."""
     results = list(results)
     ends = [r.makespan for r in results]
     if shared_time is None:
@@ -300,7 +301,7 @@ def plot_compare(results: Sequence[Result], shared_time: bool | None = None,
         how = f"each on its own time axis{ratio}"
     first = results[0].schedule
     fig.suptitle(f"{plural(first.ranks, 'device')}, {plural(first.micro_batches, 'micro-batch', 'micro-batches')}: "
-                 f"{how}; memory on one scale", fontsize=11)
+                 f"{how}; memory on one scale" + (f"\n{note}" if note else ""), fontsize=11)
     return fig
 
 

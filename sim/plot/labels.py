@@ -1,10 +1,11 @@
 """How figures and tables write numbers, units and sizes: plurals, times in one format,
-bytes in binary units, memory as a count of micro-batches where it is one."""
+bytes in binary units, memory as a count of micro-batches where it is one, the costs a figure assumes."""
 from __future__ import annotations
 
 import math
 from typing import Sequence
 
+from sim.engine.costs import Costs
 from sim.engine.result import Result
 
 TIME_UNIT = "time units"   # simulated times are in the costs' unit, whatever it is
@@ -78,3 +79,26 @@ def format_memory(value: float, scale: float, unit: str) -> str:
     if unit == "micro-batches":
         return plural(int(value), "micro-batch", "micro-batches") if value == int(value) else f"{value:g} {unit}"
     return f"{value / scale:.3g} {unit}"
+
+
+def costs_note(costs: Costs, virtual: int = 1, split: bool = False) -> str:
+    """`costs: F 1, B 2 a stage; transfers free`: what a figure's steps assume, written on it
+    (with `split`, the halves I and W of a split backward too)."""
+    def show(value, half: bool = False) -> str:
+        values = value if isinstance(value, (list, tuple)) else [value]
+        return "/".join(f"{v / (2 if half else 1):g}" for v in values)
+    halves = ""
+    if split:
+        i, w = costs.backward_input, costs.backward_weight
+        halves = f" (I {show(costs.backward if i is None else i, i is None)} + W {show(costs.backward if w is None else w, w is None)})"
+    free = costs.latency == 0 and (costs.bandwidth == float("inf") or costs.activation_bytes_sent == 0)
+    where = "a device (1/V of it a chunk)" if virtual > 1 else "a stage"
+    return f"costs: F {show(costs.forward)}, B {show(costs.backward)}{halves} {where}; transfers {'free' if free else 'timed'}"
+
+
+def device_micro_batches(result: Result) -> list[str]:
+    """Per rank, the most micro-batches whose activations it holds at once, in the unit of the
+    memory column and the figures: a device's micro-batch, of which a chunk's (one of V
+    stages on the rank) is 1/V (zbv's 8 chunk micro-batches are 4)."""
+    per = result.schedule.stages // result.ranks
+    return [f"{n / per:g}" for n in result.peak_activations]

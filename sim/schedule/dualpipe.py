@@ -14,7 +14,7 @@ Both run the same eight steps per device (`_eight_steps`). In the steady state a
 runs the forward of one chunk and the backward of the other as one overlapped pair, to
 hide the expert-parallel all-to-all of each under the other's compute. With
 `overlap=True` a pair is an OVERLAP_F_B mark before its F (torch's OVERLAP_F_B;
-docs/rules.md rule 16); without, two actions one after the other, F first. Most
+docs/rules.md rule 18); without, two actions one after the other, F first. Most
 backwards are full (B); near the end a device splits them into I and W and defers the Ws
 ("zero bubble"), as the reference does.
 """
@@ -111,8 +111,9 @@ def dualpipev(devices: int, micro_batches: int, virtual: int = 2, overlap: bool 
     return Schedule(programs, v_placement(P), micro_batches=M, name="dualpipev")
 
 
-def check_dualpipe(devices: int, micro_batches: int, virtual: int = 2) -> str | None:
-    """Why DualPipe refuses these sizes (the reference asserts the same), or None."""
+def check_dualpipe(devices: int, micro_batches: int, virtual: int = 2, overlap: bool = False) -> str | None:
+    """Why DualPipe refuses these sizes (the reference asserts the same), or None; `overlap`
+    refuses no size."""
     if devices % 2:
         return f"needs an even number of devices (half of them feed each direction), got {devices}"
     if micro_batches % 2 or micro_batches < 2 * devices:

@@ -11,6 +11,7 @@
 """
 from __future__ import annotations
 
+from .groups import check_group_size, group_table
 from .ir import Action, Kind, Schedule
 
 
@@ -27,36 +28,52 @@ def rounds(devices: int, micro_batches: int) -> tuple[int, int]:
     return n, micro_batches // n
 
 
-def check_interleaved(devices: int, micro_batches: int, virtual: int) -> str | None:
-    """The one size torch's Interleaved1F1B refuses: M not a multiple of its rounds (with
-    V = 1 there are no rounds to keep: it is 1F1B)."""
+def check_interleaved(devices: int, micro_batches: int, virtual: int, group_size: int | None = None,
+                      overlap: bool = False) -> str | None:
+    """The sizes an interleaved schedule refuses: without `group_size`, the one torch's
+    Interleaved1F1B refuses, M not a multiple of its rounds; with it, what Megatron-Core
+    refuses (`sim.schedule.groups.check_group_size`). With V = 1 there are no chunks to
+    group: it is 1F1B (or ZB-H1), any M, and no `group_size`. `overlap` (pairs) refuses
+    no size."""
+    if virtual == 1:
+        return None if group_size is None else "group_size groups the chunks of V > 1; with V=1 there are none"
+    if group_size is not None:
+        return check_group_size(devices, micro_batches, group_size)
     n, _ = rounds(devices, micro_batches)
-    if virtual > 1 and micro_batches % n:
+    if micro_batches % n:
         return (f"M={micro_batches} is not a multiple of max(1, M // P) = {n}, the number of equal rounds "
-                f"torch's Interleaved1F1B runs; take M < P or M a multiple of P")
+                f"torch's Interleaved1F1B runs; take M < P or M a multiple of P, or a group_size (Megatron-Core's)")
     return None
 
 
-def interleaved_1f1b(devices: int, micro_batches: int, virtual: int = 2, overlap: bool = False) -> Schedule:
-    """Megatron-LM's interleaved 1F1B. Device r's k-th forward is of chunk (k // g) mod V and
-    micro-batch (k // gV) g + k mod g, for g micro-batches per round (`rounds`); its k-th
-    backward walks the chunks in reverse. It warms up with (V-1) g + 2(P-1-r) forwards
-    (Megatron's get_forward_backward_func, torch's _get_warmup_ops), alternates one forward
-    and one backward, and cools down with the backwards left. With V = 1 the warm-up is
-    1F1B's P-1-r: the schedule is 1F1B.
+def interleaved_order(devices: int, micro_batches: int, virtual: int, group_size: int | None) -> list[tuple[int, int]]:
+    """(micro-batch, chunk) of a device's k-th forward (`sim.schedule.groups.group_table`),
+    in torch's rounds unless `group_size` is given; the k-th backward is the same
+    micro-batch of chunk V-1-chunk."""
+    return group_table(micro_batches, virtual, group_size or rounds(devices, micro_batches)[1])
+
+
+def interleaved_1f1b(devices: int, micro_batches: int, virtual: int = 2, group_size: int | None = None,
+                     overlap: bool = False) -> Schedule:
+    """Megatron-LM's interleaved 1F1B. Device r's forwards run the micro-batches of a group
+    through each chunk in turn (`interleaved_order`: torch's rounds, or Megatron-Core's
+    groups of `group_size`); its backwards walk the chunks in reverse. It warms up with
+    (V-1) g + 2(P-1-r) forwards, g the micro-batches of a group (Megatron's
+    get_pp_rank_microbatches, torch's _get_warmup_ops), alternates one forward and one
+    backward, and cools down with the backwards left. With V = 1 the warm-up is 1F1B's
+    P-1-r: the schedule is 1F1B.
 
     `overlap`: Megatron-Core's overlapped 1F1B (`--overlap-moe-expert-parallel-comm`):
     each steady forward and the backward after it, of another micro-batch, run as one
-    overlapped pair (OVERLAP_F_B, docs/rules.md rule 16), hiding each one's expert
+    overlapped pair (OVERLAP_F_B, docs/rules.md rule 18), hiding each one's expert
     all-to-all under the other's compute."""
-    _, g = rounds(devices, micro_batches)
+    order = interleaved_order(devices, micro_batches, virtual, group_size)
+    g = group_size or rounds(devices, micro_batches)[1]
     total = micro_batches * virtual  # chunk-micro-batches per device
 
     def nth(r: int, k: int, kind: Kind) -> Action:
-        chunk = (k // g) % virtual
-        if kind is not Kind.F:
-            chunk = virtual - 1 - chunk
-        return Action(chunk * devices + r, kind, (k // (g * virtual)) * g + k % g)
+        m, chunk = order[k]
+        return Action((chunk if kind is Kind.F else virtual - 1 - chunk) * devices + r, kind, m)
 
     programs = []
     for r in range(devices):

@@ -4,12 +4,15 @@ An `Action` names a model stage, a kind and a micro-batch; its text form is the 
 torch.distributed.pipelining (`2F0` = stage 2, forward, micro-batch 0; `0SEND_F1`).
 A kind done once per stage per step (`sim.schedule.kinds.ONCE_PER_STAGE`: REDUCE_GRAD) has no
 micro-batch: its text form omits it, as torch's does (`0REDUCE_GRAD`), and its `Action`
-has micro-batch 0.
+has micro-batch 0. FSDP's UNSHARD and RESHARD (`sim.schedule.kinds.GATHERS`) count a
+stage's gathers in their micro-batch, written only where it is not 0 (`0UNSHARD`, as
+torch writes it; `0UNSHARD1`, which torch reads).
 A `Schedule` is plain data: for each device (rank) the ordered list of its actions, and
 the placement of stages on devices. Generators write compute actions only (F, B, I, W);
 `sim.passes.grad_reduce.add_grad_reduce` adds the data-parallel reductions (REDUCE_GRAD),
 `sim.passes.offload.add_offload` the copies of activations to host memory and back (OFFLOAD,
-RELOAD), and `sim.passes.lowering.lower` derives the communication actions from the data dependencies.
+RELOAD), `sim.passes.fsdp.add_fsdp` FSDP's gathers and releases (UNSHARD, RESHARD), and
+`sim.passes.lowering.lower` derives the communication actions from the data dependencies.
 """
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import Callable, Iterable, NamedTuple, Sequence
 
-from .kinds import BESIDE, COPIES, ONCE_PER_STAGE, PAIRS, TRANSFERS, Kind
+from .kinds import BESIDE, COPIES, GATHERS, ONCE_PER_STAGE, PAIRS, TRANSFERS, Kind
 
 
 def _alternatives(kinds) -> str:
@@ -28,9 +31,9 @@ def _alternatives(kinds) -> str:
     return "|".join(sorted((k.value for k in kinds), key=len, reverse=True))
 
 
-# <stage><kind><micro-batch>, or <stage><kind> for a kind done once per stage
-_ACTION_RE = re.compile(r"(\d+)(?:(" + _alternatives(set(Kind) - ONCE_PER_STAGE) + r")(\d+)|("
-                        + _alternatives(ONCE_PER_STAGE) + r"))")
+# <stage><kind><micro-batch>, <stage><kind> for a kind done once per stage, and either for a gather
+_ACTION_RE = re.compile(r"(\d+)(?:(" + _alternatives(set(Kind) - ONCE_PER_STAGE - GATHERS) + r")(\d+)|("
+                        + _alternatives(ONCE_PER_STAGE) + r")|(" + _alternatives(GATHERS) + r")(\d*))")
 
 
 class ScheduleError(ValueError):
@@ -51,6 +54,8 @@ class Action(NamedTuple):
         if self.kind in ONCE_PER_STAGE:
             # micro-batch 0 always: `Schedule` refuses another, and names it so
             return f"{self.stage}{self.kind.value}" + (f"(micro={self.micro})" if self.micro else "")
+        if self.kind in GATHERS and not self.micro:
+            return f"{self.stage}{self.kind.value}"
         return f"{self.stage}{self.kind.value}{self.micro}"
 
     def __repr__(self) -> str:
@@ -59,7 +64,8 @@ class Action(NamedTuple):
     @classmethod
     def parse(cls, text: str) -> "Action":
         """Parse torch.distributed.pipelining's action string, e.g. `1B3`, `0SEND_F1` or
-        `0REDUCE_GRAD` (a kind done once per stage has no micro-batch)."""
+        `0REDUCE_GRAD` (a kind done once per stage has no micro-batch); `0UNSHARD` is
+        `0UNSHARD0`."""
         m = _ACTION_RE.fullmatch(text.strip())
         if m is None:
             raise ScheduleError(
@@ -69,6 +75,8 @@ class Action(NamedTuple):
             )
         if m.group(4):
             return cls(int(m.group(1)), Kind(m.group(4)), 0)
+        if m.group(5):
+            return cls(int(m.group(1)), Kind(m.group(5)), int(m.group(6) or 0))
         return cls(int(m.group(1)), Kind(m.group(2)), int(m.group(3)))
 
 
@@ -228,7 +236,7 @@ class Schedule:
             placement = _placement_of(progs)
         placement = tuple(int(r) for r in placement)
         if micro_batches is None:
-            micro_batches = 1 + max((a.micro for prog in progs for a in prog), default=-1)
+            micro_batches = 1 + max((a.micro for prog in progs for a in prog if a.kind not in GATHERS), default=-1)
         _check_pipelines(pipelines, len(placement), int(micro_batches))
         check_actions(progs, placement, int(micro_batches), where, pipelines)
         # asked often and the programs never change: compute them once
@@ -245,6 +253,7 @@ class Schedule:
         object.__setattr__(self, "_copies", not COPIES.isdisjoint(kinds))
         object.__setattr__(self, "_beside", not BESIDE.isdisjoint(kinds))
         object.__setattr__(self, "_pairs", not PAIRS.isdisjoint(kinds))
+        object.__setattr__(self, "_gathers", not GATHERS.isdisjoint(kinds))
 
     @property
     def ranks(self) -> int:
@@ -277,7 +286,8 @@ class Schedule:
 
     def compute_only(self) -> "Schedule":
         """The same schedule without its transfers (SEND, RECV): what `sim.lower` started
-        from. Collectives (REDUCE_GRAD) and copies (OFFLOAD, RELOAD) stay where they are."""
+        from. Collectives (REDUCE_GRAD), copies (OFFLOAD, RELOAD) and gathers (UNSHARD,
+        RESHARD) stay where they are."""
         return self.with_programs([a for a in p if a.kind not in TRANSFERS] for p in self.programs)
 
     @property
@@ -294,6 +304,11 @@ class Schedule:
     def has_copies(self) -> bool:
         """Whether the programs hold copies to host memory and back (OFFLOAD, RELOAD: `sim.add_offload`)."""
         return self._copies
+
+    @property
+    def has_gathers(self) -> bool:
+        """Whether the programs hold FSDP's gathers and releases (UNSHARD, RESHARD: `sim.add_fsdp`)."""
+        return self._gathers
 
     @property
     def has_beside(self) -> bool:

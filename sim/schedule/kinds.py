@@ -21,7 +21,11 @@ The dependencies are written once here, as functions of (stage, micro-batch):
   consumes them (B, or I) waits for its end (`sim.passes.offload`, docs/rules.md rule 14).
 - OVERLAP_F_B(s, m) stands right before an F and names the backward (B or I) of (s, m)
   that is the next compute after that F: the two run as one overlapped pair, which waits
-  for what that backward needs before the F starts (docs/rules.md rule 16).
+  for what that backward needs before the F starts (docs/rules.md rule 18).
+- UNSHARD(s), FSDP's all-gather of stage s's parameters, needs nothing but its rank's
+  all-gather stream; the computes of stage s that follow it on its rank, up to the next
+  RESHARD(s) that gives the gathered parameters back, wait for its end. Their micro-batch
+  counts a stage's gathers in the step (`sim.passes.fsdp`, docs/rules.md rule 16).
 
 Where a schedule holds several copies of the model (`Schedule.pipelines`, DualPipe), the
 `stages` the dependency functions take is the chain one micro-batch runs through
@@ -52,8 +56,10 @@ class Kind(str, enum.Enum):
     OFFLOAD = "OFFLOAD"  # copy the activations this stage keeps for a micro-batch to host memory
     RELOAD = "RELOAD"    # copy them back from host memory, before the backward that needs them
     # the F that follows and this stage's backward (B or I) of this micro-batch, the compute
-    # after that F, run as one overlapped pair (torch's OVERLAP_F_B; docs/rules.md rule 16)
+    # after that F, run as one overlapped pair (torch's OVERLAP_F_B; docs/rules.md rule 18)
     OVERLAP_F_B = "OVERLAP_F_B"
+    UNSHARD = "UNSHARD"  # all-gather this stage's sharded parameters (FSDP), before its computes
+    RESHARD = "RESHARD"  # give the gathered parameters back, keeping this rank's shard
 
     @property
     def spec(self) -> "KindSpec":
@@ -87,8 +93,12 @@ class Role(enum.Enum):
     COPY = "copy"
     # marks the next two computes of its rank, an F and the backward it names, as one
     # overlapped pair: the pair starts once both have their inputs, and each one's expert
-    # all-to-all hides under the other's compute (rule 16); it runs nothing itself
+    # all-to-all hides under the other's compute (rule 18); it runs nothing itself
     PAIR = "pair"
+    # issued in program order: an UNSHARD runs on the rank's all-gather stream (FIFO, FSDP2's
+    # own stream) and the computes of its stage wait for its end; a RESHARD gives the
+    # gathered parameters back when the device reaches it (`sim.engine.resources.Gathers`)
+    GATHER = "gather"
 
 
 Key = tuple  # (stage, Kind, micro): a compute action as a plain tuple (an `Action` is one)
@@ -111,7 +121,7 @@ class MemoryEffect:
 class KindSpec:
     """Everything about one kind of action.
 
-    - role: compute, send, recv or collective.
+    - role: compute, send, recv, collective, copy or gather.
     - label, colour: how figures name and draw it.
     - handler: the name of the method of `exec`'s interpreter that runs it.
     Compute kinds:
@@ -133,9 +143,14 @@ class KindSpec:
     - memory: as for a compute, at the copy's own start or end.
     - feeds: on a RELOAD, the compute kinds that wait for it (B or I).
     - comm: the per-stage `Costs` field of the communication the compute waits for (the
-      expert all-to-all), unless an overlapped pair hides it (rule 16).
+      expert all-to-all), unless an overlapped pair hides it (rule 18).
     Pair kinds (OVERLAP_F_B):
     - needs: what the backward it names needs (the pair waits for both computes' inputs).
+    Gather kinds (UNSHARD, RESHARD):
+    - cost: UNSHARD's per-stage `Costs` field with its time on the all-gather stream;
+      RESHARD takes no time (None).
+    - memory: the gathered parameters (`unshard_bytes`), taken at UNSHARD's start and
+      given back at RESHARD's end.
     Transfer kinds (SEND, RECV):
     - peer: (stage offset, kind) of the other half of the transfer.
     - tensor_of: the stage offset whose output has the tensor's shape (the gradient with
@@ -213,6 +228,8 @@ _KEEP_FOR_W = MemoryEffect("w_activation_bytes", +1, "end")     # I: what W stil
 _GIVE_BACK_W = MemoryEffect("w_activation_bytes", -1, "end")
 _TO_HOST = MemoryEffect("offload_bytes", -1, "end")      # OFFLOAD: the device's copy is freed once on the host
 _FROM_HOST = MemoryEffect("offload_bytes", +1, "start")  # RELOAD: the device's copy is allocated first
+_GATHERED = MemoryEffect("unshard_bytes", +1, "start")   # UNSHARD: the all-gather's output buffer
+_RESHARDED = MemoryEffect("unshard_bytes", -1, "end")    # RESHARD: freed, the rank's shard stays
 
 KINDS: Mapping[Kind, KindSpec] = {
     Kind.F: KindSpec(Role.COMPUTE, "F forward", "forward", "#0072B2", cost="forward", needs=_forward_needs,
@@ -237,6 +254,9 @@ KINDS: Mapping[Kind, KindSpec] = {
     Kind.RELOAD: KindSpec(Role.COPY, "L reload", "reload", "#F0E442", cost="reload", needs=_reload_needs,
                           memory=(_FROM_HOST,), stream="from host", feeds=(Kind.B, Kind.I)),
     Kind.OVERLAP_F_B: KindSpec(Role.PAIR, "F&B overlapped pair", "overlap", needs=_backward_needs),
+    Kind.UNSHARD: KindSpec(Role.GATHER, "U unshard (all-gather)", "unshard", "#882255", cost="unshard",
+                           memory=(_GATHERED,)),
+    Kind.RESHARD: KindSpec(Role.GATHER, "X reshard", "reshard", "#AA4499", memory=(_RESHARDED,)),
 }
 
 COMPUTE = frozenset(k for k, spec in KINDS.items() if spec.role is Role.COMPUTE)
@@ -253,6 +273,10 @@ PAIRS = frozenset(k for k, spec in KINDS.items() if spec.role is Role.PAIR)  # m
 # Kinds done once per stage per step: an action of one has micro-batch 0, and its text form
 # omits it (`0REDUCE_GRAD`, as torch.distributed.pipelining writes it).
 ONCE_PER_STAGE = COLLECTIVES
+# FSDP's gathers and releases (UNSHARD, RESHARD): a stage may be gathered several times a
+# step; the micro-batch of one counts them (0, 1, ...), and the text form omits a 0
+# (`0UNSHARD`, as torch writes it; `0UNSHARD1` for the stage's second gather).
+GATHERS = frozenset(k for k, spec in KINDS.items() if spec.role is Role.GATHER)
 # kind -> its dependency function, for hot loops (an OVERLAP_F_B mark waits as its backward does)
 NEEDS = {k: KINDS[k].needs for k in COMPUTE | PAIRS}
 

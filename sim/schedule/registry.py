@@ -12,8 +12,10 @@ from typing import Callable
 
 from .dualpipe import check_dualpipe, dualpipe, dualpipev
 from .interleaved import check_interleaved, interleaved_1f1b, looped_bfs, looped_placement
+from .interleaved_zb import interleaved_zb
 from .ir import Schedule, ScheduleError
 from .textbook import gpipe, naive, one_f_one_b
+from .vshape import v_half, v_min
 from .zerobubble import v_placement, zb_h1, zb_h2, zbv
 
 
@@ -41,8 +43,8 @@ class Generator:
     - placement(devices, virtual) -> the device of each of the P*V model stages, as the
       schedules it makes place them (`one_per_device`, `looped_placement`: stage s on
       device s mod P, `v_shape`).
-    - check(devices, micro_batches, virtual) -> a one-line reason the generator refuses these
-      sizes, or None; `refusal` adds the rule of `takes_virtual`.
+    - check(devices, micro_batches, virtual, **options) -> a one-line reason the generator
+      refuses these sizes (with these options), or None; `refusal` adds the rule of `takes_virtual`.
     - options: the keyword options `make` takes beyond those three (e.g. `max_active`).
     - pipelines: the copies of the model its schedules hold (`Schedule.pipelines`; DualPipe: 2).
     - summary: one line for listings (`python -m sim.plot --help`)."""
@@ -52,16 +54,16 @@ class Generator:
     virtual: int = 1
     takes_virtual: bool = False
     placement: Callable[[int, int], list[int]] = one_per_device
-    check: Callable[[int, int, int], str | None] = lambda devices, micro_batches, virtual: None
+    check: Callable[..., str | None] = lambda devices, micro_batches, virtual, **options: None
     options: tuple[str, ...] = ()
     pipelines: int = 1
 
-    def refusal(self, devices: int, micro_batches: int, virtual: int) -> str | None:
-        """Why the generator refuses these sizes (one line), or None."""
+    def refusal(self, devices: int, micro_batches: int, virtual: int, **options) -> str | None:
+        """Why the generator refuses these sizes (with these options; one line), or None."""
         if not self.takes_virtual and virtual != self.virtual:
             held = "one stage" if self.virtual == 1 else f"{self.virtual} stages"
             return f"V={virtual}: this schedule holds {held} per device (V={self.virtual})"
-        return self.check(devices, micro_batches, virtual)
+        return self.check(devices, micro_batches, virtual, **options)
 
     def __repr__(self) -> str:
         return f"<Generator V={self.virtual}{' (any)' * self.takes_virtual}: {self.summary}>"
@@ -76,7 +78,7 @@ def _textbook(fn: Callable[..., Schedule], summary: str, options: tuple[str, ...
 
 def _at_least(fewest: Callable[[int], int], why: str) -> Callable:
     """A `check` for a schedule that takes at least fewest(devices) micro-batches."""
-    def check(devices: int, micro_batches: int, virtual: int) -> str | None:
+    def check(devices: int, micro_batches: int, virtual: int, **options) -> str | None:
         least = fewest(devices)
         return f"needs at least {least} micro-batches ({why}), got {micro_batches}" if micro_batches < least else None
     return check
@@ -106,13 +108,17 @@ SCHEDULES: Registry = Registry({
     "1f1b": _textbook(one_f_one_b, "warm-up, one forward one backward, cool-down (PipeDream-Flush)", ("max_active",)),
     "interleaved-1f1b": Generator(interleaved_1f1b, "1F1B over V chunks per device, stage s on device s mod P "
                                   "(Megatron-LM, Narayanan et al. 2021)", virtual=2, takes_virtual=True,
-                                  placement=looped_placement, check=check_interleaved, options=("overlap",)),
+                                  placement=looped_placement, check=check_interleaved,
+                                  options=("group_size", "overlap")),
     "looped-bfs": Generator(looped_bfs, "all forwards of each chunk in turn, then the backwards in reverse "
                             "(torch's LoopedBFS)", virtual=2, takes_virtual=True, placement=looped_placement),
     # the zero-bubble family (sim/schedule/zerobubble.py, sim/schedule/dualpipe.py): backward split into I and W
     "zb-h1": Generator(zb_h1, "1F1B with I/W split, Ws put off to fill the tail (Qi et al. 2024, ZB-H1)"),
     "zb-h2": Generator(zb_h2, "2p-1 micro-batches in flight, zero bubble with F=I=W (Qi et al. 2024, ZB-H2)",
                        check=_at_least(lambda p: 2 * p - 1, "its warm-up runs 2P-1 forwards on device 0")),
+    "interleaved-zb": Generator(interleaved_zb, "ZB-H1 over V chunks per device, stage s on device s mod P "
+                                "(torch's InterleavedZeroBubble)", virtual=2, takes_virtual=True,
+                                placement=looped_placement, check=check_interleaved, options=("group_size",)),
     "zbv": Generator(zbv, "V-shaped, 2 stages per device, zero bubble at 1F1B's memory (Qi et al. 2024, ZB-V)",
                      virtual=2, placement=v_shape),
     "dualpipev": Generator(dualpipev, "DeepSeek's DualPipe cut in half: V-shaped, F/B pairs (DualPipeV)",
@@ -122,6 +128,10 @@ SCHEDULES: Registry = Registry({
     "dualpipe": Generator(dualpipe, "bidirectional, micro-batches fed from both ends through two copies of the "
                           "model, F/B pairs (DeepSeek-V3's DualPipe)", virtual=2, placement=v_shape,
                           check=check_dualpipe, options=("overlap",), pipelines=2),
+    "v-min": Generator(v_min, "V-shaped, the least memory: (P+4)//3 micro-batches (Qi et al. 2024b, V-Min)",
+                       virtual=2, placement=v_shape),
+    "v-half": Generator(v_half, "V-shaped, half of 1F1B's memory: (P+2)//2 micro-batches (Qi et al. 2024b, "
+                        "V-Half)", virtual=2, placement=v_shape),
 })
 
 TEXTBOOK = ("naive", "gpipe", "1f1b")  # the three that `python -m sim.plot` draws by default
@@ -157,7 +167,7 @@ def make_schedule(name: str, devices: int, micro_batches: int, virtual: int | No
     if unknown:
         takes = f"takes {', '.join(gen.options)}" if gen.options else "takes no options"
         raise ScheduleError(f"{canonical} {takes}, not {', '.join(unknown)}")
-    reason = gen.refusal(devices, micro_batches, virtual)
+    reason = gen.refusal(devices, micro_batches, virtual, **options)
     if reason:
         raise ScheduleError(f"{canonical} on {devices} devices, {micro_batches} micro-batches: {reason}")
     return gen.make(devices, micro_batches, virtual, **options)

@@ -18,9 +18,9 @@ from exec.torch_pipelining.orders import from_torch
 
 needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
 
-# torch's name -> ours for the same schedule (ZB-H1 is nearest to torch's InterleavedZeroBubble, its ZB1P)
+# torch's name -> ours for the same schedule (InterleavedZeroBubble at V = 1 is ZB-H1: tests/test_zerobubble.py)
 OURS = {"GPipe": "gpipe", "1F1B": "1f1b", "Interleaved1F1B": "interleaved-1f1b", "LoopedBFS": "looped-bfs",
-        "InterleavedZeroBubble": "zb-h1", "ZBVZeroBubble": "zbv", "DualPipeV": "dualpipev"}
+        "InterleavedZeroBubble": "interleaved-zb", "ZBVZeroBubble": "zbv", "DualPipeV": "dualpipev"}
 VALID = [n for n in OURS if n != "1F1B"]  # torch's 1F1B order is not a schedule: see below
 SIZES = [(1, 2), (2, 4), (3, 6), (4, 8), (4, 12)]  # (P, M), M >= 2P as DualPipeV needs
 times = st.floats(0.1, 3.0, allow_nan=False)
@@ -66,10 +66,10 @@ def test_torch_1f1b_order_skips_the_first_forward_of_the_last_rank(P, M):
 
 
 @needs_torch
-@pytest.mark.parametrize("name", ["GPipe", "LoopedBFS", "Interleaved1F1B"])
+@pytest.mark.parametrize("name", ["GPipe", "LoopedBFS", "Interleaved1F1B", "InterleavedZeroBubble"])
 def test_ours_is_torchs_order_where_we_build_the_same_schedule(name):
-    """Interleaved 1F1B for V >= 2, and where M is not a multiple of P too (torch's rounds):
-    torch refuses exactly the sizes we refuse."""
+    """Interleaved 1F1B and interleaved zero bubble for V >= 2, and where M is not a multiple
+    of P too (torch's rounds): torch refuses exactly the sizes we refuse."""
     for P in range(1, 5):
         for M in range(1, 11):
             for V in ((1,) if name == "GPipe" else (2, 3)):
@@ -153,7 +153,7 @@ def test_the_engine_runs_torchs_orders_as_the_reference_model_does(case):
 
 @needs_torch
 @settings(max_examples=40, deadline=None)
-@given(random_case(["GPipe", "LoopedBFS", "Interleaved1F1B"]))
+@given(random_case(["GPipe", "LoopedBFS", "Interleaved1F1B", "InterleavedZeroBubble"]))
 def test_ours_is_not_worse_than_torchs_with_random_costs(case):
     """Where we build torch's very order, the same step on any costs; the zero-bubble
     schedules are compared with equal costs above and in docs/schedules.md."""

@@ -1,4 +1,4 @@
-"""Overlapped forward-backward pairs (OVERLAP_F_B, docs/rules.md rule 15) as the engine runs them.
+"""Overlapped forward-backward pairs (OVERLAP_F_B, docs/rules.md rule 18) as the engine runs them.
 
 A pair is an F and a backward (B or I) of another micro-batch run as one: it starts once
 both have their inputs, and takes the two computes with each one's expert all-to-all

@@ -244,9 +244,9 @@ def test_balanced_partition_keeps_every_stage_within_memory():
     """GPT-3 on 8 A100-80GB stages without recompute: the even split does not fit (the first
     stage holds 8 micro-batches); the balanced one moves layers back until each fits. Each
     stage's cap, found from the schedule's program order, is checked against the simulation:
-    that many layers on the stage fit its device, one more does not."""
+    that many layers on the stage fit its device, one more does not (all of its memory: no headroom)."""
     from sim.plan.stage_costs import memory_caps
-    kw = dict(tp=8, pp=8, micro_batch=1, global_batch=16)
+    kw = dict(tp=8, pp=8, micro_batch=1, global_batch=16, memory_headroom=0)
     ev = sim.estimate("gpt3-175b", "a100-80gb", **kw)
     ba = sim.estimate("gpt3-175b", "a100-80gb", partition="balanced", **kw)
     assert not ev.fits and ba.fits and sum(ba.layers_per_stage) == 96

@@ -33,6 +33,9 @@ def test_every_kind_has_one_entry_that_names_real_fields():
             assert all(KINDS[k].role is Role.COMPUTE for k in spec.feeds)
         elif spec.role is Role.PAIR:  # a mark: no cost, no memory, waits as the backward it names
             assert spec.cost is None and not spec.memory and spec.needs is KINDS[Kind.B].needs and spec.peer is None
+        elif spec.role is Role.GATHER:  # FSDP's all-gather stream: UNSHARD timed, RESHARD free; their memory
+            assert spec.cost in COST_FIELDS | {None} and spec.needs is None and spec.peer is None
+            assert (spec.cost is None) == (kind is Kind.RESHARD) and [e.field for e in spec.memory] == ["unshard_bytes"]
         else:
             assert spec.cost is None and spec.needs is None and spec.peer is not None
 
@@ -53,7 +56,7 @@ def test_memory_effects_balance():
     """What a micro-batch takes on a stage it gives back by the end of its backward, for the
     full backward (F, B) and for the split one (F, I, W), with and without offloading."""
     for kinds in ((Kind.F, Kind.B), (Kind.F, Kind.I, Kind.W), (Kind.F, Kind.OFFLOAD, Kind.RELOAD, Kind.B),
-                  (Kind.F, Kind.OFFLOAD, Kind.RELOAD, Kind.I, Kind.W)):
+                  (Kind.F, Kind.OFFLOAD, Kind.RELOAD, Kind.I, Kind.W), (Kind.UNSHARD, Kind.RESHARD)):
         total = {}
         for k in kinds:
             for e in KINDS[k].memory:

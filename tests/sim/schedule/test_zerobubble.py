@@ -144,7 +144,7 @@ def test_dualpipev_closed_form_with_equal_costs(pm, t):
     assert r.makespan == pytest.approx(max(spans(r)), abs=1e-9)
     assert r.makespan == pytest.approx(2 * m * 3 * t + (p - 1) * t, abs=1e-9)
     assert r.peak_activations == [2 * p + 1] * p
-    # with its pairs as OVERLAP_F_B (docs/rules.md rule 16) the engine waits for both inputs too
+    # with its pairs as OVERLAP_F_B (docs/rules.md rule 18) the engine waits for both inputs too
     paired = sim.simulate(sim.make_schedule("dualpipev", p, m, overlap=True), equal(t))
     assert paired.makespan == pytest.approx(readme, abs=1e-9)
 
