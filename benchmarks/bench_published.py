@@ -147,7 +147,9 @@ def print_h100_dev(s: dict) -> None:
         print(f"  {name}: {p['mape']:.1%} overall")
         for key in h100_dev.GROUPS:
             print(f"    by {key}: " + "; ".join(f"{k} {m:.1%} ({n})" for k, (m, n) in p[key].items()))
-    print("  left out: " + "; ".join(f"{n} {h100_dev.REASONS[k]}" for k, n in sorted(s["left_out"].items())))
+    print("  left out:")
+    for k, n in sorted(s["left_out"].items()):
+        print(f"    {n} {h100_dev.REASONS[k]}")
     print()
 
 
