@@ -198,9 +198,12 @@ def derived_profile(data: dict, gpu_name: str) -> dict:
     out["fingerprint"] = dict(out["fingerprint"], device=gpu_name)
     memory = get(out, "memory_bound.bandwidth")
     scale = other.hbm_bandwidth / h100.hbm_bandwidth
-    memory.update(value=memory["value"] * scale, source="derived", **{"from": ["datasheet.hbm_bandwidth"]},
-                  how=f"{NAME}'s memory-bound bandwidth ({memory['value'] / 1e12:.2f} TB/s, {memory['source']}) as a "
-                      f"share of the H100's {h100.hbm_bandwidth / 1e12:.2f} TB/s HBM, applied to the {gpu_name}'s "
+    was = dict(memory)
+    memory.clear()
+    memory.update(value=was["value"] * scale, source="derived", **{"from": ["datasheet.hbm_bandwidth"]},
+                  how=f"{NAME}'s memory-bound bandwidth ({was['value'] / 1e12:.2f} TB/s, {was['source']}: "
+                      f"{was.get('citation', was.get('rows', ''))}) as a share of the H100's "
+                      f"{h100.hbm_bandwidth / 1e12:.2f} TB/s HBM, applied to the {gpu_name}'s "
                       f"{other.hbm_bandwidth / 1e12:.2f} TB/s")
     for name in FITTED:
         for path in PARAMETERS[name][0]:
@@ -225,7 +228,8 @@ def main(argv=None) -> int:
     held = leave_one_model_out(runs)
     notes = {"rows": f"the {len(runs)} BF16, cp = 1, dense rows sim.plan.h100_dev expresses (row_id "
                      f"{', '.join(str(r.row_id) for r in runs)})",
-             "method": f"least squares on log step time, {', '.join(FITTED)} together (the rest at {BEST}); "
+             "method": f"least squares on log step time, {' and '.join(FITTED)} (the rest at {BEST}, which the rows "
+                       "cannot place: benchmarks/calibrate_h100.py's docstring); "
                        "standard error from the Jacobian",
              "residual": f"MAPE {h100_dev.mape(after):.1%} (best case {h100_dev.mape(before):.1%}); leaving one "
                          "model out, its MAPE: " + ", ".join(f"{m} {v[1]:.1%}" for m, v in held.items()),

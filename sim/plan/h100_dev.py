@@ -29,7 +29,7 @@ from __future__ import annotations
 import csv
 import inspect
 import statistics
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
@@ -168,33 +168,28 @@ def estimate_run(run: DevRun, gpu=GPU, **changes) -> Estimate:
     return estimate(run.model, gpu, **(run.keywords | changes))
 
 
-def with_model(run: DevRun, **changes) -> DevRun:
-    """The run with its model's fields replaced (e.g. attention='unfused')."""
-    return replace(run, model=replace(run.model, **changes))
-
-
-def errors(runs_: list[DevRun], gpu=GPU) -> list[float]:
+def errors(expressed: list[DevRun], gpu=GPU) -> list[float]:
     """Relative step-time errors, (predicted - measured) / measured, of expressed runs."""
-    return [estimate_run(r, gpu).step_time / r.step_time - 1 for r in runs_]
+    return [estimate_run(r, gpu).step_time / r.step_time - 1 for r in expressed]
 
 
-def mape(errors_: list[float]) -> float:
+def mape(relative_errors: list[float]) -> float:
     """Mean absolute percentage error (as a fraction) of relative errors."""
-    return statistics.fmean(abs(e) for e in errors_)
+    return statistics.fmean(abs(e) for e in relative_errors)
 
 
-def mape_by(runs_: list[DevRun], errors_: list[float], key: str) -> dict[str, tuple[float, int]]:
-    """MAPE and row count per value of a `GROUPS` key, in sorted order."""
+def mape_by(some: list[DevRun], relative_errors: list[float], key: str) -> dict[str, tuple[float, int]]:
+    """MAPE and row count per value of a `GROUPS` key over `some` runs and their errors, in sorted order."""
     out: dict[str, list[float]] = {}
-    for r, e in zip(runs_, errors_):
+    for r, e in zip(some, relative_errors):
         out.setdefault(r.group(key), []).append(e)
     return {k: (mape(v), len(v)) for k, v in sorted(out.items())}
 
 
-def refused_counts(runs_) -> dict[str, int]:
-    """How many rows each reason leaves out, by `REASONS` key."""
+def refused_counts(some) -> dict[str, int]:
+    """How many of `some` runs each reason leaves out, by `REASONS` key."""
     out: dict[str, int] = {}
-    for r in runs_:
+    for r in some:
         if r.reason is not None:
             out[r.reason] = out.get(r.reason, 0) + 1
     return out
