@@ -160,12 +160,11 @@ def runs() -> tuple[DevRun, ...]:
     return tuple(express(r) for r in read_rows())
 
 
-def estimate_run(run: DevRun, gpu=GPU, **changes) -> Estimate:
-    """`sim.estimate` of an expressed run on `gpu` (a profile, or a name: its default profile);
-    `changes` replace its keywords."""
+def estimate_run(run: DevRun, gpu=GPU) -> Estimate:
+    """`sim.estimate` of an expressed run on `gpu` (a profile, or a name: its default profile)."""
     if run.reason is not None:
         raise ValueError(f"row {run.row_id} is not expressible: {REASONS[run.reason]}")
-    return estimate(run.model, gpu, **(run.keywords | changes))
+    return estimate(run.model, gpu, **run.keywords)
 
 
 def errors(expressed: list[DevRun], gpu=GPU) -> list[float]:
