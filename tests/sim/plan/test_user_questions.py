@@ -219,7 +219,7 @@ def test_help_lists_the_presets(capsys):
 def test_the_header_names_the_profile_and_its_kind(capsys):
     status, out, _ = run(["--model", "megatron-1.7b", "--quiet", *BASE], capsys)
     assert status == 0 and "profile a100-80gb-vtrain (calibrated)" in out and "caveat" not in out
-    status, out, _ = run(["--model", "megatron-1.7b", "--quiet", *BASE[:1], "h100-80gb", *BASE[2:]], capsys)
+    status, out, _ = run(["--model", "megatron-1.7b", "--quiet", *BASE[:1], "h100-80gb-best-case", *BASE[2:]], capsys)
     assert status == 0 and "profile h100-80gb-best-case (best case)" in out
     assert sum(line.startswith("caveat: a best-case profile") for line in out.splitlines()) == 1
     assert "fits: peak <= 71.7 of 79.6 GiB" in out
