@@ -47,6 +47,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
+from sim.cost.layer import check_timed
 from sim.hardware.gpus import GPU
 from sim.hardware.kernels import precision_bytes
 from sim.hardware.profile import DeviceProfile, resolve
@@ -232,6 +233,7 @@ def search(model: Transformer | str, gpu: DeviceProfile | GPU | str, gpus: int, 
     total)` is called as configurations are settled. Raises ValueError naming the fix."""
     start = time.perf_counter()
     model, profile = find_model(model), resolve(gpu)
+    check_timed(model)  # a MoE model is refused, not searched as a dense one
     positive("gpus", gpus), positive("global_batch", global_batch), positive("gpus_per_node", gpus_per_node)
     nics_per_node = positive("nics_per_node", gpus_per_node if nics_per_node is None else nics_per_node)
     if top is not None:
