@@ -47,6 +47,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
+from sim.cost.layer import check_timed
 from sim.hardware.gpus import GPU
 from sim.hardware.kernels import precision_bytes
 from sim.hardware.profile import DeviceProfile, resolve
@@ -187,14 +188,19 @@ def _row(config: Config, est: Estimate, keep: bool) -> Row:
                max(est.peak_memory), est.fits, est if keep else None)
 
 
+def same_time(seconds: float) -> float:
+    """`seconds` to 12 significant digits: what `rank_key` compares."""
+    return float(f"{seconds:.12g}")
+
+
 def rank_key(row: Row) -> tuple:
     """The total order of the rows: step time, then peak memory, then the configuration's
     fields in `Config`'s order (tp, pp, dp, micro-batch, schedule, V, recompute, ZeRO,
     sequence parallelism), so that any `top` ranks the same rows first. Step times are
-    compared to the nanosecond: two layouts that differ only in the last bits of a float
-    sum (a reduction timed in another order) tie, and memory decides."""
+    compared to 12 significant digits: two layouts that differ only in the last bits of a
+    float sum (a reduction timed in another order) tie, and memory decides."""
     config = row.config
-    return (round(row.step_time, 9), row.peak_memory, config.tp, config.pp, config.dp, config.micro_batch, config.schedule,
+    return (same_time(row.step_time), row.peak_memory, config.tp, config.pp, config.dp, config.micro_batch, config.schedule,
             config.virtual, config.recompute, config.zero, config.sequence_parallel)
 
 
@@ -227,6 +233,7 @@ def search(model: Transformer | str, gpu: DeviceProfile | GPU | str, gpus: int, 
     total)` is called as configurations are settled. Raises ValueError naming the fix."""
     start = time.perf_counter()
     model, profile = find_model(model), resolve(gpu)
+    check_timed(model)  # a MoE model is refused, not searched as a dense one
     positive("gpus", gpus), positive("global_batch", global_batch), positive("gpus_per_node", gpus_per_node)
     nics_per_node = positive("nics_per_node", gpus_per_node if nics_per_node is None else nics_per_node)
     if top is not None:
@@ -249,7 +256,7 @@ def search(model: Transformer | str, gpu: DeviceProfile | GPU | str, gpus: int, 
 
     def limit() -> float:
         """The step time a configuration must not exceed to enter the rows."""
-        return min(best[-1][0][0] if top is not None and len(best) == top else math.inf, cap)
+        return min(best[-1][1].step_time if top is not None and len(best) == top else math.inf, cap)
 
     total = len(configs)
     if progress is not None:

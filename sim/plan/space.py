@@ -129,11 +129,12 @@ def _context_sizes(model: Transformer, gpus: int, cp) -> list[int]:
     return [size for size in sorted(set(sizes)) if gpus % size == 0]
 
 
-def _pipeline_sizes(model: Transformer, gpus: int, tp: int, pp, tp_given: bool) -> list[int]:
+def _pipeline_sizes(model: Transformer, gpus: int, tp: int, pp, tp_given: bool, strict: bool = True) -> list[int]:
     """The pipeline sizes to try with tensor-parallel size `tp`: the given ones (more stages
     than layers refused by name; one that does not divide the GPUs left over by `tp` refused
-    only where the user gave that tp, else that tp is skipped for it), else every divisor of
-    gpus/tp up to the layers."""
+    only where the user gave that tp, else that tp is skipped for it; skipped too where not
+    `strict`: a context-parallel size the search chose left those GPUs), else every divisor
+    of gpus/tp up to the layers."""
     if pp is None:
         return [size for size in _divisors(gpus // tp) if size <= model.layers]
     out = []
@@ -144,6 +145,8 @@ def _pipeline_sizes(model: Transformer, gpus: int, tp: int, pp, tp_given: bool) 
                              f"use pp <= {model.layers}")
         if (gpus // tp) % size == 0:
             out.append(size)
+        elif not strict:
+            continue
         elif tp_given:
             raise ValueError(f"{gpus} GPUs are not a multiple of tp*pp = {tp}*{size} = {tp * size}; give a GPU "
                              f"count that is a multiple of {tp * size} or another pp")
@@ -163,7 +166,8 @@ def layouts(model: Transformer, gpus: int, global_batch: int, *, tp=None, pp=Non
     out = []
     for tensor, context in ((t, c) for t in _tensor_sizes(model, gpus, tp, gpus_per_node)
                             for c in _context_sizes(model, gpus // t, cp)):
-        for pipeline in _pipeline_sizes(model, gpus // context, tensor, pp, tp is not None):
+        strict = context == 1 or cp is not None  # a cp the search chose may leave too few GPUs
+        for pipeline in _pipeline_sizes(model, gpus // context, tensor, pp, tp is not None, strict):
             replicas = gpus // (tensor * context * pipeline)
             if global_batch % replicas:
                 dropped["dp does not divide the global batch (tp x pp layouts)"] += 1
