@@ -13,10 +13,11 @@ from typing import Protocol
 
 from sim.model.footprint import optimizer_step_bytes, state_bytes_per_param
 from sim.hardware.profile import DeviceProfile
-from sim.hardware.kernels import memory_time, precision_bytes
+from sim.hardware.kernels import memory_time
 from sim.hardware.network import collective_time, links_of
 from sim.hardware.topology import Topology
 from sim.model.transformer import Transformer
+from .fp8 import weight_cast_bytes
 
 
 class Parallelism(Protocol):
@@ -85,8 +86,7 @@ def zero3_times(g: DeviceProfile, lay: Parallelism, params: list[float]) -> tupl
     if lay.zero < 2:
         return [0.0] * len(params), [0.0] * len(params)
     links, dp = links_of(g), lay.topology().group("dp")
-    weight = precision_bytes(lay.precision)
-    grad = state_bytes_per_param(lay.precision)["grads"]
+    weight, grad = (state_bytes_per_param(lay.precision)[k] for k in ("weights", "grads"))  # 16-bit under FP8 too
     gather = [collective_time(links, "all_gather", p * weight, dp) if lay.zero == 3 else 0.0 for p in params]
     scatter = [collective_time(links, "reduce_scatter", p * (weight if lay.zero == 3 else grad), dp) for p in params]
     return gather, scatter
@@ -94,10 +94,14 @@ def zero3_times(g: DeviceProfile, lay: Parallelism, params: list[float]) -> tupl
 
 def optimizer_time(m: Transformer, g: DeviceProfile, lay: Parallelism, layers: list[int], placement) -> float:
     """The AdamW step after the pipeline flush: memory-bound over the parameters each GPU
-    updates (all it holds; 1/dp of them under ZeRO), on the device that holds the most."""
+    updates (all it holds; 1/dp of them under ZeRO), on the device that holds the most. Under
+    FP8, with it, Transformer Engine's once-a-step casts of the Linear weights to their FP8
+    copies (`sim.cost.fp8.weight_cast_bytes`, memory-bound)."""
     params = stage_params(m, layers, lay.tp, placement)
-    per_rank = [0.0] * lay.pp
+    per_rank, held = [0.0] * lay.pp, [0] * lay.pp
     for s, r in enumerate(placement):
         per_rank[r] += params[s]
+        held[r] += layers[s]
     share = lay.dp if lay.zero >= 1 else 1
-    return memory_time(g, max(per_rank) / share * optimizer_step_bytes(lay.precision), "optimizer")
+    step = memory_time(g, max(per_rank) / share * optimizer_step_bytes(lay.precision), "optimizer")
+    return step + (memory_time(g, weight_cast_bytes(m, max(held), lay.tp)) if lay.precision == "fp8" else 0.0)

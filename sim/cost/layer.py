@@ -58,6 +58,7 @@ from dataclasses import dataclass
 from sim.hardware.profile import DeviceProfile, resolve
 from sim.hardware.kernels import elementwise_time, gemm_time, precision_bytes
 from sim.hardware.network import collective_time, links_of
+from . import fp8
 from sim.hardware.topology import Group, one_node
 from sim.model.transformer import Transformer, check_recompute
 
@@ -103,7 +104,7 @@ _TORCH = {
 }
 _TORCH_CORE = ("attention_exp",)  # the flash forward's own kernel, recomputed by "selective" with its matmuls
 _INSIDE = {"bias", "attention_exp", "attention_grad_fill", "attention_delta", "layernorm_weight_grad"}  # no op of their own
-_OPS = {"grad_accumulate": 12}  # one add_ per parameter tensor: 2 LayerNorms' gain and bias, 4 linear layers' weight and bias
+_OPS = {"grad_accumulate": 12, **fp8.KERNELS_PER_CAST}  # one add_ per parameter tensor: 2 LayerNorms' gain and bias, 4 linear layers' weight and bias
 # The memory-bound class of each kernel (`sim.profile.MEMORY_CLASSES`); the rest are "elementwise".
 _CLASS = {"layernorm": "norm", "rmsnorm": "norm", "softmax": "softmax", "context_transpose": "copy",
           "bias": "copy", "attention_grad_fill": "copy", "qkv_grad_cat": "copy", "layernorm_weight_grad": "norm"}
@@ -141,6 +142,11 @@ class Slice:
             raise ValueError(f"tp_group has {self.tp_group.size} GPUs, tp is {self.tp}; give the group of tp={self.tp}")
 
     @property
+    def activation_precision(self) -> str:
+        """The precision of all but FP8's Linear GEMMs: BF16 under "fp8" (`sim.cost.fp8`)."""
+        return "bf16" if self.precision == "fp8" else self.precision
+
+    @property
     def tensor_group(self) -> Group:
         """The tensor-parallel group its collectives run over."""
         return one_node(self.tp) if self.tp_group is None else self.tp_group
@@ -167,7 +173,7 @@ def gemm_products(m: int, n: int, k: int, batch: int = 1) -> tuple[tuple, tuple,
 def _kernels_time(m: Transformer, dev: DeviceProfile, x: Slice, kernels, only=None) -> float:
     """Seconds of the memory- and compute-bound `kernels` (the `only` ones if given) on one GPU."""
     b, s, h, t = x.micro_batch, m.seq, m.hidden, x.tp
-    scale = precision_bytes(x.precision) / 2  # the table is for 16-bit elements
+    scale = precision_bytes(x.activation_precision) / 2  # the table is for 16-bit elements
     size = {"sbh": s * b * h / (t if x.sequence_parallel else 1), "sbf": s * b * m.ffn / t, "sbh/t": s * b * h / t,
             "sbqkv": s * b * h * (1 + 2 * m.kv_heads / m.heads) / t,
             "as2b": m.heads * s * s * b / t, "sbqk": s * b * h * (1 + m.kv_heads / m.heads) / t,
@@ -181,10 +187,16 @@ def _count(kernels, only=None) -> int:
     return sum(_OPS.get(name, 1) for name, _, _ in kernels if (only is None or name in only) and name not in _INSIDE)
 
 
-def _lists(m: Transformer) -> dict:
+def _lists(m: Transformer, x: Slice, scaling: str = "delayed") -> dict:
     """The layer's memory- and compute-bound kernels by pass (F, I, W), the attention core's,
     whether its attention is one fused kernel, and the matmuls its backward adds: Megatron-LM's
-    or torch's (see the module's docstring)."""
+    or torch's (see the module's docstring); under FP8 with Transformer Engine's casts
+    (`sim.cost.fp8.cast_kernels`, of the profile's `scaling`)."""
+    if x.precision == "fp8":
+        if m.kernels != "megatron":
+            raise ValueError("precision 'fp8' is Transformer Engine's under Megatron-LM: kernels='megatron' only")
+        k, casts = _lists(m, Slice(x.micro_batch, x.tp, x.sequence_parallel)), fp8.cast_kernels(m, scaling)
+        return {**k, "F": k["F"] + casts["F"], "I": k["I"] + casts["I"]}
     if m.kernels == "megatron":
         (f_mlp, f_t), (b_mlp, b_t) = _MLP[m.mlp]
         act = "bias_gelu" if (m.mlp, m.arch) == ("gelu", "gpt") else m.mlp.replace("-", "_")
@@ -224,10 +236,10 @@ def layer_times(m: Transformer, dev: DeviceProfile | str, x: Slice, recompute: s
     check_timed(m)
     check_recompute(recompute)
     dev = resolve(dev)
-    p, shapes, k = x.precision, gemm_shapes(m, x), _lists(m)
+    shapes, k = gemm_shapes(m, x), _lists(m, x, dev.fp8_scaling)
     products = {n: gemm_products(*s) for n, s in shapes.items()}  # forward, input and weight gradient
-    fwd, dx, dw = ({n: gemm_time(dev, p, *q[i]) for n, q in products.items()} for i in range(3))
-    weightless = ("scores", "values")  # both their gradients are input gradients (Qi et al. 2024, Table 1)
+    fwd, dx, dw = ({n: _gemm_time(dev, x, n, q[i]) for n, q in products.items()} for i in range(3))
+    weightless = _WEIGHTLESS
     comm_f, comm_i, hidden = _collectives(m, dev, x, dx, dw)
     hidden = hidden if tp_overlap else 0.0
     # the attention core's matmuls (scores, values) in F and in I, as batched GEMMs: Megatron-LM's
@@ -252,11 +264,22 @@ def layer_times(m: Transformer, dev: DeviceProfile | str, x: Slice, recompute: s
     parts["memory"] += w_memory
     parts["collectives"] -= hidden
     backward_input = sum(redo.values()) + sum(i.values())
-    n = pass_kernels(m, x, recompute)
+    n = pass_kernels(m, x, recompute, dev.fp8_scaling)
     lt = LayerTimes(forward=sum(f.values()), backward=backward_input + w - hidden,
                     backward_input=backward_input, backward_weight=w + w_redo, recompute=sum(redo.values()),
                     parts=parts, kernels=n)
     return _measured(m, dev, x, recompute, lt) or lt
+
+
+_WEIGHTLESS = ("scores", "values")  # both their gradients are input gradients (Qi et al. 2024, Table 1)
+
+
+def _gemm_time(dev: DeviceProfile, x: Slice, name: str, product: tuple) -> float:
+    """Seconds of one of the layer's products: a Linear's in FP8 under "fp8" (`sim.cost.fp8`), else
+    at the activations' precision."""
+    if x.precision == "fp8" and name not in _WEIGHTLESS:
+        return fp8.linear_gemm_time(dev, *product)
+    return gemm_time(dev, x.activation_precision, *product)
 
 
 # FlashAttention-2's benchmark count (Dao-AILab/flash-attention, benchmarks/benchmark_flash_attention.py,
@@ -275,7 +298,7 @@ def fused_attention_times(m: Transformer, dev: DeviceProfile, x: Slice) -> tuple
     writes the s^2 scores: the layer has no memory-bound kernel of them. (A profile without an
     attention efficiency times the kernel as its matmuls alone: `layer_times`.)"""
     flops = CAUSAL_SHARE * 4 * x.micro_batch * m.seq ** 2 * m.hidden / x.tp
-    forward = flops / (dev.flops(x.precision) * dev.attention_efficiency)
+    forward = flops / (dev.flops(x.activation_precision) * dev.attention_efficiency)
     return forward, BACKWARD_OVER_FORWARD * forward
 
 
@@ -300,10 +323,11 @@ def measured_apply(m: Transformer, x: Slice) -> bool:
     return x.tp == 1 and m.kernels == "torch"
 
 
-def pass_kernels(m: Transformer, x: Slice, recompute: str = "none") -> dict[str, int]:
-    """Kernels one layer launches per pass (F, B, I, W): the matmuls, the listed kernels and the
-    tensor-parallel collectives; fused (flash) attention is one kernel each way."""
-    k, gemms, weightless = _lists(m), len(gemm_shapes(m, x)), 2
+def pass_kernels(m: Transformer, x: Slice, recompute: str = "none", scaling: str = "delayed") -> dict[str, int]:
+    """Kernels one layer launches per pass (F, B, I, W): the matmuls, the listed kernels (FP8's
+    casts of `scaling` among them) and the tensor-parallel collectives; fused (flash) attention
+    is one kernel each way."""
+    k, gemms, weightless = _lists(m, x, scaling), len(gemm_shapes(m, x)), 2
     collectives = 2 if not x.sequence_parallel else 4  # per pass: all-reduces, or all-gathers and reduce-scatters
     flash = gemms - weightless + 1 if k["fused"] else gemms  # fused: the linear layers and one attention kernel
     n = {"F": flash + _count(k["F"]) + collectives * (x.tp > 1),
@@ -329,14 +353,16 @@ def _collectives(m: Transformer, dev: DeviceProfile, x: Slice, dx: dict, dw: dic
     reduce-scatters each row-parallel output; the backward all-gathers the row-parallel
     output gradients, all-gathers each column-parallel input again for its weight gradient
     (under its input-gradient matmul) and reduce-scatters its input gradient (under its
-    weight-gradient matmul in B)."""
-    buf = x.micro_batch * m.seq * m.hidden * precision_bytes(x.precision)
+    weight-gradient matmul in B). Under FP8 the all-gathers move FP8 and the rest BF16
+    (`sim.cost.fp8`)."""
+    buf = x.micro_batch * m.seq * m.hidden * precision_bytes(x.activation_precision)
+    gathered = buf * fp8.GATHER_BYTES / fp8.REDUCE_BYTES if x.precision == "fp8" else buf
     column = ("qkv", "mlp_in")
     links, group = links_of(dev), x.tensor_group
     if not x.sequence_parallel:
         ar = collective_time(links, "all_reduce", buf, group)
         return 2 * ar, 2 * ar, sum(min(ar, dw[k]) for k in column)
-    ag = collective_time(links, "all_gather", buf, group)
+    ag = collective_time(links, "all_gather", gathered, group)
     rs = collective_time(links, "reduce_scatter", buf, group)
     comm_i = 2 * ag + sum(max(0.0, ag - dx[k]) + rs for k in column)
     return 2 * (ag + rs), comm_i, sum(min(rs, dw[k]) for k in column)

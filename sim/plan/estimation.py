@@ -147,7 +147,7 @@ def estimate_layout(model: Transformer, profile: DeviceProfile, lay: Layout, **s
     flops = model.flops_per_iteration(lay.global_batch, lay.recompute)
     model_flops = model.flops_per_iteration(lay.global_batch, "none")
     return Estimate(model, profile, lay, step_time=step, tflops_per_gpu=flops / step / lay.gpus / 1e12,
-                    mfu=model_flops / step / lay.gpus / profile.flops(lay.precision),
+                    mfu=model_flops / step / lay.gpus / profile.flops(piece.activation_precision),
                     bubble_fraction=result.pipeline_bubble_fraction,
                     peak_memory=peak, fits=max(peak) <= usable, result=result, layers_per_stage=layers,
                     time_parts=parts, memory_parts=memory_parts(costs, result.schedule, result), warnings=warnings,

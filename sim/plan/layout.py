@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sim.cli import machine_memory
+from sim.cost.fp8 import check_fp8
 from sim.hardware.kernels import precision_bytes
 from sim.hardware.profile import DeviceProfile
 from sim.hardware.topology import Topology
@@ -88,6 +89,8 @@ def check_layout(model: Transformer, profile: DeviceProfile, lay: Layout) -> lis
         raise ValueError(f"pp={lay.pp}{chunks} = {stages} stages is more than the model's {model.layers} layers; "
                          f"use pp * V <= {model.layers}")
     precision_bytes(lay.precision)
+    if lay.precision == "fp8":
+        check_fp8(profile)
     state_bytes_per_param(lay.precision, lay.zero, lay.dp)
     for what, n in (("heads", model.heads), ("kv_heads", model.kv_heads), ("ffn", model.ffn), ("vocab", model.vocab)):
         if n % lay.tp:

@@ -9,6 +9,7 @@ from sim.engine.fields import PER_STAGE
 from sim.engine.result import Result
 from sim.cost.data_parallel import grad_reduce_times, stage_params, zero3_times
 from sim.cost.ends import end_kernel_counts
+from sim.cost import fp8
 from sim.cost.layer import LayerTimes, Slice
 from sim.hardware.kernels import precision_bytes
 from sim.hardware.network import collective_time, links_of, p2p_link
@@ -112,13 +113,14 @@ def stage_costs(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: Lay
     stages = len(placement)
     first, last = [s == 0 for s in range(stages)], [s == stages - 1 for s in range(stages)]
     fwd, bwd, bi, bw, floor = pass_times(m, g, x, lt, ends, layers)
-    e = precision_bytes(lay.precision)
+    kept = x.activation_precision  # under FP8 the activations are BF16, but for the Linears' saved inputs
+    e = precision_bytes(kept)
     sbh = m.seq * lay.micro_batch * m.hidden
-    act_layer = m.activation_bytes_per_layer(lay.micro_batch, lay.tp, lay.sequence_parallel, lay.recompute,
-                                             lay.precision)
-    w_layer = m.w_activation_bytes_per_layer(lay.micro_batch, lay.tp, lay.sequence_parallel, lay.precision,
-                                             lay.recompute)
-    ends_b = m.end_activation_bytes(lay.micro_batch, lay.tp, lay.sequence_parallel, lay.precision)
+    act_layer = m.activation_bytes_per_layer(lay.micro_batch, lay.tp, lay.sequence_parallel, lay.recompute, kept)
+    if lay.precision == "fp8":
+        act_layer -= fp8.saved_bytes_saving(m, lay.micro_batch, lay.tp, lay.sequence_parallel, lay.recompute)
+    w_layer = m.w_activation_bytes_per_layer(lay.micro_batch, lay.tp, lay.sequence_parallel, kept, lay.recompute)
+    ends_b = m.end_activation_bytes(lay.micro_batch, lay.tp, lay.sequence_parallel, kept)
     act = [n * act_layer + (ends_b["first"] if f else 0.0) + (ends_b["last"] if la else 0.0)
            for n, f, la in zip(layers, first, last)]
     w_act = [n * w_layer + (ends_b["first_w"] if f else 0.0) + (ends_b["last_w"] if la else 0.0)
@@ -126,6 +128,7 @@ def stage_costs(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: Lay
     if m.kernels == "torch":  # rule 15: the first stage's I keeps its whole graph for W (the head's too, pp = 1)
         w_act[0] = act[0]
     per = state_bytes_per_param(lay.precision, lay.zero, lay.dp)
+    fp8_copies = [fp8.weight_copy_bytes(m, n, lay.tp) if lay.precision == "fp8" else 0.0 for n in layers]
     params = stage_params(m, layers, lay.tp, placement)
     links = links_of(g)
     pipe = p2p_link(links, lay.topology().pipeline_send(placement))  # the slowest of its links
@@ -147,7 +150,7 @@ def stage_costs(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: Lay
     transport = dict(g.host_transport) if g.host_transport else {"transport": "ideal"}
     costs = Costs(forward=tuple(fwd), backward=tuple(bwd), backward_input=tuple(bi), backward_weight=tuple(bw),
                   activation_bytes=tuple(act), w_activation_bytes=tuple(w_act), activation_bytes_sent=sent,
-                  weight_bytes=tuple(p * per["weights"] for p in params),
+                  weight_bytes=tuple(p * per["weights"] + copies for p, copies in zip(params, fp8_copies)),
                   grad_bytes=tuple(p * per["grads"] for p in params),
                   optimizer_bytes=tuple(p * per["optimizer"] for p in params),
                   latency=pipe.latency, bandwidth=pipe.bandwidth, **transport,
@@ -181,7 +184,8 @@ def offload_costs(m: Transformer, g: DeviceProfile, lay: Layout, layers: list[in
     recompute keeps of its layers, their inputs (`Transformer.activation_bytes_per_layer`),
     over PCIe at the GPU's `pcie_bandwidth` each way; the embedding's and output layer's
     activations stay on the GPU."""
-    per_layer = m.activation_bytes_per_layer(lay.micro_batch, lay.tp, lay.sequence_parallel, "full", lay.precision)
+    per_layer = m.activation_bytes_per_layer(lay.micro_batch, lay.tp, lay.sequence_parallel, "full",
+                                             "bf16" if lay.precision == "fp8" else lay.precision)
     nbytes = tuple(n * per_layer for n in layers)
     if g.gpu.pcie_bandwidth is None:
         raise ValueError(f"offload=True needs the device's PCIe bandwidth; {g.gpu.name}'s datasheet has none")
