@@ -269,7 +269,7 @@ def test_balanced_partition_keeps_every_stage_within_memory():
     (dict(zero=4), "zero must be one of 0, 1, 2, 3"),
     (dict(recompute="some"), "recompute must be one of none, selective, full"),
     (dict(precision="fp4"), "precision must be one of"),
-    (dict(precision="fp8"), "precision 'fp8' is not modelled yet"),
+    (dict(precision="fp8"), "precision 'fp8': a100-80gb has no FP8 tensor cores"),
     (dict(sequence_parallel=True), "sequence_parallel needs tp > 1"),
     (dict(tp_overlap=1), "tp_overlap must be True or False"),
     (dict(tp=0), "tp must be a positive int"),
