@@ -23,6 +23,7 @@ from .stage_costs import partition_layers, stage_costs
 from sim.model.footprint import optimizer_step_bytes, state_bytes_per_param
 from sim.hardware.profile import DeviceProfile, resolve
 from sim.schedule.ir import Schedule
+from sim.cost.fp8 import saved_bytes_saving
 from sim.hardware.kernels import memory_time, precision_bytes
 from sim.schedule.kinds import KINDS, Kind
 from sim.schedule.liveness import held
@@ -118,10 +119,13 @@ class Bounds:
         return self._shape[key]
 
     def _activations(self, config: Config) -> float:
-        """One micro-batch's activations of one layer on one GPU."""
-        return self.model.activation_bytes_per_layer(config.micro_batch, config.tp, config.sequence_parallel,
-                                                     config.recompute,
-                                                 self.precision)
+        """One micro-batch's activations of one layer on one GPU (under FP8: BF16's less the
+        Linears' inputs saved in FP8, `sim.cost.fp8`)."""
+        fp8 = self.precision == "fp8"
+        kept = self.model.activation_bytes_per_layer(config.micro_batch, config.tp, config.sequence_parallel,
+                                                     config.recompute, "bf16" if fp8 else self.precision)
+        return kept - (saved_bytes_saving(self.model, config.micro_batch, config.tp, config.sequence_parallel,
+                                          config.recompute) if fp8 else 0.0)
 
     def memory_average(self, config: Config) -> float:
         """The average device's weights, gradients and optimizer state (the stages'

@@ -87,7 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--zero", type=_zeros, help="ZeRO stages, any of 0,1,2,3 (default: all; 2 and 3 only with pp 1)")
     parser.add_argument("--sequence-parallel", choices=("both", "on", "off"), default="both",
                    help="sequence parallelism (only where tp > 1)")
-    parser.add_argument("--precision", default="bf16", help=f"one of {', '.join(PRECISIONS)}")
+    parser.add_argument("--precision", default="bf16", help=f"one of {', '.join(PRECISIONS)}, or fp8 (Transformer "
+                        f"Engine's FP8 Linear GEMMs, on GPUs with an FP8 peak)")
     parser.add_argument("--memory-headroom", type=headroom, default=DEFAULT_HEADROOM,
                    help="kept free of each GPU's memory for the CUDA context, NCCL's buffers and fragmentation: "
                         "a fraction (0.1, 10%%) or bytes (4GiB)")
