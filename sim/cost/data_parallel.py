@@ -65,13 +65,34 @@ def grad_reduce_times(m: Transformer, g: DeviceProfile, lay: Parallelism, params
         scatter = collective_time(links, "reduce_scatter", nbytes, dp) if lay.zero == 1 else 0.0
         return scatter + collective_time(links, "all_gather", nbytes, dp)
 
-    # ZeRO-2 and -3 reduce-scatter every micro-batch's gradients in its backward (`zero3_times`)
-    out = [0.0 if lay.zero == 3 else reduce(p * grad) for p in params]
+    # ZeRO-3 as FSDP's actions reduce-scatters once, after the stage's last backward; as
+    # DeepSpeed's, every micro-batch's gradients in its backward (`zero3_times`)
+    if fsdp_as_actions(lay):
+        out = [collective_time(links, "reduce_scatter", p * grad, dp) for p in params]
+    else:
+        out = [0.0 if lay.zero == 3 else reduce(p * grad) for p in params]
     if m.params().tied and placement[0] != placement[-1]:
         tied = collective_time(links, "all_reduce", m.vocab * m.hidden / lay.tp * grad, topo.group("embedding"))
         out[0] += tied
         out[-1] += tied
     return out
+
+
+def fsdp_as_actions(lay: Parallelism) -> bool:
+    """Whether ZeRO-3 runs as FSDP's gathers and releases, actions the engine schedules
+    (`sim.add_fsdp`, `fsdp_times`): with pp > 1, as torch.distributed.pipelining lowers them.
+    With pp = 1 a stage is the whole model, which FSDP never gathers at once: there the
+    gathers stay in each micro-batch's passes (`zero3_times`, DeepSpeed's ZeRO-3)."""
+    return lay.zero == 3 and lay.pp > 1
+
+
+def fsdp_times(g: DeviceProfile, lay: Parallelism, params: list[float]) -> tuple[list[float], list[float]]:
+    """Per stage, FSDP's UNSHARD: the all-gather of its 16-bit parameters from their shards
+    over the data-parallel group (seconds), and the bytes it gathers (held until its RESHARD).
+    The reduce-scatter of its gradients is its REDUCE_GRAD (`grad_reduce_times`)."""
+    weight = state_bytes_per_param(lay.precision)["weights"]
+    dp = lay.topology().group("dp")
+    return [collective_time(links_of(g), "all_gather", p * weight, dp) for p in params], [p * weight for p in params]
 
 
 def zero3_times(g: DeviceProfile, lay: Parallelism, params: list[float]) -> tuple[list[float], list[float]]:
@@ -82,8 +103,8 @@ def zero3_times(g: DeviceProfile, lay: Parallelism, params: list[float]) -> tupl
     compute (DeepSpeed prefetches some of it; not modelled). Under ZeRO-2 (pp = 1 only) the
     reduce-scatter of the stage's gradients after each micro-batch's backward, DeepSpeed's
     stage 2, so that only 1/dp of them accumulates (docs/planner.md, "ZeRO with pipelining").
-    Zero for other stages."""
-    if lay.zero < 2:
+    Zero for other stages, and for ZeRO-3 as FSDP's actions (`fsdp_as_actions`)."""
+    if lay.zero < 2 or fsdp_as_actions(lay):
         return [0.0] * len(params), [0.0] * len(params)
     links, dp = links_of(g), lay.topology().group("dp")
     weight, grad = (state_bytes_per_param(lay.precision)[k] for k in ("weights", "grads"))  # 16-bit under FP8 too

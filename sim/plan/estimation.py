@@ -22,7 +22,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 
-from sim.cost.data_parallel import optimizer_time
+from sim.cost.data_parallel import fsdp_as_actions, optimizer_time
 from sim.cost.ends import end_times
 from sim.cost.layer import LayerTimes, Slice, layer_times
 from sim.simulation import simulate
@@ -31,6 +31,7 @@ from sim.hardware.gpus import GPU
 from sim.hardware.profile import DeviceProfile, resolve
 from sim.model.layer_layout import from_counts
 from sim.model.transformer import Transformer
+from sim.passes.fsdp import add_fsdp
 from sim.passes.grad_reduce import add_grad_reduce
 from sim.engine.result import reload_waits
 from sim.schedule.kinds import Kind
@@ -96,7 +97,8 @@ def estimate(model: Transformer | str, gpu: DeviceProfile | GPU | str = "a100-80
              virtual: int | None = None, recompute: str = "none", sequence_parallel: bool = False, zero: int = 0,
              precision: str = "bf16", overlap_grad_reduce: bool = False, partition="even",
              tp_overlap: bool = True, offload: bool = False, nics_per_node: int | None = None,
-             memory_headroom: float = DEFAULT_HEADROOM, **schedule_options) -> Estimate:
+             memory_headroom: float = DEFAULT_HEADROOM, reshard_after_forward: bool = True,
+             **schedule_options) -> Estimate:
     """Simulate one training step of `model` on `gpu`s split as given (see `Layout` and the
     module's docstring); `gpu` is a device profile (`sim.load_profile`), a profile's or GPU
     preset's name (its default profile, `sim.hardware.profile.DEFAULT_PROFILES`) or a preset `GPU`;
@@ -108,11 +110,14 @@ def estimate(model: Transformer | str, gpu: DeviceProfile | GPU | str = "a100-80
     (`stage_costs.offload_costs`). `nics_per_node` (default `gpus_per_node`: one a GPU, as on a DGX) are the
     network cards of a node that collectives and sends between nodes share (`sim.hardware.topology`).
     `memory_headroom` is what each GPU keeps free (a fraction of its memory, or bytes; `fits`
-    compares the peak with the rest: `layout.usable_memory`)."""
+    compares the peak with the rest: `layout.usable_memory`). With zero=3 and pp > 1 the
+    gathers and reduce-scatters are FSDP's actions on the step (`sim.add_fsdp`), and
+    `reshard_after_forward` is FSDP2's option (docs/planner.md, "ZeRO with pipelining")."""
     lay = Layout(tp, pp, dp, micro_batch, dp * micro_batch if global_batch is None else global_batch,
                  lookup(schedule)[0], virtual, recompute, sequence_parallel, zero, precision, gpus_per_node,
                  overlap_grad_reduce, partition if isinstance(partition, str) else tuple(partition), tp_overlap,
-                 offload, gpus_per_node if nics_per_node is None else nics_per_node, memory_headroom)
+                 offload, gpus_per_node if nics_per_node is None else nics_per_node, memory_headroom,
+                 reshard_after_forward)
     return estimate_layout(find_model(model), resolve(gpu), lay, **schedule_options)
 
 
@@ -131,8 +136,11 @@ def estimate_layout(model: Transformer, profile: DeviceProfile, lay: Layout, **s
     costs, parts = stage_costs(model, profile, lay, piece, layer, ends, layers, sched.placement)
     if lay.offload:
         sched, costs = offload_costs(model, profile, lay, layers, sched, costs)
+    fsdp = fsdp_as_actions(lay)
+    if fsdp:  # FSDP's gathers, then its reduce-scatters after each stage's last backward
+        sched = add_fsdp(sched, reshard_after_forward=lay.reshard_after_forward)
     if any(costs.grad_reduce):
-        sched = add_grad_reduce(sched, overlap=lay.overlap_grad_reduce)
+        sched = add_grad_reduce(sched, overlap=lay.overlap_grad_reduce or fsdp)
     result = simulate(sched, costs)
     result.in_seconds = True  # the costs are seconds: figures say so
     optimizer = optimizer_time(model, profile, lay, layers, sched.placement)

@@ -58,6 +58,7 @@ class Layout:
     offload: bool = False
     nics_per_node: int | None = None  # None: one a GPU
     memory_headroom: float = DEFAULT_HEADROOM  # kept free of each GPU's memory (`usable_memory`)
+    reshard_after_forward: bool = True  # zero=3 with pp > 1: FSDP2's option (`sim.add_fsdp`)
 
     @property
     def gpus(self) -> int:
@@ -99,13 +100,13 @@ def check_layout(model: Transformer, profile: DeviceProfile, lay: Layout) -> lis
     if lay.global_batch % (lay.dp * lay.micro_batch):
         raise ValueError(f"global batch {lay.global_batch} does not split into dp={lay.dp} replicas of "
                          f"micro-batches of {lay.micro_batch}; make it a multiple of {lay.dp * lay.micro_batch}")
-    if lay.zero >= 2 and lay.pp > 1:  # docs/planner.md, "ZeRO with pipelining"
+    if lay.zero == 2 and lay.pp > 1:  # docs/planner.md, "ZeRO with pipelining"
         raise ValueError(f"zero={lay.zero} with pp > 1: the micro-batches of a pipeline accumulate every "
                          f"gradient until the step's end (DeepSpeed's pipeline engine refuses ZeRO-2 and -3; "
                          f"Megatron-LM's distributed optimizer shards the optimizer state only); use zero <= 1")
     if lay.sequence_parallel and lay.tp == 1:
         raise ValueError("sequence_parallel needs tp > 1 (it splits what tensor parallelism leaves whole)")
-    for name in ("overlap_grad_reduce", "tp_overlap", "offload"):
+    for name in ("overlap_grad_reduce", "tp_overlap", "offload", "reshard_after_forward"):
         if not isinstance(getattr(lay, name), bool):
             raise ValueError(f"{name} must be True or False, got {getattr(lay, name)!r}")
     if lay.offload and lay.recompute != "full":

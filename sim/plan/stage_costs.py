@@ -7,7 +7,7 @@ from functools import cache
 from sim.engine.costs import Costs
 from sim.engine.fields import PER_STAGE
 from sim.engine.result import Result
-from sim.cost.data_parallel import grad_reduce_times, stage_params, zero3_times
+from sim.cost.data_parallel import fsdp_as_actions, fsdp_times, grad_reduce_times, stage_params, zero3_times
 from sim.cost.ends import end_kernel_counts
 from sim.cost import fp8
 from sim.cost.layer import LayerTimes, Slice
@@ -155,6 +155,8 @@ def stage_costs(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: Lay
                   optimizer_bytes=tuple(p * per["optimizer"] for p in params),
                   latency=pipe.latency, bandwidth=pipe.bandwidth, **transport,
                   grad_reduce=tuple(reduce))
+    if fsdp_as_actions(lay):
+        costs = fsdp_costs(g, lay, params, costs)
     # per device on average: the compute by part (the rest of the step: `estimate`)
     mb, names = lay.micro_batches, {"gemm": "gemm", "memory": "memory_bound", "collectives": "tp_collectives"}
     parts = {names[k]: mb * sum(layers) * v / lay.pp for k, v in lt.parts.items()}
@@ -163,6 +165,19 @@ def stage_costs(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: Lay
     parts["zero_collectives"] = mb * (2 * sum(gather) + sum(scatter)) / lay.pp
     parts["tp_collectives"] += mb * (sum(into_f) + sum(into_b)) / lay.pp
     return costs, parts
+
+
+def fsdp_costs(g: DeviceProfile, lay: Layout, params: list[float], costs: Costs) -> Costs:
+    """`costs` with those of FSDP's actions (zero=3 with pp > 1: `sim.cost.data_parallel.fsdp_as_actions`):
+    each stage's UNSHARD (the all-gather's time, the gathered 16-bit parameters' bytes, held
+    beside the shard until its RESHARD), and its gradients whole until its REDUCE_GRAD, the
+    reduce-scatter: torch.distributed.pipelining turns FSDP's gradient sync off until the
+    stage's last backward (`set_requires_gradient_sync(False)`), so each micro-batch adds into
+    unsharded gradients."""
+    gather, gathered = fsdp_times(g, lay, params)
+    grads = state_bytes_per_param(lay.precision)["grads"]
+    return replace(costs, unshard=tuple(gather), unshard_bytes=tuple(gathered),
+                   grad_bytes=tuple(p * grads for p in params))
 
 
 def memory_parts(costs: Costs, sched, result: Result) -> list[dict]:
