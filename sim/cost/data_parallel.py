@@ -9,6 +9,7 @@ them); collectives are timed by `sim.hardware.network`.
 """
 from __future__ import annotations
 
+import math
 from typing import Protocol
 
 from sim.model.footprint import optimizer_step_bytes, state_bytes_per_param
@@ -46,7 +47,8 @@ def stage_params(m: Transformer, layers: list[int], tp: int, placement) -> list[
     return out
 
 
-def grad_reduce_times(m: Transformer, g: DeviceProfile, lay: Parallelism, params: list[float], placement) -> list[float]:
+def grad_reduce_times(m: Transformer, g: DeviceProfile, lay: Parallelism, params: list[float], placement,
+                      backward: list[float] | None = None) -> list[float]:
     """Per stage, the reduction of its gradients (the engine's REDUCE_GRAD): a ring all-reduce
     of its gradient bytes over the dp replicas (ZeRO 1-2: a reduce-scatter and, after the
     optimizer, an all-gather of the updated weights, the same bytes, Rajbhandari et al. 2020,
@@ -54,15 +56,19 @@ def grad_reduce_times(m: Transformer, g: DeviceProfile, lay: Parallelism, params
     over the data-parallel group's link (`sim.hardware.topology`); on the
     first and last stage, where they are on two devices and the output layer is tied, also
     the all-reduce of the word embedding's gradient between its two copies (Megatron-LM's
-    embedding group)."""
+    embedding group). `backward` (per stage, its last backward's seconds): the all-reduce or
+    reduce-scatter is overlapped with it bucket by bucket and only its tail counted
+    (`bucketed_tail`; with one stage per device and overlap_grad_reduce)."""
     grad = state_bytes_per_param(lay.precision)["grads"]
     topo, links = lay.topology(), links_of(g)
     dp = topo.group("dp")
 
-    def reduce(nbytes: float) -> float:
+    def reduce(nbytes: float, s: int) -> float:
+        def tail(seconds: float) -> float:
+            return seconds if backward is None else bucketed_tail(seconds, backward[s], buckets(params[s], lay.dp))
         if lay.zero == 0:
-            return collective_time(links, "all_reduce", nbytes, dp)
-        scatter = collective_time(links, "reduce_scatter", nbytes, dp) if lay.zero == 1 else 0.0
+            return tail(collective_time(links, "all_reduce", nbytes, dp))
+        scatter = tail(collective_time(links, "reduce_scatter", nbytes, dp)) if lay.zero == 1 else 0.0
         return scatter + collective_time(links, "all_gather", nbytes, dp)
 
     # ZeRO-3 as FSDP's actions reduce-scatters once, after the stage's last backward; as
@@ -70,12 +76,32 @@ def grad_reduce_times(m: Transformer, g: DeviceProfile, lay: Parallelism, params
     if fsdp_as_actions(lay):
         out = [collective_time(links, "reduce_scatter", p * grad, dp) for p in params]
     else:
-        out = [0.0 if lay.zero == 3 else reduce(p * grad) for p in params]
+        out = [0.0 if lay.zero == 3 else reduce(p * grad, s) for s, p in enumerate(params)]
     if m.params().tied and placement[0] != placement[-1]:
         tied = collective_time(links, "all_reduce", m.vocab * m.hidden / lay.tp * grad, topo.group("embedding"))
         out[0] += tied
         out[-1] += tied
     return out
+
+
+# Megatron-Core's data-parallel gradient bucket: max(40M, 1M x dp) parameters
+# (megatron/core/distributed/distributed_data_parallel.py, `bucket_size` when the config gives none).
+BUCKET_PARAMS, BUCKET_PARAMS_PER_REPLICA = 40_000_000, 1_000_000
+
+
+def buckets(params: float, dp: int) -> int:
+    """How many gradient buckets Megatron-Core cuts `params` parameters into at `dp` replicas."""
+    return max(1, math.ceil(params / max(BUCKET_PARAMS, BUCKET_PARAMS_PER_REPLICA * dp)))
+
+
+def bucketed_tail(reduce: float, backward: float, k: int) -> float:
+    """Seconds of a reduction of `reduce` seconds left after a backward of `backward` seconds
+    that makes its k equal buckets one by one (bucket i ready at i/k of it, evenly in time) and
+    hands each to the collective stream, which reduces them one at a time (Megatron-Core's
+    --overlap-grad-reduce; torch DDP's buckets): the last bucket ends at the later of
+    (backward + reduce / k) and (backward / k + reduce), so what is left after the backward is
+    max(reduce / k, reduce - backward (k - 1) / k)."""
+    return max(reduce / k, reduce - backward * (k - 1) / k)
 
 
 def fsdp_as_actions(lay: Parallelism) -> bool:

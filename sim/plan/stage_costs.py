@@ -138,7 +138,9 @@ def stage_costs(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: Lay
     regather = 0.0 if lay.sequence_parallel else collective_time(links, "all_gather", sbh * e, x.tensor_group)
     into_f = [regather if s and placement[s - 1] != placement[s] else 0.0 for s in range(stages)]
     into_b = [regather if s < stages - 1 and placement[s + 1] != placement[s] else 0.0 for s in range(stages)]
-    reduce = grad_reduce_times(m, g, lay, params, placement)
+    # with one stage a device and overlap_grad_reduce, the reduction overlaps the last backward bucket by bucket
+    bucketed = lay.overlap_grad_reduce and sorted(placement) == list(range(lay.pp))
+    reduce = grad_reduce_times(m, g, lay, params, placement, bwd if bucketed else None)
     gather, scatter = zero3_times(g, lay, params)
     fwd = [t + a + r for t, a, r in zip(fwd, gather, into_f)]
     bwd = [t + a + r + q for t, a, r, q in zip(bwd, gather, scatter, into_b)]
