@@ -1,8 +1,10 @@
 """What data parallelism and the optimizer step cost one GPU: the parameters each stage holds,
 the reduction of their gradients over the replicas, ZeRO-3's gathers, and the AdamW step.
 
-`sim.estimate` puts the reductions on the step as REDUCE_GRAD actions, the ZeRO-3 gathers into
-each micro-batch's passes and the AdamW step after the pipeline flush. What they read of the
+`sim.estimate` puts the reductions on the step as REDUCE_GRAD actions (with one stage a device
+and overlap_grad_reduce, only what the last backward does not hide bucket by bucket:
+`bucketed_tail`), ZeRO-3's gathers into each micro-batch's passes (pp = 1) or as FSDP's
+UNSHARD actions (pp > 1: `fsdp_as_actions`), and the AdamW step after the pipeline flush. What they read of the
 run's layout is a `Parallelism` (the planner's `sim.plan.layout.Layout` is one: its tp, dp, pp,
 ZeRO stage, precision, and nodes, `topology`, which says how each data-parallel group sits on
 them); collectives are timed by `sim.hardware.network`.

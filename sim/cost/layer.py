@@ -23,6 +23,8 @@ Korthikanti et al. 2022, Sec. 4) and timed alone; a pass is their sum, except wh
   (FlashAttention-2/3, cuDNN's), FlashAttention-2's causal FLOP count at the profile's attention
   efficiency, its backward 2.5 times its forward, no kernel over the scores
   (`fused_attention_times`).
+- precision="fp8": the four Linear GEMMs in FP8, Transformer Engine's casts among the
+  memory-bound kernels, FP8 all-gathers and BF16 reductions (`sim.cost.fp8`); the rest BF16.
 - Recompute runs before the backward: "full" the whole forward, collectives included;
   "selective" the attention core (scores, softmax, dropout, values), which needs none.
 
