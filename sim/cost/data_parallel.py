@@ -18,7 +18,7 @@ from sim.model.footprint import optimizer_step_bytes, state_bytes_per_param
 from sim.hardware.profile import DeviceProfile
 from sim.hardware.kernels import memory_time
 from sim.hardware.network import collective_time, links_of
-from sim.hardware.topology import Topology
+from sim.hardware.topology import Group, Topology, one_node
 from sim.model.transformer import Transformer
 from .fp8 import weight_cast_bytes
 
@@ -73,10 +73,14 @@ def grad_reduce_times(m: Transformer, g: DeviceProfile, lay: Parallelism, params
         scatter = tail(collective_time(links, "reduce_scatter", nbytes, dp)) if lay.zero == 1 else 0.0
         return scatter + collective_time(links, "all_gather", nbytes, dp)
 
-    # ZeRO-3 as FSDP's actions reduce-scatters once, after the stage's last backward; as
+    # ZeRO-3 as FSDP's actions reduce-scatters once, after the stage's last backward (HSDP:
+    # within its shard group, then all-reduces its shard across the replicas); as
     # DeepSpeed's, every micro-batch's gradients in its backward (`zero3_times`)
     if fsdp_as_actions(lay):
-        out = [collective_time(links, "reduce_scatter", p * grad, dp) for p in params]
+        shard, replicas = hsdp_groups(lay)
+        out = [collective_time(links, "reduce_scatter", p * grad, shard)
+               + (collective_time(links, "all_reduce", p * grad / shard.size, replicas) if replicas.size > 1 else 0.0)
+               for p in params]
     else:
         out = [0.0 if lay.zero == 3 else reduce(p * grad, s) for s, p in enumerate(params)]
     if m.params().tied and placement[0] != placement[-1]:
@@ -114,13 +118,32 @@ def fsdp_as_actions(lay: Parallelism) -> bool:
     return lay.zero == 3 and lay.pp > 1
 
 
+def shard_size(lay: Parallelism) -> int:
+    """The ranks ZeRO shards over: the data-parallel group, or under HSDP (zero=3 with
+    `fsdp_shard`) each shard group of that many consecutive replicas."""
+    return getattr(lay, "fsdp_shard", None) or lay.dp
+
+
+def hsdp_groups(lay: Parallelism) -> tuple[Group, Group]:
+    """The slowest shard group and replica group of HSDP (FSDP2's 2-D mesh: shard within
+    `shard_size` consecutive replicas, replicate across them); plain FSDP: the dp group, and
+    a group of one."""
+    topo, n = lay.topology(), shard_size(lay)
+    if n == lay.dp:
+        return topo.group("dp"), one_node(1)
+    dp = topo.groups("dp")
+    return (topo.slowest([g[i:i + n] for g in dp for i in range(0, len(g), n)]),
+            topo.slowest([g[i::n] for g in dp for i in range(n)]))
+
+
 def fsdp_times(g: DeviceProfile, lay: Parallelism, params: list[float]) -> tuple[list[float], list[float]]:
     """Per stage, FSDP's UNSHARD: the all-gather of its 16-bit parameters from their shards
-    over the data-parallel group (seconds), and the bytes it gathers (held until its RESHARD).
-    The reduce-scatter of its gradients is its REDUCE_GRAD (`grad_reduce_times`)."""
+    over the data-parallel group (HSDP: its shard group), in seconds, and the bytes it gathers
+    (held until its RESHARD). The reduce-scatter of its gradients is its REDUCE_GRAD
+    (`grad_reduce_times`)."""
     weight = state_bytes_per_param(lay.precision)["weights"]
-    dp = lay.topology().group("dp")
-    return [collective_time(links_of(g), "all_gather", p * weight, dp) for p in params], [p * weight for p in params]
+    shard = hsdp_groups(lay)[0]
+    return [collective_time(links_of(g), "all_gather", p * weight, shard) for p in params], [p * weight for p in params]
 
 
 def zero3_times(g: DeviceProfile, lay: Parallelism, params: list[float]) -> tuple[list[float], list[float]]:
@@ -151,6 +174,6 @@ def optimizer_time(m: Transformer, g: DeviceProfile, lay: Parallelism, layers: l
     for s, r in enumerate(placement):
         per_rank[r] += params[s]
         held[r] += layers[s]
-    share = lay.dp if lay.zero >= 1 else 1
+    share = shard_size(lay) if lay.zero >= 1 else 1
     step = memory_time(g, max(per_rank) / share * optimizer_step_bytes(lay.precision), "optimizer")
     return step + (memory_time(g, weight_cast_bytes(m, max(held), lay.tp)) if lay.precision == "fp8" else 0.0)

@@ -98,7 +98,7 @@ def estimate(model: Transformer | str, gpu: DeviceProfile | GPU | str = "a100-80
              precision: str = "bf16", overlap_grad_reduce: bool = False, partition="even",
              tp_overlap: bool = True, offload: bool = False, nics_per_node: int | None = None,
              memory_headroom: float = DEFAULT_HEADROOM, reshard_after_forward: bool = True,
-             **schedule_options) -> Estimate:
+             fsdp_shard: int | None = None, **schedule_options) -> Estimate:
     """Simulate one training step of `model` on `gpu`s split as given (see `Layout` and the
     module's docstring); `gpu` is a device profile (`sim.load_profile`), a profile's or GPU
     preset's name (its default profile, `sim.hardware.profile.DEFAULT_PROFILES`) or a preset `GPU`;
@@ -112,12 +112,13 @@ def estimate(model: Transformer | str, gpu: DeviceProfile | GPU | str = "a100-80
     `memory_headroom` is what each GPU keeps free (a fraction of its memory, or bytes; `fits`
     compares the peak with the rest: `layout.usable_memory`). With zero=3 and pp > 1 the
     gathers and reduce-scatters are FSDP's actions on the step (`sim.add_fsdp`), and
-    `reshard_after_forward` is FSDP2's option (docs/planner.md, "ZeRO with pipelining")."""
+    `reshard_after_forward` is FSDP2's option; `fsdp_shard` makes it HSDP, sharded within
+    groups of that many replicas and replicated across them (docs/planner.md, "ZeRO with pipelining")."""
     lay = Layout(tp, pp, dp, micro_batch, dp * micro_batch if global_batch is None else global_batch,
                  lookup(schedule)[0], virtual, recompute, sequence_parallel, zero, precision, gpus_per_node,
                  overlap_grad_reduce, partition if isinstance(partition, str) else tuple(partition), tp_overlap,
                  offload, gpus_per_node if nics_per_node is None else nics_per_node, memory_headroom,
-                 reshard_after_forward)
+                 reshard_after_forward, fsdp_shard)
     return estimate_layout(find_model(model), resolve(gpu), lay, **schedule_options)
 
 

@@ -59,6 +59,7 @@ class Layout:
     nics_per_node: int | None = None  # None: one a GPU
     memory_headroom: float = DEFAULT_HEADROOM  # kept free of each GPU's memory (`usable_memory`)
     reshard_after_forward: bool = True  # zero=3 with pp > 1: FSDP2's option (`sim.add_fsdp`)
+    fsdp_shard: int | None = None       # zero=3 with pp > 1: HSDP's shard group (None: all of dp)
 
     @property
     def gpus(self) -> int:
@@ -104,6 +105,11 @@ def check_layout(model: Transformer, profile: DeviceProfile, lay: Layout) -> lis
         raise ValueError(f"zero={lay.zero} with pp > 1: the micro-batches of a pipeline accumulate every "
                          f"gradient until the step's end (DeepSpeed's pipeline engine refuses ZeRO-2 and -3; "
                          f"Megatron-LM's distributed optimizer shards the optimizer state only); use zero <= 1")
+    if lay.fsdp_shard is not None and not (lay.zero == 3 and lay.pp > 1 and isinstance(lay.fsdp_shard, int)
+                                           and not isinstance(lay.fsdp_shard, bool) and lay.fsdp_shard >= 1
+                                           and lay.dp % lay.fsdp_shard == 0):
+        raise ValueError(f"fsdp_shard={lay.fsdp_shard!r}: HSDP shards over fsdp_shard replicas and replicates across "
+                         f"them, with zero=3 and pp > 1; give a divisor of dp={lay.dp} (zero={lay.zero}, pp={lay.pp})")
     if lay.sequence_parallel and lay.tp == 1:
         raise ValueError("sequence_parallel needs tp > 1 (it splits what tensor parallelism leaves whole)")
     for name in ("overlap_grad_reduce", "tp_overlap", "offload", "reshard_after_forward"):

@@ -7,7 +7,8 @@ from functools import cache
 from sim.engine.costs import Costs
 from sim.engine.fields import PER_STAGE
 from sim.engine.result import Result
-from sim.cost.data_parallel import fsdp_as_actions, fsdp_times, grad_reduce_times, stage_params, zero3_times
+from sim.cost.data_parallel import (fsdp_as_actions, fsdp_times, grad_reduce_times, shard_size, stage_params,
+                                    zero3_times)
 from sim.cost.ends import end_kernel_counts
 from sim.cost import fp8
 from sim.cost.layer import LayerTimes, Slice
@@ -127,7 +128,7 @@ def stage_costs(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: Lay
              for n, f, la in zip(layers, first, last)]
     if m.kernels == "torch":  # rule 15: the first stage's I keeps its whole graph for W (the head's too, pp = 1)
         w_act[0] = act[0]
-    per = state_bytes_per_param(lay.precision, lay.zero, lay.dp)
+    per = state_bytes_per_param(lay.precision, lay.zero, shard_size(lay))
     fp8_copies = [fp8.weight_copy_bytes(m, n, lay.tp) if lay.precision == "fp8" else 0.0 for n in layers]
     params = stage_params(m, layers, lay.tp, placement)
     links = links_of(g)

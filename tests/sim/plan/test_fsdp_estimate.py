@@ -71,3 +71,34 @@ def test_pp1_keeps_the_gathers_in_the_passes_and_zero2_with_pp_is_still_refused(
         sim.estimate("llama3-70b", H100, zero=2, **KW)
     with pytest.raises(ValueError, match="reshard_after_forward must be True or False"):
         sim.estimate("llama3-70b", H100, zero=3, reshard_after_forward=1, **KW)
+
+
+def test_hsdp_gathers_within_its_shard_group_and_all_reduces_its_shard_across_replicas():
+    """tp=1, dp=16 on nodes of 8: fsdp_shard=8 shards within a node (NVLink) and replicates
+    across the two nodes; the states are 1/8, not 1/16."""
+    kw = dict(tp=1, pp=2, dp=16, micro_batch=1, global_batch=32, zero=3)
+    e = sim.estimate("llama3-8b", H100, fsdp_shard=8, **kw)
+    m, topo = model("llama3-8b"), e.layout.topology()
+    shard, replicas = topo.placed(range(0, 8)), topo.placed((0, 8))
+    assert not shard.network and replicas.network
+    links = links_of(H100)
+    params = stage_params(m, e.layers_per_stage, 1, [0, 1])
+    for ev in _kinds(e, Kind.UNSHARD):
+        p = params[ev.action.stage]
+        assert ev.end - ev.start == pytest.approx(collective_time(links, "all_gather", p * 2, shard), rel=1e-12)
+    for ev in _kinds(e, Kind.REDUCE_GRAD):
+        p = params[ev.action.stage]
+        expected = (collective_time(links, "reduce_scatter", p * 4, shard)
+                    + collective_time(links, "all_reduce", p * 4 / 8, replicas))
+        assert ev.end - ev.start == pytest.approx(expected, rel=1e-12)
+    plain = sim.estimate("llama3-8b", H100, **kw)
+    for hsdp, fsdp in zip(e.memory_parts, plain.memory_parts):
+        assert hsdp["weights"] == pytest.approx(2 * fsdp["weights"])
+        assert hsdp["optimizer"] == pytest.approx(2 * fsdp["optimizer"])
+
+
+@pytest.mark.parametrize("kwargs", [dict(fsdp_shard=3), dict(fsdp_shard=2, zero=1), dict(fsdp_shard=2, pp=1)])
+def test_hsdp_refuses_what_it_cannot_shard(kwargs):
+    kw = {**KW, "zero": 3, **kwargs}
+    with pytest.raises(ValueError, match="fsdp_shard=.*HSDP"):
+        sim.estimate("llama3-70b", H100, **kw)
