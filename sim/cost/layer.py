@@ -106,7 +106,9 @@ _TORCH = {
 }
 _TORCH_CORE = ("attention_exp",)  # the flash forward's own kernel, recomputed by "selective" with its matmuls
 _INSIDE = {"bias", "attention_exp", "attention_grad_fill", "attention_delta", "layernorm_weight_grad"}  # no op of their own
-_OPS = {"grad_accumulate": 12, **fp8.KERNELS_PER_CAST}  # one add_ per parameter tensor: 2 LayerNorms' gain and bias, 4 linear layers' weight and bias
+# grad_accumulate: one add_ per parameter tensor (2 LayerNorms' gain and bias, 4 linear layers' weight
+# and bias); FP8's casts: one kernel, two under current scaling (the amax, then the cast)
+_OPS = {"grad_accumulate": 12, **fp8.KERNELS_PER_CAST}
 # The memory-bound class of each kernel (`sim.profile.MEMORY_CLASSES`); the rest are "elementwise".
 _CLASS = {"layernorm": "norm", "rmsnorm": "norm", "softmax": "softmax", "context_transpose": "copy",
           "bias": "copy", "attention_grad_fill": "copy", "qkv_grad_cat": "copy", "layernorm_weight_grad": "norm"}

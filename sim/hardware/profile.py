@@ -308,8 +308,8 @@ def from_dict(data: Mapping, where: str = "profile") -> DeviceProfile:
     if not isinstance(fp.get("date"), str):
         r.fail("fingerprint.date must be an ISO date string")
     eff, attention = r.number("matmul.efficiency", required=False), r.number("attention.efficiency", required=False)
-    mm = r.rows("matmul.table", ((str, PEAK_PRECISIONS), (int, None), (int, None), (int, None), (int, None), (float, None),
-                                 (str, LAYOUTS)), optional=1)
+    mm = r.rows("matmul.table", ((str, PEAK_PRECISIONS), (int, None), (int, None), (int, None), (int, None),
+                                 (float, None), (str, LAYOUTS)), optional=1)
     mm = tuple(row + ("nn",) * (7 - len(row)) for row in mm)  # a row without a layout: "nn"
     if eff is None and not mm:
         r.fail("'matmul' needs an 'efficiency' or a 'table'")

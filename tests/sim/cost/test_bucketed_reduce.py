@@ -17,7 +17,8 @@ H100 = profile("h100-80gb-best-case")
 
 
 def _queue_end(reduce, backward, k):
-    """The reference: bucket i ready at i/k of the backward, reduced one at a time; the end of the last, less the backward."""
+    """The reference: bucket i ready at i/k of the backward, reduced one at a time; the end
+    of the last, less the backward."""
     t = 0.0
     for i in range(1, k + 1):
         t = max(t, backward * i / k) + reduce / k
