@@ -30,6 +30,7 @@ class Parallelism(Protocol):
     dp: int
     zero: int
     precision: str
+    fsdp_shard: int | None  # HSDP's shard group (None: all of dp)
 
     def topology(self) -> Topology:
         """Where the run's GPUs sit and which links its groups use (`sim.hardware.topology`)."""
@@ -121,7 +122,7 @@ def fsdp_as_actions(lay: Parallelism) -> bool:
 def shard_size(lay: Parallelism) -> int:
     """The ranks ZeRO shards over: the data-parallel group, or under HSDP (zero=3 with
     `fsdp_shard`) each shard group of that many consecutive replicas."""
-    return getattr(lay, "fsdp_shard", None) or lay.dp
+    return lay.fsdp_shard or lay.dp
 
 
 def hsdp_groups(lay: Parallelism) -> tuple[Group, Group]:
