@@ -45,14 +45,14 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import sim  # noqa: E402
 from exec.measure.compare import breakdown, compare, overlay_figure, replay_error, sharing_check  # noqa: E402
 from exec.models.spec import ModelSpec  # noqa: E402
-from exec.runtime.optim import OPTIMIZERS  # noqa: E402
+from exec.runtime.optim import DEFAULT_OPTIMIZER, OPTIMIZERS  # noqa: E402
 from exec.pipeline.runner import run_pipeline  # noqa: E402
 from exec.measure.costs import costs_from_reports  # noqa: E402
 from exec.pipeline.profile import profile_costs  # noqa: E402
 
 
 def run_config(spec: ModelSpec, name: str, ranks: int, micro: int, rounds: int, steps: int, balance: str,
-               threads: int | None, separate: bool = False, optimizer: str = "sgd") -> dict:
+               threads: int | None, separate: bool = False, optimizer: str = DEFAULT_OPTIMIZER) -> dict:
     """Calibrate and measure one (schedule, micro) in one run (`run_pipeline(calibrate=steps)`,
     as `exec.run` does), simulate, compare. With `separate`, also profile in a launch of its
     own right after the run (`profile_costs`) and compare the same step with that."""
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="mlp", choices=["mlp", "gpt"])
     p.add_argument("--balance", default="layers", choices=["layers", "time"])
     p.add_argument("--threads", type=int, default=None, help="torch threads per rank (default cores / ranks)")
-    p.add_argument("--optimizer", default="sgd", choices=list(OPTIMIZERS), help="default sgd")
+    p.add_argument("--optimizer", default=DEFAULT_OPTIMIZER, choices=list(OPTIMIZERS), help="default adamw")
     p.add_argument("--separate-profile", action="store_true",
                    help="also profile each config in a launch of its own after its run (profile_costs), "
                         "and give the same step's error against that")

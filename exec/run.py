@@ -13,7 +13,7 @@ the step is simulated and compared with the measured one (`exec.measure.compare`
 the simulator needs: read with `--costs FILE`, or calibrated inside the run, on the very
 modules, processes and cores of the steps, a round before each measured step
 (`exec.pipeline.runner.run_pipeline(calibrate=1)`); `--out` keeps them as `costs.json`
-(`sim.save_costs`). `--optimizer` picks SGD (default) or AdamW; its state counts in
+(`sim.save_costs`). `--optimizer` picks AdamW (default), Adam, SGD or SGD with momentum; its state counts in
 every rank's static memory, measured and simulated. `--recompute full` (or `selective`,
 gpt only) recomputes activations (`exec.models.spec.ModelSpec.recompute`). `--dp N` runs N
 pipeline replicas (stages x N ranks, gloo), each on its 1/N of the batch, with one
@@ -36,7 +36,7 @@ from typing import NoReturn, Sequence
 
 from sim.cli import OneLineParser, folder_problem, machine_memory, missing_extra, number, whole
 
-from exec.runtime.optim import OPTIMIZERS  # torch is imported only once the arguments are read
+from exec.runtime.optim import DEFAULT_OPTIMIZER, OPTIMIZERS  # torch is imported only once the arguments are read
 from sim.model.transformer import RECOMPUTE
 
 PROG = "exec.run"
@@ -86,8 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--warmup", type=lambda t: whole(t, minimum=0), default=2, help="warm-up steps, not measured (default 2)")
     r.add_argument("--timeout", type=_seconds, default=300.0, help="seconds for the whole run (default 300)")
     r.add_argument("--threads", type=whole, help="torch threads per rank (default cores / ranks)")
-    r.add_argument("--optimizer", choices=list(OPTIMIZERS), default="sgd",
-                   help="torch.optim.SGD (no momentum) or AdamW (default sgd)")
+    r.add_argument("--optimizer", choices=list(OPTIMIZERS), default=DEFAULT_OPTIMIZER,
+                   help="torch.optim's AdamW, Adam, SGD (no momentum) or SGD with momentum 0.9; the names of "
+                        "sim.estimate(optimizer=) and python -m sim.plan --optimizer (default adamw)")
     r.add_argument("--lr", type=number, default=0.01, help="learning rate, a finite number >= 0 (default 0.01)")
     c = p.add_argument_group("comparison and output")
     c.add_argument("--costs", type=Path, help="costs JSON (sim.save_costs) instead of profiling")
@@ -95,6 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--out", type=Path, help="directory for the Chrome trace and figures")
     c.add_argument("--json", action="store_true", help="print one JSON object on stdout, and the table on stderr (for | jq)")
     c.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    c.add_argument("--progress-every", type=_seconds, default=5.0, metavar="S",
+                   help="seconds without a progress line before a 'still running' one (default 5)")
     c.add_argument("--fault", metavar="KIND:RANK",
                    help="make a rank fail on purpose before its first measured step, to test how a run "
                         "ends: raise:R, exit:R or hang:R")
@@ -274,7 +277,8 @@ def run_config(args):
                      overlap_grad_reduce=args.overlap_grad_reduce,
                      calibrate=0 if args.no_compare or args.costs is not None else 1,
                      balance=args.balance, backend=args.backend, timeout=args.timeout, threads=args.threads,
-                     fault=args.fault, progress=not args.quiet)
+                     fault=args.fault, progress=not args.quiet,
+                     progress_every=args.progress_every)
 
 
 def _run(args, schedule, spec, config):

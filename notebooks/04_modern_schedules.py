@@ -12,7 +12,9 @@
 # 3. **V shapes**: two chunks per device, placed as a V (`zbv`, `dualpipev`);
 # 4. the **bubble/memory trade-off** of every schedule, in one figure;
 # 5. an `explore` cell to move `p`, `m`, `V` and the F:I:W ratio;
-# 6. **a real run** on 2 CPU ranks, 2 model stages on each, compared with its simulation.
+# 6. **a real run** on 2 CPU ranks, 2 model stages on each, compared with its simulation;
+# 7. **is it worth it?** For Llama 2 70B on 256 H100s, which of ZB-H1/ZB-V, V-Half, V-Min,
+#    DualPipeV and interleaved 1F1B wins, with memory, recompute and W's size as the axes.
 #
 # Every schedule is drawn with two bubbles: the **bubble** of one step (idle share of
 # `p × makespan`), and the **steady** bubble of the zero-bubble paper: the longest time one device
@@ -364,6 +366,153 @@ assert cmp.measured.peak_activations == cmp.simulated.peak_activations  # memory
 assert cmp.measured.peak_memory == cmp.simulated.peak_memory            # to the byte
 
 # %% [markdown]
+# ## 7. Is it worth it? Llama 2 70B on 256 H100s
+#
+# The sections above price schedules in units of `F` and `A`. Whether one is worth its price
+# depends on a real model's numbers: how much memory the GPU has left after the weights, what
+# recompute costs, and how big W is next to I. The planner's estimate (`sim.estimate`, notebook 5)
+# times every layer of a real model on a real GPU and simulates the step, so we can ask it. The
+# layout: Llama 2 70B on 256 H100-80GB (32 nodes), tensor parallel 2 with sequence parallelism,
+# 8 pipeline devices, 16 replicas with ZeRO-1, one sequence of 4096 tokens per micro-batch and
+# 16 micro-batches per replica (`m = 2p`: the regime where the bubble matters). The same layout,
+# seven schedules, three recompute settings:
+
+# %%
+REAL_MODEL, REAL_GPU = "llama2-70b", "h100-80gb"
+LAYOUT = dict(tp=2, pp=8, dp=16, micro_batch=1, global_batch=256, sequence_parallel=True, zero=1)
+CONTENDERS = ["1f1b", "interleaved-1f1b", "zb-h1", "zbv", "v-half", "v-min", "dualpipev"]
+RECOMPUTE = ["none", "selective", "full"]
+
+grid = {(name, rc): sim.estimate(REAL_MODEL, REAL_GPU, schedule=name, recompute=rc, **LAYOUT)
+        for rc in RECOMPUTE for name in CONTENDERS}
+usable = grid["1f1b", "none"].usable_memory  # the 80 GiB less the headroom kept for CUDA, NCCL, fragmentation
+print(f"{'schedule':17s}" + "".join(f"{rc:>24s}" for rc in RECOMPUTE) + "    (step s, peak GiB of the busiest device)")
+for name in CONTENDERS:
+    cells = [grid[name, rc] for rc in RECOMPUTE]
+    print(f"{name:17s}" + "".join(f"{e.step_time:10.2f} s {max(e.peak_memory) / GiB:5.1f} GiB {'  ' if e.fits else ' x'}"
+                                  for e in cells))
+print(f"x: does not fit the {usable / GiB:.1f} GiB usable of an 80 GiB H100")
+
+# %% [markdown]
+# **Memory.** The grid says which schedule wins for each amount of memory: the fastest
+# (schedule, recompute) whose peak fits. Going down the budgets (as if the weights or a longer
+# sequence took more of the GPU):
+
+# %%
+def fastest(budget):
+    fits = [(e.step_time, key) for key, e in grid.items() if max(e.peak_memory) <= budget]
+    return min(fits) if fits else (None, None)
+
+
+budgets = [usable] + [b * GiB for b in (68, 54, 45, 34)]
+winners = {}
+for budget in budgets:
+    step, key = fastest(budget)
+    winners[round(budget / GiB)] = key
+    print(f"up to {budget / GiB:4.1f} GiB: {key[0]:17s} recompute {key[1]:9s} {step:5.2f} s "
+          f"({step / grid['1f1b', 'none'].step_time - 1:+.0%} against 1F1B without recompute)")
+
+# %% [markdown]
+# **W's size.** The zero-bubble schedules fill the bubble with Ws, so they gain as much as there
+# is W to move. The estimate's own chunk times (read off its simulated step) give W's share of the
+# backward for this model: large without recompute, smaller with full recompute, whose I also
+# recomputes the forward. Holding F and the whole backward `I + W` fixed and moving the share, on
+# the same 8 devices and 16 micro-batches (communication free, as in sections 1 to 4):
+
+# %%
+def chunk_times(e):
+    """F, I, W of one chunk in the middle of the pipeline, read off the estimate's simulated step."""
+    middle = e.result.schedule.stages // 2 - 1
+    seen = {ev.action.kind.name: ev.end - ev.start for ev in e.result.compute_events() if ev.action.stage == middle}
+    return seen["F"], seen["I"], seen["W"]
+
+
+def w_share(e):
+    f, i, w = chunk_times(e)
+    return w / (i + w)
+
+
+f0, i0, w0 = chunk_times(grid["zbv", "none"])
+shares = [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6]
+pipe = LAYOUT["pp"], LAYOUT["global_batch"] // LAYOUT["dp"]  # (p, m)
+relative = {}
+for name in CONTENDERS:
+    schedule = sim.make_schedule(name, *pipe)
+    v = schedule.stages // pipe[0]
+    times = []
+    for share in shares:  # a device's F, and its backward split share : 1 - share, over v chunks
+        f, b = 2 * f0, 2 * (i0 + w0)
+        costs = sim.Costs(forward=f / v, backward=b / v, backward_input=(1 - share) * b / v,
+                          backward_weight=share * b / v, transport="ideal")
+        times.append(sim.simulate(schedule, costs).makespan)
+    relative[name] = times
+relative = {name: [t / one_t for t, one_t in zip(ts, relative["1f1b"])] for name, ts in relative.items()}
+
+fig, ax = plt.subplots(figsize=(8, 4.5))
+for name, ys in relative.items():
+    ax.plot(shares, ys, "o-", label=name)
+for rc, style in (("none", "--"), ("full", ":")):
+    ax.axvline(w_share(grid["zbv", rc]), color="grey", ls=style, label=f"this model's W share, recompute {rc}")
+ax.set(xlabel="W's share of the backward, W / (I + W)", ylabel="pipeline time / 1F1B's",
+       title=f"{REAL_MODEL}, p={pipe[0]}, m={pipe[1]}: who gains from W")
+ax.xaxis.set_major_formatter(PercentFormatter(1.0))
+ax.grid(alpha=0.3)
+ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+fig.tight_layout()
+plt.show()
+best = {share: min(CONTENDERS, key=lambda n: relative[n][k]) for k, share in enumerate(shares)}
+print("fastest at each W share:", ", ".join(f"{s:.0%} {n}" for s, n in best.items()))
+print(f"this model: W is {w_share(grid['zbv', 'none']):.0%} of the backward without recompute, "
+      f"{w_share(grid['zbv', 'full']):.0%} with full recompute")
+
+# %%
+# the conclusions below, checked: if the planner's numbers move, this cell says which claim broke
+e = {key: (g.step_time, max(g.peak_memory)) for key, g in grid.items()}
+assert winners[round(usable / GiB)] == ("zbv", "none") and not grid["dualpipev", "none"].fits
+assert not grid["interleaved-1f1b", "none"].fits and e["zbv", "none"][0] < e["interleaved-1f1b", "none"][0]
+assert winners[68] == ("v-half", "none") and winners[54] == ("v-min", "none")
+assert winners[45] == ("interleaved-1f1b", "full") and winners[34] == ("1f1b", "full")
+assert e["v-min", "none"][0] < min(e[n, "full"][0] for n in CONTENDERS)     # V-Min beats any full recompute
+for name in ("zb-h1", "zbv"):  # full recompute saves the zero-bubble schedules little memory ...
+    assert e[name, "full"][1] > 0.9 * e[name, "none"][1]
+assert e["1f1b", "full"][1] < 0.5 * e["1f1b", "none"][1]                    # ... and 1F1B half of it
+assert all(abs(e[n, "selective"][1] / e[n, "none"][1] - 1) < 0.01 for n in CONTENDERS)  # selective: next to nothing
+assert best[0.0] == best[0.1] == "interleaved-1f1b" and best[0.3] == best[0.4] == "zbv" and best[0.6] == "dualpipev"
+assert relative["v-min"][shares.index(0.4)] > 1 > relative["v-min"][shares.index(0.5)]
+assert relative["v-half"][shares.index(0.1)] > 1 > relative["v-half"][shares.index(0.2)]
+gain = {n: 1 - e[n, "none"][0] / e["1f1b", "none"][0] for n in CONTENDERS}
+assert 0.5 < gain["zb-h1"] / gain["zbv"] < 0.7 and abs(gain["v-min"]) < 0.05 and 0.2 < gain["zbv"] < 0.3
+assert 0.4 < w_share(grid["zbv", "none"]) < 0.5 and 0.25 < w_share(grid["zbv", "full"]) < 0.35
+
+# %% [markdown]
+# **What the numbers say**, for this model and cluster (the cell above asserts each claim):
+#
+# - **With memory to spare, ZB-V.** In the 71.7 GiB an H100-80GB leaves after its headroom, ZB-V
+#   without recompute is the fastest layout, about a quarter faster than 1F1B, at 1F1B's memory.
+#   DualPipeV is as fast but holds half a micro-batch more and misses the headroom; interleaved
+#   1F1B would be slower and needs more than the GPU has. ZB-H1, where the V placement is not
+#   possible, gains about 60% of what ZB-V gains over 1F1B, at the same memory.
+# - **Memory tight: V-Half, then V-Min, before any recompute.** A few GiB less and ZB-V no longer
+#   fits; V-Half (half of 1F1B's activations) is then the fastest, and below it V-Min (a third).
+#   V-Min, at about 1F1B's speed, still beats every schedule with full recompute: the
+#   controllable-memory schedules are worth it exactly where the alternative is recompute.
+# - **Recompute.** Selective recompute changes nothing here (the attention is fused: no s² scores
+#   to drop). Full recompute halves 1F1B's memory but saves the zero-bubble schedules almost
+#   nothing: what W needs (the inputs of the weight matmuls) is restored in I and kept until the
+#   W that was put off. When only full recompute fits, the schedule to pair it with is interleaved
+#   1F1B, and at the tightest budget plain 1F1B.
+# - **W's size.** With W under a tenth of the backward there is nothing to fill the bubble with
+#   and interleaved 1F1B wins; from about a fifth ZB-V does, and DualPipeV ties it or edges it
+#   once W reaches half. V-Half breaks even with 1F1B at about a fifth, V-Min only from about
+#   45%. This model's W, about 44% of the backward without recompute and 29% with full
+#   recompute, is in ZB-V's range either way.
+#
+# What this leaves out: DualPipeV's real reason, hiding expert-parallel all-to-all under its F&B
+# pairs, has no all-to-all to hide in a dense model; and torch's runtime holds a split-backward
+# micro-batch until W (docs/schedules.md, "Memory beside torch's"), which raises ZB-H1's and
+# interleaved zero bubble's memory above what is counted here.
+
+# %% [markdown]
 # ## Summary
 #
 # - Interleaving divides 1F1B's idle time by `V` for `V` times the transfers and a little more
@@ -373,6 +522,10 @@ assert cmp.measured.peak_memory == cmp.simulated.peak_memory            # to the
 # - The V shapes put the first and last stage on one device: ZB-V has no steady bubble at 1F1B's
 #   peak memory, spread evenly over the devices; DualPipeV holds half a micro-batch more, and
 #   pays off where its F&B pairs hide expert-parallel communication.
+# - Whether a schedule is worth it depends on the model and the GPU: for Llama 2 70B on H100s,
+#   ZB-V where memory allows, V-Half and then V-Min before any recompute, interleaved 1F1B with
+#   full recompute when memory is tightest, and W's share of the backward decides how much the
+#   zero-bubble schedules gain.
 # - The bubble of one step and the steady bubble differ by the fill: for schedules that run back to
 #   back without a flush, the steady one is what you get.
 #

@@ -3,7 +3,6 @@ stderr and exit status 2, never a usage dump or a traceback; a long wait is neve
 from __future__ import annotations
 
 import argparse
-import contextlib
 import math
 import os
 import sys
@@ -11,7 +10,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import NoReturn
+from typing import Callable, NoReturn
 
 
 def fail(prog: str, message: str) -> NoReturn:
@@ -117,26 +116,68 @@ def machine_memory() -> int:
     return total
 
 
-@contextlib.contextmanager
-def heartbeat(prog: str, what: str, first: float = 2.0, every: float = 5.0):
+class Heartbeat:
+    """Progress lines for a silent stretch, on any clock: `beat()` writes `line(seconds)`
+    (the seconds since the silence began) once `first` seconds of `clock` have passed
+    without a line, then every `every` seconds; `said()` tells it a line of the caller's
+    own just went out, so the silence starts over. As a context manager it beats from a
+    thread on the real clock; a test calls `beat()` itself on a clock it moves.
+
+        >>> now, out = [0.0], []
+        >>> h = Heartbeat(lambda s: f"{s:.0f} s so far", first=2, every=5, clock=lambda: now[0], write=out.append)
+        >>> for now[0] in (1.9, 2.0, 6.9, 7.0):
+        ...     _ = h.beat()
+        >>> out
+        ['2 s so far', '7 s so far']
+    """
+
+    def __init__(self, line: Callable[[float], str], every: float = 5.0, first: float | None = None,
+                 clock: Callable[[], float] = time.monotonic, write: Callable[[str], None] | None = None):
+        self.line, self.every, self.first = line, every, every if first is None else first
+        self.clock, self.write = clock, write or (lambda text: print(text, file=sys.stderr, flush=True))
+        self._done, self._lock = threading.Event(), threading.Lock()  # said() and beat() come from two threads
+        self._thread: threading.Thread | None = None
+        self.said()
+
+    def said(self) -> None:
+        """A line of the caller's own went out: the silence starts now."""
+        with self._lock:
+            self.quiet_since = self.last = self.clock()
+            self.beats = 0
+
+    def due(self) -> float:
+        """When, on `clock`, the next beat writes a line (unless `said()` comes first)."""
+        return self.last + (self.every if self.beats else self.first)
+
+    def beat(self) -> bool:
+        """Write a line if one is due; say whether it did."""
+        with self._lock:
+            now = self.clock()
+            if now < self.due():
+                return False
+            self.last, self.beats = now, self.beats + 1
+            self.write(self.line(now - self.quiet_since))
+            return True
+
+    def __enter__(self) -> "Heartbeat":
+        def run() -> None:
+            while not self._done.wait(max(0.0, self.due() - self.clock())):
+                self.beat()
+        self._thread = threading.Thread(target=run, name="heartbeat", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+        if self._thread is not None:
+            self._thread.join()
+
+
+def heartbeat(prog: str, what: str, first: float = 2.0, every: float = 5.0) -> Heartbeat:
     """While the block runs past `first` seconds, a plain progress line on stderr every `every`
     seconds (`sim.plot: building zb-auto: 7 s so far`): a long build or simulation is never silent,
-    a short one prints nothing."""
-    done, start = threading.Event(), time.perf_counter()
-
-    def beat() -> None:
-        wait = first
-        while not done.wait(wait):
-            print(f"{prog}: {what}: {time.perf_counter() - start:.0f} s so far", file=sys.stderr, flush=True)
-            wait = every
-
-    thread = threading.Thread(target=beat, name="sim.plot-heartbeat", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        done.set()
-        thread.join()
+    a short one prints nothing (`with heartbeat(...):`; a `Heartbeat` on the real clock)."""
+    return Heartbeat(lambda s: f"{prog}: {what}: {s:.0f} s so far", every=every, first=first)
 
 
 class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):

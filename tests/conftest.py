@@ -1,4 +1,4 @@
-"""The `slow` marker: the tests that start torch.distributed ranks or execute a notebook.
+"""The `slow` marker: the tests that start torch.distributed ranks or execute a notebook; Hypothesis without its clock.
 
     python -m pytest -m "not slow"   # the fast loop: sim, the planner, exec within one process
     python -m pytest                 # everything
@@ -10,6 +10,9 @@ a notebook. Such a test carries `@pytest.mark.slow` (a whole slow module, `pytes
 fixture cannot carry a mark, so each test using a fixture that starts ranks carries it. A
 test not marked slow that starts a process of `multiprocessing` (as `exec.launch` does)
 fails, naming the marker.
+
+Hypothesis runs without its clock: no deadline per example and no health check on how slow
+the data is to draw, so a loaded machine slows a property test down but cannot fail it.
 """
 from __future__ import annotations
 
@@ -17,8 +20,13 @@ import contextlib
 import multiprocessing.process
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 SLOW_HELP = "starts torch.distributed ranks or executes a notebook (deselect with -m \"not slow\")"
+
+
+settings.register_profile("no-clock", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("no-clock")
 
 
 def pytest_configure(config):

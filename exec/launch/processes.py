@@ -171,12 +171,14 @@ def _rank_main(fn: Callable, args: tuple, rank: int, world_size: int, port: int,
         last = f"{type(e).__name__}: {e}".strip().splitlines()[0] if str(e) else type(e).__name__
         results.put((rank, "error", (last, text), time.time()))
     finally:
+        # the report is in the parent's pipe before this rank leaves the group: a peer that
+        # fails because it left reports later, however slow the machine (`_root_cause`)
+        results.close()
+        results.join_thread()
         try:
             _teardown()
         except Exception:  # noqa: BLE001 - a broken group must not hide the real error
             pass
-    results.close()
-    results.join_thread()  # make sure the message left before this process exits
 
 
 def children_of(pids: Sequence[int]) -> list[int]:

@@ -41,7 +41,7 @@ from exec.runtime.clocks import CpuClock
 from exec.runtime.dp import CollectiveStream
 from exec.runtime.interpreter import RankInterpreter
 from exec.runtime.memory import SavedBytes, param_storages, static_memory
-from exec.runtime.optim import make_optimizer
+from exec.runtime.optim import DEFAULT_OPTIMIZER, make_optimizer
 from exec.runtime.split_backward import backward_input
 
 __all__ = ["calibrate_rank", "compute_times", "reduce_times", "activation_bytes", "w_activation_bytes",
@@ -270,7 +270,7 @@ def message_sizes(spec, micro_batches: int) -> list[int]:
 
 def calibrate_rank(ctx, spec, schedule: sim.Schedule, micro_batches: int, bounds: Sequence[int], steps: int = 5,
                    sizes: Sequence[int] | None = None, repeats: int = 20, modules: dict | None = None,
-                   optimizer: "str | torch.optim.Optimizer" = "sgd") -> dict:
+                   optimizer: "str | torch.optim.Optimizer" = DEFAULT_OPTIMIZER) -> dict:
     """Run on every rank at once (inside `exec.launch.processes.launch`): what this rank measures.
 
     Its stages' memory (static memory with `optimizer`: the run's optimizer, or the name

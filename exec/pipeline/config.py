@@ -29,7 +29,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Sequence
 
 import sim
-from exec.runtime.optim import OPTIMIZERS
+from exec.runtime.optim import DEFAULT_OPTIMIZER, OPTIMIZERS
 
 __all__ = ["RunConfig", "run_options", "run_schedule", "step_schedule", "parse_fault", "FAULTS"]
 
@@ -56,7 +56,7 @@ class RunConfig:
     steps: int = 5                    # measured steps
     warmup: int = 2                   # steps before them, not measured
     lr: float = 0.01                  # learning rate, finite and >= 0
-    optimizer: str = "sgd"            # a name of `exec.runtime.optim.OPTIMIZERS`
+    optimizer: str = DEFAULT_OPTIMIZER  # a name of `exec.runtime.optim.OPTIMIZERS` (adamw)
     dp: int = 1                       # pipeline replicas (data parallelism, `exec.runtime.dp`)
     overlap_grad_reduce: bool = False  # a schedule name with dp > 1: where its REDUCE_GRADs go (`sim.add_grad_reduce`)
     calibrate: int = 0                # k > 0: a calibration round before every k measured steps (gloo only)
@@ -67,6 +67,7 @@ class RunConfig:
     threads: int | None = None        # torch threads per rank (default: its cores)
     fault: str | None = None          # "raise:R", "exit:R" or "hang:R": rank R fails on purpose
     progress: bool = False            # rank 0's progress lines on stderr
+    progress_every: float = 5.0       # seconds without one before a "still running" line
     rtol: float = 1e-4                # the gradient check's tolerances
     atol: float = 1e-5
 
@@ -75,12 +76,13 @@ class RunConfig:
             n = getattr(self, what)
             if isinstance(n, bool) or not isinstance(n, int) or n < least:
                 raise ValueError(f"{what} must be an integer >= {least}, got {n!r}")
-        for what in ("lr", "timeout", "rtol", "atol"):
+        for what in ("lr", "timeout", "progress_every", "rtol", "atol"):
             x = getattr(self, what)
             if isinstance(x, bool) or not isinstance(x, (int, float)) or not (math.isfinite(x) and x >= 0):
                 raise ValueError(f"{what} must be a finite number >= 0, got {x!r}")
-        if not self.timeout > 0:
-            raise ValueError(f"timeout must be > 0 seconds, got {self.timeout!r}")
+        for what in ("timeout", "progress_every"):
+            if not getattr(self, what) > 0:
+                raise ValueError(f"{what} must be > 0 seconds, got {getattr(self, what)!r}")
         for what, allowed in (("optimizer", OPTIMIZERS), ("balance", BALANCES), ("backend", BACKENDS)):
             if getattr(self, what) not in allowed:
                 raise ValueError(f"{what} must be one of {', '.join(allowed)}, got {getattr(self, what)!r}")

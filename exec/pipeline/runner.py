@@ -39,6 +39,7 @@ from exec.pipeline.worker import pipeline_worker, say
 from exec.runtime.check import compare_grads, reference_step, split_micro_batches
 from exec.runtime.dp import check_dp
 from exec.runtime.interpreter import refuse_offload
+from exec.runtime.optim import DEFAULT_OPTIMIZER
 
 __all__ = ["run_pipeline", "check_run", "PipelineRun", "median_step"]
 
@@ -58,7 +59,7 @@ class PipelineRun:
     costs: sim.Costs | None = None    # calibrated inside the run (`calibrate` > 0), else None
     calibration: dict | None = None   # its details (`exec.measure.costs.costs_from_reports`)
     reports: list[list[dict]] = field(default_factory=list)  # per round, every rank's report
-    optimizer: str = "sgd"
+    optimizer: str = DEFAULT_OPTIMIZER
     dp: int = 1                       # pipeline replicas; result, losses: replica 0's pipeline, the mean loss
     train_step_times: list[float] = field(default_factory=list)  # per measured step, start to the optimizer's end
     load: list[list[dict]] = field(default_factory=list)  # per world rank, per measured step: exec.measure.busy.StepLoad

@@ -5,21 +5,23 @@
 Each rank builds its stages and its optimizer (`exec.runtime.optim`), learns the receive
 shapes (`exec.runtime.shapes`), and runs `warmup + steps` steps (`exec.runtime.step.run_step`),
 calibrating (`exec.measure.calibrate`) before every `calibrate` measured steps if asked. A
-rank can be made to fail on purpose (`RunConfig.fault`) to test how a run ends.
+rank can be made to fail on purpose (`RunConfig.fault`) to test how a run ends. Rank 0
+says what it does, and what it is still doing after `RunConfig.progress_every` silent
+seconds (`Progress`, on `sim.cli.Heartbeat`).
 """
 from __future__ import annotations
 
 import os
 import sys
-import threading
 import time
 from dataclasses import replace
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import torch
 from torch import nn
 
 from sim import Schedule
+from sim.cli import Heartbeat
 
 from exec.launch.host import paused_gc
 from exec.measure.busy import StepLoad
@@ -31,7 +33,7 @@ from exec.runtime.optim import make_optimizer
 from exec.runtime.shapes import TensorMeta, infer_shapes
 from exec.runtime.step import run_step
 
-__all__ = ["pipeline_worker", "say"]
+__all__ = ["pipeline_worker", "say", "Progress"]
 
 
 def say(text: str) -> None:
@@ -82,31 +84,46 @@ def _grads(modules: dict) -> dict:
                 for n, p in m.named_parameters()] for s, m in modules.items()}
 
 
-class _Progress:
-    """Rank 0's progress lines, and a heartbeat: after `every` seconds without one, a
-    line says what the run is still doing and for how long (a run never stalls silently)."""
+class Progress:
+    """Rank 0's progress lines (`on`), and its heartbeat: after `every` seconds of `clock`
+    without a line, a line says what the run is still doing and for how long (a run never
+    stalls silently). `write` prints a line (default `say`). Run it as a context manager to
+    beat from a thread on the real clock; a test calls `beat()` on a clock it moves.
 
-    def __init__(self, on: bool, first: str, every: float = 5.0):
-        self.on, self.every, self.what, self.since = on, every, first, time.monotonic()
-        self._done = threading.Event()
-        if on:
-            threading.Thread(target=self._beat, name="exec-progress", daemon=True).start()
+        >>> now, out = [0.0], []
+        >>> p = Progress(True, "step 1/2", every=5, clock=lambda: now[0], write=out.append)
+        >>> now[0] = 5.0; _ = p.beat()
+        >>> now[0] = 6.0; p.say("step 1/2: loss 0.5", doing="step 2/2")
+        >>> now[0] = 10.9; _ = p.beat()
+        >>> now[0] = 11.0; _ = p.beat()
+        >>> out
+        ['step 1/2: still running after 5 s', 'step 1/2: loss 0.5', 'step 2/2: still running after 5 s']
+    """
+
+    def __init__(self, on: bool, first: str, every: float = 5.0, clock: Callable[[], float] = time.monotonic,
+                 write: Callable[[str], None] = say):
+        self.on, self.what, self.write = on, first, write
+        self.heart = Heartbeat(lambda s: f"{self.what}: still running after {s:.0f} s", every=every,
+                               clock=clock, write=write)
 
     def say(self, text: str, doing: str | None = None) -> None:
-        self.what, self.since = doing or text, time.monotonic()
+        """A line (if `on`); `doing`: what the run does next, for the heartbeat (default `text`)."""
+        self.what = doing or text
+        self.heart.said()
         if self.on:
-            say(text)
+            self.write(text)
 
-    def _beat(self) -> None:
-        last = time.monotonic()
-        while not self._done.wait(1.0):
-            now = time.monotonic()
-            if now - max(self.since, last) >= self.every:
-                last = now
-                say(f"{self.what}: still running after {now - self.since:.0f} s")
+    def beat(self) -> bool:
+        """A heartbeat line if one is due (and `on`); whether it wrote one."""
+        return self.on and self.heart.beat()
 
-    def close(self) -> None:
-        self._done.set()
+    def __enter__(self) -> "Progress":
+        if self.on:
+            self.heart.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.heart.__exit__(*exc)
 
 
 def pipeline_worker(ctx, spec, schedule: Schedule, bounds: Sequence[int], config: RunConfig) -> dict:
@@ -134,17 +151,14 @@ def pipeline_worker(ctx, spec, schedule: Schedule, bounds: Sequence[int], config
     out: dict[str, Any] = {"rank": world_rank, "losses": [], "results": [], "train_steps": [], "grads": {},
                            "reports": [], "load": []}
     first = f"warm-up 1/{config.warmup}" if config.warmup else f"step 1/{config.steps}"
-    progress = _Progress(config.progress and world_rank == 0, first)
     shard_spec = replace(spec, batch_size=spec.batch_size // config.dp)  # what one replica computes, for calibration
-    try:
+    with Progress(config.progress and world_rank == 0, first, every=config.progress_every) as progress:
         _steps(ctx, shard_spec, schedule, bounds, config, rank, out, progress)
-    finally:
-        progress.close()
     return out
 
 
 def _calibrate(ctx, spec, schedule: Schedule, bounds, config: RunConfig, rank: _Rank, measured: int,
-               progress: _Progress) -> dict:
+               progress: Progress) -> dict:
     """One calibration round, before measured step `measured` (a multiple of `config.calibrate`)."""
     rnd = measured // config.calibrate
     progress.say(f"calibrating {rnd + 1}/{-(-config.steps // config.calibrate)}")
@@ -154,7 +168,7 @@ def _calibrate(ctx, spec, schedule: Schedule, bounds, config: RunConfig, rank: _
 
 
 def _steps(ctx, spec, schedule: Schedule, bounds, config: RunConfig, rank: _Rank, out: dict,
-           progress: _Progress) -> None:
+           progress: Progress) -> None:
     """`pipeline_worker`'s loop: warm-up and measured steps, calibration rounds between
     (on `spec`, the batch of one replica)."""
     warmup, steps = config.warmup, config.steps

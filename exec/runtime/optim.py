@@ -2,32 +2,44 @@
 
     >>> opt = make_optimizer("adamw", model.parameters(), lr=0.01)   # doctest: +SKIP
 
-torch creates an optimizer's state in its first `step()`: SGD without momentum keeps
-none; AdamW keeps two moments of each parameter's shape and dtype (`exp_avg`,
+The names are the planner's (`sim.model.footprint.OPTIMIZERS`, `sim.estimate(optimizer=)`),
+and so is the default, AdamW. torch creates an optimizer's state in its first `step()`: SGD
+without momentum keeps none; with momentum ("sgd-momentum", 0.9) one `momentum_buffer` of
+each parameter's shape; Adam and AdamW keep two moments of each parameter's shape and dtype (`exp_avg`,
 `exp_avg_sq`) and a scalar `step` tensor (float32, or float64 under a float64 default
 dtype). `state_bytes` counts the tensors the optimizer holds, or, before its first step,
 those that step will create, so that the memory of a step does not depend on whether
 the optimizer has stepped yet.
 
 Importing this module does not import torch (the command line reads `OPTIMIZERS` first).
+torch's Adam family also keeps its scalar `step` (4 bytes a parameter tensor), which the
+planner, counting bytes per parameter element, leaves out.
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterable
 
+from sim.model.footprint import DEFAULT_OPTIMIZER, OPTIMIZERS as _NAMES
+
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["OPTIMIZERS", "make_optimizer", "state_bytes", "expected_state_bytes"]
+__all__ = ["OPTIMIZERS", "DEFAULT_OPTIMIZER", "MOMENTUM", "make_optimizer", "state_bytes", "expected_state_bytes"]
 
-OPTIMIZERS = ("sgd", "adamw")
+OPTIMIZERS = tuple(_NAMES)  # adamw (the default), adam, sgd, sgd-momentum
+MOMENTUM = 0.9  # "sgd-momentum"'s
 
 
 def make_optimizer(name: str, params: Iterable[torch.nn.Parameter], lr: float) -> torch.optim.Optimizer:
-    """`torch.optim.SGD` (no momentum) or `torch.optim.AdamW` (torch's defaults) over `params`."""
+    """The optimizer `name` over `params`: `torch.optim.SGD` without momentum ("sgd") or with
+    `MOMENTUM` ("sgd-momentum"), `torch.optim.Adam` or `torch.optim.AdamW` (torch's defaults)."""
     import torch
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr)
+    if name == "sgd-momentum":
+        return torch.optim.SGD(params, lr=lr, momentum=MOMENTUM)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr)
     if name == "adamw":
         return torch.optim.AdamW(params, lr=lr)
     raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {name!r}")

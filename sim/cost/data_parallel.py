@@ -1,13 +1,16 @@
 """What data parallelism and the optimizer step cost one GPU: the parameters each stage holds,
-the reduction of their gradients over the replicas, ZeRO-3's gathers, and the AdamW step.
+the reduction of their gradients over the replicas, ZeRO-3's gathers, and the optimizer's step.
 
 `sim.estimate` puts the reductions on the step as REDUCE_GRAD actions (with one stage a device
 and overlap_grad_reduce, only what the last backward does not hide bucket by bucket:
 `bucketed_tail`), ZeRO-3's gathers into each micro-batch's passes (pp = 1) or as FSDP's
-UNSHARD actions (pp > 1: `fsdp_as_actions`), and the AdamW step after the pipeline flush. What they read of the
+UNSHARD actions (pp > 1: `fsdp_as_actions`), and the optimizer step after the pipeline flush. What they read of the
 run's layout is a `Parallelism` (the planner's `sim.plan.layout.Layout` is one: its tp, dp, pp,
-ZeRO stage, precision, and nodes, `topology`, which says how each data-parallel group sits on
-them); collectives are timed by `sim.hardware.network`.
+cp, ZeRO stage, precision, optimizer, and nodes, `topology`, which says how each data-parallel group sits on
+them); collectives are timed by `sim.hardware.network`. With context parallelism the replicas
+of a parameter are dp x cp (each cp rank computes gradients of its s/cp tokens): gradients are
+reduced, and ZeRO shards, over the "dp_cp" group (Megatron-Core's data-parallel group with
+context parallel), which is the "dp" group where cp = 1.
 """
 from __future__ import annotations
 
@@ -28,9 +31,11 @@ class Parallelism(Protocol):
     tp: int
     pp: int
     dp: int
+    cp: int
     zero: int
     precision: str
-    fsdp_shard: int | None  # HSDP's shard group (None: all of dp)
+    fsdp_shard: int | None  # HSDP's shard group (None: all the dp x cp replicas)
+    optimizer: str  # a name of sim.model.footprint.OPTIMIZERS
 
     def topology(self) -> Topology:
         """Where the run's GPUs sit and which links its groups use (`sim.hardware.topology`)."""
@@ -64,11 +69,11 @@ def grad_reduce_times(m: Transformer, g: DeviceProfile, lay: Parallelism, params
     (`bucketed_tail`; with one stage per device and overlap_grad_reduce)."""
     grad = state_bytes_per_param(lay.precision)["grads"]
     topo, links = lay.topology(), links_of(g)
-    dp = topo.group("dp")
+    dp = topo.group("dp_cp")
 
     def reduce(nbytes: float, s: int) -> float:
         def tail(seconds: float) -> float:
-            return seconds if backward is None else bucketed_tail(seconds, backward[s], buckets(params[s], lay.dp))
+            return seconds if backward is None else bucketed_tail(seconds, backward[s], buckets(params[s], lay.dp * lay.cp))
         if lay.zero == 0:
             return tail(collective_time(links, "all_reduce", nbytes, dp))
         scatter = tail(collective_time(links, "reduce_scatter", nbytes, dp)) if lay.zero == 1 else 0.0
@@ -120,9 +125,9 @@ def fsdp_as_actions(lay: Parallelism) -> bool:
 
 
 def shard_size(lay: Parallelism) -> int:
-    """The ranks ZeRO shards over: the data-parallel group, or under HSDP (zero=3 with
+    """The ranks ZeRO shards over: the dp x cp replicas ("dp_cp"), or under HSDP (zero=3 with
     `fsdp_shard`) each shard group of that many consecutive replicas."""
-    return lay.fsdp_shard or lay.dp
+    return lay.fsdp_shard or lay.dp * lay.cp
 
 
 def hsdp_groups(lay: Parallelism) -> tuple[Group, Group]:
@@ -130,9 +135,9 @@ def hsdp_groups(lay: Parallelism) -> tuple[Group, Group]:
     `shard_size` consecutive replicas, replicate across them); plain FSDP: the dp group, and
     a group of one."""
     topo, n = lay.topology(), shard_size(lay)
-    if n == lay.dp:
-        return topo.group("dp"), one_node(1)
-    dp = topo.groups("dp")
+    if n == lay.dp * lay.cp:
+        return topo.group("dp_cp"), one_node(1)
+    dp = topo.groups("dp_cp")
     return (topo.slowest([g[i:i + n] for g in dp for i in range(0, len(g), n)]),
             topo.slowest([g[i::n] for g in dp for i in range(n)]))
 
@@ -158,7 +163,7 @@ def zero3_times(g: DeviceProfile, lay: Parallelism, params: list[float]) -> tupl
     Zero for other stages, and for ZeRO-3 as FSDP's actions (`fsdp_as_actions`)."""
     if lay.zero < 2 or fsdp_as_actions(lay):
         return [0.0] * len(params), [0.0] * len(params)
-    links, dp = links_of(g), lay.topology().group("dp")
+    links, dp = links_of(g), lay.topology().group("dp_cp")
     weight, grad = (state_bytes_per_param(lay.precision)[k] for k in ("weights", "grads"))  # 16-bit under FP8 too
     gather = [collective_time(links, "all_gather", p * weight, dp) if lay.zero == 3 else 0.0 for p in params]
     scatter = [collective_time(links, "reduce_scatter", p * (weight if lay.zero == 3 else grad), dp) for p in params]
@@ -166,15 +171,16 @@ def zero3_times(g: DeviceProfile, lay: Parallelism, params: list[float]) -> tupl
 
 
 def optimizer_time(m: Transformer, g: DeviceProfile, lay: Parallelism, layers: list[int], placement) -> float:
-    """The AdamW step after the pipeline flush: memory-bound over the parameters each GPU
-    updates (all it holds; 1/dp of them under ZeRO), on the device that holds the most. Under
-    FP8, with it, Transformer Engine's once-a-step casts of the Linear weights to their FP8
-    copies (`sim.cost.fp8.weight_cast_bytes`, memory-bound)."""
+    """The optimizer's step after the pipeline flush: memory-bound over the parameters each GPU
+    updates (all it holds; 1/dp of them under ZeRO), on the device that holds the most, at
+    the bytes its optimizer reads and writes per parameter (`sim.model.footprint.optimizer_step_bytes`).
+    Under FP8, with it, Transformer Engine's once-a-step casts of the Linear weights to their
+    FP8 copies (`sim.cost.fp8.weight_cast_bytes`, memory-bound)."""
     params = stage_params(m, layers, lay.tp, placement)
     per_rank, held = [0.0] * lay.pp, [0] * lay.pp
     for s, r in enumerate(placement):
         per_rank[r] += params[s]
         held[r] += layers[s]
     share = shard_size(lay) if lay.zero >= 1 else 1
-    step = memory_time(g, max(per_rank) / share * optimizer_step_bytes(lay.precision), "optimizer")
+    step = memory_time(g, max(per_rank) / share * optimizer_step_bytes(lay.precision, lay.optimizer), "optimizer")
     return step + (memory_time(g, weight_cast_bytes(m, max(held), lay.tp)) if lay.precision == "fp8" else 0.0)

@@ -23,8 +23,8 @@ def end_kernels(m: Transformer, g: DeviceProfile, x: Slice) -> dict[str, list[fl
     logits and keeps fp32 softmax (6 bytes a logit each way); the final LayerNorm moves 4 and
     6 bytes a hidden element. Under FP8 all of it is BF16 (Megatron-LM's output layer is not a
     Transformer Engine module: `sim.cost.fp8`)."""
-    b, s, h, t, e = x.micro_batch, m.seq, m.hidden, x.tp, precision_bytes(x.activation_precision)
-    tokens = b * s
+    h, t, e = m.hidden, x.tp, precision_bytes(x.activation_precision)
+    tokens = x.tokens(m)  # b s/cp: context parallelism splits the sequence
     sbh = tokens * h * e / (t if x.sequence_parallel else 1)
     ar = [collective_time(links_of(g), "all_reduce", tokens * h * e, x.tensor_group)] if t > 1 else []
     logits = tokens * m.vocab / t

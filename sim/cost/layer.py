@@ -25,6 +25,10 @@ Korthikanti et al. 2022, Sec. 4) and timed alone; a pass is their sum, except wh
   (`fused_attention_times`).
 - precision="fp8": the four Linear GEMMs in FP8, Transformer Engine's casts among the
   memory-bound kernels, FP8 all-gathers and BF16 reductions (`sim.cost.fp8`); the rest BF16.
+- Context parallelism (`Slice.cp`, Megatron-Core's `--context-parallel-size`): each of cp
+  ranks holds s/cp of the sequence, so every matmul, kernel and collective of the layer works
+  on b s/cp tokens, except the attention core, whose s/cp queries meet all s keys
+  (`sim.cost.context.context_attention`: ring attention's K/V exchange or Ulysses' all-to-alls).
 - Recompute runs before the backward: "full" the whole forward, collectives included;
   "selective" the attention core (scores, softmax, dropout, values), which needs none.
 
@@ -60,9 +64,11 @@ from dataclasses import dataclass
 from sim.hardware.profile import DeviceProfile, resolve
 from sim.hardware.kernels import elementwise_time, gemm_time, precision_bytes
 from sim.hardware.network import collective_time, links_of
-from . import fp8
-from sim.hardware.topology import Group, one_node
 from sim.model.transformer import Transformer, check_recompute
+
+from . import fp8
+from .context import context_attention
+from .slice import Slice
 
 # (name, bytes per element of the tensor it works on, which tensor) per layer, forward and
 # backward. Tensors: "sbh" (a hidden state), "sbf" (an MLP activation), "as2b" (the attention
@@ -130,39 +136,14 @@ class LayerTimes:
     kernels: dict           # kernels launched per pass, {"F", "B", "I", "W"}: the host's launch floor
 
 
-@dataclass(frozen=True)
-class Slice:
-    """How one GPU holds a layer: its micro-batch, tensor-parallel size, sequence parallelism
-    and precision, and how its tensor-parallel group sits on the nodes (`sim.hardware.topology`;
-    None: inside one node)."""
-    micro_batch: int
-    tp: int = 1
-    sequence_parallel: bool = False
-    precision: str = "bf16"
-    tp_group: Group | None = None
-
-    def __post_init__(self):
-        if self.tp_group is not None and self.tp_group.size != self.tp:
-            raise ValueError(f"tp_group has {self.tp_group.size} GPUs, tp is {self.tp}; give the group of tp={self.tp}")
-
-    @property
-    def activation_precision(self) -> str:
-        """The precision of all but FP8's Linear GEMMs: BF16 under "fp8" (`sim.cost.fp8`)."""
-        return "bf16" if self.precision == "fp8" else self.precision
-
-    @property
-    def tensor_group(self) -> Group:
-        """The tensor-parallel group its collectives run over."""
-        return one_node(self.tp) if self.tp_group is None else self.tp_group
-
-
 def gemm_shapes(m: Transformer, x: Slice) -> dict[str, tuple[int, int, int, int]]:
-    """Forward matmuls of one layer on one GPU as (m, n, k, batch), M = bs tokens."""
+    """Forward matmuls of one layer on one GPU as (m, n, k, batch), M = bs/cp tokens (the
+    scores: s/cp queries by all s keys, the whole s^2 / cp with no causal saving)."""
     b, s, h, f, t, a = x.micro_batch, m.seq, m.hidden, m.ffn, x.tp, m.heads
-    tokens, head = b * s, h // a
+    tokens, head, queries = x.tokens(m), h // a, s // x.cp
     gated = m.mlp_matrices - 1
     return {"qkv": (tokens, h * (a + 2 * m.kv_heads) // a // t, h, 1),
-            "scores": (s, s, head, b * a // t), "values": (s, head, s, b * a // t),
+            "scores": (queries, s, head, b * a // t), "values": (queries, head, s, b * a // t),
             "projection": (tokens, h, h // t, 1), "mlp_in": (tokens, gated * f // t, h, 1),
             "mlp_out": (tokens, h, f // t, 1)}
 
@@ -176,11 +157,11 @@ def gemm_products(m: int, n: int, k: int, batch: int = 1) -> tuple[tuple, tuple,
 
 def _kernels_time(m: Transformer, dev: DeviceProfile, x: Slice, kernels, only=None) -> float:
     """Seconds of the memory- and compute-bound `kernels` (the `only` ones if given) on one GPU."""
-    b, s, h, t = x.micro_batch, m.seq, m.hidden, x.tp
+    sb, h, t = x.tokens(m), m.hidden, x.tp  # s b: this GPU's tokens, s/cp of the sequence
     scale = precision_bytes(x.activation_precision) / 2  # the table is for 16-bit elements
-    size = {"sbh": s * b * h / (t if x.sequence_parallel else 1), "sbf": s * b * m.ffn / t, "sbh/t": s * b * h / t,
-            "sbqkv": s * b * h * (1 + 2 * m.kv_heads / m.heads) / t,
-            "as2b": m.heads * s * s * b / t, "sbqk": s * b * h * (1 + m.kv_heads / m.heads) / t,
+    size = {"sbh": sb * h / (t if x.sequence_parallel else 1), "sbf": sb * m.ffn / t, "sbh/t": sb * h / t,
+            "sbqkv": sb * h * (1 + 2 * m.kv_heads / m.heads) / t,
+            "as2b": m.heads * sb * m.seq / t, "sbqk": sb * h * (1 + m.kv_heads / m.heads) / t,
             "params": m.params().per_layer / t}
     return sum(elementwise_time(dev, per * size[tensor] * scale, _CLASS.get(name, "elementwise"), size[tensor],
                                 _COMPUTE.get(name))
@@ -253,13 +234,14 @@ def layer_times(m: Transformer, dev: DeviceProfile | str, x: Slice, recompute: s
     core_i = sum(dx[n] + dw[n] for n in weightless) + k["rescore"] * fwd["scores"]
     if k["fused"] and m.kernels == "megatron" and dev.attention_efficiency is not None:
         core_f, core_i = fused_attention_times(m, dev, x)
+    cp_f, cp_i = context_attention(m, dev, x, core_f, core_i)
     weighted = [n for n in fwd if n not in weightless]
     f = {"gemm": sum(fwd[n] for n in weighted) + core_f, "memory": _kernels_time(m, dev, x, k["F"]),
-         "collectives": comm_f}
-    core = {"gemm": core_f, "collectives": 0.0, "memory": _kernels_time(m, dev, x, k["F"], k["core"])}
+         "collectives": comm_f + cp_f}
+    core = {"gemm": core_f, "collectives": cp_f, "memory": _kernels_time(m, dev, x, k["F"], k["core"])}
     redo = {"none": dict.fromkeys(f, 0.0), "selective": core, "full": f}[recompute]
     i = {"gemm": sum(dx[n] for n in weighted) + core_i, "memory": _kernels_time(m, dev, x, k["I"]),
-         "collectives": comm_i}
+         "collectives": comm_i + cp_i}
     w_gemm, w_memory = sum(v for n, v in dw.items() if n not in weightless), _kernels_time(m, dev, x, k["W"])
     w = w_gemm + w_memory
     w_redo = sum(f.values()) if recompute == "full" and m.kernels == "torch" else 0.0  # W's own recompute
@@ -301,7 +283,7 @@ def fused_attention_times(m: Transformer, dev: DeviceProfile, x: Slice) -> tuple
     the backward runs BACKWARD_OVER_FORWARD times the forward's FLOPs at the same rate. It never
     writes the s^2 scores: the layer has no memory-bound kernel of them. (A profile without an
     attention efficiency times the kernel as its matmuls alone: `layer_times`.)"""
-    flops = CAUSAL_SHARE * 4 * x.micro_batch * m.seq ** 2 * m.hidden / x.tp
+    flops = CAUSAL_SHARE * 4 * x.micro_batch * m.seq ** 2 * m.hidden / x.tp / x.cp  # cp: balanced, below
     forward = flops / (dev.flops(x.activation_precision) * dev.attention_efficiency)
     return forward, BACKWARD_OVER_FORWARD * forward
 
@@ -324,7 +306,7 @@ def _measured(m: Transformer, dev: DeviceProfile, x: Slice, recompute: str, lt: 
 def measured_apply(m: Transformer, x: Slice) -> bool:
     """Whether a profile's measured blocks and ends (`sim.hardware.layer_table`) can stand for
     this model's: exec's GPT (torch's kernels) without tensor parallelism."""
-    return x.tp == 1 and m.kernels == "torch"
+    return x.tp == 1 and x.cp == 1 and m.kernels == "torch"
 
 
 def pass_kernels(m: Transformer, x: Slice, recompute: str = "none", scaling: str = "delayed") -> dict[str, int]:
@@ -340,6 +322,8 @@ def pass_kernels(m: Transformer, x: Slice, recompute: str = "none", scaling: str
     n_redo = {"none": 0, "selective": core, "full": n["F"]}[recompute]
     n_i = flash if k["fused"] else gemms + weightless
     n["I"] = n_redo + n_i + _count(k["I"]) + (collectives + 2 * x.sequence_parallel) * (x.tp > 1)
+    context = (x.cp - 1 if x.cp_comm == "p2p" else 2) * (x.cp > 1)  # more attention steps, or the all-to-alls
+    n["F"], n["I"] = n["F"] + context, n["I"] + context
     n["B"] = n["I"] + n["W"]
     if recompute == "full" and k["rescore"]:
         n["W"] += n["F"]
@@ -359,7 +343,7 @@ def _collectives(m: Transformer, dev: DeviceProfile, x: Slice, dx: dict, dw: dic
     (under its input-gradient matmul) and reduce-scatters its input gradient (under its
     weight-gradient matmul in B). Under FP8 the all-gathers move FP8 and the rest BF16
     (`sim.cost.fp8`)."""
-    buf = x.micro_batch * m.seq * m.hidden * precision_bytes(x.activation_precision)
+    buf = x.tokens(m) * m.hidden * precision_bytes(x.activation_precision)
     gathered = buf * fp8.GATHER_BYTES / fp8.REDUCE_BYTES if x.precision == "fp8" else buf
     column = ("qkv", "mlp_in")
     links, group = links_of(dev), x.tensor_group

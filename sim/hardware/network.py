@@ -156,6 +156,18 @@ def collective_time(links: Links, op: str, nbytes: float, group: Group) -> float
     return ring_time(links, op, nbytes, group)
 
 
+def all_to_all_time(links: Links, nbytes: float, group: Group) -> float:
+    """Seconds for an all-to-all of `nbytes` a rank over `group` (NCCL's: every rank sends
+    1/n of its buffer to each other rank at once): (n - 1)/n of the buffer at the group's bus
+    bandwidth (nccl-tests' bus bandwidth of alltoall, `busBw = algBw * (n - 1)/n`,
+    doc/PERFORMANCE.md), after one send's latency. 0 on one rank."""
+    n = group.size
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    link = links.network if group.network else links.node
+    return link.p2p_latency + (n - 1) / n * nbytes / bus_bandwidth(links, group)
+
+
 def p2p_link(links: Links, send: Group) -> P2PLink:
     """The link of a send (`sim.hardware.topology.Topology.send`): NVLink's inside a node; across
     nodes the sending GPU's share of the NICs, at most NVLink's bandwidth."""

@@ -1,18 +1,20 @@
 """Where a run's GPUs sit on the nodes, and which link each of its communicating groups uses.
 
-Ranks are numbered as Megatron-LM numbers them: tensor parallelism fastest, then data
-parallelism, then the pipeline (megatron/core/parallel_state.py, `initialize_model_parallel`,
-default `order="tp-cp-ep-dp-pp"`, with no context or expert parallelism; DeepSpeed's
-`PipeModelDataParallelTopology` orders its axes the same way). The rank of tensor-parallel
-index t, replica d and pipeline device p is
+Ranks are numbered as Megatron-LM numbers them: tensor parallelism fastest, then context
+parallelism, then data parallelism, then the pipeline (megatron/core/parallel_state.py,
+`initialize_model_parallel`, default `order="tp-cp-ep-dp-pp"`, with no expert parallelism;
+DeepSpeed's `PipeModelDataParallelTopology` orders tp, dp and pp the same way). The rank of
+tensor-parallel index t, context-parallel index c, replica d and pipeline device p is
 
-    rank = t + tp * (d + dp * p)
+    rank = t + tp * (c + cp * (d + dp * p))
 
 and rank r sits on node r // gpus_per_node. A group of an axis is the ranks that differ only in
-that axis's index: "tp" (Megatron's tensor-parallel group: t varies), "dp" (the gradients'
-data-parallel group: d varies), "pp" (a pipeline: p varies) and "embedding" (the first and
-last device of each pipeline, which all-reduce the tied word embedding's gradient: Megatron's
-embedding group).
+that axis's index: "tp" (Megatron's tensor-parallel group: t varies), "cp" (a context-parallel
+group, which splits the sequence: c varies), "dp" (d varies), "dp_cp" (c and d vary: the
+group the gradients are reduced over, Megatron's data-parallel group "with context parallel",
+`get_data_parallel_group(with_context_parallel=True)`; "dp" itself where cp = 1), "pp" (a
+pipeline: p varies) and "embedding" (the first and last device of each pipeline, which
+all-reduce the tied word embedding's gradient: Megatron's embedding group).
 
 What a collective over a group costs depends on how the group sits on the nodes (`Group`):
 its size n, the nodes it spans N, and k, the fewest of its GPUs on one of those nodes. One
@@ -50,6 +52,12 @@ Megatron-LM's `RankGenerator` do: exec lays out its pp x dp ranks with it (`exec
     >>> t = Topology(tp=1, pp=2, dp=2)
     >>> t.coords(3), t.group_of("dp", 3), t.group_of("pp", 3)   # (t, replica, pipeline device)
     ((0, 1, 1), (2, 3), (1, 3))
+    >>> t = Topology(tp=2, pp=1, dp=2, cp=2)
+    >>> t.groups("cp"), t.context(2), t.group_of("dp_cp", 0)    # cp next to tp; c of rank 2
+    ([(0, 2), (1, 3), (4, 6), (5, 7)], 1, (0, 2, 4, 6))
+
+`coords` keeps its (t, replica, pipeline device) answer, the one exec's pp x dp ranks read;
+`context` gives a rank's context-parallel index c.
 """
 from __future__ import annotations
 
@@ -57,7 +65,7 @@ from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
 
-AXES = ("tp", "dp", "pp", "embedding")
+AXES = ("tp", "cp", "dp", "dp_cp", "pp", "embedding")
 
 
 @dataclass(frozen=True)
@@ -83,50 +91,66 @@ def one_node(size: int) -> Group:
 
 @dataclass(frozen=True)
 class Topology:
-    """tp x dp x pp GPUs in Megatron-LM's rank order on nodes of `gpus_per_node` GPUs and
+    """tp x cp x dp x pp GPUs in Megatron-LM's rank order on nodes of `gpus_per_node` GPUs and
     `nics_per_node` network cards (default: one a GPU)."""
     tp: int
     pp: int
     dp: int
     gpus_per_node: int = 8
     nics_per_node: int | None = None
+    cp: int = 1
 
     def __post_init__(self):
         if self.nics_per_node is None:
             object.__setattr__(self, "nics_per_node", self.gpus_per_node)
-        for name in ("tp", "pp", "dp", "gpus_per_node", "nics_per_node"):
+        for name in ("tp", "pp", "dp", "gpus_per_node", "nics_per_node", "cp"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
 
     @property
     def gpus(self) -> int:
-        return self.tp * self.dp * self.pp
+        return self.tp * self.cp * self.dp * self.pp
 
-    def rank(self, t: int, d: int, p: int) -> int:
-        """The global rank of tensor-parallel index t, replica d, pipeline device p."""
-        return t + self.tp * (d + self.dp * p)
+    def rank(self, t: int, d: int, p: int, c: int = 0) -> int:
+        """The global rank of tensor-parallel index t, replica d, pipeline device p and
+        context-parallel index c."""
+        return t + self.tp * (c + self.cp * (d + self.dp * p))
 
     def coords(self, rank: int) -> tuple[int, int, int]:
-        """The (tensor-parallel index, replica, pipeline device) of global rank `rank`: `rank`'s inverse."""
+        """The (tensor-parallel index, replica, pipeline device) of global rank `rank`: with
+        `context`, `rank`'s inverse."""
+        t, _, d, p = self._indices(rank)
+        return t, d, p
+
+    def context(self, rank: int) -> int:
+        """The context-parallel index c of global rank `rank` (0 where cp = 1)."""
+        return self._indices(rank)[1]
+
+    def _indices(self, rank: int) -> tuple[int, int, int, int]:
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.gpus:
             raise ValueError(f"ranks are 0..{self.gpus - 1}; got {rank!r}")
         rest, t = divmod(rank, self.tp)
+        rest, c = divmod(rest, self.cp)
         p, d = divmod(rest, self.dp)
-        return t, d, p
+        return t, c, d, p
 
     def node(self, rank: int) -> int:
         return rank // self.gpus_per_node
 
     def groups(self, axis: str) -> list[tuple[int, ...]]:
-        """Every group of `axis` ("tp", "dp", "pp", "embedding"), each as its ranks in order."""
-        r, tp, dp, pp = self.rank, self.tp, self.dp, self.pp
+        """Every group of `axis` (`AXES`), each as its ranks in order."""
+        r, tp, cp, dp, pp = self.rank, self.tp, self.cp, self.dp, self.pp
         if axis == "tp":
-            return [tuple(r(t, d, p) for t in range(tp)) for p in range(pp) for d in range(dp)]
+            return [tuple(r(t, d, p, c) for t in range(tp)) for p in range(pp) for d in range(dp) for c in range(cp)]
+        if axis == "cp":
+            return [tuple(r(t, d, p, c) for c in range(cp)) for p in range(pp) for d in range(dp) for t in range(tp)]
         if axis == "dp":
-            return [tuple(r(t, d, p) for d in range(dp)) for p in range(pp) for t in range(tp)]
+            return [tuple(r(t, d, p, c) for d in range(dp)) for p in range(pp) for c in range(cp) for t in range(tp)]
+        if axis == "dp_cp":
+            return [tuple(r(t, d, p, c) for d in range(dp) for c in range(cp)) for p in range(pp) for t in range(tp)]
         if axis == "pp":
-            return [tuple(r(t, d, p) for p in range(pp)) for d in range(dp) for t in range(tp)]
+            return [tuple(r(t, d, p, c) for p in range(pp)) for d in range(dp) for c in range(cp) for t in range(tp)]
         if axis == "embedding":
             return [(g[0], g[-1]) if pp > 1 else g for g in self.groups("pp")]
         raise ValueError(f"axis must be one of {', '.join(AXES)}; got {axis!r}")
@@ -158,9 +182,15 @@ class Topology:
         return min((self.placed(g) for g in groups), key=_slowness)
 
     def send(self, a: int, b: int) -> Group:
-        """A pipeline send from device a to device b: the slowest of its tp*dp pairs (a group of
+        """A pipeline send from device a to device b: the slowest of its tp*cp*dp pairs (a group of
         two, one send per GPU of the stage at once: each GPU's share of the NICs)."""
         return _send(self, a, b)
+
+    def ring_send(self, axis: str = "cp") -> Group:
+        """The slowest send between neighbours of `axis`'s rings (index c to c + 1, the last to
+        the first: ring attention's exchange of K and V), every GPU sending at once (each its
+        share of the NICs, as `send`); a one-GPU group where the rings have one rank."""
+        return _ring_send(self, axis)
 
     def pipeline_send(self, placement) -> Group:
         """The slowest send between consecutive stages of a schedule (stage s on device
@@ -183,8 +213,20 @@ def _send(topo: Topology, a: int, b: int) -> Group:
     for p in (a, b):
         if not (isinstance(p, int) and 0 <= p < topo.pp):
             raise ValueError(f"pipeline devices are 0..{topo.pp - 1}; got {p!r}")
-    crosses = any(topo.node(topo.rank(t, d, a)) != topo.node(topo.rank(t, d, b))
-                  for d in range(topo.dp) for t in range(topo.tp))
-    if not crosses:
-        return one_node(2)
+    crosses = any(topo.node(topo.rank(t, d, a, c)) != topo.node(topo.rank(t, d, b, c))
+                  for d in range(topo.dp) for c in range(topo.cp) for t in range(topo.tp))
+    return _network_send(topo) if crosses else one_node(2)
+
+
+@lru_cache(maxsize=4096)
+def _ring_send(topo: Topology, axis: str) -> Group:
+    groups = topo.groups(axis)
+    if len(groups[0]) == 1:
+        return one_node(1)
+    crosses = any(topo.node(a) != topo.node(b) for g in groups for a, b in zip(g, g[1:] + g[:1]))
+    return _network_send(topo) if crosses else one_node(2)
+
+
+def _network_send(topo: Topology) -> Group:
+    """One GPU's send to another node while every GPU sends: its share of the node's NICs."""
     return Group(2, 1, 2, min(float(topo.nics_per_node), topo.nics_per_node / topo.gpus_per_node))

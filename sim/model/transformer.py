@@ -18,7 +18,9 @@ How the layer is implemented changes what its backward keeps and which kernels i
 defaults are Megatron-LM's GPT as the papers count it. `attention`: "unfused" (the scores are
 materialised: softmax output and dropout kept, as2b elements each; Korthikanti et al. 2022,
 Sec. 4.1) or "flash" (Dao et al. 2022, Alg. 2 and 4: the kernel keeps only its per-row
-log-sum-exp in fp32 and recomputes the scores in its backward). `kernels`: "megatron" (its
+log-sum-exp in fp32 and recomputes the scores in its backward); with kernels="torch",
+"flash" is torch's fused SDPA kernel (CPU flash) and "unfused" its math backend, which
+torch falls back to (docs/rules.md, rule 17: what each keeps, measured). `kernels`: "megatron" (its
 fused kernels; the paper's count, which leaves out anything smaller than an sbh tensor) or
 "torch" (torch's eager modules as `exec.models` builds them: LayerNorm keeps its fp32 mean and
 reciprocal deviation per token, the embedding its int64 token ids, the loss its log-softmax
@@ -34,7 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .attention import MLA, check_mla
+from .attention import MLA, check_mla, core_bytes
 from .moe import Experts, moe_fields
 from .params import Params
 
@@ -323,10 +325,8 @@ class Transformer:
             replicated, attention = replicated + e * latents, e * heads
         split = attention + (0 if moe else e * sb * self.ffn * self.mlp_matrices)
         if recompute == "none":
-            heads_sb = self.heads * sb
-            # unfused: softmax output, its dropout mask and dropout output, as^2b each; flash: the
-            # log-sum-exp, fp32, one per head and token
-            split += heads_sb * self.seq * (e + drop * (1 + e)) if self.attention == "unfused" else heads_sb * _FP32
+            split += core_bytes(self.attention, self.kernels, self.dropout, self.heads, self.hidden, self.seq,
+                                micro_batch, tp, e)
         if moe:
             return self._split(replicated, split, tp, sequence_parallel) + sum(
                 self.moe_activation_bytes(micro_batch, ep, precision).values())

@@ -18,9 +18,9 @@ from sim.engine.costs import Costs, StageCosts
 from sim.simulation import simulate
 from sim.cost.data_parallel import optimizer_time, stage_params
 from sim.cost.ends import end_times
-from .layout import Layout
+from .layout import Layout, layout_slice
 from .stage_costs import partition_layers, stage_costs
-from sim.model.footprint import optimizer_step_bytes, state_bytes_per_param
+from sim.model.footprint import DEFAULT_OPTIMIZER, optimizer_step_bytes, state_bytes_per_param
 from sim.hardware.profile import DeviceProfile, resolve
 from sim.schedule.ir import Schedule
 from sim.cost.fp8 import saved_bytes_saving
@@ -28,9 +28,9 @@ from sim.hardware.kernels import memory_time, precision_bytes
 from sim.schedule.kinds import KINDS, Kind
 from sim.schedule.liveness import held
 from sim.cost.layer import Slice, check_timed, layer_times
+from sim.cost.slice import per_rank
 from sim.search.partition import even
 from sim.schedule.registry import make_schedule
-from sim.hardware.topology import Topology
 from sim.model.transformer import Transformer
 from sim.schedule.zerobubble import split_1f1b
 
@@ -88,19 +88,23 @@ class Bounds:
 
     def __init__(self, model: Transformer, profile: DeviceProfile, global_batch: int, precision: str,
                  gpus_per_node: int,
-                 partition="even", nics_per_node: int | None = None):
+                 partition="even", nics_per_node: int | None = None, optimizer: str = DEFAULT_OPTIMIZER):
         check_timed(model)  # a MoE model is refused, not searched as a dense one
         self.model, self.profile, self.batch = model, resolve(profile), global_batch
-        self.precision, self.gpn = precision, gpus_per_node
+        self.precision, self.gpn, self.optimizer = precision, gpus_per_node, optimizer
         self.nics = gpus_per_node if nics_per_node is None else nics_per_node
         self.partition = partition if isinstance(partition, str) else tuple(partition)
         self.even = partition == "even"
         self.params = model.params()
         self._layer, self._ends, self._shape, self._unit = {}, {}, {}, {}
 
+    def _layout(self, config: Config) -> Layout:
+        return Layout(global_batch=self.batch, precision=self.precision, gpus_per_node=self.gpn,
+                      partition=self.partition, nics_per_node=self.nics, optimizer=self.optimizer,
+                      **config.kwargs())
+
     def _slice(self, config: Config) -> Slice:
-        group = Topology(config.tp, config.pp, config.dp, self.gpn, self.nics).group("tp")
-        return Slice(config.micro_batch, config.tp, config.sequence_parallel, self.precision, tp_group=group)
+        return layout_slice(self._layout(config))
 
     def layer(self, config: Config):
         piece = self._slice(config)
@@ -119,12 +123,12 @@ class Bounds:
         return self._shape[key]
 
     def _activations(self, config: Config) -> float:
-        """One micro-batch's activations of one layer on one GPU (under FP8: BF16's less the
-        Linears' inputs saved in FP8, `sim.cost.fp8`)."""
-        fp8 = self.precision == "fp8"
-        kept = self.model.activation_bytes_per_layer(config.micro_batch, config.tp, config.sequence_parallel,
-                                                     config.recompute, "bf16" if fp8 else self.precision)
-        return kept - (saved_bytes_saving(self.model, config.micro_batch, config.tp, config.sequence_parallel,
+        """One micro-batch's activations of one layer on one GPU (s/cp of the sequence; under FP8:
+        BF16's less the Linears' inputs saved in FP8, `sim.cost.fp8`)."""
+        model, fp8 = per_rank(self.model, self._slice(config)), self.precision == "fp8"
+        kept = model.activation_bytes_per_layer(config.micro_batch, config.tp, config.sequence_parallel,
+                                                config.recompute, "bf16" if fp8 else self.precision)
+        return kept - (saved_bytes_saving(model, config.micro_batch, config.tp, config.sequence_parallel,
                                           config.recompute) if fp8 else 0.0)
 
     def memory_average(self, config: Config) -> float:
@@ -132,7 +136,7 @@ class Bounds:
         parameters sum to the model's over tp) and, with the even split, one micro-batch's
         activations of the fewest layers a stage has (a device holds at least the one its
         forward takes in). No schedule needed: the pp * V stages are known."""
-        per = sum(state_bytes_per_param(self.precision, config.zero, config.dp).values())
+        per = sum(state_bytes_per_param(self.precision, config.zero, config.dp * config.cp, self.optimizer).values())
         fewest = self.model.layers // (config.pp * config.virtual) if self.even else 0
         return self.params.total / (config.tp * config.pp) * per + fewest * self._activations(config)
 
@@ -143,7 +147,7 @@ class Bounds:
         average = self.memory_average(config)
         if not self.even or average > self.profile.memory:
             return average
-        per = sum(state_bytes_per_param(self.precision, config.zero, config.dp).values())
+        per = sum(state_bytes_per_param(self.precision, config.zero, config.dp * config.cp, self.optimizer).values())
         shape, act = self.shape(config), self._activations(config)
         params = stage_params(self.model, shape.layers, config.tp, shape.schedule.placement)
         static = shape.per_device([p * per for p in params])
@@ -151,9 +155,9 @@ class Bounds:
         return max(s + h * a for s, h, a in zip(static, shape.held, smallest))
 
     def _optimizer(self, config: Config) -> float:
-        share = config.dp if config.zero >= 1 else 1
+        share = config.dp * config.cp if config.zero >= 1 else 1
         updated = self.params.total / (config.tp * config.pp * share)
-        return memory_time(self.profile, updated * optimizer_step_bytes(self.precision), "optimizer")
+        return memory_time(self.profile, updated * optimizer_step_bytes(self.precision, self.optimizer), "optimizer")
 
     def average(self, config: Config) -> float:
         """The average device's computes one after another (F + B of the layers for every
@@ -171,8 +175,7 @@ class Bounds:
         if piece not in self._ends:
             self._ends[piece] = end_times(self.model, self.profile, piece)
         ends = self._ends[piece]
-        lay = Layout(global_batch=self.batch, precision=self.precision, gpus_per_node=self.gpn,
-                     partition=self.partition, nics_per_node=self.nics, **config.kwargs())
+        lay = self._layout(config)
         layers = partition_layers(self.model.layers, shape.schedule.stages, self.partition, layer, ends)
         costs, _ = stage_costs(self.model, self.profile, lay, piece, layer, ends, layers, shape.schedule.placement)
         return costs.for_stages(shape.schedule.stages), layers, lay

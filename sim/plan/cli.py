@@ -24,11 +24,12 @@ from typing import Sequence
 from sim import cli
 from sim.cli import whole
 from sim.hardware.gpus import GIB, GPUS, PRECISIONS
+from sim.model.footprint import DEFAULT_OPTIMIZER, OPTIMIZERS
 from sim.schedule.ir import ScheduleError
 from .layout import DEFAULT_HEADROOM
 from sim.model.registry import MODELS, find_model, model_name
 from .planner import TOO_LARGE, Plan, search
-from .space import MAX_CONFIGS, MAX_MICRO_BATCH, MAX_VIRTUAL, TOP
+from .space import CP_MIN_SEQ, CP_MIN_TOKENS, MAX_CONFIGS, MAX_MICRO_BATCH, MAX_VIRTUAL, TOP
 from sim.schedule.registry import SCHEDULES
 from sim.model.transformer import RECOMPUTE
 
@@ -74,9 +75,11 @@ def build_parser() -> argparse.ArgumentParser:
                         f"(layers, hidden, heads, seq, vocab; optional ffn, kv_heads, arch, attention, ...)")
     parser.add_argument("--seq", type=whole, help="sequence length (default: the model's)")
     parser.add_argument("--gpu", required=True, help=f"one of {', '.join(GPUS)}, or a device profile's name")
-    parser.add_argument("--gpus", type=whole, required=True, help="GPUs in all: tp * pp * dp")
+    parser.add_argument("--gpus", type=whole, required=True, help="GPUs in all: tp * cp * pp * dp")
     parser.add_argument("--global-batch", type=whole, required=True, help="sequences per step")
     parser.add_argument("--tp", type=_ints, help="tensor-parallel sizes (default: powers of two within a node)")
+    parser.add_argument("--cp", type=_ints, help="context-parallel sizes (default: 1 below a sequence of "
+                        f"{CP_MIN_SEQ}; from it, powers of two keeping {CP_MIN_TOKENS} tokens a rank)")
     parser.add_argument("--pp", type=_ints, help="pipeline sizes (default: every divisor of gpus/tp up to the layers)")
     parser.add_argument("--micro-batch", type=_ints, help="micro-batch sizes (default: divisors up to --max-micro-batch)")
     parser.add_argument("--schedules", type=_words,
@@ -84,11 +87,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--virtual", type=_ints, help="chunks per device for the schedules that take them "
                                                  "(default: 2..--max-virtual where pp*V divides the layers)")
     parser.add_argument("--recompute", type=_words, help=f"any of {', '.join(RECOMPUTE)} (default: all)")
-    parser.add_argument("--zero", type=_zeros, help="ZeRO stages, any of 0,1,2,3 (default: all; 2 and 3 only with pp 1)")
+    parser.add_argument("--zero", type=_zeros, help="ZeRO stages, any of 0,1,2,3 (default: all; 2 and 3 only with pp 1 in the search; sim.estimate takes 3 with pp > 1 as FSDP)")
     parser.add_argument("--sequence-parallel", choices=("both", "on", "off"), default="both",
                    help="sequence parallelism (only where tp > 1)")
     parser.add_argument("--precision", default="bf16", help=f"one of {', '.join(PRECISIONS)}, or fp8 (Transformer "
                         f"Engine's FP8 Linear GEMMs, on GPUs with an FP8 peak)")
+    parser.add_argument("--optimizer", default=DEFAULT_OPTIMIZER, choices=list(OPTIMIZERS),
+                        help="the run's optimizer: its state in memory, its step in time (the names of exec.run --optimizer)")
     parser.add_argument("--memory-headroom", type=headroom, default=DEFAULT_HEADROOM,
                    help="kept free of each GPU's memory for the CUDA context, NCCL's buffers and fragmentation: "
                         "a fraction (0.1, 10%%) or bytes (4GiB)")
@@ -180,18 +185,18 @@ def profile_kind(profile) -> str:
 
 def format_table(plan: Plan) -> str:
     """One aligned line per ranked configuration."""
-    head = ("rank", "tp", "pp", "dp", "b", "m", "schedule", "V", "recompute", "zero", "sp", "step s",
+    head = ("rank", "tp", "cp", "pp", "dp", "b", "m", "schedule", "V", "recompute", "zero", "sp", "step s",
             "TFLOP/s/GPU", "MFU", "bubble", "peak GiB", "fits")
     rows = [head]
     for i, row in enumerate(plan.rows, 1):
         config = row.config
-        rows.append((str(i), str(config.tp), str(config.pp), str(config.dp), str(config.micro_batch),
+        rows.append((str(i), str(config.tp), str(config.cp), str(config.pp), str(config.dp), str(config.micro_batch),
                      str(row.micro_batches), config.schedule, str(config.virtual), config.recompute, str(config.zero),
                      "on" if config.sequence_parallel else "off",
                      f"{row.step_time:.4g}", f"{row.tflops_per_gpu:.1f}", f"{row.mfu:.1%}", f"{row.bubble_fraction:.1%}",
                      f"{row.peak_memory / GIB:.1f}", "yes" if row.fits else "no"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
-    left = {6, 8}
+    left = {7, 9}
     return "\n".join("  ".join(v.ljust(w) if i in left else v.rjust(w) for i, (v, w) in enumerate(zip(row, widths)))
                      .rstrip() for row in rows)
 
@@ -237,9 +242,9 @@ def _check_out(out: Path) -> None:
 
 def _limits(args: argparse.Namespace) -> dict:
     sp = {"both": None, "on": [True], "off": [False]}[args.sequence_parallel]
-    return dict(tp=args.tp, pp=args.pp, micro_batch=args.micro_batch, schedules=args.schedules,
+    return dict(tp=args.tp, cp=args.cp, pp=args.pp, micro_batch=args.micro_batch, schedules=args.schedules,
                 virtual=args.virtual, recompute=args.recompute, zero=args.zero, sequence_parallel=sp,
-                precision=args.precision, gpus_per_node=args.gpus_per_node,
+                precision=args.precision, optimizer=args.optimizer, gpus_per_node=args.gpus_per_node,
                 nics_per_node=args.nics_per_node, max_micro_batch=args.max_micro_batch,
                 max_virtual=args.max_virtual, max_configs=args.max_configs, top=args.top,
                 memory_headroom=args.memory_headroom)

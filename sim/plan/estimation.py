@@ -6,9 +6,11 @@
     >>> e.step_time, e.tflops_per_gpu, e.mfu, e.fits            # doctest: +SKIP
 
 The layout is Megatron-LM's: tp-way tensor parallelism inside each layer (within a node
-unless tp exceeds it), pp pipeline devices each holding `virtual` chunks of contiguous
-layers, dp data-parallel replicas; ranks are numbered tp fastest, then dp, then pp (Megatron-
-LM's default order). Which link each group uses (NVLink, or the nodes' NICs and how many of
+unless tp exceeds it), cp-way context parallelism (the sequence split over cp ranks), pp
+pipeline devices each holding `virtual` chunks of contiguous layers, dp data-parallel
+replicas; ranks are numbered tp fastest, then cp, then dp, then pp (Megatron-LM's default
+order). The keywords are the fields of three records (`sim.plan.layout`: `Cluster`,
+`Parallel`, `Run`), which `Layout` composes. Which link each group uses (NVLink, or the nodes' NICs and how many of
 them) is `sim.hardware.topology`'s answer, and what a collective or a send over it costs is
 `sim.hardware.network`'s (NCCL's model). Each stage's costs come from the cost layer, `sim.cost`:
 its layers (`sim.cost.layer`), the embedding and output layer on the first and last stage
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sim.cost.data_parallel import fsdp_as_actions, optimizer_time
 from sim.cost.ends import end_times
@@ -30,6 +32,7 @@ from sim.engine.result import Result
 from sim.hardware.gpus import GPU
 from sim.hardware.profile import DeviceProfile, resolve
 from sim.model.layer_layout import from_counts
+from sim.model.footprint import DEFAULT_OPTIMIZER
 from sim.model.transformer import Transformer
 from sim.passes.fsdp import add_fsdp
 from sim.passes.grad_reduce import add_grad_reduce
@@ -37,7 +40,8 @@ from sim.engine.result import reload_waits
 from sim.schedule.kinds import Kind
 from sim.schedule.registry import lookup, make_schedule
 
-from .layout import DEFAULT_HEADROOM, Layout, check_layout, check_size, usable_memory
+from .layout import (DEFAULT_HEADROOM, Cluster, Layout, Parallel, Run, check_layout, check_size, layout_slice,
+                     usable_memory)
 from sim.model.registry import find_model, model_name
 from .stage_costs import memory_caps, memory_parts, offload_costs, partition_layers, stage_costs
 
@@ -73,7 +77,8 @@ class Estimate:
 
     def __repr__(self) -> str:
         lay = self.layout
-        return (f"<Estimate {model_name(self.model)} on {lay.gpus} x {self.gpu.name} (tp={lay.tp}, pp={lay.pp}, "
+        cp = f"cp={lay.cp}, " if lay.cp > 1 else ""
+        return (f"<Estimate {model_name(self.model)} on {lay.gpus} x {self.gpu.name} (tp={lay.tp}, {cp}pp={lay.pp}, "
                 f"dp={lay.dp}, {lay.schedule}): step {self.step_time:.4g} s, {self.tflops_per_gpu:.0f} TFLOP/s/GPU, "
                 f"MFU {self.mfu:.1%}, bubble {self.bubble_fraction:.1%}, peak {max(self.peak_memory) / 2**30:.1f} GiB, "
                 f"fits {self.fits}; .summary() for every number, .result for the step>")
@@ -82,10 +87,11 @@ class Estimate:
         """The estimate as plain data (no result)."""
         lay = self.layout
         return {"model": model_name(self.model), "gpu": self.gpu.name, "profile": self.profile.name, "gpus": lay.gpus, "tp": lay.tp, "pp": lay.pp,
-                "dp": lay.dp, "micro_batch": lay.micro_batch, "global_batch": lay.global_batch,
+                "dp": lay.dp, "cp": lay.cp, "cp_comm": lay.cp_comm, "attention": self.model.attention, "micro_batch": lay.micro_batch, "global_batch": lay.global_batch,
                 "micro_batches": lay.micro_batches, "schedule": lay.schedule, "virtual": self.result.schedule.stages // lay.pp,
                 "recompute": lay.recompute, "sequence_parallel": lay.sequence_parallel, "zero": lay.zero,
-                "precision": lay.precision, "offload": lay.offload, "memory_headroom": lay.memory_headroom,
+                "precision": lay.precision, "optimizer": lay.optimizer, "offload": lay.offload,
+                "memory_headroom": lay.memory_headroom,
                 "usable_memory": self.usable_memory, "step_time": self.step_time, "tflops_per_gpu": self.tflops_per_gpu,
                 "mfu": self.mfu, "bubble_fraction": self.bubble_fraction, "peak_memory": max(self.peak_memory),
                 "fits": self.fits, "layers_per_stage": self.layers_per_stage, "time_parts": self.time_parts,
@@ -93,12 +99,13 @@ class Estimate:
 
 
 def estimate(model: Transformer | str, gpu: DeviceProfile | GPU | str = "a100-80gb", *, tp: int = 1, pp: int = 1, dp: int = 1,
-             micro_batch: int = 1, global_batch: int | None = None, gpus_per_node: int = 8, schedule: str = "1f1b",
-             virtual: int | None = None, recompute: str = "none", sequence_parallel: bool = False, zero: int = 0,
-             precision: str = "bf16", overlap_grad_reduce: bool = False, partition="even",
-             tp_overlap: bool = True, offload: bool = False, nics_per_node: int | None = None,
-             memory_headroom: float = DEFAULT_HEADROOM, reshard_after_forward: bool = True,
-             fsdp_shard: int | None = None, **schedule_options) -> Estimate:
+             cp: int = 1, micro_batch: int = 1, global_batch: int | None = None, gpus_per_node: int = 8,
+             nics_per_node: int | None = None, schedule: str = "1f1b", virtual: int | None = None,
+             recompute: str = "none", sequence_parallel: bool = False, zero: int = 0, precision: str = "bf16",
+             attention: str | None = None, cp_comm: str = "p2p", overlap_grad_reduce: bool = False, partition="even",
+             tp_overlap: bool = True, offload: bool = False,
+             memory_headroom: float = DEFAULT_HEADROOM, optimizer: str = DEFAULT_OPTIMIZER,
+             reshard_after_forward: bool = True, fsdp_shard: int | None = None, **schedule_options) -> Estimate:
     """Simulate one training step of `model` on `gpu`s split as given (see `Layout` and the
     module's docstring); `gpu` is a device profile (`sim.load_profile`), a profile's or GPU
     preset's name (its default profile, `sim.hardware.profile.DEFAULT_PROFILES`) or a preset `GPU`;
@@ -110,16 +117,26 @@ def estimate(model: Transformer | str, gpu: DeviceProfile | GPU | str = "a100-80
     (`stage_costs.offload_costs`). `nics_per_node` (default `gpus_per_node`: one a GPU, as on a DGX) are the
     network cards of a node that collectives and sends between nodes share (`sim.hardware.topology`).
     `memory_headroom` is what each GPU keeps free (a fraction of its memory, or bytes; `fits`
-    compares the peak with the rest: `layout.usable_memory`). With zero=3 and pp > 1 the
-    gathers and reduce-scatters are FSDP's actions on the step (`sim.add_fsdp`), and
-    `reshard_after_forward` is FSDP2's option; `fsdp_shard` makes it HSDP, sharded within
-    groups of that many replicas and replicated across them (docs/planner.md, "ZeRO with pipelining")."""
-    lay = Layout(tp, pp, dp, micro_batch, dp * micro_batch if global_batch is None else global_batch,
-                 lookup(schedule)[0], virtual, recompute, sequence_parallel, zero, precision, gpus_per_node,
-                 overlap_grad_reduce, partition if isinstance(partition, str) else tuple(partition), tp_overlap,
-                 offload, gpus_per_node if nics_per_node is None else nics_per_node, memory_headroom,
-                 reshard_after_forward, fsdp_shard)
-    return estimate_layout(find_model(model), resolve(gpu), lay, **schedule_options)
+    compares the peak with the rest: `layout.usable_memory`). `cp` splits the sequence over cp
+    ranks, their attention exchanging K and V in a ring (`cp_comm="p2p"`) or by all-to-alls
+    ("a2a"; `sim.cost.context.context_attention`); `attention` ("flash", "unfused") overrides the
+    model's attention kernel. `optimizer` (a name of `sim.model.footprint.OPTIMIZERS`, those of
+    `exec.run --optimizer`) sets the state each GPU holds and the bytes its step reads and writes.
+    With zero=3 and pp > 1 the gathers and reduce-scatters are FSDP's actions on the step
+    (`sim.add_fsdp`), and `reshard_after_forward` is FSDP2's option; `fsdp_shard` makes it HSDP,
+    sharded within groups of that many replicas and replicated across them (docs/planner.md,
+    "ZeRO with pipelining")."""
+    cluster = Cluster(gpus_per_node=gpus_per_node,
+                      nics_per_node=gpus_per_node if nics_per_node is None else nics_per_node)
+    parallel = Parallel(tp=tp, pp=pp, dp=dp, cp=cp, cp_comm=cp_comm, sequence_parallel=sequence_parallel, zero=zero,
+                        partition=partition if isinstance(partition, str) else tuple(partition),
+                        overlap_grad_reduce=overlap_grad_reduce, tp_overlap=tp_overlap,
+                        reshard_after_forward=reshard_after_forward, fsdp_shard=fsdp_shard)
+    run = Run(micro_batch=micro_batch, global_batch=dp * micro_batch if global_batch is None else global_batch,
+              schedule=lookup(schedule)[0], virtual=virtual, recompute=recompute, precision=precision,
+              attention=attention, offload=offload, memory_headroom=memory_headroom,
+              optimizer=optimizer)
+    return estimate_layout(find_model(model), resolve(gpu), Layout.of(parallel, run, cluster), **schedule_options)
 
 
 def estimate_layout(model: Transformer, profile: DeviceProfile, lay: Layout, **schedule_options) -> Estimate:
@@ -128,7 +145,9 @@ def estimate_layout(model: Transformer, profile: DeviceProfile, lay: Layout, **s
     stages; cost each stage; add offloading and the gradient reduction; simulate the step."""
     warnings = check_layout(model, profile, lay)
     check_size(lay)
-    piece = Slice(lay.micro_batch, lay.tp, lay.sequence_parallel, lay.precision, tp_group=lay.topology().group("tp"))
+    if lay.attention is not None:
+        model = replace(model, attention=lay.attention)
+    piece = layout_slice(lay)
     layer = layer_times(model, profile, piece, lay.recompute, lay.tp_overlap)
     ends = end_times(model, profile, piece)
     sched = build_schedule(model, profile, lay, piece, layer, ends, schedule_options)

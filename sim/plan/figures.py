@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 def describe(row: "Row") -> str:
     """`tp=8 pp=8 dp=16 b=1 m=96 1f1b V=1 recompute=selective zero=1 sp`: a row's layout."""
     config = row.config
-    return (f"tp={config.tp} pp={config.pp} dp={config.dp} b={config.micro_batch} m={row.micro_batches} {config.schedule} V={config.virtual} "
+    cp = f"cp={config.cp} " if config.cp > 1 else ""
+    return (f"tp={config.tp} {cp}pp={config.pp} dp={config.dp} b={config.micro_batch} m={row.micro_batches} {config.schedule} V={config.virtual} "
             f"recompute={config.recompute} zero={config.zero}{' sp' if config.sequence_parallel else ''}")
 
 

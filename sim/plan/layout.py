@@ -1,15 +1,31 @@
-"""A parallel layout of a training run (Megatron-LM's): the sizes, the choices, and the checks that refuse one that cannot run."""
+"""A parallel layout of a training run (Megatron-LM's): the sizes, the choices, and the checks that refuse one that cannot run.
+
+Three small records say what a run is, and `Layout` is their composition, flat, as the
+planner's steps read it (`lay.tp`, `lay.micro_batch`, ...):
+
+    >>> lay = Layout.of(Parallel(tp=8, pp=4, dp=2, cp=2), Run(micro_batch=1, global_batch=64), Cluster())
+    >>> lay.gpus, lay.parallel.cp, lay.run.global_batch, lay.cluster.gpus_per_node
+    (128, 2, 64, 8)
+
+`Cluster`: the nodes (GPUs a node, NICs a node); the device profile is `estimate`'s `gpu`.
+`Parallel`: how the model and the batch are split (tp, pp, dp, cp and how cp communicates,
+sequence parallelism, the ZeRO stage and FSDP's options, the layers' partition, the overlaps). `Run`: what one
+step computes and keeps (micro-batch, global batch, schedule, chunks, recompute, precision,
+attention, offloading, the memory headroom). A new parameter is one field in one record and
+the same field in `Layout` (`tests/sim/plan/test_layout.py` checks that they match).
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from sim.cli import machine_memory
 from sim.cost.fp8 import check_fp8
+from sim.cost.layer import Slice
 from sim.hardware.kernels import precision_bytes
 from sim.hardware.profile import DeviceProfile
 from sim.hardware.topology import Topology
-from sim.model.footprint import state_bytes_per_param
-from sim.model.transformer import Transformer, check_recompute
+from sim.model.footprint import DEFAULT_OPTIMIZER, state_bytes_per_param
+from sim.model.transformer import ATTENTION, Transformer, check_recompute
 from sim.schedule.registry import lookup
 
 
@@ -37,9 +53,59 @@ def usable_memory(memory: float, headroom: float = DEFAULT_HEADROOM) -> float:
     return memory * (1 - headroom) if headroom < 1 else memory - headroom
 
 
+CP_COMMS = ("p2p", "a2a")  # ring attention's K/V exchange, or Ulysses' all-to-alls (sim.cost.layer)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The nodes a run's GPUs sit in: GPUs a node, and the network cards a node's collectives
+    and sends share (None: one a GPU, as on a DGX: `sim.hardware.topology`)."""
+    gpus_per_node: int = 8
+    nics_per_node: int | None = None
+
+
+@dataclass(frozen=True)
+class Parallel:
+    """How the model and the batch are split over the GPUs: tp x cp x pp x dp of them
+    (Megatron-LM's order, `sim.hardware.topology`), and how each split communicates."""
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    cp: int = 1                       # context parallelism: the sequence split over cp ranks
+    cp_comm: str = "p2p"              # "p2p" (ring attention) or "a2a" (Ulysses): CP_COMMS
+    sequence_parallel: bool = False
+    zero: int = 0                     # ZeRO stage over the dp x cp replicas
+    partition: str | tuple = "even"   # the layers over the stages (`stage_costs.partition_layers`)
+    overlap_grad_reduce: bool = False
+    tp_overlap: bool = True
+    reshard_after_forward: bool = True  # zero=3 with pp > 1: FSDP2's option (`sim.add_fsdp`)
+    fsdp_shard: int | None = None       # zero=3 with pp > 1: HSDP's shard group (None: all dp x cp)
+
+
+@dataclass(frozen=True)
+class Run:
+    """What one training step computes and keeps: its batch, schedule, recompute, precision,
+    attention kernel (None: the model's), offloading and the memory each GPU keeps free."""
+    micro_batch: int = 1
+    global_batch: int = 1
+    schedule: str = "1f1b"
+    virtual: int | None = None
+    recompute: str = "none"
+    precision: str = "bf16"
+    attention: str | None = None      # "flash" or "unfused" over the model's own; None: the model's
+    offload: bool = False
+    memory_headroom: float = DEFAULT_HEADROOM  # kept free of each GPU's memory (`usable_memory`)
+    optimizer: str = DEFAULT_OPTIMIZER  # a name of sim.model.footprint.OPTIMIZERS (exec.run --optimizer)
+
+
+RECORDS = {"cluster": Cluster, "parallel": Parallel, "run": Run}
+
+
 @dataclass(frozen=True)
 class Layout:
-    """How a run is split: sizes of the three parallelisms and of a micro-batch, and the choices."""
+    """How a run is split: sizes of the parallelisms and of a micro-batch, and the choices; the
+    fields of `Cluster`, `Parallel` and `Run` in one flat record (`Layout.of` composes them,
+    `.cluster`, `.parallel` and `.run` take them apart)."""
     tp: int = 1
     pp: int = 1
     dp: int = 1
@@ -58,16 +124,46 @@ class Layout:
     offload: bool = False
     nics_per_node: int | None = None  # None: one a GPU
     memory_headroom: float = DEFAULT_HEADROOM  # kept free of each GPU's memory (`usable_memory`)
+    optimizer: str = DEFAULT_OPTIMIZER  # a name of sim.model.footprint.OPTIMIZERS (exec.run --optimizer)
+    cp: int = 1
+    cp_comm: str = "p2p"
+    attention: str | None = None
     reshard_after_forward: bool = True  # zero=3 with pp > 1: FSDP2's option (`sim.add_fsdp`)
-    fsdp_shard: int | None = None       # zero=3 with pp > 1: HSDP's shard group (None: all of dp)
+    fsdp_shard: int | None = None       # zero=3 with pp > 1: HSDP's shard group (None: all dp x cp)
+
+    @classmethod
+    def of(cls, parallel: Parallel, run: Run, cluster: Cluster = Cluster()) -> Layout:
+        """The layout of these records."""
+        return cls(**{f.name: getattr(r, f.name) for r in (cluster, parallel, run) for f in fields(r)})
+
+    def _record(self, kind):
+        return kind(**{f.name: getattr(self, f.name) for f in fields(kind)})
+
+    @property
+    def cluster(self) -> Cluster:
+        return self._record(Cluster)
+
+    @property
+    def parallel(self) -> Parallel:
+        return self._record(Parallel)
+
+    @property
+    def run(self) -> Run:
+        return self._record(Run)
 
     @property
     def gpus(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.tp * self.cp * self.pp * self.dp
+
+    @property
+    def replicas(self) -> int:
+        """The ranks each gradient is reduced over and ZeRO shards over: dp x cp (Megatron's
+        data-parallel group with context parallel)."""
+        return self.dp * self.cp
 
     def topology(self) -> Topology:
         """Where the layout's GPUs sit and which links its groups use (`sim.hardware.topology`)."""
-        return Topology(self.tp, self.pp, self.dp, self.gpus_per_node, self.nics_per_node)
+        return Topology(self.tp, self.pp, self.dp, self.gpus_per_node, self.nics_per_node, self.cp)
 
     @property
     def micro_batches(self) -> int:
@@ -75,10 +171,19 @@ class Layout:
         return self.global_batch // (self.dp * self.micro_batch)
 
 
+def layout_slice(lay: Layout) -> Slice:
+    """How one GPU of the layout holds a layer (`sim.cost.slice.Slice`), its groups placed by
+    the layout's topology."""
+    topo = lay.topology()
+    cp_group = topo.ring_send("cp") if lay.cp_comm == "p2p" else topo.group("cp")
+    return Slice(lay.micro_batch, lay.tp, lay.sequence_parallel, lay.precision, tp_group=topo.group("tp"),
+                 cp=lay.cp, cp_comm=lay.cp_comm, cp_group=cp_group)
+
+
 def check_layout(model: Transformer, profile: DeviceProfile, lay: Layout) -> list[str]:
     """Raise ValueError (one line, naming the fix) for a layout that cannot run; return the
     warnings for one that runs badly."""
-    for name in ("tp", "pp", "dp", "micro_batch", "global_batch", "gpus_per_node", "nics_per_node"):
+    for name in ("tp", "pp", "dp", "cp", "micro_batch", "global_batch", "gpus_per_node", "nics_per_node"):
         value = getattr(lay, name)
         if name == "nics_per_node" and value is None:
             continue
@@ -93,11 +198,12 @@ def check_layout(model: Transformer, profile: DeviceProfile, lay: Layout) -> lis
     precision_bytes(lay.precision)
     if lay.precision == "fp8":
         check_fp8(profile)
-    state_bytes_per_param(lay.precision, lay.zero, lay.dp)
+    state_bytes_per_param(lay.precision, lay.zero, lay.replicas, lay.optimizer)
     for what, n in (("heads", model.heads), ("kv_heads", model.kv_heads), ("ffn", model.ffn), ("vocab", model.vocab)):
         if n % lay.tp:
             ok = [d for d in (1, 2, 4, 8, 16, 32, 64) if n % d == 0 and model.heads % d == 0 and model.kv_heads % d == 0]
             raise ValueError(f"tp={lay.tp} does not divide the model's {n} {what}; use tp in {ok}")
+    check_context(model, lay)
     if lay.global_batch % (lay.dp * lay.micro_batch):
         raise ValueError(f"global batch {lay.global_batch} does not split into dp={lay.dp} replicas of "
                          f"micro-batches of {lay.micro_batch}; make it a multiple of {lay.dp * lay.micro_batch}")
@@ -107,9 +213,10 @@ def check_layout(model: Transformer, profile: DeviceProfile, lay: Layout) -> lis
                          f"Megatron-LM's distributed optimizer shards the optimizer state only); use zero <= 1")
     if lay.fsdp_shard is not None and not (lay.zero == 3 and lay.pp > 1 and isinstance(lay.fsdp_shard, int)
                                            and not isinstance(lay.fsdp_shard, bool) and lay.fsdp_shard >= 1
-                                           and lay.dp % lay.fsdp_shard == 0):
+                                           and lay.replicas % lay.fsdp_shard == 0):
         raise ValueError(f"fsdp_shard={lay.fsdp_shard!r}: HSDP shards over fsdp_shard replicas and replicates across "
-                         f"them, with zero=3 and pp > 1; give a divisor of dp={lay.dp} (zero={lay.zero}, pp={lay.pp})")
+                         f"them, with zero=3 and pp > 1; give a divisor of dp x cp = {lay.replicas} "
+                         f"(zero={lay.zero}, pp={lay.pp})")
     if lay.sequence_parallel and lay.tp == 1:
         raise ValueError("sequence_parallel needs tp > 1 (it splits what tensor parallelism leaves whole)")
     for name in ("overlap_grad_reduce", "tp_overlap", "offload", "reshard_after_forward"):
@@ -124,6 +231,31 @@ def check_layout(model: Transformer, profile: DeviceProfile, lay: Layout) -> lis
     if lay.topology().group("tp").network:
         warnings.append(f"tp={lay.tp} spans nodes of {lay.gpus_per_node} GPUs: its all-reduces go over the network")
     return warnings
+
+
+def check_context(model: Transformer, lay: Layout) -> None:
+    """ValueError, one line, for context parallelism that cannot run (docs/planner.md, "Context
+    parallelism"): cp_comm not in CP_COMMS; cp > 1 with an attention other than a fused kernel
+    (Megatron-Core's own DotProductAttention refuses cp; Transformer Engine's runs it) or with
+    torch's kernels; a sequence that does not split into 2 cp chunks (ring attention's causal
+    balance), or, all-to-all, heads or kv heads of a tensor-parallel rank that cp does not divide."""
+    if lay.cp_comm not in CP_COMMS:
+        raise ValueError(f"cp_comm must be one of {', '.join(CP_COMMS)}; got {lay.cp_comm!r}")
+    if lay.attention not in (None, *ATTENTION):
+        raise ValueError(f"attention must be one of {', '.join(ATTENTION)} (or None: the model's); got {lay.attention!r}")
+    if lay.cp == 1:
+        return
+    if (lay.attention or model.attention) != "flash" or model.kernels != "megatron":
+        raise ValueError(f"cp={lay.cp} needs a fused attention kernel (Transformer Engine's, as Megatron-Core "
+                         f"runs context parallelism); set attention='flash'")
+    if lay.cp_comm == "p2p" and model.seq % (2 * lay.cp):
+        raise ValueError(f"cp={lay.cp} splits the sequence into 2 x cp = {2 * lay.cp} chunks (causal load "
+                         f"balance); the model's {model.seq} tokens do not divide; use seq a multiple of {2 * lay.cp}")
+    heads = {"heads": model.heads // lay.tp, "kv_heads": model.kv_heads // lay.tp}
+    for what, n in heads.items():
+        if lay.cp_comm == "a2a" and (n % lay.cp or model.seq % lay.cp):
+            raise ValueError(f"cp_comm='a2a' splits each tensor-parallel rank's {n} {what} and the {model.seq} "
+                             f"tokens over cp={lay.cp}; use cp dividing both, or cp_comm='p2p'")
 
 
 def size_problem(lay: Layout) -> str | None:

@@ -47,9 +47,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
+from sim.cost.layer import check_timed
 from sim.hardware.gpus import GPU
 from sim.hardware.kernels import precision_bytes
 from sim.hardware.profile import DeviceProfile, resolve
+from sim.model.footprint import DEFAULT_OPTIMIZER, check_optimizer
 from sim.model.transformer import Transformer
 from sim.schedule.ir import ScheduleError
 
@@ -186,14 +188,19 @@ def _row(config: Config, est: Estimate, keep: bool) -> Row:
                max(est.peak_memory), est.fits, est if keep else None)
 
 
+def same_time(seconds: float) -> float:
+    """`seconds` to 12 significant digits: what `rank_key` compares."""
+    return float(f"{seconds:.12g}")
+
+
 def rank_key(row: Row) -> tuple:
     """The total order of the rows: step time, then peak memory, then the configuration's
     fields in `Config`'s order (tp, pp, dp, micro-batch, schedule, V, recompute, ZeRO,
     sequence parallelism), so that any `top` ranks the same rows first. Step times are
-    compared to the nanosecond: two layouts that differ only in the last bits of a float
-    sum (a reduction timed in another order) tie, and memory decides."""
+    compared to 12 significant digits: two layouts that differ only in the last bits of a
+    float sum (a reduction timed in another order) tie, and memory decides."""
     config = row.config
-    return (round(row.step_time, 9), row.peak_memory, config.tp, config.pp, config.dp, config.micro_batch, config.schedule,
+    return (same_time(row.step_time), row.peak_memory, config.tp, config.pp, config.dp, config.micro_batch, config.schedule,
             config.virtual, config.recompute, config.zero, config.sequence_parallel)
 
 
@@ -214,21 +221,24 @@ def search(model: Transformer | str, gpu: DeviceProfile | GPU | str, gpus: int, 
            max_step_time: float | None = None, precision: str = "bf16", gpus_per_node: int = 8,
            nics_per_node: int | None = None, partition="even", max_configs: int = MAX_CONFIGS,
            memory_headroom: float = DEFAULT_HEADROOM, progress: Callable[[int, int], None] | None = None,
+           optimizer: str = DEFAULT_OPTIMIZER,
            **limits) -> Plan:
     """Search the layouts of `gpus` GPUs for a step of `global_batch` sequences of `model`
     (see the module's docstring); return the `top` fastest that fit (all with top=None),
     only those at most `max_step_time` if it is given; `nics_per_node` defaults to gpus_per_node;
-    `memory_headroom` is kept free of each GPU's memory (`sim.estimate`'s).
-    `limits` narrow the space: tp, pp, micro_batch, schedules, virtual, recompute, zero,
+    `memory_headroom` is kept free of each GPU's memory (`sim.estimate`'s). `optimizer`
+    (`sim.model.footprint.OPTIMIZERS`) is the run's, for every configuration.
+    `limits` narrow the space: tp, cp, pp, micro_batch, schedules, virtual, recompute, zero,
     sequence_parallel (each one value or a list), max_micro_batch, max_virtual. `progress(done,
     total)` is called as configurations are settled. Raises ValueError naming the fix."""
     start = time.perf_counter()
     model, profile = find_model(model), resolve(gpu)
+    check_timed(model)  # a MoE model is refused, not searched as a dense one
     positive("gpus", gpus), positive("global_batch", global_batch), positive("gpus_per_node", gpus_per_node)
     nics_per_node = positive("nics_per_node", gpus_per_node if nics_per_node is None else nics_per_node)
     if top is not None:
         positive("top", top)
-    precision_bytes(precision)
+    precision_bytes(precision), check_optimizer(optimizer)
     usable = usable_memory(profile.memory, memory_headroom)
     dropped = Counter()
     configs = configurations(model, gpus, global_batch, gpus_per_node=gpus_per_node, dropped=dropped, **limits)
@@ -237,16 +247,16 @@ def search(model: Transformer | str, gpu: DeviceProfile | GPU | str, gpus: int, 
                          f"narrow it (tp, pp, micro_batch, schedules, recompute, zero) or raise max_configs")
     enumerated = len(configs)
     configs = _too_large(configs, global_batch, dropped)
-    bounds = Bounds(model, profile, global_batch, precision, gpus_per_node, partition, nics_per_node)
+    bounds = Bounds(model, profile, global_batch, precision, gpus_per_node, partition, nics_per_node, optimizer)
     cap = math.inf if max_step_time is None else max_step_time
     fixed = dict(precision=precision, gpus_per_node=gpus_per_node, nics_per_node=nics_per_node, partition=partition,
-                 global_batch=global_batch, memory_headroom=memory_headroom)
+                 global_batch=global_batch, memory_headroom=memory_headroom, optimizer=optimizer)
     best: list[tuple[tuple, Row]] = []   # the `top` first that fit, in `rank_key` order
     points: list[Row] = []
 
     def limit() -> float:
         """The step time a configuration must not exceed to enter the rows."""
-        return min(best[-1][0][0] if top is not None and len(best) == top else math.inf, cap)
+        return min(best[-1][1].step_time if top is not None and len(best) == top else math.inf, cap)
 
     total = len(configs)
     if progress is not None:

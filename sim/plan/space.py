@@ -14,6 +14,13 @@ MAX_MICRO_BATCH = 16   # largest micro-batch tried by default (Megatron-LM's Tab
 MAX_VIRTUAL = 4        # most chunks per device tried for a schedule that takes V > 1 (`takes_virtual`)
 MAX_CONFIGS = 200_000  # most configurations a search enumerates before it refuses
 TOP = 10
+# Context parallelism is searched where the sequence is long (Megatron-Core's context parallel
+# docs: for long-context training; NeMo's long-context recipes start cp at 8K tokens): cp = 1
+# below CP_MIN_SEQ; from it, the powers of two that keep at least CP_MIN_TOKENS of the sequence
+# on each rank and divide the GPUs left over by tp (8K: cp 1, 2; 32K: up to 8; 128K: up to 32),
+# with ring attention (cp_comm="p2p", Megatron-Core's default). Given `cp=`: those sizes.
+CP_MIN_SEQ = 8192
+CP_MIN_TOKENS = 4096
 # The search's schedules unless told: all but zb-auto, whose own search simulates dozens of
 # candidate steps for each one it builds (minutes for pp=64 and hundreds of micro-batches),
 # and the memory-controlled V shapes (v-min, v-half): building their orders is the search's
@@ -44,11 +51,12 @@ class Config:
     recompute: str
     zero: int
     sequence_parallel: bool
+    cp: int = 1
 
     def kwargs(self) -> dict:
         """Keyword arguments of `sim.estimate` for this configuration."""
-        return dict(tp=self.tp, pp=self.pp, dp=self.dp, micro_batch=self.micro_batch, schedule=self.schedule,
-                    virtual=self.virtual, recompute=self.recompute, zero=self.zero,
+        return dict(tp=self.tp, pp=self.pp, dp=self.dp, cp=self.cp, micro_batch=self.micro_batch,
+                    schedule=self.schedule, virtual=self.virtual, recompute=self.recompute, zero=self.zero,
                     sequence_parallel=self.sequence_parallel)
 
     def options(self) -> dict:
@@ -102,11 +110,30 @@ def _tensor_sizes(model: Transformer, gpus: int, tp, gpus_per_node: int) -> list
     return sorted(set(sizes))
 
 
-def _pipeline_sizes(model: Transformer, gpus: int, tp: int, pp, tp_given: bool) -> list[int]:
+def _context_sizes(model: Transformer, gpus: int, cp) -> list[int]:
+    """The context-parallel sizes to try over `gpus` GPUs (those left by tp): the given ones
+    that divide them (each checked: one line naming the fix), else `CP_MIN_SEQ`'s rule."""
+    if cp is None:
+        if model.seq < CP_MIN_SEQ or model.attention != "flash" or model.kernels != "megatron":
+            return [1]
+        return [2 ** k for k in range(gpus.bit_length())
+                if gpus % 2 ** k == 0 and model.seq // 2 ** k >= CP_MIN_TOKENS and model.seq % 2 ** (k + 1) == 0]
+    sizes = [positive("cp", size) for size in _choices("cp", cp, [])]
+    for size in sizes:
+        if size > 1 and model.attention != "flash":
+            raise ValueError(f"cp={size} needs a fused attention kernel; the model has {model.attention} attention")
+        if model.seq % (2 * size):
+            raise ValueError(f"cp={size} splits the sequence into 2 x cp = {2 * size} chunks; the model's "
+                             f"{model.seq} tokens do not divide")
+    return [size for size in sorted(set(sizes)) if gpus % size == 0]
+
+
+def _pipeline_sizes(model: Transformer, gpus: int, tp: int, pp, tp_given: bool, strict: bool = True) -> list[int]:
     """The pipeline sizes to try with tensor-parallel size `tp`: the given ones (more stages
     than layers refused by name; one that does not divide the GPUs left over by `tp` refused
-    only where the user gave that tp, else that tp is skipped for it), else every divisor of
-    gpus/tp up to the layers."""
+    only where the user gave that tp, else that tp is skipped for it; skipped too where not
+    `strict`: a context-parallel size the search chose left those GPUs), else every divisor
+    of gpus/tp up to the layers."""
     if pp is None:
         return [size for size in _divisors(gpus // tp) if size <= model.layers]
     out = []
@@ -117,6 +144,8 @@ def _pipeline_sizes(model: Transformer, gpus: int, tp: int, pp, tp_given: bool) 
                              f"use pp <= {model.layers}")
         if (gpus // tp) % size == 0:
             out.append(size)
+        elif not strict:
+            continue
         elif tp_given:
             raise ValueError(f"{gpus} GPUs are not a multiple of tp*pp = {tp}*{size} = {tp * size}; give a GPU "
                              f"count that is a multiple of {tp * size} or another pp")
@@ -126,17 +155,19 @@ def _pipeline_sizes(model: Transformer, gpus: int, tp: int, pp, tp_given: bool) 
     return out
 
 
-def layouts(model: Transformer, gpus: int, global_batch: int, *, tp=None, pp=None, micro_batch=None,
+def layouts(model: Transformer, gpus: int, global_batch: int, *, tp=None, pp=None, micro_batch=None, cp=None,
             gpus_per_node: int = 8, max_micro_batch: int = MAX_MICRO_BATCH,
-            dropped: Counter | None = None) -> list[tuple[int, int, int, int]]:
-    """Every (tp, pp, dp, micro_batch) with tp*pp*dp = gpus and global_batch = dp * b * m
+            dropped: Counter | None = None) -> list[tuple[int, int, int, int, int]]:
+    """Every (tp, pp, dp, micro_batch, cp) with tp*cp*pp*dp = gpus and global_batch = dp * b * m
     for a whole number m of micro-batches. Raises ValueError naming the fix when the given
     sizes leave none."""
     dropped = Counter() if dropped is None else dropped
     out = []
-    for tensor in _tensor_sizes(model, gpus, tp, gpus_per_node):
-        for pipeline in _pipeline_sizes(model, gpus, tensor, pp, tp is not None):
-            replicas = gpus // (tensor * pipeline)
+    for tensor, context in ((t, c) for t in _tensor_sizes(model, gpus, tp, gpus_per_node)
+                            for c in _context_sizes(model, gpus // t, cp)):
+        strict = context == 1 or cp is not None  # a cp the search chose may leave too few GPUs
+        for pipeline in _pipeline_sizes(model, gpus // context, tensor, pp, tp is not None, strict):
+            replicas = gpus // (tensor * context * pipeline)
             if global_batch % replicas:
                 dropped["dp does not divide the global batch (tp x pp layouts)"] += 1
                 continue
@@ -147,12 +178,12 @@ def layouts(model: Transformer, gpus: int, global_batch: int, *, tp=None, pp=Non
                 if per_replica % size:
                     dropped["batch does not split into micro-batches (layouts)"] += 1
                     continue
-                out.append((tensor, pipeline, replicas, size))
+                out.append((tensor, pipeline, replicas, size, context))
     if not out:
         sizes = "" if micro_batch is None else f" of {','.join(map(str, _choices('micro_batch', micro_batch, [])))}"
         raise ValueError(f"global batch {global_batch} does not split into whole micro-batches{sizes} over the dp "
                          f"replicas of any layout of {gpus} GPUs; make it a multiple of dp * micro_batch "
-                         f"(dp = gpus / (tp * pp))")
+                         f"(dp = gpus / (tp * cp * pp))")
     return out
 
 
@@ -198,12 +229,12 @@ def configurations(model: Transformer, gpus: int, global_batch: int, *, schedule
             raise ValueError(f"zero must be one of 0, 1, 2, 3 (ZeRO stage); got {stage!r}")
     sequence_parallels = _choices("sequence_parallel", sequence_parallel, (False, True))
     out = []
-    for tp, pp, dp, micro_batch in layouts(model, gpus, global_batch, dropped=dropped, **layout_limits):
+    for tp, pp, dp, micro_batch, cp in layouts(model, gpus, global_batch, dropped=dropped, **layout_limits):
         micro_batches = global_batch // (dp * micro_batch)
         # ZeRO 1-3 shard over the replicas; 2 and 3 only without pipelining (`layout.check_layout`)
-        zero_stages = [stage for stage in zeros if (stage == 0 or dp > 1) and (stage < 2 or pp == 1)] or [0]
+        zero_stages = [stage for stage in zeros if (stage == 0 or dp * cp > 1) and (stage < 2 or pp == 1)] or [0]
         for (name, chunks), mode, stage, sp in itertools.product(
                 _schedule_chunks(model, pp, micro_batches, names, max_virtual, virtual, dropped), recomputes,
                 zero_stages, [on for on in sequence_parallels if tp > 1 or not on] or [False]):
-            out.append(Config(tp, pp, dp, micro_batch, name, chunks, mode, stage, sp))
+            out.append(Config(tp, pp, dp, micro_batch, name, chunks, mode, stage, sp, cp))
     return out

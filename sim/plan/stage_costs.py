@@ -12,6 +12,7 @@ from sim.cost.data_parallel import (fsdp_as_actions, fsdp_times, grad_reduce_tim
 from sim.cost.ends import end_kernel_counts
 from sim.cost import fp8
 from sim.cost.layer import LayerTimes, Slice
+from sim.cost.slice import per_rank
 from sim.hardware.kernels import precision_bytes
 from sim.hardware.network import collective_time, links_of, p2p_link
 from sim.hardware.profile import DeviceProfile
@@ -116,6 +117,7 @@ def stage_costs(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: Lay
     fwd, bwd, bi, bw, floor = pass_times(m, g, x, lt, ends, layers)
     kept = x.activation_precision  # under FP8 the activations are BF16, but for the Linears' saved inputs
     e = precision_bytes(kept)
+    full, m = m, per_rank(m, x)  # what scales with the tokens: s/cp of the sequence
     sbh = m.seq * lay.micro_batch * m.hidden
     act_layer = m.activation_bytes_per_layer(lay.micro_batch, lay.tp, lay.sequence_parallel, lay.recompute, kept)
     if lay.precision == "fp8":
@@ -128,9 +130,9 @@ def stage_costs(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: Lay
              for n, f, la in zip(layers, first, last)]
     if m.kernels == "torch":  # rule 15: the first stage's I keeps its whole graph for W (the head's too, pp = 1)
         w_act[0] = act[0]
-    per = state_bytes_per_param(lay.precision, lay.zero, shard_size(lay))
-    fp8_copies = [fp8.weight_copy_bytes(m, n, lay.tp) if lay.precision == "fp8" else 0.0 for n in layers]
-    params = stage_params(m, layers, lay.tp, placement)
+    per = state_bytes_per_param(lay.precision, lay.zero, shard_size(lay), lay.optimizer)
+    fp8_copies = [fp8.weight_copy_bytes(full, n, lay.tp) if lay.precision == "fp8" else 0.0 for n in layers]
+    params = stage_params(full, layers, lay.tp, placement)
     links = links_of(g)
     pipe = p2p_link(links, lay.topology().pipeline_send(placement))  # the slowest of its links
     sent = sbh * e / lay.tp  # Narayanan et al. 2021, Sec. 4.1: scatter/gather across the tp ranks' links
@@ -141,7 +143,7 @@ def stage_costs(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: Lay
     into_b = [regather if s < stages - 1 and placement[s + 1] != placement[s] else 0.0 for s in range(stages)]
     # with one stage a device and overlap_grad_reduce, the reduction overlaps the last backward bucket by bucket
     bucketed = lay.overlap_grad_reduce and sorted(placement) == list(range(lay.pp))
-    reduce = grad_reduce_times(m, g, lay, params, placement, bwd if bucketed else None)
+    reduce = grad_reduce_times(full, g, lay, params, placement, bwd if bucketed else None)
     gather, scatter = zero3_times(g, lay, params)
     fwd = [t + a + r for t, a, r in zip(fwd, gather, into_f)]
     bwd = [t + a + r + q for t, a, r, q in zip(bwd, gather, scatter, into_b)]
@@ -202,6 +204,7 @@ def offload_costs(m: Transformer, g: DeviceProfile, lay: Layout, layers: list[in
     recompute keeps of its layers, their inputs (`Transformer.activation_bytes_per_layer`),
     over PCIe at the GPU's `pcie_bandwidth` each way; the embedding's and output layer's
     activations stay on the GPU."""
+    m = per_rank(m, Slice(lay.micro_batch, cp=lay.cp))  # s/cp of the sequence
     per_layer = m.activation_bytes_per_layer(lay.micro_batch, lay.tp, lay.sequence_parallel, "full",
                                              "bf16" if lay.precision == "fp8" else lay.precision)
     nbytes = tuple(n * per_layer for n in layers)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -113,7 +114,6 @@ def test_a_failing_rank_ends_the_run_naming_it(fn, message, exitcode):
     assert _rank_processes() == []
 
 
-@pytest.mark.slow
 class TickingClock:
     """A monotonic clock that moves `tick` seconds at every reading, whatever the wall clock does."""
 
@@ -152,13 +152,13 @@ def test_under_torchrun_launch_runs_this_process_as_its_rank(tmp_path):
         "    return ctx.rank, t.item()\n"
         "if __name__ == '__main__':\n"
         "    import os, pathlib\n"
-        "    out = launch(fn, 2, timeout=60)\n"
+        f"    out = launch(fn, 2, timeout={TIMEOUT})\n"
         "    pathlib.Path(f\"out{os.environ['RANK']}.txt\").write_text(repr(out))\n")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env = {k: v for k, v in env.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR")}
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                         "--master-port", str(free_port()), str(script)],
-                       capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+                       capture_output=True, text=True, timeout=TIMEOUT + 60, env=env, cwd=tmp_path)
     assert p.returncode == 0, p.stderr[-2000:]
     for rank in range(2):  # every rank gets every rank's value
         assert (tmp_path / f"out{rank}.txt").read_text() == "[(0, 1.0), (1, 1.0)]"
@@ -343,18 +343,19 @@ def test_micro_batches_must_split_the_batch_evenly():
 @pytest.mark.parametrize("spec", [MLP, GPT], ids=["mlp", "gpt"])
 def test_static_memory_is_weights_gradients_and_optimizer_state(spec):
     """A stage's static memory in real tensor bytes: its parameters, their gradients, and
-    the optimizer's state for them. SGD without momentum keeps none; AdamW two moments of
-    each parameter and a float32 `step` tensor per parameter. Before the first step the
+    the optimizer's state for them. SGD without momentum keeps none, with momentum one
+    buffer of each parameter; Adam and AdamW two moments of each parameter and a float32
+    `step` tensor per parameter. Before the first step the
     optimizer holds nothing yet, and what its first step creates is counted; after it,
     what torch holds: the same bytes."""
     from exec.runtime.memory import StaticMemory, static_memory
-    from exec.runtime.optim import make_optimizer
-    for optimizer in ("sgd", "adamw"):
+    from exec.runtime.optim import OPTIMIZERS, make_optimizer
+    for optimizer in OPTIMIZERS:
         stage = spec.build_stages(1)[0]
         params = list(stage.parameters())
         weights = sum(p.numel() * p.element_size() for p in params)
         opt = make_optimizer(optimizer, params, lr=0.01)
-        state = 2 * weights + 4 * len(params) if optimizer == "adamw" else 0
+        state = {"sgd": 0, "sgd-momentum": weights}.get(optimizer, 2 * weights + 4 * len(params))
         expected = static_memory(stage, opt)
         assert expected == StaticMemory(weights, weights, state) and expected.total == 2 * weights + state
         assert not opt.state  # nothing held yet
@@ -365,8 +366,19 @@ def test_static_memory_is_weights_gradients_and_optimizer_state(spec):
                    if isinstance(v, torch.Tensor))
         assert held == state and static_memory(stage, opt) == expected, optimizer
     assert static_memory(stage).optimizer_bytes == 0  # no optimizer, no state
-    with pytest.raises(ValueError, match="optimizer must be one of sgd, adamw"):
-        make_optimizer("adam", params, lr=0.01)
+    with pytest.raises(ValueError, match="optimizer must be one of adamw, adam, sgd, sgd-momentum"):
+        make_optimizer("lion", params, lr=0.01)
+
+
+def test_exec_and_the_planner_agree_on_the_optimizers_and_the_default():
+    """`exec.run --optimizer`, `RunConfig` and `sim.estimate(optimizer=)` take the same names
+    (`sim.model.footprint.OPTIMIZERS`) and default to AdamW."""
+    from exec.pipeline.config import RunConfig
+    from exec.run import build_parser
+    from exec.runtime.optim import OPTIMIZERS
+    from sim.model.footprint import DEFAULT_OPTIMIZER, OPTIMIZERS as PLANNED
+    assert OPTIMIZERS == tuple(PLANNED) == ("adamw", "adam", "sgd", "sgd-momentum")
+    assert DEFAULT_OPTIMIZER == RunConfig().optimizer == build_parser().get_default("optimizer") == "adamw"
 
 
 def test_every_kind_has_its_handler_in_the_interpreter():
@@ -426,7 +438,8 @@ def test_cli_calibrates_in_the_run_and_keeps_the_costs(tmp_path):
     p = _cli("--schedule", "1f1b", "--devices", "2", *SMALL, "--steps", "2", "--warmup", "1", "--json",
              "--out", str(tmp_path / "out"))
     assert p.returncode == 0, p.stderr
-    assert p.stderr.count("exec: calibrating") == 2
+    # the two rounds' own lines; a slow round's heartbeat lines ("calibrating 1/2: still running ...") are not rounds
+    assert re.findall(r"^exec: calibrating \d+/\d+$", p.stderr, re.M) == ["exec: calibrating 1/2", "exec: calibrating 2/2"]
     out = json.loads(p.stdout.strip().splitlines()[-1])
     costs = load_costs(tmp_path / "out" / "costs.json")
     simulated = sim.simulate(sim.make_schedule("1f1b", 2, 4), costs)
@@ -474,7 +487,7 @@ def test_cli_under_torchrun_reports_once(tmp_path):
     (["--schedule", "zigzag"], "unknown schedule"),
     (["--micro-batches", "5"], "does not split"),
     (["--model", "rnn"], "--model"),
-    (["--optimizer", "adam"], "--optimizer"),
+    (["--optimizer", "lion"], "--optimizer"),
     (["--fault", "raise:7"], "names rank 7"),
     (["--out", __file__], "is a file"),
     (["--dp", "0"], "--dp"),
@@ -506,11 +519,40 @@ def test_more_ranks_than_cores_calibrate_with_a_warning():
     assert len(noted) == len(warned)  # and the table says so beside the simulated step
 
 
-@pytest.mark.slow
 def test_a_silent_rank_gets_a_progress_line_every_few_seconds():
+    """Rank 0's heartbeat, on a clock the test moves (one process, no ranks): a line every
+    `every` seconds while the run is silent, none while lines come more often, none at
+    all when progress is off. No bound here depends on how loaded the machine is."""
+    from exec.pipeline.worker import Progress
+    now, out = [0.0], []
+    progress = Progress(True, "step 1/3", every=5, clock=lambda: now[0], write=out.append)
+    for now[0] in (4.99, 5.0, 9.0, 10.0, 15.0):   # silent: a line at 5, 10 and 15 s
+        progress.beat()
+    assert out == [f"step 1/3: still running after {s} s" for s in (5, 10, 15)]
+    out.clear()
+    for t in range(16, 40, 4):                      # a line every 4 s: never silent for 5
+        now[0] = float(t)
+        progress.say(f"step {t}: loss 0.5", doing="step 2/3")
+        now[0] = t + 3.99
+        assert not progress.beat()
+    assert not any("still running" in line for line in out)
+    now[0] = 36 + 5.0                                # the last line was at 36 s
+    assert progress.beat() and out[-1] == "step 2/3: still running after 5 s"
+    off = Progress(False, "step 1/3", every=5, clock=lambda: now[0], write=out.append)
+    now[0] += 100
+    off.say("step 1/3: loss 0.5")
+    now[0] += 100
+    assert not off.beat() and out[-1] == "step 2/3: still running after 5 s"  # nothing new
+
+
+@pytest.mark.slow
+def test_a_hung_run_is_never_silent():
+    """End to end: rank 1 hangs; rank 0's heartbeat (every second here) says so on stderr
+    until the run's timeout (the usual generous one: the assert is on the line, not on
+    when it came) ends the run with exit status 1."""
     p = _cli("--devices", "2", *SMALL, "--steps", "1", "--warmup", "0", "--no-compare", "--fault", "hang:1",
-             "--timeout", "14")
-    assert p.returncode == 1 and "took longer than timeout=14s" in p.stderr
+             "--timeout", str(TIMEOUT), "--progress-every", "1", timeout=TIMEOUT + 60)
+    assert p.returncode == 1 and f"took longer than timeout={TIMEOUT}s" in p.stderr
     assert p.stderr.count("step 1/1: still running after") >= 1
 
 
@@ -519,7 +561,7 @@ def test_cli_rank_failure_is_one_line_and_exit_1(capsys):
     from exec.run import main
     with pytest.raises(SystemExit) as info:
         main(["--devices", "2", *SMALL, "--steps", "1", "--warmup", "0", "--no-compare", "--quiet",
-              "--fault", "raise:1", "--timeout", "60"])
+              "--fault", "raise:1", "--timeout", str(TIMEOUT)])
     err = capsys.readouterr().err
     assert info.value.code == 1
     assert err.count("\n") == 1 and err.startswith("exec.run: rank 1 raised RuntimeError: fault injected")

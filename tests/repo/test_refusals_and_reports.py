@@ -94,7 +94,8 @@ def test_exec_run_non_finite_loss_exits_1_naming_the_step():
     assert doc["loss"] is None and doc["first_loss"] > 0 and doc["steps"] == 3  # nan -> null in JSON
     assert len(doc["lost_share_per_rank"]) == 2
     assert doc["lost_share"] is None or 0 <= doc["lost_share"] <= 1
-    assert "of the step lost to other processes" in doc["load"] or "no scheduler statistics" in doc["load"]
+    # busy or quiet, the line's shape; with fewer cores than ranks (not on 2 cores) it says they take turns
+    assert any(s in doc["load"] for s in ("of the step lost to other processes", "take turns", "no scheduler statistics"))
 
 
 # ---------------------------------------------------------------- the load of a step (exec.measure.busy)

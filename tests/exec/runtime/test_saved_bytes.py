@@ -8,6 +8,8 @@ and compare them with `Transformer.activation_bytes_per_layer`,
 """
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -70,6 +72,54 @@ def test_a_split_backward_keeps_what_the_planner_counts_for_w(spec):
     assert w_activation_bytes(last, hidden, False, True, spec.loss, targets, 1) == ends["last_w"] + per_layer
     kept, _ = activation_bytes(last, hidden, True, spec.loss, targets, 1)
     assert kept == ends["last"] + t.activation_bytes_per_layer(b, recompute=spec.recompute, precision="fp32")
+
+
+@st.composite
+def blocks(draw):
+    """A GPT block's shape over a wider range than `gpts`: head dims that are not powers of
+    two, longer sequences, more heads."""
+    heads = draw(st.integers(1, 8))
+    return ModelSpec("gpt", layers=1, hidden=heads * draw(st.sampled_from([1, 3, 8, 16, 24])), heads=heads,
+                     seq=draw(st.integers(1, 48)), vocab=8, batch_size=draw(st.integers(1, 4)),
+                     recompute=draw(st.sampled_from(RECOMPUTE)))
+
+
+def _block_saved(spec, backend=None, dtype=torch.float32) -> int:
+    """Bytes one block of `spec` saves in a forward, its attention on torch's SDPA `backend`
+    (None: the one torch picks, as exec runs it)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    block = spec.build_layers()[1].to(dtype)
+    x = torch.randn(spec.batch_size, spec.seq, spec.hidden, dtype=dtype, requires_grad=True)
+    if backend is None:
+        return _saved(block, x)
+    with sdpa_kernel([getattr(SDPBackend, backend)]):
+        return _saved(block, x)
+
+
+@settings(max_examples=15, deadline=None)
+@given(blocks())
+def test_each_attention_kernel_saves_what_rule_16_says(spec):
+    """docs/rules.md, rule 17: torch picks its flash kernel on CPU for exec's block (the
+    planner's attention="flash"), and its math backend, pinned, saves the s^2 softmax and
+    scaled copies of Q and K (attention="unfused" with kernels="torch"), to the byte."""
+    flash = spec.transformer()
+    math_ = dataclasses.replace(flash, attention="unfused")
+    b, rec = spec.batch_size, spec.recompute
+    assert _block_saved(spec) == _block_saved(spec, "FLASH_ATTENTION") == \
+        flash.activation_bytes_per_layer(b, recompute=rec, precision="fp32")
+    assert _block_saved(spec, "MATH") == math_.activation_bytes_per_layer(b, recompute=rec, precision="fp32")
+
+
+@settings(max_examples=6, deadline=None)
+@given(blocks())
+def test_in_16_bits_a_cpu_layernorm_keeps_its_statistics_in_16_bits(spec):
+    """Rule 16's one gap: on CPU, LayerNorm keeps its mean and 1/std in its parameters'
+    dtype (bf16: 2 bytes), where the planner counts CUDA's fp32: 2 norms x 2 statistics x
+    2 bytes a token fewer than `activation_bytes_per_layer`, without full recompute."""
+    t, b, rec = spec.transformer(), spec.batch_size, spec.recompute
+    gap = 0 if rec == "full" else 2 * 2 * 2 * b * spec.seq
+    assert _block_saved(spec, dtype=torch.bfloat16) == t.activation_bytes_per_layer(b, recompute=rec,
+                                                                                     precision="bf16") - gap
 
 
 def test_the_estimate_holds_the_stage_bytes_exec_measures():

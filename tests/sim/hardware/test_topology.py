@@ -15,20 +15,22 @@ import sim.plan
 from sim.hardware.topology import AXES, Group, Topology, one_node
 
 sizes = st.integers(1, 6)
-layouts = st.builds(Topology, sizes, sizes, sizes, st.integers(1, 12), st.integers(1, 12))
+layouts = st.builds(Topology, sizes, sizes, sizes, st.integers(1, 12), st.integers(1, 12), st.integers(1, 4))
 powers = st.sampled_from([1, 2, 4, 8, 16])
 
 
 def brute_groups(topo: Topology, axis: str) -> set[tuple[int, ...]]:
-    """Groups by enumerating ranks in Megatron's order (a counter over pp, dp, tp nested, tp
-    innermost: RankGenerator's "tp-dp-pp") and collecting those that differ only in `axis`."""
+    """Groups by enumerating ranks in Megatron's order (a counter over pp, dp, cp, tp nested, tp
+    innermost: RankGenerator's "tp-cp-dp-pp") and collecting those that differ only in `axis`
+    ("dp_cp": in dp and cp)."""
     coords = {}
-    for rank, (p, d, t) in enumerate(itertools.product(range(topo.pp), range(topo.dp), range(topo.tp))):
-        coords[rank] = {"tp": t, "dp": d, "pp": p}
-    key_axis = "pp" if axis == "embedding" else axis
+    ranges = (range(topo.pp), range(topo.dp), range(topo.cp), range(topo.tp))
+    for rank, (p, d, c, t) in enumerate(itertools.product(*ranges)):
+        coords[rank] = {"tp": t, "cp": c, "dp": d, "pp": p}
+    varying = {"embedding": ("pp",), "dp_cp": ("dp", "cp")}.get(axis, (axis,))
     out: dict[tuple, list[int]] = {}
-    for rank in sorted(coords, key=lambda r: coords[r][key_axis]):
-        rest = tuple(v for k, v in coords[rank].items() if k != key_axis)
+    for rank in sorted(coords, key=lambda r: tuple(coords[r][k] for k in varying)):
+        rest = tuple(v for k, v in coords[rank].items() if k not in varying)
         out.setdefault(rest, []).append(rank)
     if axis == "embedding":
         return {(g[0], g[-1]) if len(g) > 1 else tuple(g) for g in out.values()}
@@ -42,8 +44,11 @@ def test_groups_are_megatrons_by_brute_force(topo):
         groups = topo.groups(axis)
         assert len(groups) == len(set(groups)) and set(groups) == brute_groups(topo, axis), axis
     # every rank in exactly one group of each axis (the embedding's: only the pipeline's ends)
-    for axis in ("tp", "dp", "pp"):
+    for axis in ("tp", "cp", "dp", "dp_cp", "pp"):
         assert sorted(r for g in topo.groups(axis) for r in g) == list(range(topo.gpus))
+    # tp innermost: a tp group is tp consecutive ranks; a cp group's ranks are tp apart
+    assert all(g == tuple(range(g[0], g[0] + topo.tp)) for g in topo.groups("tp"))
+    assert all(b - a == topo.tp for g in topo.groups("cp") for a, b in zip(g, g[1:]))
 
 
 def test_megatrons_own_example():
@@ -62,9 +67,10 @@ def test_megatrons_own_example():
 def test_coords_and_group_of_answer_for_every_rank(topo):
     """`coords` inverts `rank`; `group_of` is the one group of its axis that holds the rank."""
     for rank in range(topo.gpus):
-        t, d, p = topo.coords(rank)
-        assert topo.rank(t, d, p) == rank and 0 <= t < topo.tp and 0 <= d < topo.dp and 0 <= p < topo.pp
-        for axis in ("tp", "dp", "pp"):
+        (t, d, p), c = topo.coords(rank), topo.context(rank)
+        assert topo.rank(t, d, p, c) == rank and 0 <= t < topo.tp and 0 <= d < topo.dp and 0 <= p < topo.pp
+        assert 0 <= c < topo.cp
+        for axis in ("tp", "cp", "dp", "dp_cp", "pp"):
             group = topo.group_of(axis, rank)
             assert rank in group and [g for g in topo.groups(axis) if rank in g] == [group]
     with pytest.raises(ValueError, match=r"ranks are 0\.\."):
@@ -140,12 +146,24 @@ def test_aligned_sizes_closed_forms(tp, pp, dp, gpn, nics):
 def test_send_crosses_iff_some_pair_does(topo, data):
     a = data.draw(st.integers(0, topo.pp - 1))
     b = data.draw(st.integers(0, topo.pp - 1))
-    pairs = [(topo.rank(t, d, a), topo.rank(t, d, b)) for t in range(topo.tp) for d in range(topo.dp)]
+    pairs = [(topo.rank(t, d, a, c), topo.rank(t, d, b, c))
+             for t in range(topo.tp) for d in range(topo.dp) for c in range(topo.cp)]
     crosses = any(x // topo.gpus_per_node != y // topo.gpus_per_node for x, y in pairs)
     s = topo.send(a, b)
     assert s.network == crosses
     if crosses:
         assert s.nic_share == min(topo.nics_per_node, topo.nics_per_node / topo.gpus_per_node)
+
+
+@settings(max_examples=100, deadline=None)
+@given(layouts)
+def test_ring_send_crosses_iff_some_neighbours_do(topo):
+    """The cp ring's send crosses nodes iff two neighbours of some ring (the last and the
+    first included) sit on two nodes; cp = 1 has no send."""
+    hops = [(g[i], g[(i + 1) % len(g)]) for g in topo.groups("cp") for i in range(len(g))]
+    crosses = any(x // topo.gpus_per_node != y // topo.gpus_per_node for x, y in hops)
+    s = topo.ring_send("cp")
+    assert s.network == crosses and s.size == min(topo.cp, 2)
 
 
 def test_nic_share_rule():
@@ -169,8 +187,8 @@ def test_bad_sizes_raise(args, words):
 
 def test_bad_axis_and_device_raise():
     t = Topology(2, 2, 2)
-    with pytest.raises(ValueError, match="axis must be one of tp, dp, pp, embedding"):
-        t.group("cp")
+    with pytest.raises(ValueError, match="axis must be one of tp, cp, dp, dp_cp, pp, embedding"):
+        t.group("ep")
     with pytest.raises(ValueError, match="pipeline devices are 0..1"):
         t.send(0, 2)
 

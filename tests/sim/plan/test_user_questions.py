@@ -292,12 +292,36 @@ def test_the_busy_line_counts_own_ranks_when_they_outnumber_the_cores():
 
 # ---------------------------------------------------------------- 6, 11. sim.plot: never silent, one unit, costs shown
 
-def test_a_long_build_says_so_and_a_short_one_is_silent(capsys):
+def test_a_long_build_says_so_and_a_short_one_is_silent():
+    """On a clock the test moves: nothing before `first` seconds, then a line every `every`
+    seconds of silence, each with the seconds so far; a line of the caller's own starts the
+    silence over. No bound here depends on how fast the machine is."""
+    from sim.cli import Heartbeat
+    now, out = [0.0], []
+    beat = Heartbeat(lambda s: f"sim.plot: building zb-auto: {s:.0f} s so far", first=2, every=5,
+                     clock=lambda: now[0], write=out.append)
+    wrote = []
+    for now[0] in (0.5, 1.99, 2.0, 2.5, 6.99, 7.0, 11.0, 12.0):
+        wrote.append(beat.beat())
+    assert wrote == [False, False, True, False, False, True, False, True]
+    assert out == [f"sim.plot: building zb-auto: {s} s so far" for s in (2, 7, 12)]
+    now[0] = 13.0
+    beat.said()
+    assert [beat.beat() for now[0] in (14.99, 15.0)] == [False, True]  # `first` again, from 13 s
+    assert out[-1] == "sim.plot: building zb-auto: 2 s so far"
+
+
+def test_the_heartbeat_thread_writes_while_the_block_runs(capsys):
+    """`with heartbeat(...)`: its thread's lines reach stderr while the block runs (however
+    long the machine takes to run the thread), and a short block prints nothing."""
     import threading
     from sim.cli import heartbeat
+    err = ""
     with heartbeat("sim.plot", "building zb-auto", first=0.01, every=0.01):
-        threading.Event().wait(0.1)
-    lines = capsys.readouterr().err.splitlines()
+        while "\n" not in err:  # the test's own timeout bounds this wait, not a guess at the machine's speed
+            threading.Event().wait(0.01)
+            err += capsys.readouterr().err
+    lines = (err + capsys.readouterr().err).splitlines()
     assert lines and all(line.startswith("sim.plot: building zb-auto: ") for line in lines)
     with heartbeat("sim.plot", "building 1f1b", first=60):
         pass
