@@ -14,6 +14,9 @@ the predicted value, the published one and the error in %.
     data parallelism).
 (e) vTrain's 1,440 single-node Megatron-DeepSpeed runs on A100 80GB (data/vtrain-a100): MAPE in
     all, on the rows the A100 profile was not fitted on (the odd ones), by tp and by micro-batch.
+(f) The H100 development set (sim/plan/data/h100_dev.csv: NVIDIA's DGX Cloud benchmarking recipes,
+    NeMo on DGX H100): step-time MAPE overall and by model, precision, cp and release, on
+    h100-80gb's default profile and on the best case, and the rows left out by reason.
 
 The published settings and the comparisons are in sim/plan/published.py; results and what they
 say about the model: docs/measurements.md.
@@ -28,7 +31,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from sim.plan import published  # noqa: E402
+from sim.plan import h100_dev, published  # noqa: E402
 from calibrate_a100 import by, vtrain_errors, vtrain_rows  # noqa: E402  (benchmarks/, beside this file)
 
 PARTS_ROW = 6  # Table 1's 145.6B row: t=8, p=8, d=24, interleaved over 2 chunks
@@ -123,6 +126,33 @@ def print_single_node(s: dict) -> None:
     print()
 
 
+def h100_dev_set() -> dict:
+    """The H100 development set's expressed rows on h100-80gb's default profile and on its best
+    case: MAPE overall and by group; the rows left out, by reason."""
+    import sim
+    runs = h100_dev.runs()
+    ok = [r for r in runs if r.reason is None]
+    out = {"rows": len(runs), "expressed": len(ok), "left_out": h100_dev.refused_counts(runs), "profiles": {}}
+    for name in dict.fromkeys((sim.profile(h100_dev.GPU).name, "h100-80gb-best-case")):
+        errors = h100_dev.errors(ok, name)
+        out["profiles"][name] = {"mape": h100_dev.mape(errors),
+                                 **{key: h100_dev.mape_by(ok, errors, key) for key in h100_dev.GROUPS}}
+    return out
+
+
+def print_h100_dev(s: dict) -> None:
+    print(f"(f) H100 development set (sim/plan/data/h100_dev.csv, NeMo on DGX H100): {s['expressed']} of "
+          f"{s['rows']} rows expressed; step-time MAPE (rows)")
+    for name, p in s["profiles"].items():
+        print(f"  {name}: {p['mape']:.1%} overall")
+        for key in h100_dev.GROUPS:
+            print(f"    by {key}: " + "; ".join(f"{k} {m:.1%} ({n})" for k, (m, n) in p[key].items()))
+    print("  left out:")
+    for k, n in sorted(s["left_out"].items()):
+        print(f"    {n} {h100_dev.REASONS[k]}")
+    print()
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print the rows as JSON instead of tables")
@@ -130,7 +160,7 @@ def main(argv=None) -> int:
     t = time.perf_counter()
     out = {"narayanan_table_1": published.narayanan_table_1(), "korthikanti_table_4": published.korthikanti_table_4(),
            "korthikanti_table_5": published.korthikanti_table_5(), "time_parts": parts_of_a_row(),
-           "single_node": single_node()}
+           "single_node": single_node(), "h100_dev": h100_dev_set()}
     if args.json:
         print(json.dumps(out, indent=1))
         return 0
@@ -139,6 +169,7 @@ def main(argv=None) -> int:
     print_steps(out["korthikanti_table_5"])
     print_parts(out["time_parts"])
     print_single_node(out["single_node"])
+    print_h100_dev(out["h100_dev"])
     print(f"ran in {time.perf_counter() - t:.1f} s")
     return 0
 

@@ -75,13 +75,13 @@ def fit_ring(rows: list[list]) -> tuple[dict, float]:
         return base + 2 * (n - 1) * hop + 2 * (n - 1) / n * nbytes * inv_bw
     res = least_squares(lambda p: [model(p, r) / r[4] - 1 for r in rows], [8e-6, 3e-6, 1 / 2e11],
                         x_scale=[1e-5, 1e-6, 1e-11], bounds=([0, 0, 0], [1e-3, 1e-3, 1e-9]))
-    se = _standard_errors(res)
+    se = standard_errors(res)
     base, hop, inv = res.x
     fit = {"bus_bandwidth": (1 / inv, se[2] / inv ** 2), "hop_latency": (hop, se[1]), "base_latency": (base, se[0])}
     return fit, _mape(res.fun)
 
 
-def _standard_errors(res) -> np.ndarray:
+def standard_errors(res) -> np.ndarray:
     dof = max(1, len(res.fun) - len(res.x))
     s2 = float(res.fun @ res.fun) / dof
     return np.sqrt(np.diag(np.linalg.pinv(res.jac.T @ res.jac)) * s2)
@@ -161,14 +161,14 @@ def fit(table: list[list], ring: dict, rows: list[dict], progress=print) -> tupl
     t4 = least_squares(lambda x: table_4_errors(build(dict(p, efficiency=x[0], memory=x[1] * 1e12))),
                        [p["efficiency"], p["memory"] / 1e12], bounds=([0.3, 0.3], [1.0, 2.039]))
     p.update(efficiency=t4.x[0], memory=t4.x[1] * 1e12)
-    se = _standard_errors(t4)
+    se = standard_errors(t4)
     notes["se"] = {"efficiency": float(se[0]), "memory": float(se[1] * 1e12)}
     progress(f"Table 4: matmul efficiency {p['efficiency']:.3f} +- {se[0]:.3f}, memory-bound "
              f"{p['memory'] / 1e12:.2f} +- {se[1]:.2f} TB/s, MAPE {_mape(t4.fun):.1%}")
     host = least_squares(lambda x: vtrain_errors(build(dict(p, launch=x[0] * 1e-6, overhead=x[1] * 1e-3)), rows),
                          [p["launch"] * 1e6, p["overhead"] * 1e3], bounds=([0, 0], [100, 500]))
     p.update(launch=host.x[0] * 1e-6, overhead=host.x[1] * 1e-3)
-    se = _standard_errors(host)
+    se = standard_errors(host)
     notes["se"].update(launch=float(se[0] * 1e-6), overhead=float(se[1] * 1e-3))
     progress(f"single-node runs: launch {p['launch'] * 1e6:.2f} +- {se[0]:.2f} us a kernel, step overhead "
              f"{p['overhead'] * 1e3:.2f} +- {se[1]:.2f} ms, MAPE {_mape(host.fun):.1%} on {len(rows)} rows")

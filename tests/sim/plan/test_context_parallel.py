@@ -179,3 +179,13 @@ def test_bounds_hold_with_cp(schedule, pp, dp, cp, comm):
         e = sim.estimate(m, H100, global_batch=16, cp_comm=comm, **c.kwargs())
         assert bounds.memory_average(c) <= bounds.memory(c) <= max(e.peak_memory) * (1 + 1e-9)
         assert bounds.average(c) <= bounds.time(c) <= bounds.schedule_time(c) <= e.step_time * (1 + 1e-9)
+
+
+def test_a_given_pp_skips_the_cp_sizes_it_does_not_fit_rather_than_refusing():
+    """At 32K tokens the search tries cp up to 8; with pp=4 given on 16 GPUs, cp=8 leaves 2
+    GPUs, which pp=4 does not divide: that cp is skipped, not the whole request refused."""
+    model = dataclasses.replace(sim.MODELS["llama3-8b"], seq=32768)
+    plan = sim.plan.search(model, "h100-80gb", 16, 64, tp=1, pp=4, micro_batch=1, schedules="1f1b", top=None)
+    cps = {row.config.cp for row in plan.rows}
+    assert cps and 8 not in cps and all(r.config.pp == 4 for r in plan.rows)
+    assert all(r.config.tp * r.config.cp * r.config.pp * r.config.dp == 16 for r in plan.rows)

@@ -15,6 +15,7 @@ import sim.plan.planner as plan
 from sim.hardware.profile import DEFAULT_PROFILES
 from sim.model import sagemaker
 from sim.plan import bounds as plan_bounds, published, space as plan_space
+from sim.plan.planner import same_time
 from sim.plan.cli import main
 from sim.plan.figures import write_figures
 from sim.model.transformer import RECOMPUTE
@@ -172,7 +173,7 @@ def test_pruned_search_ranks_as_an_exhaustive_loop(problem, top, room, rnd):
     peaks = sorted(p for _, _, p, _ in everything)
     g = dataclasses.replace(sim.profile(gpu), gpu=dataclasses.replace(sim.GPUS[gpu], memory=int(peaks[int(room * (len(peaks) - 1))])))
     fitting = sorted(x for x in everything if x[2] <= g.memory)
-    ranked = sorted(fitting, key=lambda x: (round(x[0], 9), x[2], dataclasses.astuple(x[3])))[:top]  # rank_key
+    ranked = sorted(fitting, key=lambda x: (same_time(x[0]), x[2], dataclasses.astuple(x[3])))[:top]  # rank_key
     found = plan.search(m, g, gpus, batch, top=top, memory_headroom=0, **space)
     assert [(r.config, r.step_time) for r in found] == [(c, t) for t, _, _, c in ranked]
     assert found.simulated <= len(everything)
@@ -292,4 +293,4 @@ def test_planner_finds_the_sagemaker_row_and_no_slower_best(row):
     only = plan.search(r.model, sagemaker.GPU, r.gpus, r.global_batch, recompute="full", zero=1, **same)
     assert len(only) == 1 and only[0].step_time == pytest.approx(ref.step_time, rel=1e-12)
     wider = plan.search(r.model, sagemaker.GPU, r.gpus, r.global_batch, top=1, **same)
-    assert round(wider[0].step_time, 9) <= round(ref.step_time, 9)  # to the nanosecond, as rank_key ranks
+    assert same_time(wider[0].step_time) <= same_time(ref.step_time)  # as rank_key ranks

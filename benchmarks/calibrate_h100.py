@@ -1,0 +1,247 @@
+"""Calibrate the H100 80GB device profile on the H100 development set, and write it (and the H200's, derived).
+
+    PYTHONPATH=. python benchmarks/calibrate_h100.py            # fit, print, write h100-80gb-dgxc.json, h200-dgxc.json
+    PYTHONPATH=. python benchmarks/calibrate_h100.py --dry-run  # fit and print only
+    PYTHONPATH=. python benchmarks/calibrate_h100.py --probe    # how much each parameter moves the fitted rows
+
+The development set is sim/plan/data/h100_dev.csv (a copy of ../shared/data/h100-dev/runs.csv;
+provenance in sim/plan/data/README.md): NVIDIA's DGX Cloud benchmarking recipes on DGX H100.
+Fitted on: the rows `sim.plan.h100_dev` expresses that are BF16, cp = 1 and dense (GPT-3 175B
+and Nemotron-4 15B and 340B, NeMo 24.05 to 25.04; FP8 and cp rows are left for when the planner
+models them, and never enter this fit).
+
+Start: `h100-80gb-best-case` (published best cases). `--probe` moves each physical parameter
+by 10 % and prints d log(step) / d log(parameter) over the rows: matmul efficiency -0.75,
+NVLink -0.08, network -0.07, memory-bound -0.04, attention -0.03, a second of step overhead
++0.28, the launch floor 0 (every kernel of these layers runs far above it). Fitted together,
+every parameter but the matmul efficiency runs to its physical bound (attention and memory-bound
+at 1 and the HBM rate, NVLink and network at the link rates, overhead at 0; Jacobian singular
+values 4.6, 0.27, 0.13, 0.03, 0.005, 0): the rows want them at least as good as the best case
+and cannot place them. So FITTED is the matmul efficiency alone (matmul, network and overhead
+together: 0.672 +- 0.018, network at its bound, overhead 0, the same residual); the others
+keep their best-case (published) values.
+
+Method: least squares on log step time (scipy.optimize.least_squares), each parameter as the
+log of its ratio to the best case (the step overhead in seconds), bounded by physics
+(efficiencies at most 1, bandwidths at most the datasheet's HBM or link rate); one standard
+error from the Jacobian at the optimum (covariance (J^T J)^-1 s^2, benchmarks/calibrate_a100.py's
+`standard_errors`), and the fit redone leaving out each model in turn (the held-out model's MAPE
+says how well the fit carries to a model it did not see).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import math
+import os
+import sys
+
+import numpy as np
+from scipy.optimize import least_squares
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import sim  # noqa: E402
+from sim.hardware.gpus import gpu as datasheet  # noqa: E402
+from sim.hardware.profile import PRESETS, from_dict  # noqa: E402
+from sim.plan import h100_dev  # noqa: E402
+from calibrate_a100 import standard_errors  # noqa: E402  (benchmarks/, beside this file)
+
+NAME, DERIVED = "h100-80gb-dgxc", {"h200": "h200-dgxc"}
+BEST = "h100-80gb-best-case"
+DATASET = "sim/plan/data/h100_dev.csv (copied from ../shared/data/h100-dev: NVIDIA/dgxc-benchmarking READMEs)"
+COMMAND = "PYTHONPATH=. python benchmarks/calibrate_h100.py"
+DATE = "2026-11-25"
+# name: (profile paths that take the value, the datasheet field bounding it from above or a number)
+PARAMETERS = {
+    "matmul": (("matmul.efficiency",), 1.0),
+    "attention": (("attention.efficiency",), 1.0),
+    "memory": (("memory_bound.bandwidth",), "hbm_bandwidth"),
+    "launch": (("launch.per_kernel",), 1e-4),
+    "nvlink": (("collectives.node.bus_bandwidth", "p2p.node.bandwidth"), "nvlink_bandwidth"),
+    "network": (("collectives.network.bus_bandwidth", "p2p.network.bandwidth"), "network_bandwidth"),
+    "overhead": (("step_overhead",), 5.0),
+}
+FITTED = ("matmul",)  # why: the module's docstring
+ADDITIVE = ("overhead",)  # fitted in seconds (its best case is 0), the others as log(value / best case)
+
+
+def fit_runs() -> list:
+    """The rows the fit uses: expressed, BF16, cp = 1, dense."""
+    return [r for r in h100_dev.runs() if r.reason is None and r.row["precision"] == "bf16"
+            and int(r.row["cp"] or 1) == 1 and r.row["moe"] == "0"]
+
+
+def get(data: dict, path: str) -> dict:
+    for key in path.split("."):
+        data = data[key]
+    return data
+
+
+def best_values() -> dict:
+    """Every parameter's best-case value."""
+    best = sim.profile(BEST).to_dict()
+    return {name: get(best, paths[0])["value"] for name, (paths, _) in PARAMETERS.items()}
+
+
+def upper(name: str) -> float:
+    bound = PARAMETERS[name][1]
+    return getattr(datasheet("h100-80gb"), bound) if isinstance(bound, str) else bound
+
+
+def values_of(x, names, best: dict) -> dict:
+    """Parameter values from the fit's vector `x` (log ratios to the best case; additive ones in seconds)."""
+    return {n: (v if n in ADDITIVE else best[n] * math.exp(v)) for n, v in zip(names, x)}
+
+
+def bounds_of(names, best: dict) -> tuple[list, list]:
+    lo = [0.0 if n in ADDITIVE else math.log(0.1) for n in names]
+    hi = [upper(n) if n in ADDITIVE else math.log(upper(n) / best[n]) for n in names]
+    return lo, hi
+
+
+def calibrated(name: str, value: float, se: float, notes: dict) -> dict:
+    """A fitted number with its provenance, and its value fitted without each model where known."""
+    out = {"value": value, "source": "calibrated", "dataset": DATASET, "rows": notes["rows"],
+           "method": notes["method"], "residual": notes["residual"], "standard_error": se,
+           "command": COMMAND, "date": DATE}
+    if "held" in notes:
+        out["leave_one_model_out"] = {m: v[0][name] for m, v in notes["held"].items()}
+    return out
+
+
+def profile_data(values: dict, se: dict | None = None, notes: dict | None = None) -> dict:
+    """The calibrated profile's JSON: the best case with `values` in place (calibrated sources)."""
+    data = copy.deepcopy(sim.profile(BEST).to_dict())
+    notes = notes or {"rows": "(fitting)", "method": "(fitting)", "residual": "(fitting)"}
+    for name, value in values.items():
+        for path in PARAMETERS[name][0]:
+            parent, key = path.rsplit(".", 1) if "." in path else ("", path)
+            node = get(data, parent) if parent else data
+            node[key] = calibrated(name, value, (se or {}).get(name, 0.0), notes)
+    data["name"] = NAME
+    data["description"] = ("H100 80GB SXM as NeMo/Megatron-Core runs it (NeMo 24.05-25.04, DGX H100): calibrated on "
+                           "the H100 development set by benchmarks/calibrate_h100.py; the rest as h100-80gb-best-case")
+    data["fingerprint"] = dict(data["fingerprint"], device="NVIDIA H100 80GB HBM3 (DGX H100)", torch=None, cuda=None,
+                               date=DATE)
+    return data
+
+
+def log_errors(values: dict, runs: list) -> np.ndarray:
+    """log(predicted / measured) step time of each run with the profile at `values`."""
+    dev = from_dict(profile_data(values), "calibration")
+    return np.array([math.log(h100_dev.estimate_run(r, dev).step_time / r.step_time) for r in runs])
+
+
+def fit(runs: list, names=FITTED, progress=print):
+    """Least squares on log step time over `runs`; returns the values, their standard errors and
+    the optimizer's answer."""
+    best = best_values()
+    start = [0.0 if n not in ADDITIVE else 0.1 for n in names]
+    res = least_squares(lambda x: log_errors(values_of(x, names, best), runs), start,
+                        bounds=bounds_of(names, best), diff_step=1e-3, x_scale=1.0)
+    values, se_x = values_of(res.x, names, best), standard_errors(res)
+    se = {n: float(s if n in ADDITIVE else values[n] * s) for n, s in zip(names, se_x)}
+    progress(", ".join(f"{n} {values[n]:.4g} +- {se[n]:.2g}" for n in names) +
+             f"; RMS log error {math.sqrt(np.mean(res.fun ** 2)):.3f} on {len(runs)} rows")
+    return values, se, res
+
+
+def probe(runs: list) -> dict:
+    """d log(step) / d log(parameter) of each parameter at the best case: mean, min, max over the runs."""
+    best = best_values()
+    base = log_errors({}, runs)
+    out = {}
+    for name in PARAMETERS:
+        moved = {name: 0.05 if name in ADDITIVE else best[name] * 1.1}
+        d = (log_errors(moved, runs) - base) / (0.05 if name in ADDITIVE else math.log(1.1))
+        out[name] = (float(d.mean()), float(d.min()), float(d.max()))
+        print(f"  {name}: {out[name][0]:+.3f} (rows {out[name][1]:+.3f} to {out[name][2]:+.3f})"
+              + (" a second of overhead" if name in ADDITIVE else ""))
+    return out
+
+
+def relative(log_err) -> list[float]:
+    return [math.exp(e) - 1 for e in log_err]
+
+
+def report(runs: list, before: list[float], after: list[float]) -> None:
+    """MAPE before (best case) and after (calibrated), overall and by each of h100_dev.GROUPS."""
+    print(f"MAPE on {len(runs)} rows: best case {h100_dev.mape(before):.1%}, calibrated {h100_dev.mape(after):.1%}")
+    for key in h100_dev.GROUPS:
+        b, a = h100_dev.mape_by(runs, before, key), h100_dev.mape_by(runs, after, key)
+        print(f"  by {key}: " + "; ".join(f"{k} ({n}) {b[k][0]:.1%} -> {v:.1%}" for k, (v, n) in a.items()))
+
+
+def leave_one_model_out(runs: list) -> dict:
+    """Refit without each model; the parameters and the held-out model's MAPE."""
+    out = {}
+    for model in sorted({r.row["model"] for r in runs}):
+        keep = [r for r in runs if r.row["model"] != model]
+        held = [r for r in runs if r.row["model"] == model]
+        print(f"without {model}: ", end="")
+        values, _, _ = fit(keep)
+        out[model] = (values, h100_dev.mape(relative(log_errors(values, held))))
+        print(f"  held-out MAPE on {model} ({len(held)} rows): {out[model][1]:.1%}")
+    return out
+
+
+def derived_profile(data: dict, gpu_name: str) -> dict:
+    """The calibrated profile carried to another GPU of the H100's die through its datasheet: the
+    memory-bound bandwidth as the same share of its HBM rate (derived), every other number as it
+    is (as h200-best-case does with the published H100 figures), a fitted one saying so."""
+    h100, other = datasheet("h100-80gb"), datasheet(gpu_name)
+    out = copy.deepcopy(data)
+    out.update(name=DERIVED[gpu_name], datasheet=gpu_name,
+               description=f"{gpu_name}: {NAME} carried over through the datasheets (benchmarks/calibrate_h100.py): "
+                           "the H100's compute die, clocks and links, its own HBM")
+    out["fingerprint"] = dict(out["fingerprint"], device=gpu_name)
+    memory = get(out, "memory_bound.bandwidth")
+    scale = other.hbm_bandwidth / h100.hbm_bandwidth
+    was = dict(memory)
+    memory.clear()
+    memory.update(value=was["value"] * scale, source="derived", **{"from": ["datasheet.hbm_bandwidth"]},
+                  how=f"{NAME}'s memory-bound bandwidth ({was['value'] / 1e12:.2f} TB/s, {was['source']}: "
+                      f"{was.get('citation', was.get('rows', ''))}) as a share of the H100's "
+                      f"{h100.hbm_bandwidth / 1e12:.2f} TB/s HBM, applied to the {gpu_name}'s "
+                      f"{other.hbm_bandwidth / 1e12:.2f} TB/s")
+    for name in FITTED:
+        for path in PARAMETERS[name][0]:
+            get(out, path)["carried_over"] = (f"fitted on H100 rows; the {gpu_name} has the H100's compute die, "
+                                              "clocks and links (its datasheet), so the same value")
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dry-run", action="store_true", help="fit and print, write nothing")
+    ap.add_argument("--probe", action="store_true", help="print each parameter's effect on the rows and stop")
+    args = ap.parse_args(argv)
+    runs = fit_runs()
+    print(f"{len(runs)} rows: BF16, cp = 1, dense, expressed by sim.plan.h100_dev")
+    if args.probe:
+        probe(runs)
+        return 0
+    values, se, res = fit(runs)
+    before, after = relative(log_errors({}, runs)), relative(res.fun)
+    report(runs, before, after)
+    held = leave_one_model_out(runs)
+    notes = {"rows": f"the {len(runs)} BF16, cp = 1, dense rows sim.plan.h100_dev expresses (row_id "
+                     f"{', '.join(str(r.row_id) for r in runs)})",
+             "method": f"least squares on log step time, {' and '.join(FITTED)} (the rest at {BEST}, which the rows "
+                       "cannot place: benchmarks/calibrate_h100.py's docstring); "
+                       "standard error from the Jacobian",
+             "residual": f"MAPE {h100_dev.mape(after):.1%} (best case {h100_dev.mape(before):.1%}); leaving one "
+                         "model out, its MAPE: " + ", ".join(f"{m} {v[1]:.1%}" for m, v in held.items()),
+             "held": held}
+    data = profile_data(values, se, notes)
+    if not args.dry_run:
+        sim.save_profile(data, PRESETS / f"{NAME}.json")
+        for gpu_name, name in DERIVED.items():
+            sim.save_profile(derived_profile(data, gpu_name), PRESETS / f"{name}.json")
+        print(f"wrote {NAME}.json, " + ", ".join(f"{n}.json" for n in DERIVED.values()) + f" in {PRESETS}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

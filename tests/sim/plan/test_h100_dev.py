@@ -1,0 +1,119 @@
+"""The H100 development set's loader (sim.plan.h100_dev), its MAPE, and the calibrated H100 profile."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+import sim
+from sim.hardware.gpus import gpu as datasheet
+from sim.hardware.profile import PRESETS
+from sim.plan import h100_dev
+
+RUNS = h100_dev.runs()
+EXPRESSED = [r for r in RUNS if r.reason is None]
+CALIBRATED = ("h100-80gb-dgxc", "h200-dgxc")
+
+
+def test_every_row_is_expressed_or_refused_with_a_known_reason():
+    assert len(RUNS) == len(h100_dev.read_rows()) == 169
+    assert len({r.row_id for r in RUNS}) == len(RUNS)
+    for r in RUNS:
+        assert (r.reason is None) == (r.model is not None) == bool(r.keywords)
+        assert r.reason is None or r.reason in h100_dev.REASONS
+    assert sum(h100_dev.refused_counts(RUNS).values()) == len(RUNS) - len(EXPRESSED)
+
+
+def test_each_reason_matches_what_the_row_says():
+    for r in RUNS:
+        row = r.row
+        if "JAX" in row["software"]:
+            assert r.reason == "stack"
+        elif row["moe"] == "1":
+            assert r.reason == "moe"
+        elif int(row["cp"] or 1) > 1 and not h100_dev.planner_takes_cp():
+            assert r.reason == "cp"
+        elif row["precision"].startswith("fp8") and not h100_dev.planner_takes_fp8():
+            assert r.reason == "fp8"
+        else:
+            assert r.reason is None, (r.row_id, r.reason)
+
+
+def test_expressed_rows_carry_their_layout():
+    assert EXPRESSED
+    for r in EXPRESSED:
+        k, row = r.keywords, r.row
+        assert k["tp"] * k["pp"] * k["dp"] * k.get("cp", 1) == int(row["n_gpus"])
+        assert k["global_batch"] == int(row["gbs"]) and k["micro_batch"] == int(row["mbs"])
+        assert k["global_batch"] == k["micro_batch"] * k["dp"] * int(row["grad_accum"])
+        assert (k["virtual"] or 1) == int(row["vp"] or 1)
+        assert (k["schedule"] == "interleaved-1f1b") == (int(row["vp"] or 1) > 1)
+        assert r.model.layers == int(row["n_layers"]) and r.model.seq == int(row["seq_len"])
+        assert r.model.vocab % (128 * k["tp"]) == 0 and 0 <= r.model.vocab - int(row["vocab"]) < 128 * k["tp"]
+
+
+@pytest.mark.parametrize("model, preset", [("GPT-3 175B", "gpt3-175b"), ("Nemotron4 15B", "nemotron4-15b"),
+                                           ("Nemotron4 340B", "nemotron4-340b")])
+def test_the_rows_models_are_the_presets_with_fused_attention(model, preset):
+    run = next(r for r in EXPRESSED if r.row["model"] == model)
+    want = dataclasses.replace(sim.MODELS[preset], attention="flash")
+    assert run.model.params().total == want.params().total
+    assert run.model.flops_per_iteration(8) == want.flops_per_iteration(8)
+
+
+def test_one_expressed_row_per_model_estimates_and_a_refused_one_says_why():
+    for model in sorted({r.row["model"] for r in EXPRESSED}):
+        run = next(r for r in EXPRESSED if r.row["model"] == model)
+        assert h100_dev.estimate_run(run, "h100-80gb-best-case").step_time > 0
+    refused = next(r for r in RUNS if r.reason == "stack")
+    with pytest.raises(ValueError, match="JAX"):
+        h100_dev.estimate_run(refused)
+
+
+def test_release_is_the_software_name_and_version():
+    assert h100_dev.release({"software": "NeMo 24.12 container (NeMo Framework Launcher)"}) == "NeMo 24.12"
+    assert h100_dev.release({"software": "NeMo 25.02.01 container (NeMo 2.0)"}) == "NeMo 25.02.01"
+
+
+def test_mape_and_mape_by_against_a_hand_computation():
+    assert h100_dev.mape([0.1, -0.2, 0.0, 0.5]) == pytest.approx((0.1 + 0.2 + 0.0 + 0.5) / 4)
+    rows = [dict(model="a", software="NeMo 24.12 container"), dict(model="b", software="NeMo 24.12"),
+            dict(model="a", software="NeMo 25.02.01 container")]
+    runs = [h100_dev.DevRun(row, None, {}, "stack") for row in rows]
+    errors = [-0.1, 0.3, 0.2]
+    assert h100_dev.mape_by(runs, errors, "model") == {"a": (pytest.approx(0.15), 2), "b": (pytest.approx(0.3), 1)}
+    assert h100_dev.mape_by(runs, errors, "release") == {"NeMo 24.12": (pytest.approx(0.2), 2),
+                                                        "NeMo 25.02.01": (pytest.approx(0.2), 1)}
+
+
+def _numbers(node, path=""):
+    if isinstance(node, dict) and "value" in node and "source" in node:
+        yield path, node
+    elif isinstance(node, dict):
+        for k, v in node.items():
+            yield from _numbers(v, f"{path}.{k}" if path else k)
+
+
+@pytest.mark.parametrize("name", CALIBRATED)
+def test_the_calibrated_profiles_load_within_physical_bounds(name):
+    p = sim.profile(name)
+    ds = p.gpu
+    assert 0 < p.matmul_efficiency <= 1 and 0 < p.attention_efficiency <= 1
+    assert 0 < p.memory_bandwidth <= ds.hbm_bandwidth
+    assert 0 < p.link("node").bus_bandwidth <= ds.nvlink_bandwidth
+    assert 0 < p.link("network").bus_bandwidth <= ds.network_bandwidth
+    assert p.step_overhead >= 0 and p.launch_per_kernel > 0
+
+
+def test_the_fitted_numbers_say_where_they_come_from():
+    data = json.loads((PRESETS / "h100-80gb-dgxc.json").read_text())
+    fitted = [(path, n) for path, n in _numbers(data) if n["source"] == "calibrated"]
+    assert any(path == "matmul.efficiency" for path, _ in fitted)
+    for path, n in fitted:
+        assert "h100-dev" in n["dataset"] and "row_id" in n["rows"] and n["standard_error"] >= 0, path
+    derived = json.loads((PRESETS / "h200-dgxc.json").read_text())
+    assert derived["datasheet"] == "h200"
+    h100, h200 = datasheet("h100-80gb"), datasheet("h200")
+    assert derived["memory_bound"]["bandwidth"]["value"] == pytest.approx(
+        data["memory_bound"]["bandwidth"]["value"] * h200.hbm_bandwidth / h100.hbm_bandwidth)
