@@ -62,7 +62,7 @@ def test_every_moe_preset_is_in_the_registry_and_refused_by_the_estimate():
 def test_the_planner_refuses_a_moe_model_rather_than_search_it_as_dense():
     from sim.plan.planner import search
     with pytest.raises(ValueError, match="expert parallelism is not modelled yet: issue 33 item 2"):
-        search("mixtral-8x7b", "h100-80gb", 16, 64, tp=1, cp=1, pp=4, micro_batch=1, schedules="1f1b")
+        search("mixtral-8x7b", "h100-80gb", 16, 64, tp=1, pp=4, micro_batch=1, schedules="1f1b")
     mla_only = Transformer(layers=4, hidden=512, heads=8, seq=128, vocab=1000, arch="llama",
                            mla=MLA(None, 64, 16, 32, 32))
     with pytest.raises(ValueError, match="multi-head latent attention is not timed yet: issue 33 item 2"):
