@@ -73,7 +73,8 @@ def grad_reduce_times(m: Transformer, g: DeviceProfile, lay: Parallelism, params
 
     def reduce(nbytes: float, s: int) -> float:
         def tail(seconds: float) -> float:
-            return seconds if backward is None else bucketed_tail(seconds, backward[s], buckets(params[s], lay.dp * lay.cp))
+            k = buckets(params[s], lay.dp * lay.cp)
+            return seconds if backward is None else bucketed_tail(seconds, backward[s], k)
         if lay.zero == 0:
             return tail(collective_time(links, "all_reduce", nbytes, dp))
         scatter = tail(collective_time(links, "reduce_scatter", nbytes, dp)) if lay.zero == 1 else 0.0
