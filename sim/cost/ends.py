@@ -21,13 +21,14 @@ def end_kernels(m: Transformer, g: DeviceProfile, x: Slice) -> dict[str, list[fl
     (Shoeybi et al. 2019, Sec. 3); its backward adds the gradient rows into the table. The
     output layer is a (bs, V/t, h) matmul; the vocabulary-parallel cross entropy reads the
     logits and keeps fp32 softmax (6 bytes a logit each way); the final LayerNorm moves 4 and
-    6 bytes a hidden element."""
-    h, t, e = m.hidden, x.tp, precision_bytes(x.precision)
+    6 bytes a hidden element. Under FP8 all of it is BF16 (Megatron-LM's output layer is not a
+    Transformer Engine module: `sim.cost.fp8`)."""
+    h, t, e = m.hidden, x.tp, precision_bytes(x.activation_precision)
     tokens = x.tokens(m)  # b s/cp: context parallelism splits the sequence
     sbh = tokens * h * e / (t if x.sequence_parallel else 1)
     ar = [collective_time(links_of(g), "all_reduce", tokens * h * e, x.tensor_group)] if t > 1 else []
     logits = tokens * m.vocab / t
-    fwd, dx, dw = (gemm_time(g, x.precision, *p) for p in gemm_products(tokens, m.vocab // t, h))
+    fwd, dx, dw = (gemm_time(g, x.activation_precision, *p) for p in gemm_products(tokens, m.vocab // t, h))
     head = dict(F=[fwd, memory_time(g, 2 * sbh, "norm"), memory_time(g, 6 * logits)] + ar,
                 I=[dx, memory_time(g, 6 * logits), memory_time(g, 3 * sbh, "norm")] + ar, W=[dw])
     embed = dict(F=[memory_time(g, 2 * tokens * h * e, "embedding")] + ar, I=[],

@@ -23,10 +23,12 @@ Korthikanti et al. 2022, Sec. 4) and timed alone; a pass is their sum, except wh
   (FlashAttention-2/3, cuDNN's), FlashAttention-2's causal FLOP count at the profile's attention
   efficiency, its backward 2.5 times its forward, no kernel over the scores
   (`fused_attention_times`).
+- precision="fp8": the four Linear GEMMs in FP8, Transformer Engine's casts among the
+  memory-bound kernels, FP8 all-gathers and BF16 reductions (`sim.cost.fp8`); the rest BF16.
 - Context parallelism (`Slice.cp`, Megatron-Core's `--context-parallel-size`): each of cp
   ranks holds s/cp of the sequence, so every matmul, kernel and collective of the layer works
   on b s/cp tokens, except the attention core, whose s/cp queries meet all s keys
-  (`context_attention`: ring attention's K/V exchange or Ulysses' all-to-alls).
+  (`sim.cost.context.context_attention`: ring attention's K/V exchange or Ulysses' all-to-alls).
 - Recompute runs before the backward: "full" the whole forward, collectives included;
   "selective" the attention core (scores, softmax, dropout, values), which needs none.
 
@@ -57,13 +59,16 @@ counts are torch's operators, a fused one (addmm, the flash kernel) once.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from sim.hardware.profile import DeviceProfile, resolve
 from sim.hardware.kernels import elementwise_time, gemm_time, precision_bytes
-from sim.hardware.network import all_to_all_time, collective_time, links_of, p2p_time
-from sim.hardware.topology import Group, one_node
+from sim.hardware.network import collective_time, links_of
 from sim.model.transformer import Transformer, check_recompute
+
+from . import fp8
+from .context import context_attention
+from .slice import Slice
 
 # (name, bytes per element of the tensor it works on, which tensor) per layer, forward and
 # backward. Tensors: "sbh" (a hidden state), "sbf" (an MLP activation), "as2b" (the attention
@@ -107,7 +112,9 @@ _TORCH = {
 }
 _TORCH_CORE = ("attention_exp",)  # the flash forward's own kernel, recomputed by "selective" with its matmuls
 _INSIDE = {"bias", "attention_exp", "attention_grad_fill", "attention_delta", "layernorm_weight_grad"}  # no op of their own
-_OPS = {"grad_accumulate": 12}  # one add_ per parameter tensor: 2 LayerNorms' gain and bias, 4 linear layers' weight and bias
+# grad_accumulate: one add_ per parameter tensor (2 LayerNorms' gain and bias, 4 linear layers' weight
+# and bias); FP8's casts: one kernel, two under current scaling (the amax, then the cast)
+_OPS = {"grad_accumulate": 12, **fp8.KERNELS_PER_CAST}
 # The memory-bound class of each kernel (`sim.profile.MEMORY_CLASSES`); the rest are "elementwise".
 _CLASS = {"layernorm": "norm", "rmsnorm": "norm", "softmax": "softmax", "context_transpose": "copy",
           "bias": "copy", "attention_grad_fill": "copy", "qkv_grad_cat": "copy", "layernorm_weight_grad": "norm"}
@@ -127,49 +134,6 @@ class LayerTimes:
     recompute: float        # the part of B and I that recomputes the forward
     parts: dict             # of F + B: {"gemm": s, "memory": s, "collectives": s}
     kernels: dict           # kernels launched per pass, {"F", "B", "I", "W"}: the host's launch floor
-
-
-@dataclass(frozen=True)
-class Slice:
-    """How one GPU holds a layer: its micro-batch, tensor-parallel size, sequence parallelism
-    and precision, and how its tensor-parallel group sits on the nodes (`sim.hardware.topology`;
-    None: inside one node); its context-parallel size, how that group exchanges ("p2p": ring
-    attention, "a2a": Ulysses) and over which link (`cp_group`: the ring's slowest send,
-    `Topology.ring_send`, for "p2p"; the group, `Topology.group("cp")`, for "a2a"; None: one node)."""
-    micro_batch: int
-    tp: int = 1
-    sequence_parallel: bool = False
-    precision: str = "bf16"
-    tp_group: Group | None = None
-    cp: int = 1
-    cp_comm: str = "p2p"
-    cp_group: Group | None = None
-
-    def __post_init__(self):
-        if self.tp_group is not None and self.tp_group.size != self.tp:
-            raise ValueError(f"tp_group has {self.tp_group.size} GPUs, tp is {self.tp}; give the group of tp={self.tp}")
-
-    def tokens(self, m: Transformer) -> int:
-        """Tokens of a micro-batch this GPU holds: b s/cp."""
-        return self.micro_batch * m.seq // self.cp
-
-    @property
-    def context_group(self) -> Group:
-        """The link context parallelism's exchanges use (`cp_group`; one node if None)."""
-        if self.cp_group is not None:
-            return self.cp_group
-        return one_node(min(self.cp, 2) if self.cp_comm == "p2p" else self.cp)
-
-    @property
-    def tensor_group(self) -> Group:
-        """The tensor-parallel group its collectives run over."""
-        return one_node(self.tp) if self.tp_group is None else self.tp_group
-
-
-def per_rank(m: Transformer, x: Slice) -> Transformer:
-    """The model as one GPU of a context-parallel group holds it, for what scales with the
-    tokens alone (activations): the sequence s/cp."""
-    return m if x.cp == 1 else replace(m, seq=m.seq // x.cp)
 
 
 def gemm_shapes(m: Transformer, x: Slice) -> dict[str, tuple[int, int, int, int]]:
@@ -194,7 +158,7 @@ def gemm_products(m: int, n: int, k: int, batch: int = 1) -> tuple[tuple, tuple,
 def _kernels_time(m: Transformer, dev: DeviceProfile, x: Slice, kernels, only=None) -> float:
     """Seconds of the memory- and compute-bound `kernels` (the `only` ones if given) on one GPU."""
     sb, h, t = x.tokens(m), m.hidden, x.tp  # s b: this GPU's tokens, s/cp of the sequence
-    scale = precision_bytes(x.precision) / 2  # the table is for 16-bit elements
+    scale = precision_bytes(x.activation_precision) / 2  # the table is for 16-bit elements
     size = {"sbh": sb * h / (t if x.sequence_parallel else 1), "sbf": sb * m.ffn / t, "sbh/t": sb * h / t,
             "sbqkv": sb * h * (1 + 2 * m.kv_heads / m.heads) / t,
             "as2b": m.heads * sb * m.seq / t, "sbqk": sb * h * (1 + m.kv_heads / m.heads) / t,
@@ -208,10 +172,16 @@ def _count(kernels, only=None) -> int:
     return sum(_OPS.get(name, 1) for name, _, _ in kernels if (only is None or name in only) and name not in _INSIDE)
 
 
-def _lists(m: Transformer) -> dict:
+def _lists(m: Transformer, x: Slice, scaling: str = "delayed") -> dict:
     """The layer's memory- and compute-bound kernels by pass (F, I, W), the attention core's,
     whether its attention is one fused kernel, and the matmuls its backward adds: Megatron-LM's
-    or torch's (see the module's docstring)."""
+    or torch's (see the module's docstring); under FP8 with Transformer Engine's casts
+    (`sim.cost.fp8.cast_kernels`, of the profile's `scaling`)."""
+    if x.precision == "fp8":
+        if m.kernels != "megatron":
+            raise ValueError("precision 'fp8' is Transformer Engine's under Megatron-LM: kernels='megatron' only")
+        k, casts = _lists(m, Slice(x.micro_batch, x.tp, x.sequence_parallel)), fp8.cast_kernels(m, scaling)
+        return {**k, "F": k["F"] + casts["F"], "I": k["I"] + casts["I"]}
     if m.kernels == "megatron":
         (f_mlp, f_t), (b_mlp, b_t) = _MLP[m.mlp]
         act = "bias_gelu" if (m.mlp, m.arch) == ("gelu", "gpt") else m.mlp.replace("-", "_")
@@ -251,10 +221,10 @@ def layer_times(m: Transformer, dev: DeviceProfile | str, x: Slice, recompute: s
     check_timed(m)
     check_recompute(recompute)
     dev = resolve(dev)
-    p, shapes, k = x.precision, gemm_shapes(m, x), _lists(m)
+    shapes, k = gemm_shapes(m, x), _lists(m, x, dev.fp8_scaling)
     products = {n: gemm_products(*s) for n, s in shapes.items()}  # forward, input and weight gradient
-    fwd, dx, dw = ({n: gemm_time(dev, p, *q[i]) for n, q in products.items()} for i in range(3))
-    weightless = ("scores", "values")  # both their gradients are input gradients (Qi et al. 2024, Table 1)
+    fwd, dx, dw = ({n: _gemm_time(dev, x, n, q[i]) for n, q in products.items()} for i in range(3))
+    weightless = _WEIGHTLESS
     comm_f, comm_i, hidden = _collectives(m, dev, x, dx, dw)
     hidden = hidden if tp_overlap else 0.0
     # the attention core's matmuls (scores, values) in F and in I, as batched GEMMs: Megatron-LM's
@@ -280,11 +250,22 @@ def layer_times(m: Transformer, dev: DeviceProfile | str, x: Slice, recompute: s
     parts["memory"] += w_memory
     parts["collectives"] -= hidden
     backward_input = sum(redo.values()) + sum(i.values())
-    n = pass_kernels(m, x, recompute)
+    n = pass_kernels(m, x, recompute, dev.fp8_scaling)
     lt = LayerTimes(forward=sum(f.values()), backward=backward_input + w - hidden,
                     backward_input=backward_input, backward_weight=w + w_redo, recompute=sum(redo.values()),
                     parts=parts, kernels=n)
     return _measured(m, dev, x, recompute, lt) or lt
+
+
+_WEIGHTLESS = ("scores", "values")  # both their gradients are input gradients (Qi et al. 2024, Table 1)
+
+
+def _gemm_time(dev: DeviceProfile, x: Slice, name: str, product: tuple) -> float:
+    """Seconds of one of the layer's products: a Linear's in FP8 under "fp8" (`sim.cost.fp8`), else
+    at the activations' precision."""
+    if x.precision == "fp8" and name not in _WEIGHTLESS:
+        return fp8.linear_gemm_time(dev, *product)
+    return gemm_time(dev, x.activation_precision, *product)
 
 
 # FlashAttention-2's benchmark count (Dao-AILab/flash-attention, benchmarks/benchmark_flash_attention.py,
@@ -303,35 +284,8 @@ def fused_attention_times(m: Transformer, dev: DeviceProfile, x: Slice) -> tuple
     writes the s^2 scores: the layer has no memory-bound kernel of them. (A profile without an
     attention efficiency times the kernel as its matmuls alone: `layer_times`.)"""
     flops = CAUSAL_SHARE * 4 * x.micro_batch * m.seq ** 2 * m.hidden / x.tp / x.cp  # cp: balanced, below
-    forward = flops / (dev.flops(x.precision) * dev.attention_efficiency)
+    forward = flops / (dev.flops(x.activation_precision) * dev.attention_efficiency)
     return forward, BACKWARD_OVER_FORWARD * forward
-
-
-def context_attention(m: Transformer, dev: DeviceProfile, x: Slice, core_f: float, core_i: float) -> tuple[float, float]:
-    """Seconds context parallelism adds to the attention core's `core_f` (F) and `core_i` (the
-    backward), the computes of one GPU's s/cp queries (Megatron-Core with Transformer Engine's
-    context-parallel attention; docs/planner.md, "Context parallelism"):
-
-    "p2p", ring attention: cp steps, each computing against one rank's K and V while the next
-    send runs; c is a pass's compute / cp (load balanced: each rank holds chunks i and 2cp-1-i
-    of 2cp, so every step is equal work) and k one send of K and V of s/cp tokens. F sends K and
-    V on all steps but the last: c + (cp - 1) max(c, k). The backward sends K and V on the first
-    step, K, V and their gradients (2k) on the middle ones, the gradients alone on the last
-    (Transformer Engine's AttnFuncWithCPAndKVP2P.backward): 2 max(c, k) + (cp - 2) max(c, 2k).
-    Added: what exceeds cp c.
-    "a2a", Ulysses: Q, K, V go from s/cp tokens of all heads to all s of a/cp heads, and the
-    output back, two all-to-alls each way, not overlapped with the compute."""
-    if x.cp == 1:
-        return 0.0, 0.0
-    e, links, group = precision_bytes(x.precision), links_of(dev), x.context_group
-    kv = 2 * x.tokens(m) * m.hidden * m.kv_heads / m.heads / x.tp * e
-    if x.cp_comm == "p2p":
-        k, c_f, c_i = p2p_time(links, kv, group), core_f / x.cp, core_i / x.cp
-        both = p2p_time(links, 2 * kv, group)
-        return (x.cp - 1) * max(0.0, k - c_f), 2 * max(0.0, k - c_i) + (x.cp - 2) * max(0.0, both - c_i)
-    q_and_out = 2 * x.tokens(m) * m.hidden / x.tp * e
-    swaps = all_to_all_time(links, kv + q_and_out / 2, group) + all_to_all_time(links, q_and_out / 2, group)
-    return swaps, swaps
 
 
 def _measured(m: Transformer, dev: DeviceProfile, x: Slice, recompute: str, lt: LayerTimes) -> LayerTimes | None:
@@ -355,10 +309,11 @@ def measured_apply(m: Transformer, x: Slice) -> bool:
     return x.tp == 1 and x.cp == 1 and m.kernels == "torch"
 
 
-def pass_kernels(m: Transformer, x: Slice, recompute: str = "none") -> dict[str, int]:
-    """Kernels one layer launches per pass (F, B, I, W): the matmuls, the listed kernels and the
-    tensor-parallel collectives; fused (flash) attention is one kernel each way."""
-    k, gemms, weightless = _lists(m), len(gemm_shapes(m, x)), 2
+def pass_kernels(m: Transformer, x: Slice, recompute: str = "none", scaling: str = "delayed") -> dict[str, int]:
+    """Kernels one layer launches per pass (F, B, I, W): the matmuls, the listed kernels (FP8's
+    casts of `scaling` among them) and the tensor-parallel collectives; fused (flash) attention
+    is one kernel each way."""
+    k, gemms, weightless = _lists(m, x, scaling), len(gemm_shapes(m, x)), 2
     collectives = 2 if not x.sequence_parallel else 4  # per pass: all-reduces, or all-gathers and reduce-scatters
     flash = gemms - weightless + 1 if k["fused"] else gemms  # fused: the linear layers and one attention kernel
     n = {"F": flash + _count(k["F"]) + collectives * (x.tp > 1),
@@ -386,14 +341,16 @@ def _collectives(m: Transformer, dev: DeviceProfile, x: Slice, dx: dict, dw: dic
     reduce-scatters each row-parallel output; the backward all-gathers the row-parallel
     output gradients, all-gathers each column-parallel input again for its weight gradient
     (under its input-gradient matmul) and reduce-scatters its input gradient (under its
-    weight-gradient matmul in B)."""
-    buf = x.tokens(m) * m.hidden * precision_bytes(x.precision)
+    weight-gradient matmul in B). Under FP8 the all-gathers move FP8 and the rest BF16
+    (`sim.cost.fp8`)."""
+    buf = x.tokens(m) * m.hidden * precision_bytes(x.activation_precision)
+    gathered = buf * fp8.GATHER_BYTES / fp8.REDUCE_BYTES if x.precision == "fp8" else buf
     column = ("qkv", "mlp_in")
     links, group = links_of(dev), x.tensor_group
     if not x.sequence_parallel:
         ar = collective_time(links, "all_reduce", buf, group)
         return 2 * ar, 2 * ar, sum(min(ar, dw[k]) for k in column)
-    ag = collective_time(links, "all_gather", buf, group)
+    ag = collective_time(links, "all_gather", gathered, group)
     rs = collective_time(links, "reduce_scatter", buf, group)
     comm_i = 2 * ag + sum(max(0.0, ag - dx[k]) + rs for k in column)
     return 2 * (ag + rs), comm_i, sum(min(rs, dw[k]) for k in column)

@@ -10,8 +10,8 @@ is what a ring all-reduce or a pipeline send uses. Tensor-core peaks are dense: 
 which the datasheet states its peaks: the tensor-core peak is SMs x FLOPs per SM per clock x
 the clock the board holds at that power, so a lower limit lowers the clock and the peak with it
 (B200: 2.25 PFLOP/s dense BF16 on the 1,000 W HGX board, 2.5 on the 1,200 W GB200 one).
-FP8 ("fp8") is here as the datasheets' peak only: the planner does not time FP8 training yet
-(`sim.hardware.kernels.precision_bytes` refuses it).
+FP8 ("fp8") is the datasheets' dense FP8 peak: FP8 training's Linear GEMMs run at it times a
+profile's FP8 efficiency (`sim.cost.fp8`); everything else of an FP8 run at the BF16 peak.
 
     >>> gpu("a100-80gb").flops("bf16") / 1e12
     312.0
@@ -21,8 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-PRECISIONS = ("bf16", "fp16", "tf32", "fp32")  # what the planner times (and a profile's tables hold)
-PEAK_PRECISIONS = PRECISIONS + ("fp8",)        # what a datasheet's peak table may hold
+PRECISIONS = ("bf16", "fp16", "tf32", "fp32")  # a run's precision, all of it (FP8 training: `sim.cost.fp8`)
+PEAK_PRECISIONS = PRECISIONS + ("fp8",)        # what a datasheet's peak table and a profile's matmul table may hold
 GB = 10 ** 9          # bandwidths: datasheets' GB/s are decimal
 MIB = 2 ** 20         # capacities: as nvidia-smi totals them, in MiB (the datasheets' "80GB" is rounded)
 GIB = 2 ** 30

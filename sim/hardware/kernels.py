@@ -30,7 +30,7 @@ import math
 
 from .profile import LAYOUTS, DeviceProfile
 
-BYTES = {"bf16": 2, "fp16": 2, "tf32": 4, "fp32": 4}
+BYTES = {"bf16": 2, "fp16": 2, "tf32": 4, "fp32": 4, "fp8": 1}
 
 # The CUTLASS/cuBLAS tile of a large half-precision GEMM on A100 and H100: 256 x 128 outputs
 # per thread block, one block per SM at a time (NVIDIA, "Matrix Multiplication Background
@@ -40,11 +40,8 @@ TILE = (256, 128)
 
 
 def precision_bytes(precision: str) -> int:
-    """Bytes of one element at `precision`; "fp8" is refused: its training is not modelled yet."""
-    if precision == "fp8":
-        raise ValueError("precision 'fp8' is not modelled yet: the planner times bf16, fp16, tf32 and fp32; "
-                         "FP8 training (Transformer Engine's FP8 GEMMs) is issue 32 item 3; "
-                         "sim.hardware.gpus.gpu(name).flops('fp8') has the datasheet's FP8 peak")
+    """Bytes of one element at `precision` (an FP8 element: 1; what FP8 training keeps in
+    which precision is `sim.cost.fp8`'s)."""
     try:
         return BYTES[precision]
     except KeyError:
@@ -64,6 +61,8 @@ def gemm_time(dev: DeviceProfile, precision: str, m: int, n: int, k: int, batch:
     measured = dev.matmul_lookup(precision, m, n, k, batch, layout)
     if measured is not None:
         return measured
+    if precision == "fp8":  # its efficiency is the profile's FP8 one, applied by the cost layer
+        raise ValueError("an FP8 GEMM without the profile's fp8 matmul table is timed by sim.cost.fp8.linear_gemm_time")
     if dev.matmul_efficiency is None:
         raise ValueError(f"profile {dev.name!r} has no {precision} matmuls and no matmul efficiency")
     tiles = batch * math.ceil(m / TILE[0]) * math.ceil(n / TILE[1])

@@ -20,7 +20,7 @@ from functools import cache, cached_property
 from pathlib import Path
 from typing import Any, Mapping
 
-from .gpus import GPU, GPUS, PEAK_PRECISIONS, PRECISIONS
+from .gpus import GPU, GPUS, PEAK_PRECISIONS
 from . import layer_table
 from .host_transport import read as read_host_transport
 
@@ -83,6 +83,8 @@ class DeviceProfile:
     host_transport: Mapping[str, Any] | None = None  # the Costs fields of its runtime's transport (host_transport.py)
     layers: layer_table.LayerTable = field(default_factory=layer_table.LayerTable)  # measured blocks and ends
     attention_efficiency: float | None = None  # fused attention's share of the peak; None: at its matmuls' rate
+    fp8_efficiency: float | None = None  # FP8 GEMMs' share of the FP8 peak (`sim.cost.fp8`); None: FP8 not timed
+    fp8_scaling: str = "delayed"         # its FP8 recipe: "delayed" or "current" scaling (`sim.cost.fp8.SCALINGS`)
 
     def __repr__(self) -> str:
         return f"DeviceProfile({self.name!r} on {self.gpu.name}, {self.fingerprint.get('date')})"
@@ -147,8 +149,7 @@ class DeviceProfile:
         return best[5] * (m * n * k * batch) / (best[1] * best[2] * best[3] * best[4])
 
     def collective_lookup(self, op: str, link: str, ranks: int, nbytes: float) -> float | None:
-        """Seconds of a collective from the measured table, interpolated in bytes; None if the
-        table has no row of (op, link, ranks)."""
+        """Seconds of a collective from the measured table, interpolated in bytes; None if none of (op, link, ranks)."""
         pts = self._collective_points.get((op, link, ranks))
         return _interpolate(pts, nbytes) if pts else None
 
@@ -195,8 +196,6 @@ def _interpolate(pts: list[tuple[float, float]], x: float) -> float:
             return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
     return pts[-1][1] * x / pts[-1][0]
 
-
-# ---------------------------------------------------------------------------- reading
 
 class _Reader:
     """Reads the fields of one profile's JSON, naming the file and field in every error."""
@@ -309,8 +308,8 @@ def from_dict(data: Mapping, where: str = "profile") -> DeviceProfile:
     if not isinstance(fp.get("date"), str):
         r.fail("fingerprint.date must be an ISO date string")
     eff, attention = r.number("matmul.efficiency", required=False), r.number("attention.efficiency", required=False)
-    mm = r.rows("matmul.table", ((str, PRECISIONS), (int, None), (int, None), (int, None), (int, None), (float, None),
-                                 (str, LAYOUTS)), optional=1)
+    mm = r.rows("matmul.table", ((str, PEAK_PRECISIONS), (int, None), (int, None), (int, None), (int, None),
+                                 (float, None), (str, LAYOUTS)), optional=1)
     mm = tuple(row + ("nn",) * (7 - len(row)) for row in mm)  # a row without a layout: "nn"
     if eff is None and not mm:
         r.fail("'matmul' needs an 'efficiency' or a 'table'")
@@ -340,7 +339,8 @@ def from_dict(data: Mapping, where: str = "profile") -> DeviceProfile:
         compute_points={k: r.points(f"compute_bound.classes.{k}") for k in compute if "points" in compute[k]},
         host_transport=read_host_transport(r.section("host_transport", required=False), r.number, r.fail),
         layers=layer_table.read(r.rows("layers.blocks", layer_table.BLOCKS), r.rows("layers.ends", layer_table.ENDS)),
-        attention_efficiency=attention)
+        attention_efficiency=attention, fp8_efficiency=r.number("matmul.fp8_efficiency", required=False),
+        fp8_scaling=(r.section("matmul.fp8_efficiency", required=False) or {}).get("scaling", "delayed"))
 
 
 def load_profile(path) -> DeviceProfile:

@@ -176,6 +176,11 @@ class Topology:
         """The slowest group of `axis` (see the module's docstring)."""
         return _slowest(self, axis)
 
+    def slowest(self, groups) -> Group:
+        """The slowest of `groups` (each its ranks), all communicating at once: for groups
+        no axis names, such as HSDP's shard and replica groups inside "dp"."""
+        return min((self.placed(g) for g in groups), key=_slowness)
+
     def send(self, a: int, b: int) -> Group:
         """A pipeline send from device a to device b: the slowest of its tp*cp*dp pairs (a group of
         two, one send per GPU of the stage at once: each GPU's share of the NICs)."""

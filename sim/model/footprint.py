@@ -9,6 +9,8 @@ master weight and the two fp32 Adam moments: 2 + 2 + 12 = 16 bytes (Rajbhandari 
 (`--accumulate-allreduce-grads-in-fp32`, required with --bf16), so its gradient takes 4: 18
 bytes. In fp32 the weight and gradient are 4 bytes each and no master copy is kept: 16; tf32
 is fp32 storage with TF32 matmuls (NVIDIA's Ampere whitepaper), so it keeps the same 16.
+FP8 training (Transformer Engine under Megatron-LM) keeps bf16's 18; its FP8 weight copies,
+Linear weights only, are `sim.cost.fp8.weight_copy_bytes`.
 
 ZeRO (Rajbhandari et al. 2020, Sec. 5) divides over the d data-parallel ranks the optimizer
 state (stage 1), also the gradients (stage 2), also the weights (stage 3).
@@ -26,7 +28,7 @@ OPTIMIZERS = {"adamw": 2, "adam": 2, "sgd": 0, "sgd-momentum": 1}
 DEFAULT_OPTIMIZER = "adamw"
 _MASTER = 4  # fp32: the master weight (mixed precision) and each buffer
 # bytes per parameter: (weight, gradient, master weight); sources in the module docstring
-_STATES = {"bf16": (2, 4, _MASTER), "fp16": (2, 2, _MASTER), "tf32": (4, 4, 0), "fp32": (4, 4, 0)}
+_STATES = {"bf16": (2, 4, _MASTER), "fp8": (2, 4, _MASTER), "fp16": (2, 2, _MASTER), "tf32": (4, 4, 0), "fp32": (4, 4, 0)}
 
 
 def check_optimizer(optimizer: str) -> str:

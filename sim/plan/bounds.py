@@ -23,10 +23,12 @@ from .stage_costs import partition_layers, stage_costs
 from sim.model.footprint import DEFAULT_OPTIMIZER, optimizer_step_bytes, state_bytes_per_param
 from sim.hardware.profile import DeviceProfile, resolve
 from sim.schedule.ir import Schedule
+from sim.cost.fp8 import saved_bytes_saving
 from sim.hardware.kernels import memory_time, precision_bytes
 from sim.schedule.kinds import KINDS, Kind
 from sim.schedule.liveness import held
-from sim.cost.layer import Slice, check_timed, layer_times, per_rank
+from sim.cost.layer import Slice, check_timed, layer_times
+from sim.cost.slice import per_rank
 from sim.search.partition import even
 from sim.schedule.registry import make_schedule
 from sim.model.transformer import Transformer
@@ -121,10 +123,13 @@ class Bounds:
         return self._shape[key]
 
     def _activations(self, config: Config) -> float:
-        """One micro-batch's activations of one layer on one GPU (s/cp of the sequence)."""
-        model = per_rank(self.model, self._slice(config))
-        return model.activation_bytes_per_layer(config.micro_batch, config.tp, config.sequence_parallel,
-                                                config.recompute, self.precision)
+        """One micro-batch's activations of one layer on one GPU (s/cp of the sequence; under FP8:
+        BF16's less the Linears' inputs saved in FP8, `sim.cost.fp8`)."""
+        model, fp8 = per_rank(self.model, self._slice(config)), self.precision == "fp8"
+        kept = model.activation_bytes_per_layer(config.micro_batch, config.tp, config.sequence_parallel,
+                                                config.recompute, "bf16" if fp8 else self.precision)
+        return kept - (saved_bytes_saving(model, config.micro_batch, config.tp, config.sequence_parallel,
+                                          config.recompute) if fp8 else 0.0)
 
     def memory_average(self, config: Config) -> float:
         """The average device's weights, gradients and optimizer state (the stages'

@@ -87,10 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--virtual", type=_ints, help="chunks per device for the schedules that take them "
                                                  "(default: 2..--max-virtual where pp*V divides the layers)")
     parser.add_argument("--recompute", type=_words, help=f"any of {', '.join(RECOMPUTE)} (default: all)")
-    parser.add_argument("--zero", type=_zeros, help="ZeRO stages, any of 0,1,2,3 (default: all; 2 and 3 only with pp 1)")
+    parser.add_argument("--zero", type=_zeros, help="ZeRO stages, any of 0,1,2,3 (default: all; 2 and 3 only with pp 1 in the search; sim.estimate takes 3 with pp > 1 as FSDP)")
     parser.add_argument("--sequence-parallel", choices=("both", "on", "off"), default="both",
                    help="sequence parallelism (only where tp > 1)")
-    parser.add_argument("--precision", default="bf16", help=f"one of {', '.join(PRECISIONS)}")
+    parser.add_argument("--precision", default="bf16", help=f"one of {', '.join(PRECISIONS)}, or fp8 (Transformer "
+                        f"Engine's FP8 Linear GEMMs, on GPUs with an FP8 peak)")
     parser.add_argument("--optimizer", default=DEFAULT_OPTIMIZER, choices=list(OPTIMIZERS),
                         help="the run's optimizer: its state in memory, its step in time (the names of exec.run --optimizer)")
     parser.add_argument("--memory-headroom", type=headroom, default=DEFAULT_HEADROOM,

@@ -24,7 +24,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
-from sim.cost.data_parallel import optimizer_time
+from sim.cost.data_parallel import fsdp_as_actions, optimizer_time
 from sim.cost.ends import end_times
 from sim.cost.layer import LayerTimes, Slice, layer_times
 from sim.simulation import simulate
@@ -34,6 +34,7 @@ from sim.hardware.profile import DeviceProfile, resolve
 from sim.model.layer_layout import from_counts
 from sim.model.footprint import DEFAULT_OPTIMIZER
 from sim.model.transformer import Transformer
+from sim.passes.fsdp import add_fsdp
 from sim.passes.grad_reduce import add_grad_reduce
 from sim.engine.result import reload_waits
 from sim.schedule.kinds import Kind
@@ -104,7 +105,7 @@ def estimate(model: Transformer | str, gpu: DeviceProfile | GPU | str = "a100-80
              attention: str | None = None, cp_comm: str = "p2p", overlap_grad_reduce: bool = False, partition="even",
              tp_overlap: bool = True, offload: bool = False,
              memory_headroom: float = DEFAULT_HEADROOM, optimizer: str = DEFAULT_OPTIMIZER,
-             **schedule_options) -> Estimate:
+             reshard_after_forward: bool = True, fsdp_shard: int | None = None, **schedule_options) -> Estimate:
     """Simulate one training step of `model` on `gpu`s split as given (see `Layout` and the
     module's docstring); `gpu` is a device profile (`sim.load_profile`), a profile's or GPU
     preset's name (its default profile, `sim.hardware.profile.DEFAULT_PROFILES`) or a preset `GPU`;
@@ -118,14 +119,19 @@ def estimate(model: Transformer | str, gpu: DeviceProfile | GPU | str = "a100-80
     `memory_headroom` is what each GPU keeps free (a fraction of its memory, or bytes; `fits`
     compares the peak with the rest: `layout.usable_memory`). `cp` splits the sequence over cp
     ranks, their attention exchanging K and V in a ring (`cp_comm="p2p"`) or by all-to-alls
-    ("a2a"; `sim.cost.layer.context_attention`); `attention` ("flash", "unfused") overrides the
+    ("a2a"; `sim.cost.context.context_attention`); `attention` ("flash", "unfused") overrides the
     model's attention kernel. `optimizer` (a name of `sim.model.footprint.OPTIMIZERS`, those of
-    `exec.run --optimizer`) sets the state each GPU holds and the bytes its step reads and writes."""
+    `exec.run --optimizer`) sets the state each GPU holds and the bytes its step reads and writes.
+    With zero=3 and pp > 1 the gathers and reduce-scatters are FSDP's actions on the step
+    (`sim.add_fsdp`), and `reshard_after_forward` is FSDP2's option; `fsdp_shard` makes it HSDP,
+    sharded within groups of that many replicas and replicated across them (docs/planner.md,
+    "ZeRO with pipelining")."""
     cluster = Cluster(gpus_per_node=gpus_per_node,
                       nics_per_node=gpus_per_node if nics_per_node is None else nics_per_node)
     parallel = Parallel(tp=tp, pp=pp, dp=dp, cp=cp, cp_comm=cp_comm, sequence_parallel=sequence_parallel, zero=zero,
                         partition=partition if isinstance(partition, str) else tuple(partition),
-                        overlap_grad_reduce=overlap_grad_reduce, tp_overlap=tp_overlap)
+                        overlap_grad_reduce=overlap_grad_reduce, tp_overlap=tp_overlap,
+                        reshard_after_forward=reshard_after_forward, fsdp_shard=fsdp_shard)
     run = Run(micro_batch=micro_batch, global_batch=dp * micro_batch if global_batch is None else global_batch,
               schedule=lookup(schedule)[0], virtual=virtual, recompute=recompute, precision=precision,
               attention=attention, offload=offload, memory_headroom=memory_headroom,
@@ -150,8 +156,11 @@ def estimate_layout(model: Transformer, profile: DeviceProfile, lay: Layout, **s
     costs, parts = stage_costs(model, profile, lay, piece, layer, ends, layers, sched.placement)
     if lay.offload:
         sched, costs = offload_costs(model, profile, lay, layers, sched, costs)
+    fsdp = fsdp_as_actions(lay)
+    if fsdp:  # FSDP's gathers, then its reduce-scatters after each stage's last backward
+        sched = add_fsdp(sched, reshard_after_forward=lay.reshard_after_forward)
     if any(costs.grad_reduce):
-        sched = add_grad_reduce(sched, overlap=lay.overlap_grad_reduce)
+        sched = add_grad_reduce(sched, overlap=lay.overlap_grad_reduce or fsdp)
     result = simulate(sched, costs)
     result.in_seconds = True  # the costs are seconds: figures say so
     optimizer = optimizer_time(model, profile, lay, layers, sched.placement)
@@ -166,7 +175,7 @@ def estimate_layout(model: Transformer, profile: DeviceProfile, lay: Layout, **s
     flops = model.flops_per_iteration(lay.global_batch, lay.recompute)
     model_flops = model.flops_per_iteration(lay.global_batch, "none")
     return Estimate(model, profile, lay, step_time=step, tflops_per_gpu=flops / step / lay.gpus / 1e12,
-                    mfu=model_flops / step / lay.gpus / profile.flops(lay.precision),
+                    mfu=model_flops / step / lay.gpus / profile.flops(piece.activation_precision),
                     bubble_fraction=result.pipeline_bubble_fraction,
                     peak_memory=peak, fits=max(peak) <= usable, result=result, layers_per_stage=layers,
                     time_parts=parts, memory_parts=memory_parts(costs, result.schedule, result), warnings=warnings,

@@ -22,7 +22,8 @@ tied), Nemotron-4 squared-ReLU, Llama SwiGLU (both rotary, untied).
 
 A row the planner cannot express yet carries its reason (`REASONS`): a stack it does not model
 (JAX), MoE, FSDP, context parallelism, FP8. cp and FP8 are probed on the planner itself, so a
-row becomes expressible once `sim.estimate` takes `cp=` or `precision="fp8"`.
+row becomes expressible once `sim.estimate` takes `cp=`, or `precision="fp8"` on the
+H100's default profile.
 """
 from __future__ import annotations
 
@@ -33,7 +34,9 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+from sim.cost.fp8 import check_fp8
 from sim.hardware.kernels import precision_bytes
+from sim.hardware.profile import resolve
 from sim.model.transformer import Transformer
 
 from .estimation import Estimate, estimate
@@ -46,7 +49,7 @@ REASONS = {
     "moe": "mixture of experts: MoE layers are not timed yet (sim.cost.layer.check_timed)",
     "fsdp": "FSDP sharding: not in the planner's search yet (issue 32 item 4)",
     "cp": "context parallelism (cp > 1): sim.estimate has no cp yet (issue 32 item 2)",
-    "fp8": "FP8: not modelled yet (issue 32 item 3; sim.hardware.kernels.precision_bytes)",
+    "fp8": "FP8: the default H100 profile has no fp8_efficiency yet (issue 32 item 3; sim.cost.fp8.check_fp8)",
     "precision": "precision not stated by the source",
 }
 GROUPS = ("model", "precision", "cp", "release")  # what the benchmark's MAPE is split by
@@ -92,9 +95,12 @@ def planner_takes_cp() -> bool:
 
 
 def planner_takes_fp8() -> bool:
-    """Whether the planner times FP8 (`sim.hardware.kernels.precision_bytes` answers for it)."""
+    """Whether the planner times FP8 (`sim.hardware.kernels.precision_bytes` answers for it) on
+    the H100's default profile (`sim.cost.fp8.check_fp8`: it states the share of the FP8 peak
+    its FP8 GEMMs reach)."""
     try:
         precision_bytes("fp8")
+        check_fp8(resolve(GPU))
     except ValueError:
         return False
     return True

@@ -9,7 +9,7 @@ planner's steps read it (`lay.tp`, `lay.micro_batch`, ...):
 
 `Cluster`: the nodes (GPUs a node, NICs a node); the device profile is `estimate`'s `gpu`.
 `Parallel`: how the model and the batch are split (tp, pp, dp, cp and how cp communicates,
-sequence parallelism, the ZeRO stage, the layers' partition, the overlaps). `Run`: what one
+sequence parallelism, the ZeRO stage and FSDP's options, the layers' partition, the overlaps). `Run`: what one
 step computes and keeps (micro-batch, global batch, schedule, chunks, recompute, precision,
 attention, offloading, the memory headroom). A new parameter is one field in one record and
 the same field in `Layout` (`tests/sim/plan/test_layout.py` checks that they match).
@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from sim.cli import machine_memory
+from sim.cost.fp8 import check_fp8
 from sim.cost.layer import Slice
 from sim.hardware.kernels import precision_bytes
 from sim.hardware.profile import DeviceProfile
@@ -77,6 +78,8 @@ class Parallel:
     partition: str | tuple = "even"   # the layers over the stages (`stage_costs.partition_layers`)
     overlap_grad_reduce: bool = False
     tp_overlap: bool = True
+    reshard_after_forward: bool = True  # zero=3 with pp > 1: FSDP2's option (`sim.add_fsdp`)
+    fsdp_shard: int | None = None       # zero=3 with pp > 1: HSDP's shard group (None: all dp x cp)
 
 
 @dataclass(frozen=True)
@@ -125,6 +128,8 @@ class Layout:
     cp: int = 1
     cp_comm: str = "p2p"
     attention: str | None = None
+    reshard_after_forward: bool = True  # zero=3 with pp > 1: FSDP2's option (`sim.add_fsdp`)
+    fsdp_shard: int | None = None       # zero=3 with pp > 1: HSDP's shard group (None: all dp x cp)
 
     @classmethod
     def of(cls, parallel: Parallel, run: Run, cluster: Cluster = Cluster()) -> Layout:
@@ -167,7 +172,7 @@ class Layout:
 
 
 def layout_slice(lay: Layout) -> Slice:
-    """How one GPU of the layout holds a layer (`sim.cost.layer.Slice`), its groups placed by
+    """How one GPU of the layout holds a layer (`sim.cost.slice.Slice`), its groups placed by
     the layout's topology."""
     topo = lay.topology()
     cp_group = topo.ring_send("cp") if lay.cp_comm == "p2p" else topo.group("cp")
@@ -191,6 +196,8 @@ def check_layout(model: Transformer, profile: DeviceProfile, lay: Layout) -> lis
         raise ValueError(f"pp={lay.pp}{chunks} = {stages} stages is more than the model's {model.layers} layers; "
                          f"use pp * V <= {model.layers}")
     precision_bytes(lay.precision)
+    if lay.precision == "fp8":
+        check_fp8(profile)
     state_bytes_per_param(lay.precision, lay.zero, lay.replicas, lay.optimizer)
     for what, n in (("heads", model.heads), ("kv_heads", model.kv_heads), ("ffn", model.ffn), ("vocab", model.vocab)):
         if n % lay.tp:
@@ -200,13 +207,19 @@ def check_layout(model: Transformer, profile: DeviceProfile, lay: Layout) -> lis
     if lay.global_batch % (lay.dp * lay.micro_batch):
         raise ValueError(f"global batch {lay.global_batch} does not split into dp={lay.dp} replicas of "
                          f"micro-batches of {lay.micro_batch}; make it a multiple of {lay.dp * lay.micro_batch}")
-    if lay.zero >= 2 and lay.pp > 1:  # docs/planner.md, "ZeRO with pipelining"
+    if lay.zero == 2 and lay.pp > 1:  # docs/planner.md, "ZeRO with pipelining"
         raise ValueError(f"zero={lay.zero} with pp > 1: the micro-batches of a pipeline accumulate every "
                          f"gradient until the step's end (DeepSpeed's pipeline engine refuses ZeRO-2 and -3; "
                          f"Megatron-LM's distributed optimizer shards the optimizer state only); use zero <= 1")
+    if lay.fsdp_shard is not None and not (lay.zero == 3 and lay.pp > 1 and isinstance(lay.fsdp_shard, int)
+                                           and not isinstance(lay.fsdp_shard, bool) and lay.fsdp_shard >= 1
+                                           and lay.replicas % lay.fsdp_shard == 0):
+        raise ValueError(f"fsdp_shard={lay.fsdp_shard!r}: HSDP shards over fsdp_shard replicas and replicates across "
+                         f"them, with zero=3 and pp > 1; give a divisor of dp x cp = {lay.replicas} "
+                         f"(zero={lay.zero}, pp={lay.pp})")
     if lay.sequence_parallel and lay.tp == 1:
         raise ValueError("sequence_parallel needs tp > 1 (it splits what tensor parallelism leaves whole)")
-    for name in ("overlap_grad_reduce", "tp_overlap", "offload"):
+    for name in ("overlap_grad_reduce", "tp_overlap", "offload", "reshard_after_forward"):
         if not isinstance(getattr(lay, name), bool):
             raise ValueError(f"{name} must be True or False, got {getattr(lay, name)!r}")
     if lay.offload and lay.recompute != "full":

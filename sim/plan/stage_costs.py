@@ -7,9 +7,12 @@ from functools import cache
 from sim.engine.costs import Costs
 from sim.engine.fields import PER_STAGE
 from sim.engine.result import Result
-from sim.cost.data_parallel import grad_reduce_times, stage_params, zero3_times
+from sim.cost.data_parallel import (fsdp_as_actions, fsdp_times, grad_reduce_times, shard_size, stage_params,
+                                    zero3_times)
 from sim.cost.ends import end_kernel_counts
-from sim.cost.layer import LayerTimes, Slice, per_rank
+from sim.cost import fp8
+from sim.cost.layer import LayerTimes, Slice
+from sim.cost.slice import per_rank
 from sim.hardware.kernels import precision_bytes
 from sim.hardware.network import collective_time, links_of, p2p_link
 from sim.hardware.profile import DeviceProfile
@@ -112,21 +115,23 @@ def stage_costs(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: Lay
     stages = len(placement)
     first, last = [s == 0 for s in range(stages)], [s == stages - 1 for s in range(stages)]
     fwd, bwd, bi, bw, floor = pass_times(m, g, x, lt, ends, layers)
-    e = precision_bytes(lay.precision)
+    kept = x.activation_precision  # under FP8 the activations are BF16, but for the Linears' saved inputs
+    e = precision_bytes(kept)
     full, m = m, per_rank(m, x)  # what scales with the tokens: s/cp of the sequence
     sbh = m.seq * lay.micro_batch * m.hidden
-    act_layer = m.activation_bytes_per_layer(lay.micro_batch, lay.tp, lay.sequence_parallel, lay.recompute,
-                                             lay.precision)
-    w_layer = m.w_activation_bytes_per_layer(lay.micro_batch, lay.tp, lay.sequence_parallel, lay.precision,
-                                             lay.recompute)
-    ends_b = m.end_activation_bytes(lay.micro_batch, lay.tp, lay.sequence_parallel, lay.precision)
+    act_layer = m.activation_bytes_per_layer(lay.micro_batch, lay.tp, lay.sequence_parallel, lay.recompute, kept)
+    if lay.precision == "fp8":
+        act_layer -= fp8.saved_bytes_saving(m, lay.micro_batch, lay.tp, lay.sequence_parallel, lay.recompute)
+    w_layer = m.w_activation_bytes_per_layer(lay.micro_batch, lay.tp, lay.sequence_parallel, kept, lay.recompute)
+    ends_b = m.end_activation_bytes(lay.micro_batch, lay.tp, lay.sequence_parallel, kept)
     act = [n * act_layer + (ends_b["first"] if f else 0.0) + (ends_b["last"] if la else 0.0)
            for n, f, la in zip(layers, first, last)]
     w_act = [n * w_layer + (ends_b["first_w"] if f else 0.0) + (ends_b["last_w"] if la else 0.0)
              for n, f, la in zip(layers, first, last)]
     if m.kernels == "torch":  # rule 15: the first stage's I keeps its whole graph for W (the head's too, pp = 1)
         w_act[0] = act[0]
-    per = state_bytes_per_param(lay.precision, lay.zero, lay.replicas, lay.optimizer)
+    per = state_bytes_per_param(lay.precision, lay.zero, shard_size(lay), lay.optimizer)
+    fp8_copies = [fp8.weight_copy_bytes(full, n, lay.tp) if lay.precision == "fp8" else 0.0 for n in layers]
     params = stage_params(full, layers, lay.tp, placement)
     links = links_of(g)
     pipe = p2p_link(links, lay.topology().pipeline_send(placement))  # the slowest of its links
@@ -136,7 +141,9 @@ def stage_costs(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: Lay
     regather = 0.0 if lay.sequence_parallel else collective_time(links, "all_gather", sbh * e, x.tensor_group)
     into_f = [regather if s and placement[s - 1] != placement[s] else 0.0 for s in range(stages)]
     into_b = [regather if s < stages - 1 and placement[s + 1] != placement[s] else 0.0 for s in range(stages)]
-    reduce = grad_reduce_times(full, g, lay, params, placement)
+    # with one stage a device and overlap_grad_reduce, the reduction overlaps the last backward bucket by bucket
+    bucketed = lay.overlap_grad_reduce and sorted(placement) == list(range(lay.pp))
+    reduce = grad_reduce_times(full, g, lay, params, placement, bwd if bucketed else None)
     gather, scatter = zero3_times(g, lay, params)
     fwd = [t + a + r for t, a, r in zip(fwd, gather, into_f)]
     bwd = [t + a + r + q for t, a, r, q in zip(bwd, gather, scatter, into_b)]
@@ -148,11 +155,13 @@ def stage_costs(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: Lay
     transport = dict(g.host_transport) if g.host_transport else {"transport": "ideal"}
     costs = Costs(forward=tuple(fwd), backward=tuple(bwd), backward_input=tuple(bi), backward_weight=tuple(bw),
                   activation_bytes=tuple(act), w_activation_bytes=tuple(w_act), activation_bytes_sent=sent,
-                  weight_bytes=tuple(p * per["weights"] for p in params),
+                  weight_bytes=tuple(p * per["weights"] + copies for p, copies in zip(params, fp8_copies)),
                   grad_bytes=tuple(p * per["grads"] for p in params),
                   optimizer_bytes=tuple(p * per["optimizer"] for p in params),
                   latency=pipe.latency, bandwidth=pipe.bandwidth, **transport,
                   grad_reduce=tuple(reduce))
+    if fsdp_as_actions(lay):
+        costs = fsdp_costs(g, lay, params, costs)
     # per device on average: the compute by part (the rest of the step: `estimate`)
     mb, names = lay.micro_batches, {"gemm": "gemm", "memory": "memory_bound", "collectives": "tp_collectives"}
     parts = {names[k]: mb * sum(layers) * v / lay.pp for k, v in lt.parts.items()}
@@ -161,6 +170,19 @@ def stage_costs(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: Lay
     parts["zero_collectives"] = mb * (2 * sum(gather) + sum(scatter)) / lay.pp
     parts["tp_collectives"] += mb * (sum(into_f) + sum(into_b)) / lay.pp
     return costs, parts
+
+
+def fsdp_costs(g: DeviceProfile, lay: Layout, params: list[float], costs: Costs) -> Costs:
+    """`costs` with those of FSDP's actions (zero=3 with pp > 1: `sim.cost.data_parallel.fsdp_as_actions`):
+    each stage's UNSHARD (the all-gather's time, the gathered 16-bit parameters' bytes, held
+    beside the shard until its RESHARD), and its gradients whole until its REDUCE_GRAD, the
+    reduce-scatter: torch.distributed.pipelining turns FSDP's gradient sync off until the
+    stage's last backward (`set_requires_gradient_sync(False)`), so each micro-batch adds into
+    unsharded gradients."""
+    gather, gathered = fsdp_times(g, lay, params)
+    grads = state_bytes_per_param(lay.precision)["grads"]
+    return replace(costs, unshard=tuple(gather), unshard_bytes=tuple(gathered),
+                   grad_bytes=tuple(p * grads for p in params))
 
 
 def memory_parts(costs: Costs, sched, result: Result) -> list[dict]:
@@ -183,7 +205,8 @@ def offload_costs(m: Transformer, g: DeviceProfile, lay: Layout, layers: list[in
     over PCIe at the GPU's `pcie_bandwidth` each way; the embedding's and output layer's
     activations stay on the GPU."""
     m = per_rank(m, Slice(lay.micro_batch, cp=lay.cp))  # s/cp of the sequence
-    per_layer = m.activation_bytes_per_layer(lay.micro_batch, lay.tp, lay.sequence_parallel, "full", lay.precision)
+    per_layer = m.activation_bytes_per_layer(lay.micro_batch, lay.tp, lay.sequence_parallel, "full",
+                                             "bf16" if lay.precision == "fp8" else lay.precision)
     nbytes = tuple(n * per_layer for n in layers)
     if g.gpu.pcie_bandwidth is None:
         raise ValueError(f"offload=True needs the device's PCIe bandwidth; {g.gpu.name}'s datasheet has none")

@@ -124,7 +124,7 @@ def _refusals():
                                                       "memory_bound", "bandwidth"), "command, date"),
         ("negative matmul row", setter({"rows": [["bf16", 1024, -1, 1024, 1, 1e-3]], **FIXTURE}, "matmul", "table"),
          "matmul.table.*row 0"),
-        ("unknown precision row", setter({"rows": [["fp8", 1024, 1024, 1024, 1, 1e-3]], **FIXTURE},
+        ("unknown precision row", setter({"rows": [["fp4", 1024, 1024, 1024, 1, 1e-3]], **FIXTURE},
                                          "matmul", "table"), "matmul.table.*row 0"),
         ("short collective row", setter({"rows": [["all_reduce", "node", 1e6, 1e-4]], **FIXTURE},
                                         "collectives", "table"), "collectives.table.*row 0"),

@@ -47,7 +47,7 @@ def exhaustive(model, gpu, gpus, global_batch, schedules, recompute, zero):
                 for name in (["1f1b"] if pp == 1 else schedules):
                     vs = [v for v in (2, 3, 4) if m.layers % (pp * v) == 0] if name == "interleaved-1f1b" else [None]
                     for v, r, z, sp in itertools.product(vs, recompute, zero, (False, True)):
-                        if (z and dp == 1) or (sp and tp == 1):
+                        if (z and dp == 1) or (sp and tp == 1) or (z == 3 and pp > 1):  # FSDP: not searched
                             continue
                         try:
                             e = sim.estimate(m, gpu, tp=tp, pp=pp, dp=dp, micro_batch=b, global_batch=global_batch,
