@@ -47,7 +47,8 @@ GPUS_PER_NODE = 8  # DGX H100 (the source: NVIDIA DGX Cloud)
 REASONS = {
     "stack": "a stack the planner does not model (JAX: MaxText, PaxML)",
     "moe": "mixture of experts: MoE layers are not timed yet (sim.cost.layer.check_timed)",
-    "fsdp": "FSDP sharding: not in the planner's search yet (issue 32 item 4)",
+    "fsdp": "FSDP sharding (PyTorch-native stacks): not expressed by this loader yet",
+    "layout": "more virtual stages than layers (pp x vp > layers): Megatron-Core's uneven layouts, not expressed",
     "cp": "context parallelism (cp > 1): sim.estimate has no cp yet (issue 32 item 2)",
     "fp8": "FP8: the default H100 profile has no fp8_efficiency yet (issue 32 item 3; sim.cost.fp8.check_fp8)",
     "precision": "precision not stated by the source",
@@ -118,6 +119,8 @@ def refusal(row: dict) -> str | None:
         return "cp"
     if not row["precision"]:
         return "precision"
+    if int(row["pp"]) * int(row["vp"] or 1) > int(row["n_layers"]):
+        return "layout"
     if row["precision"].startswith("fp8") and not planner_takes_fp8():
         return "fp8"
     return None
