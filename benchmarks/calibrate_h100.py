@@ -303,7 +303,8 @@ def fp8_only(dry_run: bool) -> int:
     for name in FITTED_FP8:
         for path in PARAMETERS[name][0]:
             parent, key = path.rsplit(".", 1)
-            get(data, parent)[key] = calibrated(name, values[name], se[name], notes[name])
+            get(data, parent)[key] = dict(calibrated(name, values[name], se[name], notes[name]),
+                                          command=f"{COMMAND} --fp8-only")
     if not dry_run:
         write(data)
     return 0

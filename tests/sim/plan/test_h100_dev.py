@@ -34,6 +34,8 @@ def test_each_reason_matches_what_the_row_says():
             assert r.reason == "moe"
         elif int(row["cp"] or 1) > 1 and not h100_dev.planner_takes_cp():
             assert r.reason == "cp"
+        elif int(row["pp"]) * int(row["vp"] or 1) > int(row["n_layers"]):
+            assert r.reason == "layout"
         elif row["precision"].startswith("fp8") and not h100_dev.planner_takes_fp8():
             assert r.reason == "fp8"
         else:
