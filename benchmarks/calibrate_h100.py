@@ -15,6 +15,8 @@ fitting `matmul.fp8_efficiency` alone (the share of the FP8 peak TE's FP8 Linear
 `sim.cost.fp8`). Every FP8 row of the set is `fp8` as its source states it, NeMo's default
 recipe, Transformer Engine's delayed scaling (no `fp8-cs` row), so the fitted value says
 `scaling: "delayed"`.
+The profile's FP8 value was written by `--fp8-only` (2026-11-25), the BF16 0.674 held as
+stored: re-running the BF16 fit on that day's planner gave 0.654 (docs/measurements.md).
 
 Start: `h100-80gb-best-case` (published best cases). `--probe` moves each physical parameter
 by 10 % and prints d log(step) / d log(parameter) over the rows: matmul efficiency -0.75,
