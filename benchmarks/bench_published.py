@@ -16,7 +16,8 @@ the predicted value, the published one and the error in %.
     all, on the rows the A100 profile was not fitted on (the odd ones), by tp and by micro-batch.
 (f) The H100 development set (sim/plan/data/h100_dev.csv: NVIDIA's DGX Cloud benchmarking recipes,
     NeMo on DGX H100): step-time MAPE overall and by model, precision, cp and release, on
-    h100-80gb's default profile and on the best case, and the rows left out by reason.
+    h100-80gb's default profile and on the best case, FP8's speedup over BF16 on paired rows
+    (measured and predicted), and the rows left out by reason.
 
 The published settings and the comparisons are in sim/plan/published.py; results and what they
 say about the model: docs/measurements.md.
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -135,9 +137,23 @@ def h100_dev_set() -> dict:
     out = {"rows": len(runs), "expressed": len(ok), "left_out": h100_dev.refused_counts(runs), "profiles": {}}
     for name in dict.fromkeys((sim.profile(h100_dev.GPU).name, "h100-80gb-best-case")):
         errors = h100_dev.errors(ok, name)
-        out["profiles"][name] = {"mape": h100_dev.mape(errors),
+        out["profiles"][name] = {"mape": h100_dev.mape(errors), "speedup": fp8_speedup(ok, errors),
                                  **{key: h100_dev.mape_by(ok, errors, key) for key in h100_dev.GROUPS}}
     return out
+
+
+def fp8_speedup(ok: list, errors: list[float]) -> dict:
+    """FP8's speedup over BF16 (BF16 step / FP8 step) of each model's paired rows
+    (`sim.plan.h100_dev.pairs`), measured and predicted (means), and the mean |predicted /
+    measured - 1| of the pairs' speedups."""
+    predicted = {r.row_id: r.step_time * (1 + e) for r, e in zip(ok, errors)}
+    out: dict = {}
+    for b, f in h100_dev.pairs(ok):
+        out.setdefault(b.row["model"], []).append((b.step_time / f.step_time, predicted[b.row_id] / predicted[f.row_id]))
+    every = [p for v in out.values() for p in v]
+    return {**{m: (statistics.fmean(x for x, _ in v), statistics.fmean(y for _, y in v), len(v))
+               for m, v in sorted(out.items())},
+            "error": statistics.fmean(abs(y / x - 1) for x, y in every) if every else None}
 
 
 def print_h100_dev(s: dict) -> None:
@@ -147,6 +163,11 @@ def print_h100_dev(s: dict) -> None:
         print(f"  {name}: {p['mape']:.1%} overall")
         for key in h100_dev.GROUPS:
             print(f"    by {key}: " + "; ".join(f"{k} {m:.1%} ({n})" for k, (m, n) in p[key].items()))
+        speedup = {k: v for k, v in p["speedup"].items() if k != "error"}
+        if speedup:
+            print(f"    FP8/BF16 speedup of paired rows (same model, release, layout), measured -> predicted: "
+                  + "; ".join(f"{k} {x:.2f} -> {y:.2f} ({n})" for k, (x, y, n) in speedup.items())
+                  + f"; mean |predicted/measured - 1| {p['speedup']['error']:.1%}")
     print("  left out:")
     for k, n in sorted(s["left_out"].items()):
         print(f"    {n} {h100_dev.REASONS[k]}")

@@ -1,14 +1,22 @@
-"""Calibrate the H100 80GB device profile on the H100 development set, and write it (and the H200's, derived).
+"""Calibrate the H100 80GB device profile on the H100 development set, BF16 then FP8, and write it (and the H200's, derived).
 
     PYTHONPATH=. python benchmarks/calibrate_h100.py            # fit, print, write h100-80gb-dgxc.json, h200-dgxc.json
     PYTHONPATH=. python benchmarks/calibrate_h100.py --dry-run  # fit and print only
-    PYTHONPATH=. python benchmarks/calibrate_h100.py --probe    # how much each parameter moves the fitted rows
+    PYTHONPATH=. python benchmarks/calibrate_h100.py --fp8-only # the FP8 fit alone, BF16 as h100-80gb-dgxc.json has it
+    PYTHONPATH=. python benchmarks/calibrate_h100.py --probe    # how much each parameter moves the BF16 rows
 
 The development set is sim/plan/data/h100_dev.csv (a copy of ../shared/data/h100-dev/runs.csv;
 provenance in sim/plan/data/README.md): NVIDIA's DGX Cloud benchmarking recipes on DGX H100.
-Fitted on: the rows `sim.plan.h100_dev` expresses that are BF16, cp = 1 and dense (GPT-3 175B
-and Nemotron-4 15B and 340B, NeMo 24.05 to 25.04; FP8 and cp rows are left for when the planner
-models them, and never enter this fit).
+Fitted in two steps. BF16: the rows `sim.plan.h100_dev` expresses that are BF16, cp = 1 and
+dense (GPT-3 175B and Nemotron-4 15B and 340B, NeMo 24.05 to 25.04); it fits the matmul
+efficiency. FP8, after it: every dense FP8 row the planner expresses on the profile (cp 1 and 2:
+GPT-3 175B, Llama 3.1 8B, 70B and 405B, Nemotron-4 15B and 340B), the BF16 fit's values held,
+fitting `matmul.fp8_efficiency` alone (the share of the FP8 peak TE's FP8 Linear GEMMs reach,
+`sim.cost.fp8`). Every FP8 row of the set is `fp8` as its source states it, NeMo's default
+recipe, Transformer Engine's delayed scaling (no `fp8-cs` row), so the fitted value says
+`scaling: "delayed"`.
+The profile's FP8 value was written by `--fp8-only` (2026-11-25), the BF16 0.674 held as
+stored: re-running the BF16 fit on that day's planner gave 0.654 (docs/measurements.md).
 
 Start: `h100-80gb-best-case` (published best cases). `--probe` moves each physical parameter
 by 10 % and prints d log(step) / d log(parameter) over the rows: matmul efficiency -0.75,
@@ -32,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import math
 import os
 import sys
@@ -55,6 +64,7 @@ DATE = "2026-11-25"
 # name: (profile paths that take the value, the datasheet field bounding it from above or a number)
 PARAMETERS = {
     "matmul": (("matmul.efficiency",), 1.0),
+    "fp8": (("matmul.fp8_efficiency",), 1.0),
     "attention": (("attention.efficiency",), 1.0),
     "memory": (("memory_bound.bandwidth",), "hbm_bandwidth"),
     "launch": (("launch.per_kernel",), 1e-4),
@@ -63,6 +73,8 @@ PARAMETERS = {
     "overhead": (("step_overhead",), 5.0),
 }
 FITTED = ("matmul",)  # why: the module's docstring
+FITTED_FP8 = ("fp8",)  # fitted on the FP8 rows, FITTED held
+SCALING = "delayed"    # the FP8 rows' recipe (the module's docstring)
 ADDITIVE = ("overhead",)  # fitted in seconds (its best case is 0), the others as log(value / best case)
 
 
@@ -70,6 +82,14 @@ def fit_runs() -> list:
     """The rows the fit uses: expressed, BF16, cp = 1, dense."""
     return [r for r in h100_dev.runs() if r.reason is None and r.row["precision"] == "bf16"
             and int(r.row["cp"] or 1) == 1 and r.row["moe"] == "0"]
+
+
+def fp8_runs() -> list:
+    """The rows the FP8 fit uses: dense FP8 rows the planner expresses, or would but for the
+    profile's missing FP8 efficiency (`sim.plan.h100_dev`'s reason "fp8"), expressed here."""
+    return [h100_dev.DevRun(r.row, h100_dev.model_of(r.row), h100_dev.keywords_of(r.row), None)
+            for r in h100_dev.runs() if r.reason in (None, "fp8") and r.row["precision"].startswith("fp8")
+            and r.row["moe"] == "0"]
 
 
 def get(data: dict, path: str) -> dict:
@@ -107,18 +127,21 @@ def calibrated(name: str, value: float, se: float, notes: dict) -> dict:
            "command": COMMAND, "date": DATE}
     if "held" in notes:
         out["leave_one_model_out"] = {m: v[0][name] for m, v in notes["held"].items()}
+    if name in FITTED_FP8:
+        out["scaling"] = SCALING
     return out
 
 
 def profile_data(values: dict, se: dict | None = None, notes: dict | None = None) -> dict:
-    """The calibrated profile's JSON: the best case with `values` in place (calibrated sources)."""
+    """The calibrated profile's JSON: the best case with `values` in place (calibrated sources;
+    `notes` by parameter name)."""
     data = copy.deepcopy(sim.profile(BEST).to_dict())
-    notes = notes or {"rows": "(fitting)", "method": "(fitting)", "residual": "(fitting)"}
+    fitting = {"rows": "(fitting)", "method": "(fitting)", "residual": "(fitting)"}
     for name, value in values.items():
         for path in PARAMETERS[name][0]:
             parent, key = path.rsplit(".", 1) if "." in path else ("", path)
             node = get(data, parent) if parent else data
-            node[key] = calibrated(name, value, (se or {}).get(name, 0.0), notes)
+            node[key] = calibrated(name, value, (se or {}).get(name, 0.0), (notes or {}).get(name, fitting))
     data["name"] = NAME
     data["description"] = ("H100 80GB SXM as NeMo/Megatron-Core runs it (NeMo 24.05-25.04, DGX H100): calibrated on "
                            "the H100 development set by benchmarks/calibrate_h100.py; the rest as h100-80gb-best-case")
@@ -133,12 +156,12 @@ def log_errors(values: dict, runs: list) -> np.ndarray:
     return np.array([math.log(h100_dev.estimate_run(r, dev).step_time / r.step_time) for r in runs])
 
 
-def fit(runs: list, names=FITTED, progress=print):
-    """Least squares on log step time over `runs`; returns the values, their standard errors and
-    the optimizer's answer."""
-    best = best_values()
+def fit(runs: list, names=FITTED, held: dict | None = None, progress=print):
+    """Least squares on log step time over `runs` of the parameters `names`, those of `held` at
+    their values; returns the fitted values, their standard errors and the optimizer's answer."""
+    best, held = best_values(), held or {}
     start = [0.0 if n not in ADDITIVE else 0.1 for n in names]
-    res = least_squares(lambda x: log_errors(values_of(x, names, best), runs), start,
+    res = least_squares(lambda x: log_errors({**held, **values_of(x, names, best)}, runs), start,
                         bounds=bounds_of(names, best), diff_step=1e-3, x_scale=1.0)
     values, se_x = values_of(res.x, names, best), standard_errors(res)
     se = {n: float(s if n in ADDITIVE else values[n] * s) for n, s in zip(names, se_x)}
@@ -165,23 +188,23 @@ def relative(log_err) -> list[float]:
     return [math.exp(e) - 1 for e in log_err]
 
 
-def report(runs: list, before: list[float], after: list[float]) -> None:
-    """MAPE before (best case) and after (calibrated), overall and by each of h100_dev.GROUPS."""
-    print(f"MAPE on {len(runs)} rows: best case {h100_dev.mape(before):.1%}, calibrated {h100_dev.mape(after):.1%}")
+def report(runs: list, before: list[float], after: list[float], was: str = "best case") -> None:
+    """MAPE before (`was`) and after (calibrated), overall and by each of h100_dev.GROUPS."""
+    print(f"MAPE on {len(runs)} rows: {was} {h100_dev.mape(before):.1%}, calibrated {h100_dev.mape(after):.1%}")
     for key in h100_dev.GROUPS:
         b, a = h100_dev.mape_by(runs, before, key), h100_dev.mape_by(runs, after, key)
         print(f"  by {key}: " + "; ".join(f"{k} ({n}) {b[k][0]:.1%} -> {v:.1%}" for k, (v, n) in a.items()))
 
 
-def leave_one_model_out(runs: list) -> dict:
-    """Refit without each model; the parameters and the held-out model's MAPE."""
-    out = {}
+def leave_one_model_out(runs: list, names=FITTED, fixed: dict | None = None) -> dict:
+    """Refit `names` without each model (`fixed` held); the parameters and the held-out model's MAPE."""
+    out, fixed = {}, fixed or {}
     for model in sorted({r.row["model"] for r in runs}):
         keep = [r for r in runs if r.row["model"] != model]
         held = [r for r in runs if r.row["model"] == model]
         print(f"without {model}: ", end="")
-        values, _, _ = fit(keep)
-        out[model] = (values, h100_dev.mape(relative(log_errors(values, held))))
+        values, _, _ = fit(keep, names, fixed)
+        out[model] = (values, h100_dev.mape(relative(log_errors({**fixed, **values}, held))))
         print(f"  held-out MAPE on {model} ({len(held)} rows): {out[model][1]:.1%}")
     return out
 
@@ -205,42 +228,96 @@ def derived_profile(data: dict, gpu_name: str) -> dict:
                       f"{was.get('citation', was.get('rows', ''))}) as a share of the H100's "
                       f"{h100.hbm_bandwidth / 1e12:.2f} TB/s HBM, applied to the {gpu_name}'s "
                       f"{other.hbm_bandwidth / 1e12:.2f} TB/s")
-    for name in FITTED:
+    for name in FITTED + FITTED_FP8:
         for path in PARAMETERS[name][0]:
             get(out, path)["carried_over"] = (f"fitted on H100 rows; the {gpu_name} has the H100's compute die, "
                                               "clocks and links (its datasheet), so the same value")
     return out
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dry-run", action="store_true", help="fit and print, write nothing")
-    ap.add_argument("--probe", action="store_true", help="print each parameter's effect on the rows and stop")
-    args = ap.parse_args(argv)
-    runs = fit_runs()
-    print(f"{len(runs)} rows: BF16, cp = 1, dense, expressed by sim.plan.h100_dev")
-    if args.probe:
-        probe(runs)
-        return 0
+def row_ids(runs: list) -> str:
+    return ", ".join(str(r.row_id) for r in runs)
+
+
+def calibrate_bf16(runs: list) -> tuple[dict, dict, dict]:
+    """The BF16 fit on `runs`: values, standard errors and the notes its numbers carry."""
     values, se, res = fit(runs)
     before, after = relative(log_errors({}, runs)), relative(res.fun)
     report(runs, before, after)
     held = leave_one_model_out(runs)
-    notes = {"rows": f"the {len(runs)} BF16, cp = 1, dense rows sim.plan.h100_dev expresses (row_id "
-                     f"{', '.join(str(r.row_id) for r in runs)})",
+    notes = {"rows": f"the {len(runs)} BF16, cp = 1, dense rows sim.plan.h100_dev expresses (row_id {row_ids(runs)})",
              "method": f"least squares on log step time, {' and '.join(FITTED)} (the rest at {BEST}, which the rows "
                        "cannot place: benchmarks/calibrate_h100.py's docstring); "
                        "standard error from the Jacobian",
              "residual": f"MAPE {h100_dev.mape(after):.1%} (best case {h100_dev.mape(before):.1%}); leaving one "
                          "model out, its MAPE: " + ", ".join(f"{m} {v[1]:.1%}" for m, v in held.items()),
              "held": held}
-    data = profile_data(values, se, notes)
+    return values, se, {name: notes for name in FITTED}
+
+
+def calibrate_fp8(runs: list, bf16: dict) -> tuple[dict, dict, dict]:
+    """The FP8 fit on `runs`, the BF16 fit's values `bf16` held: values, standard errors, notes."""
+    print(f"{len(runs)} rows: FP8 ({SCALING} scaling), dense, cp 1 and 2; {', '.join(bf16)} held")
+    values, se, res = fit(runs, FITTED_FP8, bf16)
+    before, after = relative(log_errors(bf16, runs)), relative(res.fun)
+    report(runs, before, after, "best-case fp8 efficiency")
+    held = leave_one_model_out(runs, FITTED_FP8, bf16)
+    by = {key: h100_dev.mape_by(runs, after, key) for key in ("model", "cp", "release")}
+    notes = {"rows": f"the {len(runs)} FP8 (all 'fp8' as stated: TE delayed scaling, no fp8-cs row), dense rows "
+                     f"sim.plan.h100_dev expresses, cp 1 and 2 (row_id {row_ids(runs)})",
+             "method": f"least squares on log step time, fp8_efficiency alone, the BF16 fit's "
+                       f"{', '.join(f'{k} {v:.4g}' for k, v in bf16.items())} held (the rest at {BEST}); "
+                       "standard error from the Jacobian",
+             "residual": f"MAPE {h100_dev.mape(after):.1%} (at the best case's fp8 efficiency "
+                         f"{h100_dev.mape(before):.1%}); " + "; ".join(
+                             f"by {key}: " + ", ".join(f"{k} {m:.1%}" for k, (m, _) in v.items()) for key, v in by.items())
+                         + "; leaving one model out, its MAPE: " + ", ".join(f"{m} {v[1]:.1%}" for m, v in held.items()),
+             "held": held}
+    return values, se, {name: notes for name in FITTED_FP8}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dry-run", action="store_true", help="fit and print, write nothing")
+    ap.add_argument("--probe", action="store_true", help="print each parameter's effect on the rows and stop")
+    ap.add_argument("--fp8-only", action="store_true", help="fit FP8 alone, the BF16 values held as the profile has them")
+    args = ap.parse_args(argv)
+    if args.fp8_only:
+        return fp8_only(args.dry_run)
+    runs = fit_runs()
+    print(f"{len(runs)} rows: BF16, cp = 1, dense, expressed by sim.plan.h100_dev")
+    if args.probe:
+        probe(runs)
+        return 0
+    values, se, notes = calibrate_bf16(runs)
+    fp8_values, fp8_se, fp8_notes = calibrate_fp8(fp8_runs(), values)
+    data = profile_data({**values, **fp8_values}, {**se, **fp8_se}, {**notes, **fp8_notes})
     if not args.dry_run:
-        sim.save_profile(data, PRESETS / f"{NAME}.json")
-        for gpu_name, name in DERIVED.items():
-            sim.save_profile(derived_profile(data, gpu_name), PRESETS / f"{name}.json")
-        print(f"wrote {NAME}.json, " + ", ".join(f"{n}.json" for n in DERIVED.values()) + f" in {PRESETS}")
+        write(data)
     return 0
+
+
+def fp8_only(dry_run: bool) -> int:
+    """The FP8 fit with the BF16 values held as the written profile has them, written into it."""
+    data = json.loads((PRESETS / f"{NAME}.json").read_text())
+    bf16 = {name: get(data, PARAMETERS[name][0][0])["value"] for name in FITTED}
+    values, se, notes = calibrate_fp8(fp8_runs(), bf16)
+    for name in FITTED_FP8:
+        for path in PARAMETERS[name][0]:
+            parent, key = path.rsplit(".", 1)
+            get(data, parent)[key] = dict(calibrated(name, values[name], se[name], notes[name]),
+                                          command=f"{COMMAND} --fp8-only")
+    if not dry_run:
+        write(data)
+    return 0
+
+
+def write(data: dict) -> None:
+    """Write the H100 profile `data` and the ones derived from it."""
+    sim.save_profile(data, PRESETS / f"{NAME}.json")
+    for gpu_name, name in DERIVED.items():
+        sim.save_profile(derived_profile(data, gpu_name), PRESETS / f"{name}.json")
+    print(f"wrote {NAME}.json, " + ", ".join(f"{n}.json" for n in DERIVED.values()) + f" in {PRESETS}")
 
 
 if __name__ == "__main__":

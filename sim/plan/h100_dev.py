@@ -50,10 +50,11 @@ REASONS = {
     "fsdp": "FSDP sharding (PyTorch-native stacks): not expressed by this loader yet",
     "layout": "more virtual stages than layers (pp x vp > layers): Megatron-Core's uneven layouts, not expressed",
     "cp": "context parallelism (cp > 1): sim.estimate has no cp yet (issue 32 item 2)",
-    "fp8": "FP8: the default H100 profile has no fp8_efficiency yet (issue 32 item 3; sim.cost.fp8.check_fp8)",
+    "fp8": "FP8: the default H100 profile has no fp8_efficiency (issue 32 item 3; sim.cost.fp8.check_fp8)",
     "precision": "precision not stated by the source",
 }
 GROUPS = ("model", "precision", "cp", "release")  # what the benchmark's MAPE is split by
+LAYOUT = ("n_layers", "seq_len", "n_gpus", "tp", "pp", "vp", "cp", "dp", "mbs", "gbs", "recompute")  # a pair shares these
 
 
 @dataclass(frozen=True)
@@ -201,3 +202,12 @@ def refused_counts(some) -> dict[str, int]:
         if r.reason is not None:
             out[r.reason] = out.get(r.reason, 0) + 1
     return out
+
+
+def pairs(some) -> list[tuple[DevRun, DevRun]]:
+    """(BF16 run, FP8 run) pairs among `some`: the same model, release and layout (`LAYOUT`) in
+    both precisions, whose step times give FP8's speedup."""
+    def key(r: DevRun) -> tuple:
+        return (r.row["model"], release(r.row), *(r.row[c] for c in LAYOUT))
+    bf16 = {key(r): r for r in some if r.row["precision"] == "bf16"}
+    return [(bf16[key(r)], r) for r in some if r.row["precision"].startswith("fp8") and key(r) in bf16]

@@ -34,6 +34,8 @@ def test_each_reason_matches_what_the_row_says():
             assert r.reason == "moe"
         elif int(row["cp"] or 1) > 1 and not h100_dev.planner_takes_cp():
             assert r.reason == "cp"
+        elif int(row["pp"]) * int(row["vp"] or 1) > int(row["n_layers"]):
+            assert r.reason == "layout"
         elif row["precision"].startswith("fp8") and not h100_dev.planner_takes_fp8():
             assert r.reason == "fp8"
         else:
@@ -117,3 +119,34 @@ def test_the_fitted_numbers_say_where_they_come_from():
     h100, h200 = datasheet("h100-80gb"), datasheet("h200")
     assert derived["memory_bound"]["bandwidth"]["value"] == pytest.approx(
         data["memory_bound"]["bandwidth"]["value"] * h200.hbm_bandwidth / h100.hbm_bandwidth)
+
+
+@pytest.mark.parametrize("name", CALIBRATED)
+def test_the_calibrated_fp8_efficiency_is_a_share_of_the_peak_that_names_its_rows(name):
+    p = sim.profile(name)
+    assert 0 < p.fp8_efficiency <= 1 and p.fp8_scaling == "delayed"
+    fitted = json.loads((PRESETS / f"{name}.json").read_text())["matmul"]["fp8_efficiency"]
+    assert fitted["source"] == "calibrated" and "FP8" in fitted["rows"] and "row_id" in fitted["rows"]
+    fp8_ids = {r.row_id for r in EXPRESSED if r.row["precision"].startswith("fp8")}
+    assert fp8_ids and all(str(i) in fitted["rows"] for i in fp8_ids)
+    assert fitted["value"] == pytest.approx(sim.profile("h100-80gb-dgxc").fp8_efficiency)
+
+
+def test_fp8_rows_are_expressed_once_the_default_profile_times_fp8():
+    assert h100_dev.planner_takes_fp8()
+    fp8 = [r for r in EXPRESSED if r.row["precision"].startswith("fp8")]
+    assert fp8 and all(r.keywords["precision"] == "fp8" for r in fp8)
+    assert not any(r.reason == "fp8" for r in RUNS)
+    run = fp8[0]
+    bf16 = h100_dev.estimate(run.model, h100_dev.GPU, **dict(run.keywords, precision="bf16"))
+    assert h100_dev.estimate_run(run).step_time < bf16.step_time
+
+
+def test_pairs_share_model_release_and_layout_in_both_precisions():
+    pairs = h100_dev.pairs(EXPRESSED)
+    assert pairs
+    for b, f in pairs:
+        assert b.row["precision"] == "bf16" and f.row["precision"].startswith("fp8")
+        assert h100_dev.release(b.row) == h100_dev.release(f.row) and b.row["model"] == f.row["model"]
+        assert all(b.row[c] == f.row[c] for c in h100_dev.LAYOUT)
+    assert len({f.row_id for _, f in pairs}) == len(pairs)
