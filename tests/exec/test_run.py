@@ -266,7 +266,7 @@ def runs():
     for _, spec, schedule in CASES:
         lowered = sim.lower(schedule)
         bounds = spec.partition(lowered.stages)
-        jobs.append((spec, lowered, bounds, RunConfig(steps=2, warmup=0)))
+        jobs.append((spec, lowered, bounds, RunConfig(steps=2, warmup=0, optimizer="sgd")))  # plain SGD: static = weights + gradients
     per_rank = launch(_many_runs, 2, jobs, timeout=TIMEOUT)
     return {name: (spec, job[1], [r[i] for r in per_rank])
             for i, ((name, spec, _), job) in enumerate(zip(CASES, jobs))}
