@@ -165,7 +165,7 @@ def print_h100_dev(s: dict) -> None:
             print(f"    by {key}: " + "; ".join(f"{k} {m:.1%} ({n})" for k, (m, n) in p[key].items()))
         speedup = {k: v for k, v in p["speedup"].items() if k != "error"}
         if speedup:
-            print(f"    FP8/BF16 speedup of paired rows (same model, release, layout), measured -> predicted: "
+            print("    FP8/BF16 speedup of paired rows (same model, release, layout), measured -> predicted: "
                   + "; ".join(f"{k} {x:.2f} -> {y:.2f} ({n})" for k, (x, y, n) in speedup.items())
                   + f"; mean |predicted/measured - 1| {p['speedup']['error']:.1%}")
     print("  left out:")

@@ -24,7 +24,7 @@ from sim.model.footprint import DEFAULT_OPTIMIZER, optimizer_step_bytes, state_b
 from sim.hardware.profile import DeviceProfile, resolve
 from sim.schedule.ir import Schedule
 from sim.cost.fp8 import saved_bytes_saving
-from sim.hardware.kernels import memory_time, precision_bytes
+from sim.hardware.kernels import memory_time
 from sim.schedule.kinds import KINDS, Kind
 from sim.schedule.liveness import held
 from sim.cost.layer import Slice, check_timed, layer_times
