@@ -208,8 +208,9 @@ def check_timed(m: Transformer, moe_layers: bool = False) -> None:
     sums a stage's MoE layers) a model with experts; with it, a MoE layer under torch's kernels
     (`sim.cost.moe` times Megatron-Core's). MLA and any head width are timed (`sim.cost.shapes`)."""
     if m.experts is not None and not moe_layers:
-        raise ValueError(f"the model has {m.experts} experts: time its MoE layers with "
-                         f"sim.cost.layer.layer_times(..., moe=True) (the planner does not yet: issue 33 item 2)")
+        raise ValueError(f"expert parallelism is not modelled yet: issue 33 item 2 (the model has {m.experts} "
+                         f"experts; sim.cost.layer.layer_times(..., moe=True) times its MoE layers, the planner "
+                         f"does not sum them yet)")
 
 
 def layer_times(m: Transformer, dev: DeviceProfile | str, x: Slice, recompute: str = "none",

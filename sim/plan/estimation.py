@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 
 from sim.cost.data_parallel import fsdp_as_actions, optimizer_time
 from sim.cost.ends import end_times
-from sim.cost.layer import LayerTimes, Slice, layer_times
+from sim.cost.layer import LayerTimes, Slice, check_timed, layer_times
 from sim.simulation import simulate
 from sim.engine.result import Result
 from sim.hardware.gpus import GPU
@@ -143,6 +143,7 @@ def estimate_layout(model: Transformer, profile: DeviceProfile, lay: Layout, **s
     """`estimate`'s steps, on a `Layout` record: check the layout; time one layer and the ends
     (`sim.cost.layer`, `sim.cost.ends.end_times`); build the schedule; split the layers over its
     stages; cost each stage; add offloading and the gradient reduction; simulate the step."""
+    check_timed(model)  # a MoE model is refused, not estimated as a dense one
     warnings = check_layout(model, profile, lay)
     check_size(lay)
     if lay.attention is not None:
