@@ -31,6 +31,9 @@ Korthikanti et al. 2022, Sec. 4) and timed alone; a pass is their sum, except wh
   (`sim.cost.context.context_attention`: ring attention's K/V exchange or Ulysses' all-to-alls).
 - Recompute runs before the backward: "full" the whole forward, collectives included;
   "selective" the attention core (scores, softmax, dropout, values), which needs none.
+- Head widths other than hidden/heads and MLA's projections: `sim.cost.shapes`. A MoE layer
+  (`moe=True`): the dense layer with its shared experts as the MLP, plus the routed experts,
+  their all-to-alls apart (`sim.cost.moe`).
 
 Memory-bound kernels, in bytes moved (read + written), per layer, for 16-bit elements and
 1-byte dropout masks (the tensors of Korthikanti et al. 2022, Sec. 4.1; Megatron-LM's fused
