@@ -92,6 +92,18 @@ def dense_width(m: Transformer) -> int:
     return (x.shared_experts + (0 if x.routed else 1)) * x.expert_ffn
 
 
+def layer_kinds(m: Transformer, first: int, count: int) -> tuple[int, int]:
+    """How many of the `count` layers from layer `first` (0-based) are dense and how many MoE:
+    a model's first `dense_layers` are dense, the rest MoE (all dense without experts). A stage
+    that holds both sums `sim.cost.layer.layer_times` of each kind by these counts."""
+    if first < 0 or count < 0 or first + count > m.layers:
+        raise ValueError(f"layers {first}..{first + count - 1} are not among the model's {m.layers}")
+    if m.experts is None:
+        return count, 0
+    dense = max(0, min(first + count, m.dense_layers) - first)
+    return dense, count - dense
+
+
 def routed_tokens(m: Transformer, x: Slice) -> int:
     """The tokens T one GPU routes per micro-batch: b s/cp, split by sequence parallelism."""
     if x.tp > 1 and not x.sequence_parallel:

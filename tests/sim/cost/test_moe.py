@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 
 from sim.cost.layer import Slice, check_timed, fused_attention_times, gemm_shapes, layer_times
 from sim.cost.shapes import gemm_products
-from sim.cost.moe import dense_width, expert_gemm_shapes, received_copies, routed_times
+from sim.cost.moe import dense_width, expert_gemm_shapes, layer_kinds, received_copies, routed_times
 from sim.hardware.kernels import gemm_flops, gemm_time
 from sim.hardware.network import all_to_all_time, links_of
 from sim.hardware.profile import from_dict, profile
@@ -211,3 +211,12 @@ def test_the_routed_part_grows_with_the_tokens_and_the_busiest_rank_with_ep(b, e
         wider = routed_times(m, H100, Slice(b, ep=2 * ep))
         assert wider.forward["gemm"] >= one.forward["gemm"]  # fewer local experts: the busiest one weighs more
         assert wider.all_to_all > one.all_to_all              # more of the copies leave the rank
+
+
+def test_layer_kinds_counts_the_dense_layers_first():
+    v3 = find_model("deepseek-v3-671b")  # 61 layers, the first 3 dense
+    assert layer_kinds(v3, 0, 61) == (3, 58) and layer_kinds(v3, 0, 2) == (2, 0)
+    assert layer_kinds(v3, 2, 4) == (1, 3) and layer_kinds(v3, 30, 31) == (0, 31)
+    assert layer_kinds(dataclasses.replace(SMALL, **MOE_FIELDS), 1, 3) == (3, 0)
+    with pytest.raises(ValueError, match="not among the model's 61"):
+        layer_kinds(v3, 60, 2)
