@@ -11,7 +11,7 @@
 # recompute, sequence parallelism, the distributed optimizer (rows 138 and 110 of the H100
 # development set, `sim/plan/data/h100_dev.csv`, which cite the benchmark's README).
 #
-# The four questions issue 32 asks of such a run, each answered by `sim.estimate` with a table
+# Issue 32's questions of such a run, one section each, answered by `sim.estimate` with a table
 # or a figure, a conclusion, and an `assert` under it that checks the conclusion:
 #
 # 1. what each number of the estimate is (datasheet, published, calibrated) and how the estimate
@@ -22,7 +22,7 @@
 # 4. FP8 against BF16: the speedup, and why it is less than 2x;
 # 5. FSDP (ZeRO-3) with and without pipeline stages against tensor x pipeline parallelism.
 #
-# Every estimate here takes a few hundredths of a second; the whole notebook, a few seconds.
+# Every estimate here takes a few hundredths of a second; the whole notebook, about ten seconds.
 # The formulas and sources are in [docs/planner.md](../docs/planner.md), "Every number of the
 # H100 path".
 
@@ -66,7 +66,7 @@ def tokens_per_gpu(e):
 # `h100-80gb` means its default device profile, `h100-80gb-dgxc`: the H100 as NeMo /
 # Megatron-Core runs it. Each number in it says where it comes from (`profile.source(path)`):
 # the peaks and memory are the **datasheet**'s; the matmul efficiencies are **calibrated** on
-# the H100 development set (169 measured NeMo runs on DGX H100, `sim.plan.h100_dev`); the rest
+# the H100 development set (169 measured runs on DGX H100, NeMo's and JAX's, `sim.plan.h100_dev`); the rest
 # are **published** best-case figures, which the rows cannot place (moving them 10 % moves the
 # rows' step by under 1 %: docs/measurements.md). What the estimate assumes of the stack,
 # NeMo's defaults: fused attention, sequence parallelism with tp > 1, the distributed optimizer
@@ -83,18 +83,20 @@ NUMBERS = {"matmul.efficiency": "BF16 matmul efficiency", "matmul.fp8_efficiency
            "attention.efficiency": "fused attention efficiency", "memory_bound.bandwidth": "memory-bound B/s",
            "collectives.node.bus_bandwidth": "NVLink bus B/s", "collectives.network.bus_bandwidth": "NIC bus B/s",
            "p2p.network.bandwidth": "send between nodes B/s", "launch.per_kernel": "launch floor s"}
-rows, kinds = [], {}
+rows, kinds, fitted_rows = [], {}, {}
 for path, what in NUMBERS.items():
     node, src = profile.data, profile.source(path)
     for part in path.split("."):
         node = node[part]
     kinds[path] = src["source"]
     fitted = re.findall(r"\d+", node["rows"].split("row_id")[-1]) if src["source"] == "calibrated" else []
+    fitted_rows[path] = {int(row_id) for row_id in fitted}
     how = (f"{len(fitted)} development-set rows, {src['residual'].split(' (')[0]}" if fitted else src["citation"][:60])
     rows.append([what, f"{node['value']:.4g}", src["source"], how])
 table(["number", "value", "source", "rows and residual, or citation"], rows)
 
 # %%
+assert profile.data["datasheet"] == GPU  # the peaks, memory and line rates: sim.GPUS["h100-80gb"]
 assert kinds["matmul.efficiency"] == kinds["matmul.fp8_efficiency"] == "calibrated"
 assert all(kind == "published" for path, kind in kinds.items() if "efficiency" not in path or "attention" in path)
 
@@ -123,6 +125,10 @@ print(f"\nthe preset (vocabulary not padded), NeMo's layout: BF16 {nemo['bf16'].
       f"{max(nemo['bf16'].peak_memory) / GiB:.1f} of {nemo['bf16'].usable_memory / GiB:.1f} GiB usable")
 
 # %%
+assert len(runs) == 169 and 138 not in fitted_rows["matmul.efficiency"]
+assert {110, 144} <= fitted_rows["matmul.fp8_efficiency"] and not fitted_rows["matmul.efficiency"] & {110, 144}
+assert not any(runs[i].row["model"].startswith("Llama") for i in fitted_rows["matmul.efficiency"])
+assert all(runs[i].keywords.get("cp", 1) == 1 for i in fitted_rows["matmul.efficiency"])
 assert all(abs(err) < 0.10 for err in errors.values()) and -0.06 < errors[138] < -0.05  # each row within 10 %
 assert abs(nemo["bf16"].step_time / h100_dev.estimate_run(runs[138]).step_time - 1) < 0.01  # the preset is the row
 assert nemo["bf16"].fits and nemo["fp8"].fits
@@ -265,7 +271,8 @@ for seq in SEQS:
     best = fastest(seq)
     lay = best.layout
     print(f"{seq // 1024:>3}K: fastest that fits: tp {lay.tp} cp {lay.cp} dp {lay.dp}, recompute {lay.recompute}: "
-          f"{best.step_time:.2f} s, {tokens_per_gpu(best):.0f} tokens/s/GPU, peak {max(best.peak_memory) / GiB:.0f} GiB")
+          f"{best.step_time:.2f} s, {tokens_per_gpu(best):.0f} tokens/s/GPU, "
+          f"peak {max(best.peak_memory) / GiB:.0f} GiB")
 
 # %%
 fig, axes = plt.subplots(1, 3, figsize=(13, 3.8), sharey=True)
@@ -298,6 +305,12 @@ assert [(best[s].layout.tp, best[s].layout.cp, best[s].layout.recompute) for s i
     [(4, 2, "none"), (4, 8, "none"), (8, 8, "none")]
 assert best[8192].layout.dp == NEMO["dp"] and abs(best[8192].step_time / nemo["bf16"].step_time - 1) < 1e-9
 assert all(ring_exposed(best[s]) < 0.01 * best[s].step_time for s in SEQS)    # the chosen rings hide their sends
+assert ring_exposed(best[8192]) == 0 and layout_slice(best[8192].layout).context_group.nodes == 1
+steps_8k = [grid[8192, 4, cp, "none"].step_time for cp in (2, 4, 8, 16)]
+assert steps_8k == sorted(steps_8k) and grid[8192, 8, 1, "none"].step_time > best[8192].step_time  # more cp only loses
+assert abs(attention_seconds(best[32768]) / attention_seconds(best[8192]) - 4) < 1e-6  # per token: s x 4
+for (seq, tp), smallest in {(s, t): c for s, by_tp in need.items() for t, c in by_tp.items() if c}.items():
+    assert fastest(seq, tp=tp, rc="none").layout.cp == smallest            # the smallest cp that fits is the fastest
 assert ring_exposed(grid[8192, 4, 16, "none"]) > 0.3 * grid[8192, 4, 16, "none"].step_time
 assert all(ring_exposed(grid[131072, tp, cp, "none"]) == 0 for (s, tp, cp, rc) in grid if s == 131072 and rc == "none")
 assert best[8192].step_time < best[32768].step_time < 1.25 * best[8192].step_time < best[131072].step_time
@@ -318,11 +331,14 @@ assert 0.05 < attention_seconds(best[8192]) / best[8192].step_time < 0.07
 # - **32K: cp 8 at tp 4 (or cp 2 at tp 8, slower).** The step is under 25 % longer than at 8K for
 #   the same 4M tokens: attention per token grows fourfold, but it was a small part of the step.
 # - **128K: cp 8 at tp 8, one replica.** At tp 4 nothing fits even at cp 16 without recompute.
-#   Attention (the fused kernel) is now over 40 % of the step, against 6 % at 8K, and its compute per ring step is so long that
-#   no ring of this grid exposes anything, even between nodes: long sequences are where cp is
-#   free. (Meta ran Llama 3 405B's long-context stage at tp 8, cp 16, pp 16 on 16,384 H100s with
-#   the same 16M tokens a batch as at 8K: P. Balaji's SC'24 talk, as G. Klockwood's Llama 3.1
-#   page tabulates it.)
+#   Attention (the fused kernel) is now over 40 % of the step, against 6 % at 8K, and its
+#   compute per ring step is so long that no ring of this grid exposes anything, even between
+#   nodes: long sequences are where cp is free. (Meta ran Llama 3 405B's long-context stage at
+#   tp 8, cp 16, pp 16 on 16,384 H100s with the same 16M tokens a batch as at 8K: P. Balaji's
+#   SC'24 talk, as G. Klockwood's Llama 3.1 page tabulates it.)
+#
+# For each sequence and tp, the smallest cp that fits is also the fastest that fits: cp is a
+# memory knob, bought with ring time.
 #
 # Not modelled: the fused kernel's lower efficiency on short per-step chunks (s/2cp tokens), which
 # would make large cp at short sequences worse still; Megatron's hierarchical `a2a+p2p` cp.
@@ -477,6 +493,7 @@ for tp in (4, 8):  # FSDP with stages: its gathers hidden, the step within 1 % o
     mz1, mz3 = a.memory_parts[0], b.memory_parts[0]   # ... the weights sharded, the peak no lower
     assert abs(mz3["weights"] * b.layout.dp / mz1["weights"] - 1) < 1e-9 and mz3["grads"] == mz1["grads"]
     assert max(b.peak_memory) >= max(a.peak_memory)
+    assert abs((mz3["activations"] - mz1["activations"]) / mz1["weights"] - 1) < 0.01  # the stage gathered whole
 assert not alone_none.fits and alone.fits and max(alone.peak_memory) < 0.3 * max(z3.peak_memory)
 assert alone.time_parts["zero_collectives"] < 0.15 * alone.step_time
 assert alone.step_time - alone.time_parts["zero_collectives"] > 1.1 * f["NeMo"].step_time  # hidden, still slower
@@ -489,8 +506,8 @@ assert alone_tp8_b2.fits and max(alone_tp8_b2.peak_memory) > 1.5 * max(alone_tp8
 # distributed optimizer is the fastest; FSDP's place is memory, and here memory is not short.**
 #
 # - **FSDP with pipeline stages** costs almost nothing in time: the gathers run on their own
-#   stream, ahead of the stage's compute, and hide entirely (within 1 % of ZeRO-1 on the same
-#   layout). But it saves nothing at the peak either: the weights on a device drop to a shard,
+#   stream, ahead of the stage's compute, and hide almost entirely (within 1 % of ZeRO-1 on the
+#   same layout). But it saves nothing at the peak either: the weights on a device drop to a shard,
 #   yet the stage, FSDP's unit here, is gathered whole while it runs, and its gradients stay whole
 #   until the stage's last backward (torch.distributed.pipelining turns FSDP's gradient sync off
 #   until then), as ZeRO-1 keeps them. The optimizer state is sharded by both. (With pp > 1 the
@@ -500,14 +517,14 @@ assert alone_tp8_b2.fits and max(alone_tp8_b2.peak_memory) > 1.5 * max(alone_tp8
 #   memory, but only with full recompute: 80 layers' activations of 8K tokens do not fit on one
 #   GPU otherwise. Its gathers are under 15 % of the step even counted as not overlapped; what
 #   makes it slower than NeMo's layout is the recomputed forward, which FSDP2's prefetch would
-#   not remove. With tp 8 (dp 32, one GPU of each data-parallel group on a node) each GPU gathers
-#   its stage over its one NIC, for every one of 16 micro-batches: the gathers take over half the
-#   step. Two sequences a micro-batch halve them, for more activation memory: FSDP without
-#   pipelining wants few, large micro-batches.
+#   not remove. With tp 8 (dp 32, one GPU of each data-parallel group on a node) each GPU
+#   gathers its tensor-parallel slice of the weights over its one NIC, for every one of 16
+#   micro-batches: the gathers take over half the step. Two sequences a micro-batch halve them,
+#   for more activation memory: FSDP without pipelining wants few, large micro-batches.
 #
 # This is the regime of the comparison: 70B on 256 GPUs at 8K has memory to spare under
-# tp x pp. FSDP becomes the better choice where it does not: fewer GPUs, or a stack without
-# pipeline schedules (torchtitan's Llama 3 70B preset is FSDP2 with tp 8, no pp and full
+# tp x pp. FSDP is the tool for where memory is short, and for stacks without pipeline
+# schedules (torchtitan's Llama 3 70B preset is FSDP2 with tp 8, no pp and full
 # recompute: pytorch/torchtitan, torchtitan/models/llama3/train_configs/llama3_70b.toml).
 #
 # ## Summary
@@ -518,10 +535,11 @@ assert alone_tp8_b2.fits and max(alone_tp8_b2.peak_memory) > 1.5 * max(alone_tp8
 #   attention, memory, NVLink and network figures are published best cases.
 # - Fused attention is what makes 8K sequences fit without recompute; unfused, the step is
 #   almost half again as long.
-# - cp is a memory knob: the smallest cp that fits is the fastest. At 8K, cp 2 inside a node
-#   (NeMo's choice); at 32K cp 8; at 128K cp 8 with tp 8, where ring attention hides every
-#   send. Between nodes at short sequences the ring's exchange is exposed.
+# - cp is a memory knob: the smallest cp that fits is the fastest that fits. At 8K, cp 2
+#   inside a node (NeMo's choice); at 32K cp 8; at 128K cp 8 with tp 8, where ring attention
+#   hides every send. Between nodes at short sequences the ring's exchange is exposed.
 # - FP8 gains about 1.4x: the Linear GEMMs 1.58x at the calibrated efficiencies, everything
 #   else BF16, plus the casts.
-# - FSDP with pipelining matches ZeRO-1's time but not its memory savings' promise; FSDP alone
-#   needs full recompute for this model and sequence and is slower.
+# - FSDP with pipeline stages costs ZeRO-1's time and, the stage gathered whole and its
+#   gradients kept whole, saves no peak memory here; FSDP alone fits in about a quarter of its
+#   memory but needs full recompute for this model and sequence, and is slower.
