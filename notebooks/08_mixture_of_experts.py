@@ -130,7 +130,7 @@ for row, (label, pieces) in enumerate([("dense layer", {"dense layer": (dense.fo
                                        ("MoE layer", parts)]):
     left = 0.0
     for name, (f, b) in pieces.items():
-        ax.barh(row, (f + b) / ms, left=left, label=name if row else None)
+        ax.barh(row, (f + b) / ms, left=left, label=name, color=None if row else "lightgrey")
         left += (f + b) / ms
 ax.set(yticks=[0, 1], yticklabels=["dense layer", f"MoE layer, ep {EP_NODE}"], xlabel="forward + backward (ms)",
        title=f"{MODEL}: one layer on one GPU, {MICRO_BATCH * model.seq} tokens")
@@ -228,7 +228,7 @@ for ep in (EP_NODE, *EP_ACROSS):
     print(f"{ep:4d} {group.nodes:5d} {'network' if group.network else 'NVLink':>7s} {per_gpu / 1e9:10.0f} "
           f"{off:8.1%} {a2a[ep] / ms:14.2f} ms {a2a[ep] / expert_compute:9.2f} {a2a[ep] / moe.forward:9.2f}")
 
-fig, ax = plt.subplots(figsize=(7, 3.8))
+fig, ax = plt.subplots(figsize=(9, 3.8))
 eps = list(a2a)
 ax.plot(eps, [a2a[e] / ms for e in eps], "o-", label="dispatch + combine (forward)")
 ax.axhline(expert_compute / ms, color="C1", ls="--", label="the routed experts' forward compute")
@@ -238,7 +238,8 @@ ax.axhline(2 * buffer / links.network.bus_bandwidth / ms, color="grey", lw=0.8,
 ax.axvspan(eps[0] * 0.8, GPUS_PER_NODE * 1.25, color="C0", alpha=0.08)
 ax.set(xscale="log", xticks=eps, xticklabels=eps, xlabel="expert parallelism ep (shaded: one node)",
        ylabel="ms per layer", title=f"{MODEL}: the all-to-all on one node and across nodes")
-ax.legend(fontsize=8)
+ax.minorticks_off()
+ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
 fig.tight_layout()
 plt.show()
 
@@ -334,14 +335,15 @@ print(f"{'schedule':30s}" + "".join(f"{'ep ' + str(ep):>9s}" for ep in (EP_NODE,
 for label in CONTENDERS:
     print(f"{label:30s}" + "".join(f"{steps[label, ep].makespan:9.2f}" for ep in (EP_NODE, *EP_ACROSS[:3])))
 
-fig, ax = plt.subplots(figsize=(7, 3.8))
+fig, ax = plt.subplots(figsize=(9, 3.8))
 eps = [EP_NODE, *EP_ACROSS[:3]]
 for label in CONTENDERS:
     ax.plot(eps, [steps[label, e].makespan / steps["interleaved 1F1B", e].makespan for e in eps], "o-", label=label)
 ax.set(xscale="log", xticks=eps, xticklabels=eps, xlabel="expert parallelism ep (8: one node)",
        ylabel="step / interleaved 1F1B's", title=f"{MODEL}-like, P={P}, M={M}: who hides the all-to-all")
+ax.minorticks_off()
 ax.grid(alpha=0.3)
-ax.legend(fontsize=8)
+ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
 fig.tight_layout()
 plt.show()
 
