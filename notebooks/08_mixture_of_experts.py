@@ -289,10 +289,11 @@ assert a2a[256] > 0.95 * nic_limit
 # of one sequence. Each schedule cuts them into its stages (2P chunks of 2 layers for interleaved
 # 1F1B with V = 2, ZB-V and DualPipeV; DualPipe, two copies of the model of P stages each), and a
 # stage's costs are its layers' (`layer_times`): F, I, W, and the all-to-alls of section 2.
-# Pipeline sends are free (`transport="ideal"`), as in notebook 4. Memory: BF16 weights, fp32
-# gradients and ZeRO-1's optimizer state, each GPU holding its E/ep experts of each layer, the
-# dense part sharded over the GPUS/P data-parallel ranks, the experts over the GPUS/(P ep) that
-# hold the same ones; DualPipe keeps its two copies' weights and gradients, one optimizer state.
+# Pipeline sends are free (`transport="ideal"`), as in notebook 4. Memory: each GPU holds the
+# dense part of its layers and E/ep experts of each, as BF16 weights and fp32 gradients, and
+# ZeRO-1's optimizer state (12 bytes a parameter) sharded over the GPUS/P data-parallel ranks
+# for the dense part and over the GPUS/(P ep) ranks that hold the same experts for those;
+# DualPipe keeps its two copies' weights and gradients, and one optimizer state.
 
 # %%
 CONTENDERS = {  # label: (schedule, options)
