@@ -188,6 +188,34 @@ def routed_times(m: Transformer, dev: DeviceProfile, x: Slice) -> RoutedTimes | 
                        kernels=routed_kernels(m, x, dev.fp8_scaling))
 
 
+_PART = {"router_score": "router", "router_topk": "router", "permute": "permutation", "sort_chunks": "permutation",
+         "unsort_chunks": "permutation", "unpermute": "permutation"}  # the rest (activation, casts): "experts"
+
+
+def routed_parts(m: Transformer, dev: DeviceProfile, x: Slice) -> dict[str, dict[str, float]]:
+    """`routed_times` by part, for each pass ("F", "I", "W"): "router" (its GEMM, score
+    function and top-k), "permutation" (the copies into expert order and back), "experts"
+    (the grouped GEMMs, the activation between them, FP8's casts), "expert_tp" (its
+    all-gather and reduce-scatter) and "all_to_all" (dispatch + combine, outside the pass).
+    F's and I's parts but the all-to-all sum to `routed_times`' passes, W's to its
+    `backward_weight`. Empty where nothing is routed."""
+    r = routed_times(m, dev, x)
+    if r is None:
+        return {}
+    products = {n: gemm_products(*s) for n, s in expert_gemm_shapes(m, x).items()}
+    kernels = _kernels(m, x, dev.fp8_scaling)
+    out = {}
+    for i, p in enumerate(("F", "I", "W")):
+        gemm = {n: _gemm(dev, x, n, q[i]) for n, q in products.items()}
+        parts = {"router": gemm["router"], "permutation": 0.0, "experts": gemm["fc1"] + gemm["fc2"], "expert_tp": 0.0,
+                 "all_to_all": 0.0 if p == "W" else r.all_to_all}
+        for name, per, n, c in kernels.get(p, []):
+            parts[_PART.get(name, "experts")] += elementwise_time(dev, per * n, c, n)
+        parts["expert_tp"] = 0.0 if p == "W" else r.forward["collectives"]
+        out[p] = parts
+    return out
+
+
 def routed_kernels(m: Transformer, x: Slice, scaling: str = "delayed") -> dict[str, int]:
     """Kernels the routed part launches per pass (F, I, W): its matmuls, its memory-bound
     kernels (FP8's casts of `scaling` among them), the two all-to-alls and, with expert tensor

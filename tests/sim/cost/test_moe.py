@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 
 from sim.cost.layer import Slice, check_timed, fused_attention_times, gemm_shapes, layer_times
 from sim.cost.shapes import gemm_products
-from sim.cost.moe import dense_width, expert_gemm_shapes, layer_kinds, received_copies, routed_times
+from sim.cost.moe import dense_width, expert_gemm_shapes, layer_kinds, received_copies, routed_parts, routed_times
 from sim.hardware.kernels import gemm_flops, gemm_time
 from sim.hardware.network import all_to_all_time, links_of
 from sim.hardware.profile import from_dict, profile
@@ -220,3 +220,18 @@ def test_layer_kinds_counts_the_dense_layers_first():
     assert layer_kinds(dataclasses.replace(SMALL, **MOE_FIELDS), 1, 3) == (3, 0)
     with pytest.raises(ValueError, match="not among the model's 61"):
         layer_kinds(v3, 60, 2)
+
+
+@pytest.mark.parametrize("precision,ep,etp", [("bf16", 1, 1), ("bf16", 4, 1), ("fp8", 8, 2), ("bf16", 2, 4)])
+def test_routed_parts_sum_to_the_routed_passes(precision, ep, etp):
+    """routed_parts splits routed_times: F's and I's parts but the all-to-all sum to its passes,
+    W's to its backward_weight; the router's GEMM is the T x h by h x E matmul; nothing routed,
+    no parts."""
+    x = Slice(2, tp=2, sequence_parallel=True, precision=precision, ep=ep, expert_tp=etp)
+    r, parts = routed_times(SMALL, H100, x), routed_parts(SMALL, H100, x)
+    for p, whole in (("F", sum(r.forward.values())), ("I", sum(r.backward_input.values())), ("W", r.backward_weight)):
+        assert sum(v for k, v in parts[p].items() if k != "all_to_all") == pytest.approx(whole, rel=1e-12)
+    assert parts["F"]["all_to_all"] == parts["I"]["all_to_all"] == r.all_to_all and parts["W"]["all_to_all"] == 0
+    assert parts["F"]["router"] > gemm_time(H100, "bf16", *gemm_products(*expert_gemm_shapes(SMALL, x)["router"])[0])
+    assert (parts["F"]["expert_tp"] > 0) == (etp > 1) and (parts["F"]["permutation"] > 0)
+    assert routed_parts(dataclasses.replace(SMALL, experts=1, top_k=1), H100, x) == {}
