@@ -1,0 +1,142 @@
+"""FSDP's unit (`fsdp_unit`): the layer, gathered one ahead of use on its own stream as FSDP2
+and Megatron-FSDP wrap a model, against the whole stage. The closed forms of the prefetched
+gathers and the queued reduce-scatters against a small event simulation of the two streams;
+the bytes held, the step's bounds, and the refusal of an unknown unit."""
+import pytest
+import simpy
+from hypothesis import given, settings, strategies as st
+
+import sim
+from sim.cost.data_parallel import prefetched, queued, stage_params
+from sim.cost.layer import layer_times
+from sim.hardware.network import collective_time, links_of
+from sim.hardware.profile import profile
+from sim.model.registry import find_model as model
+from sim.plan.layout import Layout, layout_slice
+from sim.plan.stage_costs import stage_costs
+from sim.cost.ends import end_times
+
+H100 = profile("h100-80gb")
+seconds = st.floats(0.0, 10.0, allow_nan=False)
+
+
+def _gathered_pass(c: float, a: float, n: int) -> float:
+    """A pass over n units on two streams, simulated: the gather stream gathers unit i once
+    it holds fewer than two units (unit i - 2 freed after its compute), the compute stream
+    computes unit i once it is gathered and frees it. What the gathers add to n c."""
+    env = simpy.Environment()
+    slots, ready = simpy.Container(env, capacity=2, init=2), [env.event() for _ in range(n)]
+
+    def gathers():
+        for i in range(n):
+            yield slots.get(1)
+            yield env.timeout(a)
+            ready[i].succeed()
+
+    def computes():
+        for i in range(n):
+            yield ready[i]
+            yield env.timeout(c)
+            yield slots.put(1)
+
+    env.process(gathers())
+    done = env.process(computes())
+    env.run(done)
+    return env.now - n * c
+
+
+def _queued_reductions(p: float, r: float, n: int) -> float:
+    """n computes p apart, each handing its reduction of r to a stream that runs one at a
+    time, simulated: how long after the last compute the last reduction ends."""
+    env = simpy.Environment()
+    stream, ends = simpy.Resource(env, capacity=1), []
+
+    def reduce():
+        with stream.request() as turn:
+            yield turn
+            yield env.timeout(r)
+            ends.append(env.now)
+
+    def computes():
+        for _ in range(n):
+            yield env.timeout(p)
+            env.process(reduce())
+
+    env.process(computes())
+    env.run()
+    return max(ends) - n * p
+
+
+@settings(max_examples=200, deadline=None)
+@given(seconds, seconds, st.integers(1, 40))
+def test_the_prefetched_gathers_closed_form_is_the_two_streams_simulated(c, a, n):
+    assert prefetched(c, a, n) == pytest.approx(_gathered_pass(c, a, n), rel=1e-9, abs=1e-9)
+
+
+@settings(max_examples=200, deadline=None)
+@given(seconds, seconds, st.integers(1, 40))
+def test_the_queued_reductions_closed_form_is_the_stream_simulated(p, r, n):
+    assert queued(p, r, n) == pytest.approx(_queued_reductions(p, r, n), rel=1e-9, abs=1e-9)
+    assert prefetched(1.0, 2.0, 0) == queued(1.0, 2.0, 0) == 0.0
+
+
+PP1 = dict(tp=8, pp=1, dp=4, micro_batch=1, global_batch=8, sequence_parallel=True, recompute="selective", zero=3)
+
+
+def test_pp1_forward_adds_the_first_layers_gather_with_the_ends_then_what_each_next_one_outlasts():
+    m, lay = model("llama3-8b"), Layout(**PP1)
+    x = layout_slice(lay)
+    lt, ends = layer_times(m, H100, x, "selective"), end_times(m, H100, x)
+    layered = stage_costs(m, H100, lay, x, lt, ends, [m.layers], [0])[0]
+    plain = stage_costs(m, H100, Layout(**{**PP1, "zero": 1}), x, lt, ends, [m.layers], [0])[0]
+    links, dp = links_of(H100), lay.topology().group("dp")
+    layer = m.params().per_layer / 8
+    ends_params = stage_params(m, [m.layers], 8, [0])[0] - m.layers * layer
+    a = collective_time(links, "all_gather", layer * 2, dp)
+    first = collective_time(links, "all_gather", (layer + ends_params) * 2, dp)
+    expected = first + (m.layers - 1) * max(0.0, a - lt.forward)
+    assert layered.forward[0] - plain.forward[0] == pytest.approx(expected, rel=1e-9)
+    assert layered.unshard == (0.0,) and layered.grad_reduce == (0.0,)
+
+
+def _peak(**kw):
+    return max(sim.estimate("llama3-8b", H100, **{**PP1, **kw}).peak_memory)
+
+
+def test_memory_falls_from_the_stage_to_the_layer_by_the_layers_not_held():
+    m = model("llama3-8b")
+    layer = m.params().per_layer / 8
+    whole = stage_params(m, [m.layers], 8, [0])[0]
+    stage, held, kept = _peak(fsdp_unit="stage"), _peak(), _peak(reshard_after_forward=False)
+    # the stage holds all its weights and gradients; the layer two layers, the ends and one layer's gradients
+    assert stage - held == pytest.approx((m.layers - 2) * layer * 2 + (whole - layer) * 4, rel=1e-9)
+    assert kept - held == pytest.approx((m.layers - 2) * layer * 2, rel=1e-9)  # kept from forward to backward
+
+
+def test_with_pp_the_layer_and_the_stage_are_one_and_not_resharding_holds_the_stage():
+    kw = dict(PP1, pp=2, global_batch=16)
+    stage = sim.estimate("llama3-8b", H100, fsdp_unit="stage", **kw)
+    for layer in (sim.estimate("llama3-8b", H100, **kw),
+                  sim.estimate("llama3-8b", H100, reshard_after_forward=False, **kw)):
+        assert layer.peak_memory == stage.peak_memory and layer.step_time == stage.step_time
+
+
+@pytest.mark.parametrize("name, kw", [
+    ("llama3-8b", dict(tp=1, dp=32, micro_batch=1, global_batch=64, recompute="full")),
+    ("llama3-8b", dict(tp=8, dp=4, micro_batch=2, global_batch=32, sequence_parallel=True)),
+    ("llama3-70b", dict(tp=8, dp=32, micro_batch=1, global_batch=256, sequence_parallel=True, recompute="full")),
+    ("llama3-70b", dict(tp=4, dp=16, micro_batch=1, global_batch=64, sequence_parallel=True, recompute="full",
+                        fsdp_shard=8)),
+])
+def test_pp1_fsdp_is_never_longer_than_the_stage_unexposed_nor_shorter_than_its_computes(name, kw):
+    layer, stage = (sim.estimate(name, H100, pp=1, zero=3, fsdp_unit=u, **kw) for u in ("layer", "stage"))
+    zero1 = sim.estimate(name, H100, pp=1, zero=1, **{k: v for k, v in kw.items() if k != "fsdp_shard"})
+    assert layer.step_time <= stage.step_time
+    assert layer.step_time >= zero1.step_time - zero1.time_parts["grad_reduce"] - 1e-12
+    assert layer.time_parts["zero_collectives"] > 0
+
+
+@pytest.mark.parametrize("unit", ["block", None, "Layer"])
+def test_an_unknown_unit_is_refused(unit):
+    with pytest.raises(ValueError, match="fsdp_unit must be one of 'layer', 'stage'"):
+        sim.estimate("llama3-8b", H100, fsdp_unit=unit, **PP1)
