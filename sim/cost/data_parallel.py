@@ -167,29 +167,25 @@ def prefetched(c: float, a: float, n: int) -> float:
     return a + (n - 1) * max(0.0, a - c) if n else 0.0
 
 
-def queued(p: float, r: float, n: int) -> float:
-    """Seconds after the last of n computes p seconds apart that their reductions of r seconds
-    each end, each issued as its compute ends, on a stream of their own, one at a time (FSDP2's
-    reduce-scatter stream): reduction k ends at the latest over j <= k of end_j + (k - j + 1) r,
-    so the last at r + (n - 1) max(0, r - p) after the last compute. Zero for n = 0."""
-    return r + (n - 1) * max(0.0, r - p) if n else 0.0
-
-
 def fsdp_layer_exposure(m: Transformer, g: DeviceProfile, lay: Parallelism, layers: list[int], params: list[float],
                         forward: float, backward: float) -> tuple[list[float], list[float], list[float]]:
     """Per stage, with the layer as FSDP's unit at pp = 1 (torchtitan's FSDP2: `fully_shard` on
     the embedding, each block, the final norm with the output layer, and the root; Megatron-FSDP
     per module), what one micro-batch's gathers and reduce-scatters add to its passes, in seconds,
-    for layers of `forward` and `backward` seconds: the forward's gathers (`prefetched`; the
-    first layer's with the ends', which the pass waits for); the backward's, again when
+    for layers of `forward` and `backward` seconds: the forward's gathers (`prefetched`; the first
+    layer's with the ends', which the pass waits for); the backward's gathers, again when
     `reshard_after_forward` (torchtitan's default at pp = 1; the ends stay gathered: the output
-    layer's unit is not resharded after forward, the embedding's regather is taken as hidden);
-    and the reduce-scatters after the last backward compute (`queued` on the layers' backward
-    computes, then the ends', counted exposed). Every micro-batch reduce-scatters:
-    torchtitan's gradient accumulation at pp = 1 runs forward and backward per micro-batch
-    without `set_requires_gradient_sync(False)` (pytorch/torchtitan, torchtitan/train.py,
-    `train_step`). Gathers move 16-bit weights, reductions the gradients' bytes (FP32:
-    torchtitan's reduce dtype); HSDP over its shard group (`fsdp_reduce_time`)."""
+    layer's unit is not resharded after forward, the embedding's regather is taken as hidden),
+    and the reduce-scatter of each layer's gradients once its backward ends, on FSDP2's
+    reduce-scatter stream; then the ends', counted exposed. The backward's gathers (a each) and
+    reduce-scatters (r each) share the data-parallel links: they add `prefetched(backward, a + r, n)`,
+    exact where either is none, else at most one gather above the two on one link one at a time
+    (tests/sim/plan/test_fsdp_unit.py). Every micro-batch reduce-scatters: torchtitan's
+    gradient accumulation at pp = 1 runs forward and backward per micro-batch without
+    `set_requires_gradient_sync(False)` (pytorch/torchtitan, torchtitan/train.py, `train_step`).
+    Gathers move 16-bit weights, reductions the gradients' bytes (FP32: torchtitan's reduce
+    dtype); HSDP over its shard group (`fsdp_reduce_time`). Returned per stage: the forward's,
+    the backward's before its last reduce-scatter, and the reduce-scatters' tail."""
     weight, grad = (state_bytes_per_param(lay.precision)[k] for k in ("weights", "grads"))
     links, shard, layer = links_of(g), hsdp_groups(lay)[0], m.params().per_layer / lay.tp
     gathers, regathers, tails = [], [], []
@@ -197,9 +193,9 @@ def fsdp_layer_exposure(m: Transformer, g: DeviceProfile, lay: Parallelism, laye
         ends, a = p - n * layer, collective_time(links, "all_gather", layer * weight, shard)
         first = collective_time(links, "all_gather", (ends + (layer if n else 0.0)) * weight, shard)
         gathers.append(first + prefetched(forward, a, n) - (a if n else 0.0))
-        regathers.append(prefetched(backward, a, n) if lay.reshard_after_forward else 0.0)
-        period = max(backward, a) if lay.reshard_after_forward else backward
-        tails.append(queued(period, fsdp_reduce_time(g, lay, layer * grad), n) + fsdp_reduce_time(g, lay, ends * grad))
+        r = fsdp_reduce_time(g, lay, layer * grad) if n else 0.0
+        regathers.append(prefetched(backward, (a if lay.reshard_after_forward else 0.0) + r, n) - r)
+        tails.append(r + fsdp_reduce_time(g, lay, ends * grad))
     return gathers, regathers, tails
 
 

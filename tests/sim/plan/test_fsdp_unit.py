@@ -1,13 +1,14 @@
 """FSDP's unit (`fsdp_unit`): the layer, gathered one ahead of use on its own stream as FSDP2
-and Megatron-FSDP wrap a model, against the whole stage. The closed forms of the prefetched
-gathers and the queued reduce-scatters against a small event simulation of the two streams;
-the bytes held, the step's bounds, and the refusal of an unknown unit."""
+and Megatron-FSDP wrap a model, against the whole stage. The closed form of the prefetched
+gathers against a small event simulation of the two streams, and of the backward's gathers
+and reduce-scatters against one of them sharing a link; the bytes held, the step's bounds,
+and the refusal of an unknown unit."""
 import pytest
 import simpy
 from hypothesis import given, settings, strategies as st
 
 import sim
-from sim.cost.data_parallel import prefetched, queued, stage_params
+from sim.cost.data_parallel import prefetched, stage_params
 from sim.cost.layer import layer_times
 from sim.hardware.network import collective_time, links_of
 from sim.hardware.profile import profile
@@ -45,26 +46,39 @@ def _gathered_pass(c: float, a: float, n: int) -> float:
     return env.now - n * c
 
 
-def _queued_reductions(p: float, r: float, n: int) -> float:
-    """n computes p apart, each handing its reduction of r to a stream that runs one at a
-    time, simulated: how long after the last compute the last reduction ends."""
+def _shared_backward(c: float, a: float, r: float, n: int) -> float:
+    """A backward over n units, simulated: each unit gathered (two held at most) and, once its
+    compute ends, its gradients reduce-scattered, the gathers and the reduce-scatters one at a
+    time on one link, in the order asked. How long after n c the last reduce-scatter ends."""
     env = simpy.Environment()
-    stream, ends = simpy.Resource(env, capacity=1), []
+    link, slots = simpy.Resource(env, capacity=1), simpy.Container(env, capacity=2, init=2)
+    ready, ends = [env.event() for _ in range(n)], []
+
+    def gathers():
+        for i in range(n):
+            yield slots.get(1)
+            with link.request() as turn:
+                yield turn
+                yield env.timeout(a)
+            ready[i].succeed()
 
     def reduce():
-        with stream.request() as turn:
+        with link.request() as turn:
             yield turn
             yield env.timeout(r)
             ends.append(env.now)
 
     def computes():
-        for _ in range(n):
-            yield env.timeout(p)
+        for i in range(n):
+            yield ready[i]
+            yield env.timeout(c)
+            yield slots.put(1)
             env.process(reduce())
 
+    env.process(gathers())
     env.process(computes())
     env.run()
-    return max(ends) - n * p
+    return max(ends) - n * c
 
 
 @settings(max_examples=200, deadline=None)
@@ -74,10 +88,11 @@ def test_the_prefetched_gathers_closed_form_is_the_two_streams_simulated(c, a, n
 
 
 @settings(max_examples=200, deadline=None)
-@given(seconds, seconds, st.integers(1, 40))
-def test_the_queued_reductions_closed_form_is_the_stream_simulated(p, r, n):
-    assert queued(p, r, n) == pytest.approx(_queued_reductions(p, r, n), rel=1e-9, abs=1e-9)
-    assert prefetched(1.0, 2.0, 0) == queued(1.0, 2.0, 0) == 0.0
+@given(seconds, seconds, seconds, st.integers(1, 30))
+def test_the_backward_on_one_link_is_within_one_gather_below_its_closed_form(c, a, r, n):
+    simulated, closed = _shared_backward(c, a, r, n), prefetched(c, a + r, n)
+    assert simulated - 1e-9 <= closed <= simulated + a + 1e-9
+    assert prefetched(c, r, n) == pytest.approx(_shared_backward(c, 0.0, r, n), rel=1e-9, abs=1e-9)
 
 
 PP1 = dict(tp=8, pp=1, dp=4, micro_batch=1, global_batch=8, sequence_parallel=True, recompute="selective", zero=3)
