@@ -144,10 +144,7 @@ def stage_costs(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: Lay
     # with one stage a device and overlap_grad_reduce, the reduction overlaps the last backward bucket by bucket
     bucketed = lay.overlap_grad_reduce and sorted(placement) == list(range(lay.pp))
     reduce = grad_reduce_times(full, g, lay, params, placement, bwd if bucketed else None)
-    gather, scatter = zero3_times(g, lay, params)
-    regather = gather
-    if lay.zero == 3 and lay.pp == 1 and lay.fsdp_unit == "layer":  # FSDP2's per-layer gathers, prefetched
-        gather, regather, scatter = fsdp_layer_exposure(full, g, lay, layers, params, lt.forward, lt.backward)
+    gather, regather, scatter = zero_exposure(full, g, lay, lt, layers, params)
     fwd = [t + a + r for t, a, r in zip(fwd, gather, into_f)]
     bwd = [t + a + r + q for t, a, r, q in zip(bwd, regather, scatter, into_b)]
     bi = [t + a + q for t, a, q in zip(bi, regather, into_b)]
@@ -173,6 +170,19 @@ def stage_costs(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: Lay
     parts["zero_collectives"] = mb * (sum(gather) + sum(regather) + sum(scatter)) / lay.pp
     parts["tp_collectives"] += mb * (sum(into_f) + sum(into_b)) / lay.pp
     return costs, parts
+
+
+def zero_exposure(m: Transformer, g: DeviceProfile, lay: Layout, lt: LayerTimes, layers: list[int],
+                  params: list[float]) -> tuple[list[float], list[float], list[float]]:
+    """Per stage, what ZeRO's gathers and reduce-scatters add to one micro-batch's forward, to
+    its backward before them, and after it: with the layer as FSDP's unit at pp = 1, FSDP2's
+    prefetched per-layer ones (`sim.cost.data_parallel.fsdp_layer_exposure`); else
+    DeepSpeed's whole-stage ones, the gather before the forward and again before the backward
+    (`sim.cost.data_parallel.zero3_times`; none with pp > 1, where FSDP's are actions)."""
+    if lay.zero == 3 and lay.pp == 1 and lay.fsdp_unit == "layer":
+        return fsdp_layer_exposure(m, g, lay, layers, params, lt.forward, lt.backward)
+    gather, scatter = zero3_times(g, lay, params)
+    return gather, gather, scatter
 
 
 def fsdp_costs(m: Transformer, g: DeviceProfile, lay: Layout, layers: list[int], params: list[float],
