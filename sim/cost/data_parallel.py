@@ -3,8 +3,10 @@ the reduction of their gradients over the replicas, ZeRO-3's gathers, and the op
 
 `sim.estimate` puts the reductions on the step as REDUCE_GRAD actions (with one stage a device
 and overlap_grad_reduce, only what the last backward does not hide bucket by bucket:
-`bucketed_tail`), ZeRO-3's gathers into each micro-batch's passes (pp = 1) or as FSDP's
-UNSHARD actions (pp > 1: `fsdp_as_actions`), and the optimizer step after the pipeline flush. What they read of the
+`bucketed_tail`), ZeRO-3 as FSDP's UNSHARD and RESHARD actions (`fsdp_as_actions`; with
+pp = 1 what the gathers and reduce-scatters leave exposed goes into each micro-batch's passes:
+`fsdp_layer_exposure` with the layer as FSDP's unit, `zero3_times` with the stage), and the
+optimizer step after the pipeline flush. What they read of the
 run's layout is a `Parallelism` (the planner's `sim.plan.layout.Layout` is one: its tp, dp, pp,
 cp, ZeRO stage, precision, optimizer, and nodes, `topology`, which says how each data-parallel group sits on
 them); collectives are timed by `sim.hardware.network`. With context parallelism the replicas
@@ -35,6 +37,8 @@ class Parallelism(Protocol):
     zero: int
     precision: str
     fsdp_shard: int | None  # HSDP's shard group (None: all the dp x cp replicas)
+    fsdp_unit: str  # what FSDP gathers at once: "layer" or "stage" (FSDP_UNITS)
+    reshard_after_forward: bool
     optimizer: str  # a name of sim.model.footprint.OPTIMIZERS
 
     def topology(self) -> Topology:
@@ -80,14 +84,11 @@ def grad_reduce_times(m: Transformer, g: DeviceProfile, lay: Parallelism, params
         scatter = tail(collective_time(links, "reduce_scatter", nbytes, dp)) if lay.zero == 1 else 0.0
         return scatter + collective_time(links, "all_gather", nbytes, dp)
 
-    # ZeRO-3 as FSDP's actions reduce-scatters once, after the stage's last backward (HSDP:
-    # within its shard group, then all-reduces its shard across the replicas); as
-    # DeepSpeed's, every micro-batch's gradients in its backward (`zero3_times`)
-    if fsdp_as_actions(lay):
-        shard, replicas = hsdp_groups(lay)
-        out = [collective_time(links, "reduce_scatter", p * grad, shard)
-               + (collective_time(links, "all_reduce", p * grad / shard.size, replicas) if replicas.size > 1 else 0.0)
-               for p in params]
+    # ZeRO-3 with pp > 1 reduce-scatters once, after the stage's last backward (HSDP:
+    # within its shard group, then all-reduces its shard across the replicas); with pp = 1
+    # every micro-batch's gradients in its backward (`fsdp_layer_exposure`, `zero3_times`)
+    if lay.zero == 3 and lay.pp > 1:
+        out = [fsdp_reduce_time(g, lay, p * grad) for p in params]
     else:
         out = [0.0 if lay.zero == 3 else reduce(p * grad, s) for s, p in enumerate(params)]
     if m.params().tied and placement[0] != placement[-1]:
@@ -119,10 +120,11 @@ def bucketed_tail(reduce: float, backward: float, k: int) -> float:
 
 def fsdp_as_actions(lay: Parallelism) -> bool:
     """Whether ZeRO-3 runs as FSDP's gathers and releases, actions the engine schedules
-    (`sim.add_fsdp`, `fsdp_times`): with pp > 1, as torch.distributed.pipelining lowers them.
-    With pp = 1 a stage is the whole model, which FSDP never gathers at once: there the
-    gathers stay in each micro-batch's passes (`zero3_times`, DeepSpeed's ZeRO-3)."""
-    return lay.zero == 3 and lay.pp > 1
+    (`sim.add_fsdp`): always. With pp > 1 each UNSHARD gathers its whole stage and takes its
+    time (`fsdp_times`), as torch.distributed.pipelining lowers them; with pp = 1 the one
+    UNSHARD takes no time and holds what FSDP keeps gathered (`fsdp_held_bytes`), the gathers'
+    exposed time being in each micro-batch's passes."""
+    return lay.zero == 3
 
 
 def shard_size(lay: Parallelism) -> int:
@@ -143,14 +145,77 @@ def hsdp_groups(lay: Parallelism) -> tuple[Group, Group]:
             topo.slowest([g[i::n] for g in dp for i in range(n)]))
 
 
-def fsdp_times(g: DeviceProfile, lay: Parallelism, params: list[float]) -> tuple[list[float], list[float]]:
-    """Per stage, FSDP's UNSHARD: the all-gather of its 16-bit parameters from their shards
-    over the data-parallel group (HSDP: its shard group), in seconds, and the bytes it gathers
-    (held until its RESHARD). The reduce-scatter of its gradients is its REDUCE_GRAD
-    (`grad_reduce_times`)."""
+def fsdp_times(g: DeviceProfile, lay: Parallelism, params: list[float]) -> list[float]:
+    """Per stage (pp > 1), FSDP's UNSHARD: the all-gather of its 16-bit parameters from their
+    shards over the data-parallel group (HSDP: its shard group), in seconds. The reduce-scatter
+    of its gradients is its REDUCE_GRAD (`grad_reduce_times`)."""
     weight = state_bytes_per_param(lay.precision)["weights"]
     shard = hsdp_groups(lay)[0]
-    return [collective_time(links_of(g), "all_gather", p * weight, shard) for p in params], [p * weight for p in params]
+    return [collective_time(links_of(g), "all_gather", p * weight, shard) for p in params]
+
+
+FSDP_UNITS = ("layer", "stage")  # what FSDP gathers at once (`Parallel.fsdp_unit`)
+
+
+def prefetched(c: float, a: float, n: int) -> float:
+    """Seconds that gathers of `a` seconds add to a pass over n units of `c` seconds of compute
+    each, the gathers on a stream of their own, prefetched one unit ahead (FSDP2: unit i+1's
+    all-gather issued as unit i's compute starts; two units gathered at most). Unit 1 starts at
+    a; gather i+1 runs from unit i's start S_i (gather i ended by then), so unit i+1 starts at
+    S_i + max(a, c): the pass ends at a + (n - 1) max(a, c) + c, which is n c plus
+    a + (n - 1) max(0, a - c). Zero for n = 0."""
+    return a + (n - 1) * max(0.0, a - c) if n else 0.0
+
+
+def fsdp_layer_exposure(m: Transformer, g: DeviceProfile, lay: Parallelism, layers: list[int], params: list[float],
+                        forward: float, backward: float) -> tuple[list[float], list[float], list[float]]:
+    """Per stage, with the layer as FSDP's unit at pp = 1 (torchtitan's FSDP2: `fully_shard` on
+    the embedding, each block, the final norm with the output layer, and the root; Megatron-FSDP
+    per module), what one micro-batch's gathers and reduce-scatters add to its passes, in seconds,
+    for layers of `forward` and `backward` seconds: the forward's gathers (`prefetched`; the first
+    layer's with the ends', which the pass waits for); the backward's gathers, again when
+    `reshard_after_forward` (torchtitan's default at pp = 1; the ends stay gathered: the output
+    layer's unit is not resharded after forward, the embedding's regather is taken as hidden),
+    and the reduce-scatter of each layer's gradients once its backward ends, on FSDP2's
+    reduce-scatter stream; then the ends', counted exposed. The backward's gathers (a each) and
+    reduce-scatters (r each) share the data-parallel links: they add `prefetched(backward, a + r, n)`,
+    exact where either is none, else at most one gather above the two on one link one at a time
+    (tests/sim/plan/test_fsdp_unit.py). Every micro-batch reduce-scatters: torchtitan's
+    gradient accumulation at pp = 1 runs forward and backward per micro-batch without
+    `set_requires_gradient_sync(False)` (pytorch/torchtitan, torchtitan/train.py, `train_step`).
+    Gathers move 16-bit weights, reductions the gradients' bytes (FP32: torchtitan's reduce
+    dtype); HSDP over its shard group (`fsdp_reduce_time`). Returned per stage: the forward's,
+    the backward's before its last reduce-scatter, and the reduce-scatters' tail."""
+    weight, grad = (state_bytes_per_param(lay.precision)[k] for k in ("weights", "grads"))
+    links, shard, layer = links_of(g), hsdp_groups(lay)[0], m.params().per_layer / lay.tp
+    gathers, regathers, tails = [], [], []
+    for n, p in zip(layers, params):
+        ends, a = p - n * layer, collective_time(links, "all_gather", layer * weight, shard)
+        first = collective_time(links, "all_gather", (ends + (layer if n else 0.0)) * weight, shard)
+        gathers.append(first + prefetched(forward, a, n) - (a if n else 0.0))
+        r = fsdp_reduce_time(g, lay, layer * grad) if n else 0.0
+        regathers.append(prefetched(backward, (a if lay.reshard_after_forward else 0.0) + r, n) - r)
+        tails.append(r + fsdp_reduce_time(g, lay, ends * grad))
+    return gathers, regathers, tails
+
+
+def fsdp_held_bytes(m: Transformer, lay: Parallelism, layers: list[int], params: list[float]) -> list[float]:
+    """Per stage, the bytes FSDP holds beside its shards (its UNSHARD's `unshard_bytes`): with
+    pp > 1 the whole stage's 16-bit weights, whatever the unit (torch.distributed.pipelining
+    gathers every FSDP module of the stage at its UNSHARD, `_PipelineScheduleRuntime`, and keeps
+    each layer gathered after every backward but the last, `set_reshard_after_backward(False)`;
+    the gradients stay whole in `grad_bytes`). With pp = 1 and the layer as unit: two layers
+    (the one computing, the one prefetched) and the ends when `reshard_after_forward`, else
+    every layer, from its forward to its backward; and one layer's unsharded gradients
+    awaiting their reduce-scatter. With the stage as unit: its weights and its gradients."""
+    weight, grad = (state_bytes_per_param(lay.precision)[k] for k in ("weights", "grads"))
+    if lay.pp > 1:
+        return [p * weight for p in params]
+    if lay.fsdp_unit == "stage":
+        return [p * (weight + grad) for p in params]
+    layer = m.params().per_layer / lay.tp
+    kept = [max(n - 2, 0) if lay.reshard_after_forward else 0 for n in layers]  # layers resharded meanwhile
+    return [(p - k * layer) * weight + min(n, 1) * layer * grad for n, k, p in zip(layers, kept, params)]
 
 
 def zero3_times(g: DeviceProfile, lay: Parallelism, params: list[float]) -> tuple[list[float], list[float]]:
@@ -161,14 +226,25 @@ def zero3_times(g: DeviceProfile, lay: Parallelism, params: list[float]) -> tupl
     compute (DeepSpeed prefetches some of it; not modelled). Under ZeRO-2 (pp = 1 only) the
     reduce-scatter of the stage's gradients after each micro-batch's backward, DeepSpeed's
     stage 2, so that only 1/dp of them accumulates (docs/planner.md, "ZeRO with pipelining").
-    Zero for other stages, and for ZeRO-3 as FSDP's actions (`fsdp_as_actions`)."""
-    if lay.zero < 2 or fsdp_as_actions(lay):
+    ZeRO-3 so is FSDP with the stage as its unit (`fsdp_unit="stage"`) at pp = 1; HSDP gathers
+    within its shard group and all-reduces the reduced shard across the replicas. Zero for
+    other stages, with pp > 1, and with the layer as FSDP's unit (`fsdp_layer_exposure`)."""
+    if lay.zero < 2 or lay.pp > 1 or (lay.zero == 3 and lay.fsdp_unit == "layer"):
         return [0.0] * len(params), [0.0] * len(params)
     links, dp = links_of(g), lay.topology().group("dp_cp")
     weight, grad = (state_bytes_per_param(lay.precision)[k] for k in ("weights", "grads"))  # 16-bit under FP8 too
-    gather = [collective_time(links, "all_gather", p * weight, dp) if lay.zero == 3 else 0.0 for p in params]
-    scatter = [collective_time(links, "reduce_scatter", p * (weight if lay.zero == 3 else grad), dp) for p in params]
-    return gather, scatter
+    if lay.zero == 2:
+        return [0.0] * len(params), [collective_time(links, "reduce_scatter", p * grad, dp) for p in params]
+    return ([collective_time(links, "all_gather", p * weight, hsdp_groups(lay)[0]) for p in params],
+            [fsdp_reduce_time(g, lay, p * weight) for p in params])
+
+
+def fsdp_reduce_time(g: DeviceProfile, lay: Parallelism, nbytes: float) -> float:
+    """FSDP's reduction of `nbytes` of gradients: a reduce-scatter over the shard group and,
+    under HSDP, an all-reduce of the shard across the replicas (`hsdp_groups`)."""
+    links, (shard, replicas) = links_of(g), hsdp_groups(lay)
+    across = collective_time(links, "all_reduce", nbytes / shard.size, replicas) if replicas.size > 1 else 0.0
+    return collective_time(links, "reduce_scatter", nbytes, shard) + across
 
 
 def optimizer_time(m: Transformer, g: DeviceProfile, lay: Parallelism, layers: list[int], placement) -> float:

@@ -19,8 +19,9 @@ units (layers or blocks) gathered one by one; with pp > 1 each stage is one.
     >>> print(sim.add_fsdp(sim.make_schedule("looped-bfs", devices=1, micro_batches=1, virtual=2)).to_csv(), end="")
     0UNSHARD,1UNSHARD,0F0,0RESHARD,1F0,0UNSHARD1,1B0,1RESHARD,0B0,0RESHARD1
 
-The planner's hook (zero=3 with pp > 1 as actions; `sim.estimate` does this, with
-`sim.plan.stage_costs.fsdp_costs`): build the schedule, then
+The planner's hook (zero=3 as actions; `sim.estimate` does this, with
+`sim.plan.stage_costs.fsdp_costs`; with pp = 1 the one UNSHARD takes no time, FSDP's per-layer
+gathers being inside the passes): build the schedule, then
 `add_fsdp(schedule, lookahead, reshard_after_forward)`, then `add_grad_reduce(..., overlap=True)`
 (the reduce-scatters after each stage's last backward, as torch orders them), and give
 `Costs(unshard=all-gather time, unshard_bytes=gathered bytes, grad_reduce=reduce-scatter

@@ -90,6 +90,7 @@ class Estimate:
                 "dp": lay.dp, "cp": lay.cp, "cp_comm": lay.cp_comm, "attention": self.model.attention, "micro_batch": lay.micro_batch, "global_batch": lay.global_batch,
                 "micro_batches": lay.micro_batches, "schedule": lay.schedule, "virtual": self.result.schedule.stages // lay.pp,
                 "recompute": lay.recompute, "sequence_parallel": lay.sequence_parallel, "zero": lay.zero,
+                "fsdp_unit": lay.fsdp_unit,
                 "precision": lay.precision, "optimizer": lay.optimizer, "offload": lay.offload,
                 "memory_headroom": lay.memory_headroom,
                 "usable_memory": self.usable_memory, "step_time": self.step_time, "tflops_per_gpu": self.tflops_per_gpu,
@@ -105,7 +106,8 @@ def estimate(model: Transformer | str, gpu: DeviceProfile | GPU | str = "a100-80
              attention: str | None = None, cp_comm: str = "p2p", overlap_grad_reduce: bool = False, partition="even",
              tp_overlap: bool = True, offload: bool = False,
              memory_headroom: float = DEFAULT_HEADROOM, optimizer: str = DEFAULT_OPTIMIZER,
-             reshard_after_forward: bool = True, fsdp_shard: int | None = None, **schedule_options) -> Estimate:
+             reshard_after_forward: bool = True, fsdp_shard: int | None = None, fsdp_unit: str = "layer",
+             **schedule_options) -> Estimate:
     """Simulate one training step of `model` on `gpu`s split as given (see `Layout` and the
     module's docstring); `gpu` is a device profile (`sim.load_profile`), a profile's or GPU
     preset's name (its default profile, `sim.hardware.profile.DEFAULT_PROFILES`) or a preset `GPU`;
@@ -122,16 +124,17 @@ def estimate(model: Transformer | str, gpu: DeviceProfile | GPU | str = "a100-80
     ("a2a"; `sim.cost.context.context_attention`); `attention` ("flash", "unfused") overrides the
     model's attention kernel. `optimizer` (a name of `sim.model.footprint.OPTIMIZERS`, those of
     `exec.run --optimizer`) sets the state each GPU holds and the bytes its step reads and writes.
-    With zero=3 and pp > 1 the gathers and reduce-scatters are FSDP's actions on the step
-    (`sim.add_fsdp`), and `reshard_after_forward` is FSDP2's option; `fsdp_shard` makes it HSDP,
-    sharded within groups of that many replicas and replicated across them (docs/planner.md,
-    "ZeRO with pipelining")."""
+    With zero=3 the gathers are FSDP's actions on the step (`sim.add_fsdp`), `reshard_after_forward`
+    is FSDP2's option, `fsdp_unit` what it gathers at once ("layer": each layer, prefetched one
+    ahead, as FSDP2 and Megatron-FSDP wrap a model; "stage": the whole stage, as exec's runtime
+    does), and `fsdp_shard` makes it HSDP, sharded within groups of that many replicas and
+    replicated across them (docs/planner.md, "ZeRO with pipelining")."""
     cluster = Cluster(gpus_per_node=gpus_per_node,
                       nics_per_node=gpus_per_node if nics_per_node is None else nics_per_node)
     parallel = Parallel(tp=tp, pp=pp, dp=dp, cp=cp, cp_comm=cp_comm, sequence_parallel=sequence_parallel, zero=zero,
                         partition=partition if isinstance(partition, str) else tuple(partition),
                         overlap_grad_reduce=overlap_grad_reduce, tp_overlap=tp_overlap,
-                        reshard_after_forward=reshard_after_forward, fsdp_shard=fsdp_shard)
+                        reshard_after_forward=reshard_after_forward, fsdp_shard=fsdp_shard, fsdp_unit=fsdp_unit)
     run = Run(micro_batch=micro_batch, global_batch=dp * micro_batch if global_batch is None else global_batch,
               schedule=lookup(schedule)[0], virtual=virtual, recompute=recompute, precision=precision,
               attention=attention, offload=offload, memory_headroom=memory_headroom,
@@ -158,7 +161,7 @@ def estimate_layout(model: Transformer, profile: DeviceProfile, lay: Layout, **s
     if lay.offload:
         sched, costs = offload_costs(model, profile, lay, layers, sched, costs)
     fsdp = fsdp_as_actions(lay)
-    if fsdp:  # FSDP's gathers, then its reduce-scatters after each stage's last backward
+    if fsdp:  # FSDP's gathers, then (pp > 1) its reduce-scatters after each stage's last backward
         sched = add_fsdp(sched, reshard_after_forward=lay.reshard_after_forward)
     if any(costs.grad_reduce):
         sched = add_grad_reduce(sched, overlap=lay.overlap_grad_reduce or fsdp)

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from sim.cli import machine_memory
+from sim.cost.data_parallel import FSDP_UNITS
 from sim.cost.fp8 import check_fp8
 from sim.cost.layer import Slice
 from sim.hardware.kernels import precision_bytes
@@ -78,8 +79,9 @@ class Parallel:
     partition: str | tuple = "even"   # the layers over the stages (`stage_costs.partition_layers`)
     overlap_grad_reduce: bool = False
     tp_overlap: bool = True
-    reshard_after_forward: bool = True  # zero=3 with pp > 1: FSDP2's option (`sim.add_fsdp`)
-    fsdp_shard: int | None = None       # zero=3 with pp > 1: HSDP's shard group (None: all dp x cp)
+    reshard_after_forward: bool = True  # zero=3: FSDP2's option (`sim.add_fsdp`)
+    fsdp_shard: int | None = None       # zero=3: HSDP's shard group (None: all dp x cp)
+    fsdp_unit: str = "layer"            # zero=3: what FSDP gathers at once, "layer" or "stage" (FSDP_UNITS)
 
 
 @dataclass(frozen=True)
@@ -128,8 +130,9 @@ class Layout:
     cp: int = 1
     cp_comm: str = "p2p"
     attention: str | None = None
-    reshard_after_forward: bool = True  # zero=3 with pp > 1: FSDP2's option (`sim.add_fsdp`)
-    fsdp_shard: int | None = None       # zero=3 with pp > 1: HSDP's shard group (None: all dp x cp)
+    reshard_after_forward: bool = True  # zero=3: FSDP2's option (`sim.add_fsdp`)
+    fsdp_shard: int | None = None       # zero=3: HSDP's shard group (None: all dp x cp)
+    fsdp_unit: str = "layer"            # zero=3: what FSDP gathers at once, "layer" or "stage" (FSDP_UNITS)
 
     @classmethod
     def of(cls, parallel: Parallel, run: Run, cluster: Cluster = Cluster()) -> Layout:
@@ -211,12 +214,14 @@ def check_layout(model: Transformer, profile: DeviceProfile, lay: Layout) -> lis
         raise ValueError(f"zero={lay.zero} with pp > 1: the micro-batches of a pipeline accumulate every "
                          f"gradient until the step's end (DeepSpeed's pipeline engine refuses ZeRO-2 and -3; "
                          f"Megatron-LM's distributed optimizer shards the optimizer state only); use zero <= 1")
-    if lay.fsdp_shard is not None and not (lay.zero == 3 and lay.pp > 1 and isinstance(lay.fsdp_shard, int)
+    if lay.fsdp_unit not in FSDP_UNITS:
+        raise ValueError(f"fsdp_unit must be one of {', '.join(map(repr, FSDP_UNITS))} (what FSDP gathers at "
+                         f"once: each layer, FSDP2's fully_shard per block, or the whole stage); got {lay.fsdp_unit!r}")
+    if lay.fsdp_shard is not None and not (lay.zero == 3 and isinstance(lay.fsdp_shard, int)
                                            and not isinstance(lay.fsdp_shard, bool) and lay.fsdp_shard >= 1
                                            and lay.replicas % lay.fsdp_shard == 0):
         raise ValueError(f"fsdp_shard={lay.fsdp_shard!r}: HSDP shards over fsdp_shard replicas and replicates across "
-                         f"them, with zero=3 and pp > 1; give a divisor of dp x cp = {lay.replicas} "
-                         f"(zero={lay.zero}, pp={lay.pp})")
+                         f"them, with zero=3; give a divisor of dp x cp = {lay.replicas} (zero={lay.zero})")
     if lay.sequence_parallel and lay.tp == 1:
         raise ValueError("sequence_parallel needs tp > 1 (it splits what tensor parallelism leaves whole)")
     for name in ("overlap_grad_reduce", "tp_overlap", "offload", "reshard_after_forward"):

@@ -7,8 +7,8 @@ from functools import cache
 from sim.engine.costs import Costs
 from sim.engine.fields import PER_STAGE
 from sim.engine.result import Result
-from sim.cost.data_parallel import (fsdp_as_actions, fsdp_times, grad_reduce_times, shard_size, stage_params,
-                                    zero3_times)
+from sim.cost.data_parallel import (fsdp_as_actions, fsdp_held_bytes, fsdp_layer_exposure, fsdp_times,
+                                    grad_reduce_times, shard_size, stage_params, zero3_times)
 from sim.cost.ends import end_kernel_counts
 from sim.cost import fp8
 from sim.cost.layer import LayerTimes, Slice
@@ -144,10 +144,10 @@ def stage_costs(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: Lay
     # with one stage a device and overlap_grad_reduce, the reduction overlaps the last backward bucket by bucket
     bucketed = lay.overlap_grad_reduce and sorted(placement) == list(range(lay.pp))
     reduce = grad_reduce_times(full, g, lay, params, placement, bwd if bucketed else None)
-    gather, scatter = zero3_times(g, lay, params)
+    gather, regather, scatter = zero_exposure(full, g, lay, lt, layers, params)
     fwd = [t + a + r for t, a, r in zip(fwd, gather, into_f)]
-    bwd = [t + a + r + q for t, a, r, q in zip(bwd, gather, scatter, into_b)]
-    bi = [t + a + q for t, a, q in zip(bi, gather, into_b)]
+    bwd = [t + a + r + q for t, a, r, q in zip(bwd, regather, scatter, into_b)]
+    bi = [t + a + q for t, a, q in zip(bi, regather, into_b)]
     bw = [t + r for t, r in zip(bw, scatter)]
     # a profile of CPU ranks over gloo gives its runtime's own costs (docs/rules.md rules 2, 3, 9:
     # the isend, irecv and arrival calls; 10: a late notice's wait for the sender's I/O thread;
@@ -161,27 +161,44 @@ def stage_costs(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: Lay
                   latency=pipe.latency, bandwidth=pipe.bandwidth, **transport,
                   grad_reduce=tuple(reduce))
     if fsdp_as_actions(lay):
-        costs = fsdp_costs(g, lay, params, costs)
+        costs = fsdp_costs(full, g, lay, layers, params, costs)
     # per device on average: the compute by part (the rest of the step: `estimate`)
     mb, names = lay.micro_batches, {"gemm": "gemm", "memory": "memory_bound", "collectives": "tp_collectives"}
     parts = {names[k]: mb * sum(layers) * v / lay.pp for k, v in lt.parts.items()}
     parts["embedding_and_output"] = mb * sum(ends[f"{side}_{p}"] for side in ("first", "last") for p in "FB") / lay.pp
     parts["launch_floor"] = mb * floor / lay.pp
-    parts["zero_collectives"] = mb * (2 * sum(gather) + sum(scatter)) / lay.pp
+    parts["zero_collectives"] = mb * (sum(gather) + sum(regather) + sum(scatter)) / lay.pp
     parts["tp_collectives"] += mb * (sum(into_f) + sum(into_b)) / lay.pp
     return costs, parts
 
 
-def fsdp_costs(g: DeviceProfile, lay: Layout, params: list[float], costs: Costs) -> Costs:
-    """`costs` with those of FSDP's actions (zero=3 with pp > 1: `sim.cost.data_parallel.fsdp_as_actions`):
-    each stage's UNSHARD (the all-gather's time, the gathered 16-bit parameters' bytes, held
-    beside the shard until its RESHARD), and its gradients whole until its REDUCE_GRAD, the
-    reduce-scatter: torch.distributed.pipelining turns FSDP's gradient sync off until the
-    stage's last backward (`set_requires_gradient_sync(False)`), so each micro-batch adds into
-    unsharded gradients."""
-    gather, gathered = fsdp_times(g, lay, params)
+def zero_exposure(m: Transformer, g: DeviceProfile, lay: Layout, lt: LayerTimes, layers: list[int],
+                  params: list[float]) -> tuple[list[float], list[float], list[float]]:
+    """Per stage, what ZeRO's gathers and reduce-scatters add to one micro-batch's forward, to
+    its backward before them, and after it: with the layer as FSDP's unit at pp = 1, FSDP2's
+    prefetched per-layer ones (`sim.cost.data_parallel.fsdp_layer_exposure`); else
+    DeepSpeed's whole-stage ones, the gather before the forward and again before the backward
+    (`sim.cost.data_parallel.zero3_times`; none with pp > 1, where FSDP's are actions)."""
+    if lay.zero == 3 and lay.pp == 1 and lay.fsdp_unit == "layer":
+        return fsdp_layer_exposure(m, g, lay, layers, params, lt.forward, lt.backward)
+    gather, scatter = zero3_times(g, lay, params)
+    return gather, gather, scatter
+
+
+def fsdp_costs(m: Transformer, g: DeviceProfile, lay: Layout, layers: list[int], params: list[float],
+               costs: Costs) -> Costs:
+    """`costs` with those of FSDP's actions (zero=3: `sim.cost.data_parallel.fsdp_as_actions`):
+    each stage's UNSHARD, its time (pp > 1: the whole stage's all-gather; pp = 1: none, the
+    gathers' exposed time being in the passes) and the bytes it holds until its RESHARD
+    (`sim.cost.data_parallel.fsdp_held_bytes`). With pp > 1 its gradients are whole until its
+    REDUCE_GRAD, the reduce-scatter: torch.distributed.pipelining turns FSDP's gradient sync off
+    until the stage's last backward (`set_requires_gradient_sync(False)`), so each micro-batch
+    adds into unsharded gradients."""
+    held = tuple(fsdp_held_bytes(m, lay, layers, params))
+    if lay.pp == 1:
+        return replace(costs, unshard=(0.0,) * len(params), unshard_bytes=held)
     grads = state_bytes_per_param(lay.precision)["grads"]
-    return replace(costs, unshard=tuple(gather), unshard_bytes=tuple(gathered),
+    return replace(costs, unshard=tuple(fsdp_times(g, lay, params)), unshard_bytes=held,
                    grad_bytes=tuple(p * grads for p in params))
 
 
