@@ -36,6 +36,8 @@ import torch.distributed as dist
 
 from sim.hardware.topology import Topology
 
+from exec.runtime.ep import expert_groups
+
 __all__ = ["ReplicaContext", "replica_context", "shard", "CollectiveStream", "Reduction",
            "check_dp"]
 
@@ -63,6 +65,9 @@ class ReplicaContext:
     backend: str
     cores: tuple[int, ...] | None
     dp_group: Any          # the torch.distributed group of this pipeline position
+    ep: int = 1            # expert parallelism among the replicas (`exec.runtime.ep`)
+    ep_group: Any = None   # with ep > 1: the replicas this rank's MoE layers dispatch tokens to
+    edp_group: Any = None  # with ep > 1: the replicas holding the same experts
 
     @property
     def device(self) -> torch.device:
@@ -73,9 +78,10 @@ class ReplicaContext:
         return Topology(tp=1, pp=self.world_size, dp=self.dp).rank(0, self.replica, pipe_rank)
 
 
-def replica_context(ctx, pp: int, dp: int) -> ReplicaContext:
-    """This rank's `ReplicaContext` in a run of `dp` replicas of `pp` ranks. Every rank of
-    the world calls it at once: it makes every data-parallel group (`new_group` is a
+def replica_context(ctx, pp: int, dp: int, ep: int = 1) -> ReplicaContext:
+    """This rank's `ReplicaContext` in a run of `dp` replicas of `pp` ranks, their MoE layers'
+    experts spread over `ep` of the replicas (`exec.runtime.ep.expert_groups`). Every rank
+    of the world calls it at once: it makes every data-parallel group (`new_group` is a
     collective of the whole world, called for every group in the same order)."""
     topo = Topology(tp=1, pp=pp, dp=dp)
     if ctx.world_size != topo.gpus:
@@ -83,8 +89,16 @@ def replica_context(ctx, pp: int, dp: int) -> ReplicaContext:
                          f"{ctx.world_size}; launch pp * dp processes")
     _, replica, pipe_rank = topo.coords(ctx.rank)
     groups = {g: dist.new_group(list(g)) for g in topo.groups("dp")}
+    experts = {}  # (ep or edp, replica indices) -> this rank's group, if it is in it
+    if ep > 1:
+        for what, sets in zip(("ep", "edp"), expert_groups(dp, ep)):
+            for p in range(pp):
+                for replicas in sets:
+                    group = dist.new_group([topo.rank(0, d, p) for d in replicas])
+                    if p == pipe_rank and replica in replicas:
+                        experts[what] = group
     return ReplicaContext(pipe_rank, pp, replica, dp, ctx.rank, ctx.local_rank, ctx.backend, ctx.cores,
-                          groups[topo.group_of("dp", ctx.rank)])
+                          groups[topo.group_of("dp", ctx.rank)], ep, experts.get("ep"), experts.get("edp"))
 
 
 def shard(inputs: torch.Tensor, targets: torch.Tensor, dp: int, replica: int) -> tuple[torch.Tensor, torch.Tensor]:
