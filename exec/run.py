@@ -40,6 +40,7 @@ from exec.runtime.optim import DEFAULT_OPTIMIZER, OPTIMIZERS  # torch is importe
 from sim.model.transformer import RECOMPUTE
 
 PROG = "exec.run"
+MOE_FLAGS = ("experts", "top_k", "expert_ffn", "shared_experts", "dense_layers")  # ModelSpec's fields of the same names
 
 
 def _seconds(text: str) -> float:
@@ -76,10 +77,21 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--ffn", type=whole, help="MLP width of every block (default 4 x hidden)")
     m.add_argument("--batch-size", type=whole, help="samples per step (a multiple of --dp x --micro-batches)")
     m.add_argument("--seed", type=int, help="weights and batch seed")
+    m.add_argument("--experts", type=whole, metavar="E",
+                   help="gpt: a mixture of experts, E routed experts in each MoE layer (sim.Transformer's experts)")
+    m.add_argument("--top-k", type=whole, metavar="K", help="with --experts: experts a token goes to (default 1)")
+    m.add_argument("--expert-ffn", type=whole, metavar="F", help="with --experts: one expert's width (default --ffn)")
+    m.add_argument("--shared-experts", type=lambda t: whole(t, minimum=0), metavar="S",
+                   help="with --experts: experts every token passes through (default 0)")
+    m.add_argument("--dense-layers", type=lambda t: whole(t, minimum=0), metavar="N",
+                   help="with --experts: the first N blocks keep the dense MLP (default 0)")
     m.add_argument("--recompute", choices=list(RECOMPUTE), default="none",
                    help="activation recomputation: full = every block keeps only its input and recomputes "
                         "its forward before its backward; selective (gpt) = the attention core only (default none)")
     r = p.add_argument_group("run")
+    r.add_argument("--ep", type=whole, default=1, metavar="N",
+                   help="expert parallelism: each MoE layer's experts spread over N of the --dp replicas, tokens "
+                        "sent to them by all-to-all (N divides --dp and --experts; needs --no-compare or --costs)")
     r.add_argument("--backend", choices=["gloo", "nccl"], default="gloo",
                    help="gloo: CPU processes; nccl: one GPU per rank (default gloo)")
     r.add_argument("--steps", type=whole, default=5, help="measured steps (default 5)")
@@ -228,7 +240,7 @@ def model_spec(args):
     line) for a preset exec does not build or a flag the model does not take."""
     from exec.models.spec import ModelSpec
     sizes = {k: getattr(args, k) for k in ("layers", "hidden", "seq", "heads", "vocab", "batch_size", "seed",
-                                           "recompute") if getattr(args, k) is not None}
+                                           "recompute", *MOE_FLAGS) if getattr(args, k) is not None}
     name = args.model
     if name not in ("mlp", "gpt"):
         from sim.model.registry import MODELS, model_key
@@ -245,8 +257,8 @@ def model_spec(args):
         sizes["ffn"] = args.ffn
     if "ffn" in sizes:
         sizes["ffn"] = (sizes["ffn"],) * sizes.get("layers", ModelSpec.layers)
-    if name == "mlp" and ({"heads", "vocab"} & set(sizes)):
-        raise ValueError("--heads and --vocab size the GPT; give --model gpt")
+    if name == "mlp" and ({"heads", "vocab", *MOE_FLAGS} & set(sizes)):
+        raise ValueError("--heads, --vocab and --experts with its flags size the GPT; give --model gpt")
     return ModelSpec(model=name, **sizes)
 
 
@@ -273,7 +285,7 @@ def run_config(args):
     """The `exec.pipeline.config.RunConfig` the flags ask for: calibrated inside the run
     unless costs were given or nothing is compared."""
     from exec.pipeline.config import RunConfig
-    return RunConfig(steps=args.steps, warmup=args.warmup, lr=args.lr, optimizer=args.optimizer, dp=args.dp,
+    return RunConfig(steps=args.steps, warmup=args.warmup, lr=args.lr, optimizer=args.optimizer, dp=args.dp, ep=args.ep,
                      overlap_grad_reduce=args.overlap_grad_reduce,
                      calibrate=0 if args.no_compare or args.costs is not None else 1,
                      balance=args.balance, backend=args.backend, timeout=args.timeout, threads=args.threads,
