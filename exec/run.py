@@ -18,7 +18,8 @@ every rank's static memory, measured and simulated. `--recompute full` (or `sele
 gpt only) recomputes activations (`exec.models.spec.ModelSpec.recompute`). `--dp N` runs N
 pipeline replicas (stages x N ranks, gloo), each on its 1/N of the batch, with one
 gradient reduction per stage (`sim.add_grad_reduce`, after the rank's last compute, or
-after each stage's last backward with `--overlap-grad-reduce`).
+after each stage's last backward with `--overlap-grad-reduce`). `--model gpt --experts E
+--top-k K --dp N --ep N` trains a mixture of experts, its experts spread over the N replicas.
 
 Exit status: 0 ok (even if the gradients do not match: read `grad_match`), 1 a rank
 failed or the run timed out, 2 bad arguments.
@@ -81,10 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="gpt: a mixture of experts, E routed experts in each MoE layer (sim.Transformer's experts)")
     m.add_argument("--top-k", type=whole, metavar="K", help="with --experts: experts a token goes to (default 1)")
     m.add_argument("--expert-ffn", type=whole, metavar="F", help="with --experts: one expert's width (default --ffn)")
-    m.add_argument("--shared-experts", type=lambda t: whole(t, minimum=0), metavar="S",
-                   help="with --experts: experts every token passes through (default 0)")
-    m.add_argument("--dense-layers", type=lambda t: whole(t, minimum=0), metavar="N",
-                   help="with --experts: the first N blocks keep the dense MLP (default 0)")
+    m.add_argument("--shared-experts", type=lambda t: whole(t, minimum=0), metavar="S", help="experts all tokens pass (0)")
+    m.add_argument("--dense-layers", type=lambda t: whole(t, minimum=0), metavar="N", help="first blocks kept dense (0)")
     m.add_argument("--recompute", choices=list(RECOMPUTE), default="none",
                    help="activation recomputation: full = every block keeps only its input and recomputes "
                         "its forward before its backward; selective (gpt) = the attention core only (default none)")
