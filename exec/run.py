@@ -18,8 +18,7 @@ every rank's static memory, measured and simulated. `--recompute full` (or `sele
 gpt only) recomputes activations (`exec.models.spec.ModelSpec.recompute`). `--dp N` runs N
 pipeline replicas (stages x N ranks, gloo), each on its 1/N of the batch, with one
 gradient reduction per stage (`sim.add_grad_reduce`, after the rank's last compute, or
-after each stage's last backward with `--overlap-grad-reduce`). `--model gpt --experts E
---top-k K --dp N --ep N` trains a mixture of experts, its experts spread over the N replicas.
+after each stage's last backward with `--overlap-grad-reduce`). `--experts E --ep N`: a mixture of experts.
 
 Exit status: 0 ok (even if the gradients do not match: read `grad_match`), 1 a rank
 failed or the run timed out, 2 bad arguments.
@@ -61,36 +60,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="model stages (chunks) per rank: P x V stages (default: the schedule's own, 1 or 2)")
     p.add_argument("--dp", type=whole, default=1, metavar="N",
                    help="data-parallel pipeline replicas: P x N ranks, each replica on 1/N of the batch (default 1)")
+    p.add_argument("--ep", type=whole, default=1, metavar="N", help="MoE experts spread over N of the --dp replicas (default 1)")
     p.add_argument("--overlap-grad-reduce", action="store_true",
                    help="with --dp: reduce each stage's gradients right after its last backward, not after the "
                         "rank's last compute (Megatron-LM's flag; the same with one stage per rank)")
-    m = p.add_argument_group("model (exec.models.spec.ModelSpec)")
-    m.add_argument("--model", default="mlp", metavar="MODEL",
-                   help="mlp, gpt (a small GPT) or a GPT preset of sim.MODELS (its sizes; the flags below "
-                        "override them) (default mlp)")
-    m.add_argument("--balance", choices=["layers", "time"], default="layers",
-                   help="cut stages by layer count or by profiled time (default layers)")
-    m.add_argument("--layers", type=whole, help="MLP or transformer blocks")
-    m.add_argument("--hidden", type=whole, help="hidden width")
-    m.add_argument("--seq", type=whole, help="sequence length")
-    m.add_argument("--heads", type=whole, help="attention heads (gpt)")
-    m.add_argument("--vocab", type=whole, help="vocabulary size (gpt)")
-    m.add_argument("--ffn", type=whole, help="MLP width of every block (default 4 x hidden)")
-    m.add_argument("--batch-size", type=whole, help="samples per step (a multiple of --dp x --micro-batches)")
-    m.add_argument("--seed", type=int, help="weights and batch seed")
-    m.add_argument("--experts", type=whole, metavar="E",
-                   help="gpt: a mixture of experts, E routed experts in each MoE layer (sim.Transformer's experts)")
-    m.add_argument("--top-k", type=whole, metavar="K", help="with --experts: experts a token goes to (default 1)")
-    m.add_argument("--expert-ffn", type=whole, metavar="F", help="with --experts: one expert's width (default --ffn)")
-    m.add_argument("--shared-experts", type=lambda t: whole(t, minimum=0), metavar="S", help="experts all tokens pass (0)")
-    m.add_argument("--dense-layers", type=lambda t: whole(t, minimum=0), metavar="N", help="first blocks kept dense (0)")
-    m.add_argument("--recompute", choices=list(RECOMPUTE), default="none",
-                   help="activation recomputation: full = every block keeps only its input and recomputes "
-                        "its forward before its backward; selective (gpt) = the attention core only (default none)")
+    _model_flags(p)
     r = p.add_argument_group("run")
-    r.add_argument("--ep", type=whole, default=1, metavar="N",
-                   help="expert parallelism: each MoE layer's experts spread over N of the --dp replicas, tokens "
-                        "sent to them by all-to-all (N divides --dp and --experts; needs --no-compare or --costs)")
     r.add_argument("--backend", choices=["gloo", "nccl"], default="gloo",
                    help="gloo: CPU processes; nccl: one GPU per rank (default gloo)")
     r.add_argument("--steps", type=whole, default=5, help="measured steps (default 5)")
@@ -113,6 +88,32 @@ def build_parser() -> argparse.ArgumentParser:
                    help="make a rank fail on purpose before its first measured step, to test how a run "
                         "ends: raise:R, exit:R or hang:R")
     return p
+
+
+def _model_flags(p: argparse.ArgumentParser) -> None:
+    """The model's flags: `exec.models.spec.ModelSpec`'s fields."""
+    m = p.add_argument_group("model (exec.models.spec.ModelSpec)")
+    m.add_argument("--model", default="mlp", metavar="MODEL",
+                   help="mlp, gpt (a small GPT) or a GPT preset of sim.MODELS (its sizes; the flags below "
+                        "override them) (default mlp)")
+    m.add_argument("--balance", choices=["layers", "time"], default="layers",
+                   help="cut stages by layer count or by profiled time (default layers)")
+    m.add_argument("--layers", type=whole, help="MLP or transformer blocks")
+    m.add_argument("--hidden", type=whole, help="hidden width")
+    m.add_argument("--seq", type=whole, help="sequence length")
+    m.add_argument("--heads", type=whole, help="attention heads (gpt)")
+    m.add_argument("--vocab", type=whole, help="vocabulary size (gpt)")
+    m.add_argument("--ffn", type=whole, help="MLP width of every block (default 4 x hidden)")
+    m.add_argument("--batch-size", type=whole, help="samples per step (a multiple of --dp x --micro-batches)")
+    m.add_argument("--seed", type=int, help="weights and batch seed")
+    m.add_argument("--experts", type=whole, metavar="E", help="gpt: a mixture of experts, E routed experts a MoE layer")
+    m.add_argument("--top-k", type=whole, metavar="K", help="with --experts: experts a token goes to (default 1)")
+    m.add_argument("--expert-ffn", type=whole, metavar="F", help="with --experts: one expert's width (default --ffn)")
+    m.add_argument("--shared-experts", type=lambda t: whole(t, minimum=0), metavar="S", help="experts all tokens pass (0)")
+    m.add_argument("--dense-layers", type=lambda t: whole(t, minimum=0), metavar="N", help="first blocks kept dense (0)")
+    m.add_argument("--recompute", choices=list(RECOMPUTE), default="none",
+                   help="activation recomputation: full = every block keeps only its input and recomputes "
+                        "its forward before its backward; selective (gpt) = the attention core only (default none)")
 
 
 def _progress(args, text: str) -> None:
