@@ -11,16 +11,15 @@ Nothing here compares times.
 """
 from __future__ import annotations
 
-import os
-from pathlib import Path
 
 import pytest
+from helpers import rank_processes
 
 torch = pytest.importorskip("torch")
 
 import sim  # noqa: E402
 from sim.hardware.topology import Topology  # noqa: E402
-from exec.launch.processes import children_of, launch  # noqa: E402
+from exec.launch.processes import launch  # noqa: E402
 from exec.models.moe import is_expert_param  # noqa: E402
 from exec.models.spec import ModelSpec  # noqa: E402
 from exec.pipeline.config import RunConfig  # noqa: E402
@@ -93,20 +92,9 @@ def test_an_expert_parallel_pipeline_runs_as_the_cli_does():
     assert run.losses[1] < run.losses[0]
 
 
-def _rank_processes() -> list[int]:
-    out = []
-    for pid in children_of([os.getpid()]):
-        try:
-            if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                out.append(pid)
-        except OSError:
-            continue
-    return out
-
-
 @pytest.mark.slow
 def test_the_runs_leave_no_rank_process_behind(ep_runs):
-    assert _rank_processes() == []
+    assert rank_processes() == []
 
 
 def test_runs_exec_cannot_make_expert_parallel_are_refused_before_any_rank_starts():
