@@ -112,12 +112,14 @@ def shard(inputs: torch.Tensor, targets: torch.Tensor, dp: int, replica: int) ->
 
 class Reduction:
     """One REDUCE_GRAD in flight: the stage's gradients flattened into one buffer (a
-    bucket), averaged over the data-parallel group, and its clock marks."""
+    bucket), averaged over the data-parallel group, and its clock marks. With expert
+    parallelism the routed experts' gradients are a second bucket, summed over the
+    expert data-parallel group and divided by dp (`exec.runtime.ep`)."""
 
-    def __init__(self, action, params: Sequence[torch.nn.Parameter], issued):
-        self.action, self.params, self.issued = action, list(params), issued
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        self.buffer = torch.cat([g.reshape(-1) for g in grads]) if grads else torch.zeros(0)
+    def __init__(self, action, params: Sequence[torch.nn.Parameter], issued,
+                 experts: Sequence[torch.nn.Parameter] = ()):
+        self.action, self.params, self.experts, self.issued = action, list(params), list(experts), issued
+        self.buffer, self.expert_buffer = _flat(self.params), _flat(self.experts)
         self.start = self.end = None
         self.done = torch.futures.Future()
 
@@ -125,41 +127,56 @@ class Reduction:
         """Wait for the all-reduce, then point each gradient at its slice of the averaged
         buffer (no copy back, as DDP's `gradient_as_bucket_view`)."""
         self.done.wait()
-        offset = 0
-        for p in self.params:
-            n = p.numel()
-            p.grad = self.buffer[offset:offset + n].view_as(p)
-            offset += n
+        for params, buffer in ((self.params, self.buffer), (self.experts, self.expert_buffer)):
+            offset = 0
+            for p in params:
+                n = p.numel()
+                p.grad = buffer[offset:offset + n].view_as(p)
+                offset += n
+
+
+def _flat(params: Sequence[torch.nn.Parameter]) -> torch.Tensor:
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    return torch.cat([g.reshape(-1) for g in grads]) if grads else torch.zeros(0)
 
 
 class CollectiveStream:
     """A rank's one collective stream over its data-parallel `group` (of `size` ranks):
     reductions run one at a time, in the order issued, beside the rank's compute.
-    `clock` gives the marks (a CPU clock: gloo's threads take them)."""
+    `clock` gives the marks (a CPU clock: gloo's threads take them). `expert_group`: the
+    expert data-parallel group where a reduction has routed experts' gradients (ep > 1);
+    their all-reduce runs beside the dense one, and the reduction ends with both."""
 
-    def __init__(self, group, size: int, clock):
-        self.group, self.size, self.clock = group, size, clock
+    def __init__(self, group, size: int, clock, expert_group=None):
+        self.group, self.size, self.clock, self.expert_group = group, size, clock, expert_group
         self.tail: torch.futures.Future | None = None
         self.inflight: list[Reduction] = []
 
-    def issue(self, action, params: Sequence[torch.nn.Parameter]) -> Reduction:
-        """Flatten the gradients of `params` and queue their average over the group; the
+    def issue(self, action, params: Sequence[torch.nn.Parameter],
+              experts: Sequence[torch.nn.Parameter] = ()) -> Reduction:
+        """Flatten the gradients of `params` (and of the routed `experts`) and queue their
+        average over the group (the experts' sum over the expert group, over dp); the
         caller goes on at once."""
-        r = Reduction(action, params, self.clock.mark())
+        r = Reduction(action, params, self.clock.mark(), experts)
         r.buffer.div_(self.size)  # sum of the 1/dp shares = the mean (gloo has no ReduceOp.AVG), as DDP's hook
+        r.expert_buffer.div_(self.size)
 
         def start(_=None) -> None:
             try:
                 r.start = self.clock.mark()
-                work = dist.all_reduce(r.buffer, group=self.group, async_op=True)
-                work.get_future().then(end)
+                futures = [dist.all_reduce(r.buffer, group=self.group, async_op=True).get_future()]
+                if r.experts and self.expert_group is not None and dist.get_world_size(self.expert_group) > 1:
+                    futures.append(dist.all_reduce(r.expert_buffer, group=self.expert_group,
+                                                   async_op=True).get_future())
+                torch.futures.collect_all(futures).then(end)
             except Exception as e:  # noqa: BLE001 - the rank's wait raises it
                 r.done.set_exception(e)
 
         def end(fut) -> None:
             r.end = self.clock.mark()
             try:
-                fut.wait()
+                for done in fut.wait():
+                    done.wait()
             except Exception as e:  # noqa: BLE001
                 r.done.set_exception(e)
                 return

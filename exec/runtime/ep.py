@@ -11,9 +11,10 @@ parallel folding with tp = cp = etp = 1). The replicas of an ep group are adjace
 fastest, as Megatron-Core's expert rank order etp-ep-dp has it): replica d is ep rank
 d mod ep of group d // ep, and its edp group holds the replicas with the same ep rank.
 
-Gradients: a dense parameter's are averaged over the dp replicas (REDUCE_GRAD,
-`exec.runtime.dp`), an expert's are summed over its edp group and divided by dp
-(`reduce_expert_grads`): the expert rank already holds the sum, over its ep group, of the
+Gradients: a dense parameter's are averaged over the dp replicas, an expert's are summed
+over its edp group and divided by dp, both by the stage's REDUCE_GRAD
+(`split_parameters`; `exec.runtime.dp.CollectiveStream`, two all-reduces side by side):
+the expert rank already holds the sum, over its ep group, of the
 gradients the group's replicas' tokens sent it (the backward of the all-to-all brings them
 back), each of a loss that is its replica's mean; so the step's gradient, the mean over all
 dp replicas, is the sum over the edp group over dp.
@@ -21,15 +22,12 @@ dp replicas, is the sum over the edp group over dp.
 from __future__ import annotations
 
 import re
-from typing import Iterable
 
-import torch
-import torch.distributed as dist
 from torch import nn
 
 from exec.models.moe import is_expert_param
 
-__all__ = ["expert_groups", "check_ep", "reduce_expert_grads", "dense_parameters", "holds_expert"]
+__all__ = ["expert_groups", "check_ep", "split_parameters", "holds_expert"]
 
 
 def check_ep(ep: int, dp: int, experts: int | None) -> None:
@@ -58,27 +56,14 @@ def expert_groups(dp: int, ep: int) -> tuple[list[tuple[int, ...]], list[tuple[i
     return eps, edps
 
 
-def dense_parameters(module: nn.Module, ep: int) -> list[nn.Parameter]:
-    """The parameters of `module` that REDUCE_GRAD averages over dp: all of them with ep = 1,
-    else all but the routed experts' (`exec.models.moe.is_expert_param`)."""
-    return [p for n, p in module.named_parameters() if ep == 1 or not is_expert_param(n)]
-
-
-def reduce_expert_grads(modules: Iterable[nn.Module], edp_group, dp: int) -> None:
-    """Give every routed expert's parameter in `modules` the step's gradient: the sum of its
-    gradients over `edp_group` (None: this rank alone), divided by `dp` (see the module
-    docstring). Call on every rank at once."""
-    params = [p for m in modules for n, p in m.named_parameters() if is_expert_param(n)]
-    if not params:
-        return
-    flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
-    if edp_group is not None and dist.get_world_size(edp_group) > 1:
-        dist.all_reduce(flat, group=edp_group)
-    flat.div_(dp)
-    at = 0
-    for p in params:
-        p.grad = flat[at:at + p.numel()].view_as(p).clone()
-        at += p.numel()
+def split_parameters(module: nn.Module, ep: int) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
+    """The parameters of `module` that REDUCE_GRAD averages over dp, and the routed experts'
+    (`exec.models.moe.is_expert_param`) that it sums over edp and divides by dp: with
+    ep = 1 every parameter is of the first kind (the experts are on every replica)."""
+    named = list(module.named_parameters())
+    if ep == 1:
+        return [p for _, p in named], []
+    return [p for n, p in named if not is_expert_param(n)], [p for n, p in named if is_expert_param(n)]
 
 
 _EXPERT = re.compile(r"(?:^|\.)experts\.(\d+)\.")

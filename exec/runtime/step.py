@@ -26,7 +26,6 @@ from sim.passes.order import transfer_order
 from sim.passes.dependencies import peer
 
 from exec.runtime.copies import sum_copies
-from exec.runtime.ep import reduce_expert_grads
 from exec.runtime.interpreter import LossFn, RankInterpreter, RankTrace, refuse_offload
 from exec.runtime.memory import static_memory
 from exec.runtime.shapes import TensorMeta, infer_shapes
@@ -113,8 +112,6 @@ def run_step(ctx, schedule_lowered: Schedule, stage_modules: dict[int, nn.Module
     dist.barrier()  # all ranks start together: each rank's clock starts at the barrier exit
     trace = interp.run()
     sum_copies(ctx, schedule_lowered, stage_modules)  # DualPipe's two copies of a stage: one gradient
-    if getattr(ctx, "ep", 1) > 1:  # the routed experts' gradients, over their edp group (untimed)
-        reduce_expert_grads(stage_modules.values(), ctx.edp_group, ctx.dp)
     if optimizer is not None:
         optimizer.step()
     end = interp.clock.mark()
