@@ -1,9 +1,10 @@
 """exec with expert parallelism: a MoE GPT on 4 gloo ranks, its experts spread over ep of the dp replicas and reached by all-to-all, checked against one process.
 
-One launch of 4 CPU ranks runs three configurations one after the other (`pipeline_worker`,
-1F1B, one step): one stage on 4 replicas with ep = 4 (each rank one expert, edp = 1) and
-with ep = 2 (edp = 2: each expert on two ranks, its gradients reduced over them), and
-pp = 2 stages x dp = 2 replicas with ep = 2. For every rank, the loss and every parameter's
+One launch of 4 CPU ranks runs four configurations one after the other (`pipeline_worker`,
+one step): under 1F1B, one stage on 4 replicas with ep = 4 (each rank one expert, edp = 1)
+and with ep = 2 (edp = 2: each expert on two ranks, its gradients reduced over them), and
+pp = 2 ranks x dp = 2 replicas with ep = 2; and DualPipeV (two stages a rank, a split
+backward, overlapped forward-backward pairs) on pp = 2 x dp = 2 with ep = 2. For every rank, the loss and every parameter's
 gradient after the first step must be one process's on the whole batch, each rank's experts
 against the same experts of the one process, and the rank must hold exactly its ep rank's
 experts. `run_pipeline` runs pp = 2 x ep = 2 once more, as `python -m exec.run --ep 2` does.
@@ -32,11 +33,12 @@ TIMEOUT = 240  # seconds for a launch
 WORLD, MICRO = 4, 2
 SPEC = ModelSpec("gpt", layers=2, hidden=16, heads=2, seq=8, vocab=32, batch_size=8, experts=4, top_k=2,
                  expert_ffn=16, shared_experts=1, dense_layers=1)
-RUNS = [(1, 4, 4), (1, 4, 2), (2, 2, 2)]  # (pp, dp, ep)
+RUNS = [(1, 4, 4, "1f1b"), (1, 4, 2, "1f1b"), (2, 2, 2, "1f1b"), (2, 2, 2, "dualpipev")]  # (pp, dp, ep, schedule)
 
 
-def _schedule(pp: int) -> sim.Schedule:
-    return sim.lower(sim.add_grad_reduce(sim.make_schedule("1f1b", pp, MICRO), False))
+def _schedule(pp: int, name: str) -> sim.Schedule:
+    micro = 2 * pp if name == "dualpipev" else MICRO  # DualPipeV: at least 2P micro-batches
+    return sim.lower(sim.add_grad_reduce(sim.make_schedule(name, pp, micro), False))
 
 
 def _jobs(ctx, jobs):
@@ -46,8 +48,11 @@ def _jobs(ctx, jobs):
 # starts ranks: every test that uses it is marked slow
 @pytest.fixture(scope="module")
 def ep_runs():
-    jobs = [(SPEC, _schedule(pp), SPEC.partition(pp), RunConfig(steps=1, warmup=0, dp=dp, ep=ep, optimizer="sgd"))
-            for pp, dp, ep in RUNS]
+    jobs = []
+    for pp, dp, ep, name in RUNS:
+        schedule = _schedule(pp, name)
+        jobs.append((SPEC, schedule, SPEC.partition(schedule.stages),
+                     RunConfig(steps=1, warmup=0, dp=dp, ep=ep, optimizer="sgd")))
     per_rank = launch(_jobs, WORLD, jobs, timeout=TIMEOUT)
     return jobs, per_rank
 
@@ -61,7 +66,7 @@ def _reference():
 @pytest.mark.parametrize("i", range(len(RUNS)))
 def test_every_rank_has_one_process_gradients_for_what_it_holds(ep_runs, i):
     jobs, per_rank = ep_runs
-    (pp, dp, ep), bounds = RUNS[i], jobs[i][2]
+    (pp, dp, ep, name), (_, schedule, bounds, _) = RUNS[i], jobs[i]
     ref_loss, ref = _reference()
     topo = Topology(tp=1, pp=pp, dp=dp)
     for rank in range(WORLD):
@@ -70,15 +75,15 @@ def test_every_rank_has_one_process_gradients_for_what_it_holds(ep_runs, i):
         assert out["losses"][0] == pytest.approx(ref_loss, rel=1e-5)
         held = set()
         for s, grads in out["grads"].items():
-            assert _schedule(pp).rank_of(s) == pipe_rank
-            for name, g in grads:
-                layer, rest = name.split(".", 1)
+            assert schedule.rank_of(s) == pipe_rank
+            for param, g in grads:
+                layer, rest = param.split(".", 1)
                 whole = f"{bounds[s] + int(layer)}.{rest}"  # the name in the whole model
                 held.add(whole)
                 assert torch.allclose(torch.as_tensor(g), ref[whole], rtol=1e-4, atol=1e-5), \
-                    f"pp={pp} dp={dp} ep={ep}, rank {rank}: {whole} differs by " \
+                    f"{name} pp={pp} dp={dp} ep={ep}, rank {rank}: {whole} differs by " \
                     f"{(torch.as_tensor(g) - ref[whole]).abs().max():.3g}"
-        layers = range(bounds[pipe_rank], bounds[pipe_rank + 1])  # the stage's, in the whole model
+        layers = {x for s in out["grads"] for x in range(bounds[s], bounds[s + 1])}  # its stages', in the whole model
         assert held == {n for n in ref if int(n.split(".")[0]) in layers
                         and holds_expert(n, SPEC.experts, ep, replica % ep)}
         moe_layers = sum(1 + SPEC.dense_layers <= layer <= SPEC.layers for layer in layers)
@@ -100,8 +105,9 @@ def test_the_runs_leave_no_rank_process_behind(ep_runs):
 def test_runs_exec_cannot_make_expert_parallel_are_refused_before_any_rank_starts():
     with pytest.raises(ValueError, match="calibration times a stage alone"):
         run_pipeline(SPEC, "1f1b", 1, MICRO, dp=2, ep=2, calibrate=1, timeout=10)
-    with pytest.raises(ValueError, match=r"'zb-h1' has a split backward"):
-        run_pipeline(SPEC, "zb-h1", 2, MICRO, dp=2, ep=2, timeout=10)
+    fsdp = sim.add_grad_reduce(sim.add_fsdp(sim.make_schedule("looped-bfs", 1, MICRO, 2)), True)
+    with pytest.raises(ValueError, match=r"FSDP .* would shard the routed experts"):
+        run_pipeline(SPEC, fsdp, dp=2, ep=2, timeout=10)
     with pytest.raises(ValueError, match="must divide dp=2"):
         run_pipeline(SPEC, "1f1b", 2, MICRO, dp=2, ep=4, timeout=10)
     with pytest.raises(ValueError, match="the model has none"):
