@@ -500,7 +500,6 @@ def test_cli_under_torchrun_reports_once(tmp_path):
     (["--model", "gpt", "--experts", "4", "--ep", "2", "--no-compare"], "must divide dp=1"),
     (["--model", "gpt", "--experts", "3", "--ep", "2", "--dp", "2", "--micro-batches", "2", "--no-compare"],
      "must divide the 3 experts"),
-    (["--model", "gpt", "--experts", "4", "--ep", "2", "--dp", "2", "--micro-batches", "2"], "--no-compare or --costs"),
 ])
 def test_cli_bad_arguments_exit_2_with_one_line(args, says, capsys):
     from exec.run import main
