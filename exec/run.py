@@ -18,7 +18,7 @@ every rank's static memory, measured and simulated. `--recompute full` (or `sele
 gpt only) recomputes activations (`exec.models.spec.ModelSpec.recompute`). `--dp N` runs N
 pipeline replicas (stages x N ranks, gloo), each on its 1/N of the batch, with one
 gradient reduction per stage (`sim.add_grad_reduce`, after the rank's last compute, or
-after each stage's last backward with `--overlap-grad-reduce`).
+after each stage's last backward with `--overlap-grad-reduce`). `--experts E --ep N`: a mixture of experts.
 
 Exit status: 0 ok (even if the gradients do not match: read `grad_match`), 1 a rank
 failed or the run timed out, 2 bad arguments.
@@ -40,6 +40,7 @@ from exec.runtime.optim import DEFAULT_OPTIMIZER, OPTIMIZERS  # torch is importe
 from sim.model.transformer import RECOMPUTE
 
 PROG = "exec.run"
+MOE_FLAGS = ("experts", "top_k", "expert_ffn", "shared_experts", "dense_layers")  # ModelSpec's fields of the same names
 
 
 def _seconds(text: str) -> float:
@@ -59,26 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="model stages (chunks) per rank: P x V stages (default: the schedule's own, 1 or 2)")
     p.add_argument("--dp", type=whole, default=1, metavar="N",
                    help="data-parallel pipeline replicas: P x N ranks, each replica on 1/N of the batch (default 1)")
+    p.add_argument("--ep", type=whole, default=1, metavar="N", help="MoE experts spread over N of the --dp replicas (default 1)")
     p.add_argument("--overlap-grad-reduce", action="store_true",
                    help="with --dp: reduce each stage's gradients right after its last backward, not after the "
                         "rank's last compute (Megatron-LM's flag; the same with one stage per rank)")
-    m = p.add_argument_group("model (exec.models.spec.ModelSpec)")
-    m.add_argument("--model", default="mlp", metavar="MODEL",
-                   help="mlp, gpt (a small GPT) or a GPT preset of sim.MODELS (its sizes; the flags below "
-                        "override them) (default mlp)")
-    m.add_argument("--balance", choices=["layers", "time"], default="layers",
-                   help="cut stages by layer count or by profiled time (default layers)")
-    m.add_argument("--layers", type=whole, help="MLP or transformer blocks")
-    m.add_argument("--hidden", type=whole, help="hidden width")
-    m.add_argument("--seq", type=whole, help="sequence length")
-    m.add_argument("--heads", type=whole, help="attention heads (gpt)")
-    m.add_argument("--vocab", type=whole, help="vocabulary size (gpt)")
-    m.add_argument("--ffn", type=whole, help="MLP width of every block (default 4 x hidden)")
-    m.add_argument("--batch-size", type=whole, help="samples per step (a multiple of --dp x --micro-batches)")
-    m.add_argument("--seed", type=int, help="weights and batch seed")
-    m.add_argument("--recompute", choices=list(RECOMPUTE), default="none",
-                   help="activation recomputation: full = every block keeps only its input and recomputes "
-                        "its forward before its backward; selective (gpt) = the attention core only (default none)")
+    _model_flags(p)
     r = p.add_argument_group("run")
     r.add_argument("--backend", choices=["gloo", "nccl"], default="gloo",
                    help="gloo: CPU processes; nccl: one GPU per rank (default gloo)")
@@ -102,6 +88,32 @@ def build_parser() -> argparse.ArgumentParser:
                    help="make a rank fail on purpose before its first measured step, to test how a run "
                         "ends: raise:R, exit:R or hang:R")
     return p
+
+
+def _model_flags(p: argparse.ArgumentParser) -> None:
+    """The model's flags: `exec.models.spec.ModelSpec`'s fields."""
+    m = p.add_argument_group("model (exec.models.spec.ModelSpec)")
+    m.add_argument("--model", default="mlp", metavar="MODEL",
+                   help="mlp, gpt (a small GPT) or a GPT preset of sim.MODELS (its sizes; the flags below "
+                        "override them) (default mlp)")
+    m.add_argument("--balance", choices=["layers", "time"], default="layers",
+                   help="cut stages by layer count or by profiled time (default layers)")
+    m.add_argument("--layers", type=whole, help="MLP or transformer blocks")
+    m.add_argument("--hidden", type=whole, help="hidden width")
+    m.add_argument("--seq", type=whole, help="sequence length")
+    m.add_argument("--heads", type=whole, help="attention heads (gpt)")
+    m.add_argument("--vocab", type=whole, help="vocabulary size (gpt)")
+    m.add_argument("--ffn", type=whole, help="MLP width of every block (default 4 x hidden)")
+    m.add_argument("--batch-size", type=whole, help="samples per step (a multiple of --dp x --micro-batches)")
+    m.add_argument("--seed", type=int, help="weights and batch seed")
+    m.add_argument("--experts", type=whole, metavar="E", help="gpt: a mixture of experts, E routed experts a MoE layer")
+    m.add_argument("--top-k", type=whole, metavar="K", help="with --experts: experts a token goes to (default 1)")
+    m.add_argument("--expert-ffn", type=whole, metavar="F", help="with --experts: one expert's width (default --ffn)")
+    m.add_argument("--shared-experts", type=lambda t: whole(t, minimum=0), metavar="S", help="experts all tokens pass (0)")
+    m.add_argument("--dense-layers", type=lambda t: whole(t, minimum=0), metavar="N", help="first blocks kept dense (0)")
+    m.add_argument("--recompute", choices=list(RECOMPUTE), default="none",
+                   help="activation recomputation: full = every block keeps only its input and recomputes "
+                        "its forward before its backward; selective (gpt) = the attention core only (default none)")
 
 
 def _progress(args, text: str) -> None:
@@ -228,7 +240,7 @@ def model_spec(args):
     line) for a preset exec does not build or a flag the model does not take."""
     from exec.models.spec import ModelSpec
     sizes = {k: getattr(args, k) for k in ("layers", "hidden", "seq", "heads", "vocab", "batch_size", "seed",
-                                           "recompute") if getattr(args, k) is not None}
+                                           "recompute", *MOE_FLAGS) if getattr(args, k) is not None}
     name = args.model
     if name not in ("mlp", "gpt"):
         from sim.model.registry import MODELS, model_key
@@ -245,8 +257,8 @@ def model_spec(args):
         sizes["ffn"] = args.ffn
     if "ffn" in sizes:
         sizes["ffn"] = (sizes["ffn"],) * sizes.get("layers", ModelSpec.layers)
-    if name == "mlp" and ({"heads", "vocab"} & set(sizes)):
-        raise ValueError("--heads and --vocab size the GPT; give --model gpt")
+    if name == "mlp" and ({"heads", "vocab", *MOE_FLAGS} & set(sizes)):
+        raise ValueError("--heads, --vocab and --experts with its flags size the GPT; give --model gpt")
     return ModelSpec(model=name, **sizes)
 
 
@@ -273,7 +285,7 @@ def run_config(args):
     """The `exec.pipeline.config.RunConfig` the flags ask for: calibrated inside the run
     unless costs were given or nothing is compared."""
     from exec.pipeline.config import RunConfig
-    return RunConfig(steps=args.steps, warmup=args.warmup, lr=args.lr, optimizer=args.optimizer, dp=args.dp,
+    return RunConfig(steps=args.steps, warmup=args.warmup, lr=args.lr, optimizer=args.optimizer, dp=args.dp, ep=args.ep,
                      overlap_grad_reduce=args.overlap_grad_reduce,
                      calibrate=0 if args.no_compare or args.costs is not None else 1,
                      balance=args.balance, backend=args.backend, timeout=args.timeout, threads=args.threads,

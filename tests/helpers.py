@@ -237,3 +237,20 @@ def reference_peak_memory(schedule, costs):
             peak = max(peak, held)
         peaks.append(peak)
     return peaks
+
+
+def rank_processes() -> list[int]:
+    """Rank processes (`exec.launch.processes.launch`'s spawned children) of this test
+    process still around; the resource tracker is not one."""
+    import os
+    from pathlib import Path
+
+    from exec.launch.processes import children_of
+    out = []
+    for pid in children_of([os.getpid()]):
+        try:
+            if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                out.append(pid)
+        except OSError:
+            continue
+    return out

@@ -22,7 +22,9 @@ merges every rank's reports into `sim.Costs`. A report holds:
   it, every data-parallel group at once (`grad_reduce`, rule 13).
 
 With data parallelism (`exec.runtime.dp.ReplicaContext`) every rank of every replica times its
-computes; the transport between ranks 0 and 1 is timed in replica 0 only.
+computes; the transport between ranks 0 and 1 is timed in replica 0 only. With expert
+parallelism the replicas of an ep group take their turn alone together (their MoE layers'
+all-to-all needs them all), and a MoE stage's computes include its all-to-alls.
 """
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ from exec.launch.host import paused_gc
 from exec.measure.calibrate_link import call_costs, late_notice, pingpong
 from exec.runtime.clocks import CpuClock
 from exec.runtime.dp import CollectiveStream
+from exec.runtime.ep import split_parameters
 from exec.runtime.interpreter import RankInterpreter
 from exec.runtime.memory import SavedBytes, param_storages, static_memory
 from exec.runtime.optim import DEFAULT_OPTIMIZER, make_optimizer
@@ -210,17 +213,29 @@ def compute_times(ctx, spec, bounds, schedule: sim.Schedule, micro_batches: int,
     for mod in stages.values():  # never accumulate into the gradients a step left behind
         mod.zero_grad(set_to_none=True)
     with paused_gc():  # as in a step (`exec.pipeline.runner`): no collection inside a timed compute
-        _rounds(one_step, steps, alone)
+        _rounds(one_step, steps, alone, *_turn(ctx))
     return samples, own
 
 
-def _rounds(one_step, steps: int, alone: bool) -> None:
-    """`steps` + 1 runs of `one_step` (the first not recorded), all ranks at once or in turn."""
+def _turn(ctx) -> tuple[int, int]:
+    """(this rank's turn, the number of turns) where the ranks compute alone: every rank of
+    every replica its own, but the replicas of an ep group together, as their MoE layers'
+    all-to-all needs them all (`exec.runtime.ep`)."""
+    ep = getattr(ctx, "ep", 1)
+    if ep == 1:
+        return dist.get_rank(), dist.get_world_size()
+    groups = ctx.dp // ep
+    return ctx.rank * groups + ctx.replica // ep, ctx.world_size * groups
+
+
+def _rounds(one_step, steps: int, alone: bool, turn: int, turns: int) -> None:
+    """`steps` + 1 runs of `one_step` (the first not recorded), all ranks at once or in
+    `turns` turns, this rank's being `turn`."""
     for step in range(steps + 1):
         if alone:
-            for r in range(dist.get_world_size()):  # every replica's ranks
+            for t in range(turns):  # every replica's ranks
                 dist.barrier()
-                if r == dist.get_rank():
+                if t == turn:
                     one_step(step > 0)
         else:
             dist.barrier()
@@ -233,17 +248,20 @@ def _rounds(one_step, steps: int, alone: bool) -> None:
 def reduce_times(ctx, modules: dict, repeats: int) -> dict[int, list[float]]:
     """Per stage of this rank, the time of its REDUCE_GRAD on the collective stream
     (`exec.runtime.dp.CollectiveStream`, as the interpreter issues it: the gradients flattened,
-    averaged over `ctx.dp_group`), from its start to its end, `repeats` times after a
+    averaged over `ctx.dp_group`, the routed experts' over `ctx.edp_group` where ep > 1), from its start to its end, `repeats` times after a
     warm-up. Every rank of the world issues at once (after a barrier), so that every
     data-parallel group reduces at the same time; the ranks do not compute meanwhile.
     The gradients are zeros of the stage's parameters' shapes: the run's stay untouched."""
-    stream = CollectiveStream(ctx.dp_group, dist.get_world_size(ctx.dp_group), CpuClock())
-    params = {s: [torch.nn.Parameter(torch.zeros_like(p)) for p in m.parameters()] for s, m in modules.items()}
+    stream = CollectiveStream(ctx.dp_group, dist.get_world_size(ctx.dp_group), CpuClock(),
+                              getattr(ctx, "edp_group", None))
+    ep = getattr(ctx, "ep", 1)  # the dense parameters, and the routed experts' where ep > 1
+    params = {s: [[torch.nn.Parameter(torch.zeros_like(p)) for p in part] for part in split_parameters(m, ep)]
+              for s, m in modules.items()}
     out: dict[int, list[float]] = {s: [] for s in modules}
     for i in range(repeats + 1):
         for s in sorted(modules):
             dist.barrier()
-            r = stream.issue(sim.Action(s, Kind.REDUCE_GRAD, 0), params[s])
+            r = stream.issue(sim.Action(s, Kind.REDUCE_GRAD, 0), *params[s])
             stream.finish_all()
             if i > 0:
                 out[s].append(r.end - r.start)

@@ -58,9 +58,11 @@ class Block(nn.Module):
 
     `recompute`: "full" keeps only the block's input for the backward; "selective" only
     recomputes the attention core, softmax(QK^T)V (Korthikanti et al. 2022, Sec. 4.3), and
-    keeps everything else (`recomputed`)."""
+    keeps everything else (`recomputed`). `mlp`: a module in place of the dense MLP (a MoE
+    layer's, `exec.models.moe.MoE`), which then has no `fc1`, `fc2`."""
 
-    def __init__(self, hidden: int, heads: int, recompute: str = "none", ffn: int | None = None):
+    def __init__(self, hidden: int, heads: int, recompute: str = "none", ffn: int | None = None,
+                 mlp: nn.Module | None = None):
         super().__init__()
         if hidden % heads:
             raise ValueError(f"hidden ({hidden}) must be a multiple of heads ({heads})")
@@ -70,8 +72,10 @@ class Block(nn.Module):
         self.qkv = nn.Linear(hidden, 3 * hidden)
         self.proj = nn.Linear(hidden, hidden)
         self.ln2 = nn.LayerNorm(hidden)
-        self.fc1 = nn.Linear(hidden, ffn)
-        self.fc2 = nn.Linear(ffn, hidden)
+        self.moe = mlp
+        if mlp is None:
+            self.fc1 = nn.Linear(hidden, ffn)
+            self.fc2 = nn.Linear(ffn, hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return recomputed(self._forward, x) if self.recompute == "full" else self._forward(x)
@@ -82,7 +86,8 @@ class Block(nn.Module):
         q, k, v = (z.view(b, t, self.heads, h // self.heads).transpose(1, 2) for z in (q, k, v))
         a = recomputed(_attention, q, k, v) if self.recompute == "selective" else _attention(q, k, v)
         x = x + self.proj(a.transpose(1, 2).reshape(b, t, h))
-        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+        y = self.ln2(x)
+        return x + (self.fc2(F.gelu(self.fc1(y))) if self.moe is None else self.moe(y))
 
 
 def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

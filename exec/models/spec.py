@@ -25,6 +25,12 @@ Two built-in models, and the user's own:
   runs any schedule on them. `layers` counts the blocks, `batch_size` the samples; the
   size fields that describe the built-in models keep their defaults and mean nothing here.
 
+A "gpt" with `experts` is a mixture of experts as `sim.Transformer` describes it (the same
+fields: `experts`, `top_k`, `expert_ffn`, `shared_experts`, `dense_layers`, their defaults
+sim's): its first `dense_layers` blocks have the dense MLP, the others a MoE MLP
+(`exec.models.moe.MoE`); `ModelSpec.transformer()` then names Megatron-Core's kernels
+(sim counts MoE layers only for those), with the same parameters.
+
 `ModelSpec.recompute` ("full", or "selective" for the GPT's attention core) runs the blocks
 under activation recomputation (`exec.models.layers.recomputed`, torch.utils.checkpoint).
 `ModelSpec.partition` cuts the model into stages (`exec.models.cuts`).
@@ -38,11 +44,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sim.model.transformer import RECOMPUTE, Transformer
+from sim.model.transformer import MOE_FIELDS, RECOMPUTE, Transformer
 
 from exec.models.blocks import Blocks
 from exec.models.cuts import partition
 from exec.models.layers import Block, Embedding, Head, MLPBlock
+from exec.models.moe import MoE
 
 __all__ = ["ModelSpec", "RECOMPUTE"]
 
@@ -76,6 +83,11 @@ class ModelSpec:
     ffn: tuple[int, ...] | None = None
     recompute: str = "none"
     user: Blocks | None = None  # model "blocks": the user's modules, batch and loss
+    experts: int | None = None         # "gpt": routed experts of its MoE layers (sim.Transformer's); None: dense
+    top_k: int | None = None           # experts a token goes to; sim's default (1)
+    expert_ffn: int | None = None      # one expert's width; sim's default (ffn)
+    shared_experts: int | None = None  # experts every token passes through; sim's default (0)
+    dense_layers: int | None = None    # the first blocks, with the dense MLP; sim's default (0)
 
     def __post_init__(self):
         if self.model not in ("mlp", "gpt", "blocks"):
@@ -106,6 +118,18 @@ class ModelSpec:
         if self.recompute == "selective" and self.model != "gpt":
             raise ValueError("ModelSpec.recompute='selective' recomputes the attention core, which only model 'gpt' "
                              "has; use recompute='full' for model 'mlp'")
+        self._resolve_experts()
+
+    def _resolve_experts(self) -> None:
+        """The MoE fields as sim.Transformer checks and completes them (one definition)."""
+        named = {n: getattr(self, n) for n in MOE_FIELDS if hasattr(self, n)}
+        if self.experts is None and all(v is None for v in named.values()):
+            return
+        if self.model != "gpt":
+            raise ValueError(f"ModelSpec: experts and their fields are for model 'gpt', not {self.model!r}")
+        t = self.transformer()
+        for n in named:
+            object.__setattr__(self, n, getattr(t, n))
 
     @classmethod
     def from_blocks(cls, blocks: "nn.Sequential | Sequence[nn.Module]", inputs: torch.Tensor, targets: torch.Tensor,
@@ -139,8 +163,9 @@ class ModelSpec:
         """The GPT that `t` describes (see `transformer`); one clear ValueError for what the
         torch module does not build (llama's arch, grouped-query attention, dropout, a tied
         output layer, unfused attention)."""
+        moe = {n: getattr(t, n) for n in ("experts", "top_k", "expert_ffn", "shared_experts", "dense_layers")}
         built = cls(model="gpt", layers=t.layers, hidden=t.hidden, heads=t.heads, seq=t.seq, vocab=t.vocab,
-                    batch_size=batch_size, ffn=(t.ffn,) * t.layers, **fields)
+                    batch_size=batch_size, ffn=(t.ffn,) * t.layers, **moe, **fields)
         if built.transformer() != t:
             raise ValueError(f"exec builds the GPT of {built.transformer()!r} (arch 'gpt', no grouped-query "
                              f"attention, flash attention, no dropout, untied, torch kernels); it cannot build {t!r}")
@@ -151,9 +176,11 @@ class ModelSpec:
         and keep for their backward, exactly (tests/exec/runtime/test_saved_bytes.py)."""
         if self.model != "gpt":
             raise ValueError("ModelSpec.transformer(): only model 'gpt' is a transformer")
+        moe = dict(experts=self.experts, top_k=self.top_k, expert_ffn=self.expert_ffn,
+                   shared_experts=self.shared_experts, dense_layers=self.dense_layers)
         return Transformer(layers=self.layers, hidden=self.hidden, heads=self.heads, seq=self.seq, vocab=self.vocab,
                            ffn=self.ffn[0] if self.ffn else None, arch="gpt", attention="flash", dropout=False,
-                           tied=False, kernels="torch")
+                           tied=False, kernels="torch" if self.experts is None else "megatron", **moe)
 
     @property
     def precision(self) -> str:
@@ -181,9 +208,15 @@ class ModelSpec:
             else:
                 widths = self.ffn or (4 * self.hidden,) * self.layers
                 layers = [Embedding(self.vocab, self.seq, self.hidden)]
-                layers += [Block(self.hidden, self.heads, self.recompute, w) for w in widths]
+                layers += [Block(self.hidden, self.heads, self.recompute, w, self.moe_mlp(i)) for i, w in enumerate(widths)]
                 layers.append(Head(self.hidden, self.vocab))
         return [layer.to(self.torch_dtype) for layer in layers]
+
+    def moe_mlp(self, block: int) -> MoE | None:
+        """Block `block`'s MoE MLP (all its experts), or None where it is dense."""
+        if self.experts is None or block < self.dense_layers:
+            return None
+        return MoE(self.hidden, self.experts, self.top_k, self.expert_ffn, self.shared_experts)
 
     def batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The full synthetic batch (inputs, targets), the same on every call and process.

@@ -58,6 +58,7 @@ class RunConfig:
     lr: float = 0.01                  # learning rate, finite and >= 0
     optimizer: str = DEFAULT_OPTIMIZER  # a name of `exec.runtime.optim.OPTIMIZERS` (adamw)
     dp: int = 1                       # pipeline replicas (data parallelism, `exec.runtime.dp`)
+    ep: int = 1                       # replicas a MoE layer's experts are spread over (`exec.runtime.ep`)
     overlap_grad_reduce: bool = False  # a schedule name with dp > 1: where its REDUCE_GRADs go (`sim.add_grad_reduce`)
     calibrate: int = 0                # k > 0: a calibration round before every k measured steps (gloo only)
     balance: str = "layers"           # how the model is cut: by layer count or profiled time
@@ -72,7 +73,7 @@ class RunConfig:
     atol: float = 1e-5
 
     def __post_init__(self):
-        for what, least in (("steps", 1), ("warmup", 0), ("calibrate", 0), ("dp", 1)):
+        for what, least in (("steps", 1), ("warmup", 0), ("calibrate", 0), ("dp", 1), ("ep", 1)):
             n = getattr(self, what)
             if isinstance(n, bool) or not isinstance(n, int) or n < least:
                 raise ValueError(f"{what} must be an integer >= {least}, got {n!r}")

@@ -16,6 +16,9 @@ order (`exec.runtime.dp`): each replica trains on its own contiguous 1/dp of the
 and the schedule's REDUCE_GRAD actions average each stage's gradients over its replicas
 (`sim.add_grad_reduce`; a schedule named by a string gets them from `exec.pipeline.config.step_schedule`, a
 `Schedule` must have them). Every replica's gradients are checked against one process on the whole batch.
+With `ep` > 1 the routed experts of a MoE model are spread over ep of the replicas
+(`exec.runtime.ep`), and each replica's experts are checked against the same experts of
+the one process.
 """
 from __future__ import annotations
 
@@ -37,8 +40,9 @@ from exec.measure.calibrate import check_calibrated
 from exec.measure.costs import costs_from_reports
 from exec.pipeline.config import RunConfig, run_options, run_schedule
 from exec.pipeline.worker import pipeline_worker, say
-from exec.runtime.check import compare_grads, reference_step, split_micro_batches
+from exec.runtime.check import compare_grads, param_names, reference_step, split_micro_batches
 from exec.runtime.dp import check_dp
+from exec.runtime.ep import check_ep, holds_expert
 from exec.runtime.interpreter import refuse_offload
 from exec.runtime.optim import DEFAULT_OPTIMIZER
 
@@ -138,6 +142,7 @@ def check_run(spec, schedule: Schedule, config: RunConfig) -> Schedule:
     if config.calibrate:
         check_calibrated(lowered)
     refuse_offload(lowered)
+    _check_experts(spec, lowered, config)
     split_micro_batches(torch.empty(spec.batch_size, 0), torch.empty(spec.batch_size, 0), lowered.micro_batches)
     fault = config.injected
     if fault is not None and fault[1] >= lowered.ranks * dp:
@@ -146,15 +151,31 @@ def check_run(spec, schedule: Schedule, config: RunConfig) -> Schedule:
     return lowered
 
 
-def _check_replicas(per_rank: list[dict], lowered: Schedule, dp: int, ref_grads, rtol: float, atol: float
-                    ) -> tuple[bool, float, str]:
+def _check_experts(spec, lowered: Schedule, config: RunConfig) -> None:
+    """ValueError for expert parallelism where exec does not run it (`exec.runtime.ep`)."""
+    check_ep(config.ep, config.dp, getattr(spec, "experts", None))
+    if config.ep == 1:
+        return
+    if lowered.has_gathers:
+        raise ValueError(f"ep={config.ep}: FSDP (UNSHARD in {lowered.name!r}) would shard the routed experts over "
+                         f"dp; exec runs expert parallelism without FSDP")
+
+
+def _check_replicas(per_rank: list[dict], lowered: Schedule, dp: int, ref_grads, rtol: float, atol: float,
+                    expert_ranks: tuple[int, int, list[str]] | None = None) -> tuple[bool, float, str]:
     """Every replica's gradients after the first step against one process on the whole
-    batch: (all match, largest difference, where; "replica d: stageS.name" with dp > 1)."""
+    batch: (all match, largest difference, where; "replica d: stageS.name" with dp > 1).
+    `expert_ranks` (experts, ep, the reference's parameter names) where ep > 1: replica d
+    holds the experts of ep rank d mod ep, and is held against those of the reference."""
     topo, checks = Topology(tp=1, pp=lowered.ranks, dp=dp), []
     for d in range(dp):
         grads = [(f"stage{s}.{n}", g) for s in range(lowered.chain)  # a copy's stage holds the sum (DualPipe)
                  for n, g in per_rank[topo.rank(0, d, lowered.rank_of(s))]["grads"][s]]
-        match, worst, where = compare_grads(grads, ref_grads, rtol, atol)
+        ref = ref_grads
+        if expert_ranks is not None:
+            experts, ep, names = expert_ranks
+            ref = [g for n, g in zip(names, ref_grads) if holds_expert(n, experts, ep, d % ep)]
+        match, worst, where = compare_grads(grads, ref, rtol, atol)
         checks.append((worst, match, f"replica {d}: {where}" if dp > 1 else where))
     worst, _, where = max(checks, key=lambda c: c[0])
     return all(match for _, match, _ in checks), worst, where
@@ -199,7 +220,8 @@ def _gather(per_rank: list[dict], spec, lowered: Schedule, bounds: list[int], co
     """The run from what every rank returned: the check against one process, the median
     step, and the costs calibrated inside it."""
     ref_loss, ref_grads = reference_step(spec, lowered.micro_batches)
-    match, worst, where = _check_replicas(per_rank, lowered, config.dp, ref_grads, config.rtol, config.atol)
+    experts = (spec.experts, config.ep, param_names(spec)) if config.ep > 1 else None
+    match, worst, where = _check_replicas(per_rank, lowered, config.dp, ref_grads, config.rtol, config.atol, experts)
     results = per_rank[0]["results"]
     run = PipelineRun(lowered, bounds, median_step(results), results, per_rank[0]["losses"],
                       ref_loss, match, worst, where, optimizer=config.optimizer, dp=config.dp,

@@ -27,6 +27,7 @@ from sim.cli import Heartbeat
 from exec.launch.host import paused_gc
 from exec.measure.busy import StepLoad
 from exec.measure.calibrate import calibrate_rank, message_sizes
+from exec.models.moe import expert_parallel
 from exec.pipeline.config import RunConfig
 from exec.runtime.check import split_micro_batches
 from exec.runtime.dp import replica_context, shard
@@ -72,6 +73,7 @@ def _build_rank(ctx, spec, schedule: Schedule, bounds: Sequence[int], config: Ru
     modules = {s: (all_stages[s] if s < schedule.chain else copy.deepcopy(all_stages[s % schedule.chain])).to(ctx.device)
                for s in mine}
     del all_stages
+    expert_parallel(modules.values(), ctx.ep_group)  # keep this rank's experts (ep > 1)
     opt = make_optimizer(config.optimizer, [p for s in mine for p in modules[s].parameters()], config.lr)
     inputs, targets = shard(*spec.batch(), ctx.dp, ctx.replica)
     micro_inputs, micro_targets = split_micro_batches(inputs, targets, schedule.micro_batches)
@@ -148,7 +150,7 @@ def pipeline_worker(ctx, spec, schedule: Schedule, bounds: Sequence[int], config
     reports, one per round, for `exec.measure.costs.costs_from_reports`. With dp > 1
     calibration runs on a replica's shard of the batch (the micro-batches a step computes)."""
     world_rank = ctx.rank
-    ctx = replica_context(ctx, schedule.ranks, config.dp)
+    ctx = replica_context(ctx, schedule.ranks, config.dp, config.ep)
     rank = _build_rank(ctx, spec, schedule, bounds, config)
     out: dict[str, Any] = {"rank": world_rank, "losses": [], "results": [], "train_steps": [], "grads": {},
                            "reports": [], "load": []}

@@ -13,7 +13,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-__all__ = ["split_micro_batches", "reference_step", "compare_grads"]
+__all__ = ["split_micro_batches", "reference_step", "param_names", "compare_grads"]
 
 
 def split_micro_batches(inputs: torch.Tensor, targets: torch.Tensor, micro_batches: int
@@ -40,6 +40,12 @@ def reference_step(spec, micro_batches: int) -> tuple[float, list[torch.Tensor]]
     loss.backward()
     return loss.item(), [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
                          for p in model.parameters()]
+
+
+def param_names(spec) -> list[str]:
+    """The names of the whole model's parameters, in the order of `reference_step`'s
+    gradients (layer index first: "3.moe.experts.1.fc1.weight")."""
+    return [n for n, _ in nn.Sequential(*spec.build_layers()).named_parameters()]
 
 
 def compare_grads(pipelined: Sequence[tuple[str, torch.Tensor]], reference: Sequence[torch.Tensor],

@@ -36,6 +36,8 @@ import torch.distributed as dist
 
 from sim.hardware.topology import Topology
 
+from exec.runtime.ep import expert_groups
+
 __all__ = ["ReplicaContext", "replica_context", "shard", "CollectiveStream", "Reduction",
            "check_dp"]
 
@@ -63,6 +65,9 @@ class ReplicaContext:
     backend: str
     cores: tuple[int, ...] | None
     dp_group: Any          # the torch.distributed group of this pipeline position
+    ep: int = 1            # expert parallelism among the replicas (`exec.runtime.ep`)
+    ep_group: Any = None   # with ep > 1: the replicas this rank's MoE layers dispatch tokens to
+    edp_group: Any = None  # with ep > 1: the replicas holding the same experts
 
     @property
     def device(self) -> torch.device:
@@ -73,9 +78,10 @@ class ReplicaContext:
         return Topology(tp=1, pp=self.world_size, dp=self.dp).rank(0, self.replica, pipe_rank)
 
 
-def replica_context(ctx, pp: int, dp: int) -> ReplicaContext:
-    """This rank's `ReplicaContext` in a run of `dp` replicas of `pp` ranks. Every rank of
-    the world calls it at once: it makes every data-parallel group (`new_group` is a
+def replica_context(ctx, pp: int, dp: int, ep: int = 1) -> ReplicaContext:
+    """This rank's `ReplicaContext` in a run of `dp` replicas of `pp` ranks, their MoE layers'
+    experts spread over `ep` of the replicas (`exec.runtime.ep.expert_groups`). Every rank
+    of the world calls it at once: it makes every data-parallel group (`new_group` is a
     collective of the whole world, called for every group in the same order)."""
     topo = Topology(tp=1, pp=pp, dp=dp)
     if ctx.world_size != topo.gpus:
@@ -83,8 +89,16 @@ def replica_context(ctx, pp: int, dp: int) -> ReplicaContext:
                          f"{ctx.world_size}; launch pp * dp processes")
     _, replica, pipe_rank = topo.coords(ctx.rank)
     groups = {g: dist.new_group(list(g)) for g in topo.groups("dp")}
+    experts = {}  # (ep or edp, replica indices) -> this rank's group, if it is in it
+    if ep > 1:
+        for what, sets in zip(("ep", "edp"), expert_groups(dp, ep)):
+            for p in range(pp):
+                for replicas in sets:
+                    group = dist.new_group([topo.rank(0, d, p) for d in replicas])
+                    if p == pipe_rank and replica in replicas:
+                        experts[what] = group
     return ReplicaContext(pipe_rank, pp, replica, dp, ctx.rank, ctx.local_rank, ctx.backend, ctx.cores,
-                          groups[topo.group_of("dp", ctx.rank)])
+                          groups[topo.group_of("dp", ctx.rank)], ep, experts.get("ep"), experts.get("edp"))
 
 
 def shard(inputs: torch.Tensor, targets: torch.Tensor, dp: int, replica: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -98,12 +112,14 @@ def shard(inputs: torch.Tensor, targets: torch.Tensor, dp: int, replica: int) ->
 
 class Reduction:
     """One REDUCE_GRAD in flight: the stage's gradients flattened into one buffer (a
-    bucket), averaged over the data-parallel group, and its clock marks."""
+    bucket), averaged over the data-parallel group, and its clock marks. With expert
+    parallelism the routed experts' gradients are a second bucket, summed over the
+    expert data-parallel group and divided by dp (`exec.runtime.ep`)."""
 
-    def __init__(self, action, params: Sequence[torch.nn.Parameter], issued):
-        self.action, self.params, self.issued = action, list(params), issued
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        self.buffer = torch.cat([g.reshape(-1) for g in grads]) if grads else torch.zeros(0)
+    def __init__(self, action, params: Sequence[torch.nn.Parameter], issued,
+                 experts: Sequence[torch.nn.Parameter] = ()):
+        self.action, self.params, self.experts, self.issued = action, list(params), list(experts), issued
+        self.buffer, self.expert_buffer = _flat(self.params), _flat(self.experts)
         self.start = self.end = None
         self.done = torch.futures.Future()
 
@@ -111,41 +127,56 @@ class Reduction:
         """Wait for the all-reduce, then point each gradient at its slice of the averaged
         buffer (no copy back, as DDP's `gradient_as_bucket_view`)."""
         self.done.wait()
-        offset = 0
-        for p in self.params:
-            n = p.numel()
-            p.grad = self.buffer[offset:offset + n].view_as(p)
-            offset += n
+        for params, buffer in ((self.params, self.buffer), (self.experts, self.expert_buffer)):
+            offset = 0
+            for p in params:
+                n = p.numel()
+                p.grad = buffer[offset:offset + n].view_as(p)
+                offset += n
+
+
+def _flat(params: Sequence[torch.nn.Parameter]) -> torch.Tensor:
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    return torch.cat([g.reshape(-1) for g in grads]) if grads else torch.zeros(0)
 
 
 class CollectiveStream:
     """A rank's one collective stream over its data-parallel `group` (of `size` ranks):
     reductions run one at a time, in the order issued, beside the rank's compute.
-    `clock` gives the marks (a CPU clock: gloo's threads take them)."""
+    `clock` gives the marks (a CPU clock: gloo's threads take them). `expert_group`: the
+    expert data-parallel group where a reduction has routed experts' gradients (ep > 1);
+    their all-reduce runs beside the dense one, and the reduction ends with both."""
 
-    def __init__(self, group, size: int, clock):
-        self.group, self.size, self.clock = group, size, clock
+    def __init__(self, group, size: int, clock, expert_group=None):
+        self.group, self.size, self.clock, self.expert_group = group, size, clock, expert_group
         self.tail: torch.futures.Future | None = None
         self.inflight: list[Reduction] = []
 
-    def issue(self, action, params: Sequence[torch.nn.Parameter]) -> Reduction:
-        """Flatten the gradients of `params` and queue their average over the group; the
+    def issue(self, action, params: Sequence[torch.nn.Parameter],
+              experts: Sequence[torch.nn.Parameter] = ()) -> Reduction:
+        """Flatten the gradients of `params` (and of the routed `experts`) and queue their
+        average over the group (the experts' sum over the expert group, over dp); the
         caller goes on at once."""
-        r = Reduction(action, params, self.clock.mark())
+        r = Reduction(action, params, self.clock.mark(), experts)
         r.buffer.div_(self.size)  # sum of the 1/dp shares = the mean (gloo has no ReduceOp.AVG), as DDP's hook
+        r.expert_buffer.div_(self.size)
 
         def start(_=None) -> None:
             try:
                 r.start = self.clock.mark()
-                work = dist.all_reduce(r.buffer, group=self.group, async_op=True)
-                work.get_future().then(end)
+                futures = [dist.all_reduce(r.buffer, group=self.group, async_op=True).get_future()]
+                if r.experts and self.expert_group is not None and dist.get_world_size(self.expert_group) > 1:
+                    futures.append(dist.all_reduce(r.expert_buffer, group=self.expert_group,
+                                                   async_op=True).get_future())
+                torch.futures.collect_all(futures).then(end)
             except Exception as e:  # noqa: BLE001 - the rank's wait raises it
                 r.done.set_exception(e)
 
         def end(fut) -> None:
             r.end = self.clock.mark()
             try:
-                fut.wait()
+                for done in fut.wait():
+                    done.wait()
             except Exception as e:  # noqa: BLE001
                 r.done.set_exception(e)
                 return

@@ -61,6 +61,7 @@ from exec.runtime import split_backward
 from exec.runtime.clocks import clock_for
 from exec.runtime.records import Marks, RankTrace
 from exec.runtime.dp import CollectiveStream
+from exec.runtime.ep import split_parameters
 from exec.runtime.fsdp import Shards
 from exec.runtime.memory import SavedBytes, param_storages
 from exec.runtime.shapes import TensorMeta
@@ -134,6 +135,8 @@ class RankInterpreter:
         self.shards = Shards(stage_modules, getattr(ctx, "dp_group", None)) if schedule.has_gathers else None
         self.params = {s: param_storages(m) for s, m in stage_modules.items()}
         self.param_lists = {s: list(m.parameters()) for s, m in stage_modules.items()}
+        ep = getattr(ctx, "ep", 1)  # with ep > 1 REDUCE_GRAD reduces the routed experts apart (`exec.runtime.ep`)
+        self.reduced = {s: split_parameters(m, ep) for s, m in stage_modules.items()}
         self.routes = {a: self._route(a) for a in self.program if a.kind in TRANSFERS}
         self.handlers: dict[Kind, Callable[[Action], Marks | None]] = {
             k: getattr(self, spec.handler) for k, spec in KINDS.items()}
@@ -148,7 +151,7 @@ class RankInterpreter:
         self.sends: list[tuple[Any, torch.Tensor]] = []  # (work, tensor kept alive until waited)
         dp_group = getattr(ctx, "dp_group", None)
         self.stream = CollectiveStream(dp_group, dist.get_world_size(dp_group) if dp_group is not None else 1,
-                                       self.clock)
+                                       self.clock, getattr(ctx, "edp_group", None))
         self.loss_sum: torch.Tensor | None = None
         self.trace = RankTrace(ctx.rank)
         self._events: list[Marks] = []                  # clock marks, resolved at the end
@@ -233,7 +236,7 @@ class RankInterpreter:
         """REDUCE_GRAD: issue the average of stage `a.stage`'s gradients over the
         data-parallel group on the collective stream, and go on; `run` waits for it and
         records it (its marks: `exec.runtime.dp.CollectiveStream`)."""
-        self.stream.issue(a, self.param_lists[a.stage])
+        self.stream.issue(a, *self.reduced[a.stage])
 
     def overlap(self, a: Action) -> None:
         """OVERLAP_F_B: wait for the receives of the backward it names (rule 18)."""

@@ -494,6 +494,12 @@ def test_cli_under_torchrun_reports_once(tmp_path):
     (["--dp", "3", "--micro-batches", "4", "--batch-size", "8"], "does not split into dp x micro_batches = 3 x 4"),
     (["--dp", "2", "--fault", "raise:4"], "names rank 4"),
     (["--overlap-grad-reduce"], "give --dp 2 or more"),
+    (["--experts", "4"], "give --model gpt"),
+    (["--model", "gpt", "--top-k", "2"], "give experts= too"),
+    (["--model", "gpt", "--experts", "4", "--ep", "0"], "--ep"),
+    (["--model", "gpt", "--experts", "4", "--ep", "2", "--no-compare"], "must divide dp=1"),
+    (["--model", "gpt", "--experts", "3", "--ep", "2", "--dp", "2", "--micro-batches", "2", "--no-compare"],
+     "must divide the 3 experts"),
 ])
 def test_cli_bad_arguments_exit_2_with_one_line(args, says, capsys):
     from exec.run import main

@@ -9,11 +9,10 @@ program order fixes (docs/rules.md, rules 9 and 13).
 """
 from __future__ import annotations
 
-import os
 import statistics
-from pathlib import Path
 
 import pytest
+from helpers import rank_processes
 
 torch = pytest.importorskip("torch")
 
@@ -23,7 +22,7 @@ from sim.hardware.topology import Topology  # noqa: E402
 from exec.measure.calibrate import calibrate_rank  # noqa: E402
 from exec.runtime.check import compare_grads, reference_step  # noqa: E402
 from exec.runtime.dp import check_dp, replica_context, shard  # noqa: E402
-from exec.launch.processes import children_of, launch  # noqa: E402
+from exec.launch.processes import launch  # noqa: E402
 from exec.models.spec import ModelSpec  # noqa: E402
 from exec.pipeline.config import RunConfig  # noqa: E402
 from exec.pipeline.runner import run_pipeline  # noqa: E402
@@ -85,21 +84,9 @@ def dp_runs():
     return schedules, [r[0] for r in per_rank], [r[1] for r in per_rank]
 
 
-def _rank_processes() -> list[int]:
-    """Rank processes of this test process still around (the resource tracker is not one)."""
-    out = []
-    for pid in children_of([os.getpid()]):
-        try:
-            if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                out.append(pid)
-        except OSError:
-            continue
-    return out
-
-
 @pytest.mark.slow
 def test_the_run_leaves_no_rank_process_behind(dp_runs):
-    assert _rank_processes() == []
+    assert rank_processes() == []
 
 
 def test_the_two_placements_of_the_reduction_differ():
