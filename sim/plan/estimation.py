@@ -78,6 +78,7 @@ class Estimate:
     def __repr__(self) -> str:
         lay = self.layout
         cp = f"cp={lay.cp}, " if lay.cp > 1 else ""
+        cp += f"ep={lay.ep}, expert_tp={lay.expert_tp}, " if self.model.moe else ""
         return (f"<Estimate {model_name(self.model)} on {lay.gpus} x {self.gpu.name} (tp={lay.tp}, {cp}pp={lay.pp}, "
                 f"dp={lay.dp}, {lay.schedule}): step {self.step_time:.4g} s, {self.tflops_per_gpu:.0f} TFLOP/s/GPU, "
                 f"MFU {self.mfu:.1%}, bubble {self.bubble_fraction:.1%}, peak {max(self.peak_memory) / 2**30:.1f} GiB, "
@@ -87,7 +88,7 @@ class Estimate:
         """The estimate as plain data (no result)."""
         lay = self.layout
         return {"model": model_name(self.model), "gpu": self.gpu.name, "profile": self.profile.name, "gpus": lay.gpus, "tp": lay.tp, "pp": lay.pp,
-                "dp": lay.dp, "cp": lay.cp, "cp_comm": lay.cp_comm, "attention": self.model.attention, "micro_batch": lay.micro_batch, "global_batch": lay.global_batch,
+                "dp": lay.dp, "cp": lay.cp, "ep": lay.ep, "expert_tp": lay.expert_tp, "cp_comm": lay.cp_comm, "attention": self.model.attention, "micro_batch": lay.micro_batch, "global_batch": lay.global_batch,
                 "micro_batches": lay.micro_batches, "schedule": lay.schedule, "virtual": self.result.schedule.stages // lay.pp,
                 "recompute": lay.recompute, "sequence_parallel": lay.sequence_parallel, "zero": lay.zero,
                 "precision": lay.precision, "optimizer": lay.optimizer, "offload": lay.offload,
@@ -105,7 +106,8 @@ def estimate(model: Transformer | str, gpu: DeviceProfile | GPU | str = "a100-80
              attention: str | None = None, cp_comm: str = "p2p", overlap_grad_reduce: bool = False, partition="even",
              tp_overlap: bool = True, offload: bool = False,
              memory_headroom: float = DEFAULT_HEADROOM, optimizer: str = DEFAULT_OPTIMIZER,
-             reshard_after_forward: bool = True, fsdp_shard: int | None = None, **schedule_options) -> Estimate:
+             reshard_after_forward: bool = True, fsdp_shard: int | None = None, ep: int = 1, expert_tp: int = 1,
+             **schedule_options) -> Estimate:
     """Simulate one training step of `model` on `gpu`s split as given (see `Layout` and the
     module's docstring); `gpu` is a device profile (`sim.load_profile`), a profile's or GPU
     preset's name (its default profile, `sim.hardware.profile.DEFAULT_PROFILES`) or a preset `GPU`;
@@ -125,13 +127,16 @@ def estimate(model: Transformer | str, gpu: DeviceProfile | GPU | str = "a100-80
     With zero=3 and pp > 1 the gathers and reduce-scatters are FSDP's actions on the step
     (`sim.add_fsdp`), and `reshard_after_forward` is FSDP2's option; `fsdp_shard` makes it HSDP,
     sharded within groups of that many replicas and replicated across them (docs/planner.md,
-    "ZeRO with pipelining")."""
+    "ZeRO with pipelining"). `ep` and `expert_tp` split a mixture of experts' routed experts
+    over a stage's tp x cp x dp ranks as Megatron-Core folds them, the expert data-parallel
+    size edp = tp cp dp / (expert_tp ep) following (`sim.plan.experts`)."""
     cluster = Cluster(gpus_per_node=gpus_per_node,
                       nics_per_node=gpus_per_node if nics_per_node is None else nics_per_node)
     parallel = Parallel(tp=tp, pp=pp, dp=dp, cp=cp, cp_comm=cp_comm, sequence_parallel=sequence_parallel, zero=zero,
                         partition=partition if isinstance(partition, str) else tuple(partition),
                         overlap_grad_reduce=overlap_grad_reduce, tp_overlap=tp_overlap,
-                        reshard_after_forward=reshard_after_forward, fsdp_shard=fsdp_shard)
+                        reshard_after_forward=reshard_after_forward, fsdp_shard=fsdp_shard, ep=ep,
+                        expert_tp=expert_tp)
     run = Run(micro_batch=micro_batch, global_batch=dp * micro_batch if global_batch is None else global_batch,
               schedule=lookup(schedule)[0], virtual=virtual, recompute=recompute, precision=precision,
               attention=attention, offload=offload, memory_headroom=memory_headroom,
