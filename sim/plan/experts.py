@@ -150,7 +150,8 @@ def fp8_copy_bytes(model: Transformer, lay, layers: int, moe: int) -> float:
     """Bytes of TE's FP8 weight copies on one GPU for a stage of `layers` layers, `moe` of them
     MoE layers: the dense layers' (`sim.cost.fp8.weight_copy_bytes`), and each MoE layer's
     weights, 2 bytes each (its norms and router, under 0.01 %, counted with them)."""
-    return fp8.weight_copy_bytes(model, layers - moe, lay.tp) + 2 * moe * sum(moe_layer_params(model, lay))
+    dense = fp8.weight_copy_bytes(model, layers - moe, lay.tp)
+    return dense + 2 * moe * sum(moe_layer_params(model, lay)) if moe else dense
 
 
 def expert_reduce_times(g: DeviceProfile, lay, expert: list[float], backward: list[float] | None = None,
