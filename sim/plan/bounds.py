@@ -18,12 +18,12 @@ from sim.engine.costs import Costs, StageCosts
 from sim.simulation import simulate
 from sim.cost.data_parallel import optimizer_time, stage_params
 from sim.cost.ends import end_times
+from .experts import layer_activations, moe_layers, split_params, state_bytes
 from .layout import Layout, layout_slice
 from .stage_costs import partition_layers, stage_costs
 from sim.model.footprint import DEFAULT_OPTIMIZER, optimizer_step_bytes, state_bytes_per_param
 from sim.hardware.profile import DeviceProfile, resolve
 from sim.schedule.ir import Schedule
-from sim.cost.fp8 import saved_bytes_saving
 from sim.hardware.kernels import memory_time
 from sim.schedule.kinds import KINDS, Kind
 from sim.schedule.liveness import held
@@ -122,23 +122,39 @@ class Bounds:
             self._shape[key] = _shape(self.model, key)
         return self._shape[key]
 
-    def _activations(self, config: Config) -> float:
-        """One micro-batch's activations of one layer on one GPU (s/cp of the sequence; under FP8:
-        BF16's less the Linears' inputs saved in FP8, `sim.cost.fp8`)."""
+    def _activations(self, config: Config) -> tuple[float, float]:
+        """One micro-batch's activations of one dense layer and one MoE layer (0 for a dense
+        model) on one GPU (s/cp of the sequence; under FP8: BF16's less the Linears' inputs saved
+        in FP8, `sim.cost.fp8`): `stage_costs`'s own count (`sim.plan.experts.layer_activations`)."""
         model, fp8 = per_rank(self.model, self._slice(config)), self.precision == "fp8"
-        kept = model.activation_bytes_per_layer(config.micro_batch, config.tp, config.sequence_parallel,
-                                                config.recompute, "bf16" if fp8 else self.precision)
-        return kept - (saved_bytes_saving(model, config.micro_batch, config.tp, config.sequence_parallel,
-                                          config.recompute) if fp8 else 0.0)
+        dense, _, moe = layer_activations(model, self._layout(config), "bf16" if fp8 else self.precision)
+        return dense, moe
+
+    def _least_activations(self, config: Config) -> float:
+        """The fewer bytes of a dense and a MoE layer's activations (a dense model: its layer's)."""
+        dense, moe = self._activations(config)
+        return min(dense, moe) if self.model.moe else dense
+
+    def _static_average(self, config: Config) -> float:
+        """The average device's weights, gradients and optimizer state: the stages' dense
+        parameters sum to the model's over tp, its experts' over ep x expert_tp, each with its
+        own ZeRO shard (`sim.plan.experts`)."""
+        per = sum(state_bytes_per_param(self.precision, config.zero, config.dp * config.cp, self.optimizer).values())
+        if self.model.moe is None:
+            return self.params.total / (config.tp * config.pp) * per
+        experts = self.model.moe_layers * self.model.moe.params(self.model.hidden)["routed"]
+        edp = config.tp * config.cp * config.dp // (config.ep * config.expert_tp)
+        per_expert = sum(state_bytes_per_param(self.precision, config.zero, edp, self.optimizer).values())
+        return ((self.params.total - experts) / config.tp * per
+                + experts / (config.ep * config.expert_tp) * per_expert) / config.pp
 
     def memory_average(self, config: Config) -> float:
-        """The average device's weights, gradients and optimizer state (the stages'
-        parameters sum to the model's over tp) and, with the even split, one micro-batch's
-        activations of the fewest layers a stage has (a device holds at least the one its
-        forward takes in). No schedule needed: the pp * V stages are known."""
-        per = sum(state_bytes_per_param(self.precision, config.zero, config.dp * config.cp, self.optimizer).values())
+        """The average device's weights, gradients and optimizer state (`_static_average`)
+        and, with the even split, one micro-batch's activations of the fewest layers a stage has
+        (a device holds at least the one its forward takes in). No schedule needed: the pp * V
+        stages are known."""
         fewest = self.model.layers // (config.pp * config.virtual) if self.even else 0
-        return self.params.total / (config.tp * config.pp) * per + fewest * self._activations(config)
+        return self._static_average(config) + fewest * self._least_activations(config)
 
     def memory(self, config: Config) -> float:
         """The fullest device holds at least its stages' weights, gradients and optimizer
@@ -147,16 +163,29 @@ class Bounds:
         average = self.memory_average(config)
         if not self.even or average > self.profile.memory:
             return average
-        per = sum(state_bytes_per_param(self.precision, config.zero, config.dp * config.cp, self.optimizer).values())
-        shape, act = self.shape(config), self._activations(config)
-        params = stage_params(self.model, shape.layers, config.tp, shape.schedule.placement)
-        static = shape.per_device([p * per for p in params])
-        smallest = shape.per_device([n * act for n in shape.layers], min)
+        shape, (act, moe_act) = self.shape(config), self._activations(config)
+        static = shape.per_device(self._stage_static(config, shape))
+        sparse = moe_layers(self.model, shape.layers)
+        smallest = shape.per_device([(n - k) * act + k * moe_act for n, k in zip(shape.layers, sparse)], min)
         return max(s + h * a for s, h, a in zip(static, shape.held, smallest))
+
+    def _stage_static(self, config: Config, shape: _Shape) -> list[float]:
+        """Each stage's weights, gradients and optimizer state on one GPU, as `stage_costs` counts
+        them (less FP8's weight copies)."""
+        if self.model.moe is None:
+            per = sum(state_bytes_per_param(self.precision, config.zero, config.dp * config.cp, self.optimizer).values())
+            return [p * per for p in stage_params(self.model, shape.layers, config.tp, shape.schedule.placement)]
+        lay = self._layout(config)
+        state = state_bytes(lay, *split_params(self.model, shape.layers, lay, shape.schedule.placement))
+        return [sum(parts) for parts in zip(*state.values())]
 
     def _optimizer(self, config: Config) -> float:
         share = config.dp * config.cp if config.zero >= 1 else 1
         updated = self.params.total / (config.tp * config.pp * share)
+        if self.model.moe is not None:  # the experts over ep x expert_tp, their state over edp
+            experts = self.model.moe_layers * self.model.moe.params(self.model.hidden)["routed"]
+            edp = config.tp * config.cp * config.dp // (config.ep * config.expert_tp) if config.zero >= 1 else 1
+            updated += experts / config.pp * (1 / (config.ep * config.expert_tp * edp) - 1 / (config.tp * share))
         return memory_time(self.profile, updated * optimizer_step_bytes(self.precision, self.optimizer), "optimizer")
 
     def average(self, config: Config) -> float:

@@ -196,12 +196,12 @@ def same_time(seconds: float) -> float:
 def rank_key(row: Row) -> tuple:
     """The total order of the rows: step time, then peak memory, then the configuration's
     fields in `Config`'s order (tp, pp, dp, micro-batch, schedule, V, recompute, ZeRO,
-    sequence parallelism), so that any `top` ranks the same rows first. Step times are
+    sequence parallelism, ep, expert_tp), so that any `top` ranks the same rows first. Step times are
     compared to 12 significant digits: two layouts that differ only in the last bits of a
     float sum (a reduction timed in another order) tie, and memory decides."""
     config = row.config
     return (same_time(row.step_time), row.peak_memory, config.tp, config.pp, config.dp, config.micro_batch, config.schedule,
-            config.virtual, config.recompute, config.zero, config.sequence_parallel)
+            config.virtual, config.recompute, config.zero, config.sequence_parallel, config.ep, config.expert_tp)
 
 
 def _too_large(configs: list[Config], global_batch: int, dropped: Counter) -> list[Config]:
@@ -229,7 +229,7 @@ def search(model: Transformer | str, gpu: DeviceProfile | GPU | str, gpus: int, 
     `memory_headroom` is kept free of each GPU's memory (`sim.estimate`'s). `optimizer`
     (`sim.model.footprint.OPTIMIZERS`) is the run's, for every configuration.
     `limits` narrow the space: tp, cp, pp, micro_batch, schedules, virtual, recompute, zero,
-    sequence_parallel (each one value or a list), max_micro_batch, max_virtual. `progress(done,
+    sequence_parallel, ep, expert_tp (each one value or a list), max_micro_batch, max_virtual. `progress(done,
     total)` is called as configurations are settled. Raises ValueError naming the fix."""
     start = time.perf_counter()
     model, profile = find_model(model), resolve(gpu)
