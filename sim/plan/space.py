@@ -164,9 +164,10 @@ def expert_splits(model: Transformer, tp: int, ranks: int, ep=None, expert_tp=No
     where expert_tp divides an expert's width and expert_tp x ep the ranks, as Megatron-Core folds
     them (`sim.plan.experts`); (1, 1) for a dense model, which takes no other (ValueError)."""
     if model.moe is None:
-        if {*_choices("ep", ep, [1]), *_choices("expert_tp", expert_tp, [1])} != {1}:
-            raise ValueError(f"ep={ep}, expert_tp={expert_tp} split the experts of a mixture of experts; the model "
-                             f"is dense (experts=None)")
+        given = {"ep": _choices("ep", ep, [1]), "expert_tp": _choices("expert_tp", expert_tp, [1])}
+        if {*given["ep"], *given["expert_tp"]} != {1}:
+            named = ", ".join(f"{k}={','.join(map(str, v))}" for k, v in given.items())
+            raise ValueError(f"{named} split the experts of a mixture of experts; the model is dense (experts=None)")
         return [(1, 1)]
     eps = [positive("ep", e) for e in _choices("ep", ep, _divisors(model.experts))]
     etps = [positive("expert_tp", t) for t in _choices("expert_tp", expert_tp, sorted({1, tp}))]
@@ -266,6 +267,6 @@ def configurations(model: Transformer, gpus: int, global_batch: int, *, schedule
                 zero_stages, sps, splits):
             out.append(Config(tp, pp, dp, micro_batch, name, chunks, mode, stage, sp, cp, ep, etp))
     if not out and (ep is not None or expert_tp is not None):
-        raise ValueError(f"ep={ep}, expert_tp={expert_tp} fold onto no layout of {gpus} GPUs: expert_tp x ep must "
+        raise ValueError(f"the given ep and expert_tp fold onto no layout of {gpus} GPUs: expert_tp x ep must "
                          f"divide the tp x cp x dp GPUs of a stage and expert_tp an expert's width {model.expert_ffn}")
     return out
