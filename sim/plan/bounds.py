@@ -18,16 +18,16 @@ from sim.engine.costs import Costs, StageCosts
 from sim.simulation import simulate
 from sim.cost.data_parallel import optimizer_time, stage_params
 from sim.cost.ends import end_times
-from .experts import layer_activations, moe_layers, split_params, state_bytes
+from .experts import layer_activations, moe_optimizer_time, moe_layers, split_params, state_bytes
 from .layout import Layout, layout_slice
-from .stage_costs import partition_layers, stage_costs
+from .stage_costs import layer_kinds, partition_layers, stage_costs
 from sim.model.footprint import DEFAULT_OPTIMIZER, optimizer_step_bytes, state_bytes_per_param
 from sim.hardware.profile import DeviceProfile, resolve
 from sim.schedule.ir import Schedule
 from sim.hardware.kernels import memory_time
 from sim.schedule.kinds import KINDS, Kind
 from sim.schedule.liveness import held
-from sim.cost.layer import Slice, check_timed, layer_times
+from sim.cost.layer import Slice
 from sim.cost.slice import per_rank
 from sim.search.partition import even
 from sim.schedule.registry import make_schedule
@@ -89,7 +89,6 @@ class Bounds:
     def __init__(self, model: Transformer, profile: DeviceProfile, global_batch: int, precision: str,
                  gpus_per_node: int,
                  partition="even", nics_per_node: int | None = None, optimizer: str = DEFAULT_OPTIMIZER):
-        check_timed(model)  # a MoE model is refused, not searched as a dense one
         self.model, self.profile, self.batch = model, resolve(profile), global_batch
         self.precision, self.gpn, self.optimizer = precision, gpus_per_node, optimizer
         self.nics = gpus_per_node if nics_per_node is None else nics_per_node
@@ -106,12 +105,16 @@ class Bounds:
     def _slice(self, config: Config) -> Slice:
         return layout_slice(self._layout(config))
 
-    def layer(self, config: Config):
+    def layers(self, config: Config):
+        """A dense layer's and a MoE layer's times (`sim.plan.stage_costs.layer_kinds`)."""
         piece = self._slice(config)
         key = (piece, config.recompute)
         if key not in self._layer:
-            self._layer[key] = layer_times(self.model, self.profile, piece, config.recompute)
+            self._layer[key] = layer_kinds(self.model, self.profile, piece, config.recompute)
         return self._layer[key]
+
+    def layer(self, config: Config):
+        return self.layers(config)[0]
 
     def _key(self, config: Config) -> tuple:
         return config.schedule, config.pp, self.batch // (config.dp * config.micro_batch), config.virtual
@@ -192,21 +195,25 @@ class Bounds:
         """The average device's computes one after another (F + B of the layers for every
         micro-batch; a split I + W is never shorter), then the optimizer step over the
         average device's share. No schedule needed."""
-        layer = self.layer(config)
+        layer, moe = self.layers(config)
         micro_batches = self.batch // (config.dp * config.micro_batch)
         computes = micro_batches * self.model.layers / config.pp * (layer.forward + layer.backward)
+        if self.model.moe:  # its MoE layers at their F + B (their all-to-alls may hide: left out)
+            sparse, dense = self.model.moe_layers, self.model.layers - self.model.moe_layers
+            computes = micro_batches / config.pp * (dense * (layer.forward + layer.backward)
+                                                    + sparse * (moe.forward + moe.backward))
         return computes + self._optimizer(config) + self.profile.step_overhead
 
     def costs(self, config: Config) -> tuple[StageCosts, list[int], Layout]:
         """The per-stage costs, layers per stage and layout that `sim.estimate` simulates `c`
         with (its own functions, so the bound follows any change to the estimate)."""
-        shape, layer, piece = self.shape(config), self.layer(config), self._slice(config)
+        shape, (layer, moe), piece = self.shape(config), self.layers(config), self._slice(config)
         if piece not in self._ends:
             self._ends[piece] = end_times(self.model, self.profile, piece)
         ends = self._ends[piece]
         lay = self._layout(config)
-        layers = partition_layers(self.model.layers, shape.schedule.stages, self.partition, layer, ends)
-        costs, _ = stage_costs(self.model, self.profile, lay, piece, layer, ends, layers, shape.schedule.placement)
+        layers = partition_layers(self.model.layers, shape.schedule.stages, self.partition, moe or layer, ends)
+        costs, _ = stage_costs(self.model, self.profile, lay, piece, layer, ends, layers, shape.schedule.placement, moe)
         return costs.for_stages(shape.schedule.stages), layers, lay
 
     def time(self, config: Config) -> float:
@@ -239,7 +246,8 @@ class Bounds:
             after = tail[first] if shape.last[d] in (Kind.B, Kind.I) else 0.0
             reduce = sum(per_stage.grad_reduce[s] for s in stages)
             longest = max(longest, head[first] + sum(busy[s] for s in stages) + max(after, reduce))
-        optimizer = optimizer_time(self.model, self.profile, lay, layers, place)
+        optimizer = (moe_optimizer_time if self.model.moe else optimizer_time)(self.model, self.profile, lay, layers,
+                                                                                place)
         return max(self.average(config), longest + optimizer + self.profile.step_overhead)
 
     def schedule_time(self, config: Config) -> float:
@@ -250,12 +258,13 @@ class Bounds:
         pp, micro-batches and V: asked only of configurations about to be simulated."""
         if not self.even or config.schedule in _COST_DEPENDENT:
             return self.time(config)
-        key, shape, layer = self._key(config), self.shape(config), self.layer(config)
+        key, shape, (layer, moe) = self._key(config), self.shape(config), self.layers(config)
         if key not in self._unit:
             n = [float(k) for k in shape.layers]
             unit = Costs(forward=n, backward=[2 * k for k in n], backward_input=n, backward_weight=n,
                          transport="ideal")
             self._unit[key] = simulate(shape.schedule, unit).makespan
-        ratio = (min(layer.forward, layer.backward_input, layer.backward_weight) if shape.split
-                 else min(layer.forward, layer.backward / 2))
+        kinds = [layer] * (self.model.moe_layers < self.model.layers) + [moe] * bool(self.model.moe_layers)
+        ratio = min(min(k.forward, k.backward_input, k.backward_weight) if shape.split
+                    else min(k.forward, k.backward / 2) for k in kinds)  # a layer of either kind
         return max(self.time(config), ratio * self._unit[key] + self._optimizer(config))

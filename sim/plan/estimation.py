@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 
 from sim.cost.data_parallel import fsdp_as_actions, optimizer_time
 from sim.cost.ends import end_times
-from sim.cost.layer import LayerTimes, Slice, layer_times
+from sim.cost.layer import LayerTimes, Slice
 from sim.simulation import simulate
 from sim.engine.result import Result
 from sim.hardware.gpus import GPU
@@ -43,7 +43,8 @@ from sim.schedule.registry import lookup, make_schedule
 from .layout import (DEFAULT_HEADROOM, Cluster, Layout, Parallel, Run, check_layout, check_size, layout_slice,
                      usable_memory)
 from sim.model.registry import find_model, model_name
-from .stage_costs import memory_caps, memory_parts, offload_costs, partition_layers, stage_costs
+from .experts import moe_optimizer_time
+from .stage_costs import layer_kinds, memory_caps, memory_parts, offload_costs, partition_layers, stage_costs
 
 
 @dataclass
@@ -153,12 +154,12 @@ def estimate_layout(model: Transformer, profile: DeviceProfile, lay: Layout, **s
     if lay.attention is not None:
         model = replace(model, attention=lay.attention)
     piece = layout_slice(lay)
-    layer = layer_times(model, profile, piece, lay.recompute, lay.tp_overlap)
+    layer, moe = layer_kinds(model, profile, piece, lay.recompute, lay.tp_overlap)
     ends = end_times(model, profile, piece)
-    sched = build_schedule(model, profile, lay, piece, layer, ends, schedule_options)
-    caps = memory_caps(model, profile, lay, piece, layer, ends, sched) if lay.partition == "balanced" else None
-    layers = partition_layers(model.layers, sched.stages, lay.partition, layer, ends, caps)
-    costs, parts = stage_costs(model, profile, lay, piece, layer, ends, layers, sched.placement)
+    sched = build_schedule(model, profile, lay, piece, layer, ends, schedule_options, moe)
+    caps = memory_caps(model, profile, lay, piece, layer, ends, sched, moe) if lay.partition == "balanced" else None
+    layers = partition_layers(model.layers, sched.stages, lay.partition, moe or layer, ends, caps)
+    costs, parts = stage_costs(model, profile, lay, piece, layer, ends, layers, sched.placement, moe)
     if lay.offload:
         sched, costs = offload_costs(model, profile, lay, layers, sched, costs)
     fsdp = fsdp_as_actions(lay)
@@ -168,7 +169,7 @@ def estimate_layout(model: Transformer, profile: DeviceProfile, lay: Layout, **s
         sched = add_grad_reduce(sched, overlap=lay.overlap_grad_reduce or fsdp)
     result = simulate(sched, costs)
     result.in_seconds = True  # the costs are seconds: figures say so
-    optimizer = optimizer_time(model, profile, lay, layers, sched.placement)
+    optimizer = (moe_optimizer_time if model.moe else optimizer_time)(model, profile, lay, layers, sched.placement)
     step = result.makespan + optimizer + profile.step_overhead
     parts |= step_parts(lay, layer, layers, result, optimizer, profile.step_overhead, parts["tp_collectives"])
     peak = result.peak_memory
@@ -208,14 +209,14 @@ def step_parts(lay: Layout, layer: LayerTimes, layers: list[int], result: Result
 
 
 def build_schedule(model: Transformer, profile: DeviceProfile, lay: Layout, piece: Slice, layer: LayerTimes,
-                   ends: dict, options: dict):
+                   ends: dict, options: dict, moe: LayerTimes | None = None):
     """The layout's schedule. zb-auto searches its order under this run's own costs and the
     memory the GPU has left after the static bytes and the headroom (unless the options say otherwise)."""
     options = dict(options)
     if lay.schedule == "zb-auto" and "costs" not in options:
         placement = list(range(lay.pp))
-        layers = partition_layers(model.layers, lay.pp, lay.partition, layer, ends)
-        costs, _ = stage_costs(model, profile, lay, piece, layer, ends, layers, placement)
+        layers = partition_layers(model.layers, lay.pp, lay.partition, moe or layer, ends)
+        costs, _ = stage_costs(model, profile, lay, piece, layer, ends, layers, placement, moe)
         per_stage = costs.for_stages(lay.pp)
         room = usable_memory(profile.memory, lay.memory_headroom) - max(map(per_stage.static_total, placement))
         options["costs"] = costs

@@ -188,3 +188,13 @@ def moe_optimizer_time(model: Transformer, g: DeviceProfile, lay, layers: list[i
     step = memory_time(g, max(updated) * optimizer_step_bytes(lay.precision, lay.optimizer), "optimizer")
     per_param = fp8.weight_cast_bytes(model, 1) / model.params().per_layer  # bytes a Linear weight's cast moves
     return step + (memory_time(g, max(held) * per_param) if lay.precision == "fp8" else 0.0)
+
+
+def expert_all_to_alls(moe, counts: list[int]) -> dict:
+    """`Costs.a2a_forward` and `a2a_backward` per stage: its MoE layers' (`counts`) dispatch and
+    combine all-to-alls, `LayerTimes.a2a_forward` and `a2a_backward` each (none for a dense model),
+    which the engine adds to an unpaired compute and hides in an overlapped pair (docs/rules.md, rule 18)."""
+    if moe is None:
+        return {}
+    return {"a2a_forward": tuple(k * moe.a2a_forward for k in counts),
+            "a2a_backward": tuple(k * moe.a2a_backward for k in counts)}

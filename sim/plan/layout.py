@@ -189,7 +189,8 @@ def layout_slice(lay: Layout) -> Slice:
     topo = lay.topology()
     cp_group = topo.ring_send("cp") if lay.cp_comm == "p2p" else topo.group("cp")
     return Slice(lay.micro_batch, lay.tp, lay.sequence_parallel, lay.precision, tp_group=topo.group("tp"),
-                 cp=lay.cp, cp_comm=lay.cp_comm, cp_group=cp_group)
+                 cp=lay.cp, cp_comm=lay.cp_comm, cp_group=cp_group, ep=lay.ep, expert_tp=lay.expert_tp,
+                 ep_group=topo.group("ep"))
 
 
 def check_layout(model: Transformer, profile: DeviceProfile, lay: Layout) -> list[str]:

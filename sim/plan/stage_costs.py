@@ -9,7 +9,7 @@ from sim.engine.fields import PER_STAGE
 from sim.engine.result import Result
 from sim.cost.data_parallel import fsdp_as_actions, fsdp_times, grad_reduce_times, zero3_times
 from sim.cost.ends import end_kernel_counts
-from sim.cost.layer import LayerTimes, Slice
+from sim.cost.layer import LayerTimes, Slice, check_timed, layer_times
 from sim.cost.slice import per_rank
 from sim.hardware.kernels import precision_bytes
 from sim.hardware.network import collective_time, links_of, p2p_link
@@ -22,7 +22,7 @@ from sim.passes.offload import add_offload
 from sim.schedule.liveness import program_peak
 from sim.search.partition import balanced, even
 
-from .experts import expert_reduce_times, fp8_copy_bytes, layer_activations, moe_layers, split_params, state_bytes
+from .experts import expert_all_to_alls, expert_reduce_times, fp8_copy_bytes, layer_activations, moe_layers, split_params, state_bytes
 from .layout import Layout, usable_memory
 
 
@@ -58,7 +58,17 @@ def layout_layers(text: str, layers: int, stages: int) -> list[int]:
     return layout.layers
 
 
-def memory_caps(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: LayerTimes, ends: dict, sched) -> list[int] | None:
+def layer_kinds(m: Transformer, g: DeviceProfile, x: Slice, recompute: str,
+                tp_overlap: bool = True) -> tuple[LayerTimes, LayerTimes | None]:
+    """The times of one dense layer and, for a mixture of experts, of one MoE layer
+    (`sim.cost.layer.layer_times`, moe=True; None for a dense model)."""
+    check_timed(m, moe_layers=True)
+    dense = layer_times(m, g, x, recompute, tp_overlap)
+    return dense, layer_times(m, g, x, recompute, tp_overlap, moe=True) if m.moe else None
+
+
+def memory_caps(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: LayerTimes, ends: dict, sched,
+                moe: LayerTimes | None = None) -> list[int] | None:
     """The most layers each stage can hold with its device still fitting the GPU (less the headroom), from the
     static bytes and the program-order peak of its activations (`sim.schedule.liveness.program_peak`,
     the schedule's own count of micro-batches held); None unless every device holds one stage
@@ -68,7 +78,7 @@ def memory_caps(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: Lay
 
     @cache
     def fits(n: int) -> tuple[bool, ...]:  # per stage: does its device fit with n layers on every stage?
-        c = stage_costs(m, g, lay, x, lt, ends, [n] * lay.pp, sched.placement)[0].for_stages(lay.pp)
+        c = stage_costs(m, g, lay, x, lt, ends, [n] * lay.pp, sched.placement, moe)[0].for_stages(lay.pp)
         usable = usable_memory(g.memory, lay.memory_headroom)
         return tuple(c.static_total(s) + program_peak(sched.programs[sched.placement[s]], c) <= usable
                      for s in range(lay.pp))
@@ -164,7 +174,7 @@ def stage_costs(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: Lay
                   weight_bytes=tuple(w + copies for w, copies in zip(state["weights"], fp8_copies)),
                   grad_bytes=tuple(state["grads"]), optimizer_bytes=tuple(state["optimizer"]),
                   latency=pipe.latency, bandwidth=pipe.bandwidth, **transport,
-                  grad_reduce=tuple(reduce))
+                  grad_reduce=tuple(reduce), **expert_all_to_alls(moe, sparse))
     if fsdp_as_actions(lay):
         costs = fsdp_costs(g, lay, params, costs)
     # per device on average: the compute by part (the rest of the step: `estimate`)
