@@ -20,7 +20,7 @@ from sim.cost.data_parallel import optimizer_time, stage_params
 from sim.cost.ends import end_times
 from .experts import layer_activations, moe_optimizer_time, moe_layers, split_params, state_bytes
 from .layout import Layout, layout_slice
-from .stage_costs import layer_kinds, partition_layers, stage_costs
+from .stage_costs import layer_times_of_kinds, partition_layers, stage_costs
 from sim.model.footprint import DEFAULT_OPTIMIZER, optimizer_step_bytes, state_bytes_per_param
 from sim.hardware.profile import DeviceProfile, resolve
 from sim.schedule.ir import Schedule
@@ -106,11 +106,11 @@ class Bounds:
         return layout_slice(self._layout(config))
 
     def layers(self, config: Config):
-        """A dense layer's and a MoE layer's times (`sim.plan.stage_costs.layer_kinds`)."""
+        """A dense layer's and a MoE layer's times (`sim.plan.stage_costs.layer_times_of_kinds`)."""
         piece = self._slice(config)
         key = (piece, config.recompute)
         if key not in self._layer:
-            self._layer[key] = layer_kinds(self.model, self.profile, piece, config.recompute)
+            self._layer[key] = layer_times_of_kinds(self.model, self.profile, piece, config.recompute)
         return self._layer[key]
 
     def layer(self, config: Config):

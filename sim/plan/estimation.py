@@ -44,7 +44,7 @@ from .layout import (DEFAULT_HEADROOM, Cluster, Layout, Parallel, Run, check_lay
                      usable_memory)
 from sim.model.registry import find_model, model_name
 from .experts import moe_optimizer_time
-from .stage_costs import layer_kinds, memory_caps, memory_parts, offload_costs, partition_layers, stage_costs
+from .stage_costs import layer_times_of_kinds, memory_caps, memory_parts, offload_costs, partition_layers, stage_costs
 
 
 @dataclass
@@ -154,7 +154,7 @@ def estimate_layout(model: Transformer, profile: DeviceProfile, lay: Layout, **s
     if lay.attention is not None:
         model = replace(model, attention=lay.attention)
     piece = layout_slice(lay)
-    layer, moe = layer_kinds(model, profile, piece, lay.recompute, lay.tp_overlap)
+    layer, moe = layer_times_of_kinds(model, profile, piece, lay.recompute, lay.tp_overlap)
     ends = end_times(model, profile, piece)
     sched = build_schedule(model, profile, lay, piece, layer, ends, schedule_options, moe)
     caps = memory_caps(model, profile, lay, piece, layer, ends, sched, moe) if lay.partition == "balanced" else None

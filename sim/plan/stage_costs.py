@@ -58,7 +58,7 @@ def layout_layers(text: str, layers: int, stages: int) -> list[int]:
     return layout.layers
 
 
-def layer_kinds(m: Transformer, g: DeviceProfile, x: Slice, recompute: str,
+def layer_times_of_kinds(m: Transformer, g: DeviceProfile, x: Slice, recompute: str,
                 tp_overlap: bool = True) -> tuple[LayerTimes, LayerTimes | None]:
     """The times of one dense layer and, for a mixture of experts, of one MoE layer
     (`sim.cost.layer.layer_times`, moe=True; None for a dense model)."""
