@@ -31,6 +31,9 @@ Korthikanti et al. 2022, Sec. 4) and timed alone; a pass is their sum, except wh
   (`sim.cost.context.context_attention`: ring attention's K/V exchange or Ulysses' all-to-alls).
 - Recompute runs before the backward: "full" the whole forward, collectives included;
   "selective" the attention core (scores, softmax, dropout, values), which needs none.
+- Head widths other than hidden/heads and MLA's projections: `sim.cost.shapes`. A MoE layer
+  (`moe=True`): the dense layer with its shared experts as the MLP, plus the routed experts,
+  their all-to-alls apart (`sim.cost.moe`).
 
 Memory-bound kernels, in bytes moved (read + written), per layer, for 16-bit elements and
 1-byte dropout masks (the tensors of Korthikanti et al. 2022, Sec. 4.1; Megatron-LM's fused
@@ -68,7 +71,12 @@ from sim.model.transformer import Transformer, check_recompute
 
 from . import fp8
 from .context import context_attention
+from .moe import dense_width, routed_kernels, routed_times
+from .shapes import attention_shapes, gemm_products, width_ratios
 from .slice import Slice
+
+__all__ = ["LayerTimes", "Slice", "gemm_shapes", "gemm_products", "check_timed", "layer_times", "fused_attention_times",
+           "measured_apply", "pass_kernels", "CAUSAL_SHARE", "BACKWARD_OVER_FORWARD"]
 
 # (name, bytes per element of the tensor it works on, which tensor) per layer, forward and
 # backward. Tensors: "sbh" (a hidden state), "sbf" (an MLP activation), "as2b" (the attention
@@ -134,34 +142,31 @@ class LayerTimes:
     recompute: float        # the part of B and I that recomputes the forward
     parts: dict             # of F + B: {"gemm": s, "memory": s, "collectives": s}
     kernels: dict           # kernels launched per pass, {"F", "B", "I", "W"}: the host's launch floor
+    a2a_forward: float = 0.0   # a MoE layer's expert all-to-alls in F (dispatch, combine), outside `forward`
+    a2a_backward: float = 0.0  # and in B or I (their gradients; with full recompute F's again), outside both
 
 
-def gemm_shapes(m: Transformer, x: Slice) -> dict[str, tuple[int, int, int, int]]:
-    """Forward matmuls of one layer on one GPU as (m, n, k, batch), M = bs/cp tokens (the
-    scores: s/cp queries by all s keys, the whole s^2 / cp with no causal saving)."""
-    b, s, h, f, t, a = x.micro_batch, m.seq, m.hidden, m.ffn, x.tp, m.heads
-    tokens, head, queries = x.tokens(m), h // a, s // x.cp
-    gated = m.mlp_matrices - 1
-    return {"qkv": (tokens, h * (a + 2 * m.kv_heads) // a // t, h, 1),
-            "scores": (queries, s, head, b * a // t), "values": (queries, head, s, b * a // t),
-            "projection": (tokens, h, h // t, 1), "mlp_in": (tokens, gated * f // t, h, 1),
-            "mlp_out": (tokens, h, f // t, 1)}
+def gemm_shapes(m: Transformer, x: Slice, ffn: int | None = None) -> dict[str, tuple[int, int, int, int]]:
+    """Forward matmuls of one layer on one GPU as (m, n, k, batch), M = bs/cp tokens: the
+    attention's (`sim.cost.shapes.attention_shapes`: QKV or MLA's projections, the scores, the
+    values, the output projection) and the MLP's, of width `ffn` (the model's by default; a MoE
+    layer's shared experts, `sim.cost.moe.dense_width`; none where 0)."""
+    f, t, tokens, h = m.ffn if ffn is None else ffn, x.tp, x.tokens(m), m.hidden
+    out = attention_shapes(m, x)
+    if f:
+        out.update(mlp_in=(tokens, (m.mlp_matrices - 1) * f // t, h, 1), mlp_out=(tokens, h, f // t, 1))
+    return out
 
 
-def gemm_products(m: int, n: int, k: int, batch: int = 1) -> tuple[tuple, tuple, tuple]:
-    """The three products of a forward (m x k) @ (k x n) as (m, n, k, batch, layout), each as
-    torch runs a linear layer's (`sim.hardware.kernels.LAYOUTS`): the forward X W^T, the
-    input gradient dY W (m, k, n) and the weight gradient, (k, n, m) as dY^T X."""
-    return (m, n, k, batch, "nt"), (m, k, n, batch, "nn"), (k, n, m, batch, "tn")
-
-
-def _kernels_time(m: Transformer, dev: DeviceProfile, x: Slice, kernels, only=None) -> float:
-    """Seconds of the memory- and compute-bound `kernels` (the `only` ones if given) on one GPU."""
-    sb, h, t = x.tokens(m), m.hidden, x.tp  # s b: this GPU's tokens, s/cp of the sequence
+def _kernels_time(m: Transformer, dev: DeviceProfile, x: Slice, kernels, only=None, ffn: int | None = None) -> float:
+    """Seconds of the memory- and compute-bound `kernels` (the `only` ones if given) on one GPU,
+    the MLP `ffn` wide (the model's by default)."""
+    sb, h, t, w = x.tokens(m), m.hidden, x.tp, width_ratios(m)  # s b: this GPU's tokens, s/cp of the sequence
     scale = precision_bytes(x.activation_precision) / 2  # the table is for 16-bit elements
-    size = {"sbh": sb * h / (t if x.sequence_parallel else 1), "sbf": sb * m.ffn / t, "sbh/t": sb * h / t,
-            "sbqkv": sb * h * (1 + 2 * m.kv_heads / m.heads) / t,
-            "as2b": m.heads * sb * m.seq / t, "sbqk": sb * h * (1 + m.kv_heads / m.heads) / t,
+    size = {"sbh": sb * h / (t if x.sequence_parallel else 1), "sbf": sb * (m.ffn if ffn is None else ffn) / t,
+            "sbh/t": sb * h * w["out"] / t, "sbqkv": sb * h * w["qkv"] / t,
+            "as2b": m.heads * sb * m.seq / t, "sbqk": sb * h * w["rope"] / t,
+            "latent": sb * h * w["latent"] / (t if x.sequence_parallel else 1),
             "params": m.params().per_layer / t}
     return sum(elementwise_time(dev, per * size[tensor] * scale, _CLASS.get(name, "elementwise"), size[tensor],
                                 _COMPUTE.get(name))
@@ -188,6 +193,8 @@ def _lists(m: Transformer, x: Slice, scaling: str = "delayed") -> dict:
         f = _FORWARD[m.arch] + [(act, f_mlp, f_t)] + [_ROTARY] * (m.positions == "rotary")
         b = _BACKWARD[m.arch] + [(act.removeprefix("bias_"), b_mlp, b_t)] + [_ROTARY] * (m.positions == "rotary")
         fused = m.attention == "flash"
+        if m.mla is not None:  # the two latents' RMSNorms (Megatron-Core's q_layernorm, kv_layernorm)
+            f, b = f + [("rmsnorm", 4, "latent")], b + [("rmsnorm", 6, "latent")]
         if not fused:
             f, b = f + _CORE[m.arch][0], b + _CORE[m.arch][1]
         return {"F": f, "I": b, "W": [], "core": _ATTENTION_CORE, "rescore": 0, "fused": fused}
@@ -198,30 +205,33 @@ def _lists(m: Transformer, x: Slice, scaling: str = "delayed") -> dict:
     return {**_TORCH, "core": _TORCH_CORE, "rescore": 1, "fused": True}
 
 
-def check_timed(m: Transformer) -> None:
-    """ValueError, one line, for a model whose layer this module does not time yet rather than
-    time it as a dense one: experts, multi-head latent attention, head_dim != hidden/heads."""
-    if m.experts is not None:
-        raise ValueError(f"expert parallelism is not modelled yet: issue 33 item 2 (the model has "
-                         f"{m.experts} experts; its parameters and FLOPs are sim.Transformer's)")
-    if m.mla is not None:
-        raise ValueError("multi-head latent attention is not timed yet: issue 33 item 2")
-    if m.head_dim is not None and m.head_dim * m.heads != m.hidden:
-        raise ValueError(f"head_dim {m.head_dim} x {m.heads} heads != hidden {m.hidden} is not timed yet: "
-                         f"issue 33 item 2")
+def check_timed(m: Transformer, moe_layers: bool = False) -> None:
+    """ValueError, one line, for a model whose layers a caller would time wrongly: with
+    `moe_layers` False (a caller that times every layer as a dense one: the planner, until it
+    sums a stage's MoE layers) a model with experts; with it, a MoE layer under torch's kernels
+    (`sim.cost.moe` times Megatron-Core's). MLA and any head width are timed (`sim.cost.shapes`)."""
+    if m.experts is not None and not moe_layers:
+        raise ValueError(f"expert parallelism is not modelled yet: issue 33 item 2 (the model has {m.experts} "
+                         f"experts; sim.cost.layer.layer_times(..., moe=True) times its MoE layers, the planner "
+                         f"does not sum them yet)")
 
 
 def layer_times(m: Transformer, dev: DeviceProfile | str, x: Slice, recompute: str = "none",
-                tp_overlap: bool = True) -> LayerTimes:
+                tp_overlap: bool = True, moe: bool = False) -> LayerTimes:
     """The times of one layer's passes on one device (see the module's docstring), under the
     device profile `dev`; `tp_overlap`: B hides its tensor-parallel collectives under the
-    weight-gradient matmuls. Times are device times; the host's launch floor over a whole
-    stage's pass is `sim.estimate`'s (from `kernels`). A mixture of experts, MLA or a head
-    width other than hidden/heads is refused (`check_timed`)."""
-    check_timed(m)
+    weight-gradient matmuls; `moe`: one of the model's MoE layers (`Transformer.moe_layers`, the
+    last ones), its MLP the experts' (`sim.cost.moe`: the shared experts as the MLP here, the
+    routed part there, its all-to-alls in `a2a_forward` and `a2a_backward`), else a dense one
+    (the first `dense_layers`, or every layer of a dense model). Times are device times; the
+    host's launch floor over a whole stage's pass is `sim.estimate`'s (from `kernels`)."""
+    if moe and m.experts is None:
+        raise ValueError("layer_times: moe=True on a dense model (experts=None)")
     check_recompute(recompute)
     dev = resolve(dev)
-    shapes, k = gemm_shapes(m, x), _lists(m, x, dev.fp8_scaling)
+    ffn = dense_width(m) if moe else m.ffn
+    routed = routed_times(m, dev, x) if moe else None
+    shapes, k = gemm_shapes(m, x, ffn), _lists(m, x, dev.fp8_scaling)
     products = {n: gemm_products(*s) for n, s in shapes.items()}  # forward, input and weight gradient
     fwd, dx, dw = ({n: _gemm_time(dev, x, n, q[i]) for n, q in products.items()} for i in range(3))
     weightless = _WEIGHTLESS
@@ -236,13 +246,16 @@ def layer_times(m: Transformer, dev: DeviceProfile | str, x: Slice, recompute: s
         core_f, core_i = fused_attention_times(m, dev, x)
     cp_f, cp_i = context_attention(m, dev, x, core_f, core_i)
     weighted = [n for n in fwd if n not in weightless]
-    f = {"gemm": sum(fwd[n] for n in weighted) + core_f, "memory": _kernels_time(m, dev, x, k["F"]),
+    f = {"gemm": sum(fwd[n] for n in weighted) + core_f, "memory": _kernels_time(m, dev, x, k["F"], ffn=ffn),
          "collectives": comm_f + cp_f}
     core = {"gemm": core_f, "collectives": cp_f, "memory": _kernels_time(m, dev, x, k["F"], k["core"])}
-    redo = {"none": dict.fromkeys(f, 0.0), "selective": core, "full": f}[recompute]
-    i = {"gemm": sum(dx[n] for n in weighted) + core_i, "memory": _kernels_time(m, dev, x, k["I"]),
+    i = {"gemm": sum(dx[n] for n in weighted) + core_i, "memory": _kernels_time(m, dev, x, k["I"], ffn=ffn),
          "collectives": comm_i + cp_i}
-    w_gemm, w_memory = sum(v for n, v in dw.items() if n not in weightless), _kernels_time(m, dev, x, k["W"])
+    w_gemm, w_memory = sum(v for n, v in dw.items() if n not in weightless), _kernels_time(m, dev, x, k["W"], ffn=ffn)
+    if routed is not None:
+        f, i = _plus(f, routed.forward), _plus(i, routed.backward_input)
+        w_gemm += routed.backward_weight
+    redo = {"none": dict.fromkeys(f, 0.0), "selective": core, "full": f}[recompute]
     w = w_gemm + w_memory
     w_redo = sum(f.values()) if recompute == "full" and m.kernels == "torch" else 0.0  # W's own recompute
     parts = {n: f[n] + redo[n] + i[n] for n in f}
@@ -250,11 +263,16 @@ def layer_times(m: Transformer, dev: DeviceProfile | str, x: Slice, recompute: s
     parts["memory"] += w_memory
     parts["collectives"] -= hidden
     backward_input = sum(redo.values()) + sum(i.values())
-    n = pass_kernels(m, x, recompute, dev.fp8_scaling)
+    n = pass_kernels(m, x, recompute, dev.fp8_scaling, moe)
+    a2a = 0.0 if routed is None else routed.all_to_all
     lt = LayerTimes(forward=sum(f.values()), backward=backward_input + w - hidden,
                     backward_input=backward_input, backward_weight=w + w_redo, recompute=sum(redo.values()),
-                    parts=parts, kernels=n)
+                    parts=parts, kernels=n, a2a_forward=a2a, a2a_backward=a2a * (1 + (recompute == "full")))
     return _measured(m, dev, x, recompute, lt) or lt
+
+
+def _plus(a: dict, b: dict) -> dict:
+    return {n: a[n] + b[n] for n in a}
 
 
 _WEIGHTLESS = ("scores", "values")  # both their gradients are input gradients (Qi et al. 2024, Table 1)
@@ -283,7 +301,8 @@ def fused_attention_times(m: Transformer, dev: DeviceProfile, x: Slice) -> tuple
     the backward runs BACKWARD_OVER_FORWARD times the forward's FLOPs at the same rate. It never
     writes the s^2 scores: the layer has no memory-bound kernel of them. (A profile without an
     attention efficiency times the kernel as its matmuls alone: `layer_times`.)"""
-    flops = CAUSAL_SHARE * 4 * x.micro_batch * m.seq ** 2 * m.hidden / x.tp / x.cp  # cp: balanced, below
+    core = width_ratios(m)["core"]  # (d_qk + d_v) heads / 2h: 1 for MHA, other widths for head_dim and MLA
+    flops = CAUSAL_SHARE * 4 * x.micro_batch * m.seq ** 2 * m.hidden * core / x.tp / x.cp  # cp: balanced, below
     forward = flops / (dev.flops(x.activation_precision) * dev.attention_efficiency)
     return forward, BACKWARD_OVER_FORWARD * forward
 
@@ -309,19 +328,23 @@ def measured_apply(m: Transformer, x: Slice) -> bool:
     return x.tp == 1 and x.cp == 1 and m.kernels == "torch"
 
 
-def pass_kernels(m: Transformer, x: Slice, recompute: str = "none", scaling: str = "delayed") -> dict[str, int]:
+def pass_kernels(m: Transformer, x: Slice, recompute: str = "none", scaling: str = "delayed",
+                 moe: bool = False) -> dict[str, int]:
     """Kernels one layer launches per pass (F, B, I, W): the matmuls, the listed kernels (FP8's
     casts of `scaling` among them) and the tensor-parallel collectives; fused (flash) attention
-    is one kernel each way."""
-    k, gemms, weightless = _lists(m, x, scaling), len(gemm_shapes(m, x)), 2
-    collectives = 2 if not x.sequence_parallel else 4  # per pass: all-reduces, or all-gathers and reduce-scatters
+    is one kernel each way; `moe`: a MoE layer's, with its routed part's (`sim.cost.moe`)."""
+    shapes = gemm_shapes(m, x, dense_width(m) if moe else None)
+    k, gemms, weightless = _lists(m, x, scaling), len(shapes), 2
+    sublayers = 1 + ("mlp_in" in shapes)  # a MoE layer without shared experts has no MLP collectives
+    collectives = sublayers if not x.sequence_parallel else 2 * sublayers  # per pass: all-reduces, or gathers and scatters
     flash = gemms - weightless + 1 if k["fused"] else gemms  # fused: the linear layers and one attention kernel
-    n = {"F": flash + _count(k["F"]) + collectives * (x.tp > 1),
-         "W": gemms - weightless + _count(k["W"])}
+    routed = routed_kernels(m, x, scaling) if moe else {"F": 0, "I": 0, "W": 0}
+    n = {"F": flash + _count(k["F"]) + collectives * (x.tp > 1) + routed["F"],
+         "W": gemms - weightless + _count(k["W"]) + routed["W"]}
     core = 1 if k["fused"] else weightless + _count(k["F"], k["core"])
     n_redo = {"none": 0, "selective": core, "full": n["F"]}[recompute]
     n_i = flash if k["fused"] else gemms + weightless
-    n["I"] = n_redo + n_i + _count(k["I"]) + (collectives + 2 * x.sequence_parallel) * (x.tp > 1)
+    n["I"] = n_redo + n_i + _count(k["I"]) + (collectives + sublayers * x.sequence_parallel) * (x.tp > 1) + routed["I"]
     context = (x.cp - 1 if x.cp_comm == "p2p" else 2) * (x.cp > 1)  # more attention steps, or the all-to-alls
     n["F"], n["I"] = n["F"] + context, n["I"] + context
     n["B"] = n["I"] + n["W"]
@@ -345,12 +368,13 @@ def _collectives(m: Transformer, dev: DeviceProfile, x: Slice, dx: dict, dw: dic
     (`sim.cost.fp8`)."""
     buf = x.tokens(m) * m.hidden * precision_bytes(x.activation_precision)
     gathered = buf * fp8.GATHER_BYTES / fp8.REDUCE_BYTES if x.precision == "fp8" else buf
-    column = ("qkv", "mlp_in")
+    column = [k for k in ("qkv", "kv_up", "mlp_in") if k in dw]  # one a sublayer (MLA: its up-projection)
+    n = len(column)  # 1 where a MoE layer has no shared experts: its routed part has none of these
     links, group = links_of(dev), x.tensor_group
     if not x.sequence_parallel:
         ar = collective_time(links, "all_reduce", buf, group)
-        return 2 * ar, 2 * ar, sum(min(ar, dw[k]) for k in column)
+        return n * ar, n * ar, sum(min(ar, dw[k]) for k in column)
     ag = collective_time(links, "all_gather", gathered, group)
     rs = collective_time(links, "reduce_scatter", buf, group)
-    comm_i = 2 * ag + sum(max(0.0, ag - dx[k]) + rs for k in column)
-    return 2 * (ag + rs), comm_i, sum(min(rs, dw[k]) for k in column)
+    comm_i = n * ag + sum(max(0.0, ag - dx[k]) + rs for k in column)
+    return n * (ag + rs), comm_i, sum(min(rs, dw[k]) for k in column)

@@ -23,10 +23,9 @@ from typing import Any, Mapping
 from .gpus import GPU, GPUS, PEAK_PRECISIONS
 from . import layer_table
 from .host_transport import read as read_host_transport
+from .profile_reader import SOURCES, ProfileError, Reader  # noqa: F401  SOURCES: part of this module's API
 
 SCHEMA = "pipeline-workbench/device-profile/1"
-SOURCES = {"datasheet": ("citation",), "published": ("citation",), "measured": ("command", "machine", "date"),
-           "calibrated": ("dataset", "rows", "method", "residual"), "derived": ("from", "how")}
 MEMORY_CLASSES = ("elementwise", "norm", "softmax", "copy", "optimizer", "embedding")
 # How a product reads its operands, as torch's linear layer runs them: the forward X W^T ("nt"),
 # input gradient dY W ("nn"), weight gradient dY^T X ("tn"); the tile model of a GPU ignores it.
@@ -41,10 +40,6 @@ PRESETS = Path(__file__).with_name("profiles")
 # h100-80gb-dgxc: step-time MAPE 6.0 % on the H100 development set's fitted rows, the best case 11.9 %.
 DEFAULT_PROFILES = {"a100-40gb": "a100-40gb-best-case", "a100-80gb": "a100-80gb-vtrain",
                     "h100-80gb": "h100-80gb-dgxc", "h200": "h200-dgxc"}
-
-
-class ProfileError(ValueError):
-    """A device profile that cannot be read: the message names the file and the field."""
 
 
 @dataclass(frozen=True)
@@ -85,6 +80,9 @@ class DeviceProfile:
     attention_efficiency: float | None = None  # fused attention's share of the peak; None: at its matmuls' rate
     fp8_efficiency: float | None = None  # FP8 GEMMs' share of the FP8 peak (`sim.cost.fp8`); None: FP8 not timed
     fp8_scaling: str = "delayed"         # its FP8 recipe: "delayed" or "current" scaling (`sim.cost.fp8.SCALINGS`)
+    # a grouped GEMM's rate (the experts' matmuls, `sim.cost.moe`) over a plain GEMM's of the same
+    # total shape; None: at the plain GEMM's rate
+    grouped_gemm_efficiency: float | None = None
 
     def __repr__(self) -> str:
         return f"DeviceProfile({self.name!r} on {self.gpu.name}, {self.fingerprint.get('date')})"
@@ -197,108 +195,19 @@ def _interpolate(pts: list[tuple[float, float]], x: float) -> float:
     return pts[-1][1] * x / pts[-1][0]
 
 
-class _Reader:
-    """Reads the fields of one profile's JSON, naming the file and field in every error."""
-
-    def __init__(self, data: Mapping, where: str):
-        self.data, self.where = data, where
-
-    def fail(self, msg: str):
-        raise ProfileError(f"{self.where}: {msg}")
-
-    def section(self, path: str, required: bool = True) -> Mapping | None:
-        node = self.data
-        for part in path.split("."):
-            node = node.get(part) if isinstance(node, Mapping) else None
-        if node is None and required:
-            self.fail(f"missing {path!r}")
-        if node is not None and not isinstance(node, Mapping):
-            self.fail(f"{path!r} must be an object")
-        return node
-
-    def provenance(self, node: Mapping, path: str) -> None:
-        src = node.get("source")
-        if src not in SOURCES:
-            self.fail(f"{path!r} needs a source, one of {', '.join(SOURCES)}; got {src!r}")
-        missing = [k for k in SOURCES[src] if node.get(k) in (None, "")]
-        if missing:
-            self.fail(f"{path!r} is {src} but says no {', '.join(missing)}")
-
-    def number(self, path: str, required: bool = True, positive: bool = True) -> float | None:
-        node = self.section(path, required)
-        if node is None:
-            return None
-        v = node.get("value")
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 \
-                or (positive and v == 0):
-            self.fail(f"{path!r} value must be a {'positive' if positive else 'non-negative'} number, got {v!r}")
-        self.provenance(node, path)
-        return float(v)
-
-    def rows(self, path: str, shape: tuple, optional: int = 0) -> tuple:
-        """The table at `path`: rows of `shape` ((type, choices) a column), less `optional` at the end."""
-        node = self.section(path, required=False)
-        if node is None:
-            return ()
-        self.provenance(node, path)
-        rows = node.get("rows")
-        if not isinstance(rows, list) or not rows:
-            self.fail(f"{path!r} needs a non-empty list 'rows'")
-        for i, r in enumerate(rows):
-            ok = isinstance(r, list) and len(shape) - optional <= len(r) <= len(shape) and all(
-                (t is str and isinstance(x, str) and (not choices or x in choices))
-                or (t is not str and not isinstance(x, (bool, str)) and isinstance(x, (int, float)) and x > 0)
-                for x, (t, choices) in zip(r, shape))
-            if not ok:
-                self.fail(f"{path!r} row {i} must be [{', '.join(t.__name__ for t, _ in shape)}] "
-                          f"(positive numbers), got {r!r}")
-        return tuple(tuple(r) for r in rows)
-
-    def points(self, path: str) -> tuple:
-        """The (size, seconds) points beside the number at `path`, sorted by size."""
-        pts = self.section(path)["points"]
-        if not isinstance(pts, list) or not pts or not all(
-                isinstance(p, list) and len(p) == 2 and all(
-                    isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
-                    for x in p) for p in pts):
-            self.fail(f"{path!r} points must be a non-empty list of [size, seconds] (positive numbers), got {pts!r}")
-        return tuple(sorted((float(a), float(b)) for a, b in pts))
-
-    def datasheet(self) -> GPU:
-        ds = self.data.get("datasheet")
-        if isinstance(ds, str):
-            if ds not in GPUS:
-                self.fail(f"datasheet {ds!r} is not a GPU preset ({', '.join(GPUS)}); give an inline datasheet")
-            return GPUS[ds]
-        if not isinstance(ds, Mapping):
-            self.fail("'datasheet' must be a GPU preset name or an object")
-        peak = self.section("datasheet.peak_flops")
-        flops = {p: self.number(f"datasheet.peak_flops.{p}") for p in peak if p in PEAK_PRECISIONS}
-        if not flops or set(peak) - set(PEAK_PRECISIONS):
-            self.fail(f"datasheet.peak_flops needs precisions among {', '.join(PEAK_PRECISIONS)}; got {sorted(peak)}")
-        opt = {k: self.number(f"datasheet.{k}", required=False)
-               for k in ("nvlink_bandwidth", "network_bandwidth", "pcie_bandwidth")}
-        if not isinstance(ds.get("name"), str):
-            self.fail("datasheet.name must be a string")
-        try:
-            return GPU(ds["name"], peak_flops=flops, memory=int(self.number("datasheet.memory")),
-                       hbm_bandwidth=self.number("datasheet.hbm_bandwidth"),
-                       sms=int(self.number("datasheet.sms")), **{k: v for k, v in opt.items() if v is not None})
-        except ValueError as e:
-            self.fail(str(e))
-
-    def link(self, name: str) -> Link | None:
-        c, p = f"collectives.{name}", f"p2p.{name}"
-        if self.section(c, required=False) is None:
-            return None
-        return Link(self.number(f"{c}.bus_bandwidth"), self.number(f"{c}.hop_latency", positive=False),
-                    self.number(f"{c}.base_latency", positive=False), self.number(f"{p}.bandwidth"),
-                    self.number(f"{p}.latency", positive=False))
+def _link(r: Reader, name: str) -> Link | None:
+    """The link `name` of the profile `r` reads: its collectives' ring model and its sends."""
+    c, p = f"collectives.{name}", f"p2p.{name}"
+    if r.section(c, required=False) is None:
+        return None
+    return Link(r.number(f"{c}.bus_bandwidth"), r.number(f"{c}.hop_latency", positive=False),
+                r.number(f"{c}.base_latency", positive=False), r.number(f"{p}.bandwidth"),
+                r.number(f"{p}.latency", positive=False))
 
 
 def from_dict(data: Mapping, where: str = "profile") -> DeviceProfile:
     """A `DeviceProfile` from the parsed JSON `data`; ProfileError names `where` and the field."""
-    r = _Reader(data, where)
+    r = Reader(data, where)
     if not isinstance(data, Mapping) or data.get("schema") != SCHEMA:
         r.fail(f"not a device profile: 'schema' must be {SCHEMA!r}")
     if not isinstance(data.get("name"), str) or not data["name"]:
@@ -322,7 +231,7 @@ def from_dict(data: Mapping, where: str = "profile") -> DeviceProfile:
     launch = r.section("launch")
     if not isinstance(launch.get("host_runs_ahead"), bool):
         r.fail("launch.host_runs_ahead must be true or false")
-    links = {name: link for name in LINKS if (link := r.link(name)) is not None}
+    links = {name: link for name in LINKS if (link := _link(r, name)) is not None}
     if "node" not in links:
         r.fail("'collectives.node' and 'p2p.node' are needed (the link inside a node)")
     return DeviceProfile(
@@ -340,7 +249,8 @@ def from_dict(data: Mapping, where: str = "profile") -> DeviceProfile:
         host_transport=read_host_transport(r.section("host_transport", required=False), r.number, r.fail),
         layers=layer_table.read(r.rows("layers.blocks", layer_table.BLOCKS), r.rows("layers.ends", layer_table.ENDS)),
         attention_efficiency=attention, fp8_efficiency=r.number("matmul.fp8_efficiency", required=False),
-        fp8_scaling=(r.section("matmul.fp8_efficiency", required=False) or {}).get("scaling", "delayed"))
+        fp8_scaling=(r.section("matmul.fp8_efficiency", required=False) or {}).get("scaling", "delayed"),
+        grouped_gemm_efficiency=r.number("matmul.grouped_gemm_efficiency", required=False))
 
 
 def load_profile(path) -> DeviceProfile:

@@ -23,8 +23,8 @@ tied), Nemotron-4 squared-ReLU, Llama SwiGLU (both rotary, untied).
 The MoE rows (their expert columns in sim/plan/data/h100_dev_moe.csv, `moe_columns`) are
 Megatron-Core MoE under NeMo: experts folded onto the ranks with the row's `ep` and expert
 tensor parallelism 1 (the sources' configuration tables say "ETP 1"), the alltoall token
-dispatcher with balanced routing (`sim.model.moe`: NeMo's benchmark recipes force the router's
-load balance, `moe_router_force_load_balancing`; not stated in the rows), no token dropping.
+dispatcher (`sim.cost.moe`) with balanced routing and no token dropping (`sim.model.moe`'s
+defaults: the rows state neither the routing's balance nor a capacity factor).
 - Grok-1 (NeMo's grok-1-proxy, `n_layers` of the real 64): hidden, heads, 8 KV heads from the
   row; `n_experts` experts of width `moe_ffn_hidden`, `moe_topk` of them a token, every layer
   MoE, no shared expert; the rest as `grok-1-314b` (three-matrix gated MLP, rotary, RMSNorm,
@@ -35,9 +35,9 @@ load balance, `moe_router_force_load_balancing`; not stated in the rows), no tok
   without the multi-token-prediction module; the vocabulary padded as the dense rows'.
 
 A row the planner cannot express yet carries its reason (`REASONS`): a stack it does not model
-(JAX), MoE, FSDP, context parallelism, FP8. MoE, cp and FP8 are probed on the planner itself, so a
-row becomes expressible once the cost layer times a MoE layer, `sim.estimate` takes `cp=`, or
-`precision="fp8"` on the H100's default profile.
+(JAX), FSDP, context parallelism, FP8. cp and FP8 are probed on the planner itself, so a
+row becomes expressible once `sim.estimate` takes `cp=`, or `precision="fp8"` on the
+H100's default profile.
 """
 from __future__ import annotations
 
@@ -51,7 +51,6 @@ from pathlib import Path
 from sim.cost.fp8 import check_fp8
 from sim.hardware.kernels import precision_bytes
 from sim.hardware.profile import resolve
-from sim.cost.layer import check_timed
 from sim.model.registry import find_model
 from sim.model.transformer import Transformer
 
@@ -63,7 +62,6 @@ GPU = "h100-80gb"
 GPUS_PER_NODE = 8  # DGX H100 (the source: NVIDIA DGX Cloud)
 REASONS = {
     "stack": "a stack the planner does not model (JAX: MaxText, PaxML)",
-    "moe": "mixture of experts: MoE layers are not timed yet (sim.cost.layer.check_timed)",
     "fsdp": "FSDP sharding (PyTorch-native stacks): not expressed by this loader yet",
     "layout": "more virtual stages than layers (pp x vp > layers): Megatron-Core's uneven layouts, not expressed",
     "cp": "context parallelism (cp > 1): sim.estimate has no cp yet (issue 32 item 2)",
@@ -125,15 +123,6 @@ def planner_takes_fp8() -> bool:
     return True
 
 
-def planner_times_moe() -> bool:
-    """Whether the cost layer times a MoE layer (`sim.cost.layer.check_timed` takes a model with experts and MLA)."""
-    try:
-        check_timed(find_model("deepseek-v3-671b"))
-    except ValueError:
-        return False
-    return True
-
-
 @cache
 def moe_columns() -> dict[str, dict]:
     """The MoE rows' expert columns (n_experts, moe_topk, moe_ffn_hidden, arch_source) by row id."""
@@ -144,8 +133,6 @@ def refusal(row: dict) -> str | None:
     """The key of `REASONS` that keeps a row from being a `sim.estimate` today, or None."""
     if "JAX" in row["software"]:
         return "stack"
-    if row["moe"] == "1" and not planner_times_moe():
-        return "moe"
     if "FSDP" in row["dp_sharding"]:
         return "fsdp"
     if int(row["cp"] or 1) > 1 and not planner_takes_cp():

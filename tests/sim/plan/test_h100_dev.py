@@ -30,8 +30,6 @@ def test_each_reason_matches_what_the_row_says():
         row = r.row
         if "JAX" in row["software"]:
             assert r.reason == "stack"
-        elif row["moe"] == "1":
-            assert r.reason == "moe"
         elif int(row["cp"] or 1) > 1 and not h100_dev.planner_takes_cp():
             assert r.reason == "cp"
         elif int(row["pp"]) * int(row["vp"] or 1) > int(row["n_layers"]):
@@ -52,7 +50,8 @@ def test_expressed_rows_carry_their_layout():
         assert (k["virtual"] or 1) == int(row["vp"] or 1)
         assert (k["schedule"] == "interleaved-1f1b") == (int(row["vp"] or 1) > 1)
         assert r.model.layers == int(row["n_layers"]) and r.model.seq == int(row["seq_len"])
-        assert r.model.vocab % (128 * k["tp"]) == 0 and 0 <= r.model.vocab - int(row["vocab"]) < 128 * k["tp"]
+        assert r.model.vocab % (128 * k["tp"]) == 0
+        assert not row["vocab"] or 0 <= r.model.vocab - int(row["vocab"]) < 128 * k["tp"]  # Grok-1's: not stated
 
 
 @pytest.mark.parametrize("model, preset", [("GPT-3 175B", "gpt3-175b"), ("Nemotron4 15B", "nemotron4-15b"),
