@@ -158,14 +158,21 @@ def collective_time(links: Links, op: str, nbytes: float, group: Group) -> float
 
 def all_to_all_time(links: Links, nbytes: float, group: Group) -> float:
     """Seconds for an all-to-all of `nbytes` a rank over `group` (NCCL's: every rank sends
-    1/n of its buffer to each other rank at once): (n - 1)/n of the buffer at the group's bus
-    bandwidth (nccl-tests' bus bandwidth of alltoall, `busBw = algBw * (n - 1)/n`,
-    doc/PERFORMANCE.md), after one send's latency. 0 on one rank."""
+    1/n of its buffer to each other rank at once), after one send's latency. Inside a node:
+    (n - 1)/n of the buffer at NVLink's bus bandwidth (nccl-tests' bus bandwidth of alltoall,
+    `busBw = algBw * (n - 1)/n`, doc/PERFORMANCE.md). Across nodes every rank's traffic is its
+    own, not a ring's passing through: (n - k)/n of its buffer goes to the other nodes' ranks
+    through its own share of the NICs (the group's k GPUs on a node share `nic_share` NICs,
+    nic_share/k each, at most NVLink's bandwidth) while (k - 1)/n goes to its node's ranks over
+    NVLink; the slower of the two. 0 on one rank."""
     n = group.size
     if n <= 1 or nbytes <= 0:
         return 0.0
-    link = links.network if group.network else links.node
-    return link.p2p_latency + (n - 1) / n * nbytes / bus_bandwidth(links, group)
+    if not group.network:
+        return links.node.p2p_latency + (n - 1) / n * nbytes / bus_bandwidth(links, group)
+    k = group.per_node
+    nic = min(links.node.bus_bandwidth, group.nic_share / k * links.network.bus_bandwidth)
+    return links.network.p2p_latency + max((n - k) / n * nbytes / nic, (k - 1) / n * nbytes / links.node.bus_bandwidth)
 
 
 def p2p_link(links: Links, send: Group) -> P2PLink:

@@ -1,6 +1,7 @@
 """sim.hardware.network: NCCL's ring and tree model (src/graph/tuning.cc) over the groups of
 sim.hardware.topology: closed forms, the old one-node ring, linearity in bytes, NCCL's choice between
-ring and tree, NIC count and the NVLink cap; and the tensor-parallel layer across two nodes."""
+ring and tree, NIC count and the NVLink cap; the all-to-all across nodes; and the tensor-parallel layer
+across two nodes."""
 from __future__ import annotations
 
 import math
@@ -14,7 +15,7 @@ from sim.hardware import network
 from sim.cost.data_parallel import grad_reduce_times, stage_params
 from sim.model.footprint import state_bytes_per_param
 from sim.cost.layer import Slice, layer_times
-from sim.hardware.network import Group, OPS, algorithm, bus_bandwidth, collective_time, links_of, ring_time, tree_time
+from sim.hardware.network import Group, OPS, algorithm, all_to_all_time, bus_bandwidth, collective_time, links_of, ring_time, tree_time
 from sim.hardware.topology import Topology, one_node
 
 A100 = sim.profile("a100-80gb-best-case")
@@ -177,3 +178,18 @@ def test_tensor_parallel_layer_across_two_nodes_is_much_faster_than_through_one_
     kw = dict(pp=8, micro_batch=1, global_batch=64, recompute="selective", sequence_parallel=True)
     tp8, tp16 = (sim.estimate(m, "a100-80gb", tp=t, **kw) for t in (8, 16))
     assert tp16.step_time < tp8.step_time
+
+
+@given(st.sampled_from([1, 2, 4, 8]), st.integers(2, 16), st.floats(1e6, 1e9))
+def test_an_all_to_all_across_nodes_sends_each_ranks_own_bytes_through_its_nic(k, nodes, size):
+    """An all-to-all of n = k x nodes ranks, k a node (one NIC a GPU): each rank's (n - k)/n of its
+    buffer leaves through its own NIC, however many of its group share the node (a ring's bus
+    bandwidth would grow with k; an all-to-all's does not), and (k - 1)/n goes over NVLink at once."""
+    links = links_of(sim.profile("h100-80gb-best-case"))
+    n = k * nodes
+    group = Topology(tp=1, pp=1, dp=n).group("dp") if k == 8 else Group(n, k, nodes, float(k))
+    off = (n - k) / n * size / links.network.bus_bandwidth
+    on = (k - 1) / n * size / links.node.bus_bandwidth
+    assert all_to_all_time(links, size, group) == pytest.approx(links.network.p2p_latency + max(off, on), rel=1e-12)
+    alone = all_to_all_time(links, size, Group(nodes, 1, nodes, 1.0))  # one rank a node: (nodes - 1)/nodes of it
+    assert alone == pytest.approx(links.network.p2p_latency + (nodes - 1) / nodes * size / links.network.bus_bandwidth)
