@@ -184,6 +184,8 @@ def stage_costs(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: Lay
              for k, v in lt.parts.items()}
     parts["embedding_and_output"] = mb * sum(ends[f"{side}_{p}"] for side in ("first", "last") for p in "FB") / lay.pp
     parts["launch_floor"] = mb * floor / lay.pp
+    if count:  # as the engine adds them to unpaired computes (an overlapped pair hides some: rule 18)
+        parts["expert_all_to_all"] = mb * count * (moe.a2a_forward + moe.a2a_backward) / lay.pp
     parts["zero_collectives"] = mb * (2 * sum(gather) + sum(scatter)) / lay.pp
     parts["tp_collectives"] += mb * (sum(into_f) + sum(into_b)) / lay.pp
     return costs, parts
