@@ -95,7 +95,7 @@ class Bounds:
         self.partition = partition if isinstance(partition, str) else tuple(partition)
         self.even = partition == "even"
         self.params = model.params()
-        self._layer, self._ends, self._shape, self._unit = {}, {}, {}, {}
+        self._layer, self._ends, self._shape, self._unit, self._act = {}, {}, {}, {}, {}
 
     def _layout(self, config: Config) -> Layout:
         return Layout(global_batch=self.batch, precision=self.precision, gpus_per_node=self.gpn,
@@ -129,9 +129,14 @@ class Bounds:
         """One micro-batch's activations of one dense layer and one MoE layer (0 for a dense
         model) on one GPU (s/cp of the sequence; under FP8: BF16's less the Linears' inputs saved
         in FP8, `sim.cost.fp8`): `stage_costs`'s own count (`sim.plan.experts.layer_activations`)."""
-        model, fp8 = per_rank(self.model, self._slice(config)), self.precision == "fp8"
-        dense, _, moe = layer_activations(model, self._layout(config), "bf16" if fp8 else self.precision)
-        return dense, moe
+        key = (config.micro_batch, config.tp, config.cp, config.sequence_parallel, config.recompute, config.ep,
+               config.expert_tp)  # all they depend on
+        if key not in self._act:
+            lay, fp8 = self._layout(config), self.precision == "fp8"
+            dense, _, moe = layer_activations(per_rank(self.model, Slice(config.micro_batch, cp=config.cp)), lay,
+                                              "bf16" if fp8 else self.precision)
+            self._act[key] = dense, moe
+        return self._act[key]
 
     def _least_activations(self, config: Config) -> float:
         """The fewer bytes of a dense and a MoE layer's activations (a dense model: its layer's)."""

@@ -18,6 +18,7 @@ from sim.plan.cli import main
 from sim.plan.experts import (check_experts, expert_reduce_times, expert_sizes, moe_layers, split_params,
                               state_bytes)
 from sim.plan.layout import Layout
+from sim.plan import bounds as plan_bounds
 from sim.plan.space import configurations, expert_splits
 
 GROK = find_model("grok-1-314b")
@@ -131,3 +132,34 @@ def test_the_cli_refuses_in_one_line(capsys):
             main([*argv, "--gpu", "h100-80gb", "--gpus", "64", "--global-batch", "64", "--no-figures", "--quiet"])
         err = capsys.readouterr().err.strip()
         assert exit_.value.code == 2 and len(err.splitlines()) == 1 and words in err
+
+
+@st.composite
+def moe_problems(draw):
+    """A small random mixture of experts and a cluster: (model, gpus, global batch)."""
+    heads, layers = draw(st.sampled_from([2, 4, 8])), draw(st.integers(2, 8))
+    m = sim.Transformer(layers=layers, hidden=heads * 32, heads=heads, kv_heads=heads // draw(st.sampled_from([1, 2])),
+                        seq=draw(st.sampled_from([64, 256])), vocab=512, arch="llama", attention="flash",
+                        experts=draw(st.sampled_from([2, 4, 8])), top_k=draw(st.integers(1, 2)),
+                        expert_ffn=draw(st.sampled_from([64, 128])), shared_experts=draw(st.integers(0, 1)),
+                        dense_layers=draw(st.integers(0, layers - 1)))
+    gpus = draw(st.sampled_from([2, 4, 8, 16]))
+    return m, gpus, gpus * draw(st.integers(1, 4))
+
+
+@settings(max_examples=40, deadline=None)
+@given(moe_problems(), st.sampled_from(["bf16", "fp8"]), st.sampled_from(["even", "balanced"]),
+       st.randoms(use_true_random=False))
+def test_bounds_never_exceed_the_estimate_of_a_moe_layout(problem, precision, partition, rnd):
+    """The planner's bounds with experts (their memory over ep x expert_tp, their optimizer state over
+    edp, the MoE layers' times without their all-to-alls) stay below every estimate."""
+    m, gpus, batch = problem
+    configs = [c for c in configurations(m, gpus, batch, max_micro_batch=4) if c.schedule != "zb-auto"]
+    bounds = plan_bounds.Bounds(m, "h100-80gb", batch, precision, 8, partition)
+    for c in rnd.sample(configs, min(4, len(configs))):
+        try:
+            e = sim.estimate(m, "h100-80gb", global_batch=batch, precision=precision, partition=partition, **c.kwargs())
+        except (ValueError, sim.ScheduleError):
+            continue
+        assert bounds.memory_average(c) <= bounds.memory(c) <= max(e.peak_memory) * (1 + 1e-9), c
+        assert bounds.average(c) <= bounds.time(c) <= bounds.schedule_time(c) <= e.step_time * (1 + 1e-9), c
