@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from sim.cost.data_parallel import bucketed_tail, buckets, shard_size, stage_params
 from sim.cost import fp8
-from sim.cost.moe import layer_kinds
 from sim.hardware.kernels import memory_time, precision_bytes
 from sim.hardware.network import collective_time, links_of
 from sim.hardware.profile import DeviceProfile
@@ -75,10 +74,13 @@ def expert_sizes(model: Transformer, ranks: int, expert_tp: int = 1) -> list[int
 
 
 def moe_layers(model: Transformer, layers: list[int]) -> list[int]:
-    """How many of each stage's layers (`layers`, in model order) are MoE layers
-    (`sim.cost.moe.layer_kinds`: all but the model's first `dense_layers`)."""
+    """How many of each stage's layers (`layers`, in model order) are MoE layers: all but the
+    model's first `dense_layers` (as `sim.cost.moe.layer_kinds`; here also for more layers than
+    the model has, as the balanced partition's memory caps try)."""
+    if model.moe is None:
+        return [0] * len(layers)
     starts = [sum(layers[:s]) for s in range(len(layers))]
-    return [layer_kinds(model, first, n)[1] for first, n in zip(starts, layers)]
+    return [n - max(0, min(first + n, model.dense_layers) - first) for first, n in zip(starts, layers)]
 
 
 def split_params(model: Transformer, layers: list[int], lay, placement) -> tuple[list[float], list[float]]:
