@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import sim
+from sim.cost.moe import layer_kinds
 from sim.hardware.network import collective_time, links_of
 from sim.hardware.profile import resolve
 from sim.model.footprint import state_bytes_per_param
@@ -48,6 +49,8 @@ def test_dense_layers_are_the_first():
     assert moe_layers(DEEPSEEK, [8, 8, 8, 7, 7, 7, 8, 8]) == [5, 8, 8, 7, 7, 7, 8, 8]
     assert moe_layers(DEEPSEEK, [2, 2, 57]) == [0, 1, 57]
     assert moe_layers(find_model("llama3-8b"), [16, 16]) == [0, 0]
+    layers = [7, 8, 8, 8, 8, 8, 7, 7]  # the cost layer's count of the same
+    assert moe_layers(DEEPSEEK, layers) == [layer_kinds(DEEPSEEK, sum(layers[:s]), n)[1] for s, n in enumerate(layers)]
 
 
 @settings(max_examples=30, deadline=None)
