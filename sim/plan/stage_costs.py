@@ -128,21 +128,13 @@ def stage_costs(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: Lay
     of experts' MoE layers take `moe`'s times (`pass_times`) and hold and reduce their experts
     as Megatron-Core folds them (`sim.plan.experts`)."""
     stages = len(placement)
-    first, last = [s == 0 for s in range(stages)], [s == stages - 1 for s in range(stages)]
     fwd, bwd, bi, bw, floor = pass_times(m, g, x, lt, ends, layers, moe)
     kept = x.activation_precision  # under FP8 the activations are BF16, but for the Linears' saved inputs
     e = precision_bytes(kept)
     full, m = m, per_rank(m, x)  # what scales with the tokens: s/cp of the sequence
     sbh = m.seq * lay.micro_batch * m.hidden
-    act_layer, w_layer, act_moe = layer_activations(m, lay, kept)
     sparse = moe_layers(full, layers)
-    ends_b = m.end_activation_bytes(lay.micro_batch, lay.tp, lay.sequence_parallel, kept)
-    act = [(n - k) * act_layer + k * act_moe + (ends_b["first"] if f else 0.0) + (ends_b["last"] if la else 0.0)
-           for n, k, f, la in zip(layers, sparse, first, last)]
-    w_act = [(n - k) * w_layer + k * act_moe + (ends_b["first_w"] if f else 0.0) + (ends_b["last_w"] if la else 0.0)
-             for n, k, f, la in zip(layers, sparse, first, last)]
-    if m.kernels == "torch":  # rule 15: the first stage's I keeps its whole graph for W (the head's too, pp = 1)
-        w_act[0] = act[0]
+    act, w_act = stage_activations(m, lay, layers, sparse, kept)
     params, expert = split_params(full, layers, lay, placement)  # dense and expert parameters a GPU holds
     state = state_bytes(lay, params, expert)
     fp8_copies = [fp8_copy_bytes(full, lay, n, k) if lay.precision == "fp8" else 0.0 for n, k in zip(layers, sparse)]
@@ -189,6 +181,25 @@ def stage_costs(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: Lay
     parts["zero_collectives"] = mb * (2 * sum(gather) + sum(scatter)) / lay.pp
     parts["tp_collectives"] += mb * (sum(into_f) + sum(into_b)) / lay.pp
     return costs, parts
+
+
+def stage_activations(m: Transformer, lay: Layout, layers: list[int], sparse: list[int],
+                      kept: str) -> tuple[list[float], list[float]]:
+    """Per stage, the bytes one micro-batch keeps on one GPU for its backward and those its W
+    still needs after I: its dense and MoE layers' (`sparse` of them MoE; `sim.plan.experts.layer_activations`
+    of `m`, the model as a GPU of its context-parallel group holds it) and the ends' on the
+    first and last stage."""
+    stages = len(layers)
+    first, last = [s == 0 for s in range(stages)], [s == stages - 1 for s in range(stages)]
+    act_layer, w_layer, act_moe = layer_activations(m, lay, kept)
+    ends_b = m.end_activation_bytes(lay.micro_batch, lay.tp, lay.sequence_parallel, kept)
+    act = [(n - k) * act_layer + k * act_moe + (ends_b["first"] if f else 0.0) + (ends_b["last"] if la else 0.0)
+           for n, k, f, la in zip(layers, sparse, first, last)]
+    w_act = [(n - k) * w_layer + k * act_moe + (ends_b["first_w"] if f else 0.0) + (ends_b["last_w"] if la else 0.0)
+             for n, k, f, la in zip(layers, sparse, first, last)]
+    if m.kernels == "torch":  # rule 15: the first stage's I keeps its whole graph for W (the head's too, pp = 1)
+        w_act[0] = act[0]
+    return act, w_act
 
 
 def fsdp_costs(g: DeviceProfile, lay: Layout, params: list[float], costs: Costs) -> Costs:
