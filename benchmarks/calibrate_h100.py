@@ -274,43 +274,37 @@ def calibrate_bf16(runs: list) -> tuple[dict, dict, dict]:
 def calibrate_fp8(runs: list, bf16: dict) -> tuple[dict, dict, dict]:
     """The FP8 fit on `runs`, the BF16 fit's values `bf16` held: values, standard errors, notes."""
     print(f"{len(runs)} rows: FP8 ({SCALING} scaling), dense, cp 1 and 2; {', '.join(bf16)} held")
-    values, se, res = fit(runs, FITTED_FP8, bf16)
-    before, after = relative(log_errors(bf16, runs)), relative(res.fun)
-    report(runs, before, after, "best-case fp8 efficiency")
-    held = leave_one_model_out(runs, FITTED_FP8, bf16)
-    by = {key: h100_dev.mape_by(runs, after, key) for key in ("model", "cp", "release")}
-    notes = {"rows": f"the {len(runs)} FP8 (all 'fp8' as stated: TE delayed scaling, no fp8-cs row), dense rows "
-                     f"sim.plan.h100_dev expresses, cp 1 and 2 (row_id {row_ids(runs)})",
-             "method": f"least squares on log step time, fp8_efficiency alone, the BF16 fit's "
-                       f"{', '.join(f'{k} {v:.4g}' for k, v in bf16.items())} held (the rest at {BEST}); "
-                       "standard error from the Jacobian",
-             "residual": f"MAPE {h100_dev.mape(after):.1%} (at the best case's fp8 efficiency "
-                         f"{h100_dev.mape(before):.1%}); " + "; ".join(
-                             f"by {key}: " + ", ".join(f"{k} {m:.1%}" for k, (m, _) in v.items()) for key, v in by.items())
-                         + "; leaving one model out, its MAPE: " + ", ".join(f"{m} {v[1]:.1%}" for m, v in held.items()),
-             "held": held}
-    return values, se, {name: notes for name in FITTED_FP8}
+    return calibrate_held(runs, FITTED_FP8, bf16, "the best case's fp8 efficiency", ("model", "cp", "release"),
+                          f"the {len(runs)} FP8 (all 'fp8' as stated: TE delayed scaling, no fp8-cs row), dense rows "
+                          "sim.plan.h100_dev expresses, cp 1 and 2")
 
 
 def calibrate_moe(runs: list, held: dict) -> tuple[dict, dict, dict]:
     """The MoE fit on `runs`, the dense fits' values `held`: values, standard errors, notes."""
     print(f"{len(runs)} MoE rows; {', '.join(f'{k} {v:.4g}' for k, v in held.items())} held")
-    values, se, res = fit(runs, FITTED_MOE, held)
+    return calibrate_held(runs, FITTED_MOE, held, "1, grouped GEMMs as fast as one GEMM", ("model", "precision", "release"),
+                          f"the {len(runs)} MoE rows sim.plan.h100_dev expresses (Grok-1 proxy BF16 and FP8, NeMo 24.12 "
+                          "and 25.04; DeepSeek-V3 BF16, NeMo 25.04.01)")
+
+
+def calibrate_held(runs: list, names, held: dict, was: str, groups, rows: str) -> tuple[dict, dict, dict]:
+    """A fit of `names` alone on `runs`, `held` at their values: values, standard errors and the
+    notes each fitted number carries (`rows` says which rows, `was` what the fit started from;
+    the residual by each of `groups`, and leaving each model out)."""
+    values, se, res = fit(runs, names, held)
     before, after = relative(log_errors(held, runs)), relative(res.fun)
-    report(runs, before, after, "grouped GEMMs as fast as one GEMM")
-    out = leave_one_model_out(runs, FITTED_MOE, held)
-    by = {key: h100_dev.mape_by(runs, after, key) for key in ("model", "precision", "release")}
-    notes = {"rows": f"the {len(runs)} MoE rows sim.plan.h100_dev expresses (Grok-1 proxy BF16 and FP8, NeMo 24.12 "
-                     f"and 25.04; DeepSeek-V3 BF16, NeMo 25.04.01; row_id {row_ids(runs)})",
-             "method": f"least squares on log step time, grouped_gemm_efficiency alone, "
+    report(runs, before, after, was)
+    out = leave_one_model_out(runs, names, held)
+    by = {key: h100_dev.mape_by(runs, after, key) for key in groups}
+    notes = {"rows": f"{rows} (row_id {row_ids(runs)})",
+             "method": f"least squares on log step time, {', '.join(PARAMETERS[n][0][0] for n in names)} alone, "
                        f"{', '.join(f'{k} {v:.4g}' for k, v in held.items())} held (the rest at {BEST}); "
                        "standard error from the Jacobian",
-             "residual": f"MAPE {h100_dev.mape(after):.1%} (at 1, grouped GEMMs as fast as one GEMM: "
-                         f"{h100_dev.mape(before):.1%}); " + "; ".join(
+             "residual": f"MAPE {h100_dev.mape(after):.1%} (at {was}: {h100_dev.mape(before):.1%}); " + "; ".join(
                              f"by {key}: " + ", ".join(f"{k} {m:.1%}" for k, (m, _) in v.items()) for key, v in by.items())
                          + "; leaving one model out, its MAPE: " + ", ".join(f"{m} {v[1]:.1%}" for m, v in out.items()),
              "held": out}
-    return values, se, {name: notes for name in FITTED_MOE}
+    return values, se, {name: notes for name in names}
 
 
 def main(argv=None) -> int:
