@@ -146,6 +146,23 @@ def moe_layer_activations(model: Transformer, lay, dense_bytes: float, precision
     return dense_bytes - mlp + sum(parts.values()) + gathered
 
 
+def dispatch_buffers(model: Transformer, lay, placement, sparse: list[int], precision: str) -> tuple[float, ...]:
+    """Per stage, the alltoall dispatcher's working buffers while a MoE layer runs, once a device
+    (on its first stage that has MoE layers; a layer at a time runs): the k T copies the rank
+    permutes and sends and the k T r copies it receives (gathered over expert_tp), h wide, at
+    `precision` (`model`: its sequence s/cp). Freed after the layer; counted held for the step."""
+    if model.moe is None:
+        return (0.0,) * len(sparse)
+    element, tokens = precision_bytes(precision), model.seq * lay.micro_batch // lay.tp
+    sent = element * model.top_k * tokens * model.hidden
+    received = lay.expert_tp * model.moe.activation_bytes(tokens, model.hidden, element, lay.ep)["permuted"]
+    first = {}
+    for s, (r, k) in enumerate(zip(placement, sparse)):
+        if k:
+            first.setdefault(r, s)
+    return tuple(sent + received if first.get(r) == s else 0.0 for s, r in enumerate(placement))
+
+
 def fp8_copy_bytes(model: Transformer, lay, layers: int, moe: int) -> float:
     """Bytes of TE's FP8 weight copies on one GPU for a stage of `layers` layers, `moe` of them
     MoE layers: the dense layers' (`sim.cost.fp8.weight_copy_bytes`), and each MoE layer's

@@ -22,7 +22,7 @@ from sim.passes.offload import add_offload
 from sim.schedule.liveness import program_peak
 from sim.search.partition import balanced, even
 
-from .experts import expert_all_to_alls, expert_reduce_times, fp8_copy_bytes, layer_activations, moe_layers, split_params, state_bytes
+from .experts import dispatch_buffers, expert_all_to_alls, expert_reduce_times, fp8_copy_bytes, layer_activations, moe_layers, split_params, state_bytes
 from .layout import Layout, usable_memory
 
 
@@ -166,7 +166,8 @@ def stage_costs(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: Lay
                   weight_bytes=tuple(w + copies for w, copies in zip(state["weights"], fp8_copies)),
                   grad_bytes=tuple(state["grads"]), optimizer_bytes=tuple(state["optimizer"]),
                   latency=pipe.latency, bandwidth=pipe.bandwidth, **transport,
-                  grad_reduce=tuple(reduce), **expert_all_to_alls(moe, sparse))
+                  grad_reduce=tuple(reduce), **expert_all_to_alls(moe, sparse),
+                  static_bytes=dispatch_buffers(m, lay, placement, sparse, kept))
     if fsdp_as_actions(lay):
         costs = fsdp_costs(g, lay, params, costs)
     # per device on average: the compute by part (the rest of the step: `estimate`)
@@ -216,15 +217,19 @@ def fsdp_costs(g: DeviceProfile, lay: Layout, params: list[float], costs: Costs)
 
 
 def memory_parts(costs: Costs, sched, result: Result) -> list[dict]:
-    """Per pipeline device: bytes of weights, gradients and optimizer state, and the peak of activations."""
+    """Per pipeline device: bytes of weights, gradients and optimizer state, the MoE dispatcher's
+    buffers where there are some (`static_bytes`), and the peak of activations."""
     c = costs.for_stages(sched.stages)
     out = [dict(weights=0.0, grads=0.0, optimizer=0.0) for _ in range(sched.ranks)]
     for s, r in enumerate(sched.placement):
         out[r]["weights"] += c.weight_bytes[s]
         out[r]["grads"] += c.grad_bytes[s]
         out[r]["optimizer"] += c.optimizer_bytes[s]
+        if c.static_bytes[s]:
+            out[r]["dispatch_buffers"] = out[r].get("dispatch_buffers", 0.0) + c.static_bytes[s]
     for r, peak in enumerate(result.peak_memory):
-        out[r]["activations"] = peak - out[r]["weights"] - out[r]["grads"] - out[r]["optimizer"]
+        out[r]["activations"] = peak - out[r]["weights"] - out[r]["grads"] - out[r]["optimizer"] \
+            - out[r].get("dispatch_buffers", 0.0)
     return out
 
 
