@@ -166,3 +166,15 @@ def test_bounds_never_exceed_the_estimate_of_a_moe_layout(problem, precision, pa
             continue
         assert bounds.memory_average(c) <= bounds.memory(c) <= max(e.peak_memory) * (1 + 1e-9), c
         assert bounds.average(c) <= bounds.time(c) <= bounds.schedule_time(c) <= e.step_time * (1 + 1e-9), c
+
+
+def test_dispatch_buffers_once_a_device_in_closed_form():
+    """The dispatcher's sent k T and received k T copies (balanced; times expert_tp, gathered), h wide,
+    2 bytes: on each device's first stage with MoE layers only (interleaved: 4 chunks on 2 devices)."""
+    from sim.plan.experts import dispatch_buffers
+    m = dataclasses.replace(MIXTRAL, seq=4096, dense_layers=8)
+    lay = layout(tp=2, dp=4, pp=2, ep=4, expert_tp=2, micro_batch=2)
+    tokens = 4096 * 2 // 2
+    one = 2 * 2 * tokens * 4096 * (1 + 2)
+    assert dispatch_buffers(m, lay, [0, 1, 0, 1], [0, 8, 8, 8], "bf16") == (0.0, one, one, 0.0)
+    assert dispatch_buffers(find_model("llama3-8b"), lay, [0, 1], [0, 0], "bf16") == (0.0, 0.0)
