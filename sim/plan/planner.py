@@ -11,7 +11,9 @@ divisor of global_batch/dp up to `max_micro_batch`; every schedule of `sim.SCHED
 the chunks V it takes (a schedule whose `takes_virtual` is true, interleaved-1f1b and looped-bfs: each V of 2..`max_virtual` with
 pp*V dividing the layers, as Megatron-LM requires); recompute none, selective, full; ZeRO 0-3
 (1-3 only where dp > 1, 2 and 3 only where pp = 1, as `sim.estimate` allows); sequence
-parallelism off and on (on only where tp > 1). With pp = 1 every schedule is gradient
+parallelism off and on (on only where tp > 1); for a mixture of experts, ep and expert_tp as
+Megatron-Core folds them (`sim.plan.space.expert_splits`: sequence parallelism on with tp > 1,
+ZeRO 0 and 1). With pp = 1 every schedule is gradient
 accumulation over the micro-batches, so only one is tried: 1f1b (or, where it is not named,
 the first named, with V = 1 if it takes that). zb-auto is searched only when named
 (`schedules`): its own search simulates dozens of steps for each one it builds.
