@@ -138,8 +138,10 @@ def h100_dev_set() -> dict:
     for name in dict.fromkeys((sim.profile(h100_dev.GPU).name, "h100-80gb-best-case")):
         errors = h100_dev.errors(ok, name)
         kinds = {kind: [e for r, e in zip(ok, errors) if r.row["moe"] == flag] for kind, flag in (("dense", "0"), ("moe", "1"))}
+        moe = [(r, e) for r, e in zip(ok, errors) if r.row["moe"] == "1"]
         out["profiles"][name] = {"mape": h100_dev.mape(errors), "speedup": fp8_speedup(ok, errors),
                                  **{kind: (h100_dev.mape(e), len(e)) for kind, e in kinds.items() if e},
+                                 "moe_by_precision": h100_dev.mape_by(*map(list, zip(*moe)), "precision") if moe else {},
                                  **{key: h100_dev.mape_by(ok, errors, key) for key in h100_dev.GROUPS}}
     return out
 
@@ -166,6 +168,8 @@ def print_h100_dev(s: dict) -> None:
                                                                for kind in ("dense", "moe") if kind in p))
         for key in h100_dev.GROUPS:
             print(f"    by {key}: " + "; ".join(f"{k} {m:.1%} ({n})" for k, (m, n) in p[key].items()))
+        if p["moe_by_precision"]:
+            print("    MoE rows by precision: " + "; ".join(f"{k} {m:.1%} ({n})" for k, (m, n) in p["moe_by_precision"].items()))
         speedup = {k: v for k, v in p["speedup"].items() if k != "error"}
         if speedup:
             print("    FP8/BF16 speedup of paired rows (same model, release, layout), measured -> predicted: "
