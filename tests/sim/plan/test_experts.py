@@ -178,3 +178,23 @@ def test_dispatch_buffers_once_a_device_in_closed_form():
     one = 2 * 2 * tokens * 4096 * (1 + 2)
     assert dispatch_buffers(m, lay, [0, 1, 0, 1], [0, 8, 8, 8], "bf16") == (0.0, one, one, 0.0)
     assert dispatch_buffers(find_model("llama3-8b"), lay, [0, 1], [0, 0], "bf16") == (0.0, 0.0)
+
+
+def test_a_stage_sums_its_dense_and_moe_layers_and_their_all_to_alls():
+    """DeepSeek-V3 on 2 stages of 16 and 45 layers (3 dense): each stage's F is its dense layers'
+    and its MoE layers' (under the launch floor, which these layers clear), and its all-to-alls
+    are its MoE layers' (`Costs.a2a_forward`, `a2a_backward`); the ep group crosses nodes."""
+    from sim.cost.ends import end_times
+    from sim.plan.layout import layout_slice
+    from sim.plan.stage_costs import layer_times_of_kinds, stage_costs
+    g = resolve("h100-80gb")
+    lay = layout(tp=2, pp=2, dp=32, ep=64, micro_batch=1, global_batch=64, zero=1)
+    x = layout_slice(lay)
+    assert x.ep_group == lay.topology().group("ep") and x.ep_group.network
+    dense, moe = layer_times_of_kinds(DEEPSEEK, g, x, "none")
+    ends = end_times(DEEPSEEK, g, x)
+    costs, _ = stage_costs(DEEPSEEK, g, lay, x, dense, ends, [16, 45], [0, 1], moe)
+    assert costs.a2a_forward == (13 * moe.a2a_forward, 45 * moe.a2a_forward) and moe.a2a_forward > 0
+    assert costs.a2a_backward == (13 * moe.a2a_backward, 45 * moe.a2a_backward)
+    first = 3 * dense.forward + 13 * moe.forward + ends["first_F"]
+    assert costs.forward[0] == pytest.approx(first, rel=1e-9)
