@@ -15,9 +15,9 @@ the predicted value, the published one and the error in %.
 (e) vTrain's 1,440 single-node Megatron-DeepSpeed runs on A100 80GB (data/vtrain-a100): MAPE in
     all, on the rows the A100 profile was not fitted on (the odd ones), by tp and by micro-batch.
 (f) The H100 development set (sim/plan/data/h100_dev.csv: NVIDIA's DGX Cloud benchmarking recipes,
-    NeMo on DGX H100): step-time MAPE overall and by model, precision, cp and release, on
-    h100-80gb's default profile and on the best case, FP8's speedup over BF16 on paired rows
-    (measured and predicted), and the rows left out by reason.
+    NeMo on DGX H100): step-time MAPE overall, of the dense and of the MoE rows, and by model,
+    precision, cp and release, on h100-80gb's default profile and on the best case, FP8's
+    speedup over BF16 on paired rows (measured and predicted), and the rows left out by reason.
 
 The published settings and the comparisons are in sim/plan/published.py; results and what they
 say about the model: docs/measurements.md.
@@ -137,7 +137,11 @@ def h100_dev_set() -> dict:
     out = {"rows": len(runs), "expressed": len(ok), "left_out": h100_dev.refused_counts(runs), "profiles": {}}
     for name in dict.fromkeys((sim.profile(h100_dev.GPU).name, "h100-80gb-best-case")):
         errors = h100_dev.errors(ok, name)
+        kinds = {kind: [e for r, e in zip(ok, errors) if r.row["moe"] == flag] for kind, flag in (("dense", "0"), ("moe", "1"))}
+        moe = [(r, e) for r, e in zip(ok, errors) if r.row["moe"] == "1"]
         out["profiles"][name] = {"mape": h100_dev.mape(errors), "speedup": fp8_speedup(ok, errors),
+                                 **{kind: (h100_dev.mape(e), len(e)) for kind, e in kinds.items() if e},
+                                 "moe_by_precision": h100_dev.mape_by(*map(list, zip(*moe)), "precision") if moe else {},
                                  **{key: h100_dev.mape_by(ok, errors, key) for key in h100_dev.GROUPS}}
     return out
 
@@ -160,9 +164,12 @@ def print_h100_dev(s: dict) -> None:
     print(f"(f) H100 development set (sim/plan/data/h100_dev.csv, NeMo on DGX H100): {s['expressed']} of "
           f"{s['rows']} rows expressed; step-time MAPE (rows)")
     for name, p in s["profiles"].items():
-        print(f"  {name}: {p['mape']:.1%} overall")
+        print(f"  {name}: {p['mape']:.1%} overall; " + "; ".join(f"{kind} rows {p[kind][0]:.1%} ({p[kind][1]})"
+                                                               for kind in ("dense", "moe") if kind in p))
         for key in h100_dev.GROUPS:
             print(f"    by {key}: " + "; ".join(f"{k} {m:.1%} ({n})" for k, (m, n) in p[key].items()))
+        if p["moe_by_precision"]:
+            print("    MoE rows by precision: " + "; ".join(f"{k} {m:.1%} ({n})" for k, (m, n) in p["moe_by_precision"].items()))
         speedup = {k: v for k, v in p["speedup"].items() if k != "error"}
         if speedup:
             print("    FP8/BF16 speedup of paired rows (same model, release, layout), measured -> predicted: "

@@ -4,6 +4,7 @@
     PYTHONPATH=. python benchmarks/calibrate_h100.py --dry-run  # fit and print only
     PYTHONPATH=. python benchmarks/calibrate_h100.py --fp8-only # the FP8 fit alone, BF16 as h100-80gb-dgxc.json has it
     PYTHONPATH=. python benchmarks/calibrate_h100.py --probe    # how much each parameter moves the BF16 rows
+    PYTHONPATH=. python benchmarks/calibrate_h100.py --moe-only # grouped_gemm_efficiency on the MoE rows, the rest held
 
 The development set is sim/plan/data/h100_dev.csv (a copy of ../shared/data/h100-dev/runs.csv;
 provenance in sim/plan/data/README.md): NVIDIA's DGX Cloud benchmarking recipes on DGX H100.
@@ -17,6 +18,10 @@ recipe, Transformer Engine's delayed scaling (no `fp8-cs` row), so the fitted va
 `scaling: "delayed"`.
 The profile's FP8 value was written by `--fp8-only` (2026-11-25), the BF16 0.674 held as
 stored: re-running the BF16 fit on that day's planner gave 0.654 (docs/measurements.md).
+MoE, after both (`--moe-only`): the 20 MoE rows (Grok-1's proxy, BF16 and FP8; DeepSeek-V3,
+BF16), every other value held as the written profile has it, fitting
+`matmul.grouped_gemm_efficiency` alone (the share of one plain GEMM's speed Megatron-Core's
+grouped expert GEMMs reach, `sim.cost.moe`; best case 1, no published figure).
 
 Start: `h100-80gb-best-case` (published best cases). `--probe` moves each physical parameter
 by 10 % and prints d log(step) / d log(parameter) over the rows: matmul efficiency -0.75,
@@ -65,6 +70,7 @@ DATE = "2026-11-25"
 PARAMETERS = {
     "matmul": (("matmul.efficiency",), 1.0),
     "fp8": (("matmul.fp8_efficiency",), 1.0),
+    "grouped": (("matmul.grouped_gemm_efficiency",), 1.0),
     "attention": (("attention.efficiency",), 1.0),
     "memory": (("memory_bound.bandwidth",), "hbm_bandwidth"),
     "launch": (("launch.per_kernel",), 1e-4),
@@ -74,6 +80,7 @@ PARAMETERS = {
 }
 FITTED = ("matmul",)  # why: the module's docstring
 FITTED_FP8 = ("fp8",)  # fitted on the FP8 rows, FITTED held
+FITTED_MOE = ("grouped",)  # fitted on the MoE rows, FITTED and FITTED_FP8 held
 SCALING = "delayed"    # the FP8 rows' recipe (the module's docstring)
 ADDITIVE = ("overhead",)  # fitted in seconds (its best case is 0), the others as log(value / best case)
 
@@ -92,6 +99,11 @@ def fp8_runs() -> list:
             and r.row["moe"] == "0"]
 
 
+def moe_runs() -> list:
+    """The rows the MoE fit uses: every MoE row the planner expresses."""
+    return [r for r in h100_dev.runs() if r.reason is None and r.row["moe"] == "1"]
+
+
 def get(data: dict, path: str) -> dict:
     for key in path.split("."):
         data = data[key]
@@ -101,7 +113,8 @@ def get(data: dict, path: str) -> dict:
 def best_values() -> dict:
     """Every parameter's best-case value."""
     best = sim.profile(BEST).to_dict()
-    return {name: get(best, paths[0])["value"] for name, (paths, _) in PARAMETERS.items()}
+    return {name: get(best, paths[0])["value"] if name not in FITTED_MOE else 1.0  # none: as fast as one GEMM
+            for name, (paths, _) in PARAMETERS.items()}
 
 
 def upper(name: str) -> float:
@@ -160,7 +173,8 @@ def fit(runs: list, names=FITTED, held: dict | None = None, progress=print):
     """Least squares on log step time over `runs` of the parameters `names`, those of `held` at
     their values; returns the fitted values, their standard errors and the optimizer's answer."""
     best, held = best_values(), held or {}
-    start = [0.0 if n not in ADDITIVE else 0.1 for n in names]
+    hi = bounds_of(names, best)[1]  # from the best case, or just inside its bound where it is at one (grouped: 1)
+    start = [min(0.0, top - 0.1) if n not in ADDITIVE else 0.1 for n, top in zip(names, hi)]
     res = least_squares(lambda x: log_errors({**held, **values_of(x, names, best)}, runs), start,
                         bounds=bounds_of(names, best), diff_step=1e-3, x_scale=1.0)
     values, se_x = values_of(res.x, names, best), standard_errors(res)
@@ -228,8 +242,10 @@ def derived_profile(data: dict, gpu_name: str) -> dict:
                       f"{was.get('citation', was.get('rows', ''))}) as a share of the H100's "
                       f"{h100.hbm_bandwidth / 1e12:.2f} TB/s HBM, applied to the {gpu_name}'s "
                       f"{other.hbm_bandwidth / 1e12:.2f} TB/s")
-    for name in FITTED + FITTED_FP8:
+    for name in FITTED + FITTED_FP8 + FITTED_MOE:
         for path in PARAMETERS[name][0]:
+            if path.rsplit(".", 1)[1] not in get(out, path.rsplit(".", 1)[0]):
+                continue  # not fitted yet
             get(out, path)["carried_over"] = (f"fitted on H100 rows; the {gpu_name} has the H100's compute die, "
                                               "clocks and links (its datasheet), so the same value")
     return out
@@ -258,22 +274,37 @@ def calibrate_bf16(runs: list) -> tuple[dict, dict, dict]:
 def calibrate_fp8(runs: list, bf16: dict) -> tuple[dict, dict, dict]:
     """The FP8 fit on `runs`, the BF16 fit's values `bf16` held: values, standard errors, notes."""
     print(f"{len(runs)} rows: FP8 ({SCALING} scaling), dense, cp 1 and 2; {', '.join(bf16)} held")
-    values, se, res = fit(runs, FITTED_FP8, bf16)
-    before, after = relative(log_errors(bf16, runs)), relative(res.fun)
-    report(runs, before, after, "best-case fp8 efficiency")
-    held = leave_one_model_out(runs, FITTED_FP8, bf16)
-    by = {key: h100_dev.mape_by(runs, after, key) for key in ("model", "cp", "release")}
-    notes = {"rows": f"the {len(runs)} FP8 (all 'fp8' as stated: TE delayed scaling, no fp8-cs row), dense rows "
-                     f"sim.plan.h100_dev expresses, cp 1 and 2 (row_id {row_ids(runs)})",
-             "method": f"least squares on log step time, fp8_efficiency alone, the BF16 fit's "
-                       f"{', '.join(f'{k} {v:.4g}' for k, v in bf16.items())} held (the rest at {BEST}); "
+    return calibrate_held(runs, FITTED_FP8, bf16, "the best case's fp8 efficiency", ("model", "cp", "release"),
+                          f"the {len(runs)} FP8 (all 'fp8' as stated: TE delayed scaling, no fp8-cs row), dense rows "
+                          "sim.plan.h100_dev expresses, cp 1 and 2")
+
+
+def calibrate_moe(runs: list, held: dict) -> tuple[dict, dict, dict]:
+    """The MoE fit on `runs`, the dense fits' values `held`: values, standard errors, notes."""
+    print(f"{len(runs)} MoE rows; {', '.join(f'{k} {v:.4g}' for k, v in held.items())} held")
+    return calibrate_held(runs, FITTED_MOE, held, "1, grouped GEMMs as fast as one GEMM", ("model", "precision", "release"),
+                          f"the {len(runs)} MoE rows sim.plan.h100_dev expresses (Grok-1 proxy BF16 and FP8, NeMo 24.12 "
+                          "and 25.04; DeepSeek-V3 BF16, NeMo 25.04.01)")
+
+
+def calibrate_held(runs: list, names, held: dict, was: str, groups, rows: str) -> tuple[dict, dict, dict]:
+    """A fit of `names` alone on `runs`, `held` at their values: values, standard errors and the
+    notes each fitted number carries (`rows` says which rows, `was` what the fit started from;
+    the residual by each of `groups`, and leaving each model out)."""
+    values, se, res = fit(runs, names, held)
+    before, after = relative(log_errors(held, runs)), relative(res.fun)
+    report(runs, before, after, was)
+    out = leave_one_model_out(runs, names, held)
+    by = {key: h100_dev.mape_by(runs, after, key) for key in groups}
+    notes = {"rows": f"{rows} (row_id {row_ids(runs)})",
+             "method": f"least squares on log step time, {', '.join(PARAMETERS[n][0][0] for n in names)} alone, "
+                       f"{', '.join(f'{k} {v:.4g}' for k, v in held.items())} held (the rest at {BEST}); "
                        "standard error from the Jacobian",
-             "residual": f"MAPE {h100_dev.mape(after):.1%} (at the best case's fp8 efficiency "
-                         f"{h100_dev.mape(before):.1%}); " + "; ".join(
+             "residual": f"MAPE {h100_dev.mape(after):.1%} (at {was}: {h100_dev.mape(before):.1%}); " + "; ".join(
                              f"by {key}: " + ", ".join(f"{k} {m:.1%}" for k, (m, _) in v.items()) for key, v in by.items())
-                         + "; leaving one model out, its MAPE: " + ", ".join(f"{m} {v[1]:.1%}" for m, v in held.items()),
-             "held": held}
-    return values, se, {name: notes for name in FITTED_FP8}
+                         + "; leaving one model out, its MAPE: " + ", ".join(f"{m} {v[1]:.1%}" for m, v in out.items()),
+             "held": out}
+    return values, se, {name: notes for name in names}
 
 
 def main(argv=None) -> int:
@@ -281,9 +312,12 @@ def main(argv=None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="fit and print, write nothing")
     ap.add_argument("--probe", action="store_true", help="print each parameter's effect on the rows and stop")
     ap.add_argument("--fp8-only", action="store_true", help="fit FP8 alone, the BF16 values held as the profile has them")
+    ap.add_argument("--moe-only", action="store_true", help="fit the grouped GEMM efficiency on the MoE rows alone, "
+                                                            "the rest held as the profile has it")
     args = ap.parse_args(argv)
-    if args.fp8_only:
-        return fp8_only(args.dry_run)
+    if args.fp8_only or args.moe_only:
+        return held_fit(args.dry_run, *((FITTED_FP8, FITTED, fp8_runs, calibrate_fp8, "--fp8-only") if args.fp8_only
+                                        else (FITTED_MOE, FITTED + FITTED_FP8, moe_runs, calibrate_moe, "--moe-only")))
     runs = fit_runs()
     print(f"{len(runs)} rows: BF16, cp = 1, dense, expressed by sim.plan.h100_dev")
     if args.probe:
@@ -297,16 +331,17 @@ def main(argv=None) -> int:
     return 0
 
 
-def fp8_only(dry_run: bool) -> int:
-    """The FP8 fit with the BF16 values held as the written profile has them, written into it."""
+def held_fit(dry_run: bool, names, held_names, runs, calibrate, flag: str) -> int:
+    """One fit (`calibrate` of `names` on `runs()`) with `held_names` as the written profile has
+    them, written into it (`--fp8-only`, `--moe-only`)."""
     data = json.loads((PRESETS / f"{NAME}.json").read_text())
-    bf16 = {name: get(data, PARAMETERS[name][0][0])["value"] for name in FITTED}
-    values, se, notes = calibrate_fp8(fp8_runs(), bf16)
-    for name in FITTED_FP8:
+    held = {name: get(data, PARAMETERS[name][0][0])["value"] for name in held_names}
+    values, se, notes = calibrate(runs(), held)
+    for name in names:
         for path in PARAMETERS[name][0]:
             parent, key = path.rsplit(".", 1)
             get(data, parent)[key] = dict(calibrated(name, values[name], se[name], notes[name]),
-                                          command=f"{COMMAND} --fp8-only")
+                                          command=f"{COMMAND} {flag}")
     if not dry_run:
         write(data)
     return 0

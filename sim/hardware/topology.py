@@ -58,6 +58,21 @@ Megatron-LM's `RankGenerator` do: exec lays out its pp x dp ranks with it (`exec
 
 `coords` keeps its (t, replica, pipeline device) answer, the one exec's pp x dp ranks read;
 `context` gives a rank's context-parallel index c.
+
+Experts fold onto the same ranks (Megatron-Core's MoE parallel folding: parallel_state.py builds a
+second `RankGenerator` for the expert layers, expert_tp x ep x edp with cp = 1, in the same
+order, whose pipeline groups must equal the first's). Each stage's tp x cp x dp ranks are
+numbered again, expert tensor parallelism fastest, then expert parallelism, then the expert
+data-parallel replicas: a rank's stage-local index i = t + tp (c + cp d) is
+
+    i = et + expert_tp * (e + ep * ed)          (edp = tp cp dp / (expert_tp ep))
+
+so "ep" (an all-to-all group of the experts: e varies), "expert_tp" (et varies) and "edp" (ed
+varies: the group expert gradients are reduced over) are groups like the others:
+
+    >>> t = Topology(tp=4, pp=1, dp=4, ep=8)
+    >>> t.groups("ep")[:2], t.group_of("edp", 0), t.group("ep")
+    ([(0, 1, 2, 3, 4, 5, 6, 7), (8, 9, 10, 11, 12, 13, 14, 15)], (0, 8), Group(size=8, per_node=8, nodes=1, nic_share=0.0))
 """
 from __future__ import annotations
 
@@ -65,7 +80,7 @@ from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
 
-AXES = ("tp", "cp", "dp", "dp_cp", "pp", "embedding")
+AXES = ("tp", "cp", "dp", "dp_cp", "pp", "embedding", "ep", "expert_tp", "edp")
 
 
 @dataclass(frozen=True)
@@ -92,21 +107,32 @@ def one_node(size: int) -> Group:
 @dataclass(frozen=True)
 class Topology:
     """tp x cp x dp x pp GPUs in Megatron-LM's rank order on nodes of `gpus_per_node` GPUs and
-    `nics_per_node` network cards (default: one a GPU)."""
+    `nics_per_node` network cards (default: one a GPU), the experts folded onto each stage's
+    ranks as expert_tp x ep x edp (see the module's docstring)."""
     tp: int
     pp: int
     dp: int
     gpus_per_node: int = 8
     nics_per_node: int | None = None
     cp: int = 1
+    ep: int = 1
+    expert_tp: int = 1
 
     def __post_init__(self):
         if self.nics_per_node is None:
             object.__setattr__(self, "nics_per_node", self.gpus_per_node)
-        for name in ("tp", "pp", "dp", "gpus_per_node", "nics_per_node", "cp"):
+        for name in ("tp", "pp", "dp", "gpus_per_node", "nics_per_node", "cp", "ep", "expert_tp"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
+        if (self.tp * self.cp * self.dp) % (self.expert_tp * self.ep):
+            raise ValueError(f"expert_tp x ep = {self.expert_tp} x {self.ep} does not divide the tp x cp x dp = "
+                             f"{self.tp * self.cp * self.dp} ranks of a stage the experts fold onto")
+
+    @property
+    def edp(self) -> int:
+        """The expert data-parallel size: tp cp dp / (expert_tp ep)."""
+        return self.tp * self.cp * self.dp // (self.expert_tp * self.ep)
 
     @property
     def gpus(self) -> int:
@@ -153,6 +179,8 @@ class Topology:
             return [tuple(r(t, d, p, c) for p in range(pp)) for d in range(dp) for c in range(cp) for t in range(tp)]
         if axis == "embedding":
             return [(g[0], g[-1]) if pp > 1 else g for g in self.groups("pp")]
+        if axis in ("ep", "expert_tp", "edp"):
+            return _expert_groups(self, axis)
         raise ValueError(f"axis must be one of {', '.join(AXES)}; got {axis!r}")
 
     def group_of(self, axis: str, rank: int) -> tuple[int, ...]:
@@ -197,6 +225,16 @@ class Topology:
         placement[s]); a one-GPU group where no two consecutive stages are on two devices."""
         sends = [self.send(a, b) for a, b in zip(placement, placement[1:]) if a != b]
         return min(sends, key=_slowness, default=one_node(1))
+
+
+def _expert_groups(topo: Topology, axis: str) -> list[tuple[int, ...]]:
+    """The groups of an expert axis: within each stage's tp cp dp ranks, stage-local index
+    i = et + expert_tp (e + ep ed), the index of `axis` varying (a stride of 1, expert_tp or
+    expert_tp ep), each group from the rank where it is 0."""
+    etp, ep, stage = topo.expert_tp, topo.ep, topo.tp * topo.cp * topo.dp
+    stride, size = {"expert_tp": (1, etp), "ep": (etp, ep), "edp": (etp * ep, topo.edp)}[axis]
+    starts = [i for i in range(stage) if (i // stride) % size == 0]
+    return [tuple(p * stage + i + stride * k for k in range(size)) for p in range(topo.pp) for i in starts]
 
 
 def _slowness(g: Group) -> tuple:

@@ -18,16 +18,16 @@ from sim.engine.costs import Costs, StageCosts
 from sim.simulation import simulate
 from sim.cost.data_parallel import optimizer_time, stage_params
 from sim.cost.ends import end_times
+from .experts import layer_activations, moe_optimizer_time, moe_layers, split_params, state_bytes
 from .layout import Layout, layout_slice
-from .stage_costs import partition_layers, stage_costs
+from .stage_costs import layer_times_of_kinds, partition_layers, stage_costs
 from sim.model.footprint import DEFAULT_OPTIMIZER, optimizer_step_bytes, state_bytes_per_param
 from sim.hardware.profile import DeviceProfile, resolve
 from sim.schedule.ir import Schedule
-from sim.cost.fp8 import saved_bytes_saving
 from sim.hardware.kernels import memory_time
 from sim.schedule.kinds import KINDS, Kind
 from sim.schedule.liveness import held
-from sim.cost.layer import Slice, check_timed, layer_times
+from sim.cost.layer import Slice
 from sim.cost.slice import per_rank
 from sim.search.partition import even
 from sim.schedule.registry import make_schedule
@@ -89,14 +89,13 @@ class Bounds:
     def __init__(self, model: Transformer, profile: DeviceProfile, global_batch: int, precision: str,
                  gpus_per_node: int,
                  partition="even", nics_per_node: int | None = None, optimizer: str = DEFAULT_OPTIMIZER):
-        check_timed(model)  # a MoE model is refused, not searched as a dense one
         self.model, self.profile, self.batch = model, resolve(profile), global_batch
         self.precision, self.gpn, self.optimizer = precision, gpus_per_node, optimizer
         self.nics = gpus_per_node if nics_per_node is None else nics_per_node
         self.partition = partition if isinstance(partition, str) else tuple(partition)
         self.even = partition == "even"
         self.params = model.params()
-        self._layer, self._ends, self._shape, self._unit = {}, {}, {}, {}
+        self._layer, self._ends, self._shape, self._unit, self._act = {}, {}, {}, {}, {}
 
     def _layout(self, config: Config) -> Layout:
         return Layout(global_batch=self.batch, precision=self.precision, gpus_per_node=self.gpn,
@@ -106,12 +105,16 @@ class Bounds:
     def _slice(self, config: Config) -> Slice:
         return layout_slice(self._layout(config))
 
-    def layer(self, config: Config):
+    def layers(self, config: Config):
+        """A dense layer's and a MoE layer's times (`sim.plan.stage_costs.layer_times_of_kinds`)."""
         piece = self._slice(config)
         key = (piece, config.recompute)
         if key not in self._layer:
-            self._layer[key] = layer_times(self.model, self.profile, piece, config.recompute)
+            self._layer[key] = layer_times_of_kinds(self.model, self.profile, piece, config.recompute)
         return self._layer[key]
+
+    def layer(self, config: Config):
+        return self.layers(config)[0]
 
     def _key(self, config: Config) -> tuple:
         return config.schedule, config.pp, self.batch // (config.dp * config.micro_batch), config.virtual
@@ -122,23 +125,44 @@ class Bounds:
             self._shape[key] = _shape(self.model, key)
         return self._shape[key]
 
-    def _activations(self, config: Config) -> float:
-        """One micro-batch's activations of one layer on one GPU (s/cp of the sequence; under FP8:
-        BF16's less the Linears' inputs saved in FP8, `sim.cost.fp8`)."""
-        model, fp8 = per_rank(self.model, self._slice(config)), self.precision == "fp8"
-        kept = model.activation_bytes_per_layer(config.micro_batch, config.tp, config.sequence_parallel,
-                                                config.recompute, "bf16" if fp8 else self.precision)
-        return kept - (saved_bytes_saving(model, config.micro_batch, config.tp, config.sequence_parallel,
-                                          config.recompute) if fp8 else 0.0)
+    def _activations(self, config: Config) -> tuple[float, float]:
+        """One micro-batch's activations of one dense layer and one MoE layer (0 for a dense
+        model) on one GPU (s/cp of the sequence; under FP8: BF16's less the Linears' inputs saved
+        in FP8, `sim.cost.fp8`): `stage_costs`'s own count (`sim.plan.experts.layer_activations`)."""
+        key = (config.micro_batch, config.tp, config.cp, config.sequence_parallel, config.recompute, config.ep,
+               config.expert_tp)  # all they depend on
+        if key not in self._act:
+            lay, fp8 = self._layout(config), self.precision == "fp8"
+            dense, _, moe = layer_activations(per_rank(self.model, Slice(config.micro_batch, cp=config.cp)), lay,
+                                              "bf16" if fp8 else self.precision)
+            self._act[key] = dense, moe
+        return self._act[key]
+
+    def _least_activations(self, config: Config) -> float:
+        """The fewer bytes of a dense and a MoE layer's activations (a dense model: its layer's)."""
+        dense, moe = self._activations(config)
+        return min(dense, moe) if self.model.moe else dense
+
+    def _static_average(self, config: Config) -> float:
+        """The average device's weights, gradients and optimizer state: the stages' dense
+        parameters sum to the model's over tp, its experts' over ep x expert_tp, each with its
+        own ZeRO shard (`sim.plan.experts`)."""
+        per = sum(state_bytes_per_param(self.precision, config.zero, config.dp * config.cp, self.optimizer).values())
+        if self.model.moe is None:
+            return self.params.total / (config.tp * config.pp) * per
+        experts = self.model.moe_layers * self.model.moe.params(self.model.hidden)["routed"]
+        edp = config.tp * config.cp * config.dp // (config.ep * config.expert_tp)
+        per_expert = sum(state_bytes_per_param(self.precision, config.zero, edp, self.optimizer).values())
+        return ((self.params.total - experts) / config.tp * per
+                + experts / (config.ep * config.expert_tp) * per_expert) / config.pp
 
     def memory_average(self, config: Config) -> float:
-        """The average device's weights, gradients and optimizer state (the stages'
-        parameters sum to the model's over tp) and, with the even split, one micro-batch's
-        activations of the fewest layers a stage has (a device holds at least the one its
-        forward takes in). No schedule needed: the pp * V stages are known."""
-        per = sum(state_bytes_per_param(self.precision, config.zero, config.dp * config.cp, self.optimizer).values())
+        """The average device's weights, gradients and optimizer state (`_static_average`)
+        and, with the even split, one micro-batch's activations of the fewest layers a stage has
+        (a device holds at least the one its forward takes in). No schedule needed: the pp * V
+        stages are known."""
         fewest = self.model.layers // (config.pp * config.virtual) if self.even else 0
-        return self.params.total / (config.tp * config.pp) * per + fewest * self._activations(config)
+        return self._static_average(config) + fewest * self._least_activations(config)
 
     def memory(self, config: Config) -> float:
         """The fullest device holds at least its stages' weights, gradients and optimizer
@@ -147,37 +171,54 @@ class Bounds:
         average = self.memory_average(config)
         if not self.even or average > self.profile.memory:
             return average
-        per = sum(state_bytes_per_param(self.precision, config.zero, config.dp * config.cp, self.optimizer).values())
-        shape, act = self.shape(config), self._activations(config)
-        params = stage_params(self.model, shape.layers, config.tp, shape.schedule.placement)
-        static = shape.per_device([p * per for p in params])
-        smallest = shape.per_device([n * act for n in shape.layers], min)
+        shape, (act, moe_act) = self.shape(config), self._activations(config)
+        static = shape.per_device(self._stage_static(config, shape))
+        sparse = moe_layers(self.model, shape.layers)
+        smallest = shape.per_device([(n - k) * act + k * moe_act for n, k in zip(shape.layers, sparse)], min)
         return max(s + h * a for s, h, a in zip(static, shape.held, smallest))
+
+    def _stage_static(self, config: Config, shape: _Shape) -> list[float]:
+        """Each stage's weights, gradients and optimizer state on one GPU, as `stage_costs` counts
+        them (less FP8's weight copies)."""
+        if self.model.moe is None:
+            per = sum(state_bytes_per_param(self.precision, config.zero, config.dp * config.cp, self.optimizer).values())
+            return [p * per for p in stage_params(self.model, shape.layers, config.tp, shape.schedule.placement)]
+        lay = self._layout(config)
+        state = state_bytes(lay, *split_params(self.model, shape.layers, lay, shape.schedule.placement))
+        return [sum(parts) for parts in zip(*state.values())]
 
     def _optimizer(self, config: Config) -> float:
         share = config.dp * config.cp if config.zero >= 1 else 1
         updated = self.params.total / (config.tp * config.pp * share)
+        if self.model.moe is not None:  # the experts over ep x expert_tp, their state over edp
+            experts = self.model.moe_layers * self.model.moe.params(self.model.hidden)["routed"]
+            edp = config.tp * config.cp * config.dp // (config.ep * config.expert_tp) if config.zero >= 1 else 1
+            updated += experts / config.pp * (1 / (config.ep * config.expert_tp * edp) - 1 / (config.tp * share))
         return memory_time(self.profile, updated * optimizer_step_bytes(self.precision, self.optimizer), "optimizer")
 
     def average(self, config: Config) -> float:
         """The average device's computes one after another (F + B of the layers for every
         micro-batch; a split I + W is never shorter), then the optimizer step over the
         average device's share. No schedule needed."""
-        layer = self.layer(config)
+        layer, moe = self.layers(config)
         micro_batches = self.batch // (config.dp * config.micro_batch)
         computes = micro_batches * self.model.layers / config.pp * (layer.forward + layer.backward)
+        if self.model.moe:  # its MoE layers at their F + B (their all-to-alls may hide: left out)
+            sparse, dense = self.model.moe_layers, self.model.layers - self.model.moe_layers
+            computes = micro_batches / config.pp * (dense * (layer.forward + layer.backward)
+                                                    + sparse * (moe.forward + moe.backward))
         return computes + self._optimizer(config) + self.profile.step_overhead
 
     def costs(self, config: Config) -> tuple[StageCosts, list[int], Layout]:
         """The per-stage costs, layers per stage and layout that `sim.estimate` simulates `c`
         with (its own functions, so the bound follows any change to the estimate)."""
-        shape, layer, piece = self.shape(config), self.layer(config), self._slice(config)
+        shape, (layer, moe), piece = self.shape(config), self.layers(config), self._slice(config)
         if piece not in self._ends:
             self._ends[piece] = end_times(self.model, self.profile, piece)
         ends = self._ends[piece]
         lay = self._layout(config)
-        layers = partition_layers(self.model.layers, shape.schedule.stages, self.partition, layer, ends)
-        costs, _ = stage_costs(self.model, self.profile, lay, piece, layer, ends, layers, shape.schedule.placement)
+        layers = partition_layers(self.model.layers, shape.schedule.stages, self.partition, moe or layer, ends)
+        costs, _ = stage_costs(self.model, self.profile, lay, piece, layer, ends, layers, shape.schedule.placement, moe)
         return costs.for_stages(shape.schedule.stages), layers, lay
 
     def time(self, config: Config) -> float:
@@ -210,7 +251,8 @@ class Bounds:
             after = tail[first] if shape.last[d] in (Kind.B, Kind.I) else 0.0
             reduce = sum(per_stage.grad_reduce[s] for s in stages)
             longest = max(longest, head[first] + sum(busy[s] for s in stages) + max(after, reduce))
-        optimizer = optimizer_time(self.model, self.profile, lay, layers, place)
+        optimizer = (moe_optimizer_time if self.model.moe else optimizer_time)(self.model, self.profile, lay, layers,
+                                                                                place)
         return max(self.average(config), longest + optimizer + self.profile.step_overhead)
 
     def schedule_time(self, config: Config) -> float:
@@ -221,12 +263,13 @@ class Bounds:
         pp, micro-batches and V: asked only of configurations about to be simulated."""
         if not self.even or config.schedule in _COST_DEPENDENT:
             return self.time(config)
-        key, shape, layer = self._key(config), self.shape(config), self.layer(config)
+        key, shape, (layer, moe) = self._key(config), self.shape(config), self.layers(config)
         if key not in self._unit:
             n = [float(k) for k in shape.layers]
             unit = Costs(forward=n, backward=[2 * k for k in n], backward_input=n, backward_weight=n,
                          transport="ideal")
             self._unit[key] = simulate(shape.schedule, unit).makespan
-        ratio = (min(layer.forward, layer.backward_input, layer.backward_weight) if shape.split
-                 else min(layer.forward, layer.backward / 2))
+        kinds = [layer] * (self.model.moe_layers < self.model.layers) + [moe] * bool(self.model.moe_layers)
+        ratio = min(min(k.forward, k.backward_input, k.backward_weight) if shape.split
+                    else min(k.forward, k.backward / 2) for k in kinds)  # a layer of either kind
         return max(self.time(config), ratio * self._unit[key] + self._optimizer(config))

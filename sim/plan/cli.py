@@ -81,6 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--cp", type=_ints, help="context-parallel sizes (default: 1 below a sequence of "
                         f"{CP_MIN_SEQ}; from it, powers of two keeping {CP_MIN_TOKENS} tokens a rank)")
     parser.add_argument("--pp", type=_ints, help="pipeline sizes (default: every divisor of gpus/tp up to the layers)")
+    parser.add_argument("--ep", type=_ints, help="expert-parallel sizes, a mixture of experts only (default: every "
+                        "divisor of the experts that folds onto tp x cp x dp)")
+    parser.add_argument("--expert-tp", type=_ints, help="expert tensor-parallel sizes, a mixture of experts only "
+                        "(default: 1 and tp)")
     parser.add_argument("--micro-batch", type=_ints, help="micro-batch sizes (default: divisors up to --max-micro-batch)")
     parser.add_argument("--schedules", type=_words,
                    help=f"schedules, replacing the default (all but zb-auto, v-min and v-half): {', '.join(SCHEDULES)}")
@@ -187,16 +191,19 @@ def format_table(plan: Plan) -> str:
     """One aligned line per ranked configuration."""
     head = ("rank", "tp", "cp", "pp", "dp", "b", "m", "schedule", "V", "recompute", "zero", "sp", "step s",
             "TFLOP/s/GPU", "MFU", "bubble", "peak GiB", "fits")
+    experts = plan.model.moe is not None  # its ep and expert_tp after cp
+    head = head[:3] + ("ep", "etp") * experts + head[3:]
     rows = [head]
     for i, row in enumerate(plan.rows, 1):
         config = row.config
-        rows.append((str(i), str(config.tp), str(config.cp), str(config.pp), str(config.dp), str(config.micro_batch),
+        rows.append((str(i), str(config.tp), str(config.cp), *((str(config.ep), str(config.expert_tp)) * experts),
+                     str(config.pp), str(config.dp), str(config.micro_batch),
                      str(row.micro_batches), config.schedule, str(config.virtual), config.recompute, str(config.zero),
                      "on" if config.sequence_parallel else "off",
                      f"{row.step_time:.4g}", f"{row.tflops_per_gpu:.1f}", f"{row.mfu:.1%}", f"{row.bubble_fraction:.1%}",
                      f"{row.peak_memory / GIB:.1f}", "yes" if row.fits else "no"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
-    left = {7, 9}
+    left = {head.index("schedule"), head.index("recompute")}
     return "\n".join("  ".join(v.ljust(w) if i in left else v.rjust(w) for i, (v, w) in enumerate(zip(row, widths)))
                      .rstrip() for row in rows)
 
@@ -242,7 +249,7 @@ def _check_out(out: Path) -> None:
 
 def _limits(args: argparse.Namespace) -> dict:
     sp = {"both": None, "on": [True], "off": [False]}[args.sequence_parallel]
-    return dict(tp=args.tp, cp=args.cp, pp=args.pp, micro_batch=args.micro_batch, schedules=args.schedules,
+    return dict(tp=args.tp, cp=args.cp, pp=args.pp, ep=args.ep, expert_tp=args.expert_tp, micro_batch=args.micro_batch, schedules=args.schedules,
                 virtual=args.virtual, recompute=args.recompute, zero=args.zero, sequence_parallel=sp,
                 precision=args.precision, optimizer=args.optimizer, gpus_per_node=args.gpus_per_node,
                 nics_per_node=args.nics_per_node, max_micro_batch=args.max_micro_batch,

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 
 from sim.cost.data_parallel import fsdp_as_actions, optimizer_time
 from sim.cost.ends import end_times
-from sim.cost.layer import LayerTimes, Slice, check_timed, layer_times
+from sim.cost.layer import LayerTimes, Slice
 from sim.simulation import simulate
 from sim.engine.result import Result
 from sim.hardware.gpus import GPU
@@ -43,7 +43,8 @@ from sim.schedule.registry import lookup, make_schedule
 from .layout import (DEFAULT_HEADROOM, Cluster, Layout, Parallel, Run, check_layout, check_size, layout_slice,
                      usable_memory)
 from sim.model.registry import find_model, model_name
-from .stage_costs import memory_caps, memory_parts, offload_costs, partition_layers, stage_costs
+from .experts import moe_optimizer_time
+from .stage_costs import layer_times_of_kinds, memory_caps, memory_parts, offload_costs, partition_layers, stage_costs
 
 
 @dataclass
@@ -78,6 +79,7 @@ class Estimate:
     def __repr__(self) -> str:
         lay = self.layout
         cp = f"cp={lay.cp}, " if lay.cp > 1 else ""
+        cp += f"ep={lay.ep}, expert_tp={lay.expert_tp}, " if self.model.moe else ""
         return (f"<Estimate {model_name(self.model)} on {lay.gpus} x {self.gpu.name} (tp={lay.tp}, {cp}pp={lay.pp}, "
                 f"dp={lay.dp}, {lay.schedule}): step {self.step_time:.4g} s, {self.tflops_per_gpu:.0f} TFLOP/s/GPU, "
                 f"MFU {self.mfu:.1%}, bubble {self.bubble_fraction:.1%}, peak {max(self.peak_memory) / 2**30:.1f} GiB, "
@@ -87,7 +89,7 @@ class Estimate:
         """The estimate as plain data (no result)."""
         lay = self.layout
         return {"model": model_name(self.model), "gpu": self.gpu.name, "profile": self.profile.name, "gpus": lay.gpus, "tp": lay.tp, "pp": lay.pp,
-                "dp": lay.dp, "cp": lay.cp, "cp_comm": lay.cp_comm, "attention": self.model.attention, "micro_batch": lay.micro_batch, "global_batch": lay.global_batch,
+                "dp": lay.dp, "cp": lay.cp, "ep": lay.ep, "expert_tp": lay.expert_tp, "cp_comm": lay.cp_comm, "attention": self.model.attention, "micro_batch": lay.micro_batch, "global_batch": lay.global_batch,
                 "micro_batches": lay.micro_batches, "schedule": lay.schedule, "virtual": self.result.schedule.stages // lay.pp,
                 "recompute": lay.recompute, "sequence_parallel": lay.sequence_parallel, "zero": lay.zero,
                 "fsdp_unit": lay.fsdp_unit,
@@ -107,6 +109,7 @@ def estimate(model: Transformer | str, gpu: DeviceProfile | GPU | str = "a100-80
              tp_overlap: bool = True, offload: bool = False,
              memory_headroom: float = DEFAULT_HEADROOM, optimizer: str = DEFAULT_OPTIMIZER,
              reshard_after_forward: bool = True, fsdp_shard: int | None = None, fsdp_unit: str = "layer",
+             ep: int = 1, expert_tp: int = 1,
              **schedule_options) -> Estimate:
     """Simulate one training step of `model` on `gpu`s split as given (see `Layout` and the
     module's docstring); `gpu` is a device profile (`sim.load_profile`), a profile's or GPU
@@ -128,13 +131,16 @@ def estimate(model: Transformer | str, gpu: DeviceProfile | GPU | str = "a100-80
     is FSDP2's option, `fsdp_unit` what it gathers at once ("layer": each layer, prefetched one
     ahead, as FSDP2 and Megatron-FSDP wrap a model; "stage": the whole stage, as exec's runtime
     does), and `fsdp_shard` makes it HSDP, sharded within groups of that many replicas and
-    replicated across them (docs/planner.md, "ZeRO with pipelining")."""
+    replicated across them (docs/planner.md, "ZeRO with pipelining"). `ep` and `expert_tp` split a
+    mixture of experts' routed experts over a stage's tp x cp x dp ranks as Megatron-Core folds them, the expert data-parallel
+    size edp = tp cp dp / (expert_tp ep) following (`sim.plan.experts`)."""
     cluster = Cluster(gpus_per_node=gpus_per_node,
                       nics_per_node=gpus_per_node if nics_per_node is None else nics_per_node)
     parallel = Parallel(tp=tp, pp=pp, dp=dp, cp=cp, cp_comm=cp_comm, sequence_parallel=sequence_parallel, zero=zero,
                         partition=partition if isinstance(partition, str) else tuple(partition),
                         overlap_grad_reduce=overlap_grad_reduce, tp_overlap=tp_overlap,
-                        reshard_after_forward=reshard_after_forward, fsdp_shard=fsdp_shard, fsdp_unit=fsdp_unit)
+                        reshard_after_forward=reshard_after_forward, fsdp_shard=fsdp_shard, fsdp_unit=fsdp_unit,
+                        ep=ep, expert_tp=expert_tp)
     run = Run(micro_batch=micro_batch, global_batch=dp * micro_batch if global_batch is None else global_batch,
               schedule=lookup(schedule)[0], virtual=virtual, recompute=recompute, precision=precision,
               attention=attention, offload=offload, memory_headroom=memory_headroom,
@@ -146,18 +152,17 @@ def estimate_layout(model: Transformer, profile: DeviceProfile, lay: Layout, **s
     """`estimate`'s steps, on a `Layout` record: check the layout; time one layer and the ends
     (`sim.cost.layer`, `sim.cost.ends.end_times`); build the schedule; split the layers over its
     stages; cost each stage; add offloading and the gradient reduction; simulate the step."""
-    check_timed(model)  # a MoE model is refused, not estimated as a dense one
     warnings = check_layout(model, profile, lay)
     check_size(lay)
     if lay.attention is not None:
         model = replace(model, attention=lay.attention)
     piece = layout_slice(lay)
-    layer = layer_times(model, profile, piece, lay.recompute, lay.tp_overlap)
+    layer, moe = layer_times_of_kinds(model, profile, piece, lay.recompute, lay.tp_overlap)
     ends = end_times(model, profile, piece)
-    sched = build_schedule(model, profile, lay, piece, layer, ends, schedule_options)
-    caps = memory_caps(model, profile, lay, piece, layer, ends, sched) if lay.partition == "balanced" else None
-    layers = partition_layers(model.layers, sched.stages, lay.partition, layer, ends, caps)
-    costs, parts = stage_costs(model, profile, lay, piece, layer, ends, layers, sched.placement)
+    sched = build_schedule(model, profile, lay, piece, layer, ends, schedule_options, moe)
+    caps = memory_caps(model, profile, lay, piece, layer, ends, sched, moe) if lay.partition == "balanced" else None
+    layers = partition_layers(model.layers, sched.stages, lay.partition, moe or layer, ends, caps)
+    costs, parts = stage_costs(model, profile, lay, piece, layer, ends, layers, sched.placement, moe)
     if lay.offload:
         sched, costs = offload_costs(model, profile, lay, layers, sched, costs)
     fsdp = fsdp_as_actions(lay)
@@ -167,7 +172,7 @@ def estimate_layout(model: Transformer, profile: DeviceProfile, lay: Layout, **s
         sched = add_grad_reduce(sched, overlap=lay.overlap_grad_reduce or fsdp)
     result = simulate(sched, costs)
     result.in_seconds = True  # the costs are seconds: figures say so
-    optimizer = optimizer_time(model, profile, lay, layers, sched.placement)
+    optimizer = (moe_optimizer_time if model.moe else optimizer_time)(model, profile, lay, layers, sched.placement)
     step = result.makespan + optimizer + profile.step_overhead
     parts |= step_parts(lay, layer, layers, result, optimizer, profile.step_overhead, parts["tp_collectives"])
     peak = result.peak_memory
@@ -207,14 +212,14 @@ def step_parts(lay: Layout, layer: LayerTimes, layers: list[int], result: Result
 
 
 def build_schedule(model: Transformer, profile: DeviceProfile, lay: Layout, piece: Slice, layer: LayerTimes,
-                   ends: dict, options: dict):
+                   ends: dict, options: dict, moe: LayerTimes | None = None):
     """The layout's schedule. zb-auto searches its order under this run's own costs and the
     memory the GPU has left after the static bytes and the headroom (unless the options say otherwise)."""
     options = dict(options)
     if lay.schedule == "zb-auto" and "costs" not in options:
         placement = list(range(lay.pp))
-        layers = partition_layers(model.layers, lay.pp, lay.partition, layer, ends)
-        costs, _ = stage_costs(model, profile, lay, piece, layer, ends, layers, placement)
+        layers = partition_layers(model.layers, lay.pp, lay.partition, moe or layer, ends)
+        costs, _ = stage_costs(model, profile, lay, piece, layer, ends, layers, placement, moe)
         per_stage = costs.for_stages(lay.pp)
         room = usable_memory(profile.memory, lay.memory_headroom) - max(map(per_stage.static_total, placement))
         options["costs"] = costs

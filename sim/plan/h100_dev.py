@@ -20,8 +20,22 @@ What the rows do not state is NeMo's default for these recipes, the same for eve
 The MLP and positions follow the model's family: GPT-3 as Megatron's GPT (GeLU, learned,
 tied), Nemotron-4 squared-ReLU, Llama SwiGLU (both rotary, untied).
 
+The MoE rows (their expert columns in sim/plan/data/h100_dev_moe.csv, `moe_columns`) are
+Megatron-Core MoE under NeMo: experts folded onto the ranks with the row's `ep` and expert
+tensor parallelism 1 (the sources' configuration tables say "ETP 1"), the alltoall token
+dispatcher (`sim.cost.moe`) with balanced routing and no token dropping (`sim.model.moe`'s
+defaults: the rows state neither the routing's balance nor a capacity factor).
+- Grok-1 (NeMo's grok-1-proxy, `n_layers` of the real 64): hidden, heads, 8 KV heads from the
+  row; `n_experts` experts of width `moe_ffn_hidden`, `moe_topk` of them a token, every layer
+  MoE, no shared expert; the rest as `grok-1-314b` (three-matrix gated MLP, rotary, RMSNorm,
+  tied embeddings: xai-org/grok-1's run.py and model.py). The vocabulary is not stated by the
+  source: Grok-1's own 131,072 (run.py), a multiple of 128 tp already.
+- DeepSeek-V3: `deepseek-v3-671b` (its MLA ranks, 1 shared expert, the first 3 layers dense:
+  the row's `arch_source`, Megatron-Bridge's DeepSeekV3ModelProvider) at the row's sequence,
+  without the multi-token-prediction module; the vocabulary padded as the dense rows'.
+
 A row the planner cannot express yet carries its reason (`REASONS`): a stack it does not model
-(JAX), MoE, FSDP, context parallelism, FP8. cp and FP8 are probed on the planner itself, so a
+(JAX), FSDP, context parallelism, FP8. cp and FP8 are probed on the planner itself, so a
 row becomes expressible once `sim.estimate` takes `cp=`, or `precision="fp8"` on the
 H100's default profile.
 """
@@ -30,23 +44,24 @@ from __future__ import annotations
 import csv
 import inspect
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 
 from sim.cost.fp8 import check_fp8
 from sim.hardware.kernels import precision_bytes
 from sim.hardware.profile import resolve
+from sim.model.registry import find_model
 from sim.model.transformer import Transformer
 
 from .estimation import Estimate, estimate
 
 DATA = Path(__file__).with_name("data") / "h100_dev.csv"
+MOE_DATA = DATA.with_name("h100_dev_moe.csv")  # the MoE rows' expert columns (sim/plan/data/README.md)
 GPU = "h100-80gb"
 GPUS_PER_NODE = 8  # DGX H100 (the source: NVIDIA DGX Cloud)
 REASONS = {
     "stack": "a stack the planner does not model (JAX: MaxText, PaxML)",
-    "moe": "mixture of experts: MoE layers are not timed yet (sim.cost.layer.check_timed)",
     "fsdp": "FSDP sharding (PyTorch-native stacks): not expressed by this loader yet",
     "layout": "more virtual stages than layers (pp x vp > layers): Megatron-Core's uneven layouts, not expressed",
     "cp": "context parallelism (cp > 1): sim.estimate has no cp yet (issue 32 item 2)",
@@ -108,12 +123,16 @@ def planner_takes_fp8() -> bool:
     return True
 
 
+@cache
+def moe_columns() -> dict[str, dict]:
+    """The MoE rows' expert columns (n_experts, moe_topk, moe_ffn_hidden, arch_source) by row id."""
+    return {r["row_id"]: r for r in read_rows(MOE_DATA)}
+
+
 def refusal(row: dict) -> str | None:
     """The key of `REASONS` that keeps a row from being a `sim.estimate` today, or None."""
     if "JAX" in row["software"]:
         return "stack"
-    if row["moe"] == "1":
-        return "moe"
     if "FSDP" in row["dp_sharding"]:
         return "fsdp"
     if int(row["cp"] or 1) > 1 and not planner_takes_cp():
@@ -130,12 +149,28 @@ def refusal(row: dict) -> str | None:
 def model_of(row: dict) -> Transformer:
     """The row's transformer from its architecture columns and its model family (module docstring)."""
     name, tp = row["model"], int(row["tp"])
+    if row["moe"] == "1":
+        return moe_model_of(row)
     family = (dict(arch="gpt") if name.startswith("GPT") else
               dict(arch="llama", mlp="squared-relu") if name.startswith("Nemotron") else dict(arch="llama"))
     vocab = int(row["vocab"])
     return Transformer(layers=int(row["n_layers"]), hidden=int(row["hidden"]), heads=int(row["n_heads"]),
                        kv_heads=int(row["n_kv_heads"]), ffn=int(row["ffn_hidden"]), seq=int(row["seq_len"]),
                        vocab=vocab + (-vocab) % (128 * tp), attention="flash", **family)
+
+
+def moe_model_of(row: dict) -> Transformer:
+    """A MoE row's transformer (module docstring): Grok-1's proxy from its columns, DeepSeek-V3 its preset's."""
+    moe, seq, tp = moe_columns()[row["row_id"]], int(row["seq_len"]), int(row["tp"])
+    if row["model"].startswith("DeepSeek-V3"):
+        vocab = int(row["vocab"])
+        return replace(find_model("deepseek-v3-671b"), seq=seq, vocab=vocab + (-vocab) % (128 * tp))
+    if not row["model"].startswith("Grok-1"):
+        raise ValueError(f"row {row['row_id']}: no MoE family for {row['model']!r}")
+    return replace(find_model("grok-1-314b"), layers=int(row["n_layers"]), hidden=int(row["hidden"]),
+                   heads=int(row["n_heads"]), kv_heads=int(row["n_kv_heads"]), seq=seq,
+                   experts=int(moe["n_experts"]), top_k=int(moe["moe_topk"]), expert_ffn=int(moe["moe_ffn_hidden"]),
+                   ffn=int(row["ffn_hidden"]))
 
 
 def recompute_of(text: str) -> str:
@@ -153,6 +188,8 @@ def keywords_of(row: dict) -> dict:
                overlap_grad_reduce=True, precision="fp8" if row["precision"].startswith("fp8") else "bf16")
     if cp > 1:
         out["cp"] = cp
+    if row["moe"] == "1":
+        out["ep"] = int(row["ep"])  # expert_tp 1: sim.estimate's default, the sources' "ETP 1"
     return out
 
 

@@ -9,7 +9,7 @@ planner's steps read it (`lay.tp`, `lay.micro_batch`, ...):
 
 `Cluster`: the nodes (GPUs a node, NICs a node); the device profile is `estimate`'s `gpu`.
 `Parallel`: how the model and the batch are split (tp, pp, dp, cp and how cp communicates,
-sequence parallelism, the ZeRO stage and FSDP's options, the layers' partition, the overlaps). `Run`: what one
+the experts' ep and expert_tp (`sim.plan.experts`), sequence parallelism, the ZeRO stage and FSDP's options, the layers' partition, the overlaps). `Run`: what one
 step computes and keeps (micro-batch, global batch, schedule, chunks, recompute, precision,
 attention, offloading, the memory headroom). A new parameter is one field in one record and
 the same field in `Layout` (`tests/sim/plan/test_layout.py` checks that they match).
@@ -27,6 +27,7 @@ from sim.hardware.profile import DeviceProfile
 from sim.hardware.topology import Topology
 from sim.model.footprint import DEFAULT_OPTIMIZER, state_bytes_per_param
 from sim.model.transformer import ATTENTION, Transformer, check_recompute
+from .experts import check_experts
 from sim.schedule.registry import lookup
 
 
@@ -82,6 +83,8 @@ class Parallel:
     reshard_after_forward: bool = True  # zero=3: FSDP2's option (`sim.add_fsdp`)
     fsdp_shard: int | None = None       # zero=3: HSDP's shard group (None: all dp x cp)
     fsdp_unit: str = "layer"            # zero=3: what FSDP gathers at once, "layer" or "stage" (FSDP_UNITS)
+    ep: int = 1                         # expert parallelism: the experts over ep of a stage's ranks
+    expert_tp: int = 1                  # expert tensor parallelism (ETP): each expert over expert_tp ranks
 
 
 @dataclass(frozen=True)
@@ -133,6 +136,8 @@ class Layout:
     reshard_after_forward: bool = True  # zero=3: FSDP2's option (`sim.add_fsdp`)
     fsdp_shard: int | None = None       # zero=3: HSDP's shard group (None: all dp x cp)
     fsdp_unit: str = "layer"            # zero=3: what FSDP gathers at once, "layer" or "stage" (FSDP_UNITS)
+    ep: int = 1
+    expert_tp: int = 1
 
     @classmethod
     def of(cls, parallel: Parallel, run: Run, cluster: Cluster = Cluster()) -> Layout:
@@ -164,9 +169,16 @@ class Layout:
         data-parallel group with context parallel)."""
         return self.dp * self.cp
 
+    @property
+    def edp(self) -> int:
+        """The expert data-parallel size, tp x cp x dp / (expert_tp x ep): the replicas of each
+        expert, which reduce its gradients and shard its optimizer state (`sim.plan.experts`)."""
+        return self.tp * self.cp * self.dp // (self.expert_tp * self.ep)
+
     def topology(self) -> Topology:
         """Where the layout's GPUs sit and which links its groups use (`sim.hardware.topology`)."""
-        return Topology(self.tp, self.pp, self.dp, self.gpus_per_node, self.nics_per_node, self.cp)
+        return Topology(self.tp, self.pp, self.dp, self.gpus_per_node, self.nics_per_node, self.cp, self.ep,
+                        self.expert_tp)
 
     @property
     def micro_batches(self) -> int:
@@ -180,7 +192,8 @@ def layout_slice(lay: Layout) -> Slice:
     topo = lay.topology()
     cp_group = topo.ring_send("cp") if lay.cp_comm == "p2p" else topo.group("cp")
     return Slice(lay.micro_batch, lay.tp, lay.sequence_parallel, lay.precision, tp_group=topo.group("tp"),
-                 cp=lay.cp, cp_comm=lay.cp_comm, cp_group=cp_group)
+                 cp=lay.cp, cp_comm=lay.cp_comm, cp_group=cp_group, ep=lay.ep, expert_tp=lay.expert_tp,
+                 ep_group=topo.group("ep"))
 
 
 def check_layout(model: Transformer, profile: DeviceProfile, lay: Layout) -> list[str]:
@@ -207,6 +220,7 @@ def check_layout(model: Transformer, profile: DeviceProfile, lay: Layout) -> lis
             ok = [d for d in (1, 2, 4, 8, 16, 32, 64) if n % d == 0 and model.heads % d == 0 and model.kv_heads % d == 0]
             raise ValueError(f"tp={lay.tp} does not divide the model's {n} {what}; use tp in {ok}")
     check_context(model, lay)
+    check_experts(model, lay)
     if lay.global_batch % (lay.dp * lay.micro_batch):
         raise ValueError(f"global batch {lay.global_batch} does not split into dp={lay.dp} replicas of "
                          f"micro-batches of {lay.micro_batch}; make it a multiple of {lay.dp * lay.micro_batch}")

@@ -11,7 +11,9 @@ divisor of global_batch/dp up to `max_micro_batch`; every schedule of `sim.SCHED
 the chunks V it takes (a schedule whose `takes_virtual` is true, interleaved-1f1b and looped-bfs: each V of 2..`max_virtual` with
 pp*V dividing the layers, as Megatron-LM requires); recompute none, selective, full; ZeRO 0-3
 (1-3 only where dp > 1, 2 and 3 only where pp = 1, as `sim.estimate` allows); sequence
-parallelism off and on (on only where tp > 1). With pp = 1 every schedule is gradient
+parallelism off and on (on only where tp > 1); for a mixture of experts, ep and expert_tp as
+Megatron-Core folds them (`sim.plan.space.expert_splits`: sequence parallelism on with tp > 1,
+ZeRO 0 and 1). With pp = 1 every schedule is gradient
 accumulation over the micro-batches, so only one is tried: 1f1b (or, where it is not named,
 the first named, with V = 1 if it takes that). zb-auto is searched only when named
 (`schedules`): its own search simulates dozens of steps for each one it builds.
@@ -196,12 +198,12 @@ def same_time(seconds: float) -> float:
 def rank_key(row: Row) -> tuple:
     """The total order of the rows: step time, then peak memory, then the configuration's
     fields in `Config`'s order (tp, pp, dp, micro-batch, schedule, V, recompute, ZeRO,
-    sequence parallelism), so that any `top` ranks the same rows first. Step times are
+    sequence parallelism, ep, expert_tp), so that any `top` ranks the same rows first. Step times are
     compared to 12 significant digits: two layouts that differ only in the last bits of a
     float sum (a reduction timed in another order) tie, and memory decides."""
     config = row.config
     return (same_time(row.step_time), row.peak_memory, config.tp, config.pp, config.dp, config.micro_batch, config.schedule,
-            config.virtual, config.recompute, config.zero, config.sequence_parallel)
+            config.virtual, config.recompute, config.zero, config.sequence_parallel, config.ep, config.expert_tp)
 
 
 def _too_large(configs: list[Config], global_batch: int, dropped: Counter) -> list[Config]:
@@ -229,11 +231,11 @@ def search(model: Transformer | str, gpu: DeviceProfile | GPU | str, gpus: int, 
     `memory_headroom` is kept free of each GPU's memory (`sim.estimate`'s). `optimizer`
     (`sim.model.footprint.OPTIMIZERS`) is the run's, for every configuration.
     `limits` narrow the space: tp, cp, pp, micro_batch, schedules, virtual, recompute, zero,
-    sequence_parallel (each one value or a list), max_micro_batch, max_virtual. `progress(done,
+    sequence_parallel, ep, expert_tp (each one value or a list), max_micro_batch, max_virtual. `progress(done,
     total)` is called as configurations are settled. Raises ValueError naming the fix."""
     start = time.perf_counter()
     model, profile = find_model(model), resolve(gpu)
-    check_timed(model)  # a MoE model is refused, not searched as a dense one
+    check_timed(model, moe_layers=True)  # what the cost layer cannot time is refused before the search
     positive("gpus", gpus), positive("global_batch", global_batch), positive("gpus_per_node", gpus_per_node)
     nics_per_node = positive("nics_per_node", gpus_per_node if nics_per_node is None else nics_per_node)
     if top is not None:

@@ -53,12 +53,14 @@ class Config:
     zero: int
     sequence_parallel: bool
     cp: int = 1
+    ep: int = 1
+    expert_tp: int = 1
 
     def kwargs(self) -> dict:
         """Keyword arguments of `sim.estimate` for this configuration."""
         return dict(tp=self.tp, pp=self.pp, dp=self.dp, cp=self.cp, micro_batch=self.micro_batch,
                     schedule=self.schedule, virtual=self.virtual, recompute=self.recompute, zero=self.zero,
-                    sequence_parallel=self.sequence_parallel)
+                    sequence_parallel=self.sequence_parallel, ep=self.ep, expert_tp=self.expert_tp)
 
     def options(self) -> dict:
         """The schedule's options the planner adds to `kwargs` (zb-auto: its budget of runs,
@@ -156,6 +158,26 @@ def _pipeline_sizes(model: Transformer, gpus: int, tp: int, pp, tp_given: bool, 
     return out
 
 
+def expert_splits(model: Transformer, tp: int, ranks: int, ep=None, expert_tp=None) -> list[tuple[int, int]]:
+    """The (ep, expert_tp) to try on a stage of `ranks` = tp x cp x dp GPUs: for a mixture of
+    experts, each ep dividing the experts (or each given) with expert_tp 1 or tp (or each given),
+    where expert_tp divides an expert's width and expert_tp x ep the ranks, as Megatron-Core folds
+    them (`sim.plan.experts`); (1, 1) for a dense model, which takes no other (ValueError)."""
+    if model.moe is None:
+        given = {"ep": _choices("ep", ep, [1]), "expert_tp": _choices("expert_tp", expert_tp, [1])}
+        if {*given["ep"], *given["expert_tp"]} != {1}:
+            named = ", ".join(f"{k}={','.join(map(str, v))}" for k, v in given.items())
+            raise ValueError(f"{named} split the experts of a mixture of experts; the model is dense (experts=None)")
+        return [(1, 1)]
+    eps = [positive("ep", e) for e in _choices("ep", ep, _divisors(model.experts))]
+    etps = [positive("expert_tp", t) for t in _choices("expert_tp", expert_tp, sorted({1, tp}))]
+    for e in eps:
+        if model.experts % e:
+            raise ValueError(f"ep={e} does not divide the model's {model.experts} experts; use ep in "
+                             f"{_divisors(model.experts)}")
+    return [(e, t) for e in eps for t in etps if ranks % (e * t) == 0 and model.expert_ffn % t == 0]
+
+
 def layouts(model: Transformer, gpus: int, global_batch: int, *, tp=None, pp=None, micro_batch=None, cp=None,
             gpus_per_node: int = 8, max_micro_batch: int = MAX_MICRO_BATCH,
             dropped: Counter | None = None) -> list[tuple[int, int, int, int, int]]:
@@ -217,7 +239,7 @@ def _schedule_chunks(model: Transformer, pp: int, micro_batches: int, names: Seq
 
 
 def configurations(model: Transformer, gpus: int, global_batch: int, *, schedules=None, recompute=None, zero=None,
-                   sequence_parallel=None, virtual=None, max_virtual: int = MAX_VIRTUAL,
+                   sequence_parallel=None, virtual=None, max_virtual: int = MAX_VIRTUAL, ep=None, expert_tp=None,
                    dropped: Counter | None = None, **layout_limits) -> list[Config]:
     """Every configuration of the search space (see the module's docstring)."""
     dropped = Counter() if dropped is None else dropped
@@ -236,8 +258,15 @@ def configurations(model: Transformer, gpus: int, global_batch: int, *, schedule
         micro_batches = global_batch // (dp * micro_batch)
         # ZeRO 1-3 shard over the replicas; 2 and 3 only without pipelining (`layout.check_layout`)
         zero_stages = [stage for stage in zeros if (stage == 0 or dp * cp > 1) and (stage < 2 or pp == 1)] or [0]
-        for (name, chunks), mode, stage, sp in itertools.product(
+        sps = [on for on in sequence_parallels if tp > 1 or not on] or [False]
+        splits = expert_splits(model, tp, tp * cp * dp, ep, expert_tp)
+        if model.moe is not None:  # Megatron-Core: MoE with tp > 1 needs sequence parallelism; experts' state zero <= 1
+            sps, zero_stages = [on for on in sps if on or tp == 1] or [True], [z for z in zero_stages if z < 2] or [0]
+        for (name, chunks), mode, stage, sp, (ep, etp) in itertools.product(
                 _schedule_chunks(model, pp, micro_batches, names, max_virtual, virtual, dropped), recomputes,
-                zero_stages, [on for on in sequence_parallels if tp > 1 or not on] or [False]):
-            out.append(Config(tp, pp, dp, micro_batch, name, chunks, mode, stage, sp, cp))
+                zero_stages, sps, splits):
+            out.append(Config(tp, pp, dp, micro_batch, name, chunks, mode, stage, sp, cp, ep, etp))
+    if not out and (ep is not None or expert_tp is not None):
+        raise ValueError(f"the given ep and expert_tp fold onto no layout of {gpus} GPUs: expert_tp x ep must "
+                         f"divide the tp x cp x dp GPUs of a stage and expert_tp an expert's width {model.expert_ffn}")
     return out

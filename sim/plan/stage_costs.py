@@ -8,10 +8,9 @@ from sim.engine.costs import Costs
 from sim.engine.fields import PER_STAGE
 from sim.engine.result import Result
 from sim.cost.data_parallel import (fsdp_as_actions, fsdp_held_bytes, fsdp_layer_exposure, fsdp_times,
-                                    grad_reduce_times, shard_size, stage_params, zero3_times)
+                                    grad_reduce_times, zero3_times)
 from sim.cost.ends import end_kernel_counts
-from sim.cost import fp8
-from sim.cost.layer import LayerTimes, Slice
+from sim.cost.layer import LayerTimes, Slice, check_timed, layer_times
 from sim.cost.slice import per_rank
 from sim.hardware.kernels import precision_bytes
 from sim.hardware.network import collective_time, links_of, p2p_link
@@ -24,6 +23,7 @@ from sim.passes.offload import add_offload
 from sim.schedule.liveness import program_peak
 from sim.search.partition import balanced, even
 
+from .experts import dispatch_buffers, expert_all_to_alls, expert_reduce_times, fp8_copy_bytes, layer_activations, moe_layers, split_params, state_bytes
 from .layout import Layout, usable_memory
 
 
@@ -59,7 +59,17 @@ def layout_layers(text: str, layers: int, stages: int) -> list[int]:
     return layout.layers
 
 
-def memory_caps(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: LayerTimes, ends: dict, sched) -> list[int] | None:
+def layer_times_of_kinds(m: Transformer, g: DeviceProfile, x: Slice, recompute: str,
+                tp_overlap: bool = True) -> tuple[LayerTimes, LayerTimes | None]:
+    """The times of one dense layer and, for a mixture of experts, of one MoE layer
+    (`sim.cost.layer.layer_times`, moe=True; None for a dense model)."""
+    check_timed(m, moe_layers=True)
+    dense = layer_times(m, g, x, recompute, tp_overlap)
+    return dense, layer_times(m, g, x, recompute, tp_overlap, moe=True) if m.moe else None
+
+
+def memory_caps(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: LayerTimes, ends: dict, sched,
+                moe: LayerTimes | None = None) -> list[int] | None:
     """The most layers each stage can hold with its device still fitting the GPU (less the headroom), from the
     static bytes and the program-order peak of its activations (`sim.schedule.liveness.program_peak`,
     the schedule's own count of micro-batches held); None unless every device holds one stage
@@ -69,7 +79,7 @@ def memory_caps(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: Lay
 
     @cache
     def fits(n: int) -> tuple[bool, ...]:  # per stage: does its device fit with n layers on every stage?
-        c = stage_costs(m, g, lay, x, lt, ends, [n] * lay.pp, sched.placement)[0].for_stages(lay.pp)
+        c = stage_costs(m, g, lay, x, lt, ends, [n] * lay.pp, sched.placement, moe)[0].for_stages(lay.pp)
         usable = usable_memory(g.memory, lay.memory_headroom)
         return tuple(c.static_total(s) + program_peak(sched.programs[sched.placement[s]], c) <= usable
                      for s in range(lay.pp))
@@ -85,22 +95,26 @@ def memory_caps(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: Lay
 
 
 def pass_times(m: Transformer, g: DeviceProfile, x: Slice, lt: LayerTimes, ends: dict,
-               layers: list[int]) -> tuple[list[float], list[float], list[float], list[float], float]:
+               layers: list[int], moe: LayerTimes | None = None) -> tuple[list[float], list[float], list[float], list[float], float]:
     """Per stage, the seconds of its F, B, I and W for one micro-batch: its layers' and ends'
     device times under the host's launch floor (`DeviceProfile.pass_time`: the kernels of the
     pass, from the same lists that time it, times the launch cost); and what the floor adds to
     one micro-batch's F + B over all stages. Under torch's split backward (`kernels="torch"`)
-    the first stage's I is empty and its W the whole backward (docs/rules.md, rule 15)."""
+    the first stage's I is empty and its W the whole backward (docs/rules.md, rule 15). A
+    mixture of experts' MoE layers (`sim.plan.experts.moe_layers`) take `moe`'s times, its
+    dense layers `lt`'s."""
     stages = len(layers)
     counts = end_kernel_counts(m, g, x)
+    sparse = moe_layers(m, layers) if moe is not None else [0] * stages
     out, added = [], 0.0
-    for key, layer_time in (("F", lt.forward), ("B", lt.backward), ("I", lt.backward_input),
-                            ("W", lt.backward_weight)):
+    for key, attr in (("F", "forward"), ("B", "backward"), ("I", "backward_input"), ("W", "backward_weight")):
         times = []
-        for s, n in enumerate(layers):
+        for s, (n, k) in enumerate(zip(layers, sparse)):
             sides = (["first"] if s == 0 else []) + (["last"] if s == stages - 1 else [])
-            device = n * layer_time + sum(ends[f"{side}_{key}"] for side in sides)
-            kernels = n * lt.kernels[key] + sum(counts[f"{side}_{key}"] for side in sides)
+            device = (n - k) * getattr(lt, attr) + sum(ends[f"{side}_{key}"] for side in sides)
+            kernels = (n - k) * lt.kernels[key] + sum(counts[f"{side}_{key}"] for side in sides)
+            if k:
+                device, kernels = device + k * getattr(moe, attr), kernels + k * moe.kernels[key]
             times.append(g.pass_time(device, kernels))
             added += (times[-1] - device) if key in ("F", "B") else 0.0
         out.append(times)
@@ -110,29 +124,21 @@ def pass_times(m: Transformer, g: DeviceProfile, x: Slice, lt: LayerTimes, ends:
 
 
 def stage_costs(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: LayerTimes, ends: dict, layers: list[int],
-                 placement) -> tuple[Costs, dict]:
-    """Per-stage `Costs` (seconds and bytes on one GPU) and the step's time by part."""
+                placement, moe: LayerTimes | None = None) -> tuple[Costs, dict]:
+    """Per-stage `Costs` (seconds and bytes on one GPU) and the step's time by part; a mixture
+    of experts' MoE layers take `moe`'s times (`pass_times`) and hold and reduce their experts
+    as Megatron-Core folds them (`sim.plan.experts`)."""
     stages = len(placement)
-    first, last = [s == 0 for s in range(stages)], [s == stages - 1 for s in range(stages)]
-    fwd, bwd, bi, bw, floor = pass_times(m, g, x, lt, ends, layers)
+    fwd, bwd, bi, bw, floor = pass_times(m, g, x, lt, ends, layers, moe)
     kept = x.activation_precision  # under FP8 the activations are BF16, but for the Linears' saved inputs
     e = precision_bytes(kept)
     full, m = m, per_rank(m, x)  # what scales with the tokens: s/cp of the sequence
     sbh = m.seq * lay.micro_batch * m.hidden
-    act_layer = m.activation_bytes_per_layer(lay.micro_batch, lay.tp, lay.sequence_parallel, lay.recompute, kept)
-    if lay.precision == "fp8":
-        act_layer -= fp8.saved_bytes_saving(m, lay.micro_batch, lay.tp, lay.sequence_parallel, lay.recompute)
-    w_layer = m.w_activation_bytes_per_layer(lay.micro_batch, lay.tp, lay.sequence_parallel, kept, lay.recompute)
-    ends_b = m.end_activation_bytes(lay.micro_batch, lay.tp, lay.sequence_parallel, kept)
-    act = [n * act_layer + (ends_b["first"] if f else 0.0) + (ends_b["last"] if la else 0.0)
-           for n, f, la in zip(layers, first, last)]
-    w_act = [n * w_layer + (ends_b["first_w"] if f else 0.0) + (ends_b["last_w"] if la else 0.0)
-             for n, f, la in zip(layers, first, last)]
-    if m.kernels == "torch":  # rule 15: the first stage's I keeps its whole graph for W (the head's too, pp = 1)
-        w_act[0] = act[0]
-    per = state_bytes_per_param(lay.precision, lay.zero, shard_size(lay), lay.optimizer)
-    fp8_copies = [fp8.weight_copy_bytes(full, n, lay.tp) if lay.precision == "fp8" else 0.0 for n in layers]
-    params = stage_params(full, layers, lay.tp, placement)
+    sparse = moe_layers(full, layers)
+    act, w_act = stage_activations(m, lay, layers, sparse, kept)
+    params, expert = split_params(full, layers, lay, placement)  # dense and expert parameters a GPU holds
+    state = state_bytes(lay, params, expert)
+    fp8_copies = [fp8_copy_bytes(full, lay, n, k) if lay.precision == "fp8" else 0.0 for n, k in zip(layers, sparse)]
     links = links_of(g)
     pipe = p2p_link(links, lay.topology().pipeline_send(placement))  # the slowest of its links
     sent = sbh * e / lay.tp  # Narayanan et al. 2021, Sec. 4.1: scatter/gather across the tp ranks' links
@@ -144,6 +150,9 @@ def stage_costs(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: Lay
     # with one stage a device and overlap_grad_reduce, the reduction overlaps the last backward bucket by bucket
     bucketed = lay.overlap_grad_reduce and sorted(placement) == list(range(lay.pp))
     reduce = grad_reduce_times(full, g, lay, params, placement, bwd if bucketed else None)
+    if any(expert):  # the experts' own reduction over edp, after the dense one
+        dense = grad_reduce_times(full, g, lay, params, placement) if bucketed else reduce
+        reduce = [r + t for r, t in zip(reduce, expert_reduce_times(g, lay, expert, bwd if bucketed else None, dense))]
     gather, regather, scatter = zero_exposure(full, g, lay, lt, layers, params)
     fwd = [t + a + r for t, a, r in zip(fwd, gather, into_f)]
     bwd = [t + a + r + q for t, a, r, q in zip(bwd, regather, scatter, into_b)]
@@ -155,18 +164,22 @@ def stage_costs(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: Lay
     transport = dict(g.host_transport) if g.host_transport else {"transport": "ideal"}
     costs = Costs(forward=tuple(fwd), backward=tuple(bwd), backward_input=tuple(bi), backward_weight=tuple(bw),
                   activation_bytes=tuple(act), w_activation_bytes=tuple(w_act), activation_bytes_sent=sent,
-                  weight_bytes=tuple(p * per["weights"] + copies for p, copies in zip(params, fp8_copies)),
-                  grad_bytes=tuple(p * per["grads"] for p in params),
-                  optimizer_bytes=tuple(p * per["optimizer"] for p in params),
+                  weight_bytes=tuple(w + copies for w, copies in zip(state["weights"], fp8_copies)),
+                  grad_bytes=tuple(state["grads"]), optimizer_bytes=tuple(state["optimizer"]),
                   latency=pipe.latency, bandwidth=pipe.bandwidth, **transport,
-                  grad_reduce=tuple(reduce))
+                  grad_reduce=tuple(reduce), **expert_all_to_alls(moe, sparse),
+                  static_bytes=dispatch_buffers(m, lay, placement, sparse, kept))
     if fsdp_as_actions(lay):
         costs = fsdp_costs(full, g, lay, layers, params, costs)
     # per device on average: the compute by part (the rest of the step: `estimate`)
     mb, names = lay.micro_batches, {"gemm": "gemm", "memory": "memory_bound", "collectives": "tp_collectives"}
-    parts = {names[k]: mb * sum(layers) * v / lay.pp for k, v in lt.parts.items()}
+    count = sum(sparse)
+    parts = {names[k]: mb * (sum(layers) - count) * v / lay.pp + (mb * count * moe.parts[k] / lay.pp if count else 0.0)
+             for k, v in lt.parts.items()}
     parts["embedding_and_output"] = mb * sum(ends[f"{side}_{p}"] for side in ("first", "last") for p in "FB") / lay.pp
     parts["launch_floor"] = mb * floor / lay.pp
+    if count:  # as the engine adds them to unpaired computes (an overlapped pair hides some: rule 18)
+        parts["expert_all_to_all"] = mb * count * (moe.a2a_forward + moe.a2a_backward) / lay.pp
     parts["zero_collectives"] = mb * (sum(gather) + sum(regather) + sum(scatter)) / lay.pp
     parts["tp_collectives"] += mb * (sum(into_f) + sum(into_b)) / lay.pp
     return costs, parts
@@ -183,6 +196,25 @@ def zero_exposure(m: Transformer, g: DeviceProfile, lay: Layout, lt: LayerTimes,
         return fsdp_layer_exposure(m, g, lay, layers, params, lt.forward, lt.backward)
     gather, scatter = zero3_times(g, lay, params)
     return gather, gather, scatter
+
+
+def stage_activations(m: Transformer, lay: Layout, layers: list[int], sparse: list[int],
+                      kept: str) -> tuple[list[float], list[float]]:
+    """Per stage, the bytes one micro-batch keeps on one GPU for its backward and those its W
+    still needs after I: its dense and MoE layers' (`sparse` of them MoE; `sim.plan.experts.layer_activations`
+    of `m`, the model as a GPU of its context-parallel group holds it) and the ends' on the
+    first and last stage."""
+    stages = len(layers)
+    first, last = [s == 0 for s in range(stages)], [s == stages - 1 for s in range(stages)]
+    act_layer, w_layer, act_moe = layer_activations(m, lay, kept)
+    ends_b = m.end_activation_bytes(lay.micro_batch, lay.tp, lay.sequence_parallel, kept)
+    act = [(n - k) * act_layer + k * act_moe + (ends_b["first"] if f else 0.0) + (ends_b["last"] if la else 0.0)
+           for n, k, f, la in zip(layers, sparse, first, last)]
+    w_act = [(n - k) * w_layer + k * act_moe + (ends_b["first_w"] if f else 0.0) + (ends_b["last_w"] if la else 0.0)
+             for n, k, f, la in zip(layers, sparse, first, last)]
+    if m.kernels == "torch":  # rule 15: the first stage's I keeps its whole graph for W (the head's too, pp = 1)
+        w_act[0] = act[0]
+    return act, w_act
 
 
 def fsdp_costs(m: Transformer, g: DeviceProfile, lay: Layout, layers: list[int], params: list[float],
@@ -203,15 +235,19 @@ def fsdp_costs(m: Transformer, g: DeviceProfile, lay: Layout, layers: list[int],
 
 
 def memory_parts(costs: Costs, sched, result: Result) -> list[dict]:
-    """Per pipeline device: bytes of weights, gradients and optimizer state, and the peak of activations."""
+    """Per pipeline device: bytes of weights, gradients and optimizer state, the MoE dispatcher's
+    buffers where there are some (`static_bytes`), and the peak of activations."""
     c = costs.for_stages(sched.stages)
     out = [dict(weights=0.0, grads=0.0, optimizer=0.0) for _ in range(sched.ranks)]
     for s, r in enumerate(sched.placement):
         out[r]["weights"] += c.weight_bytes[s]
         out[r]["grads"] += c.grad_bytes[s]
         out[r]["optimizer"] += c.optimizer_bytes[s]
+        if c.static_bytes[s]:
+            out[r]["dispatch_buffers"] = out[r].get("dispatch_buffers", 0.0) + c.static_bytes[s]
     for r, peak in enumerate(result.peak_memory):
-        out[r]["activations"] = peak - out[r]["weights"] - out[r]["grads"] - out[r]["optimizer"]
+        out[r]["activations"] = peak - out[r]["weights"] - out[r]["grads"] - out[r]["optimizer"] \
+            - out[r].get("dispatch_buffers", 0.0)
     return out
 
 

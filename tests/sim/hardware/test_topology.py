@@ -15,7 +15,31 @@ import sim.plan
 from sim.hardware.topology import AXES, Group, Topology, one_node
 
 sizes = st.integers(1, 6)
-layouts = st.builds(Topology, sizes, sizes, sizes, st.integers(1, 12), st.integers(1, 12), st.integers(1, 4))
+
+
+@st.composite
+def layouts(draw):
+    """A topology of any sizes, its experts folded as any expert_tp x ep dividing a stage's ranks."""
+    tp, pp, dp, node, nics, cp = (draw(s) for s in (sizes, sizes, sizes, st.integers(1, 12), st.integers(1, 12),
+                                                  st.integers(1, 4)))
+    stage = tp * cp * dp
+    ep = draw(st.sampled_from([d for d in range(1, stage + 1) if stage % d == 0]))
+    etp = draw(st.sampled_from([d for d in range(1, stage // ep + 1) if (stage // ep) % d == 0]))
+    return Topology(tp, pp, dp, node, nics, cp, ep, etp)
+
+
+EXPERT_AXES = ("expert_tp", "ep", "edp")
+
+
+def brute_expert_groups(topo: Topology, axis: str) -> set[tuple[int, ...]]:
+    """Expert groups by enumerating ranks in the order of Megatron-Core's expert RankGenerator
+    (tp=expert_tp, ep, dp=edp, cp=1 in order "tp-cp-ep-dp-pp": a counter over pp, edp, ep, expert_tp)."""
+    ranges = (range(topo.pp), range(topo.edp), range(topo.ep), range(topo.expert_tp))
+    out: dict[tuple, list[int]] = {}
+    for rank, coords in enumerate(itertools.product(*ranges)):
+        named = dict(zip(("pp", "edp", "ep", "expert_tp"), coords))
+        out.setdefault(tuple(v for k, v in named.items() if k != axis), []).append(rank)
+    return {tuple(g) for g in out.values()}
 powers = st.sampled_from([1, 2, 4, 8, 16])
 
 
@@ -38,13 +62,14 @@ def brute_groups(topo: Topology, axis: str) -> set[tuple[int, ...]]:
 
 
 @settings(max_examples=200, deadline=None)
-@given(layouts)
+@given(layouts())
 def test_groups_are_megatrons_by_brute_force(topo):
     for axis in AXES:
         groups = topo.groups(axis)
-        assert len(groups) == len(set(groups)) and set(groups) == brute_groups(topo, axis), axis
+        brute = brute_expert_groups(topo, axis) if axis in EXPERT_AXES else brute_groups(topo, axis)
+        assert len(groups) == len(set(groups)) and set(groups) == brute, axis
     # every rank in exactly one group of each axis (the embedding's: only the pipeline's ends)
-    for axis in ("tp", "cp", "dp", "dp_cp", "pp"):
+    for axis in ("tp", "cp", "dp", "dp_cp", "pp", *EXPERT_AXES):
         assert sorted(r for g in topo.groups(axis) for r in g) == list(range(topo.gpus))
     # tp innermost: a tp group is tp consecutive ranks; a cp group's ranks are tp apart
     assert all(g == tuple(range(g[0], g[0] + topo.tp)) for g in topo.groups("tp"))
@@ -63,7 +88,7 @@ def test_megatrons_own_example():
 
 
 @settings(max_examples=200, deadline=None)
-@given(layouts)
+@given(layouts())
 def test_coords_and_group_of_answer_for_every_rank(topo):
     """`coords` inverts `rank`; `group_of` is the one group of its axis that holds the rank."""
     for rank in range(topo.gpus):
@@ -106,7 +131,7 @@ def brute_placed(topo: Topology, ranks) -> Group:
 
 
 @settings(max_examples=200, deadline=None)
-@given(layouts)
+@given(layouts())
 def test_the_slowest_group_by_brute_force(topo):
     """group(axis) is one of the axis's groups, and none is slower: none crosses nodes where
     it does not, none that crosses has fewer GPUs on a node (a smaller NIC share)."""
@@ -142,7 +167,7 @@ def test_aligned_sizes_closed_forms(tp, pp, dp, gpn, nics):
 
 
 @settings(max_examples=100, deadline=None)
-@given(layouts, st.data())
+@given(layouts(), st.data())
 def test_send_crosses_iff_some_pair_does(topo, data):
     a = data.draw(st.integers(0, topo.pp - 1))
     b = data.draw(st.integers(0, topo.pp - 1))
@@ -156,7 +181,7 @@ def test_send_crosses_iff_some_pair_does(topo, data):
 
 
 @settings(max_examples=100, deadline=None)
-@given(layouts)
+@given(layouts())
 def test_ring_send_crosses_iff_some_neighbours_do(topo):
     """The cp ring's send crosses nodes iff two neighbours of some ring (the last and the
     first included) sit on two nodes; cp = 1 has no send."""
@@ -187,8 +212,8 @@ def test_bad_sizes_raise(args, words):
 
 def test_bad_axis_and_device_raise():
     t = Topology(2, 2, 2)
-    with pytest.raises(ValueError, match="axis must be one of tp, cp, dp, dp_cp, pp, embedding"):
-        t.group("ep")
+    with pytest.raises(ValueError, match="axis must be one of tp, cp, dp, dp_cp, pp, embedding, ep"):
+        t.group("etp")
     with pytest.raises(ValueError, match="pipeline devices are 0..1"):
         t.send(0, 2)
 
@@ -221,3 +246,30 @@ def test_plan_search_takes_nics_per_node():
     with pytest.raises(ValueError, match="nics_per_node must be a positive int"):
         sim.plan.search("megatron-1.7b", "a100-80gb", 32, 64, nics_per_node=0, **space)
     assert math.isfinite(four.best.step_time)
+
+
+@given(sizes, sizes, sizes, st.integers(1, 4), st.data())
+def test_expert_folding_closed_forms(tp, pp, dp, cp, data):
+    """edp = tp cp dp / (expert_tp ep); the expert groups of each axis have its size, and there are
+    gpus / size of them; the pipeline groups are the dense layout's (Megatron-Core asserts the same)."""
+    stage = tp * cp * dp
+    ep = data.draw(st.sampled_from([d for d in range(1, stage + 1) if stage % d == 0]))
+    etp = data.draw(st.sampled_from([d for d in range(1, stage // ep + 1) if (stage // ep) % d == 0]))
+    topo = Topology(tp, pp, dp, cp=cp, ep=ep, expert_tp=etp)
+    assert topo.edp * etp * ep == stage
+    for axis, size in (("ep", ep), ("expert_tp", etp), ("edp", topo.edp)):
+        groups = topo.groups(axis)
+        assert {len(g) for g in groups} == {size} and len(groups) == topo.gpus // size
+    assert topo.groups("pp") == Topology(tp, pp, dp, cp=cp).groups("pp")
+
+
+def test_an_expert_group_that_does_not_fold_is_refused():
+    with pytest.raises(ValueError, match="does not divide the tp x cp x dp = 8 ranks"):
+        Topology(tp=4, pp=1, dp=2, ep=16)
+
+
+def test_deepseek_v3_rows_all_to_all_crosses_nodes():
+    """The H100 rows' DeepSeek-V3 (tp 2, dp 32, ep 64): an ep group is 64 consecutive ranks, 8 nodes;
+    Grok-1's ep 8 of tp 4 x cp 2 x dp 8 is one node."""
+    assert Topology(tp=2, pp=8, dp=32, ep=64).group("ep") == Group(64, 8, 8, 8.0)
+    assert not Topology(tp=4, pp=8, dp=8, cp=2, ep=8).group("ep").network

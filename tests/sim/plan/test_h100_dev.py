@@ -30,8 +30,6 @@ def test_each_reason_matches_what_the_row_says():
         row = r.row
         if "JAX" in row["software"]:
             assert r.reason == "stack"
-        elif row["moe"] == "1":
-            assert r.reason == "moe"
         elif int(row["cp"] or 1) > 1 and not h100_dev.planner_takes_cp():
             assert r.reason == "cp"
         elif int(row["pp"]) * int(row["vp"] or 1) > int(row["n_layers"]):
@@ -52,7 +50,8 @@ def test_expressed_rows_carry_their_layout():
         assert (k["virtual"] or 1) == int(row["vp"] or 1)
         assert (k["schedule"] == "interleaved-1f1b") == (int(row["vp"] or 1) > 1)
         assert r.model.layers == int(row["n_layers"]) and r.model.seq == int(row["seq_len"])
-        assert r.model.vocab % (128 * k["tp"]) == 0 and 0 <= r.model.vocab - int(row["vocab"]) < 128 * k["tp"]
+        assert r.model.vocab % (128 * k["tp"]) == 0
+        assert not row["vocab"] or 0 <= r.model.vocab - int(row["vocab"]) < 128 * k["tp"]  # Grok-1's: not stated
 
 
 @pytest.mark.parametrize("model, preset", [("GPT-3 175B", "gpt3-175b"), ("Nemotron4 15B", "nemotron4-15b"),
@@ -127,7 +126,7 @@ def test_the_calibrated_fp8_efficiency_is_a_share_of_the_peak_that_names_its_row
     assert 0 < p.fp8_efficiency <= 1 and p.fp8_scaling == "delayed"
     fitted = json.loads((PRESETS / f"{name}.json").read_text())["matmul"]["fp8_efficiency"]
     assert fitted["source"] == "calibrated" and "FP8" in fitted["rows"] and "row_id" in fitted["rows"]
-    fp8_ids = {r.row_id for r in EXPRESSED if r.row["precision"].startswith("fp8")}
+    fp8_ids = {r.row_id for r in EXPRESSED if r.row["precision"].startswith("fp8") and r.row["moe"] == "0"}  # dense
     assert fp8_ids and all(str(i) in fitted["rows"] for i in fp8_ids)
     assert fitted["value"] == pytest.approx(sim.profile("h100-80gb-dgxc").fp8_efficiency)
 
