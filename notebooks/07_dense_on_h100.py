@@ -372,7 +372,7 @@ eff = profile.data["matmul"]
 expected = gpu.flops("fp8") / gpu.flops("bf16") * eff["fp8_efficiency"]["value"] / eff["efficiency"]["value"]
 if_all_linear_2x = nemo["bf16"].step_time / (nemo["bf16"].step_time - bf16["linear GEMMs"] / 2)
 measured = runs[138].step_time / runs[110].step_time
-expressed = [r for r in runs.values() if r.reason is None]  # the dense NeMo rows the planner expresses
+expressed = [r for r in runs.values() if r.reason is None and r.row["moe"] != "1"]  # the dense NeMo rows the planner expresses
 pairs = [b.step_time / f.step_time for b, f in h100_dev.pairs(expressed)]
 print(f"\nFP8 speedup {speedup:.2f}x; the Linear GEMMs alone {linear:.2f}x (2 x {eff['fp8_efficiency']['value']:.3f} / "
       f"{eff['efficiency']['value']:.3f} = {expected:.2f}); if they ran at twice BF16's speed: {if_all_linear_2x:.2f}x")
