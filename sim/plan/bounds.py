@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from sim.engine.costs import Costs, StageCosts
 from sim.simulation import simulate
-from sim.cost.data_parallel import optimizer_time, stage_params
+from sim.cost.data_parallel import fsdp_as_actions, optimizer_time, stage_params
 from sim.cost.ends import end_times
 from .layout import Layout, layout_slice
 from .stage_costs import partition_layers, stage_costs
@@ -96,7 +96,8 @@ class Bounds:
         self.partition = partition if isinstance(partition, str) else tuple(partition)
         self.even = partition == "even"
         self.params = model.params()
-        self._layer, self._ends, self._shape, self._unit = {}, {}, {}, {}
+        self._layer, self._ends, self._shape, self._unit, self._slices, self._acts = {}, {}, {}, {}, {}, {}
+        self._costs = {}
 
     def _layout(self, config: Config) -> Layout:
         return Layout(global_batch=self.batch, precision=self.precision, gpus_per_node=self.gpn,
@@ -104,7 +105,11 @@ class Bounds:
                       **config.kwargs())
 
     def _slice(self, config: Config) -> Slice:
-        return layout_slice(self._layout(config))
+        """How a GPU holds a layer (`layout.layout_slice`): by the sizes that place its groups."""
+        key = (config.tp, config.pp, config.dp, config.cp, config.micro_batch, config.sequence_parallel)
+        if key not in self._slices:
+            self._slices[key] = layout_slice(self._layout(config))
+        return self._slices[key]
 
     def layer(self, config: Config):
         piece = self._slice(config)
@@ -125,32 +130,51 @@ class Bounds:
     def _activations(self, config: Config) -> float:
         """One micro-batch's activations of one layer on one GPU (s/cp of the sequence; under FP8:
         BF16's less the Linears' inputs saved in FP8, `sim.cost.fp8`)."""
+        key = (self._slice(config), config.recompute)
+        if key not in self._acts:
+            self._acts[key] = self._layer_activations(config)
+        return self._acts[key]
+
+    def _layer_activations(self, config: Config) -> float:
         model, fp8 = per_rank(self.model, self._slice(config)), self.precision == "fp8"
         kept = model.activation_bytes_per_layer(config.micro_batch, config.tp, config.sequence_parallel,
                                                 config.recompute, "bf16" if fp8 else self.precision)
         return kept - (saved_bytes_saving(model, config.micro_batch, config.tp, config.sequence_parallel,
                                           config.recompute) if fp8 else 0.0)
 
+    def _per_param(self, config: Config) -> float:
+        """Bytes a parameter takes on a GPU that holds it: weights, gradients and optimizer
+        state, sharded as the ZeRO stage says (`sim.model.footprint`); under FSDP (zero=3 with
+        pp > 1) the gradients whole until their stage's reduce-scatter (`stage_costs.fsdp_costs`)."""
+        per = state_bytes_per_param(self.precision, config.zero, config.dp * config.cp, self.optimizer)
+        if fsdp_as_actions(config):
+            per = {**per, "grads": state_bytes_per_param(self.precision)["grads"]}
+        return sum(per.values())
+
     def memory_average(self, config: Config) -> float:
         """The average device's weights, gradients and optimizer state (the stages'
         parameters sum to the model's over tp) and, with the even split, one micro-batch's
         activations of the fewest layers a stage has (a device holds at least the one its
         forward takes in). No schedule needed: the pp * V stages are known."""
-        per = sum(state_bytes_per_param(self.precision, config.zero, config.dp * config.cp, self.optimizer).values())
+        per = self._per_param(config)
         fewest = self.model.layers // (config.pp * config.virtual) if self.even else 0
         return self.params.total / (config.tp * config.pp) * per + fewest * self._activations(config)
 
     def memory(self, config: Config) -> float:
         """The fullest device holds at least its stages' weights, gradients and optimizer
         state (`sim.cost.data_parallel.stage_params`, `sim.model.footprint`) and, at its peak, its most
-        chunks held times its smallest chunk's activations."""
+        chunks held times its smallest chunk's activations (under FSDP, with its smallest
+        stage's parameters gathered)."""
         average = self.memory_average(config)
         if not self.even or average > self.profile.memory:
             return average
-        per = sum(state_bytes_per_param(self.precision, config.zero, config.dp * config.cp, self.optimizer).values())
+        per = self._per_param(config)
         shape, act = self.shape(config), self._activations(config)
         params = stage_params(self.model, shape.layers, config.tp, shape.schedule.placement)
         static = shape.per_device([p * per for p in params])
+        if fsdp_as_actions(config):  # FSDP: a device computes a stage only gathered, its activations peaking
+            weight = state_bytes_per_param(self.precision)["weights"]  # as a forward ends, before its RESHARD
+            static = [s + g for s, g in zip(static, shape.per_device([p * weight for p in params], min))]
         smallest = shape.per_device([n * act for n in shape.layers], min)
         return max(s + h * a for s, h, a in zip(static, shape.held, smallest))
 
@@ -171,14 +195,17 @@ class Bounds:
     def costs(self, config: Config) -> tuple[StageCosts, list[int], Layout]:
         """The per-stage costs, layers per stage and layout that `sim.estimate` simulates `c`
         with (its own functions, so the bound follows any change to the estimate)."""
-        shape, layer, piece = self.shape(config), self.layer(config), self._slice(config)
-        if piece not in self._ends:
-            self._ends[piece] = end_times(self.model, self.profile, piece)
-        ends = self._ends[piece]
-        lay = self._layout(config)
-        layers = partition_layers(self.model.layers, shape.schedule.stages, self.partition, layer, ends)
-        costs, _ = stage_costs(self.model, self.profile, lay, piece, layer, ends, layers, shape.schedule.placement)
-        return costs.for_stages(shape.schedule.stages), layers, lay
+        shape, layer, piece, lay = self.shape(config), self.layer(config), self._slice(config), self._layout(config)
+        placement = tuple(shape.schedule.placement)  # the schedule's name aside, what the costs depend on:
+        key = (piece, config.recompute, config.zero, config.pp, config.dp, config.micro_batch, placement)
+        if key not in self._costs:
+            if piece not in self._ends:
+                self._ends[piece] = end_times(self.model, self.profile, piece)
+            ends = self._ends[piece]
+            layers = partition_layers(self.model.layers, len(placement), self.partition, layer, ends)
+            costs, _ = stage_costs(self.model, self.profile, lay, piece, layer, ends, layers, placement)
+            self._costs[key] = costs.for_stages(len(placement)), layers
+        return (*self._costs[key], lay)
 
     def time(self, config: Config) -> float:
         """The longest of one path per device d through the step's dependencies: the
@@ -186,7 +213,8 @@ class Bounds:
         each hop a transfer) up to d's first compute; all of d's computes one after
         another; then either the backward of d's last micro-batch down through those
         stages (where d's last compute is a B or I of its first stage) or d's gradient
-        reductions, which follow its last compute on its collective stream; then the
+        reductions, which follow its last compute on its collective stream (under FSDP,
+        zero=3 with pp > 1, each follows its own stage's last backward: the shortest); then the
         optimizer step of the fullest device. With the estimate's own durations."""
         shape = self.shape(config)
         per_stage, layers, lay = self.costs(config)
@@ -194,11 +222,13 @@ class Bounds:
         hop = [per_stage.latency + per_stage.transfer_time(per_stage.activation_bytes_sent[s])
                if place[s] != place[s + 1] else 0.0
                for s in range(n - 1)]
-        head, tail = [0.0], [0.0]  # the forward up to stage s; the backward down from it
+        # the forward up to stage s, which waits for its gather where FSDP's (each on its rank's
+        # all-gather stream, from the step's start); the backward down from it
+        head, tail = [per_stage.unshard[0]], [0.0]
         for s in range(n - 1):
-            head.append(head[-1] + per_stage.forward[s] + hop[s])
+            head.append(max(head[-1] + per_stage.forward[s] + hop[s], per_stage.unshard[s + 1]))
             tail.append(tail[-1] + min(per_stage.backward[s], per_stage.backward_input[s]) + hop[s])
-        micro_batches = shape.schedule.micro_batches
+        micro_batches, fsdp = shape.schedule.micro_batches, fsdp_as_actions(lay)
         busy = [sum(k * getattr(per_stage, KINDS[kind].cost)[s] for kind, k in shape.counts[s].items())
                 if shape.last[place[s]] is not None else
                 micro_batches * (per_stage.forward[s] + min(per_stage.backward[s],
@@ -208,7 +238,10 @@ class Bounds:
         for d, stages in enumerate(shape.stages_of):
             first = stages[0]
             after = tail[first] if shape.last[d] in (Kind.B, Kind.I) else 0.0
-            reduce = sum(per_stage.grad_reduce[s] for s in stages)
+            reduce = [per_stage.grad_reduce[s] for s in stages]
+            # FSDP's reduce-scatters each follow their stage's last backward (`sim.add_grad_reduce`,
+            # overlap=True): of d's, only the one after its last compute surely follows them all
+            reduce = min(reduce) if fsdp else sum(reduce)
             longest = max(longest, head[first] + sum(busy[s] for s in stages) + max(after, reduce))
         optimizer = optimizer_time(self.model, self.profile, lay, layers, place)
         return max(self.average(config), longest + optimizer + self.profile.step_overhead)
