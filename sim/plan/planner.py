@@ -241,14 +241,8 @@ def search(model: Transformer | str, gpu: DeviceProfile | GPU | str, gpus: int, 
     total)` is called as configurations are settled. Raises ValueError naming the fix."""
     start = time.perf_counter()
     model, profile = find_model(model), resolve(gpu)
-    check_timed(model)  # a MoE model is refused, not searched as a dense one
-    positive("gpus", gpus), positive("global_batch", global_batch), positive("gpus_per_node", gpus_per_node)
-    nics_per_node = positive("nics_per_node", gpus_per_node if nics_per_node is None else nics_per_node)
-    if top is not None:
-        positive("top", top)
-    precision_bytes(precision), check_optimizer(optimizer)
-    if precision == "fp8":  # before any work: the profile must time FP8's GEMMs (one line naming the fix)
-        check_fp8(profile)
+    nics_per_node = _check_request(model, profile, gpus, global_batch, gpus_per_node, nics_per_node, top, precision,
+                                   optimizer)
     usable = usable_memory(profile.memory, memory_headroom)
     dropped = Counter()
     configs = configurations(model, gpus, global_batch, gpus_per_node=gpus_per_node, dropped=dropped, **limits)
@@ -295,6 +289,20 @@ def search(model: Transformer | str, gpu: DeviceProfile | GPU | str, gpus: int, 
                                                 **rows[0].config.options()), keep=True)
     return Plan(model, profile, gpus, global_batch, rows, points, dropped, enumerated, len(points),
                 time.perf_counter() - start, usable, _warnings(gpus), precision)
+
+
+def _check_request(model: Transformer, profile: DeviceProfile, gpus: int, global_batch: int, gpus_per_node: int,
+                   nics_per_node: int | None, top: int | None, precision: str, optimizer: str) -> int:
+    """`search`'s checks before any work (ValueError, one line naming the fix); returns the NICs a
+    node (default: one a GPU)."""
+    check_timed(model)  # a MoE model is refused, not searched as a dense one
+    positive("gpus", gpus), positive("global_batch", global_batch), positive("gpus_per_node", gpus_per_node)
+    if top is not None:
+        positive("top", top)
+    precision_bytes(precision), check_optimizer(optimizer)
+    if precision == "fp8":  # the profile must time FP8's GEMMs
+        check_fp8(profile)
+    return positive("nics_per_node", gpus_per_node if nics_per_node is None else nics_per_node)
 
 
 def _warnings(gpus: int) -> list[str]:
