@@ -58,19 +58,26 @@ def test_bounds_stay_below_the_estimate_of_every_fsdp_configuration():
         assert b.average(c) <= b.time(c) <= b.schedule_time(c) <= e.step_time * (1 + 1e-9), c
 
 
-def test_the_report_names_fsdp_kept_gathered():
+def test_the_report_names_fsdp_kept_gathered(capsys):
     plan = planner.search(**SMALL, zero=3, pp=2, schedules=["interleaved-1f1b"], virtual=2,
                           reshard_after_forward=False, recompute="none", top=2)
     assert plan.rows and all(not r.config.reshard_after_forward for r in plan)
     report = format_report(plan)
     assert " 3 keep " in report and "reshard_after_forward off" in report
+    assert main(["--model", SMALL["model"], "--gpu", SMALL["gpu"], "--gpus", "8", "--global-batch", "32", "--zero", "3",
+                 "--pp", "2", "--schedules", "interleaved-1f1b", "--virtual", "2", "--recompute", "none",
+                 "--reshard-after-forward", "off", "--top", "2", "--no-figures", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert out.count(" 3 keep ") == 2 and "reshard_after_forward off" in out  # the same two rows, by the CLI
 
 
 def test_an_fp8_search_searches_fp8_layouts_faster_than_bf16_ones():
     kw = dict(model="llama3-8b", gpu="h100-80gb", gpus=8, global_batch=16, top=3, schedules=["1f1b"])
     fp8, bf16 = (planner.search(**kw, precision=p) for p in ("fp8", "bf16"))
     assert fp8.precision == fp8.summary()["precision"] == "fp8" and bf16.precision == "bf16"
+    b = plan_bounds.Bounds(fp8.model, fp8.profile, 16, "fp8", 8)
     for row in fp8:
+        assert b.memory(row.config) <= row.peak_memory and b.schedule_time(row.config) <= row.step_time * (1 + 1e-9)
         assert row.estimate.layout.precision == "fp8" and row.estimate.summary()["precision"] == "fp8"
         assert _estimate(fp8, row.config).step_time == row.step_time
         assert row.step_time < _estimate(bf16, row.config).step_time  # the Linears' GEMMs at the FP8 rate
