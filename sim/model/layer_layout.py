@@ -145,5 +145,6 @@ def from_counts(layers: list[int]) -> LayerLayout:
     """The layout of `layers[s]` transformer layers on stage s, the embedding on the first
     stage and the loss on the last (as `sim.estimate` prices a partition)."""
     stages = ["t" * n for n in layers]
-    stages[0], stages[-1] = "E" + stages[0], stages[-1] + "L"
+    stages[0] = "E" + stages[0]
+    stages[-1] += "L"  # after: with one stage, the same one
     return LayerLayout(tuple(stages)).check()

@@ -82,8 +82,14 @@ def _take_side(progs, beside: dict[Role, list[Action]], side_ids: dict[Action, O
                 kept = beside.setdefault(KINDS[a.kind].role, [])
                 side_ids[a] = Op(KINDS[a.kind].role, len(kept))
                 kept.append(a)
-    places = [[(sum(a.kind in COMPUTE for a in prog[:i]), side_ids[a]) for i, a in enumerate(prog)
-               if a.kind in BESIDE] for prog in progs]
+    places = []
+    for prog in progs:  # one pass a program, counting its computes as it goes
+        done, here = 0, []
+        for a in prog:
+            if a.kind in BESIDE:
+                here.append((done, side_ids[a]))
+            done += a.kind in COMPUTE
+        places.append(here)
     return [[a for a in prog if a.kind not in BESIDE] for prog in progs], places
 
 

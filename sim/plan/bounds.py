@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from sim.engine.costs import Costs, StageCosts
 from sim.simulation import simulate
-from sim.cost.data_parallel import optimizer_time, stage_params
+from sim.cost.data_parallel import fsdp_as_actions, optimizer_time, stage_params
 from sim.cost.ends import end_times
 from .experts import layer_activations, moe_optimizer_time, moe_layers, split_params, state_bytes
 from .layout import Layout, layout_slice
@@ -95,7 +95,8 @@ class Bounds:
         self.partition = partition if isinstance(partition, str) else tuple(partition)
         self.even = partition == "even"
         self.params = model.params()
-        self._layer, self._ends, self._shape, self._unit, self._act = {}, {}, {}, {}, {}
+        self._layer, self._ends, self._shape, self._unit, self._act, self._slices = {}, {}, {}, {}, {}, {}
+        self._costs = {}
 
     def _layout(self, config: Config) -> Layout:
         return Layout(global_batch=self.batch, precision=self.precision, gpus_per_node=self.gpn,
@@ -103,7 +104,12 @@ class Bounds:
                       **config.kwargs())
 
     def _slice(self, config: Config) -> Slice:
-        return layout_slice(self._layout(config))
+        """How a GPU holds a layer (`layout.layout_slice`): by the sizes that place its groups."""
+        key = (config.tp, config.pp, config.dp, config.cp, config.micro_batch, config.sequence_parallel, config.ep,
+               config.expert_tp)
+        if key not in self._slices:
+            self._slices[key] = layout_slice(self._layout(config))
+        return self._slices[key]
 
     def layers(self, config: Config):
         """A dense layer's and a MoE layer's times (`sim.plan.stage_costs.layer_times_of_kinds`)."""
@@ -147,7 +153,7 @@ class Bounds:
         """The average device's weights, gradients and optimizer state: the stages' dense
         parameters sum to the model's over tp, its experts' over ep x expert_tp, each with its
         own ZeRO shard (`sim.plan.experts`)."""
-        per = sum(state_bytes_per_param(self.precision, config.zero, config.dp * config.cp, self.optimizer).values())
+        per = self._per_param(config)
         if self.model.moe is None:
             return self.params.total / (config.tp * config.pp) * per
         experts = self.model.moe_layers * self.model.moe.params(self.model.hidden)["routed"]
@@ -155,6 +161,15 @@ class Bounds:
         per_expert = sum(state_bytes_per_param(self.precision, config.zero, edp, self.optimizer).values())
         return ((self.params.total - experts) / config.tp * per
                 + experts / (config.ep * config.expert_tp) * per_expert) / config.pp
+
+    def _per_param(self, config: Config) -> float:
+        """Bytes a parameter takes on a GPU that holds it: weights, gradients and optimizer
+        state, sharded as the ZeRO stage says (`sim.model.footprint`); under FSDP (zero=3 with
+        pp > 1) the gradients whole until their stage's reduce-scatter (`stage_costs.fsdp_costs`)."""
+        per = state_bytes_per_param(self.precision, config.zero, config.dp * config.cp, self.optimizer)
+        if fsdp_as_actions(config) and config.pp > 1:
+            per = {**per, "grads": state_bytes_per_param(self.precision)["grads"]}
+        return sum(per.values())
 
     def memory_average(self, config: Config) -> float:
         """The average device's weights, gradients and optimizer state (`_static_average`)
@@ -167,12 +182,17 @@ class Bounds:
     def memory(self, config: Config) -> float:
         """The fullest device holds at least its stages' weights, gradients and optimizer
         state (`sim.cost.data_parallel.stage_params`, `sim.model.footprint`) and, at its peak, its most
-        chunks held times its smallest chunk's activations."""
+        chunks held times its smallest chunk's activations (under FSDP, with its smallest
+        stage's parameters gathered)."""
         average = self.memory_average(config)
         if not self.even or average > self.profile.memory:
             return average
         shape, (act, moe_act) = self.shape(config), self._activations(config)
         static = shape.per_device(self._stage_static(config, shape))
+        if fsdp_as_actions(config) and config.pp > 1:  # FSDP: a device computes a stage only gathered, its
+            params = stage_params(self.model, shape.layers, config.tp, shape.schedule.placement)  # activations
+            weight = state_bytes_per_param(self.precision)["weights"]  # peaking as a forward ends, before its RESHARD
+            static = [s + g for s, g in zip(static, shape.per_device([p * weight for p in params], min))]
         sparse = moe_layers(self.model, shape.layers)
         smallest = shape.per_device([(n - k) * act + k * moe_act for n, k in zip(shape.layers, sparse)], min)
         return max(s + h * a for s, h, a in zip(static, shape.held, smallest))
@@ -181,7 +201,7 @@ class Bounds:
         """Each stage's weights, gradients and optimizer state on one GPU, as `stage_costs` counts
         them (less FP8's weight copies)."""
         if self.model.moe is None:
-            per = sum(state_bytes_per_param(self.precision, config.zero, config.dp * config.cp, self.optimizer).values())
+            per = self._per_param(config)
             return [p * per for p in stage_params(self.model, shape.layers, config.tp, shape.schedule.placement)]
         lay = self._layout(config)
         state = state_bytes(lay, *split_params(self.model, shape.layers, lay, shape.schedule.placement))
@@ -212,14 +232,18 @@ class Bounds:
     def costs(self, config: Config) -> tuple[StageCosts, list[int], Layout]:
         """The per-stage costs, layers per stage and layout that `sim.estimate` simulates `c`
         with (its own functions, so the bound follows any change to the estimate)."""
-        shape, (layer, moe), piece = self.shape(config), self.layers(config), self._slice(config)
-        if piece not in self._ends:
-            self._ends[piece] = end_times(self.model, self.profile, piece)
-        ends = self._ends[piece]
-        lay = self._layout(config)
-        layers = partition_layers(self.model.layers, shape.schedule.stages, self.partition, moe or layer, ends)
-        costs, _ = stage_costs(self.model, self.profile, lay, piece, layer, ends, layers, shape.schedule.placement, moe)
-        return costs.for_stages(shape.schedule.stages), layers, lay
+        shape, (layer, moe), piece, lay = self.shape(config), self.layers(config), self._slice(config), self._layout(config)
+        placement = tuple(shape.schedule.placement)  # the schedule's name aside, what the costs depend on:
+        key = (piece, config.recompute, config.zero, config.pp, config.dp, config.micro_batch, config.ep,
+               config.expert_tp, placement)
+        if key not in self._costs:
+            if piece not in self._ends:
+                self._ends[piece] = end_times(self.model, self.profile, piece)
+            ends = self._ends[piece]
+            layers = partition_layers(self.model.layers, len(placement), self.partition, moe or layer, ends)
+            costs, _ = stage_costs(self.model, self.profile, lay, piece, layer, ends, layers, placement, moe)
+            self._costs[key] = costs.for_stages(len(placement)), layers
+        return (*self._costs[key], lay)
 
     def time(self, config: Config) -> float:
         """The longest of one path per device d through the step's dependencies: the
@@ -227,7 +251,8 @@ class Bounds:
         each hop a transfer) up to d's first compute; all of d's computes one after
         another; then either the backward of d's last micro-batch down through those
         stages (where d's last compute is a B or I of its first stage) or d's gradient
-        reductions, which follow its last compute on its collective stream; then the
+        reductions, which follow its last compute on its collective stream (under FSDP,
+        zero=3 with pp > 1, each follows its own stage's last backward: the shortest); then the
         optimizer step of the fullest device. With the estimate's own durations."""
         shape = self.shape(config)
         per_stage, layers, lay = self.costs(config)
@@ -235,11 +260,13 @@ class Bounds:
         hop = [per_stage.latency + per_stage.transfer_time(per_stage.activation_bytes_sent[s])
                if place[s] != place[s + 1] else 0.0
                for s in range(n - 1)]
-        head, tail = [0.0], [0.0]  # the forward up to stage s; the backward down from it
+        # the forward up to stage s, which waits for its gather where FSDP's (each on its rank's
+        # all-gather stream, from the step's start); the backward down from it
+        head, tail = [per_stage.unshard[0]], [0.0]
         for s in range(n - 1):
-            head.append(head[-1] + per_stage.forward[s] + hop[s])
+            head.append(max(head[-1] + per_stage.forward[s] + hop[s], per_stage.unshard[s + 1]))
             tail.append(tail[-1] + min(per_stage.backward[s], per_stage.backward_input[s]) + hop[s])
-        micro_batches = shape.schedule.micro_batches
+        micro_batches, fsdp = shape.schedule.micro_batches, fsdp_as_actions(lay)
         busy = [sum(k * getattr(per_stage, KINDS[kind].cost)[s] for kind, k in shape.counts[s].items())
                 if shape.last[place[s]] is not None else
                 micro_batches * (per_stage.forward[s] + min(per_stage.backward[s],
@@ -249,7 +276,10 @@ class Bounds:
         for d, stages in enumerate(shape.stages_of):
             first = stages[0]
             after = tail[first] if shape.last[d] in (Kind.B, Kind.I) else 0.0
-            reduce = sum(per_stage.grad_reduce[s] for s in stages)
+            reduce = [per_stage.grad_reduce[s] for s in stages]
+            # FSDP's reduce-scatters each follow their stage's last backward (`sim.add_grad_reduce`,
+            # overlap=True): of d's, only the one after its last compute surely follows them all
+            reduce = min(reduce) if fsdp else sum(reduce)
             longest = max(longest, head[first] + sum(busy[s] for s in stages) + max(after, reduce))
         optimizer = (moe_optimizer_time if self.model.moe else optimizer_time)(self.model, self.profile, lay, layers,
                                                                                 place)

@@ -91,11 +91,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--virtual", type=_ints, help="chunks per device for the schedules that take them "
                                                  "(default: 2..--max-virtual where pp*V divides the layers)")
     parser.add_argument("--recompute", type=_words, help=f"any of {', '.join(RECOMPUTE)} (default: all)")
-    parser.add_argument("--zero", type=_zeros, help="ZeRO stages, any of 0,1,2,3 (default: all; 2 and 3 only with pp 1 in the search; sim.estimate takes 3 with pp > 1 as FSDP)")
+    parser.add_argument("--zero", type=_zeros, help="ZeRO stages, any of 0,1,2,3 (default: all; 2 only with pp 1; 3 with "
+                        "pp > 1 is FSDP, its gathers and reduce-scatters actions on the step)")
+    parser.add_argument("--reshard-after-forward", choices=("both", "on", "off"), default="both",
+                        help="FSDP2's option where zero is 3 with pp > 1: release each stage's gathered parameters "
+                             "after its forward (on) or keep them to its last backward (off); both differ only where "
+                             "a device holds several stages")
     parser.add_argument("--sequence-parallel", choices=("both", "on", "off"), default="both",
                    help="sequence parallelism (only where tp > 1)")
     parser.add_argument("--precision", default="bf16", help=f"one of {', '.join(PRECISIONS)}, or fp8 (Transformer "
-                        f"Engine's FP8 Linear GEMMs, on GPUs with an FP8 peak)")
+                        f"Engine's FP8 Linear GEMMs, on a profile that times them: h100-80gb's default does)")
     parser.add_argument("--optimizer", default=DEFAULT_OPTIMIZER, choices=list(OPTIMIZERS),
                         help="the run's optimizer: its state in memory, its step in time (the names of exec.run --optimizer)")
     parser.add_argument("--memory-headroom", type=headroom, default=DEFAULT_HEADROOM,
@@ -198,7 +203,8 @@ def format_table(plan: Plan) -> str:
         config = row.config
         rows.append((str(i), str(config.tp), str(config.cp), *((str(config.ep), str(config.expert_tp)) * experts),
                      str(config.pp), str(config.dp), str(config.micro_batch),
-                     str(row.micro_batches), config.schedule, str(config.virtual), config.recompute, str(config.zero),
+                     str(row.micro_batches), config.schedule, str(config.virtual), config.recompute,
+                     f"{config.zero}{'' if config.reshard_after_forward else ' keep'}",
                      "on" if config.sequence_parallel else "off",
                      f"{row.step_time:.4g}", f"{row.tflops_per_gpu:.1f}", f"{row.mfu:.1%}", f"{row.bubble_fraction:.1%}",
                      f"{row.peak_memory / GIB:.1f}", "yes" if row.fits else "no"))
@@ -215,7 +221,7 @@ def format_report(plan: Plan) -> str:
     schedule sizes, not configurations)."""
     fit = plan.simulated - plan.dropped_configs["does not fit (simulated)"]
     kind = profile_kind(plan.profile)
-    lines = [f"{model_name(plan.model)} on {plan.gpus} x {plan.gpu.name}, global batch {plan.global_batch}: "
+    lines = [f"{model_name(plan.model)} on {plan.gpus} x {plan.gpu.name}, global batch {plan.global_batch}, {plan.precision}: "
              f"{plan.enumerated} configurations, {plan.simulated} simulated ({fit} fit) in {plan.seconds:.1f} s",
              f"profile {plan.profile.name} ({kind}); fits: peak <= {plan.usable_memory / GIB:.1f} of "
              f"{plan.gpu.memory / GIB:.1f} GiB (the rest is headroom for CUDA, NCCL and fragmentation)"]
@@ -224,6 +230,9 @@ def format_report(plan: Plan) -> str:
                      "calibrated stack): expect real steps 10-25 % slower")
     lines += [f"warning: {w}" for w in plan.warnings]
     lines.append(format_table(plan) if plan.rows else "no configuration fits")
+    if any(not row.config.reshard_after_forward for row in plan.rows):
+        lines.append("zero '3 keep': FSDP with reshard_after_forward off (each stage kept gathered from its first "
+                     "forward to its last backward)")
     for title, counts in ((f"dropped (of the {plan.enumerated} configurations):", plan.dropped_configs),
                           ("not enumerated (layouts, schedule sizes):", plan.not_enumerated)):
         if counts:
@@ -248,9 +257,11 @@ def _check_out(out: Path) -> None:
 
 
 def _limits(args: argparse.Namespace) -> dict:
-    sp = {"both": None, "on": [True], "off": [False]}[args.sequence_parallel]
+    sp, raf = ({"both": None, "on": [True], "off": [False]}[choice]
+               for choice in (args.sequence_parallel, args.reshard_after_forward))
     return dict(tp=args.tp, cp=args.cp, pp=args.pp, ep=args.ep, expert_tp=args.expert_tp, micro_batch=args.micro_batch, schedules=args.schedules,
                 virtual=args.virtual, recompute=args.recompute, zero=args.zero, sequence_parallel=sp,
+                reshard_after_forward=raf,
                 precision=args.precision, optimizer=args.optimizer, gpus_per_node=args.gpus_per_node,
                 nics_per_node=args.nics_per_node, max_micro_batch=args.max_micro_batch,
                 max_virtual=args.max_virtual, max_configs=args.max_configs, top=args.top,

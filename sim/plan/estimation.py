@@ -86,19 +86,24 @@ class Estimate:
                 f"fits {self.fits}; .summary() for every number, .result for the step>")
 
     def summary(self) -> dict:
-        """The estimate as plain data (no result)."""
+        """The estimate as plain data (no result): the run, its layout (each choice that acts on
+        it: cp_comm where cp > 1, FSDP's reshard_after_forward and fsdp_shard where zero=3 runs
+        as FSDP's actions, with pp > 1), the layers of each stage and the predictions."""
         lay = self.layout
-        return {"model": model_name(self.model), "gpu": self.gpu.name, "profile": self.profile.name, "gpus": lay.gpus, "tp": lay.tp, "pp": lay.pp,
-                "dp": lay.dp, "cp": lay.cp, "ep": lay.ep, "expert_tp": lay.expert_tp, "cp_comm": lay.cp_comm, "attention": self.model.attention, "micro_batch": lay.micro_batch, "global_batch": lay.global_batch,
+        fsdp = {"reshard_after_forward": lay.reshard_after_forward, "fsdp_shard": lay.fsdp_shard} \
+            if fsdp_as_actions(lay) else {}
+        return {"model": model_name(self.model), "gpu": self.gpu.name, "profile": self.profile.name, "gpus": lay.gpus,
+                "gpus_per_node": lay.gpus_per_node, "nics_per_node": lay.nics_per_node or lay.gpus_per_node,
+                "tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "cp": lay.cp, "ep": lay.ep, "expert_tp": lay.expert_tp, **({"cp_comm": lay.cp_comm} if lay.cp > 1 else {}),
+                "attention": self.model.attention, "micro_batch": lay.micro_batch, "global_batch": lay.global_batch,
                 "micro_batches": lay.micro_batches, "schedule": lay.schedule, "virtual": self.result.schedule.stages // lay.pp,
-                "recompute": lay.recompute, "sequence_parallel": lay.sequence_parallel, "zero": lay.zero,
-                "fsdp_unit": lay.fsdp_unit,
-                "precision": lay.precision, "optimizer": lay.optimizer, "offload": lay.offload,
-                "memory_headroom": lay.memory_headroom,
+                "recompute": lay.recompute, "sequence_parallel": lay.sequence_parallel, "tp_overlap": lay.tp_overlap,
+                "zero": lay.zero, **fsdp, "fsdp_unit": lay.fsdp_unit, "overlap_grad_reduce": lay.overlap_grad_reduce, "precision": lay.precision,
+                "optimizer": lay.optimizer, "offload": lay.offload, "memory_headroom": lay.memory_headroom,
                 "usable_memory": self.usable_memory, "step_time": self.step_time, "tflops_per_gpu": self.tflops_per_gpu,
                 "mfu": self.mfu, "bubble_fraction": self.bubble_fraction, "peak_memory": max(self.peak_memory),
-                "fits": self.fits, "layers_per_stage": self.layers_per_stage, "time_parts": self.time_parts,
-                "warnings": self.warnings}
+                "fits": self.fits, "layers_per_stage": self.layers_per_stage, "layer_layout": self.layer_layout,
+                "time_parts": self.time_parts, "warnings": self.warnings}
 
 
 def estimate(model: Transformer | str, gpu: DeviceProfile | GPU | str = "a100-80gb", *, tp: int = 1, pp: int = 1, dp: int = 1,

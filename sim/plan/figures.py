@@ -28,7 +28,8 @@ def describe(row: "Row") -> str:
     config = row.config
     cp = f"cp={config.cp} " if config.cp > 1 else ""
     return (f"tp={config.tp} {cp}pp={config.pp} dp={config.dp} b={config.micro_batch} m={row.micro_batches} {config.schedule} V={config.virtual} "
-            f"recompute={config.recompute} zero={config.zero}{' sp' if config.sequence_parallel else ''}")
+            f"recompute={config.recompute} zero={config.zero}{'' if config.reshard_after_forward else ' keep'}"
+            f"{' sp' if config.sequence_parallel else ''}")
 
 
 def plot_best(plan: "Plan") -> "Figure":

@@ -16,7 +16,10 @@ What the rows do not state is NeMo's default for these recipes, the same for eve
 - Megatron's distributed optimizer with its gradient reduction overlapped (`zero=1`,
   `overlap_grad_reduce=True`: NeMo's `distributed_fused_adam` / `use_distributed_optimizer`);
 - recompute "none" where the row leaves it empty;
-- the vocabulary padded to a multiple of 128 tp (Megatron's `make_vocab_size_divisible_by`).
+- the vocabulary padded to a multiple of 128 tp (Megatron's `make_vocab_size_divisible_by`);
+- where pp x vp virtual stages outnumber the layers (Llama 3.1 405B's 30-layer proxy at pp 4 x
+  vp 8, rows 149 and 154), the embedding and the loss each counted as a layer of the split
+  (`split_layout`).
 The MLP and positions follow the model's family: GPT-3 as Megatron's GPT (GeLU, learned,
 tied), Nemotron-4 squared-ReLU, Llama SwiGLU (both rotary, untied).
 
@@ -52,6 +55,7 @@ from sim.cost.fp8 import check_fp8
 from sim.hardware.kernels import precision_bytes
 from sim.hardware.profile import resolve
 from sim.model.registry import find_model
+from sim.model.layer_layout import parse_layer_layout
 from sim.model.transformer import Transformer
 
 from .estimation import Estimate, estimate
@@ -63,7 +67,7 @@ GPUS_PER_NODE = 8  # DGX H100 (the source: NVIDIA DGX Cloud)
 REASONS = {
     "stack": "a stack the planner does not model (JAX: MaxText, PaxML)",
     "fsdp": "FSDP sharding (PyTorch-native stacks): not expressed by this loader yet",
-    "layout": "more virtual stages than layers (pp x vp > layers): Megatron-Core's uneven layouts, not expressed",
+    "layout": "more virtual stages than layers + 2 (pp x vp > layers + E + L): not a split Megatron-Core runs",
     "cp": "context parallelism (cp > 1): sim.estimate has no cp yet (issue 32 item 2)",
     "fp8": "FP8: the default H100 profile has no fp8_efficiency (issue 32 item 3; sim.cost.fp8.check_fp8)",
     "precision": "precision not stated by the source",
@@ -139,7 +143,7 @@ def refusal(row: dict) -> str | None:
         return "cp"
     if not row["precision"]:
         return "precision"
-    if int(row["pp"]) * int(row["vp"] or 1) > int(row["n_layers"]):
+    if int(row["pp"]) * int(row["vp"] or 1) > int(row["n_layers"]) and split_layout(row) is None:
         return "layout"
     if row["precision"].startswith("fp8") and not planner_takes_fp8():
         return "fp8"
@@ -178,6 +182,22 @@ def recompute_of(text: str) -> str:
     return next((mode for mode in ("selective", "full") if text.startswith(mode)), "none")
 
 
+def split_layout(row: dict) -> str | None:
+    """Where the row's pp x vp virtual stages outnumber its layers, the split it ran: the
+    embedding and the loss counted as a layer each, as Megatron-Core's
+    `account_for_embedding_in_pipeline_split` and `account_for_loss_in_pipeline_split` split
+    (each adds one to the layers cut evenly over the stages: its `get_transformer_layer_offset`),
+    which NeMo's Llama 3.1 405B recipe sets (nemo/collections/llm/recipes/llama31_405b.py,
+    `trainer()`; read in erhoo82/NeMo@d5faad47 and ishine/NeMo@c88a0d36). With layers + 2
+    stages the first holds the embedding alone and the last the loss alone: 30 layers over
+    pp 4 x vp 8 = 32 stages are 'E|(t|)*30L' (`sim.model.layer_layout`). None unless the stages
+    are layers + 2 (more stages than layers split evenly only so)."""
+    layers, stages = int(row["n_layers"]), int(row["pp"]) * int(row["vp"] or 1)
+    if stages != layers + 2:
+        return None
+    return str(parse_layer_layout("E|" + "t|" * layers + "L").check(int(row["pp"]), layers))
+
+
 def keywords_of(row: dict) -> dict:
     """`sim.estimate`'s keywords for the row (module docstring: what is NeMo's default)."""
     tp, vp, cp = int(row["tp"]), int(row["vp"] or 1), int(row["cp"] or 1)
@@ -190,6 +210,8 @@ def keywords_of(row: dict) -> dict:
         out["cp"] = cp
     if row["moe"] == "1":
         out["ep"] = int(row["ep"])  # expert_tp 1: sim.estimate's default, the sources' "ETP 1"
+    if split_layout(row) is not None:
+        out["partition"] = split_layout(row)
     return out
 
 

@@ -207,7 +207,9 @@ def check_layout(model: Transformer, profile: DeviceProfile, lay: Layout) -> lis
             raise ValueError(f"{name} must be a positive int, got {value!r}")
     check_recompute(lay.recompute)
     stages = lay.pp * (lay.virtual if isinstance(lay.virtual, int) else lookup(lay.schedule)[1].virtual)
-    if stages > model.layers:  # before any work (the schedule refuses a wrong V itself)
+    # before any work (the schedule refuses a wrong V itself); a partition that names each stage's
+    # layers (counts, or a layout string whose E and L may be stages of their own) counts its own
+    if stages > model.layers and lay.partition in ("even", "balanced"):
         chunks = f" x V {stages // lay.pp}" if stages != lay.pp else ""
         raise ValueError(f"pp={lay.pp}{chunks} = {stages} stages is more than the model's {model.layers} layers; "
                          f"use pp * V <= {model.layers}")

@@ -10,10 +10,11 @@ layers; dp = gpus / (tp*pp), which must divide the global batch; the micro-batch
 divisor of global_batch/dp up to `max_micro_batch`; every schedule of `sim.SCHEDULES` with
 the chunks V it takes (a schedule whose `takes_virtual` is true, interleaved-1f1b and looped-bfs: each V of 2..`max_virtual` with
 pp*V dividing the layers, as Megatron-LM requires); recompute none, selective, full; ZeRO 0-3
-(1-3 only where dp > 1, 2 and 3 only where pp = 1, as `sim.estimate` allows); sequence
-parallelism off and on (on only where tp > 1); for a mixture of experts, ep and expert_tp as
-Megatron-Core folds them (`sim.plan.space.expert_splits`: sequence parallelism on with tp > 1,
-ZeRO 0 and 1). With pp = 1 every schedule is gradient
+(1-3 only where dp > 1, 2 only where pp = 1, as `sim.estimate` allows; 3 with pp > 1 is FSDP,
+its gathers and reduce-scatters actions on the step, with FSDP2's reshard_after_forward on and,
+where a device holds several stages, off); sequence parallelism off and on (on only where
+tp > 1); for a mixture of experts, ep and expert_tp as Megatron-Core folds them
+(`sim.plan.space.expert_splits`: sequence parallelism on with tp > 1, ZeRO 0 and 1). With pp = 1 every schedule is gradient
 accumulation over the micro-batches, so only one is tried: 1f1b (or, where it is not named,
 the first named, with V = 1 if it takes that). zb-auto is searched only when named
 (`schedules`): its own search simulates dozens of steps for each one it builds.
@@ -49,6 +50,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
+from sim.cost.fp8 import check_fp8
 from sim.cost.layer import check_timed
 from sim.hardware.gpus import GPU
 from sim.hardware.kernels import precision_bytes
@@ -114,6 +116,7 @@ class Plan:
     seconds: float
     usable_memory: float = math.inf  # bytes a GPU may fill: its memory less the headroom
     warnings: list = field(default_factory=list)
+    precision: str = "bf16"  # every configuration's ("fp8": Transformer Engine's FP8 Linears, `sim.cost.fp8`)
 
     @property
     def gpu(self) -> GPU:
@@ -146,7 +149,8 @@ class Plan:
     def summary(self) -> dict:
         """The plan as plain data (JSON-ready)."""
         return {"model": model_name(self.model), "gpu": self.gpu.name, "profile": self.profile.name, "gpus": self.gpus,
-                "global_batch": self.global_batch, "enumerated": self.enumerated, "simulated": self.simulated,
+                "global_batch": self.global_batch, "precision": self.precision, "enumerated": self.enumerated,
+                "simulated": self.simulated,
                 "seconds": self.seconds, "usable_memory": self.usable_memory,
                 "warnings": self.warnings, "dropped": dict(self.dropped), "rows": [r.summary() for r in self.rows]}
 
@@ -198,12 +202,14 @@ def same_time(seconds: float) -> float:
 def rank_key(row: Row) -> tuple:
     """The total order of the rows: step time, then peak memory, then the configuration's
     fields in `Config`'s order (tp, pp, dp, micro-batch, schedule, V, recompute, ZeRO,
-    sequence parallelism, ep, expert_tp), so that any `top` ranks the same rows first. Step times are
+    sequence parallelism, cp, ep, expert_tp; FSDP's reshard after forward on, its default, before
+    off), so that any `top` ranks the same rows first. Step times are
     compared to 12 significant digits: two layouts that differ only in the last bits of a
     float sum (a reduction timed in another order) tie, and memory decides."""
     config = row.config
     return (same_time(row.step_time), row.peak_memory, config.tp, config.pp, config.dp, config.micro_batch, config.schedule,
-            config.virtual, config.recompute, config.zero, config.sequence_parallel, config.ep, config.expert_tp)
+            config.virtual, config.recompute, config.zero, config.sequence_parallel, config.cp,
+            config.ep, config.expert_tp, not config.reshard_after_forward)
 
 
 def _too_large(configs: list[Config], global_batch: int, dropped: Counter) -> list[Config]:
@@ -229,18 +235,16 @@ def search(model: Transformer | str, gpu: DeviceProfile | GPU | str, gpus: int, 
     (see the module's docstring); return the `top` fastest that fit (all with top=None),
     only those at most `max_step_time` if it is given; `nics_per_node` defaults to gpus_per_node;
     `memory_headroom` is kept free of each GPU's memory (`sim.estimate`'s). `optimizer`
-    (`sim.model.footprint.OPTIMIZERS`) is the run's, for every configuration.
+    (`sim.model.footprint.OPTIMIZERS`) is the run's, for every configuration, and so is `precision`
+    ("fp8": Transformer Engine's FP8 Linears, searched on a profile that times them, refused by
+    `sim.cost.fp8.check_fp8` before any work on one that does not).
     `limits` narrow the space: tp, cp, pp, micro_batch, schedules, virtual, recompute, zero,
     sequence_parallel, ep, expert_tp (each one value or a list), max_micro_batch, max_virtual. `progress(done,
     total)` is called as configurations are settled. Raises ValueError naming the fix."""
     start = time.perf_counter()
     model, profile = find_model(model), resolve(gpu)
-    check_timed(model, moe_layers=True)  # what the cost layer cannot time is refused before the search
-    positive("gpus", gpus), positive("global_batch", global_batch), positive("gpus_per_node", gpus_per_node)
-    nics_per_node = positive("nics_per_node", gpus_per_node if nics_per_node is None else nics_per_node)
-    if top is not None:
-        positive("top", top)
-    precision_bytes(precision), check_optimizer(optimizer)
+    nics_per_node = _check_request(model, profile, gpus, global_batch, gpus_per_node, nics_per_node, top, precision,
+                                   optimizer)
     usable = usable_memory(profile.memory, memory_headroom)
     dropped = Counter()
     configs = configurations(model, gpus, global_batch, gpus_per_node=gpus_per_node, dropped=dropped, **limits)
@@ -286,7 +290,21 @@ def search(model: Transformer | str, gpu: DeviceProfile | GPU | str, gpus: int, 
         rows[0] = _row(rows[0].config, estimate(model, profile, **fixed, **rows[0].config.kwargs(),
                                                 **rows[0].config.options()), keep=True)
     return Plan(model, profile, gpus, global_batch, rows, points, dropped, enumerated, len(points),
-                time.perf_counter() - start, usable, _warnings(gpus))
+                time.perf_counter() - start, usable, _warnings(gpus), precision)
+
+
+def _check_request(model: Transformer, profile: DeviceProfile, gpus: int, global_batch: int, gpus_per_node: int,
+                   nics_per_node: int | None, top: int | None, precision: str, optimizer: str) -> int:
+    """`search`'s checks before any work (ValueError, one line naming the fix); returns the NICs a
+    node (default: one a GPU)."""
+    check_timed(model, moe_layers=True)  # what the cost layer cannot time is refused before the search
+    positive("gpus", gpus), positive("global_batch", global_batch), positive("gpus_per_node", gpus_per_node)
+    if top is not None:
+        positive("top", top)
+    precision_bytes(precision), check_optimizer(optimizer)
+    if precision == "fp8":  # the profile must time FP8's GEMMs
+        check_fp8(profile)
+    return positive("nics_per_node", gpus_per_node if nics_per_node is None else nics_per_node)
 
 
 def _warnings(gpus: int) -> list[str]:

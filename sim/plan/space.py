@@ -1,4 +1,4 @@
-"""The planner's search space: every layout of a run's GPUs and batch, and the schedules, chunks, recompute and ZeRO choices over it."""
+"""The planner's search space: every layout of a run's GPUs and batch, and the schedules, chunks, recompute, ZeRO and FSDP choices over it."""
 from __future__ import annotations
 
 import itertools
@@ -55,12 +55,14 @@ class Config:
     cp: int = 1
     ep: int = 1
     expert_tp: int = 1
+    reshard_after_forward: bool = True  # FSDP2's option, where zero=3 with pp > 1 (`sim.add_fsdp`)
 
     def kwargs(self) -> dict:
         """Keyword arguments of `sim.estimate` for this configuration."""
         return dict(tp=self.tp, pp=self.pp, dp=self.dp, cp=self.cp, micro_batch=self.micro_batch,
                     schedule=self.schedule, virtual=self.virtual, recompute=self.recompute, zero=self.zero,
-                    sequence_parallel=self.sequence_parallel, ep=self.ep, expert_tp=self.expert_tp)
+                    sequence_parallel=self.sequence_parallel, ep=self.ep, expert_tp=self.expert_tp,
+                    reshard_after_forward=self.reshard_after_forward)
 
     def options(self) -> dict:
         """The schedule's options the planner adds to `kwargs` (zb-auto: its budget of runs,
@@ -239,7 +241,8 @@ def _schedule_chunks(model: Transformer, pp: int, micro_batches: int, names: Seq
 
 
 def configurations(model: Transformer, gpus: int, global_batch: int, *, schedules=None, recompute=None, zero=None,
-                   sequence_parallel=None, virtual=None, max_virtual: int = MAX_VIRTUAL, ep=None, expert_tp=None,
+                   sequence_parallel=None, virtual=None, reshard_after_forward=None, max_virtual: int = MAX_VIRTUAL,
+                   ep=None, expert_tp=None,
                    dropped: Counter | None = None, **layout_limits) -> list[Config]:
     """Every configuration of the search space (see the module's docstring)."""
     dropped = Counter() if dropped is None else dropped
@@ -253,20 +256,35 @@ def configurations(model: Transformer, gpus: int, global_batch: int, *, schedule
         if stage not in ZERO_STAGES:
             raise ValueError(f"zero must be one of 0, 1, 2, 3 (ZeRO stage); got {stage!r}")
     sequence_parallels = _choices("sequence_parallel", sequence_parallel, (False, True))
+    reshards = _choices("reshard_after_forward", reshard_after_forward, (True, False))
+    if any(not isinstance(on, bool) for on in reshards):
+        raise ValueError(f"reshard_after_forward must be True or False (or both); got {reshard_after_forward!r}")
     out = []
     for tp, pp, dp, micro_batch, cp in layouts(model, gpus, global_batch, dropped=dropped, **layout_limits):
         micro_batches = global_batch // (dp * micro_batch)
-        # ZeRO 1-3 shard over the replicas; 2 and 3 only without pipelining (`layout.check_layout`)
-        zero_stages = [stage for stage in zeros if (stage == 0 or dp * cp > 1) and (stage < 2 or pp == 1)] or [0]
+        # ZeRO 1-3 shard over the replicas; 2 only without pipelining (`layout.check_layout`); 3 with
+        # pp > 1 is FSDP's gathers and reduce-scatters as actions on the step (`sim.add_fsdp`)
+        zero_stages = [stage for stage in zeros if (stage == 0 or dp * cp > 1) and (stage != 2 or pp == 1)] or [0]
         sps = [on for on in sequence_parallels if tp > 1 or not on] or [False]
         splits = expert_splits(model, tp, tp * cp * dp, ep, expert_tp)
         if model.moe is not None:  # Megatron-Core: MoE with tp > 1 needs sequence parallelism; experts' state zero <= 1
             sps, zero_stages = [on for on in sps if on or tp == 1] or [True], [z for z in zero_stages if z < 2] or [0]
-        for (name, chunks), mode, stage, sp, (ep, etp) in itertools.product(
+        for (name, chunks), mode, stage, sp, (ep_, etp) in itertools.product(
                 _schedule_chunks(model, pp, micro_batches, names, max_virtual, virtual, dropped), recomputes,
                 zero_stages, sps, splits):
-            out.append(Config(tp, pp, dp, micro_batch, name, chunks, mode, stage, sp, cp, ep, etp))
+            for reshard in _reshards(stage, pp, chunks, reshards):
+                out.append(Config(tp, pp, dp, micro_batch, name, chunks, mode, stage, sp, cp, ep_, etp, reshard))
     if not out and (ep is not None or expert_tp is not None):
         raise ValueError(f"the given ep and expert_tp fold onto no layout of {gpus} GPUs: expert_tp x ep must "
                          f"divide the tp x cp x dp GPUs of a stage and expert_tp an expert's width {model.expert_ffn}")
     return out
+
+
+def _reshards(zero: int, pp: int, chunks: int, allowed: list[bool]) -> list[bool]:
+    """FSDP2's reshard_after_forward choices (of `allowed`) that differ: both where zero=3 runs as
+    FSDP's actions (pp > 1) and a device holds several stages; where it holds one, each stage
+    stays gathered from its first forward to its last backward either way (`sim.add_fsdp`), and
+    without FSDP the option does nothing: one, on unless only off is allowed."""
+    if zero == 3 and pp > 1 and chunks > 1:
+        return allowed
+    return [True] if True in allowed else [False]

@@ -107,10 +107,21 @@ def check_actions(programs: Sequence[Sequence[Action]], placement: Sequence[int]
         if kinds[Kind.F] == kinds[Kind.B] == stages // pipelines * micro_batches and not kinds[Kind.I] \
                 and not kinds[Kind.W]:
             return
+        if pipelines == 1 and _split_complete(unique, kinds, stages, micro_batches):
+            return
     cells = _first_cells(programs, unique if len(unique) == total else None, where)
     for m in range(micro_batches):
         for s in route(m, stages, micro_batches, pipelines):
             _check_stage_micro(s, m, placement[s], cells, where)
+
+
+def _split_complete(unique: set, kinds: Counter, stages: int, micro_batches: int) -> bool:
+    """Whether every (stage, micro-batch) of one pipeline has its F, I and W and none its B: the
+    fast pass for a split backward (C-level: an `Action` is a tuple, equal to the plain one)."""
+    cells = stages * micro_batches
+    if kinds[Kind.B] or not kinds[Kind.F] == kinds[Kind.I] == kinds[Kind.W] == cells:
+        return False
+    return unique.issuperset(itertools.product(range(stages), (Kind.F, Kind.I, Kind.W), range(micro_batches)))
 
 
 def route(index: int, stages: int, micro_batches: int, pipelines: int = 1) -> range:

@@ -62,6 +62,10 @@ def test_megatrons_rules(text, args, message):
         parse_layer_layout(text).check(**args)
 
 
+def test_one_stage_holds_the_embedding_the_layers_and_the_loss():
+    assert str(from_counts([4])) == "Et*4L" and str(from_counts([0, 2, 0])) == "E|tt|L"
+
+
 def test_stages_over_devices_are_chunks():
     layout = parse_layer_layout("E|(tt|)*6L").check(devices=4, layers=12)
     assert layout.virtual(4) == 2 and layout.layers == [0] + [2] * 6 + [0]

@@ -103,3 +103,18 @@ def test_hsdp_refuses_what_it_cannot_shard(kwargs):
     kw = {**KW, "zero": 3, **kwargs}
     with pytest.raises(ValueError, match="fsdp_shard=.*HSDP"):
         sim.estimate("llama3-70b", H100, **kw)
+
+
+def test_the_summary_shows_each_choice_that_acts_on_the_layout():
+    """FSDP's options where zero=3 runs as FSDP (pp > 1), cp_comm where cp > 1, and the
+    precision, nodes, overlaps and layer layout always; none where they do not act."""
+    hsdp = sim.estimate("llama3-8b", H100, tp=1, pp=2, dp=16, micro_batch=1, global_batch=32, zero=3, fsdp_shard=8,
+                        reshard_after_forward=False, precision="fp8").summary()
+    assert (hsdp["zero"], hsdp["fsdp_shard"], hsdp["reshard_after_forward"], hsdp["precision"]) == (3, 8, False, "fp8")
+    assert "cp_comm" not in hsdp and hsdp["layer_layout"] == "Et*16|t*16L" and hsdp["nics_per_node"] == 8
+    ring = sim.estimate("llama3-8b", H100, tp=2, cp=2, dp=2, global_batch=4, zero=1, cp_comm="a2a",
+                        overlap_grad_reduce=True).summary()
+    assert (ring["cp"], ring["cp_comm"], ring["overlap_grad_reduce"], ring["precision"]) == (2, "a2a", True, "bf16")
+    assert "fsdp_shard" not in ring and "reshard_after_forward" not in ring
+    deepspeed = sim.estimate("llama3-8b", H100, tp=8, pp=1, dp=4, global_batch=8, zero=3).summary()
+    assert deepspeed["zero"] == 3 and "reshard_after_forward" not in deepspeed  # pp = 1: gathers in the passes

@@ -9,6 +9,7 @@ import pytest
 import sim
 from sim.hardware.gpus import gpu as datasheet
 from sim.hardware.profile import PRESETS
+from sim.model.layer_layout import parse_layer_layout
 from sim.plan import h100_dev
 
 RUNS = h100_dev.runs()
@@ -32,7 +33,7 @@ def test_each_reason_matches_what_the_row_says():
             assert r.reason == "stack"
         elif int(row["cp"] or 1) > 1 and not h100_dev.planner_takes_cp():
             assert r.reason == "cp"
-        elif int(row["pp"]) * int(row["vp"] or 1) > int(row["n_layers"]):
+        elif int(row["n_layers"]) < int(row["pp"]) * int(row["vp"] or 1) != int(row["n_layers"]) + 2:
             assert r.reason == "layout"
         elif row["precision"].startswith("fp8") and not h100_dev.planner_takes_fp8():
             assert r.reason == "fp8"
@@ -52,6 +53,27 @@ def test_expressed_rows_carry_their_layout():
         assert r.model.layers == int(row["n_layers"]) and r.model.seq == int(row["seq_len"])
         assert r.model.vocab % (128 * k["tp"]) == 0
         assert not row["vocab"] or 0 <= r.model.vocab - int(row["vocab"]) < 128 * k["tp"]  # Grok-1's: not stated
+
+
+@pytest.mark.parametrize("row_id", [149, 154])
+def test_the_405b_proxy_splits_30_layers_and_the_embedding_and_loss_over_32_stages(row_id):
+    """Rows 149 and 154 (30 layers at pp 4 x vp 8): the embedding and the loss a stage each, as
+    Megatron-Core's account_for_embedding/loss_in_pipeline_split cut them, and the step simulated
+    on those 32 stages: 8 a device, the first holding only the embedding, the last only the loss."""
+    run = next(r for r in RUNS if r.row_id == row_id)
+    assert run.reason is None and run.keywords["partition"] == "E|(t|)*30L"
+    layout = parse_layer_layout(run.keywords["partition"])
+    assert len(layout.stages) == 32 == run.keywords["pp"] * run.keywords["virtual"]
+    assert layout.holds("E")[0] == layout.holds("L")[-1] == 1 and layout.layers == [0] + [1] * 30 + [0]
+    e = h100_dev.estimate_run(run)
+    assert e.layers_per_stage == layout.layers and e.result.schedule.stages == 32 and e.layer_layout == "E|(t|)*30L"
+    assert e.step_time == pytest.approx(run.step_time, rel=0.10)
+
+
+def test_a_split_layout_is_one_only_where_the_stages_are_the_layers_and_two():
+    row = dict(n_layers="6", pp="2", vp="4")
+    assert h100_dev.split_layout(row) == "E|(t|)*6L"
+    assert h100_dev.split_layout(dict(row, vp="2")) is None and h100_dev.split_layout(dict(row, vp="5")) is None
 
 
 @pytest.mark.parametrize("model, preset", [("GPT-3 175B", "gpt3-175b"), ("Nemotron4 15B", "nemotron4-15b"),
@@ -126,8 +148,11 @@ def test_the_calibrated_fp8_efficiency_is_a_share_of_the_peak_that_names_its_row
     assert 0 < p.fp8_efficiency <= 1 and p.fp8_scaling == "delayed"
     fitted = json.loads((PRESETS / f"{name}.json").read_text())["matmul"]["fp8_efficiency"]
     assert fitted["source"] == "calibrated" and "FP8" in fitted["rows"] and "row_id" in fitted["rows"]
-    fp8_ids = {r.row_id for r in EXPRESSED if r.row["precision"].startswith("fp8") and r.row["moe"] == "0"}  # dense
-    assert fp8_ids and all(str(i) in fitted["rows"] for i in fp8_ids)
+    # dense (the MoE rows have their own fit), and the 405B proxy's rows split over layers + 2 stages
+    # (`h100_dev.split_layout`), expressed after the fit: held out
+    fp8_ids = {r.row_id for r in EXPRESSED if r.row["precision"].startswith("fp8") and r.row["moe"] == "0"
+               and "partition" not in r.keywords}
+    assert fp8_ids and all(str(i) in fitted["rows"] for i in fp8_ids) and "154" not in fitted["rows"]
     assert fitted["value"] == pytest.approx(sim.profile("h100-80gb-dgxc").fp8_efficiency)
 
 

@@ -33,7 +33,8 @@ def exhaustive(model, gpu, gpus, global_batch, schedules, recompute, zero):
     """Every configuration of the documented space, by plain loops, each estimated; the
     space's rules written again here: tp a power of two within a node dividing the heads,
     pp up to the layers, pp*V dividing the layers for interleaved 1F1B (V = 2, 3, 4),
-    pp = 1 only 1F1B, ZeRO > 0 only with dp > 1, sequence parallelism only with tp > 1."""
+    pp = 1 only 1F1B, ZeRO > 0 only with dp > 1, sequence parallelism only with tp > 1, ZeRO-3
+    with pp > 1 (FSDP) with reshard_after_forward on, and off too where a device holds V > 1 stages."""
     m = sim.MODELS[model]
     out = []
     for tp in (1, 2, 4, 8):
@@ -46,12 +47,15 @@ def exhaustive(model, gpu, gpus, global_batch, schedules, recompute, zero):
             for b in [d for d in divisors(global_batch // dp) if d <= plan_space.MAX_MICRO_BATCH]:
                 for name in (["1f1b"] if pp == 1 else schedules):
                     vs = [v for v in (2, 3, 4) if m.layers % (pp * v) == 0] if name == "interleaved-1f1b" else [None]
-                    for v, r, z, sp in itertools.product(vs, recompute, zero, (False, True)):
-                        if (z and dp == 1) or (sp and tp == 1) or (z == 3 and pp > 1):  # FSDP: not searched
+                    for v, r, z, sp, raf in itertools.product(vs, recompute, zero, (False, True), (True, False)):
+                        if (z and dp == 1) or (sp and tp == 1):
                             continue
+                        if not raf and (z != 3 or pp == 1 or (v or sim.SCHEDULES[name].virtual) == 1):
+                            continue  # reshard_after_forward off differs only under FSDP with V > 1
                         try:
                             e = sim.estimate(m, gpu, tp=tp, pp=pp, dp=dp, micro_batch=b, global_batch=global_batch,
-                                             schedule=name, virtual=v, recompute=r, zero=z, sequence_parallel=sp)
+                                             schedule=name, virtual=v, recompute=r, zero=z, sequence_parallel=sp,
+                                             reshard_after_forward=raf)
                         except (ValueError, sim.ScheduleError):
                             continue
                         out.append(e)
@@ -79,9 +83,11 @@ def test_every_configuration_is_enumerated_once(estimates):
     configs = plan_space.configurations(sim.MODELS[SMALL["model"]], SMALL["gpus"], SMALL["global_batch"], **SMALL_SPACE)
     assert len(set(configs)) == len(configs)
     found = {(e.layout.tp, e.layout.pp, e.layout.micro_batch, e.layout.schedule, e.result.schedule.stages // e.layout.pp,
-              e.layout.recompute, e.layout.zero, e.layout.sequence_parallel) for e in estimates}
-    mine = {(c.tp, c.pp, c.micro_batch, c.schedule, c.virtual, c.recompute, c.zero, c.sequence_parallel)
-            for c in configs}
+              e.layout.recompute, e.layout.zero, e.layout.sequence_parallel, e.layout.reshard_after_forward)
+             for e in estimates}
+    mine = {(c.tp, c.pp, c.micro_batch, c.schedule, c.virtual, c.recompute, c.zero, c.sequence_parallel,
+             c.reshard_after_forward) for c in configs}
+    assert any(c.zero == 3 and c.pp > 1 and not c.reshard_after_forward for c in configs)  # FSDP with pipelines
     assert found == mine and len(estimates) == len(configs)  # the same space, every point of it valid
 
 
@@ -92,7 +98,7 @@ def test_bounds_never_exceed_the_estimate(estimates):
     for e in estimates:
         lay = e.layout
         c = plan_space.Config(lay.tp, lay.pp, lay.dp, lay.micro_batch, lay.schedule, e.result.schedule.stages // lay.pp,
-                        lay.recompute, lay.zero, lay.sequence_parallel)
+                              lay.recompute, lay.zero, lay.sequence_parallel, lay.cp, lay.reshard_after_forward)
         assert bounds.memory_average(c) <= bounds.memory(c) <= max(e.peak_memory) * (1 + 1e-9), c
         assert bounds.average(c) <= bounds.time(c) <= bounds.schedule_time(c) <= e.step_time * (1 + 1e-9), c
 
@@ -101,11 +107,14 @@ def test_bounds_never_exceed_the_estimate(estimates):
                                                  ("interleaved-1f1b", 8, 2, 3), ("zbv", 8, 2, None),
                                                  ("zb-h2", 8, 1, None), ("dualpipev", 4, 2, None)])
 def test_bounds_hold_for_gpt3(schedule, pp, dp, v):
-    """The same on GPT-3 175B (uneven stages where 96 layers do not split evenly)."""
+    """The same on GPT-3 175B (uneven stages where 96 layers do not split evenly), FSDP (zero=3,
+    its gathers and reduce-scatters actions on the step) with reshard after forward on and off."""
     m, g = sim.MODELS["gpt3-175b"], sim.GPUS["a100-80gb"]
     bounds = plan_bounds.Bounds(m, g, 32, "bf16", 8)
-    for r, z in (("selective", 1), ("full", 0)):
-        c = plan_space.Config(8, pp, dp, 1, schedule, v or sim.SCHEDULES[schedule].virtual, r, z, True)
+    for r, z, raf in (("selective", 1, True), ("full", 0, True), ("selective", 3, True), ("full", 3, False)):
+        if z == 3 and dp == 1:  # nothing to shard
+            continue
+        c = plan_space.Config(8, pp, dp, 1, schedule, v or sim.SCHEDULES[schedule].virtual, r, z, True, 1, raf)
         e = sim.estimate(m, g, global_batch=32, **c.kwargs())
         assert bounds.memory_average(c) <= bounds.memory(c) <= max(e.peak_memory) * (1 + 1e-9)
         assert bounds.average(c) <= bounds.time(c) <= bounds.schedule_time(c) <= e.step_time * (1 + 1e-9)
@@ -173,7 +182,8 @@ def test_pruned_search_ranks_as_an_exhaustive_loop(problem, top, room, rnd):
     peaks = sorted(p for _, _, p, _ in everything)
     g = dataclasses.replace(sim.profile(gpu), gpu=dataclasses.replace(sim.GPUS[gpu], memory=int(peaks[int(room * (len(peaks) - 1))])))
     fitting = sorted(x for x in everything if x[2] <= g.memory)
-    ranked = sorted(fitting, key=lambda x: (same_time(x[0]), x[2], dataclasses.astuple(x[3])))[:top]  # rank_key
+    ranked = sorted(fitting, key=lambda x: (same_time(x[0]), x[2], *dataclasses.astuple(x[3])[:-1],
+                                            not x[3].reshard_after_forward))[:top]  # rank_key: FSDP2's default first
     found = plan.search(m, g, gpus, batch, top=top, memory_headroom=0, **space)
     assert [(r.config, r.step_time) for r in found] == [(c, t) for t, _, _, c in ranked]
     assert found.simulated <= len(everything)

@@ -39,10 +39,17 @@ def test_zero2_with_pipelining_is_refused_in_one_line():
     assert "\n" not in str(err.value)
 
 
-def test_no_searched_row_with_pipelining_shards_its_gradients():
+def test_no_searched_row_with_pipelining_is_zero2_and_its_zero3_rows_are_fsdp():
+    """With pp > 1 the search never proposes ZeRO-2 (each micro-batch's gradients reduce-scattered:
+    refused), and ZeRO-3 is FSDP: gathers as actions, the gradients held whole until the stage's
+    reduce-scatter."""
     plan = sim.plan.search("megatron-1.7b", "a100-80gb", gpus=16, global_batch=64, top=None, max_step_time=10.0)
     assert plan.rows and any(r.config.pp > 1 for r in plan.rows)
-    assert all(r.config.zero <= 1 for r in plan.rows if r.config.pp > 1)
+    assert all(r.config.zero != 2 for r in plan.rows if r.config.pp > 1)
+    fsdp = next(r.config for r in plan.rows if r.config.pp > 1 and r.config.zero == 3)
+    e = sim.estimate("megatron-1.7b", "a100-80gb", global_batch=64, **fsdp.kwargs())
+    assert any(ev.action.kind is sim.Kind.UNSHARD for ev in e.result.events)
+    assert e.memory_parts[0]["grads"] == pytest.approx(4 * e.memory_parts[0]["weights"] * fsdp.dp * fsdp.cp / 2)
 
 
 @pytest.mark.parametrize("micro_batches", [1, 4, 8])
