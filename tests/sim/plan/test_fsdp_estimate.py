@@ -106,7 +106,8 @@ def test_hsdp_refuses_what_it_cannot_shard(kwargs):
 
 
 def test_the_summary_shows_each_choice_that_acts_on_the_layout():
-    """FSDP's options where zero=3 runs as FSDP (pp > 1), cp_comm where cp > 1, and the
+    """FSDP's options where zero=3 runs as FSDP (every pp: at pp = 1 reshard_after_forward decides
+    whether the backward gathers each layer again), cp_comm where cp > 1, and the
     precision, nodes, overlaps and layer layout always; none where they do not act."""
     hsdp = sim.estimate("llama3-8b", H100, tp=1, pp=2, dp=16, micro_batch=1, global_batch=32, zero=3, fsdp_shard=8,
                         reshard_after_forward=False, precision="fp8").summary()
@@ -116,5 +117,5 @@ def test_the_summary_shows_each_choice_that_acts_on_the_layout():
                         overlap_grad_reduce=True).summary()
     assert (ring["cp"], ring["cp_comm"], ring["overlap_grad_reduce"], ring["precision"]) == (2, "a2a", True, "bf16")
     assert "fsdp_shard" not in ring and "reshard_after_forward" not in ring
-    deepspeed = sim.estimate("llama3-8b", H100, tp=8, pp=1, dp=4, global_batch=8, zero=3).summary()
-    assert deepspeed["zero"] == 3 and "reshard_after_forward" not in deepspeed  # pp = 1: gathers in the passes
+    fsdp = sim.estimate("llama3-8b", H100, tp=8, pp=1, dp=4, global_batch=8, zero=3).summary()
+    assert (fsdp["zero"], fsdp["reshard_after_forward"], fsdp["fsdp_unit"]) == (3, True, "layer")

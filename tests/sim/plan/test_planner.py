@@ -98,7 +98,7 @@ def test_bounds_never_exceed_the_estimate(estimates):
     for e in estimates:
         lay = e.layout
         c = plan_space.Config(lay.tp, lay.pp, lay.dp, lay.micro_batch, lay.schedule, e.result.schedule.stages // lay.pp,
-                              lay.recompute, lay.zero, lay.sequence_parallel, lay.cp, lay.reshard_after_forward)
+                              lay.recompute, lay.zero, lay.sequence_parallel, lay.cp, reshard_after_forward=lay.reshard_after_forward)
         assert bounds.memory_average(c) <= bounds.memory(c) <= max(e.peak_memory) * (1 + 1e-9), c
         assert bounds.average(c) <= bounds.time(c) <= bounds.schedule_time(c) <= e.step_time * (1 + 1e-9), c
 
@@ -114,7 +114,7 @@ def test_bounds_hold_for_gpt3(schedule, pp, dp, v):
     for r, z, raf in (("selective", 1, True), ("full", 0, True), ("selective", 3, True), ("full", 3, False)):
         if z == 3 and dp == 1:  # nothing to shard
             continue
-        c = plan_space.Config(8, pp, dp, 1, schedule, v or sim.SCHEDULES[schedule].virtual, r, z, True, 1, raf)
+        c = plan_space.Config(8, pp, dp, 1, schedule, v or sim.SCHEDULES[schedule].virtual, r, z, True, 1, reshard_after_forward=raf)
         e = sim.estimate(m, g, global_batch=32, **c.kwargs())
         assert bounds.memory_average(c) <= bounds.memory(c) <= max(e.peak_memory) * (1 + 1e-9)
         assert bounds.average(c) <= bounds.time(c) <= bounds.schedule_time(c) <= e.step_time * (1 + 1e-9)
