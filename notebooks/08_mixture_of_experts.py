@@ -522,11 +522,12 @@ def held_by_busiest(e):
     return e.memory_parts[max(range(len(e.peak_memory)), key=e.peak_memory.__getitem__)]
 
 
-print(f"{'ep':>3s} {'recompute':>9s} {'step s':>7s} {'all-to-all s':>12s} {'grad reduce s':>13s} {'peak GiB':>8s} "
+ep_nodes = {ep: Topology(tp=2, pp=8, dp=32, ep=ep, gpus_per_node=GPUS_PER_NODE).group("ep").nodes for ep in EP_PLAN}
+print(f"{'ep':>3s} {'nodes':>5s} {'recompute':>9s} {'step s':>7s} {'all-to-all s':>12s} {'grad reduce s':>13s} {'peak GiB':>8s} "
       f"{'weights+grads':>13s} {'optimizer':>9s} {'activations':>11s}")
 for (ep, rc), e in plans.items():
     held = held_by_busiest(e)
-    print(f"{ep:3d} {rc:>9s} {e.step_time:7.2f} {e.time_parts['expert_all_to_all']:12.2f} "
+    print(f"{ep:3d} {ep_nodes[ep]:5d} {rc:>9s} {e.step_time:7.2f} {e.time_parts['expert_all_to_all']:12.2f} "
           f"{e.time_parts['grad_reduce']:13.2f} {max(e.peak_memory) / GiB:8.1f} "
           f"{(held['weights'] + held['grads']) / GiB:13.1f} {held['optimizer'] / GiB:9.1f} "
           f"{held['activations'] / GiB:11.1f}{'' if e.fits else '  x'}")
@@ -559,6 +560,8 @@ step_of = {key: e.step_time for key, e in plans.items()}
 a2a_of = {ep: plans[ep, "none"].time_parts["expert_all_to_all"] for ep in EP_PLAN}
 assert all(step_of[a, rc] < step_of[b, rc] for a, b in zip(EP_PLAN, EP_PLAN[1:]) for rc in ("none", "full"))
 assert 0.55 < step_of[8, "none"] / step_of[64, "none"] < 0.75 and a2a_of[64] > 5 * a2a_of[8]
+assert plans[8, "none"].time_parts["grad_reduce"] > 10 * plans[64, "none"].time_parts["grad_reduce"]
+assert ep_nodes == {8: 1, 16: 2, 32: 4, 64: 8} and (deepseek.keywords["tp"], deepseek.keywords["dp"]) == (2, 32)
 assert all(not plans[8, rc].fits for rc in ("none", "full"))               # one node: too many experts a GPU
 assert min(fits)[1:] == (16, "full") and plans[64, "full"].fits
 held = {ep: held_by_busiest(plans[ep, "none"]) for ep in (8, 64)}
@@ -576,11 +579,12 @@ assert step_of[64, "full"] > deepseek.step_time > step_of[64, "none"]
 #   nor is the estimate fitted to it. Without recompute the estimate's peak is over the usable
 #   memory: the real run, which fitted, kept less.
 # - **ep inside a node is faster and does not fit.** On row 240's layout ep 8 cuts the step by
-#   over a third (the all-to-all over NVLink, 2 s a step against 16 s across 8 nodes), but each
-#   GPU then holds 32 experts of each of its layers: about 5 times the weights and gradients of
-#   ep 64, over the GPU with or without recompute. The optimizer state is the same (it is
-#   sharded over ep x edp, the stage's tp x dp ranks, either way). The step grows with ep and
-#   memory falls: the fastest that fits here is ep 16 with full recompute.
+#   over a third (the all-to-all over NVLink, 2 s a step against 16 s across 8 nodes, though
+#   each expert now has edp = 8 replicas whose gradients take 1.5 s to reduce; at ep 64 edp is
+#   1), but each GPU then holds 32 experts of each of its layers: about 5 times the weights and
+#   gradients of ep 64, over the GPU with or without recompute. The optimizer state is the same
+#   (it is sharded over ep x edp, the stage's tp x dp ranks, either way). The step grows with ep
+#   and memory falls: the fastest that fits here is ep 16 with full recompute.
 # - Row 240's measured 48.9 s lies between the estimate at ep 64 without recompute and with full
 #   recompute; the row does not say what the run recomputed.
 
