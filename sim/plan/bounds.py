@@ -30,12 +30,18 @@ from sim.schedule.liveness import held
 from sim.cost.layer import Slice
 from sim.cost.slice import per_rank
 from sim.search.partition import even
-from sim.schedule.registry import make_schedule
+from sim.schedule.registry import SCHEDULES, make_schedule
 from sim.model.transformer import Transformer
 from sim.schedule.zerobubble import split_1f1b
 
 if TYPE_CHECKING:
     from .space import Config
+
+def _may_pair(schedule: str) -> bool:
+    """Whether the schedule may run overlapped forward-backward pairs, which hide a MoE layer's
+    all-to-alls (docs/rules.md, rule 18): those whose generator takes `overlap`."""
+    return "overlap" in SCHEDULES[schedule].options
+
 
 # Schedules that `sim.estimate` builds under the run's own costs (`sim.plan.estimation.build_schedule`):
 # the unit-cost one built here may order their actions otherwise.
@@ -223,10 +229,11 @@ class Bounds:
         layer, moe = self.layers(config)
         micro_batches = self.batch // (config.dp * config.micro_batch)
         computes = micro_batches * self.model.layers / config.pp * (layer.forward + layer.backward)
-        if self.model.moe:  # its MoE layers at their F + B (their all-to-alls may hide: left out)
+        if self.model.moe:  # its MoE layers at their F + B and, unless an overlapped pair may hide them, all-to-alls
             sparse, dense = self.model.moe_layers, self.model.layers - self.model.moe_layers
+            a2a = 0.0 if _may_pair(config.schedule) else moe.a2a_forward + moe.a2a_backward
             computes = micro_batches / config.pp * (dense * (layer.forward + layer.backward)
-                                                    + sparse * (moe.forward + moe.backward))
+                                                    + sparse * (moe.forward + moe.backward + a2a))
         return computes + self._optimizer(config) + self.profile.step_overhead
 
     def costs(self, config: Config) -> tuple[StageCosts, list[int], Layout]:
@@ -262,15 +269,19 @@ class Bounds:
                for s in range(n - 1)]
         # the forward up to stage s, which waits for its gather where FSDP's (each on its rank's
         # all-gather stream, from the step's start); the backward down from it
+        # a compute with an all-to-all waits for it unless an overlapped pair hides it (rule 18): none where no pairs
+        a2a_f, a2a_b = ((0.0,) * n,) * 2 if shape.schedule.has_pairs else (per_stage.a2a_forward, per_stage.a2a_backward)
         head, tail = [per_stage.unshard[0]], [0.0]
         for s in range(n - 1):
-            head.append(max(head[-1] + per_stage.forward[s] + hop[s], per_stage.unshard[s + 1]))
-            tail.append(tail[-1] + min(per_stage.backward[s], per_stage.backward_input[s]) + hop[s])
+            head.append(max(head[-1] + per_stage.forward[s] + a2a_f[s] + hop[s], per_stage.unshard[s + 1]))
+            tail.append(tail[-1] + min(per_stage.backward[s], per_stage.backward_input[s]) + a2a_b[s] + hop[s])
         micro_batches, fsdp = shape.schedule.micro_batches, fsdp_as_actions(lay)
-        busy = [sum(k * getattr(per_stage, KINDS[kind].cost)[s] for kind, k in shape.counts[s].items())
+        comm = {"a2a_forward": a2a_f, "a2a_backward": a2a_b}
+        busy = [sum(k * (getattr(per_stage, KINDS[kind].cost)[s] + (comm[KINDS[kind].comm][s] if KINDS[kind].comm else 0.0))
+                    for kind, k in shape.counts[s].items())
                 if shape.last[place[s]] is not None else
-                micro_batches * (per_stage.forward[s] + min(per_stage.backward[s],
-                                                            per_stage.backward_input[s] + per_stage.backward_weight[s]))
+                micro_batches * (per_stage.forward[s] + a2a_f[s] + a2a_b[s]
+                                 + min(per_stage.backward[s], per_stage.backward_input[s] + per_stage.backward_weight[s]))
                 for s in range(n)]
         longest = 0.0
         for d, stages in enumerate(shape.stages_of):
@@ -300,6 +311,8 @@ class Bounds:
                          transport="ideal")
             self._unit[key] = simulate(shape.schedule, unit).makespan
         kinds = [layer] * (self.model.moe_layers < self.model.layers) + [moe] * bool(self.model.moe_layers)
-        ratio = min(min(k.forward, k.backward_input, k.backward_weight) if shape.split
-                    else min(k.forward, k.backward / 2) for k in kinds)  # a layer of either kind
+        waits = not shape.schedule.has_pairs  # a compute waits for its all-to-alls (rule 18): a layer's F, B, I
+        ratio = min(min(k.forward + waits * k.a2a_forward, k.backward_input + waits * k.a2a_backward, k.backward_weight)
+                    if shape.split else min(k.forward + waits * k.a2a_forward, (k.backward + waits * k.a2a_backward) / 2)
+                    for k in kinds)  # a layer of either kind
         return max(self.time(config), ratio * self._unit[key] + self._optimizer(config))
