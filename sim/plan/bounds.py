@@ -101,6 +101,9 @@ class Bounds:
         self.partition = partition if isinstance(partition, str) else tuple(partition)
         self.even = partition == "even"
         self.params = model.params()
+        self.sparse = model.moe is not None  # a mixture of experts (`model.moe` makes its record anew each time)
+        # the routed experts' parameters, all MoE layers' (0 for a dense model)
+        self.experts = model.moe_layers * model.moe.params(model.hidden)["routed"] if self.sparse else 0.0
         self._layer, self._ends, self._shape, self._unit, self._act, self._slices = {}, {}, {}, {}, {}, {}
         self._costs = {}
 
@@ -153,16 +156,16 @@ class Bounds:
     def _least_activations(self, config: Config) -> float:
         """The fewer bytes of a dense and a MoE layer's activations (a dense model: its layer's)."""
         dense, moe = self._activations(config)
-        return min(dense, moe) if self.model.moe else dense
+        return min(dense, moe) if self.sparse else dense
 
     def _static_average(self, config: Config) -> float:
         """The average device's weights, gradients and optimizer state: the stages' dense
         parameters sum to the model's over tp, its experts' over ep x expert_tp, each with its
         own ZeRO shard (`sim.plan.experts`)."""
         per = self._per_param(config)
-        if self.model.moe is None:
+        if not self.sparse:
             return self.params.total / (config.tp * config.pp) * per
-        experts = self.model.moe_layers * self.model.moe.params(self.model.hidden)["routed"]
+        experts = self.experts
         edp = config.tp * config.cp * config.dp // (config.ep * config.expert_tp)
         per_expert = sum(state_bytes_per_param(self.precision, config.zero, edp, self.optimizer).values())
         return ((self.params.total - experts) / config.tp * per
@@ -206,7 +209,7 @@ class Bounds:
     def _stage_static(self, config: Config, shape: _Shape) -> list[float]:
         """Each stage's weights, gradients and optimizer state on one GPU, as `stage_costs` counts
         them (less FP8's weight copies)."""
-        if self.model.moe is None:
+        if not self.sparse:
             per = self._per_param(config)
             return [p * per for p in stage_params(self.model, shape.layers, config.tp, shape.schedule.placement)]
         lay = self._layout(config)
@@ -216,8 +219,8 @@ class Bounds:
     def _optimizer(self, config: Config) -> float:
         share = config.dp * config.cp if config.zero >= 1 else 1
         updated = self.params.total / (config.tp * config.pp * share)
-        if self.model.moe is not None:  # the experts over ep x expert_tp, their state over edp
-            experts = self.model.moe_layers * self.model.moe.params(self.model.hidden)["routed"]
+        if self.sparse:  # the experts over ep x expert_tp, their state over edp
+            experts = self.experts
             edp = config.tp * config.cp * config.dp // (config.ep * config.expert_tp) if config.zero >= 1 else 1
             updated += experts / config.pp * (1 / (config.ep * config.expert_tp * edp) - 1 / (config.tp * share))
         return memory_time(self.profile, updated * optimizer_step_bytes(self.precision, self.optimizer), "optimizer")
@@ -229,7 +232,7 @@ class Bounds:
         layer, moe = self.layers(config)
         micro_batches = self.batch // (config.dp * config.micro_batch)
         computes = micro_batches * self.model.layers / config.pp * (layer.forward + layer.backward)
-        if self.model.moe:  # its MoE layers at their F + B and, unless an overlapped pair may hide them, all-to-alls
+        if self.sparse:  # its MoE layers at their F + B and, unless an overlapped pair may hide them, all-to-alls
             sparse, dense = self.model.moe_layers, self.model.layers - self.model.moe_layers
             a2a = 0.0 if _may_pair(config.schedule) else moe.a2a_forward + moe.a2a_backward
             computes = micro_batches / config.pp * (dense * (layer.forward + layer.backward)
@@ -292,7 +295,7 @@ class Bounds:
             # overlap=True): of d's, only the one after its last compute surely follows them all
             reduce = min(reduce) if fsdp else sum(reduce)
             longest = max(longest, head[first] + sum(busy[s] for s in stages) + max(after, reduce))
-        optimizer = (moe_optimizer_time if self.model.moe else optimizer_time)(self.model, self.profile, lay, layers,
+        optimizer = (moe_optimizer_time if self.sparse else optimizer_time)(self.model, self.profile, lay, layers,
                                                                                 place)
         return max(self.average(config), longest + optimizer + self.profile.step_overhead)
 
