@@ -303,19 +303,33 @@ class Bounds:
         """The schedule's makespan with each stage's F, B, I, W at (1, 2, 1, 1) per layer
         and free transfers, times the smallest ratio of a layer's real times to those: a
         makespan is a longest path through the programs' order and the dependencies, so it
-        grows with every duration and scales with them all. A simulation per schedule,
-        pp, micro-batches and V: asked only of configurations about to be simulated."""
+        grows with every duration and scales with them all. For a mixture of experts, also
+        the makespan with (1, 2, 1, 1) per MoE layer (a dense layer at 0: no longer than
+        its real times), times the smallest ratio of a MoE layer's, all-to-alls included:
+        the tighter where the dense layers are the faster. A simulation per schedule, pp,
+        micro-batches and V (two with experts): asked only of configurations about to be
+        simulated."""
         if not self.even or config.schedule in _COST_DEPENDENT:
             return self.time(config)
         key, shape, (layer, moe) = self._key(config), self.shape(config), self.layers(config)
         if key not in self._unit:
-            n = [float(k) for k in shape.layers]
-            unit = Costs(forward=n, backward=[2 * k for k in n], backward_input=n, backward_weight=n,
-                         transport="ideal")
-            self._unit[key] = simulate(shape.schedule, unit).makespan
-        kinds = [layer] * (self.model.moe_layers < self.model.layers) + [moe] * bool(self.model.moe_layers)
+            per_stage = [shape.layers] + [moe_layers(self.model, shape.layers)] * self.sparse
+            self._unit[key] = [_unit_makespan(shape.schedule, n) for n in per_stage]
         waits = not shape.schedule.has_pairs  # a compute waits for its all-to-alls (rule 18): a layer's F, B, I
-        ratio = min(min(k.forward + waits * k.a2a_forward, k.backward_input + waits * k.a2a_backward, k.backward_weight)
-                    if shape.split else min(k.forward + waits * k.a2a_forward, (k.backward + waits * k.a2a_backward) / 2)
-                    for k in kinds)  # a layer of either kind
-        return max(self.time(config), ratio * self._unit[key] + self._optimizer(config))
+
+        def ratio(k) -> float:  # a layer's real times over its unit ones
+            if shape.split:
+                return min(k.forward + waits * k.a2a_forward, k.backward_input + waits * k.a2a_backward,
+                           k.backward_weight)
+            return min(k.forward + waits * k.a2a_forward, (k.backward + waits * k.a2a_backward) / 2)
+        kinds = [layer] * (self.model.moe_layers < self.model.layers) + [moe] * bool(self.model.moe_layers)
+        scaled = [min(map(ratio, kinds)) * self._unit[key][0]] + [ratio(moe) * m for m in self._unit[key][1:]]
+        return max(self.time(config), max(scaled) + self._optimizer(config))
+
+
+def _unit_makespan(schedule: Schedule, layers: Sequence[int]) -> float:
+    """The makespan of `schedule` with each stage's F, B, I, W at (1, 2, 1, 1) per layer of `layers`
+    (its stages') and free transfers."""
+    n = [float(k) for k in layers]
+    return simulate(schedule, Costs(forward=n, backward=[2 * k for k in n], backward_input=n, backward_weight=n,
+                                    transport="ideal")).makespan
