@@ -37,6 +37,7 @@ from sim.schedule.zerobubble import split_1f1b
 if TYPE_CHECKING:
     from .space import Config
 
+
 def _may_pair(schedule: str) -> bool:
     """Whether the schedule may run overlapped forward-backward pairs, which hide a MoE layer's
     all-to-alls (docs/rules.md, rule 18): those whose generator takes `overlap`."""
@@ -263,7 +264,8 @@ class Bounds:
         stages (where d's last compute is a B or I of its first stage) or d's gradient
         reductions, which follow its last compute on its collective stream (under FSDP,
         zero=3 with pp > 1, each follows its own stage's last backward: the shortest); then the
-        optimizer step of the fullest device. With the estimate's own durations."""
+        optimizer step of the fullest device. With the estimate's own durations, a MoE layer's
+        F, B and I each with the all-to-all it waits for where no overlapped pair hides it."""
         shape = self.shape(config)
         per_stage, layers, lay = self.costs(config)
         place, n = shape.schedule.placement, shape.schedule.stages
@@ -272,15 +274,15 @@ class Bounds:
                for s in range(n - 1)]
         # the forward up to stage s, which waits for its gather where FSDP's (each on its rank's
         # all-gather stream, from the step's start); the backward down from it
-        # a compute with an all-to-all waits for it unless an overlapped pair hides it (rule 18): none where no pairs
+        # a compute waits for its all-to-all unless an overlapped pair hides it (rule 18): counted where no pairs
         a2a_f, a2a_b = ((0.0,) * n,) * 2 if shape.schedule.has_pairs else (per_stage.a2a_forward, per_stage.a2a_backward)
         head, tail = [per_stage.unshard[0]], [0.0]
         for s in range(n - 1):
             head.append(max(head[-1] + per_stage.forward[s] + a2a_f[s] + hop[s], per_stage.unshard[s + 1]))
             tail.append(tail[-1] + min(per_stage.backward[s], per_stage.backward_input[s]) + a2a_b[s] + hop[s])
         micro_batches, fsdp = shape.schedule.micro_batches, fsdp_as_actions(lay)
-        comm = {"a2a_forward": a2a_f, "a2a_backward": a2a_b}
-        busy = [sum(k * (getattr(per_stage, KINDS[kind].cost)[s] + (comm[KINDS[kind].comm][s] if KINDS[kind].comm else 0.0))
+        comm = {"a2a_forward": a2a_f, "a2a_backward": a2a_b, None: (0.0,) * n}  # by a compute kind's `comm` field
+        busy = [sum(k * (getattr(per_stage, KINDS[kind].cost)[s] + comm[KINDS[kind].comm][s])
                     for kind, k in shape.counts[s].items())
                 if shape.last[place[s]] is not None else
                 micro_batches * (per_stage.forward[s] + a2a_f[s] + a2a_b[s]
