@@ -30,12 +30,19 @@ from sim.schedule.liveness import held
 from sim.cost.layer import Slice
 from sim.cost.slice import per_rank
 from sim.search.partition import even
-from sim.schedule.registry import make_schedule
+from sim.schedule.registry import SCHEDULES, make_schedule
 from sim.model.transformer import Transformer
 from sim.schedule.zerobubble import split_1f1b
 
 if TYPE_CHECKING:
     from .space import Config
+
+
+def _may_pair(schedule: str) -> bool:
+    """Whether the schedule may run overlapped forward-backward pairs, which hide a MoE layer's
+    all-to-alls (docs/rules.md, rule 18): those whose generator takes `overlap`."""
+    return "overlap" in SCHEDULES[schedule].options
+
 
 # Schedules that `sim.estimate` builds under the run's own costs (`sim.plan.estimation.build_schedule`):
 # the unit-cost one built here may order their actions otherwise.
@@ -95,6 +102,9 @@ class Bounds:
         self.partition = partition if isinstance(partition, str) else tuple(partition)
         self.even = partition == "even"
         self.params = model.params()
+        self.sparse = model.moe is not None  # a mixture of experts (`model.moe` makes its record anew each time)
+        # the routed experts' parameters, all MoE layers' (0 for a dense model)
+        self.experts = model.moe_layers * model.moe.params(model.hidden)["routed"] if self.sparse else 0.0
         self._layer, self._ends, self._shape, self._unit, self._act, self._slices = {}, {}, {}, {}, {}, {}
         self._costs = {}
 
@@ -147,16 +157,16 @@ class Bounds:
     def _least_activations(self, config: Config) -> float:
         """The fewer bytes of a dense and a MoE layer's activations (a dense model: its layer's)."""
         dense, moe = self._activations(config)
-        return min(dense, moe) if self.model.moe else dense
+        return min(dense, moe) if self.sparse else dense
 
     def _static_average(self, config: Config) -> float:
         """The average device's weights, gradients and optimizer state: the stages' dense
         parameters sum to the model's over tp, its experts' over ep x expert_tp, each with its
         own ZeRO shard (`sim.plan.experts`)."""
         per = self._per_param(config)
-        if self.model.moe is None:
+        if not self.sparse:
             return self.params.total / (config.tp * config.pp) * per
-        experts = self.model.moe_layers * self.model.moe.params(self.model.hidden)["routed"]
+        experts = self.experts
         edp = config.tp * config.cp * config.dp // (config.ep * config.expert_tp)
         per_expert = sum(state_bytes_per_param(self.precision, config.zero, edp, self.optimizer).values())
         return ((self.params.total - experts) / config.tp * per
@@ -200,7 +210,7 @@ class Bounds:
     def _stage_static(self, config: Config, shape: _Shape) -> list[float]:
         """Each stage's weights, gradients and optimizer state on one GPU, as `stage_costs` counts
         them (less FP8's weight copies)."""
-        if self.model.moe is None:
+        if not self.sparse:
             per = self._per_param(config)
             return [p * per for p in stage_params(self.model, shape.layers, config.tp, shape.schedule.placement)]
         lay = self._layout(config)
@@ -210,8 +220,8 @@ class Bounds:
     def _optimizer(self, config: Config) -> float:
         share = config.dp * config.cp if config.zero >= 1 else 1
         updated = self.params.total / (config.tp * config.pp * share)
-        if self.model.moe is not None:  # the experts over ep x expert_tp, their state over edp
-            experts = self.model.moe_layers * self.model.moe.params(self.model.hidden)["routed"]
+        if self.sparse:  # the experts over ep x expert_tp, their state over edp
+            experts = self.experts
             edp = config.tp * config.cp * config.dp // (config.ep * config.expert_tp) if config.zero >= 1 else 1
             updated += experts / config.pp * (1 / (config.ep * config.expert_tp * edp) - 1 / (config.tp * share))
         return memory_time(self.profile, updated * optimizer_step_bytes(self.precision, self.optimizer), "optimizer")
@@ -223,10 +233,11 @@ class Bounds:
         layer, moe = self.layers(config)
         micro_batches = self.batch // (config.dp * config.micro_batch)
         computes = micro_batches * self.model.layers / config.pp * (layer.forward + layer.backward)
-        if self.model.moe:  # its MoE layers at their F + B (their all-to-alls may hide: left out)
+        if self.sparse:  # its MoE layers at their F + B and, unless an overlapped pair may hide them, all-to-alls
             sparse, dense = self.model.moe_layers, self.model.layers - self.model.moe_layers
+            a2a = 0.0 if _may_pair(config.schedule) else moe.a2a_forward + moe.a2a_backward
             computes = micro_batches / config.pp * (dense * (layer.forward + layer.backward)
-                                                    + sparse * (moe.forward + moe.backward))
+                                                    + sparse * (moe.forward + moe.backward + a2a))
         return computes + self._optimizer(config) + self.profile.step_overhead
 
     def costs(self, config: Config) -> tuple[StageCosts, list[int], Layout]:
@@ -253,7 +264,8 @@ class Bounds:
         stages (where d's last compute is a B or I of its first stage) or d's gradient
         reductions, which follow its last compute on its collective stream (under FSDP,
         zero=3 with pp > 1, each follows its own stage's last backward: the shortest); then the
-        optimizer step of the fullest device. With the estimate's own durations."""
+        optimizer step of the fullest device. With the estimate's own durations, a MoE layer's
+        F, B and I each with the all-to-all it waits for where no overlapped pair hides it."""
         shape = self.shape(config)
         per_stage, layers, lay = self.costs(config)
         place, n = shape.schedule.placement, shape.schedule.stages
@@ -262,15 +274,19 @@ class Bounds:
                for s in range(n - 1)]
         # the forward up to stage s, which waits for its gather where FSDP's (each on its rank's
         # all-gather stream, from the step's start); the backward down from it
+        # a compute waits for its all-to-all unless an overlapped pair hides it (rule 18): counted where no pairs
+        a2a_f, a2a_b = ((0.0,) * n,) * 2 if shape.schedule.has_pairs else (per_stage.a2a_forward, per_stage.a2a_backward)
         head, tail = [per_stage.unshard[0]], [0.0]
         for s in range(n - 1):
-            head.append(max(head[-1] + per_stage.forward[s] + hop[s], per_stage.unshard[s + 1]))
-            tail.append(tail[-1] + min(per_stage.backward[s], per_stage.backward_input[s]) + hop[s])
+            head.append(max(head[-1] + per_stage.forward[s] + a2a_f[s] + hop[s], per_stage.unshard[s + 1]))
+            tail.append(tail[-1] + min(per_stage.backward[s], per_stage.backward_input[s]) + a2a_b[s] + hop[s])
         micro_batches, fsdp = shape.schedule.micro_batches, fsdp_as_actions(lay)
-        busy = [sum(k * getattr(per_stage, KINDS[kind].cost)[s] for kind, k in shape.counts[s].items())
+        comm = {"a2a_forward": a2a_f, "a2a_backward": a2a_b, None: (0.0,) * n}  # by a compute kind's `comm` field
+        busy = [sum(k * (getattr(per_stage, KINDS[kind].cost)[s] + comm[KINDS[kind].comm][s])
+                    for kind, k in shape.counts[s].items())
                 if shape.last[place[s]] is not None else
-                micro_batches * (per_stage.forward[s] + min(per_stage.backward[s],
-                                                            per_stage.backward_input[s] + per_stage.backward_weight[s]))
+                micro_batches * (per_stage.forward[s] + a2a_f[s] + a2a_b[s]
+                                 + min(per_stage.backward[s], per_stage.backward_input[s] + per_stage.backward_weight[s]))
                 for s in range(n)]
         longest = 0.0
         for d, stages in enumerate(shape.stages_of):
@@ -281,7 +297,7 @@ class Bounds:
             # overlap=True): of d's, only the one after its last compute surely follows them all
             reduce = min(reduce) if fsdp else sum(reduce)
             longest = max(longest, head[first] + sum(busy[s] for s in stages) + max(after, reduce))
-        optimizer = (moe_optimizer_time if self.model.moe else optimizer_time)(self.model, self.profile, lay, layers,
+        optimizer = (moe_optimizer_time if self.sparse else optimizer_time)(self.model, self.profile, lay, layers,
                                                                                 place)
         return max(self.average(config), longest + optimizer + self.profile.step_overhead)
 
@@ -289,17 +305,33 @@ class Bounds:
         """The schedule's makespan with each stage's F, B, I, W at (1, 2, 1, 1) per layer
         and free transfers, times the smallest ratio of a layer's real times to those: a
         makespan is a longest path through the programs' order and the dependencies, so it
-        grows with every duration and scales with them all. A simulation per schedule,
-        pp, micro-batches and V: asked only of configurations about to be simulated."""
+        grows with every duration and scales with them all. For a mixture of experts, also
+        the makespan with (1, 2, 1, 1) per MoE layer (a dense layer at 0: no longer than
+        its real times), times the smallest ratio of a MoE layer's, all-to-alls included:
+        the tighter where the dense layers are the faster. A simulation per schedule, pp,
+        micro-batches and V (two with experts): asked only of configurations about to be
+        simulated."""
         if not self.even or config.schedule in _COST_DEPENDENT:
             return self.time(config)
         key, shape, (layer, moe) = self._key(config), self.shape(config), self.layers(config)
         if key not in self._unit:
-            n = [float(k) for k in shape.layers]
-            unit = Costs(forward=n, backward=[2 * k for k in n], backward_input=n, backward_weight=n,
-                         transport="ideal")
-            self._unit[key] = simulate(shape.schedule, unit).makespan
+            per_stage = [shape.layers] + [moe_layers(self.model, shape.layers)] * self.sparse
+            self._unit[key] = [_unit_makespan(shape.schedule, n) for n in per_stage]
+        waits = not shape.schedule.has_pairs  # a compute waits for its all-to-alls (rule 18): a layer's F, B, I
+
+        def ratio(k) -> float:  # a layer's real times over its unit ones
+            if shape.split:
+                return min(k.forward + waits * k.a2a_forward, k.backward_input + waits * k.a2a_backward,
+                           k.backward_weight)
+            return min(k.forward + waits * k.a2a_forward, (k.backward + waits * k.a2a_backward) / 2)
         kinds = [layer] * (self.model.moe_layers < self.model.layers) + [moe] * bool(self.model.moe_layers)
-        ratio = min(min(k.forward, k.backward_input, k.backward_weight) if shape.split
-                    else min(k.forward, k.backward / 2) for k in kinds)  # a layer of either kind
-        return max(self.time(config), ratio * self._unit[key] + self._optimizer(config))
+        scaled = [min(map(ratio, kinds)) * self._unit[key][0]] + [ratio(moe) * m for m in self._unit[key][1:]]
+        return max(self.time(config), max(scaled) + self._optimizer(config))
+
+
+def _unit_makespan(schedule: Schedule, layers: Sequence[int]) -> float:
+    """The makespan of `schedule` with each stage's F, B, I, W at (1, 2, 1, 1) per layer of `layers`
+    (its stages') and free transfers."""
+    n = [float(k) for k in layers]
+    return simulate(schedule, Costs(forward=n, backward=[2 * k for k in n], backward_input=n, backward_weight=n,
+                                    transport="ideal")).makespan

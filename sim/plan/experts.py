@@ -91,7 +91,8 @@ def split_params(model: Transformer, layers: list[int], lay, placement) -> tuple
     if model.moe is None:
         return dense, [0.0] * len(layers)
     (shared, experts), moe = moe_layer_params(model, lay), moe_layers(model, layers)
-    return ([d + k * (shared - model.params().per_layer / lay.tp) for d, k in zip(dense, moe)],
+    dense_mlp = shared - model.params().per_layer / lay.tp  # a MoE layer's dense part less a dense layer's
+    return ([d + k * dense_mlp for d, k in zip(dense, moe)],
             [k * experts for k in moe])
 
 
