@@ -26,9 +26,9 @@ CP_MIN_TOKENS = 4096
 # and the memory-controlled V shapes (v-min, v-half): building their orders is the search's
 # largest cost (GPT-3 on 1024 A100s: 9 s -> 20 s with them), and they win only where 1F1B's
 # memory does not fit; name them with `schedules=` / `--schedules` when memory binds.
-# DualPipe's two copies of the model the planner does not count yet: left out, even named.
-OPT_IN_SCHEDULES = ("zb-auto", "v-min", "v-half")
-DEFAULT_SCHEDULES = tuple(name for name in SCHEDULES if name not in OPT_IN_SCHEDULES and SCHEDULES[name].pipelines == 1)
+# DualPipe (two copies of the model, `sim.plan.copies`) XXX
+OPT_IN_SCHEDULES = ("zb-auto", "v-min", "v-half", "dualpipe")
+DEFAULT_SCHEDULES = tuple(name for name in SCHEDULES if name not in OPT_IN_SCHEDULES)
 # Where it is named, the planner's zb-auto runs its heuristic at most this many times per
 # configuration (`sim.search.zbauto.zb_auto(max_runs=)`: the likeliest fastest runs first), so that
 # one configuration of hundreds of micro-batches takes seconds, not minutes.
@@ -229,9 +229,7 @@ def _schedule_chunks(model: Transformer, pp: int, micro_batches: int, names: Seq
         else:
             chunk_counts = [generator.virtual]
         for chunks in chunk_counts:
-            if generator.pipelines > 1:
-                dropped["the planner does not count two copies of the model (DualPipe) yet"] += 1
-            elif pp * chunks > model.layers:
+            if pp * chunks > model.layers * generator.pipelines:  # each copy's stages hold the model's layers
                 dropped["more stages than layers"] += 1
             elif generator.refusal(pp, micro_batches, chunks):
                 dropped["the schedule refuses these sizes"] += 1
