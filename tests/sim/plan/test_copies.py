@@ -50,7 +50,7 @@ def test_the_copies_reduce_as_one_group_of_both_copies_replicas():
     lay, topo = e.layout, e.layout.topology()
     assert topo.mirrored("dp") == topo.placed((0, 1, 2, 3, 12, 13, 14, 15))  # devices 0 and 3, dp 4 each
     assert topo.mirrored("dp").nodes == 2  # the pp axis outermost: across nodes of 8
-    params = [sum(sim.MODELS["llama3-8b"].params().per_layer * n for n in [8])] * 1
+    params = [8 * sim.MODELS["llama3-8b"].params().per_layer]  # a middle stage: its 8 layers
     grad = 4.0  # fp32 gradients under bf16
     one = collective_time(links_of(e.profile), "all_reduce", params[0] * grad, topo.mirrored("dp_cp"))
     reduces = {ev.action.stage: ev.end - ev.start for ev in e.result.events if ev.action.kind is Kind.REDUCE_GRAD}
