@@ -27,7 +27,7 @@ CP_MIN_TOKENS = 4096
 # largest cost (GPT-3 on 1024 A100s: 9 s -> 20 s with them), and they win only where 1F1B's
 # memory does not fit; name them with `schedules=` / `--schedules` when memory binds.
 # DualPipe (two copies of the model, `sim.plan.copies`) is searched: it adds 2-4 % of the
-# configurations and about 0.3-0.8 s to the dense searches of docs/planner.md (measured 2026-11-25,
+# configurations and about 0.8 s (user) to the dense searches of docs/planner.md (measured 2026-11-25,
 # docs/measurements.md, "DualPipe in the search").
 OPT_IN_SCHEDULES = ("zb-auto", "v-min", "v-half")
 DEFAULT_SCHEDULES = tuple(name for name in SCHEDULES if name not in OPT_IN_SCHEDULES)
