@@ -107,3 +107,18 @@ def test_mirrored_groups_join_device_p_and_its_mirror():
     assert t.groups("dp")[:2] == [(0, 2), (1, 3)]
     assert t.mirrored("dp") == t.placed((0, 2, 12, 14))  # device 0's dp group and device 3's
     assert Topology(tp=1, pp=2, dp=2).mirrored("dp") == t.placed((0, 1, 2, 3)) == Topology(1, 1, 4).group("dp")
+
+
+def test_a_mixture_of_experts_holds_both_copies_experts_and_one_dispatch_buffer():
+    """DeepSeek-V3 (61 layers, the first 3 dense) over pp 8: device r holds 1F1B's stage r and
+    stage P-1-r, dense and expert weights alike, and the dispatcher's buffers once."""
+    run = dict(tp=2, pp=8, dp=16, ep=32, global_batch=512, sequence_parallel=True, zero=1)
+    one, two, v = (sim.estimate("deepseek-v3-671b", "h100-80gb", schedule=s, **run) for s in ("1f1b", "dualpipe", "dualpipev"))
+    P = run["pp"]
+    assert two.layers_per_stage == one.layers_per_stage * 2 and sum(one.layers_per_stage) == 61
+    w1, w2 = ([m["weights"] for m in e.memory_parts] for e in (one, two))
+    assert w2 == pytest.approx([w1[r] + w1[P - 1 - r] for r in range(P)], rel=1e-12)
+    assert sum(w2) == pytest.approx(2 * sum(w1), rel=1e-12)  # the parameters twice
+    assert sum(m["weights"] for m in v.memory_parts) == pytest.approx(sum(w1), rel=1e-12)  # DualPipeV: once
+    buffers = [m.get("dispatch_buffers", 0.0) for m in two.memory_parts]
+    assert buffers == pytest.approx([m.get("dispatch_buffers", 0.0) for m in one.memory_parts])
