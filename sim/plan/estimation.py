@@ -74,8 +74,10 @@ class Estimate:
     @property
     def layer_layout(self) -> str:
         """`layers_per_stage` as a Megatron-Core layout string (`--pipeline-model-parallel-layout`,
-        `sim.model.layer_layout`), e.g. the balanced partition's 'Et*3|t*4|t*4|t*3L'."""
-        return str(from_counts(self.layers_per_stage))
+        `sim.model.layer_layout`), e.g. the balanced partition's 'Et*3|t*4|t*4|t*3L'; with two copies
+        of the model (DualPipe), one copy's, each copy holding the model."""
+        chain = len(self.layers_per_stage) // self.result.schedule.pipelines
+        return str(from_counts(self.layers_per_stage[:chain]))
 
     def __repr__(self) -> str:
         lay = self.layout

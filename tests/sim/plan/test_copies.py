@@ -34,6 +34,7 @@ def test_each_device_holds_one_stage_of_each_copy(zero):
     one, two = ([m[k] for m in e[s].memory_parts] for s in ("1f1b", "dualpipe") for k in ("weights",))
     P = RUN["pp"]
     assert e["dualpipe"].layers_per_stage == e["1f1b"].layers_per_stage * 2 == [8] * 8
+    assert e["dualpipe"].layer_layout == e["1f1b"].layer_layout  # one copy's, which holds the model
     assert two == pytest.approx([one[r] + one[P - 1 - r] for r in range(P)], rel=1e-12)
     assert two[1:-1] == pytest.approx([2 * w for w in one[1:-1]], rel=1e-12)  # equal stages: twice 1F1B's
     parts = [[m[k] for m in e[s].memory_parts] for s in ("1f1b", "dualpipe") for k in ("grads", "optimizer")]
