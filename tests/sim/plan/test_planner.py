@@ -21,7 +21,7 @@ from sim.plan.figures import write_figures
 from sim.model.transformer import RECOMPUTE
 
 SMALL = dict(model="megatron-1.7b", gpu="a100-40gb", gpus=8, global_batch=32)
-SMALL_SPACE = dict(schedules=["1f1b", "gpipe", "zb-h1", "zbv", "interleaved-1f1b"], recompute=["none", "full"],
+SMALL_SPACE = dict(schedules=["1f1b", "gpipe", "zb-h1", "zbv", "interleaved-1f1b", "dualpipe"], recompute=["none", "full"],
                    zero=[0, 1, 3])
 
 
@@ -34,7 +34,8 @@ def exhaustive(model, gpu, gpus, global_batch, schedules, recompute, zero):
     space's rules written again here: tp a power of two within a node dividing the heads,
     pp up to the layers, pp*V dividing the layers for interleaved 1F1B (V = 2, 3, 4),
     pp = 1 only 1F1B, ZeRO > 0 only with dp > 1, sequence parallelism only with tp > 1, ZeRO-3
-    with pp > 1 (FSDP) with reshard_after_forward on, and off too where a device holds V > 1 stages."""
+    with pp > 1 (FSDP) with reshard_after_forward on, and off too where a device holds V > 1 stages;
+    what `sim.estimate` refuses (DualPipe's odd pp, too few micro-batches, ZeRO 2-3) left out."""
     m = sim.MODELS[model]
     out = []
     for tp in (1, 2, 4, 8):
