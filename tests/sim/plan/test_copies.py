@@ -123,3 +123,19 @@ def test_a_mixture_of_experts_holds_both_copies_experts_and_one_dispatch_buffer(
     assert sum(m["weights"] for m in v.memory_parts) == pytest.approx(sum(w1), rel=1e-12)  # DualPipeV: once
     buffers = [m.get("dispatch_buffers", 0.0) for m in two.memory_parts]
     assert buffers == pytest.approx([m.get("dispatch_buffers", 0.0) for m in one.memory_parts])
+
+
+@pytest.mark.parametrize("P, M", [(4, 8), (4, 20), (8, 16), (8, 40)])
+def test_table_2s_bubble_holds_on_the_estimates_path_under_equal_costs(P, M):
+    """One copy's P equal stages repeated for both copies (`repeat_costs`), REDUCE_GRADs of no
+    time added (`sim.add_grad_reduce`, as `sim.estimate` adds them): DualPipe's bubble is still
+    the DeepSeek-V3 report's Table 2, (P/2-1)(F&B + B - 3W), F&B the overlapped pair."""
+    from sim.engine.costs import pair_times
+    from sim.plan.copies import repeat_costs
+    c, a = 1.0, 0.5
+    one = sim.Costs(forward=(c,) * P, backward=(2 * c,) * P, backward_input=(c,) * P, backward_weight=(c,) * P,
+                    a2a_forward=(a,) * P, a2a_backward=(a,) * P, grad_reduce=(0.0,) * P)
+    schedule = sim.make_schedule("dualpipe", P, M, overlap=True)
+    result = sim.simulate(sim.add_grad_reduce(schedule, overlap=False), repeat_costs(one, schedule.placement, 2))
+    idle = [result.compute_end - busy for busy in result.busy()]
+    assert max(idle) == pytest.approx((P // 2 - 1) * (sum(pair_times(c, a, 2 * c, a)) + 2 * c + a - 3 * c))
