@@ -139,3 +139,16 @@ def test_table_2s_bubble_holds_on_the_estimates_path_under_equal_costs(P, M):
     result = sim.simulate(sim.add_grad_reduce(schedule, overlap=False), repeat_costs(one, schedule.placement, 2))
     idle = [result.compute_end - busy for busy in result.busy()]
     assert max(idle) == pytest.approx((P // 2 - 1) * (sum(pair_times(c, a, 2 * c, a)) + 2 * c + a - 3 * c))
+
+
+def test_on_deepseek_v3s_row_240_dualpipe_is_dualpipevs_step_at_more_memory():
+    """docs/planner.md, "DualPipe in the planner": on row 240's layout (512 H100s, pp 8, ep 64)
+    DualPipe's overlapped pairs make its step DualPipeV's, far under 1F1B's, and its second
+    copy of the parameters costs memory DualPipeV does not spend."""
+    from sim.plan import h100_dev
+    run = next(r for r in h100_dev.runs() if r.row["row_id"] == "240")
+    e = {s: sim.estimate(run.model, "h100-80gb", **{**run.keywords, "schedule": s}, **o)
+         for s, o in (("1f1b", {}), ("dualpipev", {"overlap": True}), ("dualpipe", {"overlap": True}))}
+    assert e["dualpipe"].step_time == pytest.approx(e["dualpipev"].step_time, rel=0.01)
+    assert e["dualpipe"].step_time < 0.7 * e["1f1b"].step_time
+    assert max(e["dualpipe"].peak_memory) > max(e["dualpipev"].peak_memory) + 10 * 2**30
