@@ -28,7 +28,7 @@ from sim.hardware.topology import Topology
 from sim.model.footprint import DEFAULT_OPTIMIZER, state_bytes_per_param
 from sim.model.transformer import ATTENTION, Transformer, check_recompute
 from .experts import check_experts
-from sim.schedule.registry import lookup
+from sim.schedule.registry import SCHEDULES, lookup
 
 
 # The share of each GPU's memory a plan keeps free by default for what the estimate does not
@@ -173,7 +173,8 @@ class Layout:
     def pipelines(self) -> int:
         """The copies of the model the schedule holds (`sim.Schedule.pipelines`; DualPipe: 2, its
         stages twice: each copy's P stages hold the whole model, each device one stage of each)."""
-        return lookup(self.schedule)[1].pipelines
+        generator = SCHEDULES.get(self.schedule) or lookup(self.schedule)[1]  # a canonical name: no lookup
+        return generator.pipelines
 
     @property
     def edp(self) -> int:
