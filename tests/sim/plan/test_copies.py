@@ -57,6 +57,11 @@ def test_the_copies_reduce_as_one_group_of_both_copies_replicas():
     reduces = {ev.action.stage: ev.end - ev.start for ev in e.result.events if ev.action.kind is Kind.REDUCE_GRAD}
     assert reduces[1] == pytest.approx(one) and reduces[5] == pytest.approx(one)  # a middle stage, both copies
     assert grad_reduce_times(sim.MODELS["llama3-8b"], e.profile, lay, params, [0])[0] == pytest.approx(one)
+    # overlap_grad_reduce: each right after its copy's last backward, whole (a device holds two stages)
+    o = sim.estimate("llama3-8b", "h100-80gb", schedule="dualpipe", zero=0, tp=1, pp=4, dp=4, global_batch=64,
+                     overlap_grad_reduce=True)
+    assert [ev.end - ev.start for ev in o.result.events if ev.action.kind is Kind.REDUCE_GRAD and ev.action.stage == 1] \
+        == [pytest.approx(one)]
 
 
 @pytest.mark.parametrize("model, gpu, run", [
