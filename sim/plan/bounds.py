@@ -202,7 +202,8 @@ class Bounds:
 
     def _stage_static(self, config: Config, shape: _Shape) -> list[float]:
         """Each stage's weights, gradients and optimizer state on one GPU, as `stage_costs` counts
-        them (less FP8's weight copies)."""
+        them (less FP8's weight copies; with DualPipe's two copies of the model, the estimate's own
+        costs, FP8's copies in)."""
         if shape.schedule.pipelines > 1:  # DualPipe's copies: the estimate's own bytes (`sim.plan.copies`)
             per_stage = self.costs(config)[0]
             return [per_stage.static_total(s) - per_stage.static_bytes[s] for s in range(shape.schedule.stages)]
