@@ -157,3 +157,17 @@ def test_on_deepseek_v3s_row_240_dualpipe_is_dualpipevs_step_at_more_memory():
     assert e["dualpipe"].step_time == pytest.approx(e["dualpipev"].step_time, rel=0.01)
     assert e["dualpipe"].step_time < 0.7 * e["1f1b"].step_time
     assert max(e["dualpipe"].peak_memory) > max(e["dualpipev"].peak_memory) + 10 * 2**30
+
+
+def test_bounds_hold_for_dualpipe_on_a_mixture_of_experts():
+    """The planner's bounds (`sim.plan.bounds`) at most the estimate, on DeepSeek-V3's DualPipe
+    layouts over 512 H100s (pp 4 to 16, ep 8 to 64, full and selective recompute)."""
+    m, gpu = sim.MODELS["deepseek-v3-671b"], "h100-80gb"
+    configs = plan_space.configurations(m, 512, 1024, schedules=["dualpipe"], tp=2, pp=[4, 8, 16], ep=[8, 32, 64],
+                                        recompute=["full", "selective"], max_micro_batch=2)
+    bounds = plan_bounds.Bounds(m, gpu, 1024, "bf16", 8)
+    assert len(configs) > 50
+    for c in configs[::3]:
+        e = sim.estimate(m, gpu, global_batch=1024, **c.kwargs())
+        assert bounds.memory_average(c) <= bounds.memory(c) <= max(e.peak_memory) * (1 + 1e-9), c
+        assert bounds.average(c) <= bounds.time(c) <= bounds.schedule_time(c) <= e.step_time * (1 + 1e-9), c
