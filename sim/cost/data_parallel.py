@@ -12,7 +12,10 @@ cp, ZeRO stage, precision, optimizer, and nodes, `topology`, which says how each
 them); collectives are timed by `sim.hardware.network`. With context parallelism the replicas
 of a parameter are dp x cp (each cp rank computes gradients of its s/cp tokens): gradients are
 reduced, and ZeRO shards, over the "dp_cp" group (Megatron-Core's data-parallel group with
-context parallel), which is the "dp" group where cp = 1.
+context parallel), which is the "dp" group where cp = 1. With k copies of the model
+(`Parallelism.pipelines`; DualPipe: 2, stage i of one copy and stage P-1-i of the other on
+device i), the replicas of a stage are k dp x cp, on its devices i and P-1-i: they reduce as
+one group (`reduce_group`) and ZeRO shards over all of them (`shard_size`).
 """
 from __future__ import annotations
 
@@ -40,6 +43,7 @@ class Parallelism(Protocol):
     fsdp_unit: str  # what FSDP gathers at once: "layer" or "stage" (FSDP_UNITS)
     reshard_after_forward: bool
     optimizer: str  # a name of sim.model.footprint.OPTIMIZERS
+    pipelines: int  # the copies of the model its schedule holds (`sim.Schedule.pipelines`; DualPipe: 2)
 
     def topology(self) -> Topology:
         """Where the run's GPUs sit and which links its groups use (`sim.hardware.topology`)."""
@@ -73,11 +77,11 @@ def grad_reduce_times(m: Transformer, g: DeviceProfile, lay: Parallelism, params
     (`bucketed_tail`; with one stage per device and overlap_grad_reduce)."""
     grad = state_bytes_per_param(lay.precision)["grads"]
     topo, links = lay.topology(), links_of(g)
-    dp = topo.group("dp_cp")
+    dp = reduce_group(lay)
 
     def reduce(nbytes: float, s: int) -> float:
         def tail(seconds: float) -> float:
-            k = buckets(params[s], lay.dp * lay.cp)
+            k = buckets(params[s], shard_size(lay))
             return seconds if backward is None else bucketed_tail(seconds, backward[s], k)
         if lay.zero == 0:
             return tail(collective_time(links, "all_reduce", nbytes, dp))
@@ -118,6 +122,16 @@ def bucketed_tail(reduce: float, backward: float, k: int) -> float:
     return max(reduce / k, reduce - backward * (k - 1) / k)
 
 
+def reduce_group(lay: Parallelism, axis: str = "dp_cp") -> Group:
+    """The group a stage's gradients are reduced over: `axis`'s, or with two copies of the model
+    (DualPipe) the replicas of both copies, on pipeline devices i and P-1-i (`Topology.mirrored`):
+    one all-reduce (ZeRO-1: one reduce-scatter) of the two copies' gradients, which sums them as
+    the dp replicas' (deepseek-ai/DualPipe leaves the sum to the trainer; its
+    examples/example_dualpipe.py adds each copy's gradient to its twin's over the pipeline group)."""
+    topo = lay.topology()
+    return topo.mirrored(axis) if lay.pipelines > 1 else topo.group(axis)
+
+
 def fsdp_as_actions(lay: Parallelism) -> bool:
     """Whether ZeRO-3 runs as FSDP's gathers and releases, actions the engine schedules
     (`sim.add_fsdp`): always. With pp > 1 each UNSHARD gathers its whole stage and takes its
@@ -128,9 +142,10 @@ def fsdp_as_actions(lay: Parallelism) -> bool:
 
 
 def shard_size(lay: Parallelism) -> int:
-    """The ranks ZeRO shards over: the dp x cp replicas ("dp_cp"), or under HSDP (zero=3 with
+    """The ranks ZeRO shards over: the dp x cp replicas ("dp_cp"; with k copies of the model the
+    k dp x cp replicas of a stage's copies, `reduce_group`), or under HSDP (zero=3 with
     `fsdp_shard`) each shard group of that many consecutive replicas."""
-    return lay.fsdp_shard or lay.dp * lay.cp
+    return lay.fsdp_shard or lay.dp * lay.cp * lay.pipelines
 
 
 def hsdp_groups(lay: Parallelism) -> tuple[Group, Group]:
@@ -251,13 +266,15 @@ def optimizer_time(m: Transformer, g: DeviceProfile, lay: Parallelism, layers: l
     """The optimizer's step after the pipeline flush: memory-bound over the parameters each GPU
     updates (all it holds; 1/dp of them under ZeRO), on the device that holds the most, at
     the bytes its optimizer reads and writes per parameter (`sim.model.footprint.optimizer_step_bytes`).
+    With k copies of the model (DualPipe), `layers` are one copy's stages, stage s of `placement`
+    holding layers[s mod len(layers)]; ZeRO shards over the copies' replicas (`shard_size`).
     Under FP8, with it, Transformer Engine's once-a-step casts of the Linear weights to their
     FP8 copies (`sim.cost.fp8.weight_cast_bytes`, memory-bound)."""
-    params = stage_params(m, layers, lay.tp, placement)
+    params, n = stage_params(m, layers, lay.tp, placement[:len(layers)]), len(layers)
     per_rank, held = [0.0] * lay.pp, [0] * lay.pp
-    for s, r in enumerate(placement):
-        per_rank[r] += params[s]
-        held[r] += layers[s]
+    for s, r in enumerate(placement):  # with k copies of the model, `layers` are one copy's stages
+        per_rank[r] += params[s % n]
+        held[r] += layers[s % n]
     share = shard_size(lay) if lay.zero >= 1 else 1
     step = memory_time(g, max(per_rank) / share * optimizer_step_bytes(lay.precision, lay.optimizer), "optimizer")
     return step + (memory_time(g, weight_cast_bytes(m, max(held), lay.tp)) if lay.precision == "fp8" else 0.0)

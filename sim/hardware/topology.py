@@ -204,6 +204,13 @@ class Topology:
         """The slowest group of `axis` (see the module's docstring)."""
         return _slowest(self, axis)
 
+    def mirrored(self, axis: str) -> Group:
+        """The slowest group of `axis` joined with its mirror image on pipeline device pp-1-p
+        (the same offsets, the other device): the replicas of a stage that DualPipe holds twice,
+        its copies on devices p and pp-1-p, reduce over it (docs/rules.md, rule 13). With
+        pp > 1 it spans two pipeline devices, so nodes unless both fit one."""
+        return _mirrored(self, axis)
+
     def slowest(self, groups) -> Group:
         """The slowest of `groups` (each its ranks), all communicating at once: for groups
         no axis names, such as HSDP's shard and replica groups inside "dp"."""
@@ -244,6 +251,14 @@ def _slowness(g: Group) -> tuple:
 @lru_cache(maxsize=4096)
 def _slowest(topo: Topology, axis: str) -> Group:
     return min((topo.placed(g) for g in topo.groups(axis)), key=_slowness)
+
+
+@lru_cache(maxsize=4096)
+def _mirrored(topo: Topology, axis: str) -> Group:
+    stride = topo.gpus // topo.pp  # the ranks of one pipeline device
+    groups = [g + tuple(r + (topo.pp - 1 - 2 * (g[0] // stride)) * stride for r in g)
+              for g in topo.groups(axis) if 2 * (g[0] // stride) < topo.pp - 1]
+    return topo.slowest(groups) if groups else topo.group(axis)
 
 
 @lru_cache(maxsize=65536)

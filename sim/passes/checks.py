@@ -61,7 +61,7 @@ def _stages_and_micros_fit(schedule: Schedule) -> bool:
                     or max(stages) >= schedule.stages or any(schedule.placement[s] != r for s in stages):
                 return False
             if schedule.pipelines > 1 and any(a.stage not in schedule.route(a.micro) for a in prog
-                                              if a.kind not in GATHERS):
+                                              if a.kind not in GATHERS and a.kind not in COLLECTIVES):
                 return False
     return True
 
@@ -78,7 +78,7 @@ def _explain_misplaced(schedule: Schedule) -> None:
                 raise ScheduleError(f"{_at(r, i, a)}: micro-batch {a.micro} does not exist (0..{M - 1})")
             if schedule.placement[a.stage] != r:
                 raise ScheduleError(f"{_at(r, i, a)}: stage {a.stage} lives on rank {schedule.placement[a.stage]}, not {r}")
-            if a.kind not in GATHERS and a.stage not in schedule.route(a.micro):
+            if a.kind not in GATHERS and a.kind not in COLLECTIVES and a.stage not in schedule.route(a.micro):
                 way = schedule.route(a.micro)
                 raise ScheduleError(f"{_at(r, i, a)}: micro-batch {a.micro} runs through stages {way[0]}..{way[-1]} "
                                     f"(one of the schedule's {schedule.pipelines} pipelines), not stage {a.stage}")
@@ -159,10 +159,9 @@ def check_pairs(schedule: Schedule) -> None:
 
 def check_collectives(schedule: Schedule) -> None:
     """Each REDUCE_GRAD names an existing stage, on the rank that hosts it, at most once,
-    and comes after every backward of its stage that makes weight gradients (B, or W)."""
-    if schedule.pipelines > 1:
-        raise ScheduleError(f"schedule {schedule.name!r} holds {schedule.pipelines} copies of the model (pipelines), "
-                            f"whose gradients REDUCE_GRAD does not sum yet; simulate it without sim.add_grad_reduce")
+    and comes after every backward of its stage that makes weight gradients (B, or W): one
+    per micro-batch the stage runs (with k copies of the model, `Schedule.pipelines`, M/k)."""
+    runs = schedule.micro_batches // schedule.pipelines  # micro-batches each stage runs
     done = [0] * schedule.stages   # backwards (B or W) of each stage passed so far
     seen = set()
     for r, prog in enumerate(schedule.programs):
@@ -178,8 +177,8 @@ def check_collectives(schedule: Schedule) -> None:
                 if a in seen:
                     raise ScheduleError(f"{a} appears twice; a stage reduces its gradients once per step")
                 seen.add(a)
-                if done[a.stage] < schedule.micro_batches:
-                    raise ScheduleError(f"{_at(r, i, a)} comes before {schedule.micro_batches - done[a.stage]} of the "
+                if done[a.stage] < runs:
+                    raise ScheduleError(f"{_at(r, i, a)} comes before {runs - done[a.stage]} of the "
                                         f"backwards (B or W) of stage {a.stage}; put it after its stage's last "
                                         f"backward (sim.passes.grad_reduce.add_grad_reduce does)")
 

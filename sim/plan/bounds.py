@@ -19,6 +19,7 @@ from sim.simulation import simulate
 from sim.cost.data_parallel import fsdp_as_actions, optimizer_time, stage_params
 from sim.cost.ends import end_times
 from .experts import layer_activations, moe_optimizer_time, moe_layers, split_params, state_bytes
+from .copies import repeat_costs
 from .layout import Layout, layout_slice
 from .stage_costs import layer_times_of_kinds, partition_layers, stage_costs
 from sim.model.footprint import DEFAULT_OPTIMIZER, optimizer_step_bytes, state_bytes_per_param
@@ -83,7 +84,8 @@ def _shape(model: Transformer, key: tuple) -> _Shape:
     else:
         last, most = [prog[-1].kind for prog in sched.programs], held(sched)
     split = any(count[Kind.I] for count in counts)
-    return _Shape(sched, even(model.layers, sched.stages), stages_of, most, split,
+    copies = sched.pipelines  # each copy of the model (DualPipe: 2) over its own stages
+    return _Shape(sched, even(model.layers, sched.stages // copies) * copies, stages_of, most, split,
                   counts, last)
 
 
@@ -203,13 +205,18 @@ class Bounds:
             params = stage_params(self.model, shape.layers, config.tp, shape.schedule.placement)  # activations
             weight = state_bytes_per_param(self.precision)["weights"]  # peaking as a forward ends, before its RESHARD
             static = [s + g for s, g in zip(static, shape.per_device([p * weight for p in params], min))]
-        sparse = moe_layers(self.model, shape.layers)
+        copies = shape.schedule.pipelines  # each copy's stages hold the model's MoE layers
+        sparse = moe_layers(self.model, shape.layers[:len(shape.layers) // copies]) * copies
         smallest = shape.per_device([(n - k) * act + k * moe_act for n, k in zip(shape.layers, sparse)], min)
         return max(s + h * a for s, h, a in zip(static, shape.held, smallest))
 
     def _stage_static(self, config: Config, shape: _Shape) -> list[float]:
         """Each stage's weights, gradients and optimizer state on one GPU, as `stage_costs` counts
-        them (less FP8's weight copies)."""
+        them (less FP8's weight copies; with DualPipe's two copies of the model, the estimate's own
+        costs, FP8's copies in)."""
+        if shape.schedule.pipelines > 1:  # DualPipe's copies: the estimate's own bytes (`sim.plan.copies`)
+            per_stage = self.costs(config)[0]
+            return [per_stage.static_total(s) - per_stage.static_bytes[s] for s in range(shape.schedule.stages)]
         if not self.sparse:
             per = self._per_param(config)
             return [p * per for p in stage_params(self.model, shape.layers, config.tp, shape.schedule.placement)]
@@ -246,20 +253,23 @@ class Bounds:
         shape, (layer, moe), piece, lay = self.shape(config), self.layers(config), self._slice(config), self._layout(config)
         placement = tuple(shape.schedule.placement)  # the schedule's name aside, what the costs depend on:
         key = (piece, config.recompute, config.zero, config.pp, config.dp, config.micro_batch, config.ep,
-               config.expert_tp, placement)
+               config.expert_tp, placement, shape.schedule.pipelines)
         if key not in self._costs:
             if piece not in self._ends:
                 self._ends[piece] = end_times(self.model, self.profile, piece)
-            ends = self._ends[piece]
-            layers = partition_layers(self.model.layers, len(placement), self.partition, moe or layer, ends)
-            costs, _ = stage_costs(self.model, self.profile, lay, piece, layer, ends, layers, placement, moe)
-            self._costs[key] = costs.for_stages(len(placement)), layers
+            ends, copies = self._ends[piece], shape.schedule.pipelines
+            chain = len(placement) // copies  # one copy's stages, which hold the model (`sim.plan.copies`)
+            layers = partition_layers(self.model.layers, chain, self.partition, moe or layer, ends)
+            costs, _ = stage_costs(self.model, self.profile, lay, piece, layer, ends, layers, placement[:chain], moe)
+            costs = repeat_costs(costs, placement, copies)
+            self._costs[key] = costs.for_stages(len(placement)), layers * copies
         return (*self._costs[key], lay)
 
     def time(self, config: Config) -> float:
         """The longest of one path per device d through the step's dependencies: the
         forward of one micro-batch through the stages below d's first (on other devices,
-        each hop a transfer) up to d's first compute; all of d's computes one after
+        each hop a transfer; with two copies of the model, DualPipe, the shorter way to one of
+        d's stages, each copy from its own first stage) up to d's first compute; all of d's computes one after
         another; then either the backward of d's last micro-batch down through those
         stages (where d's last compute is a B or I of its first stage) or d's gradient
         reductions, which follow its last compute on its collective stream (under FSDP,
@@ -276,10 +286,13 @@ class Bounds:
         # all-gather stream, from the step's start); the backward down from it
         # a compute waits for its all-to-all unless an overlapped pair hides it (rule 18): counted where no pairs
         a2a_f, a2a_b = ((0.0,) * n,) * 2 if shape.schedule.has_pairs else (per_stage.a2a_forward, per_stage.a2a_backward)
-        head, tail = [per_stage.unshard[0]], [0.0]
-        for s in range(n - 1):
-            head.append(max(head[-1] + per_stage.forward[s] + a2a_f[s] + hop[s], per_stage.unshard[s + 1]))
-            tail.append(tail[-1] + min(per_stage.backward[s], per_stage.backward_input[s]) + a2a_b[s] + hop[s])
+        head, tail, chain = [per_stage.unshard[0]], [0.0], n // shape.schedule.pipelines
+        for s in range(n - 1):  # each copy of the model (DualPipe) from its own first stage
+            first = (s + 1) % chain == 0
+            head.append(max(0.0 if first else head[-1] + per_stage.forward[s] + a2a_f[s] + hop[s],
+                            per_stage.unshard[s + 1]))
+            tail.append(0.0 if first else
+                        tail[-1] + min(per_stage.backward[s], per_stage.backward_input[s]) + a2a_b[s] + hop[s])
         micro_batches, fsdp = shape.schedule.micro_batches, fsdp_as_actions(lay)
         comm = {"a2a_forward": a2a_f, "a2a_backward": a2a_b, None: (0.0,) * n}  # by a compute kind's `comm` field
         busy = [sum(k * (getattr(per_stage, KINDS[kind].cost)[s] + comm[KINDS[kind].comm][s])
@@ -290,15 +303,16 @@ class Bounds:
                 for s in range(n)]
         longest = 0.0
         for d, stages in enumerate(shape.stages_of):
-            first = stages[0]
-            after = tail[first] if shape.last[d] in (Kind.B, Kind.I) else 0.0
+            # d's nearest stage to a copy's start (its first; DualPipe: one of each copy)
+            start, after = min(head[s] for s in stages), min(tail[s] for s in stages)
+            after = after if shape.last[d] in (Kind.B, Kind.I) else 0.0
             reduce = [per_stage.grad_reduce[s] for s in stages]
             # FSDP's reduce-scatters each follow their stage's last backward (`sim.add_grad_reduce`,
             # overlap=True): of d's, only the one after its last compute surely follows them all
             reduce = min(reduce) if fsdp else sum(reduce)
-            longest = max(longest, head[first] + sum(busy[s] for s in stages) + max(after, reduce))
-        optimizer = (moe_optimizer_time if self.sparse else optimizer_time)(self.model, self.profile, lay, layers,
-                                                                                place)
+            longest = max(longest, start + sum(busy[s] for s in stages) + max(after, reduce))
+        optimizer = (moe_optimizer_time if self.sparse else optimizer_time)(self.model, self.profile, lay,
+                                                                            layers[:chain], place)
         return max(self.average(config), longest + optimizer + self.profile.step_overhead)
 
     def schedule_time(self, config: Config) -> float:

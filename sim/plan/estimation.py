@@ -43,6 +43,7 @@ from sim.schedule.registry import lookup, make_schedule
 from .layout import (DEFAULT_HEADROOM, Cluster, Layout, Parallel, Run, check_layout, check_size, layout_slice,
                      usable_memory)
 from sim.model.registry import find_model, model_name
+from .copies import repeat_costs
 from .experts import moe_optimizer_time
 from .stage_costs import layer_times_of_kinds, memory_caps, memory_parts, offload_costs, partition_layers, stage_costs
 
@@ -73,8 +74,10 @@ class Estimate:
     @property
     def layer_layout(self) -> str:
         """`layers_per_stage` as a Megatron-Core layout string (`--pipeline-model-parallel-layout`,
-        `sim.model.layer_layout`), e.g. the balanced partition's 'Et*3|t*4|t*4|t*3L'."""
-        return str(from_counts(self.layers_per_stage))
+        `sim.model.layer_layout`), e.g. the balanced partition's 'Et*3|t*4|t*4|t*3L'; with two copies
+        of the model (DualPipe), one copy's, each copy holding the model."""
+        chain = len(self.layers_per_stage) // self.result.schedule.pipelines
+        return str(from_counts(self.layers_per_stage[:chain]))
 
     def __repr__(self) -> str:
         lay = self.layout
@@ -166,10 +169,12 @@ def estimate_layout(model: Transformer, profile: DeviceProfile, lay: Layout, **s
     ends = end_times(model, profile, piece)
     sched = build_schedule(model, profile, lay, piece, layer, ends, schedule_options, moe)
     caps = memory_caps(model, profile, lay, piece, layer, ends, sched, moe) if lay.partition == "balanced" else None
-    layers = partition_layers(model.layers, sched.stages, lay.partition, moe or layer, ends, caps)
-    costs, parts = stage_costs(model, profile, lay, piece, layer, ends, layers, sched.placement, moe)
+    chain = sched.stages // sched.pipelines  # one copy's stages, which hold the model (`sim.plan.copies`)
+    layers = partition_layers(model.layers, chain, lay.partition, moe or layer, ends, caps)
+    costs, parts = stage_costs(model, profile, lay, piece, layer, ends, layers, sched.placement[:chain], moe)
+    costs = repeat_costs(costs, sched.placement, sched.pipelines)
     if lay.offload:
-        sched, costs = offload_costs(model, profile, lay, layers, sched, costs)
+        sched, costs = offload_costs(model, profile, lay, layers * sched.pipelines, sched, costs)
     fsdp = fsdp_as_actions(lay)
     if fsdp:  # FSDP's gathers, then (pp > 1) its reduce-scatters after each stage's last backward
         sched = add_fsdp(sched, reshard_after_forward=lay.reshard_after_forward)
@@ -179,7 +184,8 @@ def estimate_layout(model: Transformer, profile: DeviceProfile, lay: Layout, **s
     result.in_seconds = True  # the costs are seconds: figures say so
     optimizer = (moe_optimizer_time if model.moe else optimizer_time)(model, profile, lay, layers, sched.placement)
     step = result.makespan + optimizer + profile.step_overhead
-    parts |= step_parts(lay, layer, layers, result, optimizer, profile.step_overhead, parts["tp_collectives"])
+    parts |= step_parts(lay, layer, layers * sched.pipelines, result, optimizer, profile.step_overhead,
+                        parts["tp_collectives"])
     peak = result.peak_memory
     usable = usable_memory(profile.memory, lay.memory_headroom)
     if usable < max(peak) <= profile.memory:
@@ -191,7 +197,7 @@ def estimate_layout(model: Transformer, profile: DeviceProfile, lay: Layout, **s
     return Estimate(model, profile, lay, step_time=step, tflops_per_gpu=flops / step / lay.gpus / 1e12,
                     mfu=model_flops / step / lay.gpus / profile.flops(piece.activation_precision),
                     bubble_fraction=result.pipeline_bubble_fraction,
-                    peak_memory=peak, fits=max(peak) <= usable, result=result, layers_per_stage=layers,
+                    peak_memory=peak, fits=max(peak) <= usable, result=result, layers_per_stage=layers * sched.pipelines,
                     time_parts=parts, memory_parts=memory_parts(costs, result.schedule, result), warnings=warnings,
                     usable_memory=usable)
 

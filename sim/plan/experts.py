@@ -22,7 +22,7 @@ first `dense_layers` layers of the model are dense layers.
 """
 from __future__ import annotations
 
-from sim.cost.data_parallel import bucketed_tail, buckets, shard_size, stage_params
+from sim.cost.data_parallel import bucketed_tail, buckets, reduce_group, shard_size, stage_params
 from sim.cost import fp8
 from sim.hardware.kernels import memory_time, precision_bytes
 from sim.hardware.network import collective_time, links_of
@@ -105,10 +105,16 @@ def moe_layer_params(model: Transformer, lay) -> tuple[float, float]:
 
 def state_bytes(lay, dense: list[float], expert: list[float]) -> dict[str, list[float]]:
     """Per stage, bytes of weights, gradients and optimizer state on one GPU: the dense
-    parameters' sharded over dp x cp (ZeRO's `shard_size`), the experts' over edp."""
+    parameters' sharded over dp x cp (ZeRO's `shard_size`), the experts' over edp (`expert_shard`)."""
     per_dense = state_bytes_per_param(lay.precision, lay.zero, shard_size(lay), lay.optimizer)
-    per_expert = state_bytes_per_param(lay.precision, lay.zero, lay.edp, lay.optimizer)
+    per_expert = state_bytes_per_param(lay.precision, lay.zero, expert_shard(lay), lay.optimizer)
     return {k: [d * per_dense[k] + e * per_expert[k] for d, e in zip(dense, expert)] for k in per_dense}
+
+
+def expert_shard(lay) -> int:
+    """The replicas of an expert, which reduce its gradients and shard its optimizer state: edp,
+    and with k copies of the model (DualPipe) the k edp of its copies (`sim.cost.data_parallel.reduce_group`)."""
+    return lay.edp * lay.pipelines
 
 
 def layer_activations(model: Transformer, lay, precision: str) -> tuple[float, float, float]:
@@ -179,16 +185,17 @@ def expert_reduce_times(g: DeviceProfile, lay, expert: list[float], backward: li
     (zero=0) or a reduce-scatter and, after the optimizer, an all-gather (zero=1). It runs on
     the collective stream after the dense reduction (`dense`, seconds a stage, unhidden);
     with `backward` (per stage, overlap_grad_reduce with a stage a device) its buckets hide
-    under what of the backward the dense reduction leaves (`bucketed_tail`)."""
+    under what of the backward the dense reduction leaves (`bucketed_tail`). With two copies of the
+    model (DualPipe), over both copies' edp groups (`sim.cost.data_parallel.reduce_group`)."""
     if not any(expert):
         return [0.0] * len(expert)
     grad = state_bytes_per_param(lay.precision)["grads"]
-    links, group = links_of(g), lay.topology().group("edp")
+    links, group = links_of(g), reduce_group(lay, "edp")
     out = []
     for s, p in enumerate(expert):
         reduce = collective_time(links, "all_reduce" if lay.zero == 0 else "reduce_scatter", p * grad, group)
         if backward is not None:
-            reduce = bucketed_tail(reduce, max(0.0, backward[s] - dense[s]), buckets(p, lay.edp))
+            reduce = bucketed_tail(reduce, max(0.0, backward[s] - dense[s]), buckets(p, expert_shard(lay)))
         out.append(reduce + (collective_time(links, "all_gather", p * grad, group) if lay.zero else 0.0))
     return out
 
@@ -197,12 +204,12 @@ def moe_optimizer_time(model: Transformer, g: DeviceProfile, lay, layers: list[i
     """`sim.cost.data_parallel.optimizer_time` for a mixture of experts: the step over what the
     fullest device updates, its dense parameters (1/(dp cp) of them under ZeRO) and its experts'
     (1/edp), and under FP8 the casts of the dense layers' and the experts' weights."""
-    dense, expert = split_params(model, layers, lay, placement)
-    share, expert_share = (shard_size(lay), lay.edp) if lay.zero >= 1 else (1, 1)
-    updated, held = [0.0] * lay.pp, [0.0] * lay.pp
-    for s, r in enumerate(placement):
-        updated[r] += dense[s] / share + expert[s] / expert_share
-        held[r] += dense[s] + expert[s]
+    dense, expert = split_params(model, layers, lay, placement[:len(layers)])
+    share, expert_share = (shard_size(lay), expert_shard(lay)) if lay.zero >= 1 else (1, 1)
+    updated, held, n = [0.0] * lay.pp, [0.0] * lay.pp, len(layers)
+    for s, r in enumerate(placement):  # with k copies of the model, `layers` are one copy's stages
+        updated[r] += dense[s % n] / share + expert[s % n] / expert_share
+        held[r] += dense[s % n] + expert[s % n]
     step = memory_time(g, max(updated) * optimizer_step_bytes(lay.precision, lay.optimizer), "optimizer")
     per_param = fp8.weight_cast_bytes(model, 1) / model.params().per_layer  # bytes a Linear weight's cast moves
     return step + (memory_time(g, max(held) * per_param) if lay.precision == "fp8" else 0.0)

@@ -28,7 +28,7 @@ from sim.hardware.topology import Topology
 from sim.model.footprint import DEFAULT_OPTIMIZER, state_bytes_per_param
 from sim.model.transformer import ATTENTION, Transformer, check_recompute
 from .experts import check_experts
-from sim.schedule.registry import lookup
+from sim.schedule.registry import SCHEDULES, lookup
 
 
 # The share of each GPU's memory a plan keeps free by default for what the estimate does not
@@ -170,6 +170,13 @@ class Layout:
         return self.dp * self.cp
 
     @property
+    def pipelines(self) -> int:
+        """The copies of the model the schedule holds (`sim.Schedule.pipelines`; DualPipe: 2, its
+        stages twice: each copy's P stages hold the whole model, each device one stage of each)."""
+        generator = SCHEDULES.get(self.schedule) or lookup(self.schedule)[1]  # a canonical name: no lookup
+        return generator.pipelines
+
+    @property
     def edp(self) -> int:
         """The expert data-parallel size, tp x cp x dp / (expert_tp x ep): the replicas of each
         expert, which reduce its gradients and shard its optimizer state (`sim.plan.experts`)."""
@@ -207,6 +214,7 @@ def check_layout(model: Transformer, profile: DeviceProfile, lay: Layout) -> lis
             raise ValueError(f"{name} must be a positive int, got {value!r}")
     check_recompute(lay.recompute)
     stages = lay.pp * (lay.virtual if isinstance(lay.virtual, int) else lookup(lay.schedule)[1].virtual)
+    stages //= lay.pipelines  # the stages of one copy of the model, which hold its layers
     # before any work (the schedule refuses a wrong V itself); a partition that names each stage's
     # layers (counts, or a layout string whose E and L may be stages of their own) counts its own
     if stages > model.layers and lay.partition in ("even", "balanced"):
@@ -230,6 +238,9 @@ def check_layout(model: Transformer, profile: DeviceProfile, lay: Layout) -> lis
         raise ValueError(f"zero={lay.zero} with pp > 1: the micro-batches of a pipeline accumulate every "
                          f"gradient until the step's end (DeepSpeed's pipeline engine refuses ZeRO-2 and -3; "
                          f"Megatron-LM's distributed optimizer shards the optimizer state only); use zero <= 1")
+    if lay.zero >= 2 and lay.pipelines > 1:
+        raise ValueError(f"zero={lay.zero} with schedule {lay.schedule!r} ({lay.pipelines} copies of the model) is "
+                         f"not modelled: its copies' gradients are summed by one data-parallel reduction (zero <= 1)")
     if lay.fsdp_unit not in FSDP_UNITS:
         raise ValueError(f"fsdp_unit must be one of {', '.join(map(repr, FSDP_UNITS))} (what FSDP gathers at "
                          f"once: each layer, FSDP2's fully_shard per block, or the whole stage); got {lay.fsdp_unit!r}")

@@ -26,9 +26,11 @@ CP_MIN_TOKENS = 4096
 # and the memory-controlled V shapes (v-min, v-half): building their orders is the search's
 # largest cost (GPT-3 on 1024 A100s: 9 s -> 20 s with them), and they win only where 1F1B's
 # memory does not fit; name them with `schedules=` / `--schedules` when memory binds.
-# DualPipe's two copies of the model the planner does not count yet: left out, even named.
+# DualPipe (two copies of the model, `sim.plan.copies`) is searched: it adds 2-4 % of the
+# configurations and about 0.8 s (user) to the dense searches of docs/planner.md (measured 2026-11-25,
+# docs/measurements.md, "DualPipe in the search").
 OPT_IN_SCHEDULES = ("zb-auto", "v-min", "v-half")
-DEFAULT_SCHEDULES = tuple(name for name in SCHEDULES if name not in OPT_IN_SCHEDULES and SCHEDULES[name].pipelines == 1)
+DEFAULT_SCHEDULES = tuple(name for name in SCHEDULES if name not in OPT_IN_SCHEDULES)
 # Where it is named, the planner's zb-auto runs its heuristic at most this many times per
 # configuration (`sim.search.zbauto.zb_auto(max_runs=)`: the likeliest fastest runs first), so that
 # one configuration of hundreds of micro-batches takes seconds, not minutes.
@@ -229,9 +231,7 @@ def _schedule_chunks(model: Transformer, pp: int, micro_batches: int, names: Seq
         else:
             chunk_counts = [generator.virtual]
         for chunks in chunk_counts:
-            if generator.pipelines > 1:
-                dropped["the planner does not count two copies of the model (DualPipe) yet"] += 1
-            elif pp * chunks > model.layers:
+            if pp * chunks > model.layers * generator.pipelines:  # each copy's stages hold the model's layers
                 dropped["more stages than layers"] += 1
             elif generator.refusal(pp, micro_batches, chunks):
                 dropped["the schedule refuses these sizes"] += 1
@@ -272,6 +272,8 @@ def configurations(model: Transformer, gpus: int, global_batch: int, *, schedule
         for (name, chunks), mode, stage, sp, (ep_, etp) in itertools.product(
                 _schedule_chunks(model, pp, micro_batches, names, max_virtual, virtual, dropped), recomputes,
                 zero_stages, sps, splits):
+            if stage >= 2 and SCHEDULES[name].pipelines > 1:  # DualPipe's copies: zero <= 1 (`layout.check_layout`)
+                continue
             for reshard in _reshards(stage, pp, chunks, reshards):
                 out.append(Config(tp, pp, dp, micro_batch, name, chunks, mode, stage, sp, cp, ep_, etp, reshard))
     if not out and (ep is not None or expert_tp is not None):

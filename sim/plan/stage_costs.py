@@ -148,7 +148,8 @@ def stage_costs(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: Lay
     into_f = [regather if s and placement[s - 1] != placement[s] else 0.0 for s in range(stages)]
     into_b = [regather if s < stages - 1 and placement[s + 1] != placement[s] else 0.0 for s in range(stages)]
     # with one stage a device and overlap_grad_reduce, the reduction overlaps the last backward bucket by bucket
-    bucketed = lay.overlap_grad_reduce and sorted(placement) == list(range(lay.pp))
+    # (DualPipe: `placement` is one copy's, a device holding a stage of each copy)
+    bucketed = lay.overlap_grad_reduce and sorted(placement) == list(range(lay.pp)) and lay.pipelines == 1
     reduce = grad_reduce_times(full, g, lay, params, placement, bwd if bucketed else None)
     if any(expert):  # the experts' own reduction over edp, after the dense one
         dense = grad_reduce_times(full, g, lay, params, placement) if bucketed else reduce

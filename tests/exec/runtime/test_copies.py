@@ -27,6 +27,18 @@ def test_dualpipe_on_four_ranks_trains_as_1f1b_does():
         assert run.losses[2] < run.losses[0]  # it trains
 
 
+@pytest.mark.slow
+def test_dualpipe_with_two_replicas_trains_as_1f1b_does():
+    """dp = 2: each copy's REDUCE_GRAD averages it over its replicas, then `sum_copies` adds the
+    twins': the sum over both copies' replicas that the planner times as one collective
+    (docs/rules.md, rule 13), and the gradients one process computes."""
+    one = run_pipeline(MLP, "1f1b", 2, 4, dp=2, steps=2, warmup=0, timeout=200)
+    run = run_pipeline(MLP, "dualpipe", 2, 4, dp=2, steps=2, warmup=0, timeout=200)
+    assert run.grad_match, (run.max_grad_diff, run.worst_param)
+    assert run.losses == pytest.approx(one.losses, rel=1e-5)
+    assert len(run.grad_reduce_s) == 4  # a REDUCE_GRAD for each of the 2 x 2 stages
+
+
 def test_calibration_refuses_two_copies_before_anything_starts():
     from exec.pipeline.config import RunConfig
     from exec.pipeline.runner import check_run
