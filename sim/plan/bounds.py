@@ -31,18 +31,12 @@ from sim.schedule.liveness import held
 from sim.cost.layer import Slice
 from sim.cost.slice import per_rank
 from sim.search.partition import even
-from sim.schedule.registry import SCHEDULES, make_schedule
+from sim.schedule.registry import make_schedule
 from sim.model.transformer import Transformer
 from sim.schedule.zerobubble import split_1f1b
 
 if TYPE_CHECKING:
     from .space import Config
-
-
-def _may_pair(schedule: str) -> bool:
-    """Whether the schedule may run overlapped forward-backward pairs, which hide a MoE layer's
-    all-to-alls (docs/rules.md, rule 18): those whose generator takes `overlap`."""
-    return "overlap" in SCHEDULES[schedule].options
 
 
 # Schedules that `sim.estimate` builds under the run's own costs (`sim.plan.estimation.build_schedule`):
@@ -64,6 +58,7 @@ class _Shape:
     split: bool
     counts: list[Counter]
     last: list[Kind | None]
+    paired: list[Counter] = None  # per stage, its computes by kind that run in an overlapped pair
 
     def per_device(self, per_stage: Sequence[float], pick=sum) -> list[float]:
         return [pick([per_stage[s] for s in stages]) for stages in self.stages_of]
@@ -73,11 +68,15 @@ def _shape(model: Transformer, key: tuple) -> _Shape:
     # zb-auto's own order is searched under the run's costs (minutes for hundreds of
     # micro-batches): what the bounds read of it (placement, the computes per stage) is
     # the I/W-split 1F1B's, one of its candidates
-    sched = split_1f1b(*key[1:3]) if key[0] == "zb-auto" else make_schedule(*key)
-    counts = [Counter() for _ in range(sched.stages)]
+    pairs = {"overlap": True} if key[4] else {}  # the schedule's overlapped pairs (`Config.overlap`)
+    sched = split_1f1b(*key[1:3]) if key[0] == "zb-auto" else make_schedule(*key[:4], **pairs)
+    counts, paired = [Counter() for _ in range(sched.stages)], [Counter() for _ in range(sched.stages)]
     for prog in sched.programs:
-        for a in prog:
+        for i, a in enumerate(prog):
             counts[a.stage][a.kind] += 1
+            if a.kind is Kind.OVERLAP_F_B:  # the F after the mark and the backward it names: a pair
+                for b in prog[i + 1:i + 3]:
+                    paired[b.stage][b.kind] += 1
     stages_of = [[s for s, r in enumerate(sched.placement) if r == d] for d in range(sched.ranks)]
     if key[0] in _COST_DEPENDENT:  # the estimate's order may differ: only what every order has
         last, most = [None] * sched.ranks, [1] * sched.ranks
@@ -86,7 +85,7 @@ def _shape(model: Transformer, key: tuple) -> _Shape:
     split = any(count[Kind.I] for count in counts)
     copies = sched.pipelines  # each copy of the model (DualPipe: 2) over its own stages
     return _Shape(sched, even(model.layers, sched.stages // copies) * copies, stages_of, most, split,
-                  counts, last)
+                  counts, last, paired)
 
 
 class Bounds:
@@ -135,7 +134,7 @@ class Bounds:
         return self.layers(config)[0]
 
     def _key(self, config: Config) -> tuple:
-        return config.schedule, config.pp, self.batch // (config.dp * config.micro_batch), config.virtual
+        return config.schedule, config.pp, self.batch // (config.dp * config.micro_batch), config.virtual, config.overlap
 
     def shape(self, config: Config) -> _Shape:
         key = self._key(config)
@@ -240,9 +239,9 @@ class Bounds:
         layer, moe = self.layers(config)
         micro_batches = self.batch // (config.dp * config.micro_batch)
         computes = micro_batches * self.model.layers / config.pp * (layer.forward + layer.backward)
-        if self.sparse:  # its MoE layers at their F + B and, unless an overlapped pair may hide them, all-to-alls
+        if self.sparse:  # its MoE layers at their F + B and, unless overlapped pairs may hide them, all-to-alls
             sparse, dense = self.model.moe_layers, self.model.layers - self.model.moe_layers
-            a2a = 0.0 if _may_pair(config.schedule) else moe.a2a_forward + moe.a2a_backward
+            a2a = 0.0 if config.overlap else moe.a2a_forward + moe.a2a_backward
             computes = micro_batches / config.pp * (dense * (layer.forward + layer.backward)
                                                     + sparse * (moe.forward + moe.backward + a2a))
         return computes + self._optimizer(config) + self.profile.step_overhead
@@ -284,7 +283,8 @@ class Bounds:
                for s in range(n - 1)]
         # the forward up to stage s, which waits for its gather where FSDP's (each on its rank's
         # all-gather stream, from the step's start); the backward down from it
-        # a compute waits for its all-to-all unless an overlapped pair hides it (rule 18): counted where no pairs
+        # a compute waits for its all-to-all (rule 18); in an overlapped pair for what the other's compute does
+        # not hide, at least its own less the longest partner its device has (`_busy`); the paths: pairs aside
         a2a_f, a2a_b = ((0.0,) * n,) * 2 if shape.schedule.has_pairs else (per_stage.a2a_forward, per_stage.a2a_backward)
         head, tail, chain = [per_stage.unshard[0]], [0.0], n // shape.schedule.pipelines
         for s in range(n - 1):  # each copy of the model (DualPipe) from its own first stage
@@ -294,10 +294,7 @@ class Bounds:
             tail.append(0.0 if first else
                         tail[-1] + min(per_stage.backward[s], per_stage.backward_input[s]) + a2a_b[s] + hop[s])
         micro_batches, fsdp = shape.schedule.micro_batches, fsdp_as_actions(lay)
-        comm = {"a2a_forward": a2a_f, "a2a_backward": a2a_b, None: (0.0,) * n}  # by a compute kind's `comm` field
-        busy = [sum(k * (getattr(per_stage, KINDS[kind].cost)[s] + comm[KINDS[kind].comm][s])
-                    for kind, k in shape.counts[s].items())
-                if shape.last[place[s]] is not None else
+        busy = [_busy(shape, per_stage, s) if shape.last[place[s]] is not None else
                 micro_batches * (per_stage.forward[s] + a2a_f[s] + a2a_b[s]
                                  + min(per_stage.backward[s], per_stage.backward_input[s] + per_stage.backward_weight[s]))
                 for s in range(n)]
@@ -341,6 +338,26 @@ class Bounds:
         kinds = [layer] * (self.model.moe_layers < self.model.layers) + [moe] * bool(self.model.moe_layers)
         scaled = [min(map(ratio, kinds)) * self._unit[key][0]] + [ratio(moe) * m for m in self._unit[key][1:]]
         return max(self.time(config), max(scaled) + self._optimizer(config))
+
+
+def _busy(shape: _Shape, c: StageCosts, s: int) -> float:
+    """Stage s's computes, each with the all-to-all it waits for (rule 18): alone, all of it; in an
+    overlapped pair, what the partner's compute does not hide (`sim.engine.costs.pair_times`),
+    at least its own less the longest compute of the partner's kind on its device (a forward's
+    partner is a backward, B or I, and a backward's a forward)."""
+    stages = shape.stages_of[shape.schedule.placement[s]]
+    longest = {"forward": max(c.forward[t] for t in stages),
+               "backward": max(max(c.backward[t], c.backward_input[t]) for t in stages)}
+    total = 0.0
+    for kind, k in shape.counts[s].items():
+        spec = KINDS[kind]
+        if not spec.cost:  # a pair's mark: no time of its own
+            continue
+        a2a = getattr(c, spec.comm)[s] if spec.comm else 0.0
+        pairs = shape.paired[s][kind] if shape.paired else 0
+        partner = longest["backward" if kind is Kind.F else "forward"]
+        total += k * getattr(c, spec.cost)[s] + (k - pairs) * a2a + pairs * max(0.0, a2a - partner)
+    return total
 
 
 def _unit_makespan(schedule: Schedule, layers: Sequence[int]) -> float:

@@ -203,7 +203,7 @@ def format_table(plan: Plan) -> str:
         config = row.config
         rows.append((str(i), str(config.tp), str(config.cp), *((str(config.ep), str(config.expert_tp)) * experts),
                      str(config.pp), str(config.dp), str(config.micro_batch),
-                     str(row.micro_batches), config.schedule, str(config.virtual), config.recompute,
+                     str(row.micro_batches), config.schedule + ("+pairs" if config.overlap else ""), str(config.virtual), config.recompute,
                      f"{config.zero}{'' if config.reshard_after_forward else ' keep'}",
                      "on" if config.sequence_parallel else "off",
                      f"{row.step_time:.4g}", f"{row.tflops_per_gpu:.1f}", f"{row.mfu:.1%}", f"{row.bubble_fraction:.1%}",
@@ -233,6 +233,9 @@ def format_report(plan: Plan) -> str:
     if any(not row.config.reshard_after_forward for row in plan.rows):
         lines.append("zero '3 keep': FSDP with reshard_after_forward off (each stage kept gathered from its first "
                      "forward to its last backward)")
+    if any(row.config.overlap for row in plan.rows):
+        lines.append("'+pairs': the schedule's overlapped forward-backward pairs, each one's expert all-to-all "
+                     "hidden under the other's compute (docs/rules.md, rule 18)")
     for title, counts in ((f"dropped (of the {plan.enumerated} configurations):", plan.dropped_configs),
                           ("not enumerated (layouts, schedule sizes):", plan.not_enumerated)):
         if counts:

@@ -37,6 +37,7 @@ from sim.model.transformer import Transformer
 from sim.passes.fsdp import add_fsdp
 from sim.passes.grad_reduce import add_grad_reduce
 from sim.engine.result import reload_waits
+from sim.schedule.ir import Schedule
 from sim.schedule.kinds import Kind
 from sim.schedule.registry import lookup, make_schedule
 
@@ -185,7 +186,7 @@ def estimate_layout(model: Transformer, profile: DeviceProfile, lay: Layout, **s
     optimizer = (moe_optimizer_time if model.moe else optimizer_time)(model, profile, lay, layers, sched.placement)
     step = result.makespan + optimizer + profile.step_overhead
     parts |= step_parts(lay, layer, layers * sched.pipelines, result, optimizer, profile.step_overhead,
-                        parts["tp_collectives"])
+                        parts["tp_collectives"], sched)
     peak = result.peak_memory
     usable = usable_memory(profile.memory, lay.memory_headroom)
     if usable < max(peak) <= profile.memory:
@@ -198,17 +199,18 @@ def estimate_layout(model: Transformer, profile: DeviceProfile, lay: Layout, **s
                     mfu=model_flops / step / lay.gpus / profile.flops(piece.activation_precision),
                     bubble_fraction=result.pipeline_bubble_fraction,
                     peak_memory=peak, fits=max(peak) <= usable, result=result, layers_per_stage=layers * sched.pipelines,
-                    time_parts=parts, memory_parts=memory_parts(costs, result.schedule, result), warnings=warnings,
+                    time_parts=parts, memory_parts=memory_parts(costs, sched, result), warnings=warnings,
                     usable_memory=usable)
 
 
 def step_parts(lay: Layout, layer: LayerTimes, layers: list[int], result: Result, optimizer: float,
-               overhead: float, tp_collectives: float) -> dict[str, float]:
+               overhead: float, tp_collectives: float, sched: Schedule | None = None) -> dict[str, float]:
     """Where the step's time goes beyond the computes (`stage_costs` gives those), per device
     on average: the pipeline bubble, the gradient reduction left after the last compute, the
     optimizer, the step's overhead, offloading's waits; and the tensor-parallel collectives,
-    which a split backward (I, W) cannot hide under W as B does."""
-    sched, pp = result.schedule, lay.pp
+    which a split backward (I, W) cannot hide under W as B does. `sched`: the schedule simulated,
+    unlowered (its computes are the lowered one's, without writing the sends out); default the result's."""
+    sched, pp = result.schedule if sched is None else sched, lay.pp
     splits = Counter(a.stage for prog in sched.programs for a in prog if a.kind is Kind.I)
     tp_collectives += sum(n * layers[s] for s, n in splits.items()) * (
         layer.backward_input + layer.backward_weight - layer.backward) / pp

@@ -27,7 +27,7 @@ def describe(row: "Row") -> str:
     """`tp=8 pp=8 dp=16 b=1 m=96 1f1b V=1 recompute=selective zero=1 sp`: a row's layout."""
     config = row.config
     cp = f"cp={config.cp} " if config.cp > 1 else ""
-    return (f"tp={config.tp} {cp}pp={config.pp} dp={config.dp} b={config.micro_batch} m={row.micro_batches} {config.schedule} V={config.virtual} "
+    return (f"tp={config.tp} {cp}pp={config.pp} dp={config.dp} b={config.micro_batch} m={row.micro_batches} {config.schedule}{'+pairs' if config.overlap else ''} V={config.virtual} "
             f"recompute={config.recompute} zero={config.zero}{'' if config.reshard_after_forward else ' keep'}"
             f"{' sp' if config.sequence_parallel else ''}")
 

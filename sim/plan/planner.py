@@ -203,13 +203,13 @@ def rank_key(row: Row) -> tuple:
     """The total order of the rows: step time, then peak memory, then the configuration's
     fields in `Config`'s order (tp, pp, dp, micro-batch, schedule, V, recompute, ZeRO,
     sequence parallelism, cp, ep, expert_tp; FSDP's reshard after forward on, its default, before
-    off), so that any `top` ranks the same rows first. Step times are
+    off; a schedule without overlapped pairs before with), so that any `top` ranks the same rows first. Step times are
     compared to 12 significant digits: two layouts that differ only in the last bits of a
     float sum (a reduction timed in another order) tie, and memory decides."""
     config = row.config
     return (same_time(row.step_time), row.peak_memory, config.tp, config.pp, config.dp, config.micro_batch, config.schedule,
             config.virtual, config.recompute, config.zero, config.sequence_parallel, config.cp,
-            config.ep, config.expert_tp, not config.reshard_after_forward)
+            config.ep, config.expert_tp, not config.reshard_after_forward, config.overlap)
 
 
 def _too_large(configs: list[Config], global_batch: int, dropped: Counter) -> list[Config]:

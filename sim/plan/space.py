@@ -58,6 +58,7 @@ class Config:
     ep: int = 1
     expert_tp: int = 1
     reshard_after_forward: bool = True  # FSDP2's option, where zero=3 with pp > 1 (`sim.add_fsdp`)
+    overlap: bool = False  # the schedule's overlapped forward-backward pairs (rule 18), for a mixture of experts
 
     def kwargs(self) -> dict:
         """Keyword arguments of `sim.estimate` for this configuration."""
@@ -68,8 +69,8 @@ class Config:
 
     def options(self) -> dict:
         """The schedule's options the planner adds to `kwargs` (zb-auto: its budget of runs,
-        `ZB_AUTO_RUNS`)."""
-        return {"max_runs": ZB_AUTO_RUNS} if self.schedule == "zb-auto" else {}
+        `ZB_AUTO_RUNS`; a schedule with overlapped pairs: `overlap`)."""
+        return {"max_runs": ZB_AUTO_RUNS} if self.schedule == "zb-auto" else {"overlap": True} if self.overlap else {}
 
 
 def _divisors(n: int) -> list[int]:
@@ -274,12 +275,21 @@ def configurations(model: Transformer, gpus: int, global_batch: int, *, schedule
                 zero_stages, sps, splits):
             if stage >= 2 and SCHEDULES[name].pipelines > 1:  # DualPipe's copies: zero <= 1 (`layout.check_layout`)
                 continue
-            for reshard in _reshards(stage, pp, chunks, reshards):
-                out.append(Config(tp, pp, dp, micro_batch, name, chunks, mode, stage, sp, cp, ep_, etp, reshard))
+            for reshard, overlap in itertools.product(_reshards(stage, pp, chunks, reshards), _overlaps(model, name)):
+                out.append(Config(tp, pp, dp, micro_batch, name, chunks, mode, stage, sp, cp, ep_, etp, reshard,
+                                  overlap))
     if not out and (ep is not None or expert_tp is not None):
         raise ValueError(f"the given ep and expert_tp fold onto no layout of {gpus} GPUs: expert_tp x ep must "
                          f"divide the tp x cp x dp GPUs of a stage and expert_tp an expert's width {model.expert_ffn}")
     return out
+
+
+def _overlaps(model: Transformer, schedule: str) -> tuple[bool, ...]:
+    """Whether to run the schedule's overlapped forward-backward pairs: both ways for a mixture of
+    experts on a schedule that has them (DualPipe, DualPipeV, interleaved 1F1B as Megatron-Core's
+    `--overlap-moe-expert-parallel-comm`: a pair hides each one's all-to-all under the other's
+    compute, rule 18); a dense model has no all-to-all to hide, only the pairs' constraint: off."""
+    return (False, True) if model.moe is not None and "overlap" in SCHEDULES[schedule].options else (False,)
 
 
 def _reshards(zero: int, pp: int, chunks: int, allowed: list[bool]) -> list[bool]:

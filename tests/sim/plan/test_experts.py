@@ -165,7 +165,7 @@ def test_bounds_never_exceed_the_estimate_of_a_moe_layout(problem, precision, pa
     for c in rnd.sample(configs, min(4, len(configs))):
         try:
             e = sim.estimate(m, "h100-80gb", global_batch=batch, precision=precision, partition=partition,
-                             gpus_per_node=per_node, **c.kwargs())
+                             gpus_per_node=per_node, **c.kwargs(), **c.options())
         except (ValueError, sim.ScheduleError):
             continue
         assert bounds.memory_average(c) <= bounds.memory(c) <= max(e.peak_memory) * (1 + 1e-9), c
@@ -184,7 +184,7 @@ def test_bounds_count_deepseek_v3s_all_to_alls_across_nodes(tp, pp, dp, b, sched
     planner hides counted, the tightest is within 20 % of it (without them: 9 to 71 % below)."""
     g, c = resolve("h100-80gb"), Config(tp, pp, dp, b, schedule, v, recompute, 1, tp > 1, 1, ep, 1)
     bounds = plan_bounds.Bounds(DEEPSEEK, g, 4096, "bf16", 8)
-    e = sim.estimate(DEEPSEEK, g, global_batch=4096, **c.kwargs())
+    e = sim.estimate(DEEPSEEK, g, global_batch=4096, **c.kwargs(), **c.options())
     assert bounds.memory_average(c) <= bounds.memory(c) <= max(e.peak_memory) * (1 + 1e-9)
     assert bounds.average(c) <= bounds.time(c) <= bounds.schedule_time(c) <= e.step_time * (1 + 1e-9)
     assert bounds.schedule_time(c) > 0.8 * e.step_time
@@ -201,7 +201,7 @@ def test_a_moe_search_finds_the_exhaustive_best():
     steps = []
     for c in configurations(m, 16, 32, gpus_per_node=4, **space):
         try:
-            e = sim.estimate(m, "h100-80gb", global_batch=32, gpus_per_node=4, **c.kwargs())
+            e = sim.estimate(m, "h100-80gb", global_batch=32, gpus_per_node=4, **c.kwargs(), **c.options())
         except (ValueError, sim.ScheduleError):
             continue
         steps += [e.step_time] if e.fits else []

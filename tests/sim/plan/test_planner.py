@@ -177,7 +177,7 @@ def test_pruned_search_ranks_as_an_exhaustive_loop(problem, top, room, rnd):
     everything = []
     for i, c in enumerate(configs):
         try:
-            e = sim.estimate(m, gpu, global_batch=batch, gpus_per_node=per_node, **c.kwargs())
+            e = sim.estimate(m, gpu, global_batch=batch, gpus_per_node=per_node, **c.kwargs(), **c.options())
         except (ValueError, sim.ScheduleError):
             continue
         everything.append((e.step_time, i, max(e.peak_memory), c))
@@ -185,8 +185,8 @@ def test_pruned_search_ranks_as_an_exhaustive_loop(problem, top, room, rnd):
     peaks = sorted(p for _, _, p, _ in everything)
     g = dataclasses.replace(sim.profile(gpu), gpu=dataclasses.replace(sim.GPUS[gpu], memory=int(peaks[int(room * (len(peaks) - 1))])))
     fitting = sorted(x for x in everything if x[2] <= g.memory)
-    ranked = sorted(fitting, key=lambda x: (same_time(x[0]), x[2], *dataclasses.astuple(x[3])[:-1],
-                                            not x[3].reshard_after_forward))[:top]  # rank_key: FSDP2's default first
+    ranked = sorted(fitting, key=lambda x: (same_time(x[0]), x[2], *dataclasses.astuple(x[3])[:-2],
+                                            not x[3].reshard_after_forward, x[3].overlap))[:top]  # rank_key: FSDP2's default first
     found = plan.search(m, g, gpus, batch, top=top, memory_headroom=0, **space)
     assert [(r.config, r.step_time) for r in found] == [(c, t) for t, _, _, c in ranked]
     assert found.simulated <= len(everything)
