@@ -67,6 +67,7 @@ from sim.hardware.network import collective_time, links_of
 from sim.model.transformer import Transformer, check_recompute
 
 from . import fp8
+from .shapes import block_in_step
 from .context import context_attention
 from .slice import Slice
 
@@ -216,11 +217,25 @@ def layer_times(m: Transformer, dev: DeviceProfile | str, x: Slice, recompute: s
     """The times of one layer's passes on one device (see the module's docstring), under the
     device profile `dev`; `tp_overlap`: B hides its tensor-parallel collectives under the
     weight-gradient matmuls. Times are device times; the host's launch floor over a whole
-    stage's pass is `sim.estimate`'s (from `kernels`). A mixture of experts, MLA or a head
-    width other than hidden/heads is refused (`check_timed`)."""
+    stage's pass is `sim.estimate`'s (from `kernels`). Where the profile measured blocks
+    (`sim.hardware.layer_table`) and they stand for this model (`measured_apply`): this
+    block's own row, else the kernel model run as a step runs it (`sim.cost.shapes`). A
+    mixture of experts, MLA or a head width other than hidden/heads is refused (`check_timed`)."""
     check_timed(m)
     check_recompute(recompute)
     dev = resolve(dev)
+    lt = kernel_layer_times(m, dev, x, recompute, tp_overlap)
+    if not measured_apply(m, x):
+        return lt
+    row = dev.layers.block(x.precision, m.hidden, m.heads, m.ffn, m.seq, x.micro_batch, recompute) \
+        or block_in_step(m, dev, x, recompute, lt, kernel_layer_times)
+    return lt if row is None else _as_measured(row, lt)
+
+
+def kernel_layer_times(m: Transformer, dev: DeviceProfile, x: Slice, recompute: str = "none",
+                       tp_overlap: bool = True) -> LayerTimes:
+    """`layer_times` from the kernel model alone: each kernel as the profile timed it, the
+    measured blocks left aside."""
     shapes, k = gemm_shapes(m, x), _lists(m, x, dev.fp8_scaling)
     products = {n: gemm_products(*s) for n, s in shapes.items()}  # forward, input and weight gradient
     fwd, dx, dw = ({n: _gemm_time(dev, x, n, q[i]) for n, q in products.items()} for i in range(3))
@@ -254,7 +269,7 @@ def layer_times(m: Transformer, dev: DeviceProfile | str, x: Slice, recompute: s
     lt = LayerTimes(forward=sum(f.values()), backward=backward_input + w - hidden,
                     backward_input=backward_input, backward_weight=w + w_redo, recompute=sum(redo.values()),
                     parts=parts, kernels=n)
-    return _measured(m, dev, x, recompute, lt) or lt
+    return lt
 
 
 _WEIGHTLESS = ("scores", "values")  # both their gradients are input gradients (Qi et al. 2024, Table 1)
@@ -288,14 +303,11 @@ def fused_attention_times(m: Transformer, dev: DeviceProfile, x: Slice) -> tuple
     return forward, BACKWARD_OVER_FORWARD * forward
 
 
-def _measured(m: Transformer, dev: DeviceProfile, x: Slice, recompute: str, lt: LayerTimes) -> LayerTimes | None:
+def _as_measured(row, lt: LayerTimes) -> LayerTimes:
     """The block as the profile measured it inside a step (`sim.hardware.layer_table`: exec's
-    GPT block, torch's kernels, no tensor parallelism), or None where it has none. The
-    measured passes include the host's cost of each kernel (no launch floor on top: no
-    kernels counted); the recompute and the parts keep the kernel model's shares of them."""
-    row = dev.layers.block(x.precision, m.hidden, m.heads, m.ffn, m.seq, x.micro_batch, recompute)
-    if row is None or not measured_apply(m, x):
-        return None
+    GPT block, torch's kernels, no tensor parallelism), or as `sim.cost.shapes` fits it there:
+    `row`'s F, B, I, W. They include the host's cost of each kernel (no launch floor on top:
+    no kernels counted); the recompute and the parts keep the kernel model `lt`'s shares."""
     total = sum(lt.parts.values())
     return LayerTimes(forward=row["F"], backward=row["B"], backward_input=row["I"], backward_weight=row["W"],
                       recompute=lt.recompute * row["F"] / lt.forward,
