@@ -67,7 +67,7 @@ from sim.hardware.network import collective_time, links_of
 from sim.model.transformer import Transformer, check_recompute
 
 from . import fp8
-from .shapes import block_in_step
+from .shapes import block_in_step, in_step_fits
 from .context import context_attention
 from .slice import Slice
 
@@ -230,6 +230,13 @@ def layer_times(m: Transformer, dev: DeviceProfile | str, x: Slice, recompute: s
     row = dev.layers.block(x.precision, m.hidden, m.heads, m.ffn, m.seq, x.micro_batch, recompute) \
         or block_in_step(m, dev, x, recompute, lt, kernel_layer_times)
     return lt if row is None else _as_measured(row, lt)
+
+
+def block_fits(m: Transformer, dev: DeviceProfile | str, precision: str = "fp32") -> dict:
+    """{pass: `sim.cost.shapes.InStep`}: how the profile's measured blocks say this model's
+    kernels run inside a step, where the profile measured none of its shape; {} where it has
+    no measured block of `precision`."""
+    return in_step_fits(m, resolve(dev), Slice(1, precision=precision), kernel_layer_times)
 
 
 def kernel_layer_times(m: Transformer, dev: DeviceProfile, x: Slice, recompute: str = "none",

@@ -129,8 +129,8 @@ def test_the_planner_predicts_from_the_profile_and_the_bench_measures(profile_fi
     # memory: the planner counts what exec holds (weights, grads, AdamW state, saved tensors);
     # AdamW's per-tensor step counters (4 bytes each) are all it leaves out
     assert got["memory_error_pct"] < 0.5
-    assert all(c.pp * c.dp <= 2 for c in bench.grid(2))
-    assert {c.schedule for c in bench.grid(2)} == set(bench.SCHEDULES)
+    assert all(c.pp * c.dp <= 2 for _, c in bench.grid(2))
+    assert {c.schedule for _, c in bench.grid(2)} == set(bench.GRID_SCHEDULES)
 
 
 def test_a_latency_bound_send_table_gives_a_bandwidth_lower_bound():
