@@ -17,9 +17,10 @@ right after the profile) and the error with the prediction scaled by it, the spr
 measured steps ((max - min) / median), the peak-memory error of the worst rank, the share of
 the step other processes took (exec.run's `lost_share`) and the load average (/proc/loadavg)
 before and after. Then, per shape and over the shapes the profile did not measure, the
-median and worst |error|: raw, drift-scaled, and paired (`paired`: against the profiled
+median and worst |error|: raw, drift-scaled, paired (`paired`: against the profiled
 shape's error in the runs around it, which cancels what the machine's drift and load do to
-both). A VM's speed drifts 20-30 % in minutes (docs/measurements.md), and other processes
+both) and of the computes alone (`compute_error`: the median over kinds and stages of each
+compute's predicted / measured duration). A VM's speed drifts 20-30 % in minutes (docs/measurements.md), and other processes
 slow a pipeline's handoffs more than its computes: read the errors beside the load.
 `--schedule`, `--recompute` and `--shape` narrow or change the grid; `--json FILE` writes
 every row; `--reprofile` measures the device again before each run and writes it to `--profile`.
@@ -162,6 +163,14 @@ def compare(profile, case: Case, model: dict = MODEL, steps: int = 5, warmup: in
             "predicted_memory": p["peak_memory"], "measured_memory": m["peak_memory"]}
 
 
+def compute_error(r: dict) -> float:
+    """The median error (%) of the computes, over kinds and stages (`kind_error_pct`), less
+    ZB-H1's first-stage I, which rule 15 leaves empty: the shape model's own error, which the
+    machine's load moves less than the step's handoffs."""
+    errors = [e for v in r["kind_error_pct"].values() for e in v if e > -99]
+    return statistics.median(errors) if errors else float("nan")
+
+
 def shape_name(model: dict) -> str:
     return f"h{model['hidden']} a{model['heads']} s{model['seq']} v{model['vocab']} L{model['layers']}"
 
@@ -171,7 +180,7 @@ def row(r: dict) -> str:
     lost = "n/a" if r["lost_share"] is None else f"{r['lost_share'] * 100:.0f}%"
     return (f"{shape_name(r['model']):>22} {c.schedule:>5} {c.recompute:>4}  {r['predicted_s'] * 1e3:7.1f} "
             f"{r['measured_s'] * 1e3:7.1f} {r['error_pct']:+6.1f}% {r['drift']:5.2f} {r['scaled_error_pct']:+6.1f}% "
-            f"{r['spread'] * 100:5.1f}% {r['memory_error_pct']:7.3f}% {lost:>5}  {r['load']}")
+            f"{compute_error(r):+7.1f}% {r['spread'] * 100:5.1f}% {r['memory_error_pct']:7.3f}% {lost:>5}  {r['load']}")
 
 
 def reference(hidden: int = MODEL["hidden"], heads: int = MODEL["heads"], seq: int = MODEL["seq"], micro_batch: int = 8,
@@ -212,7 +221,8 @@ def summary(rows: list[dict]) -> list[str]:
         e = [abs(r[key]) for r in rs if key in r]
         return f"{statistics.median(e):4.1f}% / {max(e):5.1f}%" if e else "-"
 
-    out = [f"{'shape':>22}  {'raw median / worst':>18}  {'drift-scaled':>15}  {'paired':>15}  memory"]
+    out = [f"{'shape':>22}  {'raw median / worst':>18}  {'drift-scaled':>15}  {'paired':>15}  {'computes':>15}  memory"]
+    rows = [r | {"compute_error_pct": compute_error(r)} for r in rows]
     others = paired(rows)
     groups = {shape_name(MODEL): [r for r in rows if r["model"] == MODEL]}
     for r in others:
@@ -220,7 +230,8 @@ def summary(rows: list[dict]) -> list[str]:
     for name, rs in list(groups.items()) + ([("not profiled", others)] if others else []):
         if rs:
             out.append(f"{name:>22}  {stats(rs, 'error_pct'):>18}  {stats(rs, 'scaled_error_pct'):>15}  "
-                       f"{stats(rs, 'paired_error_pct'):>15}  {max(r['memory_error_pct'] for r in rs):.3f}%")
+                       f"{stats(rs, 'paired_error_pct'):>15}  {stats(rs, 'compute_error_pct'):>15}  "
+                       f"{max(r['memory_error_pct'] for r in rs):.3f}%")
     return out
 
 
@@ -252,7 +263,7 @@ def main(argv=None) -> int:
     print(f"profile blocks measured at (hidden, heads, seq): {measured}; reference block {start * 1e3:.2f} ms; "
           f"load {loadavg()}")
     print(f"{'shape':>22} {'sched':>5} {'rc':>4}  {'pred':>7} {'meas ms':>7} {'error':>7} {'drift':>5} "
-          f"{'scaled':>7} {'spread':>6} {'mem err':>8} {'lost':>5}  load (1, 5, 15 min) before -> after")
+          f"{'scaled':>7} {'computes':>8} {'spread':>6} {'mem err':>8} {'lost':>5}  load (1, 5, 15 min) before -> after")
     rows = []
     for model, case in grid(len(host_cores()), args.pp, args.quick, args.schedule or GRID_SCHEDULES,
                             args.recompute or ("none", "full"), shapes):
