@@ -75,18 +75,23 @@ def grid(cores: int, pp: int = 2, quick: bool = False, schedules=GRID_SCHEDULES,
 
 
 def paired(rows: list[dict]) -> list[dict]:
-    """Each row of a shape other than MODEL with `paired_error_pct`: its error against the
-    profiled shape's of the same case measured just before and just after it, (1 + e) /
-    sqrt((1 + e_before)(1 + e_after)) - 1: what the machine's drift and load do to both
-    cancels, what the shape model adds stays."""
+    """Each row of a shape other than MODEL with `paired_error_pct` (and `paired_compute_pct`):
+    its step error (its computes' error, `compute_error`) against the profiled shape's of the
+    same case measured just before and just after it, (1 + e) / sqrt((1 + e_before)(1 +
+    e_after)) - 1: what the machine's drift and load do to both cancels, what the shape model
+    adds stays."""
     out = []
     for i, r in enumerate(rows):
         if r["model"] == MODEL:
             continue
         near = [rows[j] for j in (i - 1, i + 1) if 0 <= j < len(rows) and rows[j]["model"] == MODEL
                 and rows[j]["case"] == r["case"]]
-        ref = statistics.geometric_mean([1 + n["error_pct"] / 100 for n in near]) if near else 1.0
-        out.append(r | {"paired_error_pct": ((1 + r["error_pct"] / 100) / ref - 1) * 100})
+        extra = {}
+        for key, name in (("error_pct", "paired_error_pct"), ("compute_error_pct", "paired_compute_pct")):
+            if key in r and all(key in n for n in near):
+                ref = statistics.geometric_mean([1 + n[key] / 100 for n in near]) if near else 1.0
+                extra[name] = ((1 + r[key] / 100) / ref - 1) * 100
+        out.append(r | extra)
     return out
 
 
@@ -221,7 +226,8 @@ def summary(rows: list[dict]) -> list[str]:
         e = [abs(r[key]) for r in rs if key in r]
         return f"{statistics.median(e):4.1f}% / {max(e):5.1f}%" if e else "-"
 
-    out = [f"{'shape':>22}  {'raw median / worst':>18}  {'drift-scaled':>15}  {'paired':>15}  {'computes':>15}  memory"]
+    out = [f"{'shape':>22}  {'raw median / worst':>18}  {'drift-scaled':>15}  {'paired':>15}  {'computes':>15}  "
+           f"{'computes paired':>15}  memory"]
     rows = [r | {"compute_error_pct": compute_error(r)} for r in rows]
     others = paired(rows)
     groups = {shape_name(MODEL): [r for r in rows if r["model"] == MODEL]}
@@ -231,7 +237,7 @@ def summary(rows: list[dict]) -> list[str]:
         if rs:
             out.append(f"{name:>22}  {stats(rs, 'error_pct'):>18}  {stats(rs, 'scaled_error_pct'):>15}  "
                        f"{stats(rs, 'paired_error_pct'):>15}  {stats(rs, 'compute_error_pct'):>15}  "
-                       f"{max(r['memory_error_pct'] for r in rs):.3f}%")
+                       f"{stats(rs, 'paired_compute_pct'):>15}  {max(r['memory_error_pct'] for r in rs):.3f}%")
     return out
 
 
