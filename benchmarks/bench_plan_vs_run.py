@@ -241,6 +241,31 @@ def summary(rows: list[dict]) -> list[str]:
     return out
 
 
+def record(path: Path, rows: list[dict], command: str) -> None:
+    """Write into the profile at `path` (`layers.checked`, docs/profiles.md) how far its
+    predictions held: per shape its runs and median and worst |step error| (%), paired for the
+    shapes the profile did not measure (`paired`), raw for the profiled one."""
+    import datetime
+    import platform
+    profile = sim.load_profile(path)
+    out = []
+    others = paired(rows)
+    for model in [MODEL] + [m for m in dict.fromkeys(tuple(r["model"].items()) for r in others)]:
+        model = dict(model)
+        rs = [r for r in (rows if model == MODEL else others) if r["model"] == model]
+        e = [abs(r["error_pct" if model == MODEL else "paired_error_pct"]) for r in rs]
+        if e:
+            out.append([*(model[k] for k in ("layers", "hidden", "heads", "seq", "vocab")), len(e),
+                        max(statistics.median(e), 1e-9), max(max(e), 1e-9)])
+    data = profile.to_dict()
+    data["layers"]["checked"] = {"rows": out, "source": "measured", "command": command,
+                                 "machine": f"{platform.node()}: {profile.gpu.name}",
+                                 "date": datetime.date.today().isoformat(),
+                                 "how": "benchmarks/bench_plan_vs_run.py: |step error| %, raw for the profiled shape, "
+                                        "paired with the profiled shape's runs around it for the others"}
+    sim.save_profile(data, path)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", required=True, help="a device profile (python -m exec.profile_device --out FILE)")
@@ -251,6 +276,8 @@ def main(argv=None) -> int:
     ap.add_argument("--shape", action="append", metavar="L,H,A,S,V",
                     help="a model shape instead of SHAPES: layers, hidden, heads, sequence, vocabulary (repeat)")
     ap.add_argument("--json", type=Path, help="write every row to this file")
+    ap.add_argument("--record", action="store_true",
+                    help="write into the profile how far from its blocks it held (layers.checked, docs/profiles.md)")
     ap.add_argument("--reprofile", action="store_true",
                     help="measure the device again just before each case and predict it with that profile "
                          "(a VM's speed can drift 20-30 %% in minutes: docs/measurements.md)")
@@ -280,6 +307,8 @@ def main(argv=None) -> int:
         if args.json:
             args.json.write_text(json.dumps([{**r, "case": asdict(r["case"])} for r in rows], indent=1) + "\n")
     print("\n".join(summary(rows)))
+    if args.record and rows and "layers" in profile.to_dict():
+        record(Path(args.profile), rows, "python benchmarks/bench_plan_vs_run.py " + " ".join(argv or sys.argv[1:]))
     return 0
 
 

@@ -164,3 +164,15 @@ def test_a_malformed_layers_table_is_refused():
             from_dict(_cpu(layers={"blocks": {"rows": [row], **FIXTURE}}), "test")
     with pytest.raises(sim.ProfileError, match=r"'layers\.ends' row 0"):
         from_dict(_cpu(layers={"ends": {"rows": [["fp32", 64, 32, 256, 4, 1e-3]], **FIXTURE}}), "test")
+
+
+def test_a_profile_says_which_shapes_it_measured_and_how_far_it_was_checked():
+    checked = {"rows": [[4, 128, 4, 64, 512, 6, 5.1, 10.2], [4, 256, 8, 64, 512, 6, 7.0, 12.5]], **FIXTURE}
+    data = _cpu(**_layers())
+    data["layers"]["checked"] = checked
+    p = from_dict(data, "test")
+    assert p.layers.shapes() == [("fp32", GPT.hidden, GPT.heads, GPT.ffn, GPT.seq)]
+    assert p.layers.checked == tuple(tuple(r) for r in checked["rows"])
+    data["layers"]["checked"] = {"rows": [[4, 128, 4, 64, 512, 6, 5.1]], **FIXTURE}  # a column short
+    with pytest.raises(sim.ProfileError, match=r"layers\.checked.*row 0"):
+        from_dict(data, "test")
