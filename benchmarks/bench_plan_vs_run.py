@@ -219,9 +219,13 @@ def reprofile(path: str):
     return sim.load_profile(path)
 
 
+UNTOUCHED = 0.05  # a run whose steps other processes took less than this share of (exec.run's lost_share)
+
+
 def summary(rows: list[dict]) -> list[str]:
     """Per shape, and over the shapes other than MODEL: the median and worst |error|, raw,
-    drift-scaled and paired (`paired`), and the worst peak-memory error."""
+    drift-scaled and paired (`paired`), and the worst peak-memory error; then the same over
+    the runs that other processes barely touched (`UNTOUCHED`), the profiled shape's and the others'."""
     def stats(rs, key):
         e = [abs(r[key]) for r in rs if key in r]
         return f"{statistics.median(e):4.1f}% / {max(e):5.1f}%" if e else "-"
@@ -233,7 +237,10 @@ def summary(rows: list[dict]) -> list[str]:
     groups = {shape_name(MODEL): [r for r in rows if r["model"] == MODEL]}
     for r in others:
         groups.setdefault(shape_name(r["model"]), []).append(r)
-    for name, rs in list(groups.items()) + ([("not profiled", others)] if others else []):
+    untouched = [r for r in rows if (r.get("lost_share") or 1.0) < UNTOUCHED]
+    for name, rs in list(groups.items()) + ([("not profiled", others)] if others else []) + [
+            ("profiled, lost < 5%", [r for r in untouched if r["model"] == MODEL]),
+            ("others, lost < 5%", [r for r in untouched if r["model"] != MODEL])]:
         if rs:
             out.append(f"{name:>22}  {stats(rs, 'error_pct'):>18}  {stats(rs, 'scaled_error_pct'):>15}  "
                        f"{stats(rs, 'paired_error_pct'):>15}  {stats(rs, 'compute_error_pct'):>15}  "
@@ -268,7 +275,8 @@ def record(path: Path, rows: list[dict], command: str) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--profile", required=True, help="a device profile (python -m exec.profile_device --out FILE)")
+    ap.add_argument("--profile", help="a device profile (python -m exec.profile_device --out FILE)")
+    ap.add_argument("--summary", type=Path, help="print the summary of a run --json wrote, and measure nothing")
     ap.add_argument("--quick", action="store_true", help="6 runs (1F1B, one other shape), 2 measured steps")
     ap.add_argument("--pp", type=int, default=2)
     ap.add_argument("--schedule", action="append", choices=SCHEDULES, help="only this schedule (repeat)")
@@ -282,6 +290,17 @@ def main(argv=None) -> int:
                     help="measure the device again just before each case and predict it with that profile "
                          "(a VM's speed can drift 20-30 %% in minutes: docs/measurements.md)")
     args = ap.parse_args(argv)
+    if args.summary:  # a stored run's summary, nothing measured
+        try:
+            rows = [r | {"case": Case(**r["case"])} for r in json.loads(args.summary.read_text())]
+        except (OSError, ValueError, TypeError, KeyError) as e:
+            print(f"bench_plan_vs_run: {args.summary}: {e}", file=sys.stderr)
+            return 2
+        print("\n".join(summary(rows)))
+        return 0
+    if not args.profile:
+        print("bench_plan_vs_run: give --profile (or --summary FILE)", file=sys.stderr)
+        return 2
     try:
         profile = None if args.reprofile else sim.load_profile(args.profile)
         shapes = [dict(zip(("layers", "hidden", "heads", "seq", "vocab"), map(int, s.split(","), strict=True)))
