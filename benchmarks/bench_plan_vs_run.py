@@ -22,8 +22,10 @@ shape's error in the runs around it, which cancels what the machine's drift and 
 both) and of the computes alone (`compute_error`: the median over kinds and stages of each
 compute's predicted / measured duration). A VM's speed drifts 20-30 % in minutes (docs/measurements.md), and other processes
 slow a pipeline's handoffs more than its computes: read the errors beside the load.
-`--schedule`, `--recompute` and `--shape` narrow or change the grid; `--json FILE` writes
-every row; `--reprofile` measures the device again before each run and writes it to `--profile`.
+The summary also gives the same over the runs other processes took less than 5 % of
+(`UNTOUCHED`). `--schedule`, `--recompute` and `--shape` narrow or change the grid; `--json
+FILE` writes every row (`--summary FILE` prints that run's summary again, measuring nothing);
+`--record` writes the summary into the profile (`layers.checked`, docs/profiles.md); `--reprofile` measures the device again before each run and writes it to `--profile`.
 """
 from __future__ import annotations
 
