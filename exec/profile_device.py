@@ -244,7 +244,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(e))
     command = "python -m exec.profile_device " + " ".join(sys.argv[1:] if argv is None else argv)
     try:
-        shapes = [dataclasses.replace(model, hidden=h, heads=a, seq=s, ffn=None) for h, a, s in args.layer_shape]
+        shapes = [dataclasses.replace(model, hidden=h, heads=a, seq=s, ffn=None, kv_heads=None)
+                  for h, a, s in args.layer_shape]
         measure_device(args.out, args.backend, args.ranks, args.quick, model, args.micro_batches or (1, 2, 4, 8),
                        args.timeout, command, shapes)
     except (RankError, TimeoutError) as e:

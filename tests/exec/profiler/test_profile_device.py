@@ -162,3 +162,13 @@ def test_the_bench_pairs_each_shape_with_the_profiled_runs_around_it():
     assert got["paired_compute_pct"] == pytest.approx((0.6 / 0.5 - 1) * 100)
     order = bench.grid(2, quick=True)
     assert [m == bench.MODEL for m, _ in order] == [True, False, True] * 2  # each shape between two profiled runs
+
+
+def test_layer_shapes_are_read_and_a_bad_one_refused(capsys):
+    from exec.profile_device import build_parser
+    args = build_parser().parse_args(["--out", "x.json", "--layer-shape", "64,2,32", "--layer-shape", "256,8,64"])
+    assert args.layer_shape == [(64, 2, 32), (256, 8, 64)]
+    for bad in ("64,3,32", "64,2", "a,b,c"):
+        with pytest.raises(SystemExit) as e:
+            build_parser().parse_args(["--out", "x.json", "--layer-shape", bad])
+        assert e.value.code == 2 and len(capsys.readouterr().err.strip().splitlines()) == 1
