@@ -1,20 +1,31 @@
-"""The planner against a real run: sim.estimate on a measured device profile predicts the step time and per-rank peak memory; exec.run measures them.
+"""The planner against real runs of several model shapes: sim.estimate on one measured device profile predicts each shape's step time and per-rank peak memory; exec.run measures them.
 
-    python -m exec.profile_device --out /tmp/cpu.json                     # once per machine
-    PYTHONPATH=. python benchmarks/bench_plan_vs_run.py --profile /tmp/cpu.json
-    PYTHONPATH=. python benchmarks/bench_plan_vs_run.py --profile /tmp/cpu.json --quick   # two cases
+    python -m exec.profile_device --out /tmp/cpu.json                     # once, just before
+    PYTHONPATH=. python benchmarks/bench_plan_vs_run.py --profile /tmp/cpu.json            # about 5 min
+    PYTHONPATH=. python benchmarks/bench_plan_vs_run.py --profile /tmp/cpu.json --quick    # 6 runs
 
-For each case of the grid (schedules 1f1b, gpipe, zb-h1, interleaved-1f1b; 4 and 8
-micro-batches; recompute none and full; dp 1 and 2 where pp x dp ranks fit the cores) it
-prints the predicted and measured step (start to the last optimizer step's end: the
-planner's `step_time`), their error, the measured spread ((max - min) / median of the
-measured steps), the peak-memory error of the worst rank, the error of each compute kind
-(F, B, I, W) per stage (predicted / measured median duration - 1, in %), the share
-of the step other processes took (exec.run's `lost_share`) and the load average
-(/proc/loadavg) before and after the run; then the medians of the errors. The machine's
-load changes what a run measures (docs/rules.md, rule 9): read the load beside the error.
-`--schedule` and `--recompute` narrow the grid; `--json FILE` writes every row;
-`--reprofile` measures the device again before each case and writes it to `--profile`.
+The grid: five shapes the profile did not measure (`SHAPES`: other hidden sizes, sequence
+lengths, head counts, vocabularies and depths), each under 1F1B, GPipe and ZB-H1 with
+recompute none and full, 4 micro-batches of a batch of 32, 2 CPU ranks, AdamW; and the
+profiled shape (exec's --model gpt: 4 blocks, hidden 128, 4 heads, sequence 64, vocabulary
+512) run just before and just after each of them under the same case. A shape the profile
+did not measure is timed by the kernel model run as a step runs it, fitted on the blocks the
+profile measured (`sim.cost.block_fit`). Per run it prints the predicted and measured step (the
+median step), their error, the drift of the machine (`reference`: a block of the profiled
+shape timed in this process just before the run, over the same timed when the bench started,
+right after the profile) and the error with the prediction scaled by it, the spread of the
+measured steps ((max - min) / median), the peak-memory error of the worst rank, the share of
+the step other processes took (exec.run's `lost_share`) and the load average (/proc/loadavg)
+before and after. Then, per shape and over the shapes the profile did not measure, the
+median and worst |error|: raw, drift-scaled, paired (`paired`: against the profiled
+shape's error in the runs around it, which cancels what the machine's drift and load do to
+both) and of the computes alone (`compute_error`: the median over kinds and stages of each
+compute's predicted / measured duration). A VM's speed drifts 20-30 % in minutes (docs/measurements.md), and other processes
+slow a pipeline's handoffs more than its computes: read the errors beside the load.
+The summary also gives the same over the runs other processes took less than 5 % of
+(`UNTOUCHED`). `--schedule`, `--recompute` and `--shape` narrow or change the grid; `--json
+FILE` writes every row (`--summary FILE` prints that run's summary again, measuring nothing);
+`--record` writes the summary into the profile (`layers.checked`, docs/profiles.md); `--reprofile` measures the device again before each run and writes it to `--profile`.
 """
 from __future__ import annotations
 
@@ -35,7 +46,12 @@ import sim  # noqa: E402
 from exec.launch.host import loadavg  # noqa: E402
 
 SCHEDULES = ("1f1b", "gpipe", "zb-h1", "interleaved-1f1b")
-MODEL = dict(layers=4, hidden=128, heads=4, seq=64, vocab=512)  # exec's --model gpt, 4 blocks
+GRID_SCHEDULES = ("1f1b", "gpipe", "zb-h1")
+MODEL = dict(layers=4, hidden=128, heads=4, seq=64, vocab=512)  # exec's --model gpt, 4 blocks: the profiled shape
+# shapes the default profile did not measure: hidden, heads, sequence, vocabulary and depth each moved
+SHAPES = (dict(layers=4, hidden=256, heads=8, seq=64, vocab=512), dict(layers=4, hidden=128, heads=4, seq=128, vocab=512),
+          dict(layers=4, hidden=64, heads=2, seq=64, vocab=1024), dict(layers=4, hidden=192, heads=6, seq=32, vocab=2048),
+          dict(layers=8, hidden=128, heads=8, seq=64, vocab=512))
 
 
 @dataclass(frozen=True)
@@ -48,13 +64,37 @@ class Case:
     batch: int = 32
 
 
-def grid(cores: int, pp: int = 2, quick: bool = False, schedules=SCHEDULES, recomputes=("none", "full")) -> list[Case]:
-    """The cases: every schedule, micro-batch count and recompute mode, and dp 1 and 2 where
-    pp x dp ranks fit the cores (each rank on its own, rule 9); `quick`: two of them."""
+def grid(cores: int, pp: int = 2, quick: bool = False, schedules=GRID_SCHEDULES, recomputes=("none", "full"),
+         shapes=SHAPES) -> list[tuple[dict, Case]]:
+    """(model, case) pairs in the order they run: per schedule and recompute mode, the
+    profiled shape (MODEL) before and after each of `shapes`, so that each shape's error can be
+    read against the profiled shape's in the same minute (`paired`); 4 micro-batches, dp 1 (pp
+    ranks, each on its own core: rule 9); `quick`: the first shape, 1F1B only."""
     if quick:
-        return [Case("1f1b", 4, "none", 1, pp), Case("gpipe", 4, "full", 1, pp)]
-    dps = [d for d in (1, 2) if pp * d <= cores] or [1]
-    return [Case(s, m, r, d, pp) for s in schedules for m in (4, 8) for r in recomputes for d in dps]
+        shapes, schedules = shapes[:1], schedules[:1]
+    order = [MODEL] + [m for shape in shapes for m in (shape, MODEL)]
+    return [(dict(m), Case(s, 4, r, 1, pp)) for s in schedules for r in recomputes for m in order]
+
+
+def paired(rows: list[dict]) -> list[dict]:
+    """Each row of a shape other than MODEL with `paired_error_pct` (and `paired_compute_pct`):
+    its step error (its computes' error, `compute_error`) against the profiled shape's of the
+    same case measured just before and just after it, (1 + e) / sqrt((1 + e_before)(1 +
+    e_after)) - 1: what the machine's drift and load do to both cancels, what the shape model
+    adds stays."""
+    out = []
+    for i, r in enumerate(rows):
+        if r["model"] == MODEL:
+            continue
+        near = [rows[j] for j in (i - 1, i + 1) if 0 <= j < len(rows) and rows[j]["model"] == MODEL
+                and rows[j]["case"] == r["case"]]
+        extra = {}
+        for key, name in (("error_pct", "paired_error_pct"), ("compute_error_pct", "paired_compute_pct")):
+            if key in r and all(key in n for n in near):
+                ref = statistics.geometric_mean([1 + n[key] / 100 for n in near]) if near else 1.0
+                extra[name] = ((1 + r[key] / 100) / ref - 1) * 100
+        out.append(r | extra)
+    return out
 
 
 def kind_seconds(events) -> dict[str, list[float]]:
@@ -76,7 +116,7 @@ def predict(profile, case: Case, model: dict = MODEL) -> dict:
     """The planner's step time (s) and per-rank peak memory (bytes) for `case`."""
     e = sim.estimate(transformer(model), gpu=profile, gpus_per_node=case.pp * case.dp, tp=1, pp=case.pp,
                      dp=case.dp, micro_batch=case.batch // (case.dp * case.micro), global_batch=case.batch,
-                     schedule=case.schedule, recompute=case.recompute, precision="fp32")
+                     schedule=case.schedule, recompute=case.recompute, precision="fp32", optimizer="adamw")
     kinds = kind_seconds((ev.action.kind.name, ev.action.stage, ev.duration) for ev in e.result.events
                          if ev.action.kind.is_compute)
     return {"step_s": e.step_time, "peak_memory": e.peak_memory, "parts": e.time_parts, "kinds": kinds}
@@ -115,26 +155,58 @@ def measure(case: Case, model: dict = MODEL, steps: int = 5, warmup: int = 2) ->
             "load": f"{before} -> {loadavg()}"}
 
 
-def compare(profile, case: Case, model: dict = MODEL, steps: int = 5, warmup: int = 2) -> dict:
-    """Predicted, measured and the errors (%) of one case."""
+def compare(profile, case: Case, model: dict = MODEL, steps: int = 5, warmup: int = 2, drift: float = 1.0) -> dict:
+    """Predicted, measured and the errors (%) of one case; `drift`: the machine's speed now
+    over its speed at the profile (`reference`), by which the drift-scaled error scales the prediction."""
     p, m = predict(profile, case, model), measure(case, model, steps, warmup)
     mem = max(abs(a / b - 1) for a, b in zip(p["peak_memory"], m["peak_memory"])) * 100
     kinds = {k: [(a / b - 1) * 100 for a, b in zip(p["kinds"][k], m["kinds"][k])]
              for k in sorted(p["kinds"]) if k in m["kinds"]}
-    return {"case": case, "predicted_s": p["step_s"], "measured_s": m["step_s"],
-            "error_pct": (p["step_s"] / m["step_s"] - 1) * 100, "memory_error_pct": mem, "spread": m["spread"],
-            "kind_error_pct": kinds, "predicted_kinds": p["kinds"], "measured_kinds": m["kinds"],
-            "lost_share": m["lost_share"], "load": m["load"], "predicted_memory": p["peak_memory"],
-            "measured_memory": m["peak_memory"]}
+    return {"case": case, "model": dict(model), "predicted_s": p["step_s"], "measured_s": m["step_s"],
+            "error_pct": (p["step_s"] / m["step_s"] - 1) * 100, "drift": drift,
+            "scaled_error_pct": (p["step_s"] * drift / m["step_s"] - 1) * 100, "memory_error_pct": mem,
+            "spread": m["spread"], "kind_error_pct": kinds, "predicted_kinds": p["kinds"],
+            "measured_kinds": m["kinds"], "lost_share": m["lost_share"], "load": m["load"],
+            "predicted_memory": p["peak_memory"], "measured_memory": m["peak_memory"]}
+
+
+def compute_error(r: dict) -> float:
+    """The median error (%) of the computes, over kinds and stages (`kind_error_pct`), less
+    ZB-H1's first-stage I, which rule 15 leaves empty: the shape model's own error, which the
+    machine's load moves less than the step's handoffs."""
+    errors = [e for v in r["kind_error_pct"].values() for e in v if e > -99]
+    return statistics.median(errors) if errors else float("nan")
+
+
+def shape_name(model: dict) -> str:
+    return f"h{model['hidden']} a{model['heads']} s{model['seq']} v{model['vocab']} L{model['layers']}"
 
 
 def row(r: dict) -> str:
     c = r["case"]
-    kinds = " ".join(k + "/".join(f"{e:+.0f}" for e in v) for k, v in r["kind_error_pct"].items())
     lost = "n/a" if r["lost_share"] is None else f"{r['lost_share'] * 100:.0f}%"
-    return (f"{c.schedule:>16} m={c.micro} {c.recompute:>4} dp={c.dp}  {r['predicted_s'] * 1e3:8.1f} "
-            f"{r['measured_s'] * 1e3:8.1f} {r['error_pct']:+7.1f}% {r['spread'] * 100:6.1f}% "
-            f"{r['memory_error_pct']:7.3f}%  {kinds:<28} {lost:>5}  {r['load']}")
+    return (f"{shape_name(r['model']):>22} {c.schedule:>5} {c.recompute:>4}  {r['predicted_s'] * 1e3:7.1f} "
+            f"{r['measured_s'] * 1e3:7.1f} {r['error_pct']:+6.1f}% {r['drift']:5.2f} {r['scaled_error_pct']:+6.1f}% "
+            f"{compute_error(r):+7.1f}% {r['spread'] * 100:5.1f}% {r['memory_error_pct']:7.3f}% {lost:>5}  {r['load']}")
+
+
+def reference(hidden: int = MODEL["hidden"], heads: int = MODEL["heads"], seq: int = MODEL["seq"], micro_batch: int = 8,
+              repeats: int = 40) -> float:
+    """Seconds of one block of the profiled shape (exec.models.layers.Block), forward and
+    backward, in this process on one thread: the median of `repeats` after two untimed. The
+    machine's speed now, for its drift between the profile and a case."""
+    import time
+    import torch
+    from exec.models.layers import Block
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    block, x = Block(hidden, heads), torch.randn(micro_batch, seq, hidden, requires_grad=True)
+    times = []
+    for i in range(repeats + 2):
+        t0 = time.perf_counter()
+        block(x).sum().backward()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[2:])
 
 
 def _env() -> dict:
@@ -149,38 +221,115 @@ def reprofile(path: str):
     return sim.load_profile(path)
 
 
+UNTOUCHED = 0.05  # a run whose steps other processes took less than this share of (exec.run's lost_share)
+
+
+def summary(rows: list[dict]) -> list[str]:
+    """Per shape, and over the shapes other than MODEL: the median and worst |error|, raw,
+    drift-scaled and paired (`paired`), and the worst peak-memory error; then the same over
+    the runs that other processes barely touched (`UNTOUCHED`), the profiled shape's and the others'."""
+    def stats(rs, key):
+        e = [abs(r[key]) for r in rs if key in r]
+        return f"{statistics.median(e):4.1f}% / {max(e):5.1f}%" if e else "-"
+
+    out = [f"{'shape':>22}  {'raw median / worst':>18}  {'drift-scaled':>15}  {'paired':>15}  {'computes':>15}  "
+           f"{'computes paired':>15}  memory"]
+    rows = [r | {"compute_error_pct": compute_error(r)} for r in rows]
+    others = paired(rows)
+    groups = {shape_name(MODEL): [r for r in rows if r["model"] == MODEL]}
+    for r in others:
+        groups.setdefault(shape_name(r["model"]), []).append(r)
+    untouched = [r for r in rows if (r.get("lost_share") or 1.0) < UNTOUCHED]
+    for name, rs in list(groups.items()) + ([("not profiled", others)] if others else []) + [
+            ("profiled, lost < 5%", [r for r in untouched if r["model"] == MODEL]),
+            ("others, lost < 5%", [r for r in untouched if r["model"] != MODEL])]:
+        if rs:
+            out.append(f"{name:>22}  {stats(rs, 'error_pct'):>18}  {stats(rs, 'scaled_error_pct'):>15}  "
+                       f"{stats(rs, 'paired_error_pct'):>15}  {stats(rs, 'compute_error_pct'):>15}  "
+                       f"{stats(rs, 'paired_compute_pct'):>15}  {max(r['memory_error_pct'] for r in rs):.3f}%")
+    return out
+
+
+def record(path: Path, rows: list[dict], command: str) -> None:
+    """Write into the profile at `path` (`layers.checked`, docs/profiles.md) how far its
+    predictions held: per shape its runs and median and worst |step error| (%), paired for the
+    shapes the profile did not measure (`paired`), raw for the profiled one."""
+    import datetime
+    import platform
+    profile = sim.load_profile(path)
+    out = []
+    others = paired(rows)
+    for model in [MODEL] + [m for m in dict.fromkeys(tuple(r["model"].items()) for r in others)]:
+        model = dict(model)
+        rs = [r for r in (rows if model == MODEL else others) if r["model"] == model]
+        e = [abs(r["error_pct" if model == MODEL else "paired_error_pct"]) for r in rs]
+        if e:
+            out.append([*(model[k] for k in ("layers", "hidden", "heads", "seq", "vocab")), len(e),
+                        max(statistics.median(e), 1e-9), max(max(e), 1e-9)])
+    data = profile.to_dict()
+    data["layers"]["checked"] = {"rows": out, "source": "measured", "command": command,
+                                 "machine": f"{platform.node()}: {profile.gpu.name}",
+                                 "date": datetime.date.today().isoformat(),
+                                 "how": "benchmarks/bench_plan_vs_run.py: |step error| %, raw for the profiled shape, "
+                                        "paired with the profiled shape's runs around it for the others"}
+    sim.save_profile(data, path)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--profile", required=True, help="a device profile (python -m exec.profile_device --out FILE)")
-    ap.add_argument("--quick", action="store_true", help="two cases, 2 measured steps")
+    ap.add_argument("--profile", help="a device profile (python -m exec.profile_device --out FILE)")
+    ap.add_argument("--summary", type=Path, help="print the summary of a run --json wrote, and measure nothing")
+    ap.add_argument("--quick", action="store_true", help="6 runs (1F1B, one other shape), 2 measured steps")
     ap.add_argument("--pp", type=int, default=2)
     ap.add_argument("--schedule", action="append", choices=SCHEDULES, help="only this schedule (repeat)")
     ap.add_argument("--recompute", action="append", choices=("none", "full"), help="only this mode (repeat)")
+    ap.add_argument("--shape", action="append", metavar="L,H,A,S,V",
+                    help="a model shape instead of SHAPES: layers, hidden, heads, sequence, vocabulary (repeat)")
     ap.add_argument("--json", type=Path, help="write every row to this file")
+    ap.add_argument("--record", action="store_true",
+                    help="write into the profile how far from its blocks it held (layers.checked, docs/profiles.md)")
     ap.add_argument("--reprofile", action="store_true",
                     help="measure the device again just before each case and predict it with that profile "
                          "(a VM's speed can drift 20-30 %% in minutes: docs/measurements.md)")
     args = ap.parse_args(argv)
+    if args.summary:  # a stored run's summary, nothing measured
+        try:
+            rows = [r | {"case": Case(**r["case"])} for r in json.loads(args.summary.read_text())]
+        except (OSError, ValueError, TypeError, KeyError) as e:
+            print(f"bench_plan_vs_run: {args.summary}: {e}", file=sys.stderr)
+            return 2
+        print("\n".join(summary(rows)))
+        return 0
+    if not args.profile:
+        print("bench_plan_vs_run: give --profile (or --summary FILE)", file=sys.stderr)
+        return 2
     try:
         profile = None if args.reprofile else sim.load_profile(args.profile)
+        shapes = [dict(zip(("layers", "hidden", "heads", "seq", "vocab"), map(int, s.split(","), strict=True)))
+                  for s in args.shape] if args.shape else SHAPES
     except (OSError, ValueError) as e:
         print(f"bench_plan_vs_run: {e}", file=sys.stderr)
         return 2
     from exec.launch.host import host_cores
     steps, warmup = (2, 1) if args.quick else (5, 2)
-    print(f"{'case':>34}  {'pred ms':>8} {'meas ms':>8} {'error':>8} {'spread':>7} {'mem err':>8}  "
-          f"{'by kind and stage (%)':<28} {'lost':>5}  load (1, 5, 15 min)")
+    measured = sorted({(k[1], k[2], k[4]) for k in profile.layers.blocks}) if profile else []
+    start = (reference() + reference()) / 2
+    print(f"profile blocks measured at (hidden, heads, seq): {measured}; reference block {start * 1e3:.2f} ms; "
+          f"load {loadavg()}")
+    print(f"{'shape':>22} {'sched':>5} {'rc':>4}  {'pred':>7} {'meas ms':>7} {'error':>7} {'drift':>5} "
+          f"{'scaled':>7} {'computes':>8} {'spread':>6} {'mem err':>8} {'lost':>5}  load (1, 5, 15 min) before -> after")
     rows = []
-    for case in grid(len(host_cores()), args.pp, args.quick, args.schedule or SCHEDULES, args.recompute or ("none", "full")):
+    for model, case in grid(len(host_cores()), args.pp, args.quick, args.schedule or GRID_SCHEDULES,
+                            args.recompute or ("none", "full"), shapes):
         if args.reprofile:
             profile = reprofile(args.profile)
-        rows.append(compare(profile, case, steps=steps, warmup=warmup))
+        rows.append(compare(profile, case, model, steps, warmup, drift=reference() / start))
         print(row(rows[-1]), flush=True)
         if args.json:
             args.json.write_text(json.dumps([{**r, "case": asdict(r["case"])} for r in rows], indent=1) + "\n")
-    errors = [abs(r["error_pct"]) for r in rows]
-    print(f"median |step error| {statistics.median(errors):.1f}%, worst {max(errors):.1f}%; "
-          f"worst peak-memory error {max(r['memory_error_pct'] for r in rows):.3f}%")
+    print("\n".join(summary(rows)))
+    if args.record and rows and "layers" in profile.to_dict():
+        record(Path(args.profile), rows, "python benchmarks/bench_plan_vs_run.py " + " ".join(argv or sys.argv[1:]))
     return 0
 
 

@@ -21,7 +21,8 @@ cores / ranks threads, or one GPU each):
 - with gloo, what exec's runtime costs its CPU ranks around sends, receives and computes
   (`exec.profiler.host_bench`, exec's own calibration) -> `host_transport` (none with nccl);
 - with gloo on 2 ranks, one block's F, B, I and W as a step runs them, at each --micro-batch
-  and recompute none and full (`exec.profiler.layer_bench`) -> `layers`.
+  and recompute none and full (`exec.profiler.layer_bench`), of the model's shape and of
+  each --layer-shape -> `layers`.
 
 Every number says how it was measured (docs/profiles.md: source "measured" with the
 command, the machine and the date; the fits "derived"). The run has a timeout and leaves no
@@ -30,6 +31,8 @@ arguments or a device it cannot measure (--backend nccl without enough GPUs).
 """
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -69,7 +72,21 @@ def build_parser():
     g.add_argument("--ffn", type=whole, help="default 4 x hidden")
     g.add_argument("--micro-batch", type=whole, action="append", dest="micro_batches",
                    help="micro-batch size (repeat; default 1 2 4 8)")
+    g.add_argument("--layer-shape", type=_shape, action="append", default=[], metavar="HIDDEN,HEADS,SEQ",
+                   help="also time whole blocks of this shape (repeat; gloo, 2 ranks): more shapes for the "
+                        "planner's fit of other shapes (sim.cost.block_fit)")
     return p
+
+
+def _shape(text: str) -> tuple[int, int, int]:
+    """HIDDEN,HEADS,SEQ: three whole numbers, hidden a multiple of heads."""
+    try:
+        hidden, heads, seq = (whole(v) for v in text.split(","))
+    except (ValueError, argparse.ArgumentTypeError):
+        raise argparse.ArgumentTypeError(f"takes HIDDEN,HEADS,SEQ (three whole numbers), got {text!r}") from None
+    if hidden % heads:
+        raise argparse.ArgumentTypeError(f"{text}: hidden must be a multiple of heads")
+    return hidden, heads, seq
 
 
 def _say(text: str) -> None:
@@ -99,8 +116,10 @@ def _worker(ctx, plan: dict) -> dict:
         out["host"] = host_bench.host_costs(ctx, plan["model"], plan["host_micro_batch"], *plan["host"])
         say(f"host transport: {len(out['host']['before'])} computes timed")
     if plan["compute"] and plan["host"] and ctx.world_size == 2:  # whole blocks as a step runs them
-        out["layers"] = layer_bench.layer_rows(ctx, plan["model"], plan["layer_micro_batches"],
-                                               steps=plan["host"][1], say=say)
+        out["layers"] = {"blocks": [], "ends": []}
+        for model in (plan["model"], *plan["layer_models"]):  # the profiled shape, then --layer-shape's
+            rows = layer_bench.layer_rows(ctx, model, plan["layer_micro_batches"], steps=plan["host"][1], say=say)
+            out["layers"] = {k: out["layers"][k] + rows[k] for k in rows}
     if ctx.world_size > 1:
         out["collectives"] = comm_bench.collective_rows(plan["messages"], device, plan["repeats"], say)
         if plan["p2p"]:
@@ -161,9 +180,10 @@ def refusal(backend: str, ranks: int | None) -> str | None:
 
 def measure_device(out: Path, backend: str = "gloo", ranks: int | None = None, quick: bool = False,
                    model=None, micro_batches: Sequence[int] = (1, 2, 4, 8), timeout: float = 280.0,
-                   command: str | None = None) -> dict:
+                   command: str | None = None, layer_models: Sequence = ()) -> dict:
     """Measure and write the profile to `out`; return it. `model`: the `sim.Transformer`
-    whose matmuls to measure (default: exec's small GPT). Raises ValueError where the device
+    whose matmuls to measure and blocks to time (default: exec's small GPT); `layer_models`:
+    more `sim.Transformer`s whose blocks to time as well. Raises ValueError where the device
     cannot be measured (`refusal`), `exec.launch.processes.RankError` / TimeoutError where a rank fails."""
     import torch
     from exec.profiler.device_bench import planner_gemms
@@ -181,7 +201,8 @@ def measure_device(out: Path, backend: str = "gloo", ranks: int | None = None, q
     sizes = QUICK if quick else FULL
     plan = dict(gemms=planner_gemms(model, micro_batches), model=model, memory=sizes["memory"], messages=sizes["messages"],
                 loops=sizes["loops"], repeats=sizes["repeats"], host=sizes["host"] if backend == "gloo" else None,
-                host_micro_batch=sorted(micro_batches)[len(micro_batches) // 2], layer_micro_batches=tuple(micro_batches))
+                host_micro_batch=sorted(micro_batches)[len(micro_batches) // 2], layer_micro_batches=tuple(micro_batches),
+                layer_models=tuple(layer_models))
     t0 = time.perf_counter()
     _say(f"{backend} on {n} rank(s), {max(1, cores // n) if backend == 'gloo' else 'GPU'} thread(s) each; "
          f"{len(plan['gemms'])} matmul shapes, {'quick' if quick else 'full'} sizes")
@@ -223,8 +244,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(e))
     command = "python -m exec.profile_device " + " ".join(sys.argv[1:] if argv is None else argv)
     try:
+        shapes = [dataclasses.replace(model, hidden=h, heads=a, seq=s, ffn=None, kv_heads=None)
+                  for h, a, s in args.layer_shape]
         measure_device(args.out, args.backend, args.ranks, args.quick, model, args.micro_batches or (1, 2, 4, 8),
-                       args.timeout, command)
+                       args.timeout, command, shapes)
     except (RankError, TimeoutError) as e:
         print(f"{PROG}: {e}", file=sys.stderr)
         return 1

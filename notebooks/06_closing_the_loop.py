@@ -63,4 +63,41 @@ show(plot_overlay(e.result, run.result))
 # %% [markdown]
 # The bars drawn light and hatched are the planner's, the narrow solid ones exec's. The peak
 # memory agrees to AdamW's per-tensor step counters (a few bytes); the step time agrees as
-# well as the machine is quiet. `benchmarks/bench_plan_vs_run.py` runs the whole grid.
+# well as the machine is quiet.
+#
+# ## A model the profile did not measure
+#
+# The profile timed whole blocks of *this* model only. Another model (other hidden size,
+# sequence, vocabulary, depth) has no measured block: the planner times its kernels (the
+# kernel model) and runs them as a step runs them, with two numbers per pass fitted on the
+# blocks the profile did measure (`sim.cost.block_fit`): how much slower the kernels run inside
+# a step than alone in a loop, and the host's cost per kernel inside a step (autograd, exec's
+# hooks, Python). Without that fit the kernel model was 8-47 % short on this machine, most on
+# small shapes (docs/measurements.md, "One profile, many shapes").
+
+# %%
+from sim.cost.layer import block_fits
+
+for kind, f in block_fits(SPEC.transformer(), profile).items():
+    print(f"{kind}: kernels x {f.slowdown:.2f} in a step, + {f.per_kernel * 1e6:.0f} us a kernel "
+          f"(fitted on {f.rows} measured block(s), largest residual {f.residual * 100:.0f} %)")
+
+OTHER = ModelSpec("gpt", layers=4, hidden=96, heads=4, seq=48, vocab=256, batch_size=8)
+e2 = sim.estimate(OTHER.transformer(), gpu=profile, gpus_per_node=2, tp=1, pp=2, dp=1,
+                  micro_batch=OTHER.batch_size // MICRO, global_batch=OTHER.batch_size, schedule="1f1b",
+                  recompute="none", precision="fp32")
+run2 = run_pipeline(OTHER, "1f1b", 2, MICRO, steps=3, warmup=1, optimizer="adamw")
+measured2 = sorted(run2.train_step_times)[len(run2.train_step_times) // 2]
+print(f"hidden 96, seq 48, vocab 256, 4 blocks: predicted {e2.step_time * 1e3:.1f} ms, measured "
+      f"{measured2 * 1e3:.1f} ms (error {(e2.step_time / measured2 - 1) * 100:+.0f} %), "
+      f"load {open('/proc/loadavg').read().split()[:3]}")
+print("peak memory per rank, predicted and measured:", [int(b) for b in e2.peak_memory],
+      [int(b) for b in run2.result.peak_memory])
+
+# %% [markdown]
+# One run on a shared machine says little about the step time (the load moves it by more
+# than the model's error); the memory does not depend on the load. `benchmarks/bench_plan_vs_run.py`
+# runs the grid: the profiled shape and five shapes the profile did not measure (hidden 64 to
+# 256, sequence 32 to 128, vocabulary 512 to 2048, 4 and 8 blocks), each under 1F1B, GPipe and
+# ZB-H1 with recompute none and full, beside the machine's drift and load. Its last recorded
+# run is in docs/measurements.md ("One profile, many shapes").

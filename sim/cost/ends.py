@@ -11,7 +11,8 @@ from sim.hardware.network import collective_time, links_of
 from sim.hardware.profile import DeviceProfile
 from sim.model.transformer import Transformer
 
-from .layer import Slice, gemm_products, measured_apply
+from .layer import Slice, gemm_products, kernel_layer_times, measured_apply
+from .block_fit import ends_in_step
 
 
 def end_kernels(m: Transformer, g: DeviceProfile, x: Slice) -> dict[str, list[float]]:
@@ -38,19 +39,25 @@ def end_kernels(m: Transformer, g: DeviceProfile, x: Slice) -> dict[str, list[fl
 
 def end_times(m: Transformer, g: DeviceProfile, x: Slice) -> dict[str, float]:
     """The seconds each end adds to its stage's passes, per end and pass (F, B, I, W): the
-    ends the profile measured inside a step where it has them (`measured_ends`), else the
-    sums of `end_kernels` (B = I + W)."""
+    ends the profile measured inside a step where it has them (`measured_ends`), else its
+    kernels run as a step runs them where the profile measured blocks (`sim.cost.block_fit`),
+    else the sums of `end_kernels` (B = I + W)."""
     measured = measured_ends(m, g, x)
     if measured is not None:
         return measured
-    return _with_b({k: sum(v) for k, v in end_kernels(m, g, x).items()})
+    kernels = end_kernels(m, g, x)
+    fitted = ends_in_step(m, g, x, kernels, kernel_layer_times) if measured_apply(m, x) else None
+    return _with_b(fitted if fitted is not None else {k: sum(v) for k, v in kernels.items()})
 
 
 def end_kernel_counts(m: Transformer, g: DeviceProfile, x: Slice) -> dict[str, int]:
     """The kernels each end launches per pass (F, B, I, W), for the host's launch floor: those
-    of `end_kernels`, or none where the ends are measured (their times hold the host's cost)."""
-    counts = {k: len(v) for k, v in end_kernels(m, g, x).items()}
-    if measured_ends(m, g, x) is not None:
+    of `end_kernels`, or none where the ends are measured or fitted (their times hold the
+    host's cost)."""
+    kernels = end_kernels(m, g, x)
+    counts = {k: len(v) for k, v in kernels.items()}
+    if measured_ends(m, g, x) is not None or (
+            measured_apply(m, x) and ends_in_step(m, g, x, kernels, kernel_layer_times) is not None):
         counts = dict.fromkeys(counts, 0)
     return _with_b(counts)
 

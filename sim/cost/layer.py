@@ -70,6 +70,7 @@ from sim.hardware.network import collective_time, links_of
 from sim.model.transformer import Transformer, check_recompute
 
 from . import fp8
+from .block_fit import block_in_step, in_step_fits
 from .context import context_attention
 from .moe import dense_width, routed_kernels, routed_times
 from .shapes import attention_shapes, gemm_products, width_ratios
@@ -224,11 +225,33 @@ def layer_times(m: Transformer, dev: DeviceProfile | str, x: Slice, recompute: s
     last ones), its MLP the experts' (`sim.cost.moe`: the shared experts as the MLP here, the
     routed part there, its all-to-alls in `a2a_forward` and `a2a_backward`), else a dense one
     (the first `dense_layers`, or every layer of a dense model). Times are device times; the
-    host's launch floor over a whole stage's pass is `sim.estimate`'s (from `kernels`)."""
+    host's launch floor over a whole stage's pass is `sim.estimate`'s (from `kernels`). Where the
+    profile measured blocks (`sim.hardware.layer_table`) and they stand for this model
+    (`measured_apply`): this block's own row, else the kernel model run as a step runs it
+    (`sim.cost.block_fit`)."""
     if moe and m.experts is None:
         raise ValueError("layer_times: moe=True on a dense model (experts=None)")
     check_recompute(recompute)
     dev = resolve(dev)
+    lt = kernel_layer_times(m, dev, x, recompute, tp_overlap, moe)
+    if moe or not measured_apply(m, x):
+        return lt
+    row = dev.layers.block(x.precision, m.hidden, m.heads, m.ffn, m.seq, x.micro_batch, recompute) \
+        or block_in_step(m, dev, x, recompute, lt, kernel_layer_times)
+    return lt if row is None else _as_measured(row, lt)
+
+
+def block_fits(m: Transformer, dev: DeviceProfile | str, precision: str = "fp32") -> dict:
+    """{pass: `sim.cost.block_fit.InStep`}: how the profile's measured blocks say this model's
+    kernels run inside a step, where the profile measured none of its shape; {} where it has
+    no measured block of `precision`."""
+    return in_step_fits(m, resolve(dev), Slice(1, precision=precision), kernel_layer_times)
+
+
+def kernel_layer_times(m: Transformer, dev: DeviceProfile, x: Slice, recompute: str = "none",
+                       tp_overlap: bool = True, moe: bool = False) -> LayerTimes:
+    """`layer_times` from the kernel model alone: each kernel as the profile timed it, the
+    measured blocks left aside."""
     ffn = dense_width(m) if moe else m.ffn
     routed = routed_times(m, dev, x) if moe else None
     shapes, k = gemm_shapes(m, x, ffn), _lists(m, x, dev.fp8_scaling)
@@ -268,7 +291,7 @@ def layer_times(m: Transformer, dev: DeviceProfile | str, x: Slice, recompute: s
     lt = LayerTimes(forward=sum(f.values()), backward=backward_input + w - hidden,
                     backward_input=backward_input, backward_weight=w + w_redo, recompute=sum(redo.values()),
                     parts=parts, kernels=n, a2a_forward=a2a, a2a_backward=a2a * (1 + (recompute == "full")))
-    return _measured(m, dev, x, recompute, lt) or lt
+    return lt
 
 
 def _plus(a: dict, b: dict) -> dict:
@@ -307,14 +330,11 @@ def fused_attention_times(m: Transformer, dev: DeviceProfile, x: Slice) -> tuple
     return forward, BACKWARD_OVER_FORWARD * forward
 
 
-def _measured(m: Transformer, dev: DeviceProfile, x: Slice, recompute: str, lt: LayerTimes) -> LayerTimes | None:
+def _as_measured(row, lt: LayerTimes) -> LayerTimes:
     """The block as the profile measured it inside a step (`sim.hardware.layer_table`: exec's
-    GPT block, torch's kernels, no tensor parallelism), or None where it has none. The
-    measured passes include the host's cost of each kernel (no launch floor on top: no
-    kernels counted); the recompute and the parts keep the kernel model's shares of them."""
-    row = dev.layers.block(x.precision, m.hidden, m.heads, m.ffn, m.seq, x.micro_batch, recompute)
-    if row is None or not measured_apply(m, x):
-        return None
+    GPT block, torch's kernels, no tensor parallelism), or as `sim.cost.shapes` fits it there:
+    `row`'s F, B, I, W. They include the host's cost of each kernel (no launch floor on top:
+    no kernels counted); the recompute and the parts keep the kernel model `lt`'s shares."""
     total = sum(lt.parts.values())
     return LayerTimes(forward=row["F"], backward=row["B"], backward_input=row["I"], backward_weight=row["W"],
                       recompute=lt.recompute * row["F"] / lt.forward,

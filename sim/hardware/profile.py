@@ -89,8 +89,7 @@ class DeviceProfile:
 
     memory = property(lambda self: self.gpu.memory)  # the datasheet's, for code that sizes memory and MFU
 
-    def flops(self, precision: str) -> float:
-        """The datasheet's peak dense FLOP/s at `precision`."""
+    def flops(self, precision: str) -> float:  # the datasheet's peak dense FLOP/s at `precision`
         return self.gpu.flops(precision)
 
     def memory_class_bandwidth(self, kind: str) -> float:
@@ -247,7 +246,8 @@ def from_dict(data: Mapping, where: str = "profile") -> DeviceProfile:
         compute_classes={k: r.number(f"compute_bound.classes.{k}") for k in compute},
         compute_points={k: r.points(f"compute_bound.classes.{k}") for k in compute if "points" in compute[k]},
         host_transport=read_host_transport(r.section("host_transport", required=False), r.number, r.fail),
-        layers=layer_table.read(r.rows("layers.blocks", layer_table.BLOCKS), r.rows("layers.ends", layer_table.ENDS)),
+        layers=layer_table.read(r.rows("layers.blocks", layer_table.BLOCKS), r.rows("layers.ends", layer_table.ENDS),
+                                r.rows("layers.checked", layer_table.CHECKED)),
         attention_efficiency=attention, fp8_efficiency=r.number("matmul.fp8_efficiency", required=False),
         fp8_scaling=(r.section("matmul.fp8_efficiency", required=False) or {}).get("scaling", "delayed"),
         grouped_gemm_efficiency=r.number("matmul.grouped_gemm_efficiency", required=False))

@@ -129,8 +129,8 @@ def test_the_planner_predicts_from_the_profile_and_the_bench_measures(profile_fi
     # memory: the planner counts what exec holds (weights, grads, AdamW state, saved tensors);
     # AdamW's per-tensor step counters (4 bytes each) are all it leaves out
     assert got["memory_error_pct"] < 0.5
-    assert all(c.pp * c.dp <= 2 for c in bench.grid(2))
-    assert {c.schedule for c in bench.grid(2)} == set(bench.SCHEDULES)
+    assert all(c.pp * c.dp <= 2 for _, c in bench.grid(2))
+    assert {c.schedule for _, c in bench.grid(2)} == set(bench.GRID_SCHEDULES)
 
 
 def test_a_latency_bound_send_table_gives_a_bandwidth_lower_bound():
@@ -146,3 +146,29 @@ def test_a_latency_bound_collective_table_gives_a_bandwidth_lower_bound():
     rows = [["all_reduce", "node", 2, 1e3, 4e-4], ["all_reduce", "node", 2, 1e6, 3e-4]]
     fit = ring_fit(rows)
     assert fit == {"base_latency": 3e-4, "hop_latency": 0.0, "bus_bandwidth": (2 * 1 / 2 * 1e6) / 3e-4}
+
+
+def test_the_bench_pairs_each_shape_with_the_profiled_runs_around_it():
+    """The paired error cancels a slowdown common to a shape's run and the profiled shape's
+    runs around it: (1 + e) / sqrt((1 + e_before)(1 + e_after)) - 1."""
+    case = bench.Case("1f1b", 4, "none", 1)
+    other = dict(bench.SHAPES[0])
+    rows = [{"model": dict(bench.MODEL), "case": case, "error_pct": -50.0, "kind_error_pct": {"F": [-50.0]}},
+            {"model": other, "case": case, "error_pct": -55.0, "kind_error_pct": {"F": [-40.0]}},
+            {"model": dict(bench.MODEL), "case": case, "error_pct": -50.0, "kind_error_pct": {"F": [-50.0]}}]
+    rows = [r | {"compute_error_pct": bench.compute_error(r)} for r in rows]
+    (got,) = bench.paired(rows)
+    assert got["paired_error_pct"] == pytest.approx((0.45 / 0.5 - 1) * 100)
+    assert got["paired_compute_pct"] == pytest.approx((0.6 / 0.5 - 1) * 100)
+    order = bench.grid(2, quick=True)
+    assert [m == bench.MODEL for m, _ in order] == [True, False, True] * 2  # each shape between two profiled runs
+
+
+def test_layer_shapes_are_read_and_a_bad_one_refused(capsys):
+    from exec.profile_device import build_parser
+    args = build_parser().parse_args(["--out", "x.json", "--layer-shape", "64,2,32", "--layer-shape", "256,8,64"])
+    assert args.layer_shape == [(64, 2, 32), (256, 8, 64)]
+    for bad in ("64,3,32", "64,2", "a,b,c"):
+        with pytest.raises(SystemExit) as e:
+            build_parser().parse_args(["--out", "x.json", "--layer-shape", bad])
+        assert e.value.code == 2 and len(capsys.readouterr().err.strip().splitlines()) == 1

@@ -88,11 +88,14 @@ def test_a_measured_block_replaces_the_kernel_model_exactly_there():
     assert sum(lt.parts.values()) == pytest.approx(PASSES["F"] + PASSES["B"])
     model = layer_times(GPT, plain, Slice(4, precision="fp32"))
     assert lt.parts.keys() == model.parts.keys() and lt.recompute == model.recompute == 0
-    # not the measured block: another micro-batch, recompute mode, tensor parallelism or kernels
-    for args in ((GPT, Slice(2, precision="fp32"), "none"), (GPT, Slice(4, precision="fp32"), "full"),
-                 (GPT, Slice(4, tp=2, precision="fp32"), "none"),
+    # blocks that do not stand for the measured one (tensor parallelism, other kernels): the kernel model
+    for args in ((GPT, Slice(4, tp=2, precision="fp32"), "none"),
                  (dataclasses.replace(GPT, kernels="megatron", attention="flash"), Slice(4, precision="fp32"), "none")):
         assert layer_times(*args[:1], p, *args[1:]) == layer_times(*args[:1], plain, *args[1:])
+    # another micro-batch or recompute mode: the kernel model under the in-step fit (tests/sim/cost/test_shapes.py)
+    for b, recompute in ((2, "none"), (4, "full")):
+        assert layer_times(GPT, p, Slice(b, precision="fp32"), recompute) != \
+            layer_times(GPT, plain, Slice(b, precision="fp32"), recompute)
 
 
 def test_full_recompute_row_keeps_the_models_share_of_recompute():
@@ -132,8 +135,7 @@ def test_measured_ends_replace_the_end_kernels():
     assert ends == dict(ENDS, first_I=0.0, first_W=ENDS["first_B"])
     plain = end_times(GPT, from_dict(_cpu(), "test"), Slice(4, precision="fp32"))
     assert plain["last_B"] == plain["last_I"] + plain["last_W"]  # the kernel model's B is I + W
-    assert end_times(GPT, p, Slice(2, precision="fp32")) == end_times(GPT, from_dict(_cpu(), "test"),
-                                                                      Slice(2, precision="fp32"))
+    assert end_times(GPT, p, Slice(2, precision="fp32")) != end_times(GPT, p, Slice(4, precision="fp32"))
     blocks = GPT.layers // 2
 
     def durations(schedule: str) -> dict:
@@ -162,3 +164,15 @@ def test_a_malformed_layers_table_is_refused():
             from_dict(_cpu(layers={"blocks": {"rows": [row], **FIXTURE}}), "test")
     with pytest.raises(sim.ProfileError, match=r"'layers\.ends' row 0"):
         from_dict(_cpu(layers={"ends": {"rows": [["fp32", 64, 32, 256, 4, 1e-3]], **FIXTURE}}), "test")
+
+
+def test_a_profile_says_which_shapes_it_measured_and_how_far_it_was_checked():
+    checked = {"rows": [[4, 128, 4, 64, 512, 6, 5.1, 10.2], [4, 256, 8, 64, 512, 6, 7.0, 12.5]], **FIXTURE}
+    data = _cpu(**_layers())
+    data["layers"]["checked"] = checked
+    p = from_dict(data, "test")
+    assert p.layers.shapes() == [("fp32", GPT.hidden, GPT.heads, GPT.ffn, GPT.seq)]
+    assert p.layers.checked == tuple(tuple(r) for r in checked["rows"])
+    data["layers"]["checked"] = {"rows": [[4, 128, 4, 64, 512, 6, 5.1]], **FIXTURE}  # a column short
+    with pytest.raises(sim.ProfileError, match=r"layers\.checked.*row 0"):
+        from_dict(data, "test")

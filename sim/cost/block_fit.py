@@ -1,0 +1,129 @@
+"""One profile, many shapes: a pass the profile did not measure, timed as its kernels run inside a step, fitted on the blocks it did measure.
+
+A block of exec's GPT measured inside a step (`sim.hardware.layer_table`) takes longer than
+the kernel model's sum of its kernels, each timed alone in a loop, plus the profile's launch
+cost per kernel: on this project's 2-core CPU by 8 to 47 % over hidden 64-256, sequence
+32-128 and micro-batches 4 and 8, most on the smallest shapes (docs/measurements.md, "One
+profile, many shapes"). Two causes, each one physical number per pass kind (F, B, I, W) and
+recompute mode:
+
+- `slowdown`: the kernels' device time inside a step over their time alone in a loop
+  (inputs cold in the caches, two ranks sharing the memory bandwidth);
+- `per_kernel`: the host's seconds per listed kernel inside a step (torch's autograd engine,
+  exec's hooks and Python around each op), which replaces the profile's `launch.per_kernel`
+  (the same kernels timed at almost no work, outside a step).
+
+A pass then takes `slowdown x device + per_kernel x kernels` (`InStep.time`). `fit` finds the
+two by least squares of the relative error over the measured blocks of one precision without
+recompute, every shape and micro-batch the profile has, and the fit holds for every
+recompute mode (recompute runs the same kernels again, which the kernel model lists). The planner uses the fit only where the table has no
+row (a measured block keeps its own times, exactly: `sim.cost.layer.layer_times`), and times
+the model's ends at an unmeasured shape the same way, each end's pass under its kind's fit
+(`sim.cost.ends.end_times`).
+
+    >>> f = fit([(1.0, 10, 1.2 + 10 * 2e-3), (2.0, 10, 2.4 + 10 * 2e-3)], launch=1e-5)
+    >>> round(f.slowdown, 6), round(f.per_kernel, 6)
+    (1.2, 0.002)
+"""
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, replace
+from typing import Callable, Iterable
+
+__all__ = ["InStep", "fit", "in_step_fits", "block_in_step", "ends_in_step"]
+
+
+@dataclass(frozen=True)
+class InStep:
+    """How a pass of listed kernels runs inside a step: its kernels' device time times
+    `slowdown`, plus `per_kernel` seconds of host work a kernel; `rows`: the measured passes
+    it was fitted on, `residual`: their largest relative error under it."""
+    slowdown: float
+    per_kernel: float
+    rows: int
+    residual: float
+
+    def time(self, device: float, kernels: float) -> float:
+        """Seconds of a pass whose kernels keep the device `device` seconds, `kernels` of them."""
+        return self.slowdown * device + self.per_kernel * kernels
+
+
+def fit(points: Iterable[tuple[float, float, float]], launch: float) -> InStep | None:
+    """The `InStep` of measured passes `points` ((device seconds, kernels, measured seconds),
+    device and measured positive): least squares of (slowdown d + per_kernel n) / t - 1 over
+    the points, per_kernel at least 0. Where the points cannot separate the two (one point,
+    or all with the same d / n), per_kernel is `launch` (the profile's) and slowdown alone is
+    fitted. None where there is no point or the slowdown would not be positive."""
+    pts = [(d / t, n / t) for d, n, t in points]
+    if not pts:
+        return None
+    sxx, sxy, syy = (sum(a * a for a, _ in pts), sum(a * b for a, b in pts), sum(b * b for _, b in pts))
+    sx, sy = sum(a for a, _ in pts), sum(b for _, b in pts)
+    det = sxx * syy - sxy * sxy
+    if det > 1e-9 * sxx * syy:
+        slowdown, per_kernel = (sx * syy - sy * sxy) / det, (sy * sxx - sx * sxy) / det
+        if per_kernel < 0:
+            slowdown, per_kernel = sx / sxx, 0.0
+    else:
+        per_kernel = launch
+        slowdown = (sx - per_kernel * sxy) / sxx
+    if slowdown <= 0:
+        return None
+    residual = max(abs(slowdown * a + per_kernel * b - 1) for a, b in pts)
+    return InStep(slowdown, per_kernel, len(pts), residual)
+
+
+_CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # profile -> {model key: fits}
+PASSES = ("F", "B", "I", "W")
+
+
+def in_step_fits(m, dev, x, kernel_times: Callable) -> dict[str, InStep]:
+    """{pass: `InStep`} fitted on the profile `dev`'s measured blocks of `x`'s precision
+    without recompute (each row's kernel model, `kernel_times(model, dev, slice, "none")` -> a
+    `sim.cost.layer.LayerTimes`, against its measured passes: every shape and micro-batch the
+    table has), {} where it has none; fitted once per profile and model. Recompute runs the
+    same kernels again, which the kernel model lists: the fit holds for every mode (the
+    measured full-recompute rows, two-block differences of passes twice as long, scatter more:
+    docs/measurements.md)."""
+    rows = [(k, v) for k, v in dev.layers.blocks.items() if k[0] == x.precision and k[6] == "none"]
+    if not rows:
+        return {}
+    (_, hidden, heads, ffn, seq, *_), _ = rows[0]
+    key = (x, replace(m, layers=1, hidden=hidden, heads=heads, ffn=ffn, seq=seq, kv_heads=None))
+
+    def make() -> dict:
+        points: dict = {p: [] for p in PASSES}
+        for (_, hidden, heads, ffn, seq, b, _), passes in rows:
+            shaped = replace(m, layers=1, hidden=hidden, heads=heads, ffn=ffn, seq=seq, kv_heads=None)
+            lt = kernel_times(shaped, dev, replace(x, micro_batch=b), "none")
+            for p, device in zip(PASSES, (lt.forward, lt.backward, lt.backward_input, lt.backward_weight)):
+                points[p].append((device, lt.kernels[p], passes[p]))
+        fits = {p: fit(v, dev.launch_per_kernel) for p, v in points.items()}
+        return {p: f for p, f in fits.items() if f is not None}
+
+    per = _CACHE.setdefault(dev, {})
+    if key not in per:
+        per[key] = make()
+    return per[key]
+
+
+def block_in_step(m, dev, x, recompute: str, lt, kernel_times: Callable) -> dict[str, float] | None:
+    """{"F", "B", "I", "W": seconds} of a block the profile did not measure: its kernel model
+    `lt` (of `recompute`'s kernels) under `in_step_fits`; None where the profile has no fit of
+    every pass."""
+    fits = in_step_fits(m, dev, replace(x, micro_batch=1), kernel_times)
+    if set(fits) != set(PASSES):
+        return None
+    device = dict(F=lt.forward, B=lt.backward, I=lt.backward_input, W=lt.backward_weight)
+    return {p: fits[p].time(device[p], lt.kernels[p]) for p in PASSES}
+
+
+def ends_in_step(m, dev, x, kernels: dict[str, list[float]], kernel_times: Callable) -> dict[str, float] | None:
+    """{"first_F", "first_I", "first_W", "last_F", ...: seconds} of the ends the profile did
+    not measure: each end's pass, its `kernels` (`sim.cost.ends.end_kernels`), under the fit
+    of its kind; None without a fit."""
+    fits = in_step_fits(m, dev, replace(x, micro_batch=1), kernel_times)
+    if not {"F", "I", "W"} <= set(fits):
+        return None
+    return {k: fits[k.split("_")[1]].time(sum(v), len(v)) if v else 0.0 for k, v in kernels.items()}

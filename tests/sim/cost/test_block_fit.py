@@ -1,0 +1,109 @@
+"""One profile, many shapes (`sim.cost.block_fit`): the in-step fit recovers its two numbers in closed form, keeps every measured block exactly, and times every other shape, the ends and the recompute modes from the kernel model under it."""
+import dataclasses
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import sim
+from sim.cost.ends import end_kernels, end_kernel_counts, end_times
+from sim.cost.layer import Slice, kernel_layer_times, layer_times
+from sim.cost.block_fit import InStep, fit
+from sim.hardware.profile import from_dict
+
+from tests.sim.hardware.test_layer_table import FIXTURE, GPT, _cpu
+
+SLOWDOWN, PER_KERNEL = 1.25, 3e-5  # the synthetic device's in-step numbers
+X = Slice(4, precision="fp32")
+
+
+def _passes(lt) -> dict:
+    return dict(F=lt.forward, B=lt.backward, I=lt.backward_input, W=lt.backward_weight)
+
+
+def _synthetic(shapes=((64, 2, 32), (128, 4, 64)), micro_batches=(2, 8)) -> sim.DeviceProfile:
+    """A profile whose measured blocks are exactly SLOWDOWN x the kernel model + PER_KERNEL a kernel."""
+    plain = from_dict(_cpu(), "test")
+    rows = []
+    for hidden, heads, seq in shapes:
+        m = dataclasses.replace(GPT, hidden=hidden, heads=heads, seq=seq, ffn=4 * hidden, kv_heads=None)
+        for b in micro_batches:
+            lt = kernel_layer_times(m, plain, Slice(b, precision="fp32"))
+            times = [SLOWDOWN * _passes(lt)[p] + PER_KERNEL * lt.kernels[p] for p in "FBIW"]
+            rows.append(["fp32", hidden, heads, 4 * hidden, seq, b, "none", *times])
+    return from_dict(_cpu(layers={"blocks": {"rows": rows, **FIXTURE}}), "test")
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.floats(0.5, 3.0), st.floats(0.0, 1e-4),
+       st.lists(st.tuples(st.floats(1e-4, 1e-2), st.integers(1, 60)), min_size=2, max_size=6))
+def test_the_fit_recovers_a_slowdown_and_a_per_kernel_cost(slowdown, per_kernel, passes):
+    """Points made by t = a d + b n give back a and b wherever they can separate them."""
+    points = [(d, n, slowdown * d + per_kernel * n) for d, n in passes]
+    f = fit(points, launch=1e-6)
+    if len({round(d / n, 12) for d, n in passes}) > 1:  # not all of one d / n: a and b are separable
+        assert f.slowdown == pytest.approx(slowdown, rel=1e-6)
+        assert f.per_kernel == pytest.approx(per_kernel, rel=1e-5, abs=1e-12)
+        assert f.residual < 1e-6
+    for d, n, t in points:
+        assert f.time(d, n) == pytest.approx(t, rel=1e-6)
+
+
+def test_one_point_keeps_the_profiles_launch_cost_and_fits_the_slowdown():
+    f = fit([(2e-3, 10, 3e-3)], launch=1e-5)
+    assert f.per_kernel == 1e-5 and f.slowdown == pytest.approx((3e-3 - 1e-4) / 2e-3)
+    assert f.time(2e-3, 10) == pytest.approx(3e-3)
+    assert fit([], launch=1e-5) is None
+
+
+def test_a_negative_per_kernel_cost_is_refused_for_zero():
+    # t = 2 d - 1e-4 n: least squares would give a per-kernel cost of -1e-4 s
+    f = fit([(1e-3, 10, 1e-3), (2e-3, 10, 3e-3), (3e-3, 10, 5e-3)], launch=1e-5)
+    assert f.per_kernel == 0.0 and f.slowdown > 0
+    assert isinstance(f, InStep) and f.rows == 3
+
+
+def test_measured_blocks_are_kept_exactly_and_other_shapes_follow_the_fit():
+    p, plain = _synthetic(), from_dict(_cpu(), "test")
+    for (_, hidden, heads, ffn, seq, b, _), row in p.layers.blocks.items():  # exact where measured
+        m = dataclasses.replace(GPT, hidden=hidden, heads=heads, seq=seq, ffn=ffn, kv_heads=None)
+        assert _passes(layer_times(m, p, Slice(b, precision="fp32"))) == row
+    for hidden, heads, seq, b, recompute in ((96, 4, 48, 4, "none"), (256, 8, 128, 1, "full"), (64, 2, 32, 4, "full")):
+        m = dataclasses.replace(GPT, hidden=hidden, heads=heads, seq=seq, ffn=None, kv_heads=None)
+        x = Slice(b, precision="fp32")
+        got, model = layer_times(m, p, x, recompute), kernel_layer_times(m, plain, x, recompute)
+        assert set(got.kernels.values()) == {0}  # the fit holds the host's cost
+        for k, t in _passes(got).items():
+            assert t == pytest.approx(SLOWDOWN * _passes(model)[k] + PER_KERNEL * model.kernels[k], rel=1e-6)
+
+
+def test_the_fitted_blocks_grow_with_the_shape():
+    p = _synthetic()
+    for field, values in (("hidden", (64, 96, 128, 192, 256, 512)), ("seq", (16, 32, 64, 128, 256))):
+        forward = [layer_times(dataclasses.replace(GPT, ffn=None, **{field: v}), p, X).forward for v in values]
+        assert forward == sorted(forward), field
+
+
+def test_unmeasured_ends_follow_the_fit_without_a_launch_floor():
+    p, plain = _synthetic(), from_dict(_cpu(), "test")
+    m = dataclasses.replace(GPT, vocab=1000)
+    kernels = end_kernels(m, plain, X)
+    ends = end_times(m, p, X)
+    for key in ("first_F", "last_F", "last_I", "last_W"):
+        assert ends[key] == pytest.approx(SLOWDOWN * sum(kernels[key]) + PER_KERNEL * len(kernels[key]), rel=1e-6)
+    assert ends["last_B"] == ends["last_I"] + ends["last_W"]
+    assert set(end_kernel_counts(m, p, X).values()) == {0}
+    # a model the blocks do not stand for (tensor parallelism): the kernel model
+    assert end_times(m, p, Slice(4, tp=2, precision="fp32")) == end_times(m, plain, Slice(4, tp=2, precision="fp32"))
+
+
+def test_the_estimate_uses_the_fit_on_a_model_of_another_shape():
+    """A model the profile did not measure: each stage's F is its blocks under the fit plus its
+    end under the fit, cross-checked on the simulated step."""
+    p = _synthetic()
+    m = dataclasses.replace(GPT, hidden=96, heads=4, seq=48, ffn=None, kv_heads=None, layers=4)
+    e = sim.estimate(m, gpu=p, gpus_per_node=2, pp=2, micro_batch=4, global_batch=8, schedule="1f1b",
+                     precision="fp32")
+    block, ends = layer_times(m, p, X), end_times(m, p, X)
+    f = {ev.action.stage: ev.duration for ev in e.result.events if ev.action.kind.name == "F"}
+    assert f[0] == pytest.approx(2 * block.forward + ends["first_F"], rel=1e-9)
+    assert f[1] == pytest.approx(2 * block.forward + ends["last_F"], rel=1e-9)
