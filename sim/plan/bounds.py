@@ -58,7 +58,7 @@ class _Shape:
     split: bool
     counts: list[Counter]
     last: list[Kind | None]
-    paired: list[Counter] = None  # per stage, its computes by kind that run in an overlapped pair
+    paired: list[Counter]  # per stage, its computes by kind that run in an overlapped pair
 
     def per_device(self, per_stage: Sequence[float], pick=sum) -> list[float]:
         return [pick([per_stage[s] for s in stages]) for stages in self.stages_of]
@@ -354,7 +354,7 @@ def _busy(shape: _Shape, c: StageCosts, s: int) -> float:
         if not spec.cost:  # a pair's mark: no time of its own
             continue
         a2a = getattr(c, spec.comm)[s] if spec.comm else 0.0
-        pairs = shape.paired[s][kind] if shape.paired else 0
+        pairs = shape.paired[s][kind]
         partner = longest["backward" if kind is Kind.F else "forward"]
         total += k * getattr(c, spec.cost)[s] + (k - pairs) * a2a + pairs * max(0.0, a2a - partner)
     return total

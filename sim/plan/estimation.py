@@ -204,13 +204,13 @@ def estimate_layout(model: Transformer, profile: DeviceProfile, lay: Layout, **s
 
 
 def step_parts(lay: Layout, layer: LayerTimes, layers: list[int], result: Result, optimizer: float,
-               overhead: float, tp_collectives: float, sched: Schedule | None = None) -> dict[str, float]:
+               overhead: float, tp_collectives: float, sched: Schedule) -> dict[str, float]:
     """Where the step's time goes beyond the computes (`stage_costs` gives those), per device
     on average: the pipeline bubble, the gradient reduction left after the last compute, the
     optimizer, the step's overhead, offloading's waits; and the tensor-parallel collectives,
     which a split backward (I, W) cannot hide under W as B does. `sched`: the schedule simulated,
-    unlowered (its computes are the lowered one's, without writing the sends out); default the result's."""
-    sched, pp = result.schedule if sched is None else sched, lay.pp
+    unlowered (its computes are the lowered one's, without writing the sends out)."""
+    pp = lay.pp
     splits = Counter(a.stage for prog in sched.programs for a in prog if a.kind is Kind.I)
     tp_collectives += sum(n * layers[s] for s, n in splits.items()) * (
         layer.backward_input + layer.backward_weight - layer.backward) / pp
