@@ -22,7 +22,9 @@ cores / ranks threads, or one GPU each):
   (`exec.profiler.host_bench`, exec's own calibration) -> `host_transport` (none with nccl);
 - with gloo on 2 ranks, one block's F, B, I and W as a step runs them, at each --micro-batch
   and recompute none and full (`exec.profiler.layer_bench`), of the model's shape and of
-  each --layer-shape -> `layers`.
+  each --layer-shape (default, without --quick: half and twice the model's hidden size, heads
+  and sequence, `anchor_shapes`, so that the planner's fit of other shapes has measured
+  blocks on both sides: `sim.cost.block_fit`) -> `layers`.
 
 Every number says how it was measured (docs/profiles.md: source "measured" with the
 command, the machine and the date; the fits "derived"). The run has a timeout and leaves no
@@ -44,7 +46,7 @@ from typing import Sequence
 
 from sim.cli import OneLineParser, file_problem, missing_extra, number, whole
 
-__all__ = ["main", "measure_device", "SCHEMA"]
+__all__ = ["main", "measure_device", "anchor_shapes", "SCHEMA"]
 
 PROG = "exec.profile_device"
 SCHEMA = "pipeline-workbench/device-profile/1"
@@ -72,9 +74,10 @@ def build_parser():
     g.add_argument("--ffn", type=whole, help="default 4 x hidden")
     g.add_argument("--micro-batch", type=whole, action="append", dest="micro_batches",
                    help="micro-batch size (repeat; default 1 2 4 8)")
-    g.add_argument("--layer-shape", type=_shape, action="append", default=[], metavar="HIDDEN,HEADS,SEQ",
-                   help="also time whole blocks of this shape (repeat; gloo, 2 ranks): more shapes for the "
-                        "planner's fit of other shapes (sim.cost.block_fit)")
+    g.add_argument("--layer-shape", type=_shape, action="append", metavar="HIDDEN,HEADS,SEQ",
+                   help="also time whole blocks of this shape (repeat; gloo, 2 ranks), in place of the default "
+                        "half and twice the model's (none with --quick): the planner's anchors for other "
+                        "shapes (sim.cost.block_fit)")
     return p
 
 
@@ -87,6 +90,17 @@ def _shape(text: str) -> tuple[int, int, int]:
     if hidden % heads:
         raise argparse.ArgumentTypeError(f"{text}: hidden must be a multiple of heads")
     return hidden, heads, seq
+
+
+def anchor_shapes(model) -> list[tuple[int, int, int]]:
+    """(hidden, heads, seq) of half and twice `model`'s hidden size, heads and sequence (each
+    at least 1; half the heads only where they divide half the hidden size, else the model's):
+    the blocks `measure_device` times beside the model's own by default."""
+    half_heads = max(1, model.heads // 2)
+    half_heads = half_heads if (model.hidden // 2) % half_heads == 0 else model.heads
+    half = (max(1, model.hidden // 2), half_heads, max(1, model.seq // 2))
+    shapes = [half] if half[0] % half[1] == 0 and half != (model.hidden, model.heads, model.seq) else []
+    return shapes + [(2 * model.hidden, 2 * model.heads, 2 * model.seq)]
 
 
 def _say(text: str) -> None:
@@ -244,8 +258,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(e))
     command = "python -m exec.profile_device " + " ".join(sys.argv[1:] if argv is None else argv)
     try:
-        shapes = [dataclasses.replace(model, hidden=h, heads=a, seq=s, ffn=None, kv_heads=None)
-                  for h, a, s in args.layer_shape]
+        wanted = args.layer_shape if args.layer_shape is not None else [] if args.quick else anchor_shapes(model)
+        shapes = [dataclasses.replace(model, hidden=h, heads=a, seq=s, ffn=None, kv_heads=None) for h, a, s in wanted]
         measure_device(args.out, args.backend, args.ranks, args.quick, model, args.micro_batches or (1, 2, 4, 8),
                        args.timeout, command, shapes)
     except (RankError, TimeoutError) as e:

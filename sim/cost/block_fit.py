@@ -16,10 +16,17 @@ recompute mode:
 A pass then takes `slowdown x device + per_kernel x kernels` (`InStep.time`). `fit` finds the
 two by least squares of the relative error over the measured blocks of one precision without
 recompute, every shape and micro-batch the profile has, and the fit holds for every
-recompute mode (recompute runs the same kernels again, which the kernel model lists). The planner uses the fit only where the table has no
-row (a measured block keeps its own times, exactly: `sim.cost.layer.layer_times`), and times
-the model's ends at an unmeasured shape the same way, each end's pass under its kind's fit
-(`sim.cost.ends.end_times`).
+recompute mode (recompute runs the same kernels again, which the kernel model lists).
+
+Two numbers per pass do not hold across shapes: the smallest shapes run slower than a line
+fitted through larger ones says (hidden 64 with 2 heads, 16-23 % short under a fit on hidden
+128: docs/measurements.md). So an unmeasured block takes the fit times what the fit missed
+at the nearest block the profile measured (`nearest_block`, log-distance over hidden, heads,
+FFN, sequence and micro-batch): measured over fitted, per pass. `exec.profile_device`
+measures blocks at half and at twice the profiled shape for that reason. The planner uses
+this only where the table has no row (a measured block keeps its own times, exactly:
+`sim.cost.layer.layer_times`), and times the model's ends at an unmeasured shape under the
+fit alone, each end's pass under its kind's fit (`sim.cost.ends.end_times`).
 
     >>> f = fit([(1.0, 10, 1.2 + 10 * 2e-3), (2.0, 10, 2.4 + 10 * 2e-3)], launch=1e-5)
     >>> round(f.slowdown, 6), round(f.per_kernel, 6)
@@ -27,11 +34,12 @@ the model's ends at an unmeasured shape the same way, each end's pass under its 
 """
 from __future__ import annotations
 
+import math
 import weakref
 from dataclasses import dataclass, replace
 from typing import Callable, Iterable
 
-__all__ = ["InStep", "fit", "in_step_fits", "block_in_step", "ends_in_step"]
+__all__ = ["InStep", "fit", "in_step_fits", "block_in_step", "nearest_block", "ends_in_step"]
 
 
 @dataclass(frozen=True)
@@ -110,13 +118,36 @@ def in_step_fits(m, dev, x, kernel_times: Callable) -> dict[str, InStep]:
 
 def block_in_step(m, dev, x, recompute: str, lt, kernel_times: Callable) -> dict[str, float] | None:
     """{"F", "B", "I", "W": seconds} of a block the profile did not measure: its kernel model
-    `lt` (of `recompute`'s kernels) under `in_step_fits`; None where the profile has no fit of
-    every pass."""
+    `lt` (of `recompute`'s kernels) under `in_step_fits`, times what the fit missed at the
+    nearest block the profile measured (`nearest_block`: its measured over its fitted passes);
+    None where the profile has no fit of every pass."""
     fits = in_step_fits(m, dev, replace(x, micro_batch=1), kernel_times)
     if set(fits) != set(PASSES):
         return None
+    fitted = _fitted(fits, lt)
+    near = nearest_block(dev, x.precision, recompute, (m.hidden, m.heads, m.ffn, m.seq, x.micro_batch))
+    if near is None:
+        return fitted
+    (_, hidden, heads, ffn, seq, b, mode), row = near
+    shaped = replace(m, layers=1, hidden=hidden, heads=heads, ffn=ffn, seq=seq, kv_heads=None)
+    at = _fitted(fits, kernel_times(shaped, dev, replace(x, micro_batch=b), mode))
+    return {p: fitted[p] * row[p] / at[p] for p in PASSES}
+
+
+def _fitted(fits: dict, lt) -> dict[str, float]:
     device = dict(F=lt.forward, B=lt.backward, I=lt.backward_input, W=lt.backward_weight)
     return {p: fits[p].time(device[p], lt.kernels[p]) for p in PASSES}
+
+
+def nearest_block(dev, precision: str, recompute: str, shape: tuple) -> tuple | None:
+    """(key, passes) of the profile's measured block nearest `shape` (hidden, heads, ffn, seq,
+    micro-batch; log-distance), among its rows of `precision` and `recompute` where it has
+    any, else of recompute "none"; None where it has neither."""
+    rows = [(k, v) for k, v in dev.layers.blocks.items() if k[0] == precision]
+    rows = [r for r in rows if r[0][6] == recompute] or [r for r in rows if r[0][6] == "none"]
+    if not rows:
+        return None
+    return min(rows, key=lambda r: (sum((math.log(a) - math.log(b)) ** 2 for a, b in zip(r[0][1:6], shape)), r[0]))
 
 
 def ends_in_step(m, dev, x, kernels: dict[str, list[float]], kernel_times: Callable) -> dict[str, float] | None:

@@ -172,3 +172,21 @@ def test_layer_shapes_are_read_and_a_bad_one_refused(capsys):
         with pytest.raises(SystemExit) as e:
             build_parser().parse_args(["--out", "x.json", "--layer-shape", bad])
         assert e.value.code == 2 and len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_the_default_anchor_shapes_are_half_and_twice_the_model():
+    """Every anchor a valid block (heads divide hidden), one on each side of the model where
+    it can be halved, the double always."""
+    from hypothesis import given, settings, strategies as st
+
+    @settings(max_examples=100, deadline=None)
+    @given(st.integers(1, 64), st.integers(1, 64), st.integers(1, 512))
+    def check(head_dim, heads, seq):
+        m = sim.Transformer(layers=1, hidden=head_dim * heads, heads=heads, seq=seq, vocab=64)
+        shapes = pd.anchor_shapes(m)
+        assert all(h % a == 0 for h, a, _ in shapes)
+        assert shapes[-1] == (2 * m.hidden, 2 * m.heads, 2 * m.seq)
+        for h, a, s in shapes[:-1]:
+            assert (h, s) == (max(1, m.hidden // 2), max(1, m.seq // 2)) and a <= m.heads
+    check()
+    assert pd.anchor_shapes(sim.Transformer(layers=1, hidden=128, heads=4, seq=64, vocab=64)) == [(64, 2, 32), (256, 8, 128)]

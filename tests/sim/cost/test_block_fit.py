@@ -6,8 +6,8 @@ from hypothesis import given, settings, strategies as st
 
 import sim
 from sim.cost.ends import end_kernels, end_kernel_counts, end_times
-from sim.cost.layer import Slice, kernel_layer_times, layer_times
-from sim.cost.block_fit import InStep, fit
+from sim.cost.layer import Slice, block_fits, kernel_layer_times, layer_times
+from sim.cost.block_fit import InStep, block_in_step, fit, nearest_block
 from sim.hardware.profile import from_dict
 
 from tests.sim.hardware.test_layer_table import FIXTURE, GPT, _cpu
@@ -107,3 +107,58 @@ def test_the_estimate_uses_the_fit_on_a_model_of_another_shape():
     f = {ev.action.stage: ev.duration for ev in e.result.events if ev.action.kind.name == "F"}
     assert f[0] == pytest.approx(2 * block.forward + ends["first_F"], rel=1e-9)
     assert f[1] == pytest.approx(2 * block.forward + ends["last_F"], rel=1e-9)
+
+
+def _scaled(factors: dict) -> sim.DeviceProfile:
+    """`_synthetic`'s profile with each shape's measured passes times its factor {(hidden, heads, seq): k}."""
+    p = _synthetic()
+    rows = [["fp32", *k[1:7], *(factors[(k[1], k[2], k[4])] * row[q] for q in "FBIW")] for k, row in p.layers.blocks.items()]
+    return from_dict(_cpu(layers={"blocks": {"rows": rows, **FIXTURE}}), "test")
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.floats(0.5, 2.0))
+def test_blocks_all_slower_by_one_factor_scale_every_other_shape_by_it(k):
+    """Every measured block k times the synthetic device's: the fit takes k, the nearest
+    block's residual is 1, and an unmeasured block is k times the closed form."""
+    p, plain = _scaled({(64, 2, 32): k, (128, 4, 64): k}), from_dict(_cpu(), "test")
+    for hidden, heads, seq, b, recompute in ((96, 4, 48, 4, "none"), (256, 8, 128, 1, "full"), (48, 2, 16, 3, "none")):
+        m = dataclasses.replace(GPT, hidden=hidden, heads=heads, seq=seq, ffn=None, kv_heads=None)
+        x = Slice(b, precision="fp32")
+        got, model = _passes(layer_times(m, p, x, recompute)), kernel_layer_times(m, plain, x, recompute)
+        for q, t in got.items():
+            assert t == pytest.approx(k * (SLOWDOWN * _passes(model)[q] + PER_KERNEL * model.kernels[q]), rel=1e-6)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.floats(0.6, 1.6), st.floats(0.6, 1.6))
+def test_an_unmeasured_block_carries_the_nearest_measured_blocks_residual(small, large):
+    """Two measured shapes off the fit by different factors: a shape nearer the small one
+    takes the fit times the small block's measured-over-fitted, per pass; nearer the large one,
+    the large block's; and at a measured shape the rule gives back its measured row."""
+    p = _scaled({(64, 2, 32): small, (128, 4, 64): large})
+    fits = block_fits(GPT, p)
+    x = Slice(8, precision="fp32")
+
+    def fitted(m, xx):
+        lt = kernel_layer_times(m, p, xx)
+        return {q: fits[q].time(_passes(lt)[q], lt.kernels[q]) for q in "FBIW"}
+
+    for (hidden, heads, seq), near in (((56, 2, 28), (64, 2, 32)), ((160, 4, 80), (128, 4, 64))):
+        m = dataclasses.replace(GPT, hidden=hidden, heads=heads, seq=seq, ffn=None, kv_heads=None)
+        anchor = dataclasses.replace(GPT, hidden=near[0], heads=near[1], seq=near[2], ffn=4 * near[0], kv_heads=None)
+        row = p.layers.block("fp32", near[0], near[1], 4 * near[0], near[2], 8, "none")
+        got, mine, at = _passes(layer_times(m, p, x)), fitted(m, x), fitted(anchor, x)
+        for q in "FBIW":
+            assert got[q] == pytest.approx(mine[q] * row[q] / at[q], rel=1e-9)
+        assert block_in_step(anchor, p, x, "none", kernel_layer_times(anchor, p, x), kernel_layer_times) == \
+            pytest.approx(dict(row), rel=1e-9)
+
+
+def test_the_nearest_block_is_by_shape_and_micro_batch_and_falls_back_to_no_recompute():
+    p = _synthetic()
+    key, _ = nearest_block(p, "fp32", "none", (60, 2, 240, 30, 3))
+    assert key[1:6] in {(64, 2, 256, 32, 2)}
+    key, _ = nearest_block(p, "fp32", "full", (200, 8, 800, 100, 7))  # no full rows: the "none" ones
+    assert key[1:7] == (128, 4, 512, 64, 8, "none")
+    assert nearest_block(p, "bf16", "none", (64, 2, 256, 32, 2)) is None
