@@ -308,7 +308,7 @@ def main(argv=None) -> int:
         return 2
     try:
         profile = None if args.reprofile else sim.load_profile(args.profile)
-        shapes = [dict(zip(("layers", "hidden", "heads", "seq", "vocab"), map(int, s.split(","), strict=True)))
+        shapes = [dict(zip(("layers", "hidden", "heads", "seq", "vocab"), map(int, s.split(",")), strict=True))
                   for s in args.shape] if args.shape else SHAPES
     except (OSError, ValueError) as e:
         print(f"bench_plan_vs_run: {e}", file=sys.stderr)

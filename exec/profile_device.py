@@ -22,7 +22,7 @@ cores / ranks threads, or one GPU each):
   (`exec.profiler.host_bench`, exec's own calibration) -> `host_transport` (none with nccl);
 - with gloo on 2 ranks, one block's F, B, I and W as a step runs them, at each --micro-batch
   and recompute none and full (`exec.profiler.layer_bench`), of the model's shape and of
-  each --layer-shape (default, without --quick: half and twice the model's hidden size, heads
+  each --layer-shape (default, without --quick or --no-anchors: half and twice the model's hidden size, heads
   and sequence, `anchor_shapes`, so that the planner's fit of other shapes has measured
   blocks on both sides: `sim.cost.block_fit`) -> `layers`.
 
@@ -78,6 +78,8 @@ def build_parser():
                    help="also time whole blocks of this shape (repeat; gloo, 2 ranks), in place of the default "
                         "half and twice the model's (none with --quick): the planner's anchors for other "
                         "shapes (sim.cost.block_fit)")
+    g.add_argument("--no-anchors", action="store_true",
+                   help="time the model's blocks only (the planner's fit alone for other shapes; about 30 s)")
     return p
 
 
@@ -101,6 +103,12 @@ def anchor_shapes(model) -> list[tuple[int, int, int]]:
     half = (max(1, model.hidden // 2), half_heads, max(1, model.seq // 2))
     shapes = [half] if half[0] % half[1] == 0 and half != (model.hidden, model.heads, model.seq) else []
     return shapes + [(2 * model.hidden, 2 * model.heads, 2 * model.seq)]
+
+
+def layer_shapes(args, model) -> list[tuple[int, int, int]]:
+    """The (hidden, heads, seq) whose blocks to time beside the model's: --layer-shape's, else
+    `anchor_shapes` unless --quick or --no-anchors."""
+    return args.layer_shape or ([] if args.quick or args.no_anchors else anchor_shapes(model))
 
 
 def _say(text: str) -> None:
@@ -258,8 +266,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(e))
     command = "python -m exec.profile_device " + " ".join(sys.argv[1:] if argv is None else argv)
     try:
-        wanted = args.layer_shape if args.layer_shape is not None else [] if args.quick else anchor_shapes(model)
-        shapes = [dataclasses.replace(model, hidden=h, heads=a, seq=s, ffn=None, kv_heads=None) for h, a, s in wanted]
+        shapes = [dataclasses.replace(model, hidden=h, heads=a, seq=s, ffn=None, kv_heads=None)
+                  for h, a, s in layer_shapes(args, model)]
         measure_device(args.out, args.backend, args.ranks, args.quick, model, args.micro_batches or (1, 2, 4, 8),
                        args.timeout, command, shapes)
     except (RankError, TimeoutError) as e:

@@ -73,7 +73,11 @@ show(plot_overlay(e.result, run.result))
 # blocks the profile did measure (`sim.cost.block_fit`): how much slower the kernels run inside
 # a step than alone in a loop, and the host's cost per kernel inside a step (autograd, exec's
 # hooks, Python). Without that fit the kernel model was 8-47 % short on this machine, most on
-# small shapes (docs/measurements.md, "One profile, many shapes").
+# small shapes (docs/measurements.md, "One profile, many shapes"). Two numbers do not hold over
+# every shape, so a block also takes what the fit missed at the nearest block the profile
+# measured (measured over fitted). The full profile (`python -m exec.profile_device`, without
+# `--quick`) measures blocks at half and twice the model's shape for that; this quick one
+# measured the model's only.
 
 # %%
 from sim.cost.layer import block_fits
@@ -97,7 +101,7 @@ print("peak memory per rank, predicted and measured:", [int(b) for b in e2.peak_
 # %% [markdown]
 # One run on a shared machine says little about the step time (the load moves it by more
 # than the model's error); the memory does not depend on the load. `benchmarks/bench_plan_vs_run.py`
-# runs the grid: the profiled shape and five shapes the profile did not measure (hidden 64 to
-# 256, sequence 32 to 128, vocabulary 512 to 2048, 4 and 8 blocks), each under 1F1B, GPipe and
+# runs the grid: the profiled shape and seven shapes the profile did not measure (hidden 32 to
+# 256, sequence 32 to 128, vocabulary 256 to 2048, 4 to 8 blocks), each under 1F1B, GPipe and
 # ZB-H1 with recompute none and full, beside the machine's drift and load. Its last recorded
 # run is in docs/measurements.md ("One profile, many shapes").

@@ -25,8 +25,9 @@ at the nearest block the profile measured (`nearest_block`, log-distance over hi
 FFN, sequence and micro-batch): measured over fitted, per pass. `exec.profile_device`
 measures blocks at half and at twice the profiled shape for that reason. The planner uses
 this only where the table has no row (a measured block keeps its own times, exactly:
-`sim.cost.layer.layer_times`), and times the model's ends at an unmeasured shape under the
-fit alone, each end's pass under its kind's fit (`sim.cost.ends.end_times`).
+`sim.cost.layer.layer_times`). The model's ends at an unmeasured shape take their kernels
+under their pass kind's fit plus what a first or last stage costs a compute beyond its
+kernels, the mean over the measured ends (`stage_costs`; `sim.cost.ends.end_times`).
 
     >>> f = fit([(1.0, 10, 1.2 + 10 * 2e-3), (2.0, 10, 2.4 + 10 * 2e-3)], launch=1e-5)
     >>> round(f.slowdown, 6), round(f.per_kernel, 6)
@@ -39,7 +40,7 @@ import weakref
 from dataclasses import dataclass, replace
 from typing import Callable, Iterable
 
-__all__ = ["InStep", "fit", "in_step_fits", "block_in_step", "nearest_block", "ends_in_step"]
+__all__ = ["InStep", "fit", "in_step_fits", "block_in_step", "nearest_block", "ends_in_step", "stage_costs"]
 
 
 @dataclass(frozen=True)
@@ -150,11 +151,37 @@ def nearest_block(dev, precision: str, recompute: str, shape: tuple) -> tuple | 
     return min(rows, key=lambda r: (sum((math.log(a) - math.log(b)) ** 2 for a, b in zip(r[0][1:6], shape)), r[0]))
 
 
-def ends_in_step(m, dev, x, kernels: dict[str, list[float]], kernel_times: Callable) -> dict[str, float] | None:
+def ends_in_step(m, dev, x, kernels: dict[str, list[float]], kernel_times: Callable,
+                 end_kernels: Callable) -> dict[str, float] | None:
     """{"first_F", "first_I", "first_W", "last_F", ...: seconds} of the ends the profile did
     not measure: each end's pass, its `kernels` (`sim.cost.ends.end_kernels`), under the fit
-    of its kind; None without a fit."""
+    of its kind, plus the stage's own cost a compute that the measured ends hold beyond their
+    kernels (`stage_costs`); None without a fit."""
     fits = in_step_fits(m, dev, replace(x, micro_batch=1), kernel_times)
     if not {"F", "I", "W"} <= set(fits):
         return None
-    return {k: fits[k.split("_")[1]].time(sum(v), len(v)) if v else 0.0 for k, v in kernels.items()}
+    fixed = stage_costs(m, dev, x, kernel_times, end_kernels)
+    return {k: fits[k.split("_")[1]].time(sum(v), len(v)) + fixed.get(k, 0.0) if v else 0.0
+            for k, v in kernels.items()}
+
+
+def stage_costs(m, dev, x, kernel_times: Callable, end_kernels: Callable) -> dict[str, float]:
+    """{"first_F", "first_W", "last_F", "last_I", "last_W": seconds}: what a first or last
+    stage's compute costs beyond its blocks and its end's kernels (exec's own work around a
+    compute: the received input, the loss, the hooks), the mean over the profile's measured
+    ends of `x`'s precision (`sim.hardware.layer_table`: every shape and micro-batch) of the
+    measured end less its kernels under the fit, at least 0; {} where it measured none. A
+    host's cost, the same at any shape: each measured end is an intercept that scatters by
+    0.1-0.6 ms (docs/measurements.md), their mean does not."""
+    fits = in_step_fits(m, dev, replace(x, micro_batch=1), kernel_times)
+    rows = [(k, v) for k, v in dev.layers.ends.items() if k[0] == x.precision]
+    if not rows or not {"F", "I", "W"} <= set(fits):
+        return {}
+    gaps: dict = {}
+    for (_, hidden, seq, vocab, b), row in rows:
+        shaped = replace(m, hidden=hidden, heads=1, kv_heads=None, ffn=None, seq=seq, vocab=vocab)
+        kernels = end_kernels(shaped, dev, replace(x, micro_batch=b))
+        measured = dict(row, first_W=row["first_B"])
+        for k in ("first_F", "first_W", "last_F", "last_I", "last_W"):
+            gaps.setdefault(k, []).append(measured[k] - fits[k.split("_")[1]].time(sum(kernels[k]), len(kernels[k])))
+    return {k: max(0.0, sum(v) / len(v)) for k, v in gaps.items()}

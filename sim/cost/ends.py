@@ -46,7 +46,7 @@ def end_times(m: Transformer, g: DeviceProfile, x: Slice) -> dict[str, float]:
     if measured is not None:
         return measured
     kernels = end_kernels(m, g, x)
-    fitted = ends_in_step(m, g, x, kernels, kernel_layer_times) if measured_apply(m, x) else None
+    fitted = ends_in_step(m, g, x, kernels, kernel_layer_times, end_kernels) if measured_apply(m, x) else None
     return _with_b(fitted if fitted is not None else {k: sum(v) for k, v in kernels.items()})
 
 
@@ -57,7 +57,7 @@ def end_kernel_counts(m: Transformer, g: DeviceProfile, x: Slice) -> dict[str, i
     kernels = end_kernels(m, g, x)
     counts = {k: len(v) for k, v in kernels.items()}
     if measured_ends(m, g, x) is not None or (
-            measured_apply(m, x) and ends_in_step(m, g, x, kernels, kernel_layer_times) is not None):
+            measured_apply(m, x) and ends_in_step(m, g, x, kernels, kernel_layer_times, end_kernels) is not None):
         counts = dict.fromkeys(counts, 0)
     return _with_b(counts)
 

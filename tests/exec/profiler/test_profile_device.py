@@ -176,7 +176,7 @@ def test_layer_shapes_are_read_and_a_bad_one_refused(capsys):
 
 def test_the_default_anchor_shapes_are_half_and_twice_the_model():
     """Every anchor a valid block (heads divide hidden), one on each side of the model where
-    it can be halved, the double always."""
+    it can be halved, the double always; --layer-shape replaces them, --quick and --no-anchors drop them."""
     from hypothesis import given, settings, strategies as st
 
     @settings(max_examples=100, deadline=None)
@@ -189,4 +189,23 @@ def test_the_default_anchor_shapes_are_half_and_twice_the_model():
         for h, a, s in shapes[:-1]:
             assert (h, s) == (max(1, m.hidden // 2), max(1, m.seq // 2)) and a <= m.heads
     check()
+    m = sim.Transformer(layers=1, hidden=128, heads=4, seq=64, vocab=64)
+    parse = pd.build_parser().parse_args
+    assert pd.layer_shapes(parse(["--out", "x.json"]), m) == pd.anchor_shapes(m)
+    assert pd.layer_shapes(parse(["--out", "x.json", "--quick"]), m) == []
+    assert pd.layer_shapes(parse(["--out", "x.json", "--no-anchors"]), m) == []
+    assert pd.layer_shapes(parse(["--out", "x.json", "--no-anchors", "--layer-shape", "96,3,48"]), m) == [(96, 3, 48)]
     assert pd.anchor_shapes(sim.Transformer(layers=1, hidden=128, heads=4, seq=64, vocab=64)) == [(64, 2, 32), (256, 8, 128)]
+
+
+def test_the_bench_reads_its_shapes_and_refuses_a_bad_one_in_one_line(tmp_path, capsys, monkeypatch):
+    from sim.hardware.profile import profile, save_profile
+    path = tmp_path / "p.json"
+    save_profile(profile("a100-80gb-best-case"), path)
+    assert bench.main(["--profile", str(path), "--shape", "1,2"]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    seen = []
+    monkeypatch.setattr(bench, "reference", lambda: 1.0)
+    monkeypatch.setattr(bench, "grid", lambda cores, pp, quick, schedules, recomputes, shapes: seen.append(shapes) or [])
+    bench.main(["--profile", str(path), "--shape", "6,96,3,48,768"])
+    assert seen == [[dict(layers=6, hidden=96, heads=3, seq=48, vocab=768)]]

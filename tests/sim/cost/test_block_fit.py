@@ -162,3 +162,31 @@ def test_the_nearest_block_is_by_shape_and_micro_batch_and_falls_back_to_no_reco
     key, _ = nearest_block(p, "fp32", "full", (200, 8, 800, 100, 7))  # no full rows: the "none" ones
     assert key[1:7] == (128, 4, 512, 64, 8, "none")
     assert nearest_block(p, "bf16", "none", (64, 2, 256, 32, 2)) is None
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.lists(st.floats(1e-4, 5e-4), min_size=5, max_size=5), st.floats(0.0, 9e-5))
+def test_unmeasured_ends_add_the_stages_own_cost_the_measured_ends_hold(costs, scatter):
+    """Measured ends = their kernels under the fit + a stage's own cost a pass, each row off by
+    +-scatter (half one way, half the other): an end the profile did not measure takes its
+    kernels under the fit plus that cost (the scatter cancels in the mean)."""
+    first_f, first_w, last_f, last_i, last_w = costs
+    p0 = _synthetic()
+    rows = []
+    for i, (hidden, seq, vocab, b) in enumerate(((64, 32, 512, 2), (64, 32, 512, 8), (128, 64, 512, 2), (128, 64, 512, 8))):
+        m, x = dataclasses.replace(GPT, hidden=hidden, seq=seq, vocab=vocab), Slice(b, precision="fp32")
+        k = {key: SLOWDOWN * sum(v) + PER_KERNEL * len(v) for key, v in end_kernels(m, p0, x).items()}
+        off = scatter if i % 2 else -scatter
+        fw, li, lw = k["first_W"] + first_w + off, k["last_I"] + last_i + off, k["last_W"] + last_w + off
+        rows.append(["fp32", hidden, seq, vocab, b, k["first_F"] + first_f + off, fw, k["last_F"] + last_f + off,
+                     li + lw, li, lw])
+    data = _cpu(layers={"blocks": {"rows": [["fp32", *k[1:7], *(v[q] for q in "FBIW")] for k, v in p0.layers.blocks.items()],
+                                   **FIXTURE}, "ends": {"rows": rows, **FIXTURE}})
+    p, plain = from_dict(data, "test"), from_dict(_cpu(), "test")
+    m = dataclasses.replace(GPT, hidden=96, seq=48, vocab=1000, heads=4, ffn=None, kv_heads=None)
+    kernels = end_kernels(m, plain, X)
+    ends = end_times(m, p, X)
+    for key, cost in (("first_F", first_f), ("first_W", first_w), ("last_F", last_f), ("last_I", last_i), ("last_W", last_w)):
+        want = SLOWDOWN * sum(kernels[key]) + PER_KERNEL * len(kernels[key]) + cost
+        assert ends[key] == pytest.approx(want, rel=1e-6, abs=1e-12)
+    assert ends["last_B"] == pytest.approx(ends["last_I"] + ends["last_W"])
