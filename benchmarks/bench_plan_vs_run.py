@@ -25,7 +25,8 @@ slow a pipeline's handoffs more than its computes: read the errors beside the lo
 The summary also gives the same over the runs other processes took less than 5 % of
 (`UNTOUCHED`). `--schedule`, `--recompute` and `--shape` narrow or change the grid; `--json
 FILE` writes every row (`--summary FILE` prints that run's summary again, measuring nothing);
-`--record` writes the summary into the profile (`layers.checked`, docs/profiles.md); `--reprofile` measures the device again before each run and writes it to `--profile`.
+`--summary FILE --profile P` predicts those runs again from the profile P (how another profile of the
+same machine predicts the same measured runs); `--record` writes the summary into the profile (`layers.checked`, docs/profiles.md); `--reprofile` measures the device again before each run and writes it to `--profile`.
 """
 from __future__ import annotations
 
@@ -173,6 +174,19 @@ def compare(profile, case: Case, model: dict = MODEL, steps: int = 5, warmup: in
             "predicted_memory": p["peak_memory"], "measured_memory": m["peak_memory"]}
 
 
+def repredict(profile, r: dict) -> dict:
+    """The recorded run `r` (a row `compare` made) with its predictions made again from
+    `profile`, its measurements kept: how another profile of the same machine predicts the
+    same runs (`--summary FILE --profile P`)."""
+    p = predict(profile, r["case"], r["model"])
+    mem = max(abs(a / b - 1) for a, b in zip(p["peak_memory"], r["measured_memory"])) * 100
+    kinds = {k: [(a / b - 1) * 100 for a, b in zip(p["kinds"][k], r["measured_kinds"][k])]
+             for k in sorted(p["kinds"]) if k in r["measured_kinds"]}
+    return r | {"predicted_s": p["step_s"], "error_pct": (p["step_s"] / r["measured_s"] - 1) * 100,
+                "scaled_error_pct": (p["step_s"] * r["drift"] / r["measured_s"] - 1) * 100, "memory_error_pct": mem,
+                "kind_error_pct": kinds, "predicted_kinds": p["kinds"], "predicted_memory": p["peak_memory"]}
+
+
 def compute_error(r: dict) -> float:
     """The median error (%) of the computes, over kinds and stages (`kind_error_pct`), less
     ZB-H1's first-stage I, which rule 15 leaves empty: the shape model's own error, which the
@@ -301,6 +315,13 @@ def main(argv=None) -> int:
         except (OSError, ValueError, TypeError, KeyError) as e:
             print(f"bench_plan_vs_run: {args.summary}: {e}", file=sys.stderr)
             return 2
+        if args.profile:  # the same runs, predicted again from this profile
+            try:
+                profile = sim.load_profile(args.profile)
+            except (OSError, ValueError) as e:
+                print(f"bench_plan_vs_run: {e}", file=sys.stderr)
+                return 2
+            rows = [repredict(profile, r) for r in rows]
         print("\n".join(summary(rows)))
         return 0
     if not args.profile:

@@ -105,6 +105,14 @@ def anchor_shapes(model) -> list[tuple[int, int, int]]:
     return shapes + [(2 * model.hidden, 2 * model.heads, 2 * model.seq)]
 
 
+def repeats(model, shape) -> int:
+    """How many times the steps a block of `shape` is timed over, against `model`'s: its work
+    (hidden^2 x sequence) that many times smaller, at most 4. A small block is a small slope
+    under a stage's fixed costs, and scatters most (docs/measurements.md); it is cheap to time."""
+    ratio = (model.hidden ** 2 * model.seq) / (shape.hidden ** 2 * shape.seq)
+    return max(1, min(4, round(ratio)))
+
+
 def layer_shapes(args, model) -> list[tuple[int, int, int]]:
     """The (hidden, heads, seq) whose blocks to time beside the model's: --layer-shape's, else
     `anchor_shapes` unless --quick or --no-anchors."""
@@ -140,7 +148,8 @@ def _worker(ctx, plan: dict) -> dict:
     if plan["compute"] and plan["host"] and ctx.world_size == 2:  # whole blocks as a step runs them
         out["layers"] = {"blocks": [], "ends": []}
         for model in (plan["model"], *plan["layer_models"]):  # the profiled shape, then --layer-shape's
-            rows = layer_bench.layer_rows(ctx, model, plan["layer_micro_batches"], steps=plan["host"][1], say=say)
+            steps = plan["host"][1] * repeats(plan["model"], model)
+            rows = layer_bench.layer_rows(ctx, model, plan["layer_micro_batches"], steps=steps, say=say)
             out["layers"] = {k: out["layers"][k] + rows[k] for k in rows}
     if ctx.world_size > 1:
         out["collectives"] = comm_bench.collective_rows(plan["messages"], device, plan["repeats"], say)

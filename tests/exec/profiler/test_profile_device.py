@@ -1,6 +1,7 @@
 """exec.profile_device writes a profile sim.load_profile reads, with provenance on every number; exec.run --json and the plan-vs-run bench carry what the loop compares. No timing assertions."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -196,6 +197,10 @@ def test_the_default_anchor_shapes_are_half_and_twice_the_model():
     assert pd.layer_shapes(parse(["--out", "x.json", "--no-anchors"]), m) == []
     assert pd.layer_shapes(parse(["--out", "x.json", "--no-anchors", "--layer-shape", "96,3,48"]), m) == [(96, 3, 48)]
     assert pd.anchor_shapes(sim.Transformer(layers=1, hidden=128, heads=4, seq=64, vocab=64)) == [(64, 2, 32), (256, 8, 128)]
+    # the half shape (an eighth of the work) is timed over 4 times the steps, the model's and the double once
+    small, big = (dataclasses.replace(m, hidden=h, heads=a, seq=s, ffn=None, kv_heads=None)
+                  for h, a, s in pd.anchor_shapes(m))
+    assert (pd.repeats(m, small), pd.repeats(m, m), pd.repeats(m, big)) == (4, 1, 1)
 
 
 def test_the_bench_reads_its_shapes_and_refuses_a_bad_one_in_one_line(tmp_path, capsys, monkeypatch):
