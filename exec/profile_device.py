@@ -22,9 +22,9 @@ cores / ranks threads, or one GPU each):
   (`exec.profiler.host_bench`, exec's own calibration) -> `host_transport` (none with nccl);
 - with gloo on 2 ranks, one block's F, B, I and W as a step runs them, at each --micro-batch
   and recompute none and full (`exec.profiler.layer_bench`), of the model's shape and of
-  each --layer-shape (default, without --quick or --no-anchors: half and twice the model's hidden size, heads
-  and sequence, `anchor_shapes`, so that the planner's fit of other shapes has measured
-  blocks on both sides: `sim.cost.block_fit`) -> `layers`.
+  each --layer-shape (default, without --quick or --no-anchors: half and twice the model's
+  hidden size, heads and sequence, `anchor_shapes`, so that the planner's fit of other
+  shapes has measured blocks on both sides: `sim.cost.block_fit`) -> `layers`.
 
 Every number says how it was measured (docs/profiles.md: source "measured" with the
 command, the machine and the date; the fits "derived"). The run has a timeout and leaves no
