@@ -1,7 +1,7 @@
 """The planner against real runs of several model shapes: sim.estimate on one measured device profile predicts each shape's step time and per-rank peak memory; exec.run measures them.
 
     python -m exec.profile_device --out /tmp/cpu.json                     # once, just before
-    PYTHONPATH=. python benchmarks/bench_plan_vs_run.py --profile /tmp/cpu.json            # about 5 min
+    PYTHONPATH=. python benchmarks/bench_plan_vs_run.py --profile /tmp/cpu.json            # about 12 min
     PYTHONPATH=. python benchmarks/bench_plan_vs_run.py --profile /tmp/cpu.json --quick    # 6 runs
 
 The grid: seven shapes the profile did not measure (`SHAPES`: other hidden sizes, sequence
@@ -162,23 +162,22 @@ def measure(case: Case, model: dict = MODEL, steps: int = 5, warmup: int = 2) ->
 def compare(profile, case: Case, model: dict = MODEL, steps: int = 5, warmup: int = 2, drift: float = 1.0) -> dict:
     """Predicted, measured and the errors (%) of one case; `drift`: the machine's speed now
     over its speed at the profile (`reference`), by which the drift-scaled error scales the prediction."""
-    p, m = predict(profile, case, model), measure(case, model, steps, warmup)
-    mem = max(abs(a / b - 1) for a, b in zip(p["peak_memory"], m["peak_memory"])) * 100
-    kinds = {k: [(a / b - 1) * 100 for a, b in zip(p["kinds"][k], m["kinds"][k])]
-             for k in sorted(p["kinds"]) if k in m["kinds"]}
-    return {"case": case, "model": dict(model), "predicted_s": p["step_s"], "measured_s": m["step_s"],
-            "error_pct": (p["step_s"] / m["step_s"] - 1) * 100, "drift": drift,
-            "scaled_error_pct": (p["step_s"] * drift / m["step_s"] - 1) * 100, "memory_error_pct": mem,
-            "spread": m["spread"], "kind_error_pct": kinds, "predicted_kinds": p["kinds"],
-            "measured_kinds": m["kinds"], "lost_share": m["lost_share"], "load": m["load"],
-            "predicted_memory": p["peak_memory"], "measured_memory": m["peak_memory"]}
+    m = measure(case, model, steps, warmup)
+    measured = {"case": case, "model": dict(model), "measured_s": m["step_s"], "drift": drift,
+                "spread": m["spread"], "measured_kinds": m["kinds"], "lost_share": m["lost_share"],
+                "load": m["load"], "measured_memory": m["peak_memory"]}
+    return _predicted(predict(profile, case, model), measured)
 
 
 def repredict(profile, r: dict) -> dict:
     """The recorded run `r` (a row `compare` made) with its predictions made again from
     `profile`, its measurements kept: how another profile of the same machine predicts the
     same runs (`--summary FILE --profile P`)."""
-    p = predict(profile, r["case"], r["model"])
+    return _predicted(predict(profile, r["case"], r["model"]), r)
+
+
+def _predicted(p: dict, r: dict) -> dict:
+    """The measured run `r` with the prediction `p` (`predict`) and their errors (%)."""
     mem = max(abs(a / b - 1) for a, b in zip(p["peak_memory"], r["measured_memory"])) * 100
     kinds = {k: [(a / b - 1) * 100 for a, b in zip(p["kinds"][k], r["measured_kinds"][k])]
              for k in sorted(p["kinds"]) if k in r["measured_kinds"]}
