@@ -27,6 +27,13 @@ The summary also gives the same over the runs other processes took less than 5 %
 FILE` writes every row (`--summary FILE` prints that run's summary again, measuring nothing);
 `--summary FILE --profile P` predicts those runs again from the profile P (how another profile of the
 same machine predicts the same measured runs); `--record` writes the summary into the profile (`layers.checked`, docs/profiles.md); `--reprofile` measures the device again before each run and writes it to `--profile`.
+`--rounds K` runs the grid K times, one after another, and reads each case by the median of
+its rounds (`median_runs`), as does `--summary` given several files: a VM's slow minute
+passes (docs/measurements.md). With a profile that is itself the median of several
+(`python -m exec.profile_device --repeat 3`), that is the loop's check on this VM:
+
+    python -m exec.profile_device --out /tmp/cpu.json --repeat 3                          # about 8 min
+    PYTHONPATH=. python benchmarks/bench_plan_vs_run.py --profile /tmp/cpu.json --rounds 3  # about 36 min
 """
 from __future__ import annotations
 
@@ -163,8 +170,8 @@ def compare(profile, case: Case, model: dict = MODEL, steps: int = 5, warmup: in
     """Predicted, measured and the errors (%) of one case; `drift`: the machine's speed now
     over its speed at the profile (`reference`), by which the drift-scaled error scales the prediction."""
     m = measure(case, model, steps, warmup)
-    measured = {"case": case, "model": dict(model), "measured_s": m["step_s"], "drift": drift,
-                "spread": m["spread"], "measured_kinds": m["kinds"], "lost_share": m["lost_share"],
+    measured = {"case": case, "model": dict(model), "measured_s": m["step_s"], "pipeline_s": m["pipeline_s"],
+                "drift": drift, "spread": m["spread"], "measured_kinds": m["kinds"], "lost_share": m["lost_share"],
                 "load": m["load"], "measured_memory": m["peak_memory"]}
     return _predicted(predict(profile, case, model), measured)
 
@@ -237,6 +244,36 @@ def reprofile(path: str):
     return sim.load_profile(path)
 
 
+def median_runs(rounds: list[list[dict]]) -> list[dict]:
+    """Several rounds of one grid (`--rounds`, or several `--json` files), case by case (the
+    same position in each): the run whose measured step is nearest the rounds' median, with
+    that median as its measured step and its errors from it, and every round's step
+    (`round_steps_s`). A VM's slow minute passes: one case measured at several moments is
+    read by its median (docs/measurements.md). ValueError where the rounds are not one grid."""
+    if len({len(r) for r in rounds}) != 1:
+        raise ValueError(f"rounds of different grids: {[len(r) for r in rounds]} runs")
+    out = []
+    for runs in zip(*rounds):
+        if any((r["model"], r["case"]) != (runs[0]["model"], runs[0]["case"]) for r in runs):
+            raise ValueError(f"rounds of different grids: {[shape_name(r['model']) for r in runs]}")
+        steps = [r["measured_s"] for r in runs]
+        m = statistics.median(steps)
+        r = min(runs, key=lambda r: abs(r["measured_s"] - m))
+        p = r["predicted_s"]
+        out.append(r | {"measured_s": m, "error_pct": (p / m - 1) * 100, "scaled_error_pct": (p * r["drift"] / m - 1) * 100,
+                        "round_steps_s": steps})
+    return out
+
+
+def read_rounds(paths: list[Path]) -> list[list[dict]]:
+    """The rounds of the grids `--json` wrote to `paths` (a row's `round`, 0 where it has none)."""
+    rounds: dict = {}
+    for i, path in enumerate(paths):
+        for r in json.loads(path.read_text()):
+            rounds.setdefault((i, r.get("round", 0)), []).append(r | {"case": Case(**r["case"])})
+    return list(rounds.values())
+
+
 UNTOUCHED = 0.05  # a run whose steps other processes took less than this share of (exec.run's lost_share)
 
 
@@ -294,7 +331,12 @@ def record(path: Path, rows: list[dict], command: str) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", help="a device profile (python -m exec.profile_device --out FILE)")
-    ap.add_argument("--summary", type=Path, help="print the summary of a run --json wrote, and measure nothing")
+    ap.add_argument("--summary", type=Path, action="append",
+                    help="print the summary of a run --json wrote, and measure nothing (repeat: the median of "
+                         "each case over the files' rounds, `median_runs`)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run the grid this many times, one after another, and read each case by the median "
+                         "of its rounds (`median_runs`)")
     ap.add_argument("--quick", action="store_true", help="6 runs (1F1B, one other shape), 2 measured steps")
     ap.add_argument("--pp", type=int, default=2)
     ap.add_argument("--schedule", action="append", choices=SCHEDULES, help="only this schedule (repeat)")
@@ -310,9 +352,10 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.summary:  # a stored run's summary, nothing measured
         try:
-            rows = [r | {"case": Case(**r["case"])} for r in json.loads(args.summary.read_text())]
-        except (OSError, ValueError, TypeError, KeyError) as e:
-            print(f"bench_plan_vs_run: {args.summary}: {e}", file=sys.stderr)
+            rounds = read_rounds(args.summary)
+            rows = median_runs(rounds) if len(rounds) > 1 else rounds[0]
+        except (OSError, ValueError, TypeError, KeyError, IndexError) as e:
+            print(f"bench_plan_vs_run: {' '.join(map(str, args.summary))}: {e}", file=sys.stderr)
             return 2
         if args.profile:  # the same runs, predicted again from this profile
             try:
@@ -323,8 +366,9 @@ def main(argv=None) -> int:
             rows = [repredict(profile, r) for r in rows]
         print("\n".join(summary(rows)))
         return 0
-    if not args.profile:
-        print("bench_plan_vs_run: give --profile (or --summary FILE)", file=sys.stderr)
+    if not args.profile or args.rounds < 1:
+        print("bench_plan_vs_run: give --profile (or --summary FILE)" if not args.profile else
+              f"bench_plan_vs_run: --rounds must be at least 1, got {args.rounds}", file=sys.stderr)
         return 2
     try:
         profile = None if args.reprofile else sim.load_profile(args.profile)
@@ -342,14 +386,21 @@ def main(argv=None) -> int:
     print(f"{'shape':>22} {'sched':>5} {'rc':>4}  {'pred':>7} {'meas ms':>7} {'error':>7} {'drift':>5} "
           f"{'scaled':>7} {'computes':>8} {'spread':>6} {'mem err':>8} {'lost':>5}  load (1, 5, 15 min) before -> after")
     rows = []
-    for model, case in grid(len(host_cores()), args.pp, args.quick, args.schedule or GRID_SCHEDULES,
-                            args.recompute or ("none", "full"), shapes):
-        if args.reprofile:
-            profile = reprofile(args.profile)
-        rows.append(compare(profile, case, model, steps, warmup, drift=reference() / start))
-        print(row(rows[-1]), flush=True)
-        if args.json:
-            args.json.write_text(json.dumps([{**r, "case": asdict(r["case"])} for r in rows], indent=1) + "\n")
+    cases = grid(len(host_cores()), args.pp, args.quick, args.schedule or GRID_SCHEDULES,
+                 args.recompute or ("none", "full"), shapes)
+    for k in range(args.rounds):
+        if args.rounds > 1:
+            print(f"round {k + 1} of {args.rounds}; load {loadavg()}", flush=True)
+        for model, case in cases:
+            if args.reprofile:
+                profile = reprofile(args.profile)
+            rows.append(compare(profile, case, model, steps, warmup, drift=reference() / start) | {"round": k})
+            print(row(rows[-1]), flush=True)
+            if args.json:
+                args.json.write_text(json.dumps([{**r, "case": asdict(r["case"])} for r in rows], indent=1) + "\n")
+    if args.rounds > 1:
+        rows = median_runs([[r for r in rows if r["round"] == k] for k in range(args.rounds)])
+        print(f"each case: the median of its {args.rounds} rounds")
     print("\n".join(summary(rows)))
     if args.record and rows and "layers" in profile.to_dict():
         record(Path(args.profile), rows, "python benchmarks/bench_plan_vs_run.py " + " ".join(argv or sys.argv[1:]))

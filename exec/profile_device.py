@@ -3,6 +3,8 @@
     python -m exec.profile_device --out profiles/this-cpu.json            # gloo, cores ranks
     python -m exec.profile_device --out my.json --ranks 2 --quick         # seconds, coarser
     python -m exec.profile_device --out gpu.json --backend nccl --ranks 1 # a GPU
+    python -m exec.profile_device --out cpu.json --repeat 3               # three, and their median
+    python -m exec.profile_device --out m.json --median-of a.json --median-of b.json  # measures nothing
     >>> measure_device(Path("my.json"), ranks=2, quick=True)               # doctest: +SKIP
 
 It measures, in ranks set up as `exec.launch.processes` sets up a run's (each rank on its cores with
@@ -26,7 +28,9 @@ cores / ranks threads, or one GPU each):
   hidden size, heads and sequence, `anchor_shapes`, so that the planner's fit of other
   shapes has measured blocks on both sides: `sim.cost.block_fit`) -> `layers`.
 
-Every number says how it was measured (docs/profiles.md: source "measured" with the
+With --repeat N it measures N profiles one after another, keeps each beside --out
+(`run_path`) and writes their median (`exec.profiler.median`): a VM's minutes differ by about
+10 % (docs/measurements.md). Every number says how it was measured (docs/profiles.md: source "measured" with the
 command, the machine and the date; the fits "derived"). The run has a timeout and leaves no
 process behind (`exec.launch.processes`). Exit status: 0 written, 1 a rank failed or timed out, 2 bad
 arguments or a device it cannot measure (--backend nccl without enough GPUs).
@@ -80,6 +84,13 @@ def build_parser():
                         "shapes (sim.cost.block_fit)")
     g.add_argument("--no-anchors", action="store_true",
                    help="time the model's blocks only (the planner's fit alone for other shapes; about 30 s)")
+    m = p.add_argument_group("the median of several profiles (exec.profiler.median)")
+    m.add_argument("--repeat", type=whole, default=1,
+                   help="measure N times, one after another, keep each (OUT.runI.json) and write their median "
+                        "to --out (a VM's minutes differ by about 10 %%: docs/measurements.md)")
+    m.add_argument("--median-of", type=Path, action="append", metavar="PROFILE",
+                   help="write the median of these profiles of this machine to --out and measure nothing "
+                        "(repeat, at least two)")
     return p
 
 
@@ -256,9 +267,40 @@ def measure_device(out: Path, backend: str = "gloo", ranks: int | None = None, q
     return profile
 
 
+def write_median(out: Path, paths: Sequence[Path]) -> dict:
+    """Write the median (`exec.profiler.median.median_profile`) of the profiles at `paths` to
+    `out`; return it. ValueError (one line) where one cannot be read or they differ."""
+    from exec.profiler.median import median_profile
+    profiles = []
+    for path in paths:
+        try:
+            profiles.append(json.loads(Path(path).read_text()))
+        except (OSError, ValueError) as e:
+            raise ValueError(f"{path}: {e}") from None
+    profile = median_profile(profiles)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(profile, indent=1) + "\n")
+    _say(f"wrote {out}: the median of {len(paths)} profiles")
+    return profile
+
+
+def run_path(out: Path, i: int) -> Path:
+    """Where --repeat keeps its i-th profile (from 1): OUT.runI.json beside --out."""
+    return out.with_name(f"{out.stem}.run{i}{out.suffix or '.json'}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.median_of:  # measure nothing
+        problem = file_problem(args.out) or (None if len(args.median_of) > 1 else "--median-of needs two profiles or more")
+        if problem:
+            parser.error(problem)
+        try:
+            write_median(args.out, args.median_of)
+        except ValueError as e:
+            parser.error(str(e))
+        return 0
     problem = missing_extra() or file_problem(args.out)  # before any measuring
     if problem:
         parser.error(problem if problem.startswith("torch") else f"--out {problem}")
@@ -277,8 +319,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         shapes = [dataclasses.replace(model, hidden=h, heads=a, seq=s, ffn=None, kv_heads=None)
                   for h, a, s in layer_shapes(args, model)]
-        measure_device(args.out, args.backend, args.ranks, args.quick, model, args.micro_batches or (1, 2, 4, 8),
-                       args.timeout, command, shapes)
+        outs = [args.out] if args.repeat == 1 else [run_path(args.out, i + 1) for i in range(args.repeat)]
+        for i, out in enumerate(outs):
+            if len(outs) > 1:
+                _say(f"profile {i + 1} of {len(outs)}")
+            measure_device(out, args.backend, args.ranks, args.quick, model, args.micro_batches or (1, 2, 4, 8),
+                           args.timeout, command, shapes)
+        if len(outs) > 1:
+            write_median(args.out, outs)
     except (RankError, TimeoutError) as e:
         print(f"{PROG}: {e}", file=sys.stderr)
         return 1

@@ -1,0 +1,152 @@
+"""The median of several profiles (exec.profiler.median) and of several rounds of the plan-vs-run grid (the bench's median_runs): closed forms, a property over random scalings, real profiles of this project's VM, and refusals. No timing assertions."""
+from __future__ import annotations
+
+import copy
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import sim
+from sim.hardware.profile import from_dict
+from exec.profiler.median import median_profile, median_rows
+
+ROOT = Path(__file__).resolve().parents[3]
+LOOP = ROOT / "data" / "cpu-loop"
+PROFILES = [json.loads((LOOP / f"profile-{s}.json").read_text()) for s in ("s4", "s5", "s6")]
+
+
+def _values(node, path=""):
+    """(path, number) of every measured or derived number, table cell and point time."""
+    if isinstance(node, dict):
+        if isinstance(node.get("value"), (int, float)) and not isinstance(node["value"], bool):
+            yield path, node["value"]
+        for k, v in node.items():
+            if k == "rows":
+                for i, r in enumerate(v):
+                    yield from ((f"{path}.rows[{i}][{j}]", x) for j, x in enumerate(r) if isinstance(x, float))
+            elif k == "points":
+                yield from ((f"{path}.points[{i}]", p[1]) for i, p in enumerate(v))
+            elif isinstance(v, dict):
+                yield from _values(v, f"{path}.{k}")
+
+
+def _scaled(profile: dict, f: float) -> dict:
+    """`profile` with every number `_values` yields times f."""
+    p = copy.deepcopy(profile)
+
+    def walk(node):
+        if isinstance(node, dict):
+            if isinstance(node.get("value"), float):
+                node["value"] *= f
+            for k, v in node.items():
+                if k == "rows":
+                    node[k] = [[x * f if isinstance(x, float) else x for x in r] for r in v]
+                elif k == "points":
+                    node[k] = [[b, t * f] for b, t in v]
+                elif isinstance(v, dict):
+                    walk(v)
+    walk(p)
+    return p
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.lists(st.floats(0.5, 2.0), min_size=2, max_size=5))
+def test_a_uniform_scaling_passes_through_the_median(factors):
+    """Profiles that are one profile scaled, each by its own factor: their median is that
+    profile scaled by the median factor, number by number."""
+    base = PROFILES[0]
+    got = dict(_values(median_profile([_scaled(base, f) for f in factors])))
+    want = dict(_values(_scaled(base, statistics.median(factors))))
+    assert got.keys() == want.keys()
+    for k, v in want.items():
+        assert got[k] == pytest.approx(v, rel=1e-12), k
+
+
+def test_the_median_of_three_real_profiles_is_their_middle_value_and_loads():
+    med = median_profile(PROFILES)
+    each = [dict(_values(p)) for p in PROFILES]
+    for k, v in _values(med):
+        if all(k in e for e in each):
+            assert v == pytest.approx(sorted(e[k] for e in each)[1]), k
+    profile = from_dict(med)
+    assert len(profile.layers.blocks) == len(from_dict(PROFILES[0]).layers.blocks)
+    assert [m["name"] for m in med["median_of"]] == [p["name"] for p in PROFILES]
+    assert med["layers"]["blocks"]["how"].endswith("the median of 3 profiles")
+
+
+def test_rows_merge_by_their_key_and_a_row_one_table_lacks_is_kept():
+    a = [["fp32", 64, "none", 1.0, 10.0], ["fp32", 128, "none", 2.0, 20.0]]
+    b = [["fp32", 64, "none", 3.0, 30.0]]
+    c = [["fp32", 64, "none", 2.0, 50.0], ["fp32", 256, "full", 7.0, 70.0]]
+    assert median_rows([a, b, c]) == [["fp32", 64, "none", 2.0, 30.0], ["fp32", 128, "none", 2.0, 20.0],
+                                      ["fp32", 256, "full", 7.0, 70.0]]
+
+
+def test_profiles_of_other_machines_or_too_few_are_refused():
+    other = copy.deepcopy(PROFILES[1])
+    other["fingerprint"]["threads"] = 7
+    with pytest.raises(ValueError, match="fingerprint.threads differs"):
+        median_profile([PROFILES[0], other])
+    with pytest.raises(ValueError, match="at least two"):
+        median_profile(PROFILES[:1])
+
+
+def test_the_cli_writes_the_median_and_refuses_in_one_line(tmp_path, capsys):
+    pd = pytest.importorskip("exec.profile_device")
+    out = tmp_path / "med.json"
+    paths = [str(LOOP / f"profile-{s}.json") for s in ("s4", "s5", "s6")]
+    assert pd.main(["--out", str(out), *(a for p in paths for a in ("--median-of", p))]) == 0
+    assert json.loads(out.read_text())["layers"] == median_profile(PROFILES)["layers"]
+    capsys.readouterr()
+    for argv in (["--median-of", paths[0]], ["--median-of", paths[0], "--median-of", str(tmp_path / "none.json")]):
+        with pytest.raises(SystemExit) as e:
+            pd.main(["--out", str(tmp_path / "x.json"), *argv])
+        assert e.value.code == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and err.startswith("exec.profile_device:")
+    assert pd.run_path(Path("/a/cpu.json"), 2) == Path("/a/cpu.run2.json")
+
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import bench_plan_vs_run as bench  # noqa: E402
+
+
+def _run(measured: float, predicted: float = 1.0, model=None, schedule="1f1b") -> dict:
+    return {"model": dict(model or bench.MODEL), "case": bench.Case(schedule, 4, "none", 1),
+            "measured_s": measured, "predicted_s": predicted, "drift": 1.0, "error_pct": 0.0}
+
+
+def test_median_runs_keep_the_middle_round_and_its_error():
+    rounds = [[_run(1.0), _run(2.0, schedule="gpipe")], [_run(1.5), _run(1.0, schedule="gpipe")],
+              [_run(1.2), _run(4.0, schedule="gpipe")]]
+    got = bench.median_runs(rounds)
+    assert [r["measured_s"] for r in got] == [1.2, 2.0]
+    assert got[0]["error_pct"] == pytest.approx((1 / 1.2 - 1) * 100)
+    assert got[1]["round_steps_s"] == [2.0, 1.0, 4.0]
+    assert [r["case"].schedule for r in got] == ["1f1b", "gpipe"]
+    two = bench.median_runs(rounds[:2])  # an even count: the mean of the middle two, the nearer run's details
+    assert two[0]["measured_s"] == pytest.approx(1.25)
+
+
+def test_median_runs_refuse_rounds_of_different_grids():
+    with pytest.raises(ValueError, match="different grids"):
+        bench.median_runs([[_run(1.0)], [_run(1.0), _run(2.0)]])
+    with pytest.raises(ValueError, match="different grids"):
+        bench.median_runs([[_run(1.0)], [_run(1.0, schedule="gpipe")]])
+
+
+def test_the_summary_reads_rounds_from_one_file_or_several(tmp_path):
+    rows = [_run(1.0) | {"round": 0}, _run(3.0) | {"round": 1}]
+    for r in rows:
+        r["case"] = vars(r["case"])
+    one = tmp_path / "g.json"
+    one.write_text(json.dumps(rows))
+    assert [len(r) for r in bench.read_rounds([one])] == [1, 1]
+    single = tmp_path / "h.json"
+    single.write_text(json.dumps([{k: v for k, v in rows[0].items() if k != "round"}]))
+    rounds = bench.read_rounds([one, single])
+    assert len(rounds) == 3 and bench.median_runs(rounds)[0]["measured_s"] == 1.0
