@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
-import sim
 from sim.hardware.profile import from_dict
 from exec.profiler.median import median_profile, median_rows
 
