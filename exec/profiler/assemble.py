@@ -23,6 +23,10 @@ _LAUNCH = {"nccl": "median host time of a one-element add, mul and matmul",
                    "for them (F + B): the host's cost of a training pass per listed kernel"}
 
 
+OPTIMIZER_HOW = ("torch.optim.AdamW.step over 33 one-element parameters less its step over one, per parameter "
+                 "(exec.profiler.device_bench.optimizer_tensor_seconds)")
+
+
 def class_bandwidth(points) -> float:
     """Bytes/s of a memory-bound class: 1 / the slope of seconds over bytes (least squares
     with a non-negative intercept, the op's fixed cost); the best bytes/s of a point where
@@ -72,6 +76,8 @@ def assemble(measured: dict, collectives: list, fp: dict, cores: int | None, com
                    "host_runs_ahead": backend == "nccl"},
         "step_overhead": m(measured["step_overhead"], how="torch.optim.AdamW.step over one one-element parameter"),
     }
+    if "optimizer_per_tensor" in measured:
+        out["optimizer_per_tensor"] = m(measured["optimizer_per_tensor"], how=OPTIMIZER_HOW)
     if collectives:
         ring = ring_fit(collectives)
         how = "least squares of sim.hardware.kernels' ring model (base + steps x hop + steps/n x bytes / bandwidth)"

@@ -25,7 +25,8 @@ from sim.model.footprint import optimizer_step_bytes
 from sim.cost.layer import Slice, gemm_products, gemm_shapes, pass_kernels
 
 __all__ = ["CLASSES", "COMPUTE_CLASSES", "median_seconds", "planner_gemms", "matmul_rows", "memory_rows",
-           "compute_rows", "launch_seconds", "layer_launch_seconds", "step_overhead_seconds"]
+           "compute_rows", "launch_seconds", "layer_launch_seconds", "step_overhead_seconds",
+           "optimizer_tensor_seconds"]
 
 CLASSES = ("elementwise", "norm", "softmax", "copy", "optimizer", "embedding")
 COMPUTE_CLASSES = ("gelu", "gelu_backward", "exp")  # elementwise kernels of a transcendental function
@@ -211,3 +212,19 @@ def step_overhead_seconds(device: torch.device, barrier: Callable[[], None], loo
     opt = torch.optim.AdamW([p], lr=1e-6)
     barrier()
     return median_seconds(opt.step, device, loops)
+
+
+def optimizer_tensor_seconds(device: torch.device, barrier: Callable[[], None], loops: int = 7,
+                             tensors: int = 32) -> float:
+    """The optimizer step's host cost per parameter tensor: torch.optim.AdamW's step over
+    `tensors` + 1 one-element parameters less its step over one, per tensor, at least 0. On a
+    CPU torch steps the tensors one by one (its for-loop implementation, about 15 us each on
+    this project's VM); on CUDA its default (foreach) groups them."""
+    def step_of(n: int) -> float:
+        params = [torch.nn.Parameter(torch.ones(1, device=device)) for _ in range(n)]
+        for p in params:
+            p.grad = torch.ones_like(p)
+        opt = torch.optim.AdamW(params, lr=1e-6)
+        barrier()
+        return median_seconds(opt.step, device, loops)
+    return max(0.0, (step_of(tensors + 1) - step_of(1)) / tensors)

@@ -27,7 +27,7 @@ from sim.hardware.profile import DeviceProfile
 from sim.hardware.kernels import memory_time
 from sim.hardware.network import collective_time, links_of
 from sim.hardware.topology import Group, Topology, one_node
-from sim.model.transformer import Transformer
+from sim.model.transformer import ARCHS, Transformer
 from .fp8 import weight_cast_bytes
 
 
@@ -264,17 +264,37 @@ def fsdp_reduce_time(g: DeviceProfile, lay: Parallelism, nbytes: float) -> float
 
 def optimizer_time(m: Transformer, g: DeviceProfile, lay: Parallelism, layers: list[int], placement) -> float:
     """The optimizer's step after the pipeline flush: memory-bound over the parameters each GPU
-    updates (all it holds; 1/dp of them under ZeRO), on the device that holds the most, at
-    the bytes its optimizer reads and writes per parameter (`sim.model.footprint.optimizer_step_bytes`).
+    updates (all it holds; 1/dp of them under ZeRO), at the bytes its optimizer reads and
+    writes per parameter (`sim.model.footprint.optimizer_step_bytes`), plus the profile's
+    host cost per parameter tensor (`stage_tensors`; docs/rules.md), on the slowest device.
     With k copies of the model (DualPipe), `layers` are one copy's stages, stage s of `placement`
     holding layers[s mod len(layers)]; ZeRO shards over the copies' replicas (`shard_size`).
     Under FP8, with it, Transformer Engine's once-a-step casts of the Linear weights to their
     FP8 copies (`sim.cost.fp8.weight_cast_bytes`, memory-bound)."""
     params, n = stage_params(m, layers, lay.tp, placement[:len(layers)]), len(layers)
-    per_rank, held = [0.0] * lay.pp, [0] * lay.pp
+    tensors = stage_tensors(m, layers, placement[:len(layers)])
+    per_rank, held, count = [0.0] * lay.pp, [0] * lay.pp, [0] * lay.pp
     for s, r in enumerate(placement):  # with k copies of the model, `layers` are one copy's stages
         per_rank[r] += params[s % n]
         held[r] += layers[s % n]
+        count[r] += tensors[s % n]
     share = shard_size(lay) if lay.zero >= 1 else 1
-    step = memory_time(g, max(per_rank) / share * optimizer_step_bytes(lay.precision, lay.optimizer), "optimizer")
+    step = max(memory_time(g, p / share * optimizer_step_bytes(lay.precision, lay.optimizer), "optimizer")
+               + g.optimizer_per_tensor * c for p, c in zip(per_rank, count))
     return step + (memory_time(g, weight_cast_bytes(m, max(held), lay.tp)) if lay.precision == "fp8" else 0.0)
+
+
+def stage_tensors(m: Transformer, layers: list[int], placement) -> list[int]:
+    """Parameter tensors one GPU holds for each stage, as exec's GPT and Megatron-LM hold them
+    (tensor parallelism splits each, the count stays): a layer's fused QKV, projection, MLP in
+    (a gated MLP's gate and up matrices together) and MLP out, with a bias each where the arch
+    has biases, and its two norms' gain (and bias); the word embedding (and learned
+    positions) on the first stage; the final norm's and the output layer (a tied one only as
+    `stage_params`'s copy) on the last. MLA's and the experts' own projections are not
+    counted. An optimizer that steps tensor by tensor (torch's for-loop AdamW, its CPU
+    default) pays the host's `optimizer_per_tensor` for each (`optimizer_time`)."""
+    a = ARCHS[m.arch]
+    out = [n * (4 * (2 if a["bias"] else 1) + 2 * a["norm_params"]) for n in layers]
+    out[0] += 1 + (m.positions == "learned")
+    out[-1] += a["norm_params"] + (0 if m.tied and placement[0] == placement[-1] else 1)
+    return out

@@ -149,3 +149,35 @@ def test_the_summary_reads_rounds_from_one_file_or_several(tmp_path):
     single.write_text(json.dumps([{k: v for k, v in rows[0].items() if k != "round"}]))
     rounds = bench.read_rounds([one, single])
     assert len(rounds) == 3 and bench.median_runs(rounds)[0]["measured_s"] == 1.0
+
+
+def test_the_bench_runs_rounds_and_reads_each_case_by_its_median(tmp_path, capsys, monkeypatch):
+    """--rounds 3 runs the grid three times (each row its round), prints the summary of the
+    cases' medians, and --summary of the file it wrote reads the same medians; --rounds 0 is
+    refused in one line."""
+    from sim.hardware.profile import profile, save_profile
+    path, out = tmp_path / "p.json", tmp_path / "grid.json"
+    save_profile(profile("a100-80gb-best-case"), path)
+    assert bench.main(["--profile", str(path), "--rounds", "0"]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    steps = iter([1.0, 2.0, 3.0, 6.0, 2.0, 4.0])  # round by round: the profiled shape, then the other
+    other = dict(layers=4, hidden=64, heads=2, seq=32, vocab=256)
+    monkeypatch.setattr(bench, "reference", lambda: 1.0)
+    monkeypatch.setattr(bench, "grid", lambda *a: [(dict(bench.MODEL), bench.Case("1f1b", 4, "none", 1)),
+                                                   (other, bench.Case("1f1b", 4, "none", 1))])
+
+    def compare(profile, case, model, steps_, warmup, drift):
+        m = next(steps)
+        return {"case": case, "model": dict(model), "measured_s": m, "predicted_s": 2.0, "drift": drift,
+                "error_pct": (2.0 / m - 1) * 100, "scaled_error_pct": 0.0, "memory_error_pct": 0.0, "spread": 0.0,
+                "kind_error_pct": {}, "lost_share": 0.0, "load": "", "measured_memory": [1]}
+    monkeypatch.setattr(bench, "compare", compare)
+    monkeypatch.setattr(bench, "row", lambda r: "")
+    assert bench.main(["--profile", str(path), "--rounds", "3", "--json", str(out)]) == 0
+    assert "the median of its 3 rounds" in capsys.readouterr().out
+    rows = json.loads(out.read_text())
+    assert [r["round"] for r in rows] == [0, 0, 1, 1, 2, 2]
+    medians = bench.median_runs(bench.read_rounds([out]))
+    assert [r["measured_s"] for r in medians] == [2.0, 4.0]
+    assert [r["error_pct"] for r in medians] == [0.0, -50.0]
+    assert bench.main(["--summary", str(out)]) == 0

@@ -1,9 +1,12 @@
 """The optimizer as an input of the planner: its state in memory and its step in time, per name of `sim.model.footprint.OPTIMIZERS` (exec.run --optimizer's)."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 import sim
+from sim.cost.data_parallel import stage_tensors
 from sim.model.footprint import OPTIMIZERS, optimizer_step_bytes, state_bytes_per_param
 from sim.plan.cli import main as plan_main
 
@@ -40,6 +43,24 @@ def test_the_estimate_holds_each_optimizers_state_and_times_its_step():
     assert est["adamw"].peak_memory == sim.estimate(model, "a100-80gb", **kw).peak_memory  # the default
     with pytest.raises(ValueError, match="optimizer must be one of adamw, adam, sgd, sgd-momentum, got 'lion'"):
         sim.estimate(model, "a100-80gb", optimizer="lion", **kw)
+
+
+def test_the_step_pays_the_profiles_host_cost_per_parameter_tensor():
+    """With a profile's `optimizer_per_tensor` x, one rank's optimizer step is longer by x times
+    its parameter tensors: 12 a GPT layer (fused QKV, projection, MLP in and out, their biases,
+    two LayerNorms' gains and biases), the word and position embeddings, the final norm's two;
+    the output layer tied to the embedding on the same rank adds none."""
+    model = sim.Transformer(layers=4, hidden=256, heads=4, seq=128, vocab=1024)
+    base = sim.profile("a100-80gb")
+    x = 20e-6
+    kw = dict(pp=1, micro_batch=2, global_batch=8, precision="fp32")
+    a = sim.estimate(model, base, **kw)
+    b = sim.estimate(model, dataclasses.replace(base, optimizer_per_tensor=x), **kw)
+    assert stage_tensors(model, [4], [0]) == [4 * 12 + 2 + 2]
+    assert b.time_parts["optimizer"] - a.time_parts["optimizer"] == pytest.approx(x * 52)
+    assert stage_tensors(model, [2, 2], [0, 1]) == [2 * 12 + 2, 2 * 12 + 2 + 1]  # the tied copy on the last
+    llama = sim.Transformer(layers=2, hidden=256, heads=4, seq=128, vocab=1024, arch="llama")
+    assert stage_tensors(llama, [1, 1], [0, 1]) == [4 + 2 + 1, 4 + 2 + 1 + 1]  # no biases, RMSNorm gains, untied
 
 
 def test_the_planner_searches_with_the_runs_optimizer(capsys):
