@@ -16,8 +16,8 @@ cores / ranks threads, or one GPU each):
   bytes -> `memory_bound`; the best copy bandwidth is the datasheet's `hbm_bandwidth`;
 - the host's cost of a kernel -> `launch.per_kernel` (CPU: a block of the GPT at almost no
   work, its forward and backward over the kernels the planner lists; CUDA: an op that does
-  nothing), and an optimizer
-  step's fixed cost -> `step_overhead` and its cost per parameter tensor -> `optimizer_per_tensor`;
+  nothing), and an optimizer step's fixed cost -> `step_overhead`, and each optimizer's cost per
+  parameter tensor -> `optimizer_per_tensor`;
 - all-reduce, reduce-scatter and all-gather over 2..N ranks and sends between two, by
   message size -> `collectives.table`, `p2p.table`, and the ring model fitted to them.
 - with gloo, what exec's runtime costs its CPU ranks around sends, receives and computes
@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Sequence
 
 from sim.cli import OneLineParser, file_problem, missing_extra, number, whole
+from exec.runtime.optim import OPTIMIZERS
 
 __all__ = ["main", "measure_device", "anchor_shapes", "SCHEMA"]
 
@@ -152,9 +153,11 @@ def _worker(ctx, plan: dict) -> dict:
                    launch=device_bench.launch_seconds(device, dist.barrier) if device.type == "cuda"
                    else device_bench.layer_launch_seconds(plan["model"], dist.barrier),
                    step_overhead=device_bench.step_overhead_seconds(device, dist.barrier),
-                   optimizer_per_tensor=device_bench.optimizer_tensor_seconds(device, dist.barrier))
+                   optimizer_per_tensor={name: device_bench.optimizer_tensor_seconds(device, dist.barrier, name)
+                                         for name in OPTIMIZERS})
+        per_tensor = ", ".join(f"{k} {v * 1e6:.1f}" for k, v in out["optimizer_per_tensor"].items())
         say(f"launch {out['launch'] * 1e6:.1f} us an op, step overhead {out['step_overhead'] * 1e6:.0f} us, "
-            f"the optimizer {out['optimizer_per_tensor'] * 1e6:.1f} us a parameter tensor")
+            f"the optimizers' us a parameter tensor: {per_tensor}")
     if plan["compute"] and plan["host"] and ctx.world_size > 1:  # gloo's CPU ranks: exec's own costs
         out["host"] = host_bench.host_costs(ctx, plan["model"], plan["host_micro_batch"], *plan["host"])
         say(f"host transport: {len(out['host']['before'])} computes timed")

@@ -23,7 +23,7 @@ _LAUNCH = {"nccl": "median host time of a one-element add, mul and matmul",
                    "for them (F + B): the host's cost of a training pass per listed kernel"}
 
 
-OPTIMIZER_HOW = ("torch.optim.AdamW.step over 33 one-element parameters less its step over one, per parameter "
+OPTIMIZER_HOW = ("the optimizer's step over 33 one-element parameters less its step over one, per parameter "
                  "(exec.profiler.device_bench.optimizer_tensor_seconds)")
 
 
@@ -77,7 +77,7 @@ def assemble(measured: dict, collectives: list, fp: dict, cores: int | None, com
         "step_overhead": m(measured["step_overhead"], how="torch.optim.AdamW.step over one one-element parameter"),
     }
     if "optimizer_per_tensor" in measured:
-        out["optimizer_per_tensor"] = m(measured["optimizer_per_tensor"], how=OPTIMIZER_HOW)
+        out["optimizer_per_tensor"] = {k: m(v, how=OPTIMIZER_HOW) for k, v in measured["optimizer_per_tensor"].items()}
     if collectives:
         ring = ring_fit(collectives)
         how = "least squares of sim.hardware.kernels' ring model (base + steps x hop + steps/n x bytes / bandwidth)"

@@ -214,17 +214,20 @@ def step_overhead_seconds(device: torch.device, barrier: Callable[[], None], loo
     return median_seconds(opt.step, device, loops)
 
 
-def optimizer_tensor_seconds(device: torch.device, barrier: Callable[[], None], loops: int = 7,
-                             tensors: int = 32) -> float:
-    """The optimizer step's host cost per parameter tensor: torch.optim.AdamW's step over
-    `tensors` + 1 one-element parameters less its step over one, per tensor, at least 0. On a
-    CPU torch steps the tensors one by one (its for-loop implementation, about 15 us each on
-    this project's VM); on CUDA its default (foreach) groups them."""
+def optimizer_tensor_seconds(device: torch.device, barrier: Callable[[], None], optimizer: str = "adamw",
+                             loops: int = 7, tensors: int = 32) -> float:
+    """The host cost per parameter tensor of `optimizer`'s step (a name of
+    `exec.runtime.optim.OPTIMIZERS`): its step over `tensors` + 1 one-element parameters less
+    its step over one, per tensor, at least 0. On a CPU torch steps the tensors one by one
+    (its for-loop implementation: AdamW about 25 us each on this project's VM, docs/measurements.md);
+    on CUDA its default (foreach) groups them."""
+    from exec.runtime.optim import make_optimizer
+
     def step_of(n: int) -> float:
         params = [torch.nn.Parameter(torch.ones(1, device=device)) for _ in range(n)]
         for p in params:
             p.grad = torch.ones_like(p)
-        opt = torch.optim.AdamW(params, lr=1e-6)
+        opt = make_optimizer(optimizer, params, lr=1e-6)
         barrier()
         return median_seconds(opt.step, device, loops)
     return max(0.0, (step_of(tensors + 1) - step_of(1)) / tensors)

@@ -266,7 +266,7 @@ def optimizer_time(m: Transformer, g: DeviceProfile, lay: Parallelism, layers: l
     """The optimizer's step after the pipeline flush: memory-bound over the parameters each GPU
     updates (all it holds; 1/dp of them under ZeRO), at the bytes its optimizer reads and
     writes per parameter (`sim.model.footprint.optimizer_step_bytes`), plus the profile's
-    host cost per parameter tensor (`stage_tensors`; docs/rules.md), on the slowest device.
+    host cost per parameter tensor of that optimizer (`stage_tensors`; docs/planner.md), on the slowest device.
     With k copies of the model (DualPipe), `layers` are one copy's stages, stage s of `placement`
     holding layers[s mod len(layers)]; ZeRO shards over the copies' replicas (`shard_size`).
     Under FP8, with it, Transformer Engine's once-a-step casts of the Linear weights to their
@@ -278,9 +278,9 @@ def optimizer_time(m: Transformer, g: DeviceProfile, lay: Parallelism, layers: l
         per_rank[r] += params[s % n]
         held[r] += layers[s % n]
         count[r] += tensors[s % n]
-    share = shard_size(lay) if lay.zero >= 1 else 1
+    share, per_tensor = shard_size(lay) if lay.zero >= 1 else 1, g.optimizer_per_tensor.get(lay.optimizer, 0.0)
     step = max(memory_time(g, p / share * optimizer_step_bytes(lay.precision, lay.optimizer), "optimizer")
-               + g.optimizer_per_tensor * c for p, c in zip(per_rank, count))
+               + per_tensor * c for p, c in zip(per_rank, count))
     return step + (memory_time(g, weight_cast_bytes(m, max(held), lay.tp)) if lay.precision == "fp8" else 0.0)
 
 
@@ -292,7 +292,7 @@ def stage_tensors(m: Transformer, layers: list[int], placement) -> list[int]:
     positions) on the first stage; the final norm's and the output layer (a tied one only as
     `stage_params`'s copy) on the last. MLA's and the experts' own projections are not
     counted. An optimizer that steps tensor by tensor (torch's for-loop AdamW, its CPU
-    default) pays the host's `optimizer_per_tensor` for each (`optimizer_time`)."""
+    default) pays the profile's `optimizer_per_tensor` of that optimizer for each (`optimizer_time`)."""
     a = ARCHS[m.arch]
     out = [n * (4 * (2 if a["bias"] else 1) + 2 * a["norm_params"]) for n in layers]
     out[0] += 1 + (m.positions == "learned")

@@ -72,7 +72,8 @@ class DeviceProfile:
     host_runs_ahead: bool
     step_overhead: float
     data: Mapping[str, Any] = field(repr=False)
-    optimizer_per_tensor: float = 0.0  # the optimizer step's host seconds per parameter tensor; 0: not measured
+    # per optimizer name (sim.model.footprint.OPTIMIZERS): its step's host seconds per parameter tensor; absent: 0
+    optimizer_per_tensor: Mapping[str, float] = field(default_factory=dict)
     memory_points: Mapping[str, tuple] = field(default_factory=dict)   # class: ((bytes, seconds), ...)
     compute_classes: Mapping[str, float] = field(default_factory=dict)  # class: elements/s
     compute_points: Mapping[str, tuple] = field(default_factory=dict)   # class: ((elements, seconds), ...)
@@ -243,7 +244,8 @@ def from_dict(data: Mapping, where: str = "profile") -> DeviceProfile:
         p2p_rows=r.rows("p2p.table", ((str, LINKS), (float, None), (float, None))),
         launch_per_kernel=r.number("launch.per_kernel", positive=False), host_runs_ahead=launch["host_runs_ahead"],
         step_overhead=r.number("step_overhead", positive=False), data=data,
-        optimizer_per_tensor=r.number("optimizer_per_tensor", required=False, positive=False) or 0.0,
+        optimizer_per_tensor={k: r.number(f"optimizer_per_tensor.{k}", positive=False)
+                              for k in r.section("optimizer_per_tensor", required=False) or {}},
         memory_points={k: r.points(f"memory_bound.classes.{k}") for k in classes if "points" in classes[k]},
         compute_classes={k: r.number(f"compute_bound.classes.{k}") for k in compute},
         compute_points={k: r.points(f"compute_bound.classes.{k}") for k in compute if "points" in compute[k]},

@@ -8,6 +8,8 @@ torch = pytest.importorskip("torch")
 
 from exec.models.spec import ModelSpec  # noqa: E402
 from exec.profiler.device_bench import optimizer_tensor_seconds  # noqa: E402
+from exec.runtime.optim import OPTIMIZERS  # noqa: E402
+from sim.hardware.profile import load_profile, profile, save_profile  # noqa: E402
 from sim.cost.data_parallel import stage_tensors  # noqa: E402
 
 
@@ -27,8 +29,16 @@ def test_the_planner_counts_the_tensors_exec_builds_on_each_stage(layers, heads,
     assert stage_tensors(spec.transformer(), [layers], [0]) == [one]
 
 
-def test_the_profiler_measures_a_cost_per_tensor_it_can_use():
-    """A number the planner can take (non-negative and finite); its size is the machine's
-    (docs/measurements.md), not a test's."""
-    t = optimizer_tensor_seconds(torch.device("cpu"), lambda: None, loops=2, tensors=4)
-    assert t >= 0 and t < float("inf")
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_the_profiler_measures_each_optimizers_cost_per_tensor_and_the_planner_reads_it(name, tmp_path):
+    """Each optimizer exec runs gets a number the planner can take (non-negative and finite;
+    its size is the machine's, docs/measurements.md, not a test's), and a profile holding it
+    reads back with that optimizer's cost; a bad name is refused."""
+    t = optimizer_tensor_seconds(torch.device("cpu"), lambda: None, name, loops=2, tensors=4)
+    assert 0 <= t < float("inf")
+    data = profile("a100-80gb").to_dict() | {"optimizer_per_tensor": {name: {"value": t, "source": "measured",
+                                                                             "command": "test", "machine": "this", "date": "today"}}}
+    save_profile(data, tmp_path / "p.json")
+    assert load_profile(tmp_path / "p.json").optimizer_per_tensor == {name: t}
+    with pytest.raises(ValueError, match="optimizer must be one of"):
+        optimizer_tensor_seconds(torch.device("cpu"), lambda: None, "lion", loops=1, tensors=1)

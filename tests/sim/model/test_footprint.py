@@ -46,7 +46,7 @@ def test_the_estimate_holds_each_optimizers_state_and_times_its_step():
 
 
 def test_the_step_pays_the_profiles_host_cost_per_parameter_tensor():
-    """With a profile's `optimizer_per_tensor` x, one rank's optimizer step is longer by x times
+    """With a profile's `optimizer_per_tensor` x for AdamW, one rank's AdamW step is longer by x times
     its parameter tensors: 12 a GPT layer (fused QKV, projection, MLP in and out, their biases,
     two LayerNorms' gains and biases), the word and position embeddings, the final norm's two;
     the output layer tied to the embedding on the same rank adds none."""
@@ -55,9 +55,14 @@ def test_the_step_pays_the_profiles_host_cost_per_parameter_tensor():
     x = 20e-6
     kw = dict(pp=1, micro_batch=2, global_batch=8, precision="fp32")
     a = sim.estimate(model, base, **kw)
-    b = sim.estimate(model, dataclasses.replace(base, optimizer_per_tensor=x), **kw)
+    measured = dataclasses.replace(base, optimizer_per_tensor={"adamw": x, "sgd": x / 4})
+    b = sim.estimate(model, measured, **kw)
     assert stage_tensors(model, [4], [0]) == [4 * 12 + 2 + 2]
     assert b.time_parts["optimizer"] - a.time_parts["optimizer"] == pytest.approx(x * 52)
+    sgd = [sim.estimate(model, g, optimizer="sgd", **kw).time_parts["optimizer"] for g in (base, measured)]
+    assert sgd[1] - sgd[0] == pytest.approx(x / 4 * 52)  # each optimizer its own cost
+    adam = [sim.estimate(model, g, optimizer="adam", **kw).time_parts["optimizer"] for g in (base, measured)]
+    assert adam[1] == adam[0]  # an optimizer the profile did not measure: none
     assert stage_tensors(model, [2, 2], [0, 1]) == [2 * 12 + 2, 2 * 12 + 2 + 1]  # the tied copy on the last
     llama = sim.Transformer(layers=2, hidden=256, heads=4, seq=128, vocab=1024, arch="llama")
     assert stage_tensors(llama, [1, 1], [0, 1]) == [4 + 2 + 1, 4 + 2 + 1 + 1]  # no biases, RMSNorm gains, untied
