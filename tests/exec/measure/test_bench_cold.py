@@ -1,4 +1,4 @@
-"""The two benchmarks of a compute after a wait (benchmarks/bench_cold_computes.py, benchmarks/bench_idle_warmup.py): their reading of a run's trace and calibration, their grouping, their interleaving and their refusals, on made-up inputs. No timing assertions."""
+"""The benchmarks of a compute after a wait and during handoffs (benchmarks/bench_cold_computes.py, bench_idle_warmup.py, bench_handoff_computes.py): their reading of a run's trace and calibration, their grouping, their interleaving, their refusals, and the handoff pattern on two real ranks. No timing assertions."""
 from __future__ import annotations
 
 import json
@@ -61,3 +61,25 @@ def test_bad_arguments_are_one_line_and_exit_2(main, argv, capsys):
     with pytest.raises(SystemExit) as e:
         main(argv)
     assert e.value.code == 2 and len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("argv", [["--shape", "64,3,32,8"], ["--rounds", "0"], ["--shape", "1,2,3"]])
+def test_the_handoff_benchmark_refuses_bad_arguments_in_one_line(argv, capsys):
+    import bench_handoff_computes as handoff
+    with pytest.raises(SystemExit) as e:
+        handoff.main(argv)
+    assert e.value.code == 2 and len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_the_handoff_benchmark_times_every_compute_on_two_real_ranks():
+    """Two gloo ranks, two rounds: each rank times its 4 back-to-back computes a round, and
+    in the two phases sends after 4 computes and receives before 4 (every message matched:
+    the run ends, within its timeout)."""
+    pytest.importorskip("torch")
+    import bench_handoff_computes as handoff
+    from exec.launch.processes import launch
+    per_rank = launch(handoff.rank_work, 2, 8, 2, 4, 1, 2, backend="gloo", timeout=120, threads=1)
+    for r in per_rank:
+        assert {k: len(v) for k, v in r.items()} == {"back to back": 8, "sending": 8, "receiving": 8}
+        assert all(t > 0 for v in r.values() for t in v)
