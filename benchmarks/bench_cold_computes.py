@@ -12,7 +12,7 @@ grouped by what came before it on its rank: nothing in this step (the step's fir
 after the last step's optimizer), another compute within 0.1 ms, a wait of 0.1-1 ms or more
 than 1 ms for its input; and by whether its own send was in flight. A group whose median
 excess stands out is a cost the compute-only calibration and the profile's blocks do not
-see (docs/measurements.md, "A compute after a wait").
+see (docs/measurements.md, "... and the compute after a wait").
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """A block's compute while a pipeline's handoffs move (its own send in flight, its next input arriving) against the same compute back to back, on two gloo CPU ranks.
 
-    PYTHONPATH=. python benchmarks/bench_handoff_computes.py            # about 1 min
+    PYTHONPATH=. python benchmarks/bench_handoff_computes.py            # about 20 s
     PYTHONPATH=. python benchmarks/bench_handoff_computes.py --shape 32,1,32,8 --rounds 60
 
 Two ranks, each pinned to its own core with one thread (exec's launch: rule 9), time two of
@@ -13,7 +13,7 @@ sending and of a receiving compute over back to back, each round's back-to-back 
 run just before its handoffs so that a VM's drift falls on both. The profile's
 `arrive_overhead` is timed over 256 x 256 matmuls (`exec.measure.calibrate_link.call_costs`),
 work that keeps its data in the caches; this times the work the arrival really shares its
-core with (docs/measurements.md, "the compute after a wait").
+core with (docs/measurements.md, "... and the compute after a wait").
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the repository's sim and exec, installed or not
 
 from sim.cli import OneLineParser, whole  # noqa: E402
-from bench_idle_warmup import shape  # noqa: E402  ('hidden,heads,seq,micro-batch'; this folder is on the path)
+from bench_idle_warmup import compute_of, shape  # noqa: E402  (this folder is on the path)
 
 SHAPES = ((32, 1, 32, 8), (64, 2, 64, 8), (128, 4, 64, 8))  # hidden, heads, seq, micro-batch: the grid's sizes
 COMPUTES = 4  # a phase's computes (micro-batches)
@@ -61,15 +61,8 @@ def _phase(ctx, f, elements: int, sender: bool, into: list) -> None:
 
 def rank_work(ctx, hidden: int, heads: int, seq: int, micro_batch: int, rounds: int) -> dict[str, list[float]]:
     """This rank's compute times (s): back to back, sending and receiving."""
-    import torch
     import torch.distributed as dist
-    from exec.models.spec import ModelSpec
-    spec = ModelSpec("gpt", layers=2, hidden=hidden, heads=heads, seq=seq, vocab=256)
-    blocks = torch.nn.Sequential(*spec.build_layers()[1:3])
-    x = torch.randn(micro_batch, seq, hidden, requires_grad=True)
-
-    def f():
-        blocks(x).sum().backward()
+    f = compute_of(hidden, heads, seq, micro_batch)
     for _ in range(10):
         f()
     out: dict[str, list[float]] = {"back to back": [], "sending": [], "receiving": []}

@@ -1,6 +1,6 @@
 """A compute right after its core idled against the same compute back to back: what a pipeline's waits cost the compute that follows them on a CPU rank.
 
-    PYTHONPATH=. python benchmarks/bench_idle_warmup.py                       # about 1 min
+    PYTHONPATH=. python benchmarks/bench_idle_warmup.py                       # about 10 s
     PYTHONPATH=. python benchmarks/bench_idle_warmup.py --shape 32,1,32,8 --gap 0.001 --gap 0.02
 
 A rank of a pipeline step waits for its inputs (the bubble, the handoffs) and then computes;
@@ -10,7 +10,7 @@ so they never see a compute that follows a wait. This times exec's GPT blocks (t
 rank runs them: back to back, and after sleeping each `--gap` seconds (the core idle, as in a
 wait for data). Per shape and gap it prints the median compute and its excess over back to
 back, over `--repeats` computes each, the gaps interleaved round by round so that a VM's
-drift falls on every column alike. docs/measurements.md ("A compute after a wait") reads it.
+drift falls on every column alike. docs/measurements.md ("... and the compute after a wait") reads it.
 """
 from __future__ import annotations
 
