@@ -76,6 +76,7 @@ def reference_run(schedule, costs):
     windows = [[] for _ in range(low.ranks)]  # (from, to): its transport thread may run; to=None: open
     sent, posted, left, end = {}, {}, {}, {}
     pc = [0] * low.ranks
+    started = [False] * low.ranks  # whether each rank has started its first compute (rule 19)
 
     def notice_at(x):
         return posted[x] + c.latency
@@ -162,7 +163,8 @@ def reference_run(schedule, costs):
                         ready = max([clock[r]] + [t + c.latency for t in out]) + c.arrive_overhead * len(recvs)
                         if recvs:
                             windows[r].append((clock[r], ready))
-                        start[a] = ready + c.before_compute
+                        start[a] = ready + c.before_compute + (0.0 if started[r] else c.first_compute)
+                        started[r] = True
                         reload = Action(a.stage, Kind.RELOAD, a.micro)
                         if a.kind in KINDS[Kind.RELOAD].feeds and reload in end:
                             start[a] = max(start[a], end[reload])

@@ -4,11 +4,13 @@
 steps of a run: `exec.pipeline.runner`) and returns one report; `exec.measure.costs.costs_from_reports`
 merges every rank's reports into `sim.Costs`. A report holds:
 
-- compute times: each rank runs its own program's compute actions in the schedule's
-  order, all ranks at once ("concurrent": they compete for the cores and the memory bus
-  as in a step) and taking turns ("alone"), with the interpreter's own handlers
-  (`RankInterpreter.run_action`), every input from another rank already there
-  (`RankInterpreter.deliver`): a compute is timed between the very marks a step records;
+- compute times, each between the very marks a step records: inside real training steps
+  of the schedule, all ranks at once, with their transfers and the step's boundary
+  (`step_compute_times`, "concurrent", what the simulator takes; each rank's first compute
+  of a step apart, "first": rule 19); and each rank's own program's compute actions
+  alone in the schedule's order, all ranks at once ("compute_only") and taking turns
+  ("alone"), with the interpreter's own handlers (`RankInterpreter.run_action`), every
+  input from another rank already there (`RankInterpreter.deliver`);
 - the runtime's own time around each compute, from entering its handler to the start
   mark and from the end mark to leaving it (`before_compute`, `after_compute`, rule 11);
 - what the transport costs between ranks 0 and 1 (`exec.measure.calibrate_link`): the call
@@ -28,6 +30,8 @@ all-to-all needs them all), and a MoE stage's computes include its all-to-alls.
 """
 from __future__ import annotations
 
+import copy
+import statistics
 from typing import Sequence
 
 import torch
@@ -38,16 +42,19 @@ from sim import Kind
 from sim.schedule.kinds import KINDS
 
 from exec.launch.host import paused_gc
+from exec.measure.busy import StepLoad
 from exec.measure.calibrate_link import call_costs, late_notice, pingpong
 from exec.runtime.clocks import CpuClock
 from exec.runtime.dp import CollectiveStream
 from exec.runtime.ep import split_parameters
 from exec.runtime.interpreter import RankInterpreter
+from exec.runtime.shapes import infer_shapes
 from exec.runtime.memory import SavedBytes, param_storages, static_memory
 from exec.runtime.optim import DEFAULT_OPTIMIZER, make_optimizer
 from exec.runtime.split_backward import backward_input
+from exec.runtime.step import run_step
 
-__all__ = ["check_calibrated", "calibrate_rank", "compute_times", "reduce_times", "activation_bytes", "w_activation_bytes",
+__all__ = ["check_calibrated", "calibrate_rank", "compute_times", "step_compute_times", "reduce_times", "activation_bytes", "w_activation_bytes",
            "stage_inputs", "activation_message_bytes", "message_sizes"]
 
 
@@ -217,6 +224,51 @@ def compute_times(ctx, spec, bounds, schedule: sim.Schedule, micro_batches: int,
     return samples, own
 
 
+def step_compute_times(ctx, spec, bounds, schedule: sim.Schedule, micro_batches: int, steps: int,
+                       modules: dict | None = None,
+                       optimizer: "str | torch.optim.Optimizer" = DEFAULT_OPTIMIZER) -> tuple[dict, list[float]]:
+    """Time this rank's computes inside real training steps of `schedule`, lowered
+    (`exec.runtime.step.run_step`: its SENDs and RECVs move the data, `optimizer` closes
+    each step, every rank's records are gathered), all ranks at once: a compute between the
+    marks the step records, so that what the transport and the runtime do between computes,
+    and the step's boundary before its first compute, are in their times (rule 19). On
+    `modules` (stage -> module) with the run's own `optimizer`, whose weights and state are
+    put back afterwards, or on a fresh copy with a fresh optimizer of that name. Returns,
+    without the first (warm-up) step, {(stage, kind): [seconds...]} of every compute but a
+    step's first, and each step's first compute's excess over the median of its stage and kind."""
+    if ctx.device.type != "cpu":
+        raise ValueError("the compute calibration times CPU ranks (gloo) only")
+    schedule = schedule if schedule.is_lowered else sim.lower(schedule)
+    layers, _, batches = _prepared(spec, bounds, micro_batches)
+    mine = [s for s, r in enumerate(schedule.placement) if r == ctx.rank]
+    stages = dict(modules) if modules is not None else \
+        {s: torch.nn.Sequential(*layers[bounds[s]:bounds[s + 1]]) for s in mine}
+    params = [p for m in stages.values() for p in m.parameters()]
+    opt = make_optimizer(optimizer, params, lr=1e-3) if isinstance(optimizer, str) else optimizer
+    kept = ([p.detach().clone() for p in params], copy.deepcopy(opt.state_dict()))
+    xs, ys = [x for x, _ in batches], [y for _, y in batches]
+    shapes = infer_shapes(ctx, schedule, stages, xs[0])
+    samples: dict[tuple[int, str], list[float]] = {}
+    firsts: list[tuple[tuple[int, str], float]] = []
+    for step in range(steps + 1):
+        with paused_gc(), StepLoad():  # each step as `exec.pipeline.worker` runs it: a collection, the load probe
+            result = run_step(ctx, schedule, stages, xs, ys, spec.loss, opt, shapes=shapes).result
+        computes = sorted((e for e in result.events if e.rank == ctx.rank and e.is_compute), key=lambda e: e.start)
+        if step == 0 or not computes:
+            continue
+        first, *rest = computes
+        firsts.append(((first.action.stage, first.action.kind.value), first.duration))
+        for e in rest:
+            samples.setdefault((e.action.stage, e.action.kind.value), []).append(e.duration)
+    with torch.no_grad():  # the run goes on from the weights and state it had
+        for p, was in zip(params, kept[0]):
+            p.copy_(was)
+    opt.load_state_dict(kept[1])
+    opt.zero_grad(set_to_none=True)
+    excess = [t - statistics.median(samples[k]) for k, t in firsts if k in samples]
+    return samples, excess
+
+
 def _turn(ctx) -> tuple[int, int]:
     """(this rank's turn, the number of turns) where the ranks compute alone: every rank of
     every replica its own, but the replicas of an ep group together, as their MoE layers'
@@ -302,18 +354,23 @@ def calibrate_rank(ctx, spec, schedule: sim.Schedule, micro_batches: int, bounds
 
     Its stages' memory (static memory with `optimizer`: the run's optimizer, or the name
     of one from `exec.runtime.optim`); the time of each of its compute actions over `steps` steps
-    of its program with all ranks computing at once ("concurrent") and with the ranks
-    taking turns ("alone"), on `modules` (stage -> module) when the caller will run those
+    of its program: inside real steps of the lowered `schedule`, every rank at once
+    ("concurrent", what the simulator takes, with each step's first compute's excess apart:
+    "first"; rule 19), in compute-only steps with every rank at once ("compute_only", with
+    the runtime's own time around each compute, rule 11) and with the ranks taking turns
+    ("alone"), on `modules` (stage -> module) when the caller will run those
     very modules (same weights in the same memory), else on a fresh copy; and, on ranks 0
     and 1 if `sizes` is given, the ping-pong. Merge every rank's report (one or several
     rounds) with `exec.measure.costs.costs_from_reports`. With a data-parallel group
     (`exec.runtime.dp.ReplicaContext`) and REDUCE_GRAD actions in `schedule`, also the time of
     each of its stages' reductions (`reduce_times`, on `modules` or the fresh copy)."""
     reduces = schedule.has_collectives and getattr(ctx, "dp_group", None) is not None
+    lowered = schedule if schedule.is_lowered else sim.lower(schedule)
     schedule = schedule.compute_only()
     mine = [s for s, r in enumerate(schedule.placement) if r == ctx.rank]
     memory = _memory(spec, schedule, bounds, micro_batches, mine, modules, optimizer)
-    concurrent, own = compute_times(ctx, spec, bounds, schedule, micro_batches, steps, alone=False, modules=modules)
+    concurrent, firsts = step_compute_times(ctx, spec, bounds, lowered, micro_batches, steps, modules, optimizer)
+    compute_only, own = compute_times(ctx, spec, bounds, schedule, micro_batches, steps, alone=False, modules=modules)
     alone, own_alone = compute_times(ctx, spec, bounds, schedule, micro_batches, steps, alone=True, modules=modules)
     grad_reduce = None
     if reduces:
@@ -327,6 +384,7 @@ def calibrate_rank(ctx, spec, schedule: sim.Schedule, micro_batches: int, bounds
         comm["busy"] = call_costs(ctx, activation_message_bytes(spec, micro_batches), repeats)
         comm["late"] = late_notice(ctx, max(4, repeats // 2))
     return {"rank": ctx.rank, "memory": memory, "concurrent": {f"{s}{k}": v for (s, k), v in concurrent.items()},
+            "first": firsts, "compute_only": {f"{s}{k}": v for (s, k), v in compute_only.items()},
             "alone": {f"{s}{k}": v for (s, k), v in alone.items()}, "comm": comm,
             "runtime": {"concurrent": own, "alone": own_alone}, "grad_reduce": grad_reduce,
             "threads": torch.get_num_threads()}

@@ -8,14 +8,16 @@ The reports come from a run's calibration rounds (`exec.pipeline.runner.run_pipe
 What each rank measures, and how, is `exec.measure.calibrate`; this module turns those numbers
 into the simulator's costs:
 
-- compute times: per stage and kind, the mean of every sample of "concurrent" (all ranks
-  computing at once) or "alone" (one at a time): a step adds them up, so their expected
-  value is what predicts it. F gives `forward`, B `backward`, and the split backward's
-  I and W `backward_input` and `backward_weight` (and `backward` = I + W where a stage
-  ran no B);
+- compute times: per stage and kind, the mean of every sample of "concurrent" (inside
+  training steps, all ranks at once: rule 19) or "alone" (compute-only, one rank at a
+  time): a step adds them up, so their expected value is what predicts it. F gives
+  `forward`, B `backward`, and the split backward's I and W `backward_input` and
+  `backward_weight` (and `backward` = I + W where a stage ran no B); under "concurrent",
+  `first_compute` is the mean excess of each step's first compute (rule 19, at least 0);
 - the runtime's own time around a compute (`before_compute`, `after_compute`, rule 11),
   the call costs (`send_overhead`, `recv_overhead`) and the cost of taking data in
-  (`arrive_overhead`): means over every round of ranks 0 and 1;
+  (`arrive_overhead`, only under "alone": the in-step computes hold it): means over every
+  round of ranks 0 and 1;
 - `io_tick` (rule 10): twice the median extra wait of a late notice to a sender that
   computes over one to a sender that waits (`io_tick_from`);
 - transfers: the ping-pong's one-way times fitted by least squares to `latency + bytes /
@@ -87,11 +89,11 @@ def io_tick_from(late: Sequence[dict]) -> float:
 # ---------------------------------------------------------------------------- merging reports
 
 def _pool_times(reports: Sequence[dict]) -> dict[str, dict[str, list[float]]]:
-    """Every report's compute samples, pooled: {"concurrent"|"alone": {"0F": [...], ...}}."""
-    times: dict[str, dict[str, list[float]]] = {"concurrent": {}, "alone": {}}
+    """Every report's compute samples, pooled: {"concurrent"|"alone"|"compute_only": {"0F": [...], ...}}."""
+    times: dict[str, dict[str, list[float]]] = {"concurrent": {}, "alone": {}, "compute_only": {}}
     for r in reports:
         for kind in times:
-            for k, v in r[kind].items():
+            for k, v in r.get(kind, {}).items():
                 times[kind].setdefault(k, []).extend(v)
     return times
 
@@ -191,10 +193,16 @@ def costs_from_reports(reports: Sequence[dict], schedule: sim.Schedule, use: str
     before, after = (statistics.fmean(own[k]) if own[k] else 0.0 for k in ("before", "after"))
     # a step's length adds compute times up: the simulator takes their expected value (the
     # mean, stalls included), not the median
+    # rule 19: "concurrent" computes are timed inside real steps, so they hold what taking in
+    # the data that arrives during them costs (no arrive_overhead on top), and each step's
+    # first compute's excess comes apart (`first_compute`); "alone" ones run compute-only
+    calls, firsts = _call_costs(reports), [x for r in reports for x in r.get("first", [])]
+    in_step = use == "concurrent"
     costs = sim.Costs(
         **_compute_costs(mean[use], stages), latency=latency, bandwidth=bandwidth, before_compute=before,
-        after_compute=after,
-        **_call_costs(reports), **_memory_costs(memory, stages), **_grad_reduce(reports, stages))
+        after_compute=after, **{**calls, "arrive_overhead": 0.0 if in_step else calls["arrive_overhead"]},
+        first_compute=max(0.0, statistics.fmean(firsts)) if in_step and firsts else 0.0,  # (a difference: noise)
+        **_memory_costs(memory, stages), **_grad_reduce(reports, stages))
     # how much slower a compute runs while every rank computes than while it runs alone
     slowdown = {k: med["concurrent"][k] / med["alone"][k] for k in med["alone"] if k in med["concurrent"]}
     details = {
@@ -204,5 +212,6 @@ def costs_from_reports(reports: Sequence[dict], schedule: sim.Schedule, use: str
         "slowdown_median": statistics.median(slowdown.values()) if slowdown else None,
         "memory": memory, "comm": comm, "latency": latency, "bandwidth": bandwidth,
         "runtime": own, "runtime_median": {k: statistics.median(v) if v else None for k, v in own.items()},
+        "first_compute": firsts, "arrive_overhead_measured": calls["arrive_overhead"],
     }
     return costs, details

@@ -10,7 +10,14 @@ a run's `sim.Costs`:
 - `exec.measure.calibrate_link.late_notice` on ranks 0 and 1: the late notice's wait
   (`io_tick`, rule 10, by `exec.measure.costs.io_tick_from`);
 - `exec.measure.calibrate.compute_times` on every rank: the runtime's own time before and
-  after each compute of a 1F1B step of the GPT cut into one stage a rank (rule 11).
+  after each compute of a 1F1B step of the GPT cut into one stage a rank (rule 11);
+- `exec.measure.calibrate.step_compute_times` on every rank: how much longer a step's first
+  compute takes than the rest of its kind, in training steps of the profile's model as exec
+  runs them, 1F1B over the ranks (`first_compute`, rule 19).
+
+The blocks are timed inside steps (`exec.profiler.layer_bench`), so what taking in arrived data
+costs a compute is in their times: `arrive_overhead` is 0 (rule 19), though `call_costs`
+still times it over small matmuls (its report keeps it).
 
 `host_transport` merges the ranks' reports as `exec.measure.costs` does (the means).
 """
@@ -19,7 +26,7 @@ from __future__ import annotations
 import statistics
 
 import sim
-from exec.measure.calibrate import compute_times
+from exec.measure.calibrate import compute_times, step_compute_times
 from exec.measure.calibrate_link import call_costs, late_notice
 from exec.measure.costs import io_tick_from
 from exec.models.spec import ModelSpec
@@ -30,14 +37,17 @@ HOW = {"send_overhead": "mean CPU time of exec's isend call inside a step (exec.
                         "ranks 0 and 1",
        "recv_overhead": "mean CPU time of an irecv post inside a step (exec.measure.calibrate_link.call_costs), "
                         "ranks 0 and 1",
-       "arrive_overhead": "mean extra compute time of a rank while a message arrives "
-                          "(exec.measure.calibrate_link.call_costs), ranks 0 and 1; at least 0",
+       "arrive_overhead": "0: inside the blocks' times, which exec.profiler.layer_bench takes inside steps "
+                          "(docs/rules.md, rule 19)",
        "io_tick": "twice the median extra wait of a late notice to a computing sender "
                   "(exec.measure.calibrate_link.late_notice, exec.measure.costs.io_tick_from)",
        "before_compute": "mean runtime time from a compute's handler to its start mark "
                          "(exec.measure.calibrate.compute_times, 1F1B, every rank)",
        "after_compute": "mean runtime time from a compute's end mark to leaving its handler "
-                        "(exec.measure.calibrate.compute_times, 1F1B, every rank)"}
+                        "(exec.measure.calibrate.compute_times, 1F1B, every rank)",
+       "first_compute": "mean excess of a step's first compute over the median of its stage and kind, in "
+                        "training steps of the profile's model, 1F1B over the ranks, AdamW "
+                        "(exec.measure.calibrate.step_compute_times, every rank)"}
 
 
 def host_costs(ctx, model: sim.Transformer, micro_batch: int, repeats: int, steps: int) -> dict:
@@ -49,22 +59,29 @@ def host_costs(ctx, model: sim.Transformer, micro_batch: int, repeats: int, step
                      vocab=model.vocab, ffn=(model.ffn,) * layers, batch_size=micro_batch * ranks)
     schedule = sim.make_schedule("1f1b", ranks, ranks).compute_only()
     _, own = compute_times(ctx, spec, spec.partition(ranks), schedule, ranks, steps, alone=False)
+    whole = ModelSpec("gpt", layers=model.layers, hidden=model.hidden, heads=model.heads, seq=model.seq,
+                      vocab=model.vocab, ffn=(model.ffn,) * model.layers, batch_size=micro_batch * 2 * ranks)
+    _, firsts = step_compute_times(ctx, whole, whole.partition(ranks), sim.make_schedule("1f1b", ranks, 2 * ranks),
+                                   2 * ranks, steps, optimizer="adamw")
     activation = micro_batch * model.seq * model.hidden * 4  # fp32 (exec.measure.calibrate.activation_message_bytes)
-    return {"busy": call_costs(ctx, activation, repeats), "late": late_notice(ctx, max(4, repeats // 2)), **own}
+    return {"busy": call_costs(ctx, activation, repeats), "late": late_notice(ctx, max(4, repeats // 2)), **own,
+            "first": firsts}
 
 
 def host_transport(reports: list[dict]) -> dict[str, float]:
-    """The six `sim.Costs` fields from every rank's `host_costs` report: means over ranks 0
+    """The seven `sim.Costs` fields from every rank's `host_costs` report: means over ranks 0
     and 1 of their calls' means, `io_tick_from` their late notices, means over every
-    compute of the runtime's own time."""
+    compute of the runtime's own time and over every step's first compute's excess (at
+    least 0; arrive_overhead 0: rule 19)."""
     busy = [r["busy"] for r in reports if r.get("busy")]
     late = [r["late"] for r in reports if r.get("late")]
     if not busy or not late:
         raise ValueError("host_transport needs the reports of ranks 0 and 1")
     return {"send_overhead": statistics.fmean(b["isend_busy_mean"] for b in busy),
             "recv_overhead": statistics.fmean(b["irecv_busy_mean"] for b in busy),
-            # a difference of two timings: below the noise it can come out negative; the cost cannot
-            "arrive_overhead": max(0.0, statistics.fmean(b["arrive_busy_mean"] for b in busy)),
+            "arrive_overhead": 0.0,  # inside the blocks' in-step times (rule 19)
             "io_tick": io_tick_from(late),
             "before_compute": statistics.fmean(v for r in reports for v in r["before"]),
-            "after_compute": statistics.fmean(v for r in reports for v in r["after"])}
+            "after_compute": statistics.fmean(v for r in reports for v in r["after"]),
+            # a difference of two timings: below the noise it can come out negative; the cost cannot
+            "first_compute": max(0.0, statistics.fmean(v for r in reports for v in r["first"]))}

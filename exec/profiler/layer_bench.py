@@ -3,10 +3,10 @@
 A block's kernels timed one by one, each in a loop of its own, run 5-30 % faster than the
 same kernels inside a step, where each meets its inputs cold after the step's other passes
 (docs/measurements.md, "Kernels in a loop and in a step"). So the profiler also times whole
-blocks as exec's calibration times a run's computes (`exec.measure.calibrate.compute_times`):
-every rank at once, in the program order of a compute-only step on 2 ranks, with the
-interpreter's own handlers, the runtime's time around each compute left out (rule 11 is
-the profile's `host_transport`). A rank's stage holds the embedding or the head and n blocks;
+blocks as exec's calibration times a run's computes (`exec.measure.calibrate.step_compute_times`):
+inside training steps on 2 ranks, every rank at once, with their transfers and the
+interpreter's own handlers, each step's first compute left out (rules 11 and 19 are the
+profile's `host_transport`). A rank's stage holds the embedding or the head and n blocks;
 per stage and pass, the least-squares line through its median time at n = 1, 2, 3 gives a
 block's time (the slope) and what the stage adds beyond its blocks (the intercept: the
 embedding, or the final norm, head and loss, with the stage's fixed cost). F and B come from
@@ -20,7 +20,7 @@ from typing import Callable, Iterable
 
 import sim
 import torch.distributed as dist
-from exec.measure.calibrate import compute_times
+from exec.measure.calibrate import step_compute_times
 from exec.models.cuts import end_bounds
 from exec.models.spec import ModelSpec
 from sim.hardware.layer_table import BLOCK_PASSES, END_PASSES
@@ -30,21 +30,20 @@ __all__ = ["MICRO_BATCHES", "layer_rows", "HOW"]
 MICRO_BATCHES = 4  # micro-batches of each timed step
 BLOCK_COUNTS = (1, 2, 3)  # blocks a stage: the line through the three gives a block's time and the ends'
 HOW = ("blocks: a pass's slope, ends: its intercept, of the least-squares line through a stage's median compute "
-       "time at 1, 2 and 3 blocks a stage: exec.measure.calibrate.compute_times on 2 ranks at once, F and B of a "
+       "time at 1, 2 and 3 blocks a stage: exec.measure.calibrate.step_compute_times on 2 ranks at once, F and B of a "
        "1F1B step (blocks: both stages' mean), I and W of a ZB-H1 step's second stage (exec.profiler.layer_bench)")
 
 
 def _stage_medians(ctx, model: sim.Transformer, micro_batch: int, recompute: str, blocks: int, schedule: str,
                    steps: int) -> dict[tuple[int, str], float]:
-    """{(stage, kind): median seconds} of a compute-only `schedule` step of the GPT with
+    """{(stage, kind): median seconds} of the computes inside `schedule` steps of the GPT with
     `blocks` blocks on each of 2 stages (the embedding on the first, the head on the last),
     both ranks' stages."""
     spec = ModelSpec("gpt", layers=2 * blocks, hidden=model.hidden, heads=model.heads, seq=model.seq,
                      vocab=model.vocab, ffn=(model.ffn,) * (2 * blocks), batch_size=micro_batch * MICRO_BATCHES,
                      recompute=recompute)
     sched = sim.make_schedule(schedule, 2, MICRO_BATCHES)
-    samples, _ = compute_times(ctx, spec, end_bounds(spec, [blocks, blocks]), sched, MICRO_BATCHES, steps,
-                               alone=False)
+    samples, _ = step_compute_times(ctx, spec, end_bounds(spec, [blocks, blocks]), sched, MICRO_BATCHES, steps)
     mine = {key: statistics.median(v) for key, v in samples.items()}
     both: list = [None] * ctx.world_size
     dist.all_gather_object(both, mine)  # each rank times its own stage

@@ -104,6 +104,9 @@ COST_FIELDS: tuple[CostField, ...] = (
        doc="Rule 11: once its inputs are in (handing them to the stage, setting up the memory count)."),
     _f("after_compute", 0.0, TIME, "the runtime's own time after each compute ends, holding its device",
        doc="Rule 11: keeping its output, recording it."),
+    _f("first_compute", 0.0, TIME, "the extra time a rank's first compute of a step holds its device",
+       doc="Rule 19: the compute after the step's boundary (the last step's optimizer, the barrier) meets a "
+       "cold core; computes are timed inside a step, each but the first, so this is the first's excess."),
     _f("transport", "gloo-cpu", "name", "the model of how transfers move (`sim.engine.transports.TRANSPORTS`)",
        doc="\"gloo-cpu\": the rendezvous of rule 5 with the call costs and the I/O-thread tick of the gloo CPU "
        "runtime (rules 2, 3, 9, 10); \"ideal\": latency + bytes / bandwidth from the moment the tensor is made.",

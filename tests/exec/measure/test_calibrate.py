@@ -137,7 +137,14 @@ def test_a_run_calibrates_between_its_steps_without_changing_them():
     assert run.grad_match and run.max_grad_diff == plain.max_grad_diff and run.losses == plain.losses
     assert [[r["rank"] for r in rnd] for rnd in run.reports] == [[0, 1], [0, 1]]   # before measured steps 1 and 3
     assert run.reports[0][0]["comm"]["sizes"] and "sizes" not in run.reports[1][0]["comm"]
-    assert len(run.calibration["compute_samples"]["concurrent"]["0F"]) == 2 * 3 * 4  # rounds x steps x micro
+    samples = run.calibration["compute_samples"]
+    assert len(samples["compute_only"]["0F"]) == 2 * 3 * 4  # rounds x steps x micro
+    # inside real steps (rule 19), each rank's first compute (rank 0's first F) comes apart
+    assert len(samples["concurrent"]["0F"]) == 2 * 3 * 3 and len(samples["concurrent"]["1B"]) == 2 * 3 * 4
+    assert len(run.calibration["first_compute"]) == 2 * 3 * 2  # rounds x steps x ranks
+    firsts = run.calibration["first_compute"]
+    assert run.costs.first_compute == pytest.approx(max(0.0, sum(firsts) / len(firsts)), rel=1e-12)
+    assert run.costs.arrive_overhead == 0.0  # inside the in-step computes' times
     c = run.costs.for_stages(2)
     assert all(t > 0 for t in c.forward + c.backward) and c.bandwidth > 0
     assert sim.simulate(run.schedule, run.costs).peak_memory == run.result.peak_memory

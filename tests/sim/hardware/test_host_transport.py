@@ -8,7 +8,7 @@ import pytest
 import sim
 from sim.engine.fields import CALL_FIELDS
 from sim.engine.transports import TRANSPORTS
-from sim.hardware.host_transport import FIELDS, NAMES
+from sim.hardware.host_transport import FIELDS, NAMES, OPTIONAL
 from sim.hardware.profile import ProfileError, from_dict, load_profile, presets, save_profile
 from sim.cost.layer import Slice, layer_times
 from sim.plan.layout import Layout
@@ -33,8 +33,9 @@ def test_the_sections_names_are_the_engines():
     engine's call costs (rules 2, 3, 9, 10) and the runtime's time around a compute (rule 11),
     and the transports it names the engine's."""
     assert FIELDS == (*CALL_FIELDS, "before_compute", "after_compute")
+    assert OPTIONAL == ("first_compute",)  # rule 19
     assert set(NAMES) <= set(TRANSPORTS)
-    assert set(FIELDS) <= {f.name for f in dataclasses.fields(sim.Costs)}
+    assert set(FIELDS) | set(OPTIONAL) <= {f.name for f in dataclasses.fields(sim.Costs)}
 
 
 def test_shipped_profiles_have_no_host_transport():
@@ -47,6 +48,19 @@ def test_the_section_round_trips(tmp_path):
     save_profile(p, tmp_path / "p.json")
     assert load_profile(tmp_path / "p.json").host_transport == p.host_transport
     assert p.source("host_transport.io_tick") == SOURCE
+
+
+def test_first_compute_is_optional_and_reaches_the_steps_first_computes(tmp_path):
+    """Rule 19: a profile may give `first_compute`; one from before it has none, and its
+    steps get none. Where given it round-trips, and the planner's step grows by at least
+    it and at most once per rank."""
+    p = from_dict(_with_host({**HOST, "first_compute": 4e-4}))
+    assert p.host_transport == {"transport": "gloo-cpu", **HOST, "first_compute": 4e-4}
+    save_profile(p, tmp_path / "p.json")
+    assert load_profile(tmp_path / "p.json").host_transport == p.host_transport
+    kw = dict(pp=2, micro_batch=1, global_batch=8, precision="fp32")
+    without = sim.estimate(MODEL, gpu=from_dict(_with_host()), **kw).step_time
+    assert without + 4e-4 - 1e-12 <= sim.estimate(MODEL, gpu=p, **kw).step_time <= without + 2 * 4e-4 + 1e-12
 
 
 @pytest.mark.parametrize("edit, message", [
