@@ -1,18 +1,20 @@
-"""Computes in a real pipeline step against the same computes in a compute-only step, by what came before each: where exec's own closed loop loses its time on a CPU.
+"""Computes in a measured pipeline step against the same computes as exec's calibration times them, by what came before each: where exec's own closed loop loses its time on a CPU.
 
     PYTHONPATH=. python benchmarks/bench_cold_computes.py                      # 12 runs, about 3 min
     PYTHONPATH=. python benchmarks/bench_cold_computes.py --shape 4,32,1,32,256 --schedule gpipe --runs 5
 
-exec.run calibrates each compute in the run itself (a compute-only step of the same schedule,
-between the measured steps: `exec.measure.calibrate`) and simulates the step under those
-costs; it also replays each measured step with its own compute times (the rules alone). Per
+exec.run calibrates each compute in the run itself, between the measured steps
+(`exec.measure.calibrate`: inside training steps of the same schedule since rule 19 of
+docs/rules.md, a compute-only step before it) and simulates the step under those costs; it
+also replays each measured step with its own compute times (the rules alone). Per
 run this prints both errors. Then, over every compute of the runs' median steps (their
 Chrome traces), the compute's excess over its calibrated median (the same stage and kind),
 grouped by what came before it on its rank: nothing in this step (the step's first compute,
 after the last step's optimizer), another compute within 0.1 ms, a wait of 0.1-1 ms or more
 than 1 ms for its input; and by whether its own send was in flight. A group whose median
-excess stands out is a cost the compute-only calibration and the profile's blocks do not
-see (docs/measurements.md, "... and the compute after a wait").
+excess stands out is a cost the calibration and the profile's blocks do not see (the first
+compute's is rule 19's `first_compute`; docs/measurements.md, "... and the compute after a
+wait" and "Rule 19").
 """
 from __future__ import annotations
 

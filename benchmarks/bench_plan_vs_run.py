@@ -32,7 +32,7 @@ its rounds (`median_runs`), as does `--summary` given several files: a VM's slow
 passes (docs/measurements.md). With a profile that is itself the median of several
 (`python -m exec.profile_device --repeat 3`), that is the loop's check on this VM:
 
-    python -m exec.profile_device --out /tmp/cpu.json --repeat 3                          # about 8 min
+    python -m exec.profile_device --out /tmp/cpu.json --repeat 3                          # about 16 min
     PYTHONPATH=. python benchmarks/bench_plan_vs_run.py --profile /tmp/cpu.json --rounds 3  # about 36 min
 """
 from __future__ import annotations
