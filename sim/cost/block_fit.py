@@ -16,7 +16,10 @@ recompute mode:
 A pass then takes `slowdown x device + per_kernel x kernels` (`InStep.time`). `fit` finds the
 two by least squares of the relative error over the measured blocks of one precision without
 recompute, every shape and micro-batch the profile has, and the fit holds for every
-recompute mode (recompute runs the same kernels again, which the kernel model lists).
+recompute mode (recompute runs the same kernels again, which the kernel model lists). What
+the recompute wrapper (torch.utils.checkpoint) costs a pass beyond its kernels is host work
+that does not scale with the shape (`recompute_cost`, taken at the smallest block the profile
+measured both ways); an unmeasured block with recompute keeps it as it is.
 
 Two numbers per pass do not hold across shapes: the smallest shapes run slower than a line
 fitted through larger ones says (hidden 64 with 2 heads, 16-23 % short under a fit on hidden
@@ -40,7 +43,7 @@ import weakref
 from dataclasses import dataclass, replace
 from typing import Callable, Iterable
 
-__all__ = ["InStep", "fit", "in_step_fits", "block_in_step", "nearest_block", "ends_in_step", "stage_costs"]
+__all__ = ["InStep", "fit", "in_step_fits", "block_in_step", "recompute_cost", "nearest_block", "ends_in_step", "stage_costs"]
 
 
 @dataclass(frozen=True)
@@ -121,7 +124,10 @@ def block_in_step(m, dev, x, recompute: str, lt, kernel_times: Callable) -> dict
     """{"F", "B", "I", "W": seconds} of a block the profile did not measure: its kernel model
     `lt` (of `recompute`'s kernels) under `in_step_fits`, times what the fit missed at the
     nearest block the profile measured (`nearest_block`: its measured over its fitted passes);
-    None where the profile has no fit of every pass."""
+    None where the profile has no fit of every pass. With recompute, where the profile also
+    measured that nearest block without it: the kernels times what the fit missed there
+    without recompute, plus what the recomputing block took beyond that (the wrapper's own
+    host cost, kept as it is at any shape); a measured block comes out as measured."""
     fits = in_step_fits(m, dev, replace(x, micro_batch=1), kernel_times)
     if set(fits) != set(PASSES):
         return None
@@ -132,7 +138,31 @@ def block_in_step(m, dev, x, recompute: str, lt, kernel_times: Callable) -> dict
     (_, hidden, heads, ffn, seq, b, mode), row = near
     shaped = replace(m, layers=1, hidden=hidden, heads=heads, ffn=ffn, seq=seq, kv_heads=None)
     at = _fitted(fits, kernel_times(shaped, dev, replace(x, micro_batch=b), mode))
-    return {p: fitted[p] * row[p] / at[p] for p in PASSES}
+    wrapper = recompute_cost(m, dev, x, mode, kernel_times) if mode != "none" else None
+    if not wrapper:
+        return {p: fitted[p] * row[p] / at[p] for p in PASSES}
+    # the recompute wrapper's own cost stays as it is; the kernels take the nearest block's ratio without it
+    return {p: fitted[p] * (row[p] - wrapper[p]) / at[p] + wrapper[p] for p in PASSES}
+
+
+def recompute_cost(m, dev, x, recompute: str, kernel_times: Callable) -> dict[str, float] | None:
+    """{"F", "B", "I", "W": seconds} the recompute wrapper (torch.utils.checkpoint: its
+    saved-tensor hooks, the RNG state it keeps and restores) costs a block's pass beyond its
+    kernels, the same at any shape: at the smallest block the profile measured with and
+    without `recompute` (least work: the host's cost shows most, as `launch.per_kernel` is
+    taken at almost no work), the block with recompute less its kernels under the fit, each
+    scaled by what the fit missed on the same block without recompute. None where the
+    profile measured no such pair."""
+    fits = in_step_fits(m, dev, replace(x, micro_batch=1), kernel_times)
+    pairs = [(k, v) for k, v in dev.layers.blocks.items()
+             if k[0] == x.precision and k[6] == recompute and (*k[:6], "none") in dev.layers.blocks]
+    if not pairs or set(fits) != set(PASSES):
+        return None
+    (_, hidden, heads, ffn, seq, b, _), row = min(pairs, key=lambda r: (r[0][1] * r[0][4] * r[0][5], r[0]))
+    shaped, at_b = replace(m, layers=1, hidden=hidden, heads=heads, ffn=ffn, seq=seq, kv_heads=None), replace(x, micro_batch=b)
+    plain = dev.layers.blocks[(x.precision, hidden, heads, ffn, seq, b, "none")]
+    bare, full = (_fitted(fits, kernel_times(shaped, dev, at_b, mode)) for mode in ("none", recompute))
+    return {p: row[p] - full[p] * plain[p] / bare[p] for p in PASSES}
 
 
 def _fitted(fits: dict, lt) -> dict[str, float]:

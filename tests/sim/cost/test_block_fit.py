@@ -7,7 +7,7 @@ from hypothesis import given, settings, strategies as st
 import sim
 from sim.cost.ends import end_kernels, end_kernel_counts, end_times
 from sim.cost.layer import Slice, block_fits, kernel_layer_times, layer_times
-from sim.cost.block_fit import InStep, block_in_step, fit, nearest_block
+from sim.cost.block_fit import InStep, block_in_step, fit, nearest_block, recompute_cost
 from sim.hardware.profile import from_dict
 
 from tests.sim.hardware.test_layer_table import FIXTURE, GPT, _cpu
@@ -190,3 +190,47 @@ def test_unmeasured_ends_add_the_stages_own_cost_the_measured_ends_hold(costs, s
         want = SLOWDOWN * sum(kernels[key]) + PER_KERNEL * len(kernels[key]) + cost
         assert ends[key] == pytest.approx(want, rel=1e-6, abs=1e-12)
     assert ends["last_B"] == pytest.approx(ends["last_I"] + ends["last_W"])
+
+
+def _with_recompute(wrapper: dict, k: float = 1.0) -> sim.DeviceProfile:
+    """The synthetic device's blocks, and the same blocks with full recompute: k x the
+    closed form of the recomputing kernels plus `wrapper` seconds a pass (the recompute
+    wrapper's own host cost)."""
+    p, plain = _synthetic(), from_dict(_cpu(), "test")
+    rows = [["fp32", *key[1:7], *(row[q] for q in "FBIW")] for key, row in p.layers.blocks.items()]
+    for key in list(p.layers.blocks):
+        _, hidden, heads, ffn, seq, b, _ = key
+        m = dataclasses.replace(GPT, hidden=hidden, heads=heads, seq=seq, ffn=ffn, kv_heads=None)
+        lt = kernel_layer_times(m, plain, Slice(b, precision="fp32"), "full")
+        rows.append(["fp32", hidden, heads, ffn, seq, b, "full",
+                     *(k * (SLOWDOWN * _passes(lt)[q] + PER_KERNEL * lt.kernels[q]) + wrapper[q] for q in "FBIW")])
+    return from_dict(_cpu(layers={"blocks": {"rows": rows, **FIXTURE}}), "test")
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.lists(st.floats(0.0, 5e-4), min_size=4, max_size=4), st.floats(0.7, 1.3))
+def test_full_recompute_keeps_its_wrappers_cost_at_any_shape(costs, k):
+    """Blocks with full recompute measured as their kernels plus a cost a pass (k = 1):
+    `recompute_cost` finds that cost, and a block of any other shape takes its kernels under
+    the fit plus it, not the cost scaled with the kernels. With the kernels also off by a
+    factor k, a measured block still comes out exactly as measured."""
+    wrapper = dict(zip("FBIW", costs))
+    plain = from_dict(_cpu(), "test")
+    exact = _with_recompute(wrapper)
+    assert recompute_cost(GPT, exact, Slice(1, precision="fp32"), "full", kernel_layer_times) == \
+        pytest.approx(wrapper, rel=1e-6, abs=1e-12)
+    for hidden, heads, seq, b in ((32, 1, 16, 8), (96, 4, 48, 4), (256, 8, 128, 2)):
+        m = dataclasses.replace(GPT, hidden=hidden, heads=heads, seq=seq, ffn=None, kv_heads=None)
+        x = Slice(b, precision="fp32")
+        model = kernel_layer_times(m, plain, x, "full")
+        got = _passes(layer_times(m, exact, x, "full"))
+        for q in "FBIW":
+            assert got[q] == pytest.approx(SLOWDOWN * _passes(model)[q] + PER_KERNEL * model.kernels[q] + wrapper[q],
+                                           rel=1e-6)
+    off = _with_recompute(wrapper, k)
+    for key, row in off.layers.blocks.items():
+        if key[6] == "full":
+            m = dataclasses.replace(GPT, hidden=key[1], heads=key[2], seq=key[4], ffn=key[3], kv_heads=None)
+            x = Slice(key[5], precision="fp32")
+            assert block_in_step(m, off, x, "full", kernel_layer_times(m, off, x, "full"), kernel_layer_times) == \
+                pytest.approx(dict(row), rel=1e-9)
