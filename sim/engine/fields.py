@@ -104,9 +104,6 @@ COST_FIELDS: tuple[CostField, ...] = (
        doc="Rule 11: once its inputs are in (handing them to the stage, setting up the memory count)."),
     _f("after_compute", 0.0, TIME, "the runtime's own time after each compute ends, holding its device",
        doc="Rule 11: keeping its output, recording it."),
-    _f("first_compute", 0.0, TIME, "the extra time a rank's first compute of a step holds its device",
-       doc="Rule 19: the compute after the step's boundary (the last step's optimizer, the barrier) meets a "
-       "cold core; computes are timed inside a step, each but the first, so this is the first's excess."),
     _f("transport", "gloo-cpu", "name", "the model of how transfers move (`sim.engine.transports.TRANSPORTS`)",
        doc="\"gloo-cpu\": the rendezvous of rule 5 with the call costs and the I/O-thread tick of the gloo CPU "
        "runtime (rules 2, 3, 9, 10); \"ideal\": latency + bytes / bandwidth from the moment the tensor is made.",
@@ -131,6 +128,9 @@ COST_FIELDS: tuple[CostField, ...] = (
     _f("a2a_backward", 0.0, TIME, "time of a backward's expert all-to-all per micro-batch (B, or I)",
        doc="On top of `backward` (or `backward_input`); in a pair it hides under the forward's compute (rule 18).",
        per_stage=True, chunked=True, flag=False),
+    _f("first_compute", 0.0, TIME, "the extra time a rank's first compute of a step holds its device",
+       doc="Rule 19: the compute after the step's boundary (the last step's optimizer, the barrier) meets a "
+       "cold core; computes are timed inside a step, each but the first, so this is the first's excess."),
 )
 PER_STAGE = tuple(f.name for f in COST_FIELDS if f.per_stage)
 CALL_FIELDS = tuple(f.name for f in COST_FIELDS if f.call)  # the transports' (`sim.engine.transports`)
