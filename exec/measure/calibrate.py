@@ -190,6 +190,16 @@ def _arrivals(stages: dict, inputs: dict, last: int):
     return arrived
 
 
+def _rank_stages(ctx, spec, bounds, schedule: sim.Schedule, micro_batches: int, modules: dict | None):
+    """This rank's stages (`modules`, or a fresh copy of its layers), every stage's inputs
+    (`stage_inputs`), and the micro-batches' inputs and targets."""
+    layers, inputs, batches = _prepared(spec, bounds, micro_batches)
+    mine = [s for s, r in enumerate(schedule.placement) if r == ctx.rank]
+    stages = dict(modules) if modules is not None else \
+        {s: torch.nn.Sequential(*layers[bounds[s]:bounds[s + 1]]) for s in mine}
+    return stages, inputs, [x for x, _ in batches], [y for _, y in batches]
+
+
 def compute_times(ctx, spec, bounds, schedule: sim.Schedule, micro_batches: int, steps: int, alone: bool,
                   modules: dict | None = None) -> tuple[dict, dict]:
     """Run this rank's compute actions in program order, `steps` times, with the
@@ -203,11 +213,7 @@ def compute_times(ctx, spec, bounds, schedule: sim.Schedule, micro_batches: int,
     handler to the start mark and from the end mark to leaving it, on the same clock."""
     if ctx.device.type != "cpu":
         raise ValueError("the compute calibration times CPU ranks (gloo) only")
-    layers, inputs, batches = _prepared(spec, bounds, micro_batches)
-    mine = [s for s, r in enumerate(schedule.placement) if r == ctx.rank]
-    stages = dict(modules) if modules is not None else \
-        {s: torch.nn.Sequential(*layers[bounds[s]:bounds[s + 1]]) for s in mine}
-    xs, ys = [x for x, _ in batches], [y for _, y in batches]
+    stages, inputs, xs, ys = _rank_stages(ctx, spec, bounds, schedule, micro_batches, modules)
     program = [a for a in schedule.programs[ctx.rank] if a.kind.is_compute]
     arrived = _arrivals(stages, inputs, schedule.stages - 1)
     samples: dict[tuple[int, str], list[float]] = {}
@@ -239,14 +245,10 @@ def step_compute_times(ctx, spec, bounds, schedule: sim.Schedule, micro_batches:
     if ctx.device.type != "cpu":
         raise ValueError("the compute calibration times CPU ranks (gloo) only")
     schedule = schedule if schedule.is_lowered else sim.lower(schedule)
-    layers, _, batches = _prepared(spec, bounds, micro_batches)
-    mine = [s for s, r in enumerate(schedule.placement) if r == ctx.rank]
-    stages = dict(modules) if modules is not None else \
-        {s: torch.nn.Sequential(*layers[bounds[s]:bounds[s + 1]]) for s in mine}
+    stages, _, xs, ys = _rank_stages(ctx, spec, bounds, schedule, micro_batches, modules)
     params = [p for m in stages.values() for p in m.parameters()]
     opt = make_optimizer(optimizer, params, lr=1e-3) if isinstance(optimizer, str) else optimizer
     kept = ([p.detach().clone() for p in params], copy.deepcopy(opt.state_dict()))
-    xs, ys = [x for x, _ in batches], [y for _, y in batches]
     shapes = infer_shapes(ctx, schedule, stages, xs[0])
     samples: dict[tuple[int, str], list[float]] = {}
     firsts: list[tuple[tuple[int, str], float]] = []
@@ -365,7 +367,7 @@ def calibrate_rank(ctx, spec, schedule: sim.Schedule, micro_batches: int, bounds
     (`exec.runtime.dp.ReplicaContext`) and REDUCE_GRAD actions in `schedule`, also the time of
     each of its stages' reductions (`reduce_times`, on `modules` or the fresh copy)."""
     reduces = schedule.has_collectives and getattr(ctx, "dp_group", None) is not None
-    lowered = schedule if schedule.is_lowered else sim.lower(schedule)
+    lowered = schedule  # step_compute_times lowers a compute-only one itself
     schedule = schedule.compute_only()
     mine = [s for s, r in enumerate(schedule.placement) if r == ctx.rank]
     memory = _memory(spec, schedule, bounds, micro_batches, mine, modules, optimizer)
