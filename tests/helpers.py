@@ -163,7 +163,7 @@ def reference_run(schedule, costs):
                         ready = max([clock[r]] + [t + c.latency for t in out]) + c.arrive_overhead * len(recvs)
                         if recvs:
                             windows[r].append((clock[r], ready))
-                        start[a] = ready + c.before_compute + (0.0 if started[r] else c.first_compute)
+                        start[a] = ready + c.before_compute + (0.0 if started[r] else _first(c, duration[a]))
                         started[r] = True
                         reload = Action(a.stage, Kind.RELOAD, a.micro)
                         if a.kind in KINDS[Kind.RELOAD].feeds and reload in end:
@@ -185,6 +185,13 @@ def reference_run(schedule, costs):
         assert pending, "the reference got stuck without a pending transfer"
         leaves(min(pending, key=notice_at), stalled=True)
         changed = True
+
+
+def _first(c, d: float) -> float:
+    """Rule 19, written out again: the first compute's excess, the deficit most / tau e^(-t / tau)
+    integrated over its duration d (most itself where tau is 0)."""
+    tau = c.first_compute_tau
+    return c.first_compute * (1.0 - math.exp(-d / tau)) if tau > 0 else c.first_compute
 
 
 def _durations(low, c, computes):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import platform
 
 from exec.profiler.comm_bench import nonnegative_lstsq, p2p_fit, ring_fit
-from exec.profiler.host_bench import HOW, host_transport
+from exec.profiler.host_bench import HOW, LAW_HOW, first_compute_law, host_transport
 from exec.profiler.layer_bench import HOW as LAYERS_HOW
 
 __all__ = ["assemble", "class_bandwidth"]
@@ -88,11 +88,18 @@ def assemble(measured: dict, collectives: list, fp: dict, cores: int | None, com
         how = "least squares of latency + bytes / bandwidth over p2p.table (half a ping-pong)"
         out["p2p"] = {"node": {k: derived(v, ["p2p.table"], how) for k, v in fit.items()},
                       "table": {"rows": measured["p2p"], **stamp}}
-    if measured.get("layers"):  # whole blocks: what the planner takes before its kernel model
-        out["layers"] = {k: {"rows": rows, **stamp, "how": LAYERS_HOW} for k, rows in measured["layers"].items()}
-    if measured.get("host"):  # rules 2, 3, 9, 10, 11 of docs/rules.md: what sim's gloo-cpu transport reads
+    layers = dict(measured.get("layers") or {})
+    firsts = layers.pop("first", [])  # (d, excess) of each configuration's first computes (rule 19)
+    if layers:  # whole blocks: what the planner takes before its kernel model
+        out["layers"] = {k: {"rows": rows, **stamp, "how": LAYERS_HOW} for k, rows in layers.items()}
+    if measured.get("host"):  # rules 2, 3, 9, 10, 11, 19 of docs/rules.md: what sim's gloo-cpu transport reads
         out["host_transport"] = {"name": "gloo-cpu", **{k: m(v, how=HOW[k]) for k, v in
                                                         host_transport(measured["host"]).items()}}
+        if len(firsts) >= 3:  # the layer bench's first computes give the excess at many durations
+            most, tau, rms = first_compute_law(firsts)
+            out["host_transport"] |= {"first_compute": m(most, how=LAW_HOW["first_compute"], points=len(firsts),
+                                                         rms_residual=rms),
+                                      "first_compute_tau": m(tau, how=LAW_HOW["first_compute_tau"])}
     return out
 
 

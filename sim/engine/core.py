@@ -29,6 +29,7 @@ says which ranks got through, and the caller explains it (`sim.passes.validation
 from __future__ import annotations
 
 import itertools
+import math
 from operator import itemgetter
 from typing import Mapping, NamedTuple
 
@@ -230,6 +231,14 @@ def _series(log: list, static: float) -> tuple[list, list]:
     return list(zip(times, held_bytes)), list(zip(times, held))
 
 
+def first_excess(most: float, tau: float, d: float) -> float:
+    """Rule 19: what a rank's first compute of a step, of duration `d`, takes more. The core
+    starts the step `most` / `tau` below its speed and recovers with time constant `tau`: the
+    compute loses the integral of that deficit over its duration, most x (1 - exp(-d / tau)).
+    `tau` 0: `most`, whatever `d`."""
+    return -most * math.expm1(-d / tau) if tau > 0 else most
+
+
 class Loop(NamedTuple):
     """What a device's loop reads (`_Devices.run` binds each to a local once: the loop
     runs once per action)."""
@@ -253,7 +262,8 @@ class Loop(NamedTuple):
     posted_hook: object
     before: float            # the runtime's own time around a compute (rule 11)
     after: float
-    first: float             # what a rank's first compute of the step takes more (rule 19)
+    first: float             # what a rank's first compute of the step takes more (rule 19) at most,
+    first_tau: float         # and how fast the core recovers (0: all of `first`)
     dur: list                # per compute: its time, its memory change at start and end
     at_start: list
     at_end: list
@@ -289,7 +299,7 @@ class _Devices:
             arrive_at=net.arrive_at, waiter=net.waiter, free_until=net.free_until, held_until=net.held_until,
             resume=net.resume, watch=transport.watches_devices, ahead=ahead, take_in=transport.take_in,
             send_call=transport.send_call, recv_call=transport.recv_call, issued=issued, posted_hook=posted_hook,
-            before=c.before_compute, after=c.after_compute, first=c.first_compute, dur=dur, at_start=at_start, at_end=at_end,
+            before=c.before_compute, after=c.after_compute, first=c.first_compute, first_tau=c.first_compute_tau, dur=dur, at_start=at_start, at_end=at_end,
             start_of=self.start, end_of=self.end, resources=resources, ready=ready)
 
     def run(self, r: int, log):
@@ -301,8 +311,8 @@ class _Devices:
         env, timeout, watch, ahead, producer, sent, posted = k.env, k.timeout, k.watch, k.ahead, k.producer, k.sent, k.posted
         arrive_at, free_until, held_until, resume = k.arrive_at, k.free_until, k.held_until, k.resume
         take_in, send_call, recv_call, issued, posted_hook = k.take_in, k.send_call, k.recv_call, k.issued, k.posted_hook
-        before, after, first, dur, at_start, at_end, start_of, end_of = (  # first: rule 19, the rank's first compute
-            k.before, k.after, k.first, k.dur, k.at_start, k.at_end, k.start_of, k.end_of)
+        before, after, first, first_tau, dur, at_start, at_end, start_of, end_of = (  # first: rule 19
+            k.before, k.after, k.first, k.first_tau, k.dur, k.at_start, k.at_end, k.start_of, k.end_of)
         resources, ready, prog, runnable = k.resources, k.ready, self.net.program.programs[r], self.net.program.runnable[r]
         now, computing = env.now, 0.0
         for i, (role, x) in enumerate(prog if runnable == len(prog) else prog[:runnable], 1):
@@ -337,7 +347,8 @@ class _Devices:
                         now = at
                 start = (at if at > start else start) + take_in  # taking the tensor in (0 unless modelled)
                 free_until[r] = start
-            start, first = start + before + first, 0.0  # rules 11 and 19
+            extra = first_excess(first, first_tau, dur[x]) if first else 0.0  # the rank's first compute (rule 19)
+            start, first = start + before + extra, 0.0  # rules 11 and 19
             if ready is not None and ready[x] > start:  # e.g. a backward waits for its RELOAD (rule 14)
                 start = ready[x]
             if (delta := at_start[x]) is not None:  # e.g. F takes its micro-batch's activations (rule 7)

@@ -128,9 +128,14 @@ COST_FIELDS: tuple[CostField, ...] = (
     _f("a2a_backward", 0.0, TIME, "time of a backward's expert all-to-all per micro-batch (B, or I)",
        doc="On top of `backward` (or `backward_input`); in a pair it hides under the forward's compute (rule 18).",
        per_stage=True, chunked=True, flag=False),
-    _f("first_compute", 0.0, TIME, "the extra time a rank's first compute of a step holds its device",
+    _f("first_compute", 0.0, TIME, "the extra time a rank's first compute of a step holds its device (with "
+       "`first_compute_tau`: the most it can take)",
        doc="Rule 19: the compute after the step's boundary (the last step's optimizer, the barrier) meets a "
        "cold core; computes are timed inside a step, each but the first, so this is the first's excess."),
+    _f("first_compute_tau", 0.0, TIME, "how fast the core recovers from the step's boundary: a first compute "
+       "of duration d then takes first_compute x (1 - exp(-d / tau)) more; 0: `first_compute` whatever d",
+       doc="Rule 19: the core starts the step at first_compute / tau below its speed, and the deficit decays "
+       "with time constant tau (`sim.engine.core.first_excess`)."),
 )
 PER_STAGE = tuple(f.name for f in COST_FIELDS if f.per_stage)
 CALL_FIELDS = tuple(f.name for f in COST_FIELDS if f.call)  # the transports' (`sim.engine.transports`)

@@ -122,8 +122,9 @@ def test_costs_files_keep_their_format(tmp_path):
     sim.save_costs(c, tmp_path / "new.json")
     import json
     # fields added since, written with their defaults (FSDP, rule 16; the expert all-to-all, rule 18;
-    # the step's first compute, rule 19)
-    added = {"unshard": 0.0, "unshard_bytes": 0.0, "a2a_forward": 0.0, "a2a_backward": 0.0, "first_compute": 0.0}
+    # the step's first compute and its recovery, rule 19)
+    added = {"unshard": 0.0, "unshard_bytes": 0.0, "a2a_forward": 0.0, "a2a_backward": 0.0, "first_compute": 0.0,
+             "first_compute_tau": 0.0}
     new, old = json.loads((tmp_path / "new.json").read_text()), json.loads(OLD_COSTS_FILE)
     assert new == {"costs": {**old["costs"], **added}}
     assert list(new["costs"]) == list(old["costs"]) + list(added)

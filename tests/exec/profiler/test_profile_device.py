@@ -3,10 +3,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import subprocess
 import sys
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
@@ -14,7 +17,7 @@ import sim  # noqa: E402
 from exec import profile_device as pd  # noqa: E402
 from exec.launch.host import host_cores  # noqa: E402
 from exec.profiler.comm_bench import p2p_fit, ring_fit  # noqa: E402
-from exec.profiler.host_bench import host_transport  # noqa: E402
+from exec.profiler.host_bench import TAUS, first_compute_law, host_transport  # noqa: E402
 from sim.hardware.host_transport import FIELDS as HOST_FIELDS  # noqa: E402
 from sim.hardware.network import OPS as COLLECTIVE_STEPS  # noqa: E402
 from sim.hardware.profile import COMPUTE_CLASSES  # noqa: E402
@@ -69,11 +72,15 @@ def test_the_profile_loads_and_every_number_says_where_it_comes_from(profile_fil
     assert p.gpu.peak_flops["fp32"] == max(2 * m * n * k * b / t for _, m, n, k, b, t, _ in raw["matmul"]["table"]["rows"])
     # gloo's CPU ranks: exec's own costs around transfers and computes, for the planner's gloo-cpu transport
     host = raw["host_transport"]
-    fields = (*HOST_FIELDS, "first_compute")  # rule 19
+    fields = (*HOST_FIELDS, "first_compute", "first_compute_tau")  # rule 19
     assert host["name"] == "gloo-cpu" and set(host) == {"name", *fields}
     assert p.host_transport == {"transport": "gloo-cpu", **{f: host[f]["value"] for f in fields}}
     assert all(host[f]["source"] == "measured" and host[f]["value"] >= 0 for f in fields)
     assert host["arrive_overhead"]["value"] == 0.0  # inside the blocks' in-step times
+    # rule 19's law, fitted to the layer bench's first computes: 2 recompute modes x 2 schedules
+    # x 3 block counts, each rank's
+    assert host["first_compute"]["points"] == 2 * 2 * 3 * 2 and host["first_compute_tau"]["value"] > 0
+    assert host["first_compute"]["rms_residual"] >= 0
 
 
 def test_the_host_transport_is_the_means_exec_calibration_takes():
@@ -89,7 +96,7 @@ def test_the_host_transport_is_the_means_exec_calibration_takes():
     got = host_transport(reports)
     assert got == pytest.approx({"send_overhead": 2e-5, "recv_overhead": 3e-6, "arrive_overhead": 0.0,
                                  "io_tick": 2 * (5e-3 - 2e-4), "before_compute": 3e-5, "after_compute": 3e-5,
-                                 "first_compute": 3e-4})
+                                 "first_compute": 3e-4, "first_compute_tau": 0.0})
     for r in reports:  # a mean below 0 is noise: the cost cannot be
         r["first"] = [-1e-5]
     assert host_transport(reports)["first_compute"] == 0.0
@@ -106,6 +113,25 @@ def pd_gemms():
     from exec.profiler.device_bench import planner_gemms
     from exec.models.spec import ModelSpec
     return planner_gemms(ModelSpec("gpt").transformer(), (2,))
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(0, len(TAUS) - 1), st.floats(1e-5, 1e-2), st.lists(st.floats(0.1, 5.0), min_size=3, max_size=12,
+                                                                      unique=True))
+def test_the_first_computes_law_recovers_the_law_it_fits(k, most, durations):
+    """Rule 19's law, excess = most x (1 - exp(-d / tau)), fitted to points on it at durations of
+    0.1 to 5 tau (where the curve still bends): the same most and tau (tau on the grid it
+    searches), no residual."""
+    tau = TAUS[k]
+    got = first_compute_law([(f * tau, most * -math.expm1(-f)) for f in durations])
+    assert got[1] == tau and got[0] == pytest.approx(most, rel=1e-9) and got[2] < most * 1e-9
+
+
+def test_the_first_computes_law_needs_points_at_two_durations():
+    with pytest.raises(ValueError, match="3 points or more at 2 durations"):
+        first_compute_law([(1e-3, 1e-4), (2e-3, 2e-4)])
+    with pytest.raises(ValueError, match="3 points or more at 2 durations"):
+        first_compute_law([(1e-3, 1e-4)] * 4)
 
 
 def test_the_ring_fit_recovers_the_model_it_fits():

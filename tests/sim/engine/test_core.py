@@ -108,6 +108,7 @@ def configs(draw):
         before_compute=draw(st.sampled_from([0.0, 0.01, 0.2])),
         after_compute=draw(st.sampled_from([0.0, 0.02, 0.3])),
         first_compute=draw(st.sampled_from([0.0, 0.05, 0.6])),
+        first_compute_tau=draw(st.sampled_from([0.0, 0.3, 2.0])),
     )
     return draw(schedules), p, m, costs
 
@@ -170,7 +171,7 @@ def test_engine_matches_independent_rules(cfg):
                   send_overhead=costs.send_overhead, recv_overhead=costs.recv_overhead,
                   arrive_overhead=costs.arrive_overhead, io_tick=costs.io_tick,
                   before_compute=costs.before_compute, after_compute=costs.after_compute,
-                  first_compute=costs.first_compute)
+                  first_compute=costs.first_compute, first_compute_tau=costs.first_compute_tau)
     schedule = sim.make_schedule(name, devices=p, micro_batches=m)
     assert_matches_reference(schedule, costs)
 
@@ -187,6 +188,9 @@ def test_first_compute_delays_the_step_by_at_most_one_each_rank(cfg, extra):
     `ranks x first_compute`."""
     name, p, m, costs = cfg
     schedule = sim.make_schedule(name, devices=p, micro_batches=m)
+    # a late notice waits for the sender's next transport tick (rule 10): a delay moves which tick,
+    # and the step by up to a tick more, so the longest-path bound holds without the tick
+    costs = replace(costs, first_compute_tau=0.0, io_tick=0.0)
     base = sim.simulate(schedule, replace(costs, first_compute=0.0)).compute_end
     grown = sim.simulate(schedule, replace(costs, first_compute=extra)).compute_end
     assert base + extra - 1e-9 <= grown <= base + schedule.ranks * extra + 1e-9
@@ -275,3 +279,22 @@ def test_naive_two_stages_with_call_overheads_closed_form(m, F, B, L, o_send, o_
                                        + (4 * m - 1) * o_after + late_notice, rel=1e-12)
     # the calls are not compute: the busy time is still the computes' own
     assert r.busy() == pytest.approx([m * (F + B)] * 2, rel=1e-12)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(["gpipe", "1f1b"]), st.integers(2, 4), st.integers(1, 6), st.floats(0.01, 2.0),
+       st.floats(0.3, 5.0), st.floats(0.2, 3.0))  # f / tau at most 10: e^(-f / tau) stays above rounding
+def test_first_compute_recovers_with_time_constant_tau(name, p, m, most, tau, f):
+    """Rule 19 with a recovery time: the core starts the step most / tau below its speed and
+    recovers as e^(-t / tau), so a first compute of duration d takes most (1 - e^(-d / tau))
+    more. Under GPipe and 1F1B with free transfers and equal stage costs, every rank's first
+    compute, a forward of duration f, lies on the step's path: the step grows by exactly
+    p x most (1 - e^(-f / tau)), less than p x most, and more the shorter tau."""
+    schedule = sim.make_schedule(name, devices=p, micro_batches=m)
+    plain = Costs(forward=f, backward=2 * f)
+    t0 = sim.simulate(schedule, plain).compute_end
+    t1 = sim.simulate(schedule, replace(plain, first_compute=most, first_compute_tau=tau)).compute_end
+    assert t1 - t0 == pytest.approx(p * most * (1 - math.exp(-f / tau)), rel=1e-9, abs=1e-12)
+    assert t1 - t0 < p * most
+    faster = sim.simulate(schedule, replace(plain, first_compute=most, first_compute_tau=tau / 2)).compute_end
+    assert faster > t1

@@ -33,7 +33,7 @@ def test_the_sections_names_are_the_engines():
     engine's call costs (rules 2, 3, 9, 10) and the runtime's time around a compute (rule 11),
     and the transports it names the engine's."""
     assert FIELDS == (*CALL_FIELDS, "before_compute", "after_compute")
-    assert OPTIONAL == ("first_compute",)  # rule 19
+    assert OPTIONAL == ("first_compute", "first_compute_tau")  # rule 19
     assert set(NAMES) <= set(TRANSPORTS)
     assert set(FIELDS) | set(OPTIONAL) <= {f.name for f in dataclasses.fields(sim.Costs)}
 
@@ -61,6 +61,13 @@ def test_first_compute_is_optional_and_reaches_the_steps_first_computes(tmp_path
     kw = dict(pp=2, micro_batch=1, global_batch=8, precision="fp32")
     without = sim.estimate(MODEL, gpu=from_dict(_with_host()), **kw).step_time
     assert without + 4e-4 - 1e-12 <= sim.estimate(MODEL, gpu=p, **kw).step_time <= without + 2 * 4e-4 + 1e-12
+    # with its recovery time the first compute takes less of it, the less the shorter it is than tau
+    fast = from_dict(_with_host({**HOST, "first_compute": 4e-4, "first_compute_tau": 1e-6}))
+    slow = from_dict(_with_host({**HOST, "first_compute": 4e-4, "first_compute_tau": 1.0}))
+    assert fast.host_transport["first_compute_tau"] == 1e-6
+    t_fast, t_slow = (sim.estimate(MODEL, gpu=q, **kw).step_time for q in (fast, slow))
+    assert t_fast == pytest.approx(sim.estimate(MODEL, gpu=p, **kw).step_time, rel=1e-12)
+    assert without < t_slow < without + 4e-4
 
 
 @pytest.mark.parametrize("edit, message", [
