@@ -162,7 +162,7 @@ def _worker(ctx, plan: dict) -> dict:
         out["host"] = host_bench.host_costs(ctx, plan["model"], plan["host_micro_batch"], *plan["host"])
         say(f"host transport: {len(out['host']['before'])} computes timed")
     if plan["compute"] and plan["host"] and ctx.world_size == 2:  # whole blocks as a step runs them
-        out["layers"] = {"blocks": [], "ends": [], "first": []}
+        out["layers"] = {"blocks": [], "ends": [], "first": [], "optimizer": []}
         for model in (plan["model"], *plan["layer_models"]):  # the profiled shape, then --layer-shape's
             steps = plan["host"][1] * repeats(plan["model"], model)
             rows = layer_bench.layer_rows(ctx, model, plan["layer_micro_batches"], steps=steps, say=say)

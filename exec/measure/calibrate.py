@@ -231,8 +231,8 @@ def compute_times(ctx, spec, bounds, schedule: sim.Schedule, micro_batches: int,
 
 
 def step_compute_times(ctx, spec, bounds, schedule: sim.Schedule, micro_batches: int, steps: int,
-                       modules: dict | None = None,
-                       optimizer: "str | torch.optim.Optimizer" = DEFAULT_OPTIMIZER) -> tuple[dict, list[float]]:
+                       modules: dict | None = None, optimizer: "str | torch.optim.Optimizer" = DEFAULT_OPTIMIZER,
+                       optimizer_times: list | None = None) -> tuple[dict, list[float]]:
     """Time this rank's computes inside real training steps of `schedule`, lowered
     (`exec.runtime.step.run_step`: its SENDs and RECVs move the data, `optimizer` closes
     each step, every rank's records are gathered), all ranks at once: a compute between the
@@ -241,7 +241,9 @@ def step_compute_times(ctx, spec, bounds, schedule: sim.Schedule, micro_batches:
     `modules` (stage -> module) with the run's own `optimizer`, whose weights and state are
     put back afterwards, or on a fresh copy with a fresh optimizer of that name. Returns,
     without the first (warm-up) step, {(stage, kind): [seconds...]} of every compute but a
-    step's first, and each step's first compute's excess over the median of its stage and kind."""
+    step's first, and each step's first compute's excess over the median of its stage and kind;
+    each of those steps' optimizer step on this rank goes to `optimizer_times` as (seconds,
+    parameter tensors, parameters)."""
     if ctx.device.type != "cpu":
         raise ValueError("the compute calibration times CPU ranks (gloo) only")
     schedule = schedule if schedule.is_lowered else sim.lower(schedule)
@@ -254,10 +256,12 @@ def step_compute_times(ctx, spec, bounds, schedule: sim.Schedule, micro_batches:
     firsts: list[tuple[tuple[int, str], float]] = []
     for step in range(steps + 1):
         with paused_gc(), StepLoad():  # each step as `exec.pipeline.worker` runs it: a collection, the load probe
-            result = run_step(ctx, schedule, stages, xs, ys, spec.loss, opt, shapes=shapes).result
-        computes = sorted((e for e in result.events if e.rank == ctx.rank and e.is_compute), key=lambda e: e.start)
+            done = run_step(ctx, schedule, stages, xs, ys, spec.loss, opt, shapes=shapes)
+        computes = sorted((e for e in done.result.events if e.rank == ctx.rank and e.is_compute), key=lambda e: e.start)
         if step == 0 or not computes:
             continue
+        if optimizer_times is not None:
+            optimizer_times.append((done.optimizer_s, len(params), sum(p.numel() for p in params)))
         first, *rest = computes
         firsts.append(((first.action.stage, first.action.kind.value), first.duration))
         for e in rest:

@@ -12,8 +12,11 @@ from __future__ import annotations
 import platform
 
 from exec.profiler.comm_bench import nonnegative_lstsq, p2p_fit, ring_fit
+from exec.profiler.device_bench import in_step_per_tensor
 from exec.profiler.host_bench import HOW, LAW_HOW, first_compute_law, host_transport
 from exec.profiler.layer_bench import HOW as LAYERS_HOW
+from sim.hardware.kernels import memory_time
+from sim.hardware.profile import from_dict
 
 __all__ = ["assemble", "class_bandwidth"]
 
@@ -25,6 +28,12 @@ _LAUNCH = {"nccl": "median host time of a one-element add, mul and matmul",
 
 OPTIMIZER_HOW = ("the optimizer's step over 33 one-element parameters less its step over one, per parameter "
                  "(exec.profiler.device_bench.optimizer_tensor_seconds)")
+
+
+IN_STEP_HOW = ("inside training steps (rule 20): least squares through 0, over the layer bench's steps (per "
+               "configuration and rank: its median AdamW step; exec.profiler.layer_bench), of the step beyond its "
+               "memory-bound part (memory_bound.classes.optimizer) per parameter tensor "
+               "(exec.profiler.device_bench.in_step_per_tensor)")
 
 
 def class_bandwidth(points) -> float:
@@ -90,6 +99,7 @@ def assemble(measured: dict, collectives: list, fp: dict, cores: int | None, com
                       "table": {"rows": measured["p2p"], **stamp}}
     layers = dict(measured.get("layers") or {})
     firsts = layers.pop("first", [])  # (d, excess) of each configuration's first computes (rule 19)
+    steps = layers.pop("optimizer", [])  # (tensors, parameters, seconds) of their AdamW steps (rule 20)
     if layers:  # whole blocks: what the planner takes before its kernel model
         out["layers"] = {k: {"rows": rows, **stamp, "how": LAYERS_HOW} for k, rows in layers.items()}
     if measured.get("host"):  # rules 2, 3, 9, 10, 11, 19 of docs/rules.md: what sim's gloo-cpu transport reads
@@ -100,6 +110,10 @@ def assemble(measured: dict, collectives: list, fp: dict, cores: int | None, com
             out["host_transport"] |= {"first_compute": m(most, how=LAW_HOW["first_compute"], points=len(firsts),
                                                          rms_residual=rms),
                                       "first_compute_tau": m(tau, how=LAW_HOW["first_compute_tau"])}
+    if steps and "optimizer_per_tensor" in out:  # AdamW's cost per tensor inside a step (rule 20)
+        dev = from_dict(out)
+        per, rms = in_step_per_tensor(steps, lambda nbytes: memory_time(dev, nbytes, "optimizer"))
+        out["optimizer_per_tensor"]["adamw"] = m(per, how=IN_STEP_HOW, points=len(steps), rms_residual=rms)
     return out
 
 

@@ -26,7 +26,7 @@ from sim.cost.layer import Slice, gemm_products, gemm_shapes, pass_kernels
 
 __all__ = ["CLASSES", "COMPUTE_CLASSES", "median_seconds", "planner_gemms", "matmul_rows", "memory_rows",
            "compute_rows", "launch_seconds", "layer_launch_seconds", "step_overhead_seconds",
-           "optimizer_tensor_seconds"]
+           "optimizer_tensor_seconds", "in_step_per_tensor"]
 
 CLASSES = ("elementwise", "norm", "softmax", "copy", "optimizer", "embedding")
 COMPUTE_CLASSES = ("gelu", "gelu_backward", "exp")  # elementwise kernels of a transcendental function
@@ -231,3 +231,19 @@ def optimizer_tensor_seconds(device: torch.device, barrier: Callable[[], None], 
         barrier()
         return median_seconds(opt.step, device, loops)
     return max(0.0, (step_of(tensors + 1) - step_of(1)) / tensors)
+
+
+def in_step_per_tensor(points: Iterable[tuple[int, int, float]], memory_seconds: Callable[[float], float],
+                       optimizer: str = "adamw") -> tuple[float, float]:
+    """(seconds per parameter tensor, rms residual) of `optimizer`'s step inside training steps:
+    over (parameter tensors, parameters, seconds) points (`exec.profiler.layer_bench`'s steps),
+    what each step took beyond its memory-bound part (`memory_seconds` of the bytes it moves,
+    `sim.model.footprint.optimizer_step_bytes`, as the planner times it:
+    `sim.cost.data_parallel.optimizer_time`), per tensor, least squares through 0. Inside a step
+    torch's for-loop AdamW costs each tensor about twice what it costs in a loop of its own
+    (`optimizer_tensor_seconds`; docs/measurements.md). ValueError without points."""
+    rest = [(n, t - memory_seconds(p * optimizer_step_bytes("fp32", optimizer))) for n, p, t in points]
+    if not rest:
+        raise ValueError("the optimizer's cost per tensor in a step needs points")
+    per = max(0.0, sum(n * r for n, r in rest) / sum(n * n for n, _ in rest))
+    return per, (sum((r - per * n) ** 2 for n, r in rest) / len(rest)) ** 0.5

@@ -35,24 +35,30 @@ HOW = ("blocks: a pass's slope, ends: its intercept, of the least-squares line t
 
 
 def _stage_medians(ctx, model: sim.Transformer, micro_batch: int, recompute: str, blocks: int, schedule: str,
-                   steps: int, firsts: list | None = None) -> dict[tuple[int, str], float]:
+                   steps: int, firsts: list | None = None, optimizers: list | None = None) -> dict[tuple[int, str], float]:
     """{(stage, kind): median seconds} of the computes inside `schedule` steps of the GPT with
     `blocks` blocks on each of 2 stages (the embedding on the first, the head on the last),
     both ranks' stages. Appends to `firsts` each rank's (d, excess): its first compute's median
     duration (a forward of its stage: 1F1B and ZB-H1 start with one) and that compute's median
-    excess in a step's first place (rule 19)."""
+    excess in a step's first place (rule 19); and to `optimizers` each rank's (parameter tensors,
+    parameters, median seconds) of its optimizer step (AdamW) inside those steps."""
     spec = ModelSpec("gpt", layers=2 * blocks, hidden=model.hidden, heads=model.heads, seq=model.seq,
                      vocab=model.vocab, ffn=(model.ffn,) * (2 * blocks), batch_size=micro_batch * MICRO_BATCHES,
                      recompute=recompute)
     sched = sim.make_schedule(schedule, 2, MICRO_BATCHES)
-    samples, excess = step_compute_times(ctx, spec, end_bounds(spec, [blocks, blocks]), sched, MICRO_BATCHES, steps)
+    opt: list = []
+    samples, excess = step_compute_times(ctx, spec, end_bounds(spec, [blocks, blocks]), sched, MICRO_BATCHES, steps,
+                                         optimizer="adamw", optimizer_times=opt)
     mine = {key: statistics.median(v) for key, v in samples.items()}
     first = (mine[(ctx.rank, "F")], statistics.median(excess)) if excess else None
+    step = (*opt[0][1:], statistics.median(t for t, *_ in opt)) if opt else None
     both: list = [None] * ctx.world_size
-    dist.all_gather_object(both, (mine, first))  # each rank times its own stage
+    dist.all_gather_object(both, (mine, first, step))  # each rank times its own stage
     if firsts is not None:
-        firsts.extend(f for _, f in both if f is not None)
-    return {key: v for medians, _ in both for key, v in medians.items()}
+        firsts.extend(f for _, f, _ in both if f is not None)
+    if optimizers is not None:
+        optimizers.extend(o for _, _, o in both if o is not None)
+    return {key: v for medians, _, _ in both for key, v in medians.items()}
 
 
 def _fit(points: list[tuple[int, float]]) -> tuple[float, float]:
@@ -64,14 +70,15 @@ def _fit(points: list[tuple[int, float]]) -> tuple[float, float]:
 
 
 def _passes(ctx, model: sim.Transformer, micro_batch: int, recompute: str, steps: int,
-            firsts: list | None = None) -> tuple[dict, dict]:
+            firsts: list | None = None, optimizers: list | None = None) -> tuple[dict, dict]:
     """({"F", "B", "I", "W": s} of one block, {"first_F", "first_B", "last_F", "last_B",
     "last_I", "last_W": s} of the ends), the same on both ranks: per stage and kind, the line
     through its median time at `BLOCK_COUNTS` blocks a stage, its slope the block's, its intercept
-    what the stage adds beyond its blocks. Each step's first computes go to `firsts` (`_stage_medians`)."""
+    what the stage adds beyond its blocks. Each step's first computes go to `firsts`, its
+    optimizer steps to `optimizers` (`_stage_medians`)."""
     block, ends = {}, {}
     for schedule, kinds, stages in (("1f1b", ("F", "B"), (0, 1)), ("zb-h1", ("I", "W"), (1,))):
-        medians = {n: _stage_medians(ctx, model, micro_batch, recompute, n, schedule, steps, firsts)
+        medians = {n: _stage_medians(ctx, model, micro_batch, recompute, n, schedule, steps, firsts, optimizers)
                    for n in BLOCK_COUNTS}
         for kind in kinds:
             lines = {s: _fit([(n, medians[n][(s, kind)]) for n in BLOCK_COUNTS]) for s in stages}
@@ -84,23 +91,26 @@ def layer_rows(ctx, model: sim.Transformer, micro_batches: Iterable[int], recomp
                steps: int = 3, say: Callable[[str], None] = lambda text: None) -> dict[str, list[list]]:
     """{"blocks": [[precision, hidden, heads, ffn, seq, micro_batch, recompute, F, B, I, W]],
     "ends": [[precision, hidden, seq, vocab, micro_batch, first_F, first_B, last_F, last_B,
-    last_I, last_W]], "first": [[d, excess]]} (seconds; call on both ranks of a world of 2 at once): one block of
+    last_I, last_W]], "first": [[d, excess]], "optimizer": [[tensors, parameters, seconds]]}
+    (seconds; call on both ranks of a world of 2 at once): one block of
     `model` (a `sim.Transformer` of exec's GPT) at each micro-batch size and recompute mode,
     and its ends at each micro-batch size (from the runs without recompute: the ends are
     never recomputed). A time below the clock's resolution is kept at 1 ns (the tables hold
     positive times), and every configuration's first computes, per rank: their median duration
     and their median excess as a step's first (rule 19; `exec.profiler.host_bench.first_compute_law`
-    fits its law to them). One untimed step runs first (a cold first measurement is slower)."""
+    fits its law to them), and every configuration's AdamW step, per rank, inside those steps
+    (`exec.profiler.assemble` takes its cost per parameter tensor from them). One untimed step
+    runs first (a cold first measurement is slower)."""
     if ctx.world_size != 2:
         raise ValueError(f"the layer table times a 2-stage step: run it on 2 ranks, not {ctx.world_size}")
-    out = {"blocks": [], "ends": [], "first": []}
+    out = {"blocks": [], "ends": [], "first": [], "optimizer": []}
     micro_batches = list(micro_batches)
     # the process's first steps run cold (the allocator's pools, torch's threads, the caches):
     # one untimed step first, or the first row's F comes out slower than the same block's later
     _stage_medians(ctx, model, micro_batches[0], recomputes[0], max(BLOCK_COUNTS), "1f1b", 1)
     for b in micro_batches:
         for recompute in recomputes:
-            t, ends = _passes(ctx, model, b, recompute, steps, out["first"])
+            t, ends = _passes(ctx, model, b, recompute, steps, out["first"], out["optimizer"])
             out["blocks"].append(["fp32", model.hidden, model.heads, model.ffn, model.seq, b, recompute,
                                   *(max(t[k], 1e-9) for k in BLOCK_PASSES)])
             if recompute == "none":

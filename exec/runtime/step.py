@@ -41,6 +41,7 @@ class StepResult:
     result: Result | None
     loss: float
     train_step_s: float | None = None  # from the start to the last rank's optimizer step's end (recorded steps)
+    optimizer_s: float | None = None  # this rank's optimizer step, on its own clock (None without an optimizer)
 
 
 def assemble_result(schedule: Schedule, traces: Sequence[RankTrace]) -> Result:
@@ -112,11 +113,13 @@ def run_step(ctx, schedule_lowered: Schedule, stage_modules: dict[int, nn.Module
     dist.barrier()  # all ranks start together: each rank's clock starts at the barrier exit
     trace = interp.run()
     sum_copies(ctx, schedule_lowered, stage_modules)  # DualPipe's two copies of a stage: one gradient
+    begin = interp.clock.mark()
     if optimizer is not None:
         optimizer.step()
     end = interp.clock.mark()
     interp.clock.finish()
     trace.step_end = interp.clock.seconds(end)
+    optimizer_s = trace.step_end - interp.clock.seconds(begin) if optimizer is not None else None
     gathered: list[RankTrace | None] = [None] * dist.get_world_size()  # every replica's ranks
     dist.all_gather_object(gathered, trace if record else RankTrace(ctx.rank, loss=trace.loss, step_end=trace.step_end))
     # per replica, its last stages' (one per copy of the model), each over its micro-batches
@@ -125,4 +128,4 @@ def run_step(ctx, schedule_lowered: Schedule, stage_modules: dict[int, nn.Module
     ends = [t.step_end for t in traces if t.step_end is not None]
     replicas = dist.get_world_size() // ctx.world_size
     return StepResult(assemble_result(schedule_lowered, traces) if record else None, sum(losses) / replicas,
-                      max(ends) if record and ends else None)
+                      max(ends) if record and ends else None, optimizer_s)

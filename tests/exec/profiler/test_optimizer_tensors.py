@@ -7,7 +7,8 @@ from hypothesis import given, settings, strategies as st
 torch = pytest.importorskip("torch")
 
 from exec.models.spec import ModelSpec  # noqa: E402
-from exec.profiler.device_bench import optimizer_tensor_seconds  # noqa: E402
+from exec.profiler.device_bench import in_step_per_tensor, optimizer_tensor_seconds  # noqa: E402
+from sim.model.footprint import optimizer_step_bytes  # noqa: E402
 from exec.runtime.optim import OPTIMIZERS  # noqa: E402
 from sim.hardware.profile import load_profile, profile, save_profile  # noqa: E402
 from sim.cost.data_parallel import stage_tensors  # noqa: E402
@@ -42,3 +43,49 @@ def test_the_profiler_measures_each_optimizers_cost_per_tensor_and_the_planner_r
     assert load_profile(tmp_path / "p.json").optimizer_per_tensor == {name: t}
     with pytest.raises(ValueError, match="optimizer must be one of"):
         optimizer_tensor_seconds(torch.device("cpu"), lambda: None, "lion", loops=1, tensors=1)
+
+
+@settings(max_examples=40, deadline=None)
+@given(per=st.floats(1e-6, 1e-4), rate=st.floats(1e8, 1e11),
+       stages=st.lists(st.tuples(st.integers(3, 60), st.integers(10, 10**7)), min_size=1, max_size=20))
+def test_the_cost_per_tensor_in_a_step_is_what_the_steps_took_beyond_their_bytes(per, rate, stages):
+    """Rule 20: steps that took `per` a tensor beyond their memory-bound part (their bytes at
+    `rate`) give back `per`, with no residual; and the AdamW step counted on exec's GPT stages
+    is the count `stage_tensors` gives (above)."""
+    def memory(nbytes):
+        return nbytes / rate
+    points = [(n, p, per * n + memory(p * optimizer_step_bytes("fp32", "adamw"))) for n, p in stages]
+    got, rms = in_step_per_tensor(points, memory)
+    assert got == pytest.approx(per, rel=1e-9) and rms < per * 1e-6
+    with pytest.raises(ValueError, match="needs points"):
+        in_step_per_tensor([], memory)
+
+
+@pytest.mark.slow
+def test_a_step_times_its_optimizer_on_each_rank():
+    """run_step reports this rank's optimizer step (between two marks of its clock: inside the
+    train step, after the pipeline), and none without an optimizer; step_compute_times hands each
+    timed step's on with the rank's parameter tensors and parameters."""
+    from exec.launch.processes import launch
+    out = launch(_optimizer_steps, 2, timeout=120)
+    for rank, (with_opt, without, counts) in enumerate(out):
+        assert without is None and all(0 < t for t, _, _ in with_opt) and len(with_opt) == 2
+        assert {(n, p) for _, n, p in with_opt} == {counts}
+
+
+def _optimizer_steps(ctx):
+    import sim
+    from exec.measure.calibrate import step_compute_times
+    from exec.runtime.shapes import infer_shapes
+    from exec.runtime.step import run_step
+    spec = ModelSpec("gpt", layers=2, hidden=8, heads=2, seq=4, vocab=11, batch_size=4)
+    bounds = spec.partition(2)
+    times: list = []
+    step_compute_times(ctx, spec, bounds, sim.make_schedule("1f1b", 2, 2), 2, 2, optimizer="adamw", optimizer_times=times)
+    layers = spec.build_layers()
+    stage = {ctx.rank: torch.nn.Sequential(*layers[bounds[ctx.rank]:bounds[ctx.rank + 1]])}
+    params = list(stage[ctx.rank].parameters())
+    (x, y), = spec.micro_batches(1)
+    schedule = sim.lower(sim.make_schedule("1f1b", 2, 1))
+    plain = run_step(ctx, schedule, stage, [x], [y], spec.loss, None)
+    return times, plain.optimizer_s, (len(params), sum(p.numel() for p in params))

@@ -81,6 +81,11 @@ def test_the_profile_loads_and_every_number_says_where_it_comes_from(profile_fil
     # x 3 block counts, each rank's
     assert host["first_compute"]["points"] == 2 * 2 * 3 * 2 and host["first_compute_tau"]["value"] > 0
     assert host["first_compute"]["rms_residual"] >= 0
+    # rule 20: AdamW's cost per tensor taken inside the same steps; the other optimizers' in a loop
+    adamw = raw["optimizer_per_tensor"]["adamw"]
+    assert adamw["points"] == 2 * 2 * 3 * 2 and "inside training steps" in adamw["how"]
+    assert p.optimizer_per_tensor["adamw"] == adamw["value"] >= 0
+    assert all("points" not in v for k, v in raw["optimizer_per_tensor"].items() if k != "adamw")
 
 
 def test_the_host_transport_is_the_means_exec_calibration_takes():
