@@ -31,8 +31,8 @@ OPTIMIZER_HOW = ("the optimizer's step over 33 one-element parameters less its s
 
 
 IN_STEP_HOW = ("inside training steps (rule 20): least squares through 0, over the layer bench's steps (per "
-               "configuration and rank: its median AdamW step; exec.profiler.layer_bench), of the step beyond its "
-               "memory-bound part (memory_bound.classes.optimizer) per parameter tensor "
+               "configuration and rank: its median AdamW step; exec.profiler.layer_bench), relative, of the step "
+               "beyond its memory-bound part (memory_bound.classes.optimizer) per parameter tensor "
                "(exec.profiler.device_bench.in_step_per_tensor)")
 
 

@@ -235,15 +235,17 @@ def optimizer_tensor_seconds(device: torch.device, barrier: Callable[[], None], 
 
 def in_step_per_tensor(points: Iterable[tuple[int, int, float]], memory_seconds: Callable[[float], float],
                        optimizer: str = "adamw") -> tuple[float, float]:
-    """(seconds per parameter tensor, rms residual) of `optimizer`'s step inside training steps:
-    over (parameter tensors, parameters, seconds) points (`exec.profiler.layer_bench`'s steps),
-    what each step took beyond its memory-bound part (`memory_seconds` of the bytes it moves,
-    `sim.model.footprint.optimizer_step_bytes`, as the planner times it:
-    `sim.cost.data_parallel.optimizer_time`), per tensor, least squares through 0. Inside a step
-    torch's for-loop AdamW costs each tensor about twice what it costs in a loop of its own
+    """(seconds per parameter tensor, rms residual in seconds) of `optimizer`'s step inside
+    training steps: over (parameter tensors, parameters, seconds) points
+    (`exec.profiler.layer_bench`'s steps), what each step took beyond its memory-bound part
+    (`memory_seconds` of the bytes it moves, `sim.model.footprint.optimizer_step_bytes`, as the
+    planner times it: `sim.cost.data_parallel.optimizer_time`), per tensor: least squares of
+    the relative error, through 0 (a step's scatter grows with its time, and the large steps'
+    would drown the small ones, where the host's cost shows). Inside a step torch's for-loop
+    AdamW costs each tensor about twice what it costs in a loop of its own
     (`optimizer_tensor_seconds`; docs/measurements.md). ValueError without points."""
-    rest = [(n, t - memory_seconds(p * optimizer_step_bytes("fp32", optimizer))) for n, p, t in points]
+    rest = [(n, t, t - memory_seconds(p * optimizer_step_bytes("fp32", optimizer))) for n, p, t in points]
     if not rest:
         raise ValueError("the optimizer's cost per tensor in a step needs points")
-    per = max(0.0, sum(n * r for n, r in rest) / sum(n * n for n, _ in rest))
-    return per, (sum((r - per * n) ** 2 for n, r in rest) / len(rest)) ** 0.5
+    per = max(0.0, sum(n * r / t ** 2 for n, t, r in rest) / sum((n / t) ** 2 for n, t, _ in rest))
+    return per, (sum((r - per * n) ** 2 for n, _, r in rest) / len(rest)) ** 0.5

@@ -8,8 +8,8 @@ from one of them carries its minute's error into every shape. `median_profile` t
 profiles of the same device, backend, torch and threads (`fingerprint`) and keeps, value by
 value:
 
-- a number with its provenance (`{"value": ...}`, measured or derived): the median of the
-  profiles' values;
+- a number with its provenance (`{"value": ...}`, measured or derived), and the residual of
+  the fit that gave it (`rms_residual`): the median of the profiles' values;
 - a measured table (`rows`): row by row, the rows whose whole-number and text columns (the
   row's key: a shape, a size, a name) agree, each number column the median over the
   profiles that have that row;
@@ -77,7 +77,7 @@ def _merge(ds: list, n: int) -> Any:
     out = {}
     for key, value in first.items():
         values = [d.get(key) for d in ds if isinstance(d, dict)]
-        if key == "value" and all(_number(v) for v in values):
+        if key in ("value", "rms_residual") and all(_number(v) for v in values):
             out[key] = statistics.median(values)
         elif key == "rows" and all(isinstance(v, list) for v in values):
             out[key] = median_rows(values)

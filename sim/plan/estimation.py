@@ -207,17 +207,18 @@ def step_parts(lay: Layout, layer: LayerTimes, layers: list[int], result: Result
                overhead: float, tp_collectives: float, sched: Schedule) -> dict[str, float]:
     """Where the step's time goes beyond the computes (`stage_costs` gives those), per device
     on average: the pipeline bubble, the gradient reduction left after the last compute, the
-    optimizer, the step's overhead, offloading's waits; and the tensor-parallel collectives,
-    which a split backward (I, W) cannot hide under W as B does. `sched`: the schedule simulated,
-    unlowered (its computes are the lowered one's, without writing the sends out)."""
+    optimizer, the step's overhead, offloading's waits; and what a split backward (I, W) costs
+    beyond B (`split_backward`: the tensor-parallel collectives B hides under W and I + W
+    cannot, and the split's own work, rule 15). `sched`: the schedule simulated, unlowered (its
+    computes are the lowered one's, without writing the sends out)."""
     pp = lay.pp
     splits = Counter(a.stage for prog in sched.programs for a in prog if a.kind is Kind.I)
-    tp_collectives += sum(n * layers[s] for s, n in splits.items()) * (
+    split = sum(n * layers[s] for s, n in splits.items()) * (
         layer.backward_input + layer.backward_weight - layer.backward) / pp
     computed = result.compute_end  # the last compute's end
     busy = sum(result.busy()) / pp
     waits = sum(reload_waits(result)) / pp if lay.offload else 0.0  # backwards waiting for their RELOAD
-    parts = dict(tp_collectives=tp_collectives, pipeline_bubble=computed - busy - waits,
+    parts = dict(tp_collectives=tp_collectives, split_backward=split, pipeline_bubble=computed - busy - waits,
                  grad_reduce=result.makespan - computed, optimizer=optimizer, step_overhead=overhead)
     if lay.offload:
         parts["offload_wait"] = waits

@@ -77,6 +77,17 @@ def test_the_median_of_three_real_profiles_is_their_middle_value_and_loads():
     assert med["layers"]["blocks"]["how"].endswith("the median of 3 profiles")
 
 
+def test_a_fits_residual_is_the_median_of_the_profiles_too():
+    """A fitted number keeps the residual of its fit (rules 19 and 20: `first_compute`'s law,
+    AdamW's cost per tensor inside a step); the median profile's residual is the median of
+    theirs, its value the median of theirs, not the first profile's."""
+    profiles = [copy.deepcopy(PROFILES[0]) for _ in range(3)]
+    for p, (value, rms) in zip(profiles, [(3.0, 0.5), (1.0, 0.1), (2.0, 0.9)]):
+        p["step_overhead"] |= {"value": value, "rms_residual": rms, "points": 24}
+    got = median_profile(profiles)["step_overhead"]
+    assert (got["value"], got["rms_residual"], got["points"]) == (2.0, 0.5, 24)
+
+
 def test_rows_merge_by_their_key_and_a_row_one_table_lacks_is_kept():
     a = [["fp32", 64, "none", 1.0, 10.0], ["fp32", 128, "none", 2.0, 20.0]]
     b = [["fp32", 64, "none", 3.0, 30.0]]

@@ -302,6 +302,26 @@ def test_time_parts_add_up_to_the_step(kwargs):
     assert min(e.time_parts.values()) >= 0 and 0 <= e.bubble_fraction < 1
 
 
+@pytest.mark.parametrize("schedule", ["zb-h1", "zbv", "1f1b"])
+def test_a_split_backwards_cost_is_its_own_part_and_no_tensor_parallel_collective(schedule):
+    """What I + W cost beyond B is `split_backward`. On this project's CPU profile torch's split
+    backward costs more than B (rule 15's split, measured blocks), with no tensor parallelism and
+    so no tensor-parallel collective; under tensor parallelism on a GPU, overlapped, the split's
+    cost is the collectives B hides under W. A schedule without I has none. On the GPU the parts
+    add up to the step."""
+    from pathlib import Path
+    cpu = sim.load_profile(Path(__file__).resolve().parents[3] / "data" / "cpu-loop" / "profile-s9.json")
+    gpt = sim.Transformer(layers=4, hidden=128, heads=4, seq=64, vocab=512, attention="flash", dropout=False,
+                          kernels="torch")  # exec's GPT (exec.models.spec.ModelSpec.transformer)
+    on_cpu = sim.estimate(gpt, cpu, pp=2, micro_batch=8, global_batch=32, precision="fp32", schedule=schedule)
+    on_gpu = sim.estimate("megatron-3.6b", "a100-40gb", tp=2, pp=2, micro_batch=1, global_batch=8, schedule=schedule,
+                          tp_overlap=True)
+    assert on_cpu.time_parts["tp_collectives"] == 0.0
+    for e in (on_cpu, on_gpu):
+        assert (e.time_parts["split_backward"] > 0) == (schedule != "1f1b")
+    assert sum(on_gpu.time_parts.values()) == pytest.approx(on_gpu.step_time)
+
+
 def test_the_data_parallel_reduction_ends_the_step():
     """pp = 1: the stage's gradients are all-reduced after its last backward, so doubling the replicas
     (and the batch) lengthens the step by exactly that all-reduce; the figure's schedule has one R."""
