@@ -104,4 +104,6 @@ print("peak memory per rank, predicted and measured:", [int(b) for b in e2.peak_
 # runs the grid: the profiled shape and seven shapes the profile did not measure (hidden 32 to
 # 256, sequence 32 to 128, vocabulary 256 to 2048, 4 to 8 blocks), each under 1F1B, GPipe and
 # ZB-H1 with recompute none and full, beside the machine's drift and load. Its last recorded
-# run is in docs/measurements.md ("One profile, many shapes").
+# runs are in docs/measurements.md ("Rules 19 and 20: the first compute's recovery and the
+# optimizer in a step"): the step's two edges, its first compute and its optimizer, cost
+# what they cost inside a step, and the profile measures both there.
