@@ -97,12 +97,21 @@ def assemble(measured: dict, collectives: list, fp: dict, cores: int | None, com
         how = "least squares of latency + bytes / bandwidth over p2p.table (half a ping-pong)"
         out["p2p"] = {"node": {k: derived(v, ["p2p.table"], how) for k, v in fit.items()},
                       "table": {"rows": measured["p2p"], **stamp}}
+    return _steps_sections(out, measured, m, stamp)
+
+
+def _steps_sections(out: dict, measured: dict, m, stamp: dict) -> dict:
+    """`out` with what the ranks measured inside training steps: the blocks and ends
+    (`layers`), exec's own costs around transfers and computes (`host_transport`, rules 2, 3,
+    9, 10, 11 and 19 of docs/rules.md: what sim's gloo-cpu transport reads, with rule 19's law
+    fitted to the layer bench's first computes) and AdamW's cost per tensor inside a step
+    (rule 20). `m(value, **extra)` stamps a measured number."""
     layers = dict(measured.get("layers") or {})
     firsts = layers.pop("first", [])  # (d, excess) of each configuration's first computes (rule 19)
     steps = layers.pop("optimizer", [])  # (tensors, parameters, seconds) of their AdamW steps (rule 20)
     if layers:  # whole blocks: what the planner takes before its kernel model
         out["layers"] = {k: {"rows": rows, **stamp, "how": LAYERS_HOW} for k, rows in layers.items()}
-    if measured.get("host"):  # rules 2, 3, 9, 10, 11, 19 of docs/rules.md: what sim's gloo-cpu transport reads
+    if measured.get("host"):
         out["host_transport"] = {"name": "gloo-cpu", **{k: m(v, how=HOW[k]) for k, v in
                                                         host_transport(measured["host"]).items()}}
         if len(firsts) >= 3:  # the layer bench's first computes give the excess at many durations
@@ -110,7 +119,7 @@ def assemble(measured: dict, collectives: list, fp: dict, cores: int | None, com
             out["host_transport"] |= {"first_compute": m(most, how=LAW_HOW["first_compute"], points=len(firsts),
                                                          rms_residual=rms),
                                       "first_compute_tau": m(tau, how=LAW_HOW["first_compute_tau"])}
-    if steps and "optimizer_per_tensor" in out:  # AdamW's cost per tensor inside a step (rule 20)
+    if steps and "optimizer_per_tensor" in out:
         dev = from_dict(out)
         per, rms = in_step_per_tensor(steps, lambda nbytes: memory_time(dev, nbytes, "optimizer"))
         out["optimizer_per_tensor"]["adamw"] = m(per, how=IN_STEP_HOW, points=len(steps), rms_residual=rms)

@@ -347,8 +347,7 @@ class _Devices:
                         now = at
                 start = (at if at > start else start) + take_in  # taking the tensor in (0 unless modelled)
                 free_until[r] = start
-            extra = first_excess(first, first_tau, dur[x]) if first else 0.0  # the rank's first compute (rule 19)
-            start, first = start + before + extra, 0.0  # rules 11 and 19
+            start, first = start + before + (first_excess(first, first_tau, dur[x]) if first else 0.0), 0.0  # 11, 19
             if ready is not None and ready[x] > start:  # e.g. a backward waits for its RELOAD (rule 14)
                 start = ready[x]
             if (delta := at_start[x]) is not None:  # e.g. F takes its micro-batch's activations (rule 7)
