@@ -5,7 +5,7 @@
 
 On 2 ranks, for exec's GPT at hidden 64, 128 and 256 (sequence 64), micro-batches 1, 2, 4 and
 8, 1 to 3 blocks a stage, recompute none and full, it runs 1F1B training steps as the profiler's
-layer bench does (`exec.measure.calibrate.step_compute_times`, AdamW) and keeps, per
+layer bench does (`exec.profiler.layer_bench.stage_medians`: AdamW) and keeps, per
 configuration and rank, the first compute's median duration d and its median excess as a
 step's first, and the median AdamW step with the rank's parameter tensors and parameters.
 It prints the excess by d (median per bin) and rule 19's law fitted to every point
@@ -31,25 +31,19 @@ BINS_MS = (0, 1, 2, 3, 4, 6, 9, 14, 30, 1000)
 
 
 def _rank(ctx, steps: int) -> list:
-    """Per configuration: (config, (d, median excess), (tensors, parameters, median AdamW seconds)), this rank's."""
-    import sim
-    from exec.measure.calibrate import step_compute_times
-    from exec.models.cuts import end_bounds
+    """Per configuration: (config, [(d, median excess)] and [(tensors, parameters, median AdamW
+    seconds)] of both ranks), timed as the profiler's layer bench times them (`stage_medians`)."""
     from exec.models.spec import ModelSpec
+    from exec.profiler.layer_bench import stage_medians
     out = []
     for hidden, heads, seq, vocab in SHAPES:
+        model = ModelSpec("gpt", layers=1, hidden=hidden, heads=heads, seq=seq, vocab=vocab).transformer()
         for b in MICRO_BATCHES:
             for n in BLOCKS:
                 for recompute in RECOMPUTES:
-                    spec = ModelSpec("gpt", layers=2 * n, hidden=hidden, heads=heads, seq=seq, vocab=vocab,
-                                     batch_size=4 * b, recompute=recompute)
-                    opt: list = []
-                    samples, excess = step_compute_times(ctx, spec, end_bounds(spec, [n, n]),
-                                                         sim.make_schedule("1f1b", 2, 4), 4, steps,
-                                                         optimizer="adamw", optimizer_times=opt)
-                    first = (statistics.median(samples[(ctx.rank, "F")]), statistics.median(excess))
-                    out.append(((hidden, b, n, recompute), first,
-                                (*opt[0][1:], statistics.median(t for t, *_ in opt))))
+                    firsts, optimizers = [], []
+                    stage_medians(ctx, model, b, recompute, n, "1f1b", steps, firsts, optimizers)
+                    out.append(((hidden, b, n, recompute), firsts, optimizers))
     return out
 
 
@@ -64,11 +58,12 @@ def main(argv=None) -> int:
     from exec.launch.processes import launch
     from exec.profiler.device_bench import in_step_per_tensor
     from exec.profiler.host_bench import first_compute_law
+    from sim.engine.core import first_excess
     from sim.hardware.kernels import memory_time
     print(f"{len(SHAPES) * len(MICRO_BATCHES) * len(BLOCKS) * len(RECOMPUTES)} configurations on 2 ranks, "
           f"{args.steps} steps each", file=sys.stderr, flush=True)
-    ranks = launch(_rank, 2, args.steps, timeout=1800)
-    rows = [(r, *row) for r, got in enumerate(ranks) for row in got]
+    got = launch(_rank, 2, args.steps, timeout=1800)[0]  # both ranks' points, gathered on each
+    rows = [(r, cfg, f, o) for cfg, firsts, opts in got for r, (f, o) in enumerate(zip(firsts, opts))]
     if args.rows:
         for r, cfg, (d, ex), (n, p, t) in rows:
             print(f"rank {r} {cfg}: first F {d * 1e3:.2f} ms, excess {ex * 1e3:.3f} ms; AdamW {n} tensors "
@@ -80,7 +75,7 @@ def main(argv=None) -> int:
         if sel:
             print(f"{lo:6.0f} - {hi:<6.0f}     {len(sel):5d}   {statistics.median(sel) * 1e3:8.3f}")
     most, tau, rms = first_compute_law(firsts)
-    res = [abs(ex - most * (1 - 2.718281828459045 ** (-d / tau))) for d, ex in firsts]
+    res = [abs(ex - first_excess(most, tau, d)) for d, ex in firsts]
     print(f"rule 19's law: most {most * 1e3:.3f} ms, tau {tau * 1e3:.2f} ms; residual rms {rms * 1e3:.3f} ms, "
           f"median |residual| {statistics.median(res) * 1e3:.3f} ms over {len(firsts)} points")
     dev = sim.load_profile(args.profile)

@@ -34,6 +34,7 @@ from exec.measure.calibrate import compute_times, step_compute_times
 from exec.measure.calibrate_link import call_costs, late_notice
 from exec.measure.costs import io_tick_from
 from exec.models.spec import ModelSpec
+from sim.engine.core import first_excess
 
 __all__ = ["host_costs", "host_transport", "first_compute_law", "HOW", "LAW_HOW"]
 
@@ -110,7 +111,7 @@ def first_compute_law(points: list[tuple[float, float]]) -> tuple[float, float, 
         raise ValueError("the first compute's law needs 3 points or more at 2 durations or more")
     best = None
     for tau in TAUS:
-        g = [-math.expm1(-d / tau) for d, _ in points]
+        g = [first_excess(1.0, tau, d) for d, _ in points]  # the engine's law (sim.engine.core), per unit of most
         most = max(0.0, sum(gi * y for gi, (_, y) in zip(g, points)) / sum(gi * gi for gi in g))
         sq = sum((y - most * gi) ** 2 for gi, (_, y) in zip(g, points))
         if best is None or sq < best[0]:

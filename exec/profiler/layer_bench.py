@@ -26,7 +26,7 @@ from exec.models.cuts import end_bounds
 from exec.models.spec import ModelSpec
 from sim.hardware.layer_table import BLOCK_PASSES, END_PASSES
 
-__all__ = ["MICRO_BATCHES", "layer_rows", "HOW"]
+__all__ = ["MICRO_BATCHES", "layer_rows", "stage_medians", "HOW"]
 
 MICRO_BATCHES = 4  # micro-batches of each timed step
 BENT, RETRIES = 0.10, 2  # a stage's three times this far off a line are timed again, at most this many times
@@ -36,7 +36,7 @@ HOW = ("blocks: a pass's slope, ends: its intercept, of the least-squares line t
        "1F1B step (blocks: both stages' mean), I and W of a ZB-H1 step's second stage (exec.profiler.layer_bench)")
 
 
-def _stage_medians(ctx, model: sim.Transformer, micro_batch: int, recompute: str, blocks: int, schedule: str,
+def stage_medians(ctx, model: sim.Transformer, micro_batch: int, recompute: str, blocks: int, schedule: str,
                    steps: int, firsts: list | None = None, optimizers: list | None = None) -> dict[tuple[int, str], float]:
     """{(stage, kind): median seconds} of the computes inside `schedule` steps of the GPT with
     `blocks` blocks on each of 2 stages (the embedding on the first, the head on the last),
@@ -83,10 +83,10 @@ def _passes(ctx, model: sim.Transformer, micro_batch: int, recompute: str, steps
     "last_I", "last_W": s} of the ends, the largest `_bend`), the same on both ranks: per stage
     and kind, the line through its median time at `BLOCK_COUNTS` blocks a stage, its slope the
     block's, its intercept what the stage adds beyond its blocks. Each step's first computes go
-    to `firsts`, its optimizer steps to `optimizers` (`_stage_medians`)."""
+    to `firsts`, its optimizer steps to `optimizers` (`stage_medians`)."""
     block, ends, bend = {}, {}, 0.0
     for schedule, kinds, stages in (("1f1b", ("F", "B"), (0, 1)), ("zb-h1", ("I", "W"), (1,))):
-        medians = {n: _stage_medians(ctx, model, micro_batch, recompute, n, schedule, steps, firsts, optimizers)
+        medians = {n: stage_medians(ctx, model, micro_batch, recompute, n, schedule, steps, firsts, optimizers)
                    for n in BLOCK_COUNTS}
         for kind in kinds:
             lines = {s: _fit([(n, medians[n][(s, kind)]) for n in BLOCK_COUNTS]) for s in stages}
@@ -136,7 +136,7 @@ def layer_rows(ctx, model: sim.Transformer, micro_batches: Iterable[int], recomp
     micro_batches = list(micro_batches)
     # the process's first steps run cold (the allocator's pools, torch's threads, the caches):
     # one untimed step first, or the first row's F comes out slower than the same block's later
-    _stage_medians(ctx, model, micro_batches[0], recomputes[0], max(BLOCK_COUNTS), "1f1b", 1)
+    stage_medians(ctx, model, micro_batches[0], recomputes[0], max(BLOCK_COUNTS), "1f1b", 1)
     for b in micro_batches:
         for recompute in recomputes:
             t, ends = _timed(ctx, model, b, recompute, steps, out["first"], out["optimizer"], say)
