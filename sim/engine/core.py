@@ -42,20 +42,11 @@ from sim.schedule.liveness import change
 from .program import Program
 from .resources import RESOURCES, Resource, merge_memory
 from .result import Event, Result
+from .network import Arrival, Network
 from .transports import Transport, transport_class
 
 INF = float("inf")
 _COMPUTE, _RECV, _SEND, _PAIR = Role.COMPUTE, Role.RECV, Role.SEND, Role.PAIR
-
-
-class _Arrival(simpy.Event):
-    """The arrival of a transfer that a receiver is already waiting for: the sender
-    triggers it with a delay, as a Timeout would be."""
-
-    def arrive_after(self, delay: float) -> None:
-        self._ok = True
-        self._value = None
-        self.env.schedule(self, delay=delay)
 
 
 def _costs(p: Program, c: StageCosts):
@@ -112,7 +103,7 @@ class Run:
     stuck: a deadlock, which the caller explains). `result()` makes the `Result`; its
     `Event` records are made from these lists only on demand."""
 
-    def __init__(self, p: Program, net: "_Network", devices: "_Devices", resources: list[Resource], memory, activations):
+    def __init__(self, p: Program, net: "Network", devices: "_Devices", resources: list[Resource], memory, activations):
         self.program, self.resources = p, resources
         self.start, self.end, self.busy, self.finished = devices.start, devices.end, devices.busy, devices.finished
         self.sent, self.posted, self.arrive = net.sent, net.posted, net.arrive_at
@@ -143,55 +134,6 @@ class Run:
                       makespan=last - t0, busy=self.busy, t0=t0, compute_end=computed)
 
 
-class _Network:
-    """What the engine knows of transfers while it runs, and what a transport's hooks
-    read and call (`sim.engine.transports`): when each SEND was issued and each RECV posted,
-    `leave` (the data takes its link and arrives), `later` (run a function at a later
-    time), and, if the transport watches the devices, each rank's state."""
-
-    def __init__(self, env, p: Program, c: StageCosts, link, busy, nlinks: int, ranks: int):
-        n = len(p.actions)
-        self.env, self.program = env, p
-        self.sent: list[float | None] = [None] * n
-        self.posted: list[float | None] = [None] * n
-        self.arrive_at: list[float | None] = [None] * n   # known once the data has left
-        self.waiter: list[_Arrival | None] = [None] * n   # a receiver blocked on it
-        # each rank's state, for a transport that watches it: until when its transport thread
-        # may run at once (it waits, or has ended, or is in a SEND call), until when its
-        # current action holds it, and where its program goes on
-        self.free_until = [-1.0] * ranks
-        self.held_until = [0.0] * ranks
-        self.resume = [0] * ranks
-        self.leave = self._leave_function(c.latency, link, busy, nlinks)
-
-    def later(self, delay: float, fn, *args) -> None:
-        self.env.timeout(delay).callbacks.append(lambda _: fn(*args))
-
-    def _leave_function(self, latency: float, link, busy, nlinks: int):
-        env, later, arrive_at, waiter = self.env, self.later, self.arrive_at, self.waiter
-        link_free = [0.0] * nlinks
-        # With every transfer's link time 0 (free bandwidth), links never make one wait: a
-        # transfer's departure and arrival are known as soon as its leaving time is.
-        queues = self.queues = any(busy)
-
-        def leave(t: int, at: float) -> None:
-            """The data of transfer t leaves its sender at `at` (now or later): it takes the
-            link from when the link is free for busy[t], and arrives `latency` after that.
-            Links serve transfers in the order they leave, so a later one waits for `at`."""
-            now = env.now
-            if queues:
-                if at > now:
-                    return later(at - now, leave, t, at)
-                free = link_free[link[t]]
-                at = (at if at >= free else free) + busy[t]
-                link_free[link[t]] = at
-            arrive_at[t] = at + latency
-            if waiter[t] is not None:
-                waiter[t].arrive_after(at + latency - now)
-
-        return leave
-
-
 def run(p: Program, c: StageCosts, durations: Mapping[Action, float] | None = None) -> Run:
     """Run a compiled program under `c` (`durations`: compute action -> time, overriding
     their costs). Return the `Run` record, stuck ranks and all."""
@@ -199,7 +141,7 @@ def run(p: Program, c: StageCosts, durations: Mapping[Action, float] | None = No
     if durations:
         dur = [durations.get(a, d) for a, d in zip(p.actions, dur)]
     env = simpy.Environment()
-    net = _Network(env, p, c, link, busy, nlinks, p.ranks)
+    net = Network(env, p, c, link, busy, nlinks, p.ranks)
     transport: Transport = transport_class(c.transport)(c)
     gated = any(RESOURCES[role].gates_computes for role in p.beside)
     ready = [0.0] * len(p.actions) if gated else None  # per compute: when its resources let it start
@@ -246,13 +188,15 @@ class Loop(NamedTuple):
     env: simpy.Environment
     timeout: object          # env.timeout
     producer: list[int]      # the program's: per compute, the compute whose tensor it receives, or -1
-    sent: list               # the network's (`_Network`): when each SEND was issued
+    sent: list               # the network's (`Network`): when each SEND was issued
     posted: list             # when each RECV was posted
     arrive_at: list          # when each transfer arrives, once known
     waiter: list             # a receiver blocked on each transfer
     free_until: list         # per rank, for a transport that watches the devices
     held_until: list
     resume: list
+    at_yield: list
+    yielded: object          # the network's: rank r lets its transport thread run now
     watch: bool              # the transport watches the devices
     ahead: bool              # a device may run ahead of SimPy's clock (see `_Devices`)
     take_in: float           # the transport's call costs
@@ -280,7 +224,7 @@ class _Devices:
     `sim.engine.resources`). Records each compute's start and end, each rank's busy time
     and whether it finished."""
 
-    def __init__(self, net: _Network, transport: Transport, c: StageCosts, computes,
+    def __init__(self, net: Network, transport: Transport, c: StageCosts, computes,
                  resources: dict[Role, Resource], ready: list[float] | None):
         n, ranks = len(net.program.actions), net.program.ranks
         self.net = net
@@ -297,7 +241,8 @@ class _Devices:
         self.loop = Loop(
             env=net.env, timeout=net.env.timeout, producer=net.program.producer, sent=net.sent, posted=net.posted,
             arrive_at=net.arrive_at, waiter=net.waiter, free_until=net.free_until, held_until=net.held_until,
-            resume=net.resume, watch=transport.watches_devices, ahead=ahead, take_in=transport.take_in,
+            resume=net.resume, at_yield=net.at_yield, yielded=net.yielded, watch=transport.watches_devices,
+            ahead=ahead, take_in=transport.take_in,
             send_call=transport.send_call, recv_call=transport.recv_call, issued=issued, posted_hook=posted_hook,
             before=c.before_compute, after=c.after_compute, first=c.first_compute, first_tau=c.first_compute_tau, dur=dur, at_start=at_start, at_end=at_end,
             start_of=self.start, end_of=self.end, resources=resources, ready=ready)
@@ -306,14 +251,13 @@ class _Devices:
         """The SimPy process of device r; `log((time, (bytes, micro-batches)))` records
         each change of what it holds. A compute starts once its remote input is here:
         waiting, computing and the runtime's work around it are one timeout; only a tensor
-        that has not left yet needs an event (which the sender triggers at its arrival)."""
-        k = self.loop  # its fields as locals, once: the loop below runs once per action
-        env, timeout, watch, ahead, producer, sent, posted = k.env, k.timeout, k.watch, k.ahead, k.producer, k.sent, k.posted
-        arrive_at, free_until, held_until, resume = k.arrive_at, k.free_until, k.held_until, k.resume
-        take_in, send_call, recv_call, issued, posted_hook = k.take_in, k.send_call, k.recv_call, k.issued, k.posted_hook
-        before, after, first, first_tau, dur, at_start, at_end, start_of, end_of = (  # first: rule 19
-            k.before, k.after, k.first, k.first_tau, k.dur, k.at_start, k.at_end, k.start_of, k.end_of)
-        resources, ready, prog, runnable = k.resources, k.ready, self.net.program.programs[r], self.net.program.runnable[r]
+        that has not left yet needs an event (which the sender triggers at its arrival).
+        A rank that does not finish waits on a later compute."""
+        # the loop's fields as locals, once (`Loop`, in its order): the loop below runs once per action
+        (env, timeout, producer, sent, posted, arrive_at, _, free_until, held_until, resume, at_yield, yielded, _,
+         ahead, take_in, send_call, recv_call, issued, posted_hook, before, after, first, first_tau, dur, at_start,
+         at_end, start_of, end_of, resources, ready) = self.loop  # (first, first_tau: rule 19)
+        prog, runnable = self.net.program.programs[r], self.net.program.runnable[r]
         now, computing = env.now, 0.0
         for i, (role, x) in enumerate(prog if runnable == len(prog) else prog[:runnable], 1):
             if role is not _COMPUTE:  # post a RECV or issue a SEND at `now`: the transport decides when data leaves
@@ -323,6 +267,8 @@ class _Devices:
                     hold = recv_call
                 elif role is _SEND:  # rule 2
                     sent[x] = free_until[r] = now  # the runtime yields the core before the call (rule 9)
+                    if at_yield[r]:
+                        yielded(r, now)
                     issued(x, now)
                     hold = send_call  # (send_call, recv_call: how long the call holds the rank)
                 elif role is _PAIR:  # rule 18: the pair's F waits for its backward's input too
@@ -340,38 +286,38 @@ class _Devices:
                 continue
             start = now  # compute x
             if producer[x] >= 0:
+                if at_yield[r]:  # it yields the core to wait for or take in its input
+                    yielded(r, now)
                 at = arrive_at[x]
                 if at is None:  # the rank waits: its transport thread runs (rule 10)
                     at = yield from self._arrival(r, x)
                     if not ahead:
                         now = at
-                start = (at if at > start else start) + take_in  # taking the tensor in (0 unless modelled)
-                free_until[r] = start
+                free_until[r] = start = (at if at > start else start) + take_in  # taking it in (0 unless modelled)
             start, first = start + before + (first_excess(first, first_tau, dur[x]) if first else 0.0), 0.0  # 11, 19
             if ready is not None and ready[x] > start:  # e.g. a backward waits for its RELOAD (rule 14)
                 start = ready[x]
             if (delta := at_start[x]) is not None:  # e.g. F takes its micro-batch's activations (rule 7)
                 log((start, delta))
             end = start + dur[x]
-            if watch:
-                held_until[r], resume[r] = end + after, i
+            held_until[r], resume[r] = end + after, i  # (read where the transport watches the devices)
             if ahead:
                 now = end + after
             else:
                 yield timeout(end + after - now)
                 now = env.now
-            start_of[x], end_of[x] = start, end
-            computing += end - start
+            start_of[x], end_of[x], computing = start, end, computing + (end - start)
             if (delta := at_end[x]) is not None:  # e.g. the last backward (W where it is split) frees them
                 log((end, delta))
         free_until[r] = INF  # done (or stuck): it waits for its sends
-        self.busy[r], self.finished[r] = computing, runnable == len(prog)  # if not, it waits on a later compute
+        yielded(r, now)
+        self.busy[r], self.finished[r] = computing, runnable == len(prog)
 
     def _arrival(self, r: int, x: int):
         """Rank r waits until the data of transfer x has left and its arrival is known
         (a step of its SimPy process); returns the arrival."""
         k = self.loop
-        k.waiter[x] = _Arrival(k.env)
+        k.waiter[x] = Arrival(k.env)
         k.free_until[r] = INF  # its transport thread runs (rule 10)
         yield k.waiter[x]
         return k.arrive_at[x]
@@ -384,6 +330,8 @@ class _Devices:
         k = self.loop
         if k.producer[y] < 0:
             return now
+        if k.at_yield[r]:
+            k.yielded(r, now)
         at = k.arrive_at[y]
         if at is None:
             at = yield from self._arrival(r, y)

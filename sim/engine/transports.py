@@ -170,6 +170,7 @@ class GlooCpu(Rendezvous):
         env, leave, later = run.env, run.leave, run.later
         sender = [run.program.rank[j] if j >= 0 else -1 for j in run.program.producer]
         free_until, held_until, resume, to_yield = run.free_until, run.held_until, run.resume, self.to_yield
+        at_yield = run.at_yield
 
         def notice(t: int, at: float) -> None:
             now = env.now
@@ -178,6 +179,8 @@ class GlooCpu(Rendezvous):
             r = sender[t]
             if now <= free_until[r]:
                 leave(t, now)
+            elif tick == INF:  # at the sender's next yield, which its loop reports (`yielded`)
+                at_yield[r].append(t)
             else:
                 leave(t, now + expected_wait(held_until[r] + to_yield[r][resume[r]] - now, tick))
 

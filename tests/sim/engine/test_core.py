@@ -154,10 +154,11 @@ def test_properties(cfg):
             assert e.start >= ends[sim.Action(e.action.stage, Kind.F, e.action.micro)] - 1e-9
             assert e.end >= e.start + c.latency - 1e-9
             assert starts[consumer] >= e.end - 1e-9
-    # a link carries one transfer at a time (bandwidth part), FIFO
+    # a link carries one transfer at a time (bandwidth part), in the order the SENDs were issued
     for kind, step in ((Kind.SEND_F, 1), (Kind.SEND_B, -1)):
         for s in range(p):
             xs = sorted((e for e in r.events if e.action.kind is kind and e.action.stage == s), key=lambda e: e.end)
+            assert [e.start for e in xs] == sorted(e.start for e in xs)
             busy = [(e.end - c.latency - c.transfer_time(c.activation_bytes_sent[s if step == 1 else s - 1]),
                      e.end - c.latency) for e in xs]
             assert all(a[1] <= b[0] + 1e-9 for a, b in zip(busy, busy[1:]))
@@ -298,3 +299,23 @@ def test_first_compute_recovers_with_time_constant_tau(name, p, m, most, tau, f)
     assert t1 - t0 < p * most
     faster = sim.simulate(schedule, replace(plain, first_compute=most, first_compute_tau=tau / 2)).compute_end
     assert faster > t1
+
+
+def test_notices_that_wait_for_one_yield_leave_together_in_send_order():
+    """Rule 10 with no tick (io_tick inf): two notices that come in while their sender
+    computes both wait for its next yield, and leave at that one instant; rule 6 then gives
+    the link to the SEND issued first. (Found by hypothesis in CI, 2026-11-28: the engine
+    worked out the yield's time once per notice, from where the sender then was, and the
+    two sums differed in their last bit, so a re-run with the very same durations swapped
+    the two transfers.)"""
+    costs = Costs(forward=[0.5313521400632476, 1, 1, 1, 1, 1], backward=1.0, latency=2.0, bandwidth=1000.0,
+                  activation_bytes_sent=10.0, send_overhead=0.5, recv_overhead=0.4, io_tick=math.inf,
+                  before_compute=0.01, transport="gloo-cpu")
+    schedule = sim.make_schedule("1f1b", devices=6, micro_batches=3)
+    base = sim.simulate(schedule, costs)
+    link = sorted((e for e in base.events if e.action.kind is Kind.SEND_F and e.action.stage == 0),
+                  key=lambda e: e.action.micro)
+    assert link[0].start < link[1].start and link[0].end < link[1].end  # F0's data first, then F1's
+    assert link[1].end - link[0].end == pytest.approx(10.0 / 1000.0, rel=1e-9)  # F1 waits for the link
+    same = sim.simulate(schedule, costs, durations={e.action: e.duration for e in base.events if e.is_compute})
+    assert same.makespan == pytest.approx(base.makespan, rel=1e-12)

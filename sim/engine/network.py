@@ -1,0 +1,80 @@
+"""The network of one engine run: when each transfer's SEND was issued and RECV posted, when
+its data leaves and takes its link, and when it arrives (rules 5, 6 and 10 of docs/rules.md).
+
+`sim.engine.core` makes one `Network` per run; the transport's hooks (`sim.engine.transports`)
+read it and call its `leave`, and each device's loop reports to it where the rank lets its
+transport thread run (`yielded`).
+"""
+from __future__ import annotations
+
+import simpy
+
+from .costs import StageCosts
+from .program import Program
+
+
+class Arrival(simpy.Event):
+    """The arrival of a transfer that a receiver is already waiting for: the sender
+    triggers it with a delay, as a Timeout would be."""
+
+    def arrive_after(self, delay: float) -> None:
+        self._ok = True
+        self._value = None
+        self.env.schedule(self, delay=delay)
+
+
+class Network:
+    """What the engine knows of transfers while it runs, and what a transport's hooks
+    read and call (`sim.engine.transports`): when each SEND was issued and each RECV posted,
+    `leave` (the data takes its link and arrives), `later` (run a function at a later
+    time), and, if the transport watches the devices, each rank's state."""
+
+    def __init__(self, env, p: Program, c: StageCosts, link, busy, nlinks: int, ranks: int):
+        n = len(p.actions)
+        self.env, self.program = env, p
+        self.sent: list[float | None] = [None] * n
+        self.posted: list[float | None] = [None] * n
+        self.arrive_at: list[float | None] = [None] * n   # known once the data has left
+        self.waiter: list[Arrival | None] = [None] * n   # a receiver blocked on it
+        # each rank's state, for a transport that watches it: until when its transport thread
+        # may run at once (it waits, or has ended, or is in a SEND call), until when its
+        # current action holds it, and where its program goes on
+        self.free_until = [-1.0] * ranks
+        self.held_until = [0.0] * ranks
+        self.resume = [0] * ranks
+        self.at_yield: list[list[int]] = [[] for _ in range(ranks)]  # notices waiting for each rank's next yield
+        self.leave = self._leave_function(c.latency, link, busy, nlinks)
+
+    def yielded(self, r: int, now: float) -> None:
+        """Rank r lets its transport thread run at `now`: the notices that waited for it
+        (`at_yield`, rule 10 without a tick) are taken in, and their data leave."""
+        for t in self.at_yield[r]:
+            self.leave(t, now)
+        self.at_yield[r].clear()
+
+    def later(self, delay: float, fn, *args) -> None:
+        self.env.timeout(delay).callbacks.append(lambda _: fn(*args))
+
+    def _leave_function(self, latency: float, link, busy, nlinks: int):
+        env, later, arrive_at, waiter = self.env, self.later, self.arrive_at, self.waiter
+        link_free = [0.0] * nlinks
+        # With every transfer's link time 0 (free bandwidth), links never make one wait: a
+        # transfer's departure and arrival are known as soon as its leaving time is.
+        queues = self.queues = any(busy)
+
+        def leave(t: int, at: float) -> None:
+            """The data of transfer t leaves its sender at `at` (now or later): it takes the
+            link from when the link is free for busy[t], and arrives `latency` after that.
+            Links serve transfers in the order they leave, so a later one waits for `at`."""
+            now = env.now
+            if queues:
+                if at > now:
+                    return later(at - now, leave, t, at)
+                free = link_free[link[t]]
+                at = (at if at >= free else free) + busy[t]
+                link_free[link[t]] = at
+            arrive_at[t] = at + latency
+            if waiter[t] is not None:
+                waiter[t].arrive_after(at + latency - now)
+
+        return leave
