@@ -106,4 +106,7 @@ print("peak memory per rank, predicted and measured:", [int(b) for b in e2.peak_
 # ZB-H1 with recompute none and full, beside the machine's drift and load. Its last recorded
 # runs are in docs/measurements.md ("Rules 19 and 20: the first compute's recovery and the
 # optimizer in a step"): the step's two edges, its first compute and its optimizer, cost
-# what they cost inside a step, and the profile measures both there.
+# what they cost inside a step, and the profile measures both there. On a quiet half hour the
+# shapes the profile did not measure came out at 7-8 % median; on a noisy one ("A clean
+# check: profile-s12") at 13 %, where the machine itself moved by 10-30 % between rounds:
+# read the grid's "paired" column there, each shape against the profiled shape's runs around it.

@@ -26,7 +26,7 @@ from exec.models.cuts import end_bounds
 from exec.models.spec import ModelSpec
 from sim.hardware.layer_table import BLOCK_PASSES, END_PASSES
 
-__all__ = ["MICRO_BATCHES", "layer_rows", "stage_medians", "HOW"]
+__all__ = ["MICRO_BATCHES", "BLOCK_COUNTS", "layer_rows", "stage_medians", "fit_line", "HOW"]
 
 MICRO_BATCHES = 4  # micro-batches of each timed step
 BENT, RETRIES = 0.10, 2  # a stage's three times this far off a line are timed again, at most this many times
@@ -63,7 +63,7 @@ def stage_medians(ctx, model: sim.Transformer, micro_batch: int, recompute: str,
     return {key: v for medians, _, _ in both for key, v in medians.items()}
 
 
-def _fit(points: list[tuple[int, float]]) -> tuple[float, float]:
+def fit_line(points: list[tuple[int, float]]) -> tuple[float, float]:
     """(intercept, slope) of the least-squares line through (blocks, seconds) points."""
     n = len(points)
     mx, my = sum(x for x, _ in points) / n, sum(y for _, y in points) / n
@@ -89,7 +89,7 @@ def _passes(ctx, model: sim.Transformer, micro_batch: int, recompute: str, steps
         medians = {n: stage_medians(ctx, model, micro_batch, recompute, n, schedule, steps, firsts, optimizers)
                    for n in BLOCK_COUNTS}
         for kind in kinds:
-            lines = {s: _fit([(n, medians[n][(s, kind)]) for n in BLOCK_COUNTS]) for s in stages}
+            lines = {s: fit_line([(n, medians[n][(s, kind)]) for n in BLOCK_COUNTS]) for s in stages}
             block[kind] = statistics.fmean(slope for _, slope in lines.values())
             ends |= {f"{'first' if s == 0 else 'last'}_{kind}": a for s, (a, _) in lines.items()}
             bend = max([bend] + [_bend([medians[n][(s, kind)] for n in BLOCK_COUNTS]) for s in stages])

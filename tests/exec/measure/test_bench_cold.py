@@ -1,4 +1,4 @@
-"""The benchmarks of a compute after a wait and during handoffs (benchmarks/bench_cold_computes.py, bench_idle_warmup.py, bench_handoff_computes.py): their reading of a run's trace and calibration, their grouping, their interleaving, their refusals, and the handoff pattern on two real ranks. No timing assertions."""
+"""The benchmarks of a compute after a wait and during handoffs (benchmarks/bench_cold_computes.py, bench_idle_warmup.py, bench_handoff_computes.py) and of the profile's lines against a run (bench_block_vs_run.py): their reading of a run's trace and calibration, their grouping, their interleaving, their refusals, and the handoff pattern on two real ranks. No timing assertions."""
 from __future__ import annotations
 
 import json
@@ -63,11 +63,14 @@ def test_bad_arguments_are_one_line_and_exit_2(main, argv, capsys):
     assert e.value.code == 2 and len(capsys.readouterr().err.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("argv", [["--shape", "64,3,32,8"], ["--rounds", "0"], ["--shape", "1,2,3"]])
-def test_the_handoff_benchmark_refuses_bad_arguments_in_one_line(argv, capsys):
-    import bench_handoff_computes as handoff
+@pytest.mark.parametrize("bench, argv", [
+    ("bench_handoff_computes", ["--shape", "64,3,32,8"]), ("bench_handoff_computes", ["--rounds", "0"]),
+    ("bench_handoff_computes", ["--shape", "1,2,3"]), ("bench_block_vs_run", ["--shape", "64,3,32,256"]),
+    ("bench_block_vs_run", ["--rounds", "0"]), ("bench_block_vs_run", ["--shape", "64,2,32"])])
+def test_the_two_rank_benchmarks_refuse_bad_arguments_in_one_line(bench, argv, capsys):
+    import importlib
     with pytest.raises(SystemExit) as e:
-        handoff.main(argv)
+        importlib.import_module(bench).main(argv)
     assert e.value.code == 2 and len(capsys.readouterr().err.strip().splitlines()) == 1
 
 
@@ -83,3 +86,16 @@ def test_the_handoff_benchmark_times_every_compute_on_two_real_ranks():
     for r in per_rank:
         assert {k: len(v) for k, v in r.items()} == {"back to back": 8, "sending": 8, "receiving": 8}
         assert all(t > 0 for v in r.values() for t in v)
+
+
+@pytest.mark.slow
+def test_the_block_against_run_benchmark_sets_every_run_beside_its_line(capsys):
+    """One round at a tiny shape: the layer bench's lines on two real ranks, then exec's four
+    runs; every schedule, recompute and kind gets a ratio from both stages (no timing asserted)."""
+    pytest.importorskip("torch")
+    import bench_block_vs_run as block
+    assert block.main(["--shape", "16,1,8,32", "--rounds", "1"]) == 0
+    summary = capsys.readouterr().out.split("run / line - 1")[1].strip().splitlines()[1:]
+    cells = {tuple(line.split()[:3]) for line in summary}
+    assert cells == {(s, r, k) for s, r in block.RUNS for k in "FB"}
+    assert all(line.endswith("2 values)") for line in summary)
