@@ -1,6 +1,6 @@
 """The profile's block lines against exec.run's own computes in the same minutes, by schedule and recompute: does a stage's compute cost in a run what the layer bench says?
 
-    PYTHONPATH=. python benchmarks/bench_block_vs_run.py                      # 5 rounds, about 3 min
+    PYTHONPATH=. python benchmarks/bench_block_vs_run.py                      # 5 rounds, about 4 min
     PYTHONPATH=. python benchmarks/bench_block_vs_run.py --shape 64,2,64,1024 --rounds 8
 
 The planner predicts a run from the profile's layer table (`exec.profiler.layer_bench`): per

@@ -197,7 +197,6 @@ class Loop(NamedTuple):
     resume: list
     at_yield: list
     yielded: object          # the network's: rank r lets its transport thread run now
-    watch: bool              # the transport watches the devices
     ahead: bool              # a device may run ahead of SimPy's clock (see `_Devices`)
     take_in: float           # the transport's call costs
     send_call: float
@@ -241,8 +240,7 @@ class _Devices:
         self.loop = Loop(
             env=net.env, timeout=net.env.timeout, producer=net.program.producer, sent=net.sent, posted=net.posted,
             arrive_at=net.arrive_at, waiter=net.waiter, free_until=net.free_until, held_until=net.held_until,
-            resume=net.resume, at_yield=net.at_yield, yielded=net.yielded, watch=transport.watches_devices,
-            ahead=ahead, take_in=transport.take_in,
+            resume=net.resume, at_yield=net.at_yield, yielded=net.yielded, ahead=ahead, take_in=transport.take_in,
             send_call=transport.send_call, recv_call=transport.recv_call, issued=issued, posted_hook=posted_hook,
             before=c.before_compute, after=c.after_compute, first=c.first_compute, first_tau=c.first_compute_tau, dur=dur, at_start=at_start, at_end=at_end,
             start_of=self.start, end_of=self.end, resources=resources, ready=ready)
@@ -254,7 +252,7 @@ class _Devices:
         that has not left yet needs an event (which the sender triggers at its arrival).
         A rank that does not finish waits on a later compute."""
         # the loop's fields as locals, once (`Loop`, in its order): the loop below runs once per action
-        (env, timeout, producer, sent, posted, arrive_at, _, free_until, held_until, resume, at_yield, yielded, _,
+        (env, timeout, producer, sent, posted, arrive_at, _, free_until, held_until, resume, at_yield, yielded,
          ahead, take_in, send_call, recv_call, issued, posted_hook, before, after, first, first_tau, dur, at_start,
          at_end, start_of, end_of, resources, ready) = self.loop  # (first, first_tau: rule 19)
         prog, runnable = self.net.program.programs[r], self.net.program.runnable[r]
