@@ -12,6 +12,9 @@ cores / ranks threads, or one GPU each):
 
 - matmuls of the shapes the planner asks for (`exec.profiler.device_bench.planner_gemms` of the
   GPT the flags give, at each --micro-batch) -> `matmul.table`;
+- torch's causal attention call, forward and backward, at a grid of head widths, sequences and
+  counts of problems with the model's and each --layer-shape's own added
+  (`exec.profiler.device_bench.attention_shapes`) -> `attention.table`;
 - memory-bound kernels by class, at several sizes, their bandwidth the slope of time over
   bytes -> `memory_bound`; the best copy bandwidth is the datasheet's `hbm_bandwidth`;
 - the host's cost of a kernel -> `launch.per_kernel` (CPU: a block of the GPT at almost no
@@ -24,8 +27,8 @@ cores / ranks threads, or one GPU each):
   (`exec.profiler.host_bench`, exec's own calibration) -> `host_transport` (none with nccl);
 - with gloo on 2 ranks, one block's F, B, I and W as a step runs them, at each --micro-batch
   and recompute none and full (`exec.profiler.layer_bench`), of the model's shape and of
-  each --layer-shape (default, without --quick or --no-anchors: half and twice the model's
-  hidden size, heads and sequence, `anchor_shapes`, so that the planner's fit of other
+  each --layer-shape (default, without --quick or --no-anchors: a quarter, half and twice the
+  model's hidden size, heads and sequence, `anchor_shapes`, so that the planner's fit of other
   shapes has measured blocks on both sides: `sim.cost.block_fit`) -> `layers`.
 
 With --repeat N it measures N profiles one after another, keeps each beside --out
@@ -81,7 +84,7 @@ def build_parser():
                    help="micro-batch size (repeat; default 1 2 4 8)")
     g.add_argument("--layer-shape", type=_shape, action="append", metavar="HIDDEN,HEADS,SEQ",
                    help="also time whole blocks of this shape (repeat; gloo, 2 ranks), in place of the default "
-                        "half and twice the model's (none with --quick): the planner's anchors for other "
+                        "quarter, half and twice the model's (none with --quick): the planner's anchors for other "
                         "shapes (sim.cost.block_fit)")
     g.add_argument("--no-anchors", action="store_true",
                    help="time the model's blocks only (the planner's fit alone for other shapes; about 30 s)")
@@ -107,13 +110,19 @@ def _shape(text: str) -> tuple[int, int, int]:
 
 
 def anchor_shapes(model) -> list[tuple[int, int, int]]:
-    """(hidden, heads, seq) of half and twice `model`'s hidden size, heads and sequence (each
-    at least 1; half the heads only where they divide half the hidden size, else the model's):
-    the blocks `measure_device` times beside the model's own by default."""
-    half_heads = max(1, model.heads // 2)
-    half_heads = half_heads if (model.hidden // 2) % half_heads == 0 else model.heads
-    half = (max(1, model.hidden // 2), half_heads, max(1, model.seq // 2))
-    shapes = [half] if half[0] % half[1] == 0 and half != (model.hidden, model.heads, model.seq) else []
+    """(hidden, heads, seq) of a quarter, half and twice `model`'s hidden size, heads and
+    sequence (each at least 1; the heads divided only where they divide the smaller hidden
+    size, else the model's; a smaller shape only where it differs from the larger ones): the
+    blocks `measure_device` times beside the model's own by default. The quarter one: below
+    the half, the fit of a small block extrapolates, and a block of hidden 32 came out 30 %
+    long under one profile and 30 % short under another (docs/measurements.md)."""
+    shapes = []
+    for k in (4, 2):
+        heads = max(1, model.heads // k)
+        heads = heads if (model.hidden // k) % heads == 0 else model.heads
+        shape = (max(1, model.hidden // k), heads, max(1, model.seq // k))
+        if shape[0] % shape[1] == 0 and shape not in (*shapes, (model.hidden, model.heads, model.seq)):
+            shapes.append(shape)
     return shapes + [(2 * model.hidden, 2 * model.heads, 2 * model.seq)]
 
 
@@ -146,6 +155,8 @@ def _worker(ctx, plan: dict) -> dict:
     if plan["compute"]:
         rows = device_bench.matmul_rows(plan["gemms"], device, torch.float32, "fp32", dist.barrier, say, plan["loops"])
         out.update(matmul=rows,
+                   attention=device_bench.attention_rows(plan["attention"], device, torch.float32, "fp32", dist.barrier,
+                                                         say, plan["loops"]),
                    memory=device_bench.memory_rows(plan["memory"], device, torch.float32, dist.barrier, say,
                                                    plan["loops"]),
                    compute=device_bench.compute_rows(plan["memory"], device, torch.float32, dist.barrier, say,
@@ -233,7 +244,7 @@ def measure_device(out: Path, backend: str = "gloo", ranks: int | None = None, q
     more `sim.Transformer`s whose blocks to time as well. Raises ValueError where the device
     cannot be measured (`refusal`), `exec.launch.processes.RankError` / TimeoutError where a rank fails."""
     import torch
-    from exec.profiler.device_bench import planner_gemms
+    from exec.profiler.device_bench import attention_shapes, planner_gemms
     from exec.launch.host import host_cores
     from exec.launch.processes import launch
     from exec.models.spec import ModelSpec
@@ -249,7 +260,7 @@ def measure_device(out: Path, backend: str = "gloo", ranks: int | None = None, q
     plan = dict(gemms=planner_gemms(model, micro_batches), model=model, memory=sizes["memory"], messages=sizes["messages"],
                 loops=sizes["loops"], repeats=sizes["repeats"], host=sizes["host"] if backend == "gloo" else None,
                 host_micro_batch=sorted(micro_batches)[len(micro_batches) // 2], layer_micro_batches=tuple(micro_batches),
-                layer_models=tuple(layer_models))
+                layer_models=tuple(layer_models), attention=attention_shapes((model, *layer_models), quick))
     t0 = time.perf_counter()
     _say(f"{backend} on {n} rank(s), {max(1, cores // n) if backend == 'gloo' else 'GPU'} thread(s) each; "
          f"{len(plan['gemms'])} matmul shapes, {'quick' if quick else 'full'} sizes")

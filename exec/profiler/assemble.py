@@ -30,6 +30,11 @@ OPTIMIZER_HOW = ("the optimizer's step over 33 one-element parameters less its s
                  "(exec.profiler.device_bench.optimizer_tensor_seconds)")
 
 
+ATTENTION_HOW = ("rows [precision, head_dim, seq, batch_heads, forward, backward]: the median seconds of torch's "
+                 "causal scaled_dot_product_attention over batch_heads problems, and of its backward (the gradients "
+                 "of q, k and v), each in a loop (exec.profiler.device_bench.attention_rows)")
+
+
 IN_STEP_HOW = ("inside training steps (rule 20): least squares through 0, over the layer bench's steps (per "
                "configuration and rank: its median AdamW step; exec.profiler.layer_bench), relative, of the step "
                "beyond its memory-bound part (memory_bound.classes.optimizer) per parameter tensor "
@@ -77,6 +82,8 @@ def assemble(measured: dict, collectives: list, fp: dict, cores: int | None, com
                                if cores is not None else "multiprocessor count")},
         "fingerprint": fp,
         "matmul": {"table": {"rows": rows, **stamp}},
+        **({"attention": {"table": {"rows": measured["attention"], **stamp, "how": ATTENTION_HOW}}}
+           if measured.get("attention") else {}),
         "memory_bound": {"bandwidth": derived(classes["copy"]["value"], ["memory_bound.classes.copy"],
                                               "the copy class's"),
                          "classes": classes},

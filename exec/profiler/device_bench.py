@@ -1,4 +1,4 @@
-"""What one rank's device achieves: matmuls by shape, memory-bound kernels by class, the host's cost per op, a step's fixed cost.
+"""What one rank's device achieves: matmuls by shape, torch's attention kernel by shape, memory-bound kernels by class, the host's cost per op, a step's fixed cost.
 
 Each function runs inside a rank that `exec.launch.processes` set up as exec's runs are (its cores,
 its threads, gloo's host tuning), so that it measures the device as a pipeline rank uses
@@ -23,8 +23,10 @@ import torch.nn.functional as F
 
 from sim.model.footprint import optimizer_step_bytes
 from sim.cost.layer import Slice, gemm_products, gemm_shapes, pass_kernels
+from sim.cost.shapes import head_widths
 
-__all__ = ["CLASSES", "COMPUTE_CLASSES", "median_seconds", "planner_gemms", "matmul_rows", "memory_rows",
+__all__ = ["CLASSES", "COMPUTE_CLASSES", "ATTENTION_GRID", "median_seconds", "planner_gemms", "matmul_rows",
+           "attention_shapes", "attention_call", "attention_rows", "memory_rows",
            "compute_rows", "launch_seconds", "layer_launch_seconds", "step_overhead_seconds",
            "optimizer_tensor_seconds", "in_step_per_tensor"]
 
@@ -97,6 +99,51 @@ def matmul_rows(shapes, device: torch.device, dtype: torch.dtype, precision: str
         if i % 10 == 0 or i == len(shapes) - 1:
             say(f"matmul {i + 1}/{len(shapes)}: {m}x{n}x{k} (batch {batch}, {layout}) "
                 f"{2 * m * n * k * batch / rows[-1][5] / 1e9:.1f} GFLOP/s")
+    return rows
+
+
+# torch's attention kernel at a grid of powers of two (`attention_shapes` adds each model's own):
+# head widths, sequences and counts of problems (micro-batch x heads), read between them by
+# sim.hardware.attention_table
+ATTENTION_GRID = ((16, 32, 64, 128), (32, 64, 128, 256), (8, 64))
+
+
+def attention_shapes(models, quick: bool = False) -> list[tuple[int, int, int]]:
+    """(head_dim, seq, batch_heads) at which to time torch's attention: `ATTENTION_GRID` with
+    each of `models`' (`sim.Transformer`s) head width and sequence added; `quick`: the models'
+    alone."""
+    dims, seqs, counts = ((), (), ATTENTION_GRID[2]) if quick else ATTENTION_GRID
+    dims = sorted(set(dims) | {head_widths(m)[0] for m in models})
+    seqs = sorted(set(seqs) | {m.seq for m in models})
+    return [(d, s, n) for d in dims for s in seqs for n in counts]
+
+
+def attention_call(head_dim: int, seq: int, batch_heads: int, device: torch.device, dtype: torch.dtype):
+    """The forward and the backward of one causal `scaled_dot_product_attention` over
+    `batch_heads` problems, q, k and v laid out as exec's GPT gives them (views of one
+    projection's output, `exec.models.layers.Block`); the backward's gradients are q's, k's and
+    v's alone (the split's concatenation is a kernel of its own); and q, k, v."""
+    qkv = torch.randn(batch_heads, seq, 3 * head_dim, device=device, dtype=dtype, requires_grad=True)
+    q, k, v = (z.view(batch_heads, seq, 1, head_dim).transpose(1, 2) for z in qkv.split(head_dim, dim=2))
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    grad = torch.randn_like(out)
+    return (lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+            lambda: torch.autograd.grad(out, (q, k, v), grad, retain_graph=True), (q, k, v))
+
+
+def attention_rows(shapes, device: torch.device, dtype: torch.dtype, precision: str, barrier: Callable[[], None],
+                   say: Callable[[str], None], loops: int = 5) -> list[list]:
+    """[precision, head_dim, seq, batch_heads, forward, backward] seconds of torch's causal
+    attention (`attention_call`) per (head_dim, seq, batch_heads) of `shapes`
+    (`attention_shapes`): the profile's `attention.table` (sim.hardware.attention_table)."""
+    rows = []
+    for i, (d, s, n) in enumerate(shapes):
+        forward, backward, _ = attention_call(d, s, n, device, dtype)
+        barrier()
+        rows.append([precision, d, s, n, median_seconds(forward, device, loops), median_seconds(backward, device, loops)])
+        if i % 8 == 0 or i == len(shapes) - 1:
+            say(f"attention {i + 1}/{len(shapes)}: head {d}, sequence {s}, {n} problems: "
+                f"{rows[-1][4] * 1e6:.0f} us forward, {rows[-1][5] * 1e6:.0f} us backward")
     return rows
 
 

@@ -22,7 +22,7 @@ Korthikanti et al. 2022, Sec. 4) and timed alone; a pass is their sum, except wh
   GEMMs, softmax and dropout over the as^2b scores); `attention="flash"` one fused kernel
   (FlashAttention-2/3, cuDNN's), FlashAttention-2's causal FLOP count at the profile's attention
   efficiency, its backward 2.5 times its forward, no kernel over the scores
-  (`fused_attention_times`).
+  (`sim.cost.attention`).
 - precision="fp8": the four Linear GEMMs in FP8, Transformer Engine's casts among the
   memory-bound kernels, FP8 all-gathers and BF16 reductions (`sim.cost.fp8`); the rest BF16.
 - Context parallelism (`Slice.cp`, Megatron-Core's `--context-parallel-size`): each of cp
@@ -58,7 +58,10 @@ three gradients. The weight-gradient pass W holds the bias gradients (a sum over
 the norms' gain and bias gradients and autograd's adds into each parameter's `.grad` (counted
 on every micro-batch; the first of a step stores instead); and under full recompute torch's
 split backward recomputes the forward once more in W (`exec.runtime.split_backward`). The kernel
-counts are torch's operators, a fused one (addmm, the flash kernel) once.
+counts are torch's operators, a fused one (addmm, the flash kernel) once. Where the profile
+measured torch's flash call (`sim.hardware.attention_table`), the core takes the measured
+call's time, its own kernels in it (`sim.cost.attention`): on a CPU the call takes 1.1 to 6
+times its matmuls.
 """
 from __future__ import annotations
 
@@ -70,6 +73,7 @@ from sim.hardware.network import collective_time, links_of
 from sim.model.transformer import Transformer, check_recompute
 
 from . import fp8
+from .attention import BACKWARD_OVER_FORWARD, CAUSAL_SHARE, SDPA_INSIDE, fused_attention_times, measured_attention_times
 from .block_fit import block_in_step, in_step_fits
 from .context import context_attention
 from .moe import dense_width, routed_kernels, routed_times
@@ -178,11 +182,12 @@ def _count(kernels, only=None) -> int:
     return sum(_OPS.get(name, 1) for name, _, _ in kernels if (only is None or name in only) and name not in _INSIDE)
 
 
-def _lists(m: Transformer, x: Slice, scaling: str = "delayed") -> dict:
+def _lists(m: Transformer, x: Slice, scaling: str = "delayed", measured: bool = False) -> dict:
     """The layer's memory- and compute-bound kernels by pass (F, I, W), the attention core's,
     whether its attention is one fused kernel, and the matmuls its backward adds: Megatron-LM's
     or torch's (see the module's docstring); under FP8 with Transformer Engine's casts
-    (`sim.cost.fp8.cast_kernels`, of the profile's `scaling`)."""
+    (`sim.cost.fp8.cast_kernels`, of the profile's `scaling`); `measured`: torch's flash call is
+    timed as the profile measured it (`sim.cost.attention`), without its own kernels."""
     if x.precision == "fp8":
         if m.kernels != "megatron":
             raise ValueError("precision 'fp8' is Transformer Engine's under Megatron-LM: kernels='megatron' only")
@@ -203,6 +208,9 @@ def _lists(m: Transformer, x: Slice, scaling: str = "delayed") -> dict:
         raise ValueError(f"kernels='torch' lists the kernels of exec's GPT (arch 'gpt', flash attention, no dropout); "
                          f"got arch {m.arch!r}, attention {m.attention!r}, dropout {m.dropout}, mlp {m.mlp!r}, "
                          f"positions {m.positions!r}")
+    if measured:  # the profile measured torch's flash call: its own kernels are in its time
+        return {**{p: [k for k in v if k[0] not in SDPA_INSIDE] for p, v in _TORCH.items()}, "core": (),
+                "rescore": 1, "fused": True}
     return {**_TORCH, "core": _TORCH_CORE, "rescore": 1, "fused": True}
 
 
@@ -254,18 +262,22 @@ def kernel_layer_times(m: Transformer, dev: DeviceProfile, x: Slice, recompute: 
     measured blocks left aside."""
     ffn = dense_width(m) if moe else m.ffn
     routed = routed_times(m, dev, x) if moe else None
-    shapes, k = gemm_shapes(m, x, ffn), _lists(m, x, dev.fp8_scaling)
+    measured = measured_attention_times(m, dev, x)
+    shapes, k = gemm_shapes(m, x, ffn), _lists(m, x, dev.fp8_scaling, measured is not None)
     products = {n: gemm_products(*s) for n, s in shapes.items()}  # forward, input and weight gradient
     fwd, dx, dw = ({n: _gemm_time(dev, x, n, q[i]) for n, q in products.items()} for i in range(3))
     weightless = _WEIGHTLESS
     comm_f, comm_i, hidden = _collectives(m, dev, x, dx, dw)
     hidden = hidden if tp_overlap else 0.0
     # the attention core's matmuls (scores, values) in F and in I, as batched GEMMs: Megatron-LM's
-    # unfused core, torch's flash kernel, and a fused kernel on a profile without an attention
-    # efficiency (the whole s^2, no causal saving); else one fused kernel at that efficiency
+    # unfused core, torch's flash kernel where the profile did not measure it, and a fused kernel
+    # on a profile without an attention efficiency (the whole s^2, no causal saving); else the
+    # measured call, or one fused kernel at that efficiency (sim.cost.attention)
     core_f = fwd["scores"] + fwd["values"]
     core_i = sum(dx[n] + dw[n] for n in weightless) + k["rescore"] * fwd["scores"]
-    if k["fused"] and m.kernels == "megatron" and dev.attention_efficiency is not None:
+    if measured is not None:  # torch's flash call as the profile measured it
+        core_f, core_i = measured
+    elif k["fused"] and m.kernels == "megatron" and dev.attention_efficiency is not None:
         core_f, core_i = fused_attention_times(m, dev, x)
     cp_f, cp_i = context_attention(m, dev, x, core_f, core_i)
     weighted = [n for n in fwd if n not in weightless]
@@ -307,27 +319,6 @@ def _gemm_time(dev: DeviceProfile, x: Slice, name: str, product: tuple) -> float
     if x.precision == "fp8" and name not in _WEIGHTLESS:
         return fp8.linear_gemm_time(dev, *product)
     return gemm_time(dev, x.activation_precision, *product)
-
-
-# FlashAttention-2's benchmark count (Dao-AILab/flash-attention, benchmarks/benchmark_flash_attention.py,
-# `flops`): a forward of 4 s^2 (heads x head dim) b FLOPs (the scores and values matmuls), halved
-# when causal ("// (2 if causal else 1)"), and a backward of 2.5 times the forward's (it recomputes
-# the scores: five matmuls of the forward's size less the causal half, "2.5 * f").
-CAUSAL_SHARE = 0.5
-BACKWARD_OVER_FORWARD = 2.5
-
-
-def fused_attention_times(m: Transformer, dev: DeviceProfile, x: Slice) -> tuple[float, float]:
-    """Seconds of one GPU's fused causal attention kernel (FlashAttention-2/3, cuDNN's fused
-    attention) in F and in the backward: its FLOPs (FlashAttention-2's count above, the heads of
-    this GPU's tensor-parallel slice) at the profile's attention efficiency of the datasheet peak;
-    the backward runs BACKWARD_OVER_FORWARD times the forward's FLOPs at the same rate. It never
-    writes the s^2 scores: the layer has no memory-bound kernel of them. (A profile without an
-    attention efficiency times the kernel as its matmuls alone: `layer_times`.)"""
-    core = width_ratios(m)["core"]  # (d_qk + d_v) heads / 2h: 1 for MHA, other widths for head_dim and MLA
-    flops = CAUSAL_SHARE * 4 * x.micro_batch * m.seq ** 2 * m.hidden * core / x.tp / x.cp  # cp: balanced, below
-    forward = flops / (dev.flops(x.activation_precision) * dev.attention_efficiency)
-    return forward, BACKWARD_OVER_FORWARD * forward
 
 
 def _as_measured(row, lt: LayerTimes) -> LayerTimes:

@@ -4,7 +4,8 @@ The format is docs/profiles.md's (version 1). A `DeviceProfile` holds a datashee
 and the achieved figures: matmul efficiency or a measured matmul table, memory-bound
 bandwidth by kernel class (measured ones also by size), the rates of compute-bound elementwise
 kernels, collective and point-to-point links (NCCL's ring model, or a measured table), the
-host's launch cost per kernel, a step's fixed overhead, measured blocks and ends (`layer_table`).
+host's launch cost per kernel, a step's fixed overhead, measured blocks and ends (`layer_table`),
+the fused attention kernel by shape (`attention_table`).
 `sim.hardware.kernels` turns them into times; nothing here models, it reads, checks, looks up.
 
     >>> p = profile("a100-80gb-best-case")
@@ -21,7 +22,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .gpus import GPU, GPUS, PEAK_PRECISIONS
-from . import layer_table
+from . import attention_table, layer_table
+from .points import interpolate
 from .host_transport import read as read_host_transport
 from .profile_reader import SOURCES, ProfileError, Reader  # noqa: F401  SOURCES: part of this module's API
 
@@ -80,6 +82,7 @@ class DeviceProfile:
     host_transport: Mapping[str, Any] | None = None  # the Costs fields of its runtime's transport (host_transport.py)
     layers: layer_table.LayerTable = field(default_factory=layer_table.LayerTable)  # measured blocks and ends
     attention_efficiency: float | None = None  # fused attention's share of the peak; None: at its matmuls' rate
+    attention: attention_table.AttentionTable = field(default_factory=attention_table.AttentionTable)  # measured calls
     fp8_efficiency: float | None = None  # FP8 GEMMs' share of the FP8 peak (`sim.cost.fp8`); None: FP8 not timed
     fp8_scaling: str = "delayed"         # its FP8 recipe: "delayed" or "current" scaling (`sim.cost.fp8.SCALINGS`)
     # a grouped GEMM's rate (the experts' matmuls, `sim.cost.moe`) over a plain GEMM's of the same
@@ -106,7 +109,7 @@ class DeviceProfile:
         depends on whether the bytes fit its caches), else at the class's bandwidth."""
         rate = self.memory_class_bandwidth(kind)
         pts = self.memory_points.get(kind)
-        return _interpolate(pts, nbytes) if pts and nbytes > 0 else nbytes / rate
+        return interpolate(pts, nbytes) if pts and nbytes > 0 else nbytes / rate
 
     def compute_class_time(self, kind: str, elements: float) -> float | None:
         """Seconds of an elementwise kernel of compute class `kind` (one of COMPUTE_CLASSES) over
@@ -117,7 +120,7 @@ class DeviceProfile:
         if kind not in self.compute_classes:
             return None
         pts = self.compute_points.get(kind)
-        return _interpolate(pts, elements) if pts and elements > 0 else elements / self.compute_classes[kind]
+        return interpolate(pts, elements) if pts and elements > 0 else elements / self.compute_classes[kind]
 
     def link(self, name: str) -> Link:
         if name not in LINKS:
@@ -150,11 +153,11 @@ class DeviceProfile:
     def collective_lookup(self, op: str, link: str, ranks: int, nbytes: float) -> float | None:
         """Seconds of a collective from the measured table, interpolated in bytes; None if none of (op, link, ranks)."""
         pts = self._collective_points.get((op, link, ranks))
-        return _interpolate(pts, nbytes) if pts else None
+        return interpolate(pts, nbytes) if pts else None
 
     def p2p_lookup(self, link: str, nbytes: float) -> float | None:
         pts = self._p2p_points.get(link)
-        return _interpolate(pts, nbytes) if pts else None
+        return interpolate(pts, nbytes) if pts else None
 
     @cached_property
     def _collective_points(self) -> dict:
@@ -183,17 +186,6 @@ def _by_key(pairs) -> dict:
     for key, pt in pairs:
         out.setdefault(key, []).append(pt)
     return {k: sorted(v) for k, v in out.items()}
-
-
-def _interpolate(pts: list[tuple[float, float]], x: float) -> float:
-    """Piecewise linear through `pts` (sorted by x); the first point's y below it (a latency
-    floor), the last point's rate above it (time in proportion to bytes: bandwidth-bound)."""
-    if x <= pts[0][0]:
-        return pts[0][1]
-    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
-        if x <= x1:
-            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
-    return pts[-1][1] * x / pts[-1][0]
 
 
 def _link(r: Reader, name: str) -> Link | None:
@@ -252,7 +244,8 @@ def from_dict(data: Mapping, where: str = "profile") -> DeviceProfile:
         host_transport=read_host_transport(r.section("host_transport", required=False), r.number, r.fail),
         layers=layer_table.read(r.rows("layers.blocks", layer_table.BLOCKS), r.rows("layers.ends", layer_table.ENDS),
                                 r.rows("layers.checked", layer_table.CHECKED)),
-        attention_efficiency=attention, fp8_efficiency=r.number("matmul.fp8_efficiency", required=False),
+        attention_efficiency=attention, attention=attention_table.read(r.rows("attention.table", attention_table.ROWS)),
+        fp8_efficiency=r.number("matmul.fp8_efficiency", required=False),
         fp8_scaling=(r.section("matmul.fp8_efficiency", required=False) or {}).get("scaling", "delayed"),
         grouped_gemm_efficiency=r.number("matmul.grouped_gemm_efficiency", required=False))
 

@@ -17,6 +17,7 @@ import sim  # noqa: E402
 from exec import profile_device as pd  # noqa: E402
 from exec.launch.host import host_cores  # noqa: E402
 from exec.profiler.comm_bench import p2p_fit, ring_fit  # noqa: E402
+from exec.profiler.device_bench import ATTENTION_GRID, attention_call, attention_rows, attention_shapes  # noqa: E402
 from exec.profiler.host_bench import TAUS, first_compute_law, host_transport  # noqa: E402
 from exec.profiler.layer_bench import RETRIES  # noqa: E402
 from sim.hardware.host_transport import FIELDS as HOST_FIELDS  # noqa: E402
@@ -71,6 +72,10 @@ def test_the_profile_loads_and_every_number_says_where_it_comes_from(profile_fil
     shapes = {(*r[1:5], r[6]) for r in raw["matmul"]["table"]["rows"]}
     assert set(pd_gemms()) == shapes  # the planner's products, each measured in its layout
     assert p.gpu.peak_flops["fp32"] == max(2 * m * n * k * b / t for _, m, n, k, b, t, _ in raw["matmul"]["table"]["rows"])
+    # torch's attention call at the model's own head width and sequence (--quick), read back as measured
+    attention = raw["attention"]["table"]["rows"]
+    assert {tuple(r[1:4]) for r in attention} == set(attention_shapes([gpt], quick=True))
+    assert all(p.attention.time("fp32", *r[1:4]) == pytest.approx((r[4], r[5])) for r in attention)
     # gloo's CPU ranks: exec's own costs around transfers and computes, for the planner's gloo-cpu transport
     host = raw["host_transport"]
     fields = (*HOST_FIELDS, "first_compute", "first_compute_tau")  # rule 19
@@ -231,9 +236,36 @@ def test_layer_shapes_are_read_and_a_bad_one_refused(capsys):
         assert e.value.code == 2 and len(capsys.readouterr().err.strip().splitlines()) == 1
 
 
-def test_the_default_anchor_shapes_are_half_and_twice_the_model():
-    """Every anchor a valid block (heads divide hidden), one on each side of the model where
-    it can be halved, the double always; --layer-shape replaces them, --quick and --no-anchors drop them."""
+def test_the_attention_timed_is_exec_s_causal_attention_and_its_backward():
+    """The call the profile times (`attention_call`) computes causal softmax(q k^T / sqrt(d)) v
+    written out, and its backward the same gradients of q, k and v; the rows cover the grid
+    with each model's own head width and sequence, one row a shape, every time positive."""
+    torch.manual_seed(0)
+    forward, backward, views = attention_call(8, 12, 3, torch.device("cpu"), torch.float64)
+    out = forward()
+    q, k, v = (t.detach().requires_grad_() for t in views)
+    scores = (q @ k.transpose(-1, -2)) / math.sqrt(8)
+    scores = scores.masked_fill(torch.ones(12, 12, dtype=torch.bool).triu(1), float("-inf"))
+    ref = torch.softmax(scores, dim=-1) @ v
+    assert torch.allclose(out, ref, atol=1e-10)
+    torch.manual_seed(0)
+    torch.randn(3, 12, 24, dtype=torch.float64)  # the inputs the call drew, then its output gradient
+    grad = torch.randn_like(ref)
+    assert all(torch.allclose(a, b, atol=1e-9) for a, b in zip(backward(), torch.autograd.grad(ref, (q, k, v), grad)))
+    m = sim.Transformer(layers=1, hidden=96, heads=4, seq=48, vocab=64)  # head width 24, sequence 48
+    shapes = attention_shapes([m])
+    dims, seqs, counts = ATTENTION_GRID
+    assert set(shapes) == {(d, s, n) for d in {*dims, 24} for s in {*seqs, 48} for n in counts}
+    assert attention_shapes([m], quick=True) == [(24, 48, n) for n in counts]
+    rows = attention_rows([(8, 16, 2), (16, 8, 3)], torch.device("cpu"), torch.float32, "fp32", lambda: None,
+                          lambda text: None, loops=1)
+    assert [r[:4] for r in rows] == [["fp32", 8, 16, 2], ["fp32", 16, 8, 3]] and all(t > 0 for r in rows for t in r[4:])
+
+
+def test_the_default_anchor_shapes_are_a_quarter_half_and_twice_the_model():
+    """Every anchor a valid block (heads divide hidden), the smaller ones a quarter and half of
+    the model where it can be divided, distinct and growing, the double always; --layer-shape
+    replaces them, --quick and --no-anchors drop them."""
     from hypothesis import given, settings, strategies as st
 
     @settings(max_examples=100, deadline=None)
@@ -243,8 +275,13 @@ def test_the_default_anchor_shapes_are_half_and_twice_the_model():
         shapes = pd.anchor_shapes(m)
         assert all(h % a == 0 for h, a, _ in shapes)
         assert shapes[-1] == (2 * m.hidden, 2 * m.heads, 2 * m.seq)
-        for h, a, s in shapes[:-1]:
-            assert (h, s) == (max(1, m.hidden // 2), max(1, m.seq // 2)) and a <= m.heads
+        smaller = shapes[:-1]
+        assert len(set(smaller)) == len(smaller) and (m.hidden, m.heads, m.seq) not in smaller
+        assert [h for h, _, _ in smaller] == sorted(h for h, _, _ in smaller)
+        for h, a, s in smaller:
+            assert (h, s) in {(max(1, m.hidden // k), max(1, m.seq // k)) for k in (4, 2)} and a <= m.heads
+        if m.hidden % 4 == 0 and m.heads % 4 == 0 and m.seq >= 4:
+            assert len(smaller) == 2
     check()
     m = sim.Transformer(layers=1, hidden=128, heads=4, seq=64, vocab=64)
     parse = pd.build_parser().parse_args
@@ -252,11 +289,12 @@ def test_the_default_anchor_shapes_are_half_and_twice_the_model():
     assert pd.layer_shapes(parse(["--out", "x.json", "--quick"]), m) == []
     assert pd.layer_shapes(parse(["--out", "x.json", "--no-anchors"]), m) == []
     assert pd.layer_shapes(parse(["--out", "x.json", "--no-anchors", "--layer-shape", "96,3,48"]), m) == [(96, 3, 48)]
-    assert pd.anchor_shapes(sim.Transformer(layers=1, hidden=128, heads=4, seq=64, vocab=64)) == [(64, 2, 32), (256, 8, 128)]
-    # the half shape (an eighth of the work) is timed over 4 times the steps, the model's and the double once
-    small, big = (dataclasses.replace(m, hidden=h, heads=a, seq=s, ffn=None, kv_heads=None)
-                  for h, a, s in pd.anchor_shapes(m))
-    assert (pd.repeats(m, small), pd.repeats(m, m), pd.repeats(m, big)) == (4, 1, 1)
+    assert pd.anchor_shapes(m) == [(32, 1, 16), (64, 2, 32), (256, 8, 128)]
+    # the smaller shapes (a 64th and an eighth of the work) are timed over 4 times the steps, the
+    # model's and the double once
+    quarter, half, big = (dataclasses.replace(m, hidden=h, heads=a, seq=s, ffn=None, kv_heads=None)
+                          for h, a, s in pd.anchor_shapes(m))
+    assert [pd.repeats(m, x) for x in (quarter, half, m, big)] == [4, 4, 1, 1]
 
 
 def test_the_bench_reads_its_shapes_and_refuses_a_bad_one_in_one_line(tmp_path, capsys, monkeypatch):
