@@ -72,8 +72,9 @@ def build_parser():
     p.add_argument("--ranks", type=whole, help="ranks exec will run (default: the cores for gloo, the GPUs for nccl); "
                                                "collectives are measured over 2..ranks")
     p.add_argument("--quick", action="store_true", help="fewer sizes and repeats (seconds; coarser)")
-    p.add_argument("--timeout", type=lambda t: number(t, minimum=1.0), default=900.0,
-                   help="seconds for each launch of ranks (default 900)")
+    p.add_argument("--timeout", type=lambda t: number(t, minimum=1.0), default=2400.0,
+                   help="seconds for each launch of ranks (default 2400: a full profile on a noisy 2-core VM, "
+                        "its blocks timed again where off a line, took over 900)")
     g = p.add_argument_group("the GPT whose matmuls to measure (sim.Transformer; default: exec's --model gpt)")
     g.add_argument("--hidden", type=whole, default=128)
     g.add_argument("--heads", type=whole, default=4)
@@ -237,7 +238,7 @@ def refusal(backend: str, ranks: int | None) -> str | None:
 
 
 def measure_device(out: Path, backend: str = "gloo", ranks: int | None = None, quick: bool = False,
-                   model=None, micro_batches: Sequence[int] = (1, 2, 4, 8), timeout: float = 900.0,
+                   model=None, micro_batches: Sequence[int] = (1, 2, 4, 8), timeout: float = 2400.0,
                    command: str | None = None, layer_models: Sequence = ()) -> dict:
     """Measure and write the profile to `out`; return it. `model`: the `sim.Transformer`
     whose matmuls to measure and blocks to time (default: exec's small GPT); `layer_models`:

@@ -76,8 +76,10 @@ show(plot_overlay(e.result, run.result))
 # small shapes (docs/measurements.md, "One profile, many shapes"). Two numbers do not hold over
 # every shape, so a block also takes what the fit missed at the nearest block the profile
 # measured (measured over fitted). The full profile (`python -m exec.profile_device`, without
-# `--quick`) measures blocks at half and twice the model's shape for that; this quick one
-# measured the model's only.
+# `--quick`) measures blocks at a quarter, half and twice the model's shape for that; this
+# quick one measured the model's only. It also times torch's attention call by shape (the
+# profile's `attention.table`), which the kernel model takes in place of the call's two
+# matmuls: on this CPU the call takes 1.1 to 6 times as long as they do.
 
 # %%
 from sim.cost.layer import block_fits

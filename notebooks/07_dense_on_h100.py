@@ -36,7 +36,7 @@ from dataclasses import replace
 
 import sim
 from sim.cost.context import context_attention
-from sim.cost.layer import fused_attention_times
+from sim.cost.attention import fused_attention_times
 from sim.plan import h100_dev
 from sim.plan.layout import layout_slice
 from sim.plot import plot_result

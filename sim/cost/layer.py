@@ -73,15 +73,15 @@ from sim.hardware.network import collective_time, links_of
 from sim.model.transformer import Transformer, check_recompute
 
 from . import fp8
-from .attention import BACKWARD_OVER_FORWARD, CAUSAL_SHARE, SDPA_INSIDE, fused_attention_times, measured_attention_times
+from .attention import SDPA_INSIDE, fused_attention_times, measured_attention_times
 from .block_fit import block_in_step, in_step_fits
 from .context import context_attention
 from .moe import dense_width, routed_kernels, routed_times
 from .shapes import attention_shapes, gemm_products, width_ratios
 from .slice import Slice
 
-__all__ = ["LayerTimes", "Slice", "gemm_shapes", "gemm_products", "check_timed", "layer_times", "fused_attention_times",
-           "measured_apply", "pass_kernels", "CAUSAL_SHARE", "BACKWARD_OVER_FORWARD"]
+__all__ = ["LayerTimes", "Slice", "gemm_shapes", "gemm_products", "check_timed", "layer_times", "measured_apply",
+           "pass_kernels"]
 
 # (name, bytes per element of the tensor it works on, which tensor) per layer, forward and
 # backward. Tensors: "sbh" (a hidden state), "sbf" (an MLP activation), "as2b" (the attention

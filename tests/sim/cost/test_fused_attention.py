@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import sim
-from sim.cost.layer import BACKWARD_OVER_FORWARD, CAUSAL_SHARE, Slice, layer_times, pass_kernels
+from sim.cost.attention import BACKWARD_OVER_FORWARD, CAUSAL_SHARE
+from sim.cost.layer import Slice, layer_times, pass_kernels
 from sim.hardware.profile import from_dict, profile
 from sim.model.registry import find_model as model
 

@@ -7,7 +7,8 @@ import json
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from sim.cost.layer import Slice, check_timed, fused_attention_times, gemm_shapes, layer_times
+from sim.cost.attention import fused_attention_times
+from sim.cost.layer import Slice, check_timed, gemm_shapes, layer_times
 from sim.cost.shapes import gemm_products
 from sim.cost.moe import dense_width, expert_gemm_shapes, layer_kinds, received_copies, routed_parts, routed_times
 from sim.hardware.kernels import gemm_flops, gemm_time

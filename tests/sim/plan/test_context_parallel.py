@@ -10,7 +10,8 @@ import sim
 from sim.cost.data_parallel import grad_reduce_times, stage_params
 from sim.cost.ends import end_times
 from sim.cost.context import context_attention
-from sim.cost.layer import BACKWARD_OVER_FORWARD, Slice, fused_attention_times, gemm_shapes, layer_times
+from sim.cost.attention import BACKWARD_OVER_FORWARD, fused_attention_times
+from sim.cost.layer import Slice, gemm_shapes, layer_times
 from sim.cost.slice import per_rank
 from sim.hardware.network import all_to_all_time, bus_bandwidth, links_of, p2p_time
 from sim.hardware.topology import Group, one_node
