@@ -79,7 +79,7 @@ show(plot_overlay(e.result, run.result))
 # `--quick`) measures blocks at a quarter, half and twice the model's shape for that; this
 # quick one measured the model's only. It also times torch's attention call by shape (the
 # profile's `attention.table`), which the kernel model takes in place of the call's two
-# matmuls: on this CPU the call takes 1.1 to 6 times as long as they do.
+# matmuls and its own kernels: on this CPU the call takes 0.7 to 7 times as long as they say.
 
 # %%
 from sim.cost.layer import block_fits
