@@ -56,9 +56,10 @@ from exec.launch.host import loadavg  # noqa: E402
 SCHEDULES = ("1f1b", "gpipe", "zb-h1", "interleaved-1f1b")
 GRID_SCHEDULES = ("1f1b", "gpipe", "zb-h1")
 MODEL = dict(layers=4, hidden=128, heads=4, seq=64, vocab=512)  # exec's --model gpt, 4 blocks: the profiled shape
-# shapes the default profile did not measure (it measures the model's blocks and, as anchors, half and
-# twice its hidden size, heads and sequence): hidden, heads, sequence, vocabulary and depth each moved;
-# the last two were added after the anchors were chosen on the first five (docs/measurements.md)
+# shapes the default profile did not measure (it measures the model's blocks and, as anchors, a quarter,
+# half and twice its hidden size, heads and sequence; the quarter since profile-s13): hidden, heads,
+# sequence, vocabulary and depth each moved; the last two were added after the anchors were chosen on
+# the first five (docs/measurements.md)
 SHAPES = (dict(layers=4, hidden=256, heads=8, seq=64, vocab=512), dict(layers=4, hidden=128, heads=4, seq=128, vocab=512),
           dict(layers=4, hidden=64, heads=2, seq=64, vocab=1024), dict(layers=4, hidden=192, heads=6, seq=32, vocab=2048),
           dict(layers=8, hidden=128, heads=8, seq=64, vocab=512), dict(layers=6, hidden=96, heads=3, seq=48, vocab=768),

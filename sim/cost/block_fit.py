@@ -26,7 +26,7 @@ fitted through larger ones says (hidden 64 with 2 heads, 16-23 % short under a f
 128: docs/measurements.md). So an unmeasured block takes the fit times what the fit missed
 at the nearest block the profile measured (`nearest_block`, log-distance over hidden, heads,
 FFN, sequence and micro-batch): measured over fitted, per pass. `exec.profile_device`
-measures blocks at half and at twice the profiled shape for that reason. The planner uses
+measures blocks at a quarter, half and twice the profiled shape for that reason. The planner uses
 this only where the table has no row (a measured block keeps its own times, exactly:
 `sim.cost.layer.layer_times`). The model's ends at an unmeasured shape take their kernels
 under their pass kind's fit plus what a first or last stage costs a compute beyond its
