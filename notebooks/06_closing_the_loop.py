@@ -113,6 +113,6 @@ print("peak memory per rank, predicted and measured:", [int(b) for b in e2.peak_
 # check: profile-s12") at 13 %, where the machine itself moved by 10-30 % between rounds:
 # read the grid's "paired" column there, each shape against the profiled shape's runs around it.
 # With torch's attention call measured by shape and a quarter-size anchor ("torch's attention
-# call, measured"), they came out at 6.6 % median and the profiled shape at 3.7 %; the worst
-# case was still 28 % off: the smallest shape under ZB-H1, whose steps scatter from 22 to 37 ms
+# call, measured"), they came out at 5.4 % median over three rounds and the profiled shape at
+# 2.5 %; the worst case was still 27 % off: the smallest shape under ZB-H1, whose steps scatter from 22 to 37 ms
 # within one run (the planner: 24 ms).
