@@ -57,6 +57,7 @@ from exec.runtime.optim import OPTIMIZERS
 __all__ = ["main", "measure_device", "anchor_shapes", "SCHEMA"]
 
 PROG = "exec.profile_device"
+TIMEOUT = 2400.0  # seconds for each launch of ranks
 SCHEMA = "pipeline-workbench/device-profile/1"
 QUICK = dict(memory=(2**12, 2**16, 2**20), messages=(2**10, 2**16, 2**20), loops=3, repeats=3, host=(4, 2))
 FULL = dict(memory=(2**12, 2**14, 2**16, 2**18, 2**20, 2**22),
@@ -72,9 +73,9 @@ def build_parser():
     p.add_argument("--ranks", type=whole, help="ranks exec will run (default: the cores for gloo, the GPUs for nccl); "
                                                "collectives are measured over 2..ranks")
     p.add_argument("--quick", action="store_true", help="fewer sizes and repeats (seconds; coarser)")
-    p.add_argument("--timeout", type=lambda t: number(t, minimum=1.0), default=2400.0,
-                   help="seconds for each launch of ranks (default 2400: a full profile on a noisy 2-core VM, "
-                        "its blocks timed again where off a line, took over 900)")
+    p.add_argument("--timeout", type=lambda t: number(t, minimum=1.0), default=TIMEOUT,
+                   help=f"seconds for each launch of ranks (default {TIMEOUT:.0f}: a full profile on a noisy 2-core "
+                        f"VM, its blocks timed again where off a line, took over 900)")
     g = p.add_argument_group("the GPT whose matmuls to measure (sim.Transformer; default: exec's --model gpt)")
     g.add_argument("--hidden", type=whole, default=128)
     g.add_argument("--heads", type=whole, default=4)
@@ -115,8 +116,8 @@ def anchor_shapes(model) -> list[tuple[int, int, int]]:
     sequence (each at least 1; the heads divided only where they divide the smaller hidden
     size, else the model's; a smaller shape only where it differs from the larger ones): the
     blocks `measure_device` times beside the model's own by default. The quarter one: below
-    the half, the fit of a small block extrapolates, and a block of hidden 32 came out 30 %
-    long under one profile and 30 % short under another (docs/measurements.md)."""
+    the half, the fit of a small block extrapolates, and a block of hidden 32 came out up to
+    66 % long under one profile and up to 36 % short under another (docs/measurements.md)."""
     shapes = []
     for k in (4, 2):
         heads = max(1, model.heads // k)
@@ -238,7 +239,7 @@ def refusal(backend: str, ranks: int | None) -> str | None:
 
 
 def measure_device(out: Path, backend: str = "gloo", ranks: int | None = None, quick: bool = False,
-                   model=None, micro_batches: Sequence[int] = (1, 2, 4, 8), timeout: float = 2400.0,
+                   model=None, micro_batches: Sequence[int] = (1, 2, 4, 8), timeout: float = TIMEOUT,
                    command: str | None = None, layer_models: Sequence = ()) -> dict:
     """Measure and write the profile to `out`; return it. `model`: the `sim.Transformer`
     whose matmuls to measure and blocks to time (default: exec's small GPT); `layer_models`:

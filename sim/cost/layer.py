@@ -208,10 +208,10 @@ def _lists(m: Transformer, x: Slice, scaling: str = "delayed", measured: bool = 
         raise ValueError(f"kernels='torch' lists the kernels of exec's GPT (arch 'gpt', flash attention, no dropout); "
                          f"got arch {m.arch!r}, attention {m.attention!r}, dropout {m.dropout}, mlp {m.mlp!r}, "
                          f"positions {m.positions!r}")
+    lists = {**_TORCH, "core": _TORCH_CORE, "rescore": 1, "fused": True}
     if measured:  # the profile measured torch's flash call: its own kernels are in its time
-        return {**{p: [k for k in v if k[0] not in SDPA_INSIDE] for p, v in _TORCH.items()}, "core": (),
-                "rescore": 1, "fused": True}
-    return {**_TORCH, "core": _TORCH_CORE, "rescore": 1, "fused": True}
+        lists |= {p: [k for k in _TORCH[p] if k[0] not in SDPA_INSIDE] for p in _TORCH} | {"core": ()}
+    return lists
 
 
 def check_timed(m: Transformer, moe_layers: bool = False) -> None:

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import sim
-from sim.cost.attention import SDPA_INSIDE, measured_attention_times
+from sim.cost.attention import measured_attention_times
 from sim.cost.layer import Slice, kernel_layer_times
 from sim.hardware.attention_table import read
 from sim.hardware.profile import from_dict
@@ -90,7 +90,7 @@ def test_the_measured_call_replaces_the_core_once_in_each_pass():
     """The layer's F takes the measured forward and I the measured backward, its own kernels
     (SDPA_INSIDE) left out: scaling the measured calls moves F and I by exactly the change in
     the calls, and W not at all; megatron's kernels and context parallelism ignore the table."""
-    one, two = from_dict(_cpu(**_table(1.0))), from_dict(_cpu(**_table(2.0)))
+    one, two, none = from_dict(_cpu(**_table(1.0))), from_dict(_cpu(**_table(2.0))), from_dict(_cpu())
     for b in (1, 4, 8):
         x = Slice(b, precision="fp32")
         f1, b1 = measured_attention_times(GPT, one, x)
@@ -98,7 +98,8 @@ def test_the_measured_call_replaces_the_core_once_in_each_pass():
         assert lt2.forward - lt1.forward == pytest.approx(f1, rel=1e-9)
         assert lt2.backward_input - lt1.backward_input == pytest.approx(b1, rel=1e-9)  # the call recomputes its scores
         assert lt2.backward_weight == lt1.backward_weight
+        # the call's own kernels (the zeroed gradient buffers, the rows' dO.O) are in its time, not added again
+        assert lt1.parts["memory"] < kernel_layer_times(GPT, none, x).parts["memory"]
         assert (f1, b1) == one.attention.time("fp32", GPT.hidden // GPT.heads, GPT.seq, b * GPT.heads)
     assert measured_attention_times(dataclasses.replace(GPT, kernels="megatron"), one, Slice(1, precision="fp32")) is None
     assert measured_attention_times(GPT, one, Slice(1, cp=2, precision="fp32")) is None
-    assert set(SDPA_INSIDE) <= {"attention_exp", "attention_grad_fill", "attention_delta"}
