@@ -15,8 +15,8 @@ median step), their error, the drift of the machine (`reference`: a block of the
 shape timed in this process just before the run, over the same timed when the bench started,
 right after the profile) and the error with the prediction scaled by it, the spread of the
 measured steps ((max - min) / median), the peak-memory error of the worst rank, the share of
-the step other processes took (exec.run's `lost_share`) and the load average (/proc/loadavg)
-before and after. Then, per shape and over the shapes the profile did not measure, the
+the step other processes took (exec.run's `lost_share`), the share of the machine's CPU time
+the hypervisor took (`steal`) and the load average (/proc/loadavg) before and after. Then, per shape and over the shapes the profile did not measure, the
 median and worst |error|: raw, drift-scaled, paired (`paired`: against the profiled
 shape's error in the runs around it, which cancels what the machine's drift and load do to
 both) and of the computes alone (`compute_error`: the median over kinds and stages of each
@@ -29,7 +29,8 @@ FILE` writes every row (`--summary FILE` prints that run's summary again, measur
 same machine predicts the same measured runs); `--record` writes the summary into the profile (`layers.checked`, docs/profiles.md); `--reprofile` measures the device again before each run and writes it to `--profile`.
 `--rounds K` runs the grid K times, one after another, and reads each case by the median of
 its rounds (`median_runs`), as does `--summary` given several files: a VM's slow minute
-passes (docs/measurements.md). With a profile that is itself the median of several
+passes (docs/measurements.md). A shape's paired error is taken in each round, against the
+profiled runs of its own minute, and then read by its median over the rounds. With a profile that is itself the median of several
 (`python -m exec.profile_device --repeat 3`), that is the loop's check on this VM:
 
     python -m exec.profile_device --out /tmp/cpu.json --repeat 3                          # about 16 min
@@ -44,6 +45,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -51,7 +53,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the repository's sim and exec, installed or not
 
 import sim  # noqa: E402
-from exec.launch.host import loadavg  # noqa: E402
+from exec.launch.host import cpu_ticks, loadavg, steal_share  # noqa: E402
 
 SCHEDULES = ("1f1b", "gpipe", "zb-h1", "interleaved-1f1b")
 GRID_SCHEDULES = ("1f1b", "gpipe", "zb-h1")
@@ -93,20 +95,24 @@ def paired(rows: list[dict]) -> list[dict]:
     its step error (its computes' error, `compute_error`) against the profiled shape's of the
     same case measured just before and just after it, (1 + e) / sqrt((1 + e_before)(1 +
     e_after)) - 1: what the machine's drift and load do to both cancels, what the shape model
-    adds stays."""
-    out = []
-    for i, r in enumerate(rows):
-        if r["model"] == MODEL:
-            continue
-        near = [rows[j] for j in (i - 1, i + 1) if 0 <= j < len(rows) and rows[j]["model"] == MODEL
-                and rows[j]["case"] == r["case"]]
-        extra = {}
-        for key, name in (("error_pct", "paired_error_pct"), ("compute_error_pct", "paired_compute_pct")):
-            if key in r and all(key in n for n in near):
-                ref = statistics.geometric_mean([1 + n[key] / 100 for n in near]) if near else 1.0
-                extra[name] = ((1 + r[key] / 100) / ref - 1) * 100
-        out.append(r | extra)
-    return out
+    adds stays. A row that has them already (`median_runs`: paired in each round) keeps them."""
+    return [_pair(rows, i) | r for i, r in enumerate(rows) if r["model"] != MODEL]
+
+
+def _pair(rows: list[dict], i: int) -> dict:
+    """The paired errors of `rows[i]` (`paired`) against the profiled runs next to it ({}
+    for a run of MODEL itself)."""
+    r = rows[i]
+    if r["model"] == MODEL:
+        return {}
+    near = [rows[j] for j in (i - 1, i + 1) if 0 <= j < len(rows) and rows[j]["model"] == MODEL
+            and rows[j]["case"] == r["case"]]
+    extra = {}
+    for key, name in (("error_pct", "paired_error_pct"), ("compute_error_pct", "paired_compute_pct")):
+        if key in r and all(key in n for n in near):
+            ref = statistics.geometric_mean([1 + n[key] / 100 for n in near]) if near else 1.0
+            extra[name] = ((1 + r[key] / 100) / ref - 1) * 100
+    return extra
 
 
 def kind_seconds(events) -> dict[str, list[float]]:
@@ -147,9 +153,10 @@ def run_command(case: Case, model: dict = MODEL, steps: int = 5, warmup: int = 2
 def measure(case: Case, model: dict = MODEL, steps: int = 5, warmup: int = 2) -> dict:
     """exec.run's measured step (median), its spread, the per-rank peak memory of replica 0's
     pipeline, the median step's compute durations by kind and stage (its Chrome trace), the
-    share of the step other processes took, and the load before and after. RuntimeError (one
-    line) if the run fails."""
-    before = loadavg()
+    share of the step other processes took, the load before and after, when it started (Unix
+    time), and the share of the machine's CPU time the hypervisor took over the run
+    (`steal`, `exec.launch.host.steal_share`). RuntimeError (one line) if the run fails."""
+    before, started, ticks = loadavg(), time.time(), cpu_ticks()
     env = _env()
     with tempfile.TemporaryDirectory() as tmp:
         out = subprocess.run(run_command(case, model, steps, warmup) + ["--out", tmp], capture_output=True, text=True,
@@ -164,7 +171,7 @@ def measure(case: Case, model: dict = MODEL, steps: int = 5, warmup: int = 2) ->
     return {"step_s": d["measured_train_step_s"], "pipeline_s": d["measured_step_s"],
             "spread": (max(steps_s) - min(steps_s)) / statistics.median(steps_s),
             "peak_memory": d["measured_peak_memory"], "kinds": kinds, "lost_share": d.get("lost_share"),
-            "load": f"{before} -> {loadavg()}"}
+            "load": f"{before} -> {loadavg()}", "started": started, "steal": steal_share(ticks, cpu_ticks())}
 
 
 def compare(profile, case: Case, model: dict = MODEL, steps: int = 5, warmup: int = 2, drift: float = 1.0) -> dict:
@@ -173,7 +180,7 @@ def compare(profile, case: Case, model: dict = MODEL, steps: int = 5, warmup: in
     m = measure(case, model, steps, warmup)
     measured = {"case": case, "model": dict(model), "measured_s": m["step_s"], "pipeline_s": m["pipeline_s"],
                 "drift": drift, "spread": m["spread"], "measured_kinds": m["kinds"], "lost_share": m["lost_share"],
-                "load": m["load"], "measured_memory": m["peak_memory"]}
+                "load": m["load"], "measured_memory": m["peak_memory"], "started": m["started"], "steal": m["steal"]}
     return _predicted(predict(profile, case, model), measured)
 
 
@@ -209,9 +216,11 @@ def shape_name(model: dict) -> str:
 def row(r: dict) -> str:
     c = r["case"]
     lost = "n/a" if r["lost_share"] is None else f"{r['lost_share'] * 100:.0f}%"
+    steal = "n/a" if r.get("steal") is None else f"{r['steal'] * 100:.1f}%"
     return (f"{shape_name(r['model']):>22} {c.schedule:>5} {c.recompute:>4}  {r['predicted_s'] * 1e3:7.1f} "
             f"{r['measured_s'] * 1e3:7.1f} {r['error_pct']:+6.1f}% {r['drift']:5.2f} {r['scaled_error_pct']:+6.1f}% "
-            f"{compute_error(r):+7.1f}% {r['spread'] * 100:5.1f}% {r['memory_error_pct']:7.3f}% {lost:>5}  {r['load']}")
+            f"{compute_error(r):+7.1f}% {r['spread'] * 100:5.1f}% {r['memory_error_pct']:7.3f}% {lost:>5} {steal:>5}  "
+            f"{r['load']}")
 
 
 def reference(hidden: int = MODEL["hidden"], heads: int = MODEL["heads"], seq: int = MODEL["seq"], micro_batch: int = 8,
@@ -219,7 +228,6 @@ def reference(hidden: int = MODEL["hidden"], heads: int = MODEL["heads"], seq: i
     """Seconds of one block of the profiled shape (exec.models.layers.Block), forward and
     backward, in this process on one thread: the median of `repeats` after two untimed. The
     machine's speed now, for its drift between the profile and a case."""
-    import time
     import torch
     from exec.models.layers import Block
     torch.set_num_threads(1)
@@ -249,20 +257,30 @@ def median_runs(rounds: list[list[dict]]) -> list[dict]:
     """Several rounds of one grid (`--rounds`, or several `--json` files), case by case (the
     same position in each): the run whose measured step is nearest the rounds' median, with
     that median as its measured step and its errors from it, and every round's step
-    (`round_steps_s`). A VM's slow minute passes: one case measured at several moments is
-    read by its median (docs/measurements.md). ValueError where the rounds are not one grid."""
+    (`round_steps_s`); for a shape other than MODEL, its paired errors (`paired`) taken in
+    each round, against the profiled runs of that same minute, then their median over the
+    rounds (`round_paired_pct`: each round's). A VM's slow minute passes: one case measured at
+    several moments is read by its median (docs/measurements.md). ValueError where the rounds
+    are not one grid."""
     if len({len(r) for r in rounds}) != 1:
         raise ValueError(f"rounds of different grids: {[len(r) for r in rounds]} runs")
+    pairs = [[_pair(rd, i) for i in range(len(rd))] for rd in
+             ([r | ({"compute_error_pct": compute_error(r)} if "kind_error_pct" in r else {}) for r in rd]
+              for rd in rounds)]
     out = []
-    for runs in zip(*rounds):
+    for runs, extras in zip(zip(*rounds), zip(*pairs)):
         if any((r["model"], r["case"]) != (runs[0]["model"], runs[0]["case"]) for r in runs):
             raise ValueError(f"rounds of different grids: {[shape_name(r['model']) for r in runs]}")
         steps = [r["measured_s"] for r in runs]
         m = statistics.median(steps)
         r = min(runs, key=lambda r: abs(r["measured_s"] - m))
         p = r["predicted_s"]
-        out.append(r | {"measured_s": m, "error_pct": (p / m - 1) * 100, "scaled_error_pct": (p * r["drift"] / m - 1) * 100,
-                        "round_steps_s": steps})
+        med = {k: statistics.median(e[k] for e in extras) for k in extras[0] if all(k in e for e in extras)}
+        if "paired_error_pct" in med:
+            med["round_paired_pct"] = [e["paired_error_pct"] for e in extras]
+        out.append({k: v for k, v in r.items() if not k.startswith("paired_")} | med |
+                   {"measured_s": m, "error_pct": (p / m - 1) * 100, "scaled_error_pct": (p * r["drift"] / m - 1) * 100,
+                    "round_steps_s": steps})
     return out
 
 
@@ -385,7 +403,8 @@ def main(argv=None) -> int:
     print(f"profile blocks measured at (hidden, heads, seq): {measured}; reference block {start * 1e3:.2f} ms; "
           f"load {loadavg()}")
     print(f"{'shape':>22} {'sched':>5} {'rc':>4}  {'pred':>7} {'meas ms':>7} {'error':>7} {'drift':>5} "
-          f"{'scaled':>7} {'computes':>8} {'spread':>6} {'mem err':>8} {'lost':>5}  load (1, 5, 15 min) before -> after")
+          f"{'scaled':>7} {'computes':>8} {'spread':>6} {'mem err':>8} {'lost':>5} {'steal':>5}  "
+          f"load (1, 5, 15 min) before -> after")
     rows = []
     cases = grid(len(host_cores()), args.pp, args.quick, args.schedule or GRID_SCHEDULES,
                  args.recompute or ("none", "full"), shapes)
@@ -401,7 +420,7 @@ def main(argv=None) -> int:
                 args.json.write_text(json.dumps([{**r, "case": asdict(r["case"])} for r in rows], indent=1) + "\n")
     if args.rounds > 1:
         rows = median_runs([[r for r in rows if r["round"] == k] for k in range(args.rounds)])
-        print(f"each case: the median of its {args.rounds} rounds")
+        print(f"each case: the median of its {args.rounds} rounds (paired: paired in each round, then the median)")
     print("\n".join(summary(rows)))
     if args.record and rows and "layers" in profile.to_dict():
         record(Path(args.profile), rows, "python benchmarks/bench_plan_vs_run.py " + " ".join(argv or sys.argv[1:]))

@@ -114,5 +114,10 @@ print("peak memory per rank, predicted and measured:", [int(b) for b in e2.peak_
 # read the grid's "paired" column there, each shape against the profiled shape's runs around it.
 # With torch's attention call measured by shape and a quarter-size anchor ("torch's attention
 # call, measured"), they came out at 5.4 % median over three rounds and the profiled shape at
-# 2.5 %; the worst case was still 27 % off: the smallest shape under ZB-H1, whose steps scatter from 22 to 37 ms
-# within one run (the planner: 24 ms).
+# 2.5 %; the worst case was still 27 % off: the smallest shape under ZB-H1. Run alone, that
+# case comes within 5 % (23 ms against the planner's 24). In the grid it had fallen in the
+# host's slow minutes, which the VM itself cannot see: no steal, no faults, no pressure
+# ("The host's slow minutes, and the pair taken in each round"). Such a minute slows the
+# profiled shape's runs around a shape as much as the shape's own, so the bench pairs each
+# shape with them in its own round, then takes the median over rounds. On three fresh rounds
+# that gives 4.9 % median and 18.7 % worst, and the profiled shape 3.4 %.

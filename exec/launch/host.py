@@ -12,6 +12,9 @@ sets up each rank process with these:
 - `paused_gc`: Python's cyclic garbage collector runs before a timed region, never inside
   it (a collection stopped a measured step at random, as `timeit` also avoids).
 
+And what a benchmark reads beside its runs: `loadavg`, and `cpu_ticks` / `steal_share`, the
+share of the machine's CPU time the hypervisor took.
+
 Everything here is Linux-only where it says so and does nothing elsewhere.
 """
 from __future__ import annotations
@@ -22,7 +25,7 @@ import os
 from typing import Iterator, Sequence
 
 __all__ = ["host_cores", "rank_cores", "thread_ids", "pin_threads", "keep_freed_memory", "io_thread_batch",
-           "paused_gc", "GLOO_IO_THREAD", "MALLOC_MMAP_MAX_BLOCK"]
+           "paused_gc", "loadavg", "cpu_ticks", "steal_share", "GLOO_IO_THREAD", "MALLOC_MMAP_MAX_BLOCK"]
 
 GLOO_IO_THREAD = "gloo_tcp_loop"  # the name gloo's TCP transport gives its event-loop thread
 MALLOC_MMAP_MAX_BLOCK = 32 << 20  # glibc's largest M_MMAP_THRESHOLD on 64-bit
@@ -132,3 +135,25 @@ def loadavg() -> str:
             return " ".join(f.read().split()[:3])
     except OSError:
         return "n/a"
+
+
+def cpu_ticks() -> tuple[int, int] | None:
+    """The machine's CPU time so far in clock ticks, all of it and the hypervisor's steal
+    (the first line of /proc/stat: steal is its eighth field, the time a virtual CPU had work
+    and the host ran something else), or None where there is no /proc/stat."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    return sum(fields), fields[7] if len(fields) == 8 else 0
+
+
+def steal_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    """The share of the machine's CPU time between two `cpu_ticks` readings that the
+    hypervisor took (None without both, or with no time between them). What it cannot see:
+    a host that slows this guest's CPUs without descheduling them (another tenant on the
+    same core's other hyperthread, or in its caches) steals nothing by this count."""
+    if before is None or after is None or after[0] <= before[0]:
+        return None
+    return (after[1] - before[1]) / (after[0] - before[0])

@@ -164,6 +164,30 @@ def test_under_torchrun_launch_runs_this_process_as_its_rank(tmp_path):
         assert (tmp_path / f"out{rank}.txt").read_text() == "[(0, 1.0), (1, 1.0)]"
 
 
+@given(st.integers(0, 10**9), st.integers(1, 10**6), st.integers(0, 10**6))
+def test_the_steal_share_is_the_stolen_ticks_over_all_ticks_between_two_readings(total, more, stolen):
+    """`steal_share` of two readings (all ticks, stolen ticks) is the stolen ticks between them
+    over all of them; no reading, or no time between two, gives None."""
+    from exec.launch.host import steal_share
+    stolen = min(stolen, more)
+    assert steal_share((total, 5), (total + more, 5 + stolen)) == pytest.approx(stolen / more)
+    assert steal_share(None, (total, 0)) is None and steal_share((total, 0), None) is None
+    assert steal_share((total, 0), (total, 0)) is None
+
+
+@pytest.mark.skipif(not Path("/proc/stat").exists(), reason="no /proc/stat (Linux only)")
+def test_this_machine_s_cpu_ticks_grow_and_steal_is_part_of_them():
+    """Read twice around some work, the machine's ticks do not go back, its steal is part of
+    them, and the share is a fraction."""
+    from exec.launch.host import cpu_ticks, steal_share
+    before = cpu_ticks()
+    sum(i * i for i in range(200_000))
+    after = cpu_ticks()
+    assert after[0] >= before[0] and after[1] >= before[1] and 0 <= after[1] <= after[0]
+    share = steal_share(before, after)
+    assert share is None or 0.0 <= share <= 1.0
+
+
 _KEPT = """
 import ctypes, sys
 from exec.launch.host import keep_freed_memory

@@ -142,6 +142,43 @@ def test_median_runs_keep_the_middle_round_and_its_error():
     assert two[0]["measured_s"] == pytest.approx(1.25)
 
 
+def _round(speed: float, shape_speed: float | None = None) -> list[dict]:
+    """One round of a one-case grid: the profiled shape, another, the profiled shape again,
+    each predicted right (1.0 s and 0.5 s; the other shape measured at 0.5 / 1.1 s, an
+    error of +10 %) on a machine `speed` times slower (the other shape's run `shape_speed`
+    times, where its minute differed)."""
+    runs = [(bench.MODEL, 1.0, 1.0, speed), (bench.SHAPES[0], 0.5, 0.5 / 1.1, shape_speed or speed),
+            (bench.MODEL, 1.0, 1.0, speed)]
+    return [_run(m * f, p) | {"model": dict(model), "error_pct": (p / (m * f) - 1) * 100} for model, p, m, f in runs]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.floats(0.7, 1.8), min_size=1, max_size=5))
+def test_median_runs_pair_each_round_before_the_median(speeds):
+    """Whatever speed each round's minute ran at, a shape paired with the profiled runs of its
+    own round keeps its own error (+10 %), and so does the median over the rounds; its raw
+    error moves with the machine."""
+    got = bench.median_runs([_round(f) for f in speeds])
+    (other,) = bench.paired(got)
+    assert other["paired_error_pct"] == pytest.approx(10.0)
+    assert other["round_paired_pct"] == pytest.approx([10.0] * len(speeds))
+    assert other["error_pct"] == pytest.approx((1.1 / statistics.median(speeds) - 1) * 100)
+
+
+def test_median_runs_outvote_a_round_whose_pair_did_not_cancel():
+    """Three rounds at three speeds; in the slowest the other shape's run alone fell in a
+    fast minute: its paired error is off in that round only, and the median of the rounds'
+    paired errors is the shape's own (+10 %). Pairing the rounds' medians instead sets the
+    shape's median round against the profiled shape's, which ran in another minute."""
+    rounds = [_round(1.0), _round(1.3), _round(1.6, shape_speed=1.0)]
+    got = bench.median_runs(rounds)
+    (other,) = bench.paired(got)
+    assert other["round_paired_pct"] == pytest.approx([10.0, 10.0, (1.1 * 1.6 - 1) * 100])
+    assert other["paired_error_pct"] == pytest.approx(10.0)
+    (of_medians,) = bench.paired([{k: v for k, v in r.items() if not k.startswith("paired_")} for r in got])
+    assert of_medians["paired_error_pct"] == pytest.approx((1.1 * 1.3 - 1) * 100)
+
+
 def test_median_runs_refuse_rounds_of_different_grids():
     with pytest.raises(ValueError, match="different grids"):
         bench.median_runs([[_run(1.0)], [_run(1.0), _run(2.0)]])
