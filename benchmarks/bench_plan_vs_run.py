@@ -16,7 +16,8 @@ shape timed in this process just before the run, over the same timed when the be
 right after the profile) and the error with the prediction scaled by it, the spread of the
 measured steps ((max - min) / median), the peak-memory error of the worst rank, the share of
 the step other processes took (exec.run's `lost_share`), the share of the machine's CPU time
-the hypervisor took (`steal`) and the load average (/proc/loadavg) before and after. Then, per shape and over the shapes the profile did not measure, the
+the hypervisor took (`steal`) and the load average (/proc/loadavg) before and after. Then,
+per shape and over the shapes the profile did not measure, the
 median and worst |error|: raw, drift-scaled, paired (`paired`: against the profiled
 shape's error in the runs around it, which cancels what the machine's drift and load do to
 both) and of the computes alone (`compute_error`: the median over kinds and stages of each
@@ -30,7 +31,9 @@ same machine predicts the same measured runs); `--record` writes the summary int
 `--rounds K` runs the grid K times, one after another, and reads each case by the median of
 its rounds (`median_runs`), as does `--summary` given several files: a VM's slow minute
 passes (docs/measurements.md). A shape's paired error is taken in each round, against the
-profiled runs of its own minute, and then read by its median over the rounds. With a profile that is itself the median of several
+profiled runs of its own minute, and then read by its median over the rounds: the host can
+slow this VM for minutes unseen by it (no steal, faults or pressure), and slows a shape's run
+and the profiled runs around it alike. With a profile that is itself the median of several
 (`python -m exec.profile_device --repeat 3`), that is the loop's check on this VM:
 
     python -m exec.profile_device --out /tmp/cpu.json --repeat 3                          # about 16 min
@@ -264,9 +267,9 @@ def median_runs(rounds: list[list[dict]]) -> list[dict]:
     are not one grid."""
     if len({len(r) for r in rounds}) != 1:
         raise ValueError(f"rounds of different grids: {[len(r) for r in rounds]} runs")
-    pairs = [[_pair(rd, i) for i in range(len(rd))] for rd in
-             ([r | ({"compute_error_pct": compute_error(r)} if "kind_error_pct" in r else {}) for r in rd]
-              for rd in rounds)]
+    def with_computes(rd: list[dict]) -> list[dict]:
+        return [r | {"compute_error_pct": compute_error(r)} if "kind_error_pct" in r else r for r in rd]
+    pairs = [[_pair(rd, i) for i in range(len(rd))] for rd in map(with_computes, rounds)]
     out = []
     for runs, extras in zip(zip(*rounds), zip(*pairs)):
         if any((r["model"], r["case"]) != (runs[0]["model"], runs[0]["case"]) for r in runs):
