@@ -281,9 +281,8 @@ def median_runs(rounds: list[list[dict]]) -> list[dict]:
         med = {k: statistics.median(e[k] for e in extras) for k in extras[0] if all(k in e for e in extras)}
         if "paired_error_pct" in med:
             med["round_paired_pct"] = [e["paired_error_pct"] for e in extras]
-        out.append({k: v for k, v in r.items() if not k.startswith("paired_")} | med |
-                   {"measured_s": m, "error_pct": (p / m - 1) * 100, "scaled_error_pct": (p * r["drift"] / m - 1) * 100,
-                    "round_steps_s": steps})
+        out.append(r | med | {"measured_s": m, "error_pct": (p / m - 1) * 100,
+                              "scaled_error_pct": (p * r["drift"] / m - 1) * 100, "round_steps_s": steps})
     return out
 
 
