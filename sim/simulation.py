@@ -13,6 +13,7 @@ from typing import Mapping
 from sim.engine import core as engine
 from sim.engine.costs import Costs
 from sim.engine.result import Result
+from sim.limits import check_cells
 from sim.passes.compile import compile
 from sim.passes.validation import run_abstractly
 from sim.schedule.ir import Action, Schedule
@@ -29,13 +30,16 @@ def simulate(schedule: Schedule, costs: Costs | None = None, durations: Mapping[
     (`exec.measure.compare.replay_error`).
 
     A schedule that cannot finish raises `ScheduleError` showing where each rank waits: the
-    run itself is the deadlock check (`sim.passes.validation.check_deadlock` explains what it found)."""
+    run itself is the deadlock check (`sim.passes.validation.check_deadlock` explains what it found).
+    A step too large for this machine's memory raises `sim.limits.StepTooLarge` (a
+    ValueError) before anything is compiled or run."""
     if not isinstance(schedule, Schedule):
         hint = f"sim.make_schedule({schedule!r}, devices, micro_batches)" if isinstance(schedule, str) else "sim.make_schedule(...)"
         raise TypeError(f"simulate needs a sim.Schedule, got {type(schedule).__name__} {schedule!r:.40}; build one "
                         f"with {hint}")
     if costs is not None and not isinstance(costs, Costs):
         raise TypeError(f"simulate's costs must be a sim.Costs, got {type(costs).__name__}")
+    check_cells(schedule.stages * schedule.micro_batches, hint="simulate a schedule of fewer stages or micro-batches")
     # A step of a big schedule makes millions of small objects that all live to the end;
     # Python's cyclic garbage collector would walk them again and again (it doubles the
     # time of p=64, m=1024). None of them needs collecting before we return.

@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 from typing import NoReturn, Sequence
 
-from sim import cli
-from sim.cli import machine_memory, number, whole
+from sim import cli, limits
+from sim.cli import number, whole
 from sim.engine.costs import Costs
 from sim.engine.fields import CHUNKED, COST_FIELDS
 from sim.simulation import simulate
@@ -36,12 +36,6 @@ from .labels import costs_note, device_micro_batches
 from sim.schedule.ir import Schedule
 from sim.schedule.registry import SCHEDULES, TEXTBOOK, lookup, make_schedule
 
-# What a run holds at its peak: a fixed part plus, per stage x micro-batch of each
-# schedule, what the table, the figures and a Chrome trace need; each rounds up the largest
-# measured (docs/measurements.md, "sim.plot: memory of a big step").
-BASE_BYTES = 100 * 2**20
-BYTES_PER_CELL = {"table": 3_800, "figures": 400, "trace": 1_600}
-MEMORY_SHARE = 0.5  # of the machine's memory, which other work shares
 BIG_STEP = 100_000
 STYLES = {"bars": "a bar per compute", "dense": "bars without outlines", "heat": "heat map of busy time"}
 # The options some generators take (`Generator.options`), as command-line flags: (flag,
@@ -173,23 +167,18 @@ def _options(args: argparse.Namespace, names: list[str], costs: Costs) -> dict[s
 
 def check_size(args: argparse.Namespace, schedules: int, virtual: int = 1) -> None:
     """Refuse, before allocating anything, a step whose simulation (and figures, and
-    traces) would need more than `MEMORY_SHARE` of this machine's memory, by the bytes
-    per stage x micro-batch measured for each (`BYTES_PER_CELL`); `virtual`: the most
-    model stages per device among the schedules."""
-    parts = ["table"] + ([] if args.no_figures else ["figures"]) + (["trace"] if args.trace else [])
-    per = sum(BYTES_PER_CELL[p] for p in parts)
-    cells = args.devices * virtual * args.micro_batches
-    allowed = MEMORY_SHARE * machine_memory()
-    need = BASE_BYTES + schedules * cells * per
-    if need > allowed:
-        most = max(0, int((allowed - BASE_BYTES) / (schedules * per)))
-        more = [o for o, on in (("fewer --schedule", schedules > 1), ("--no-figures", len(parts) > 1)) if on]
-        v = f" x V {virtual}" if virtual > 1 else ""
-        fail(f"step too large for this machine: --devices {args.devices}{v} x --micro-batches {args.micro_batches} = {cells:,} "
-             f"stage-micro-batches x {plural(schedules, 'schedule')} would need about {human_bytes(need)} "
-             f"({per:,} bytes each for the {' + '.join(parts)}, as measured), more than the {human_bytes(allowed)} "
-             f"allowed ({MEMORY_SHARE:.0%} of its {human_bytes(machine_memory())} of memory); the limit here is "
-             f"{most:,} stage-micro-batches" + (f" ({' or '.join(more)} allow more)" if more else ""))
+    traces) of `schedules` schedules would need more of this machine's memory than it may
+    take (`sim.limits.check_cells`); `virtual`: the most model stages per device among them."""
+    parts = ("table",) + (() if args.no_figures else ("figures",)) + (("trace",) if args.trace else ())
+    more = [o for o, on in (("fewer --schedule", schedules > 1), ("--no-figures", "figures" in parts),
+                            ("no --trace", args.trace)) if on]
+    v = f" x V {virtual}" if virtual > 1 else ""
+    hint = (f"give fewer --devices or --micro-batches (now {args.devices}{v} x {args.micro_batches})"
+            + (f", or {' or '.join(more)} to allow more" if more else ""))
+    try:
+        limits.check_cells(args.devices * virtual * args.micro_batches, parts, schedules, hint)
+    except limits.StepTooLarge as e:
+        fail(str(e))
 
 
 def costs_of(args: argparse.Namespace) -> Costs:

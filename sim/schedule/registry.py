@@ -17,6 +17,7 @@ from .ir import Schedule, ScheduleError
 from .textbook import gpipe, naive, one_f_one_b
 from .vshape import v_half, v_min
 from .zerobubble import v_placement, zb_h1, zb_h2, zbv
+from sim.limits import check_cells
 
 
 def one_per_device(devices: int, virtual: int = 1) -> list[int]:
@@ -157,7 +158,8 @@ def make_schedule(name: str, devices: int, micro_batches: int, virtual: int | No
     `micro_batches` micro-batches (M) and `virtual` model chunks per device (V, default: the
     schedule's own, 1 or 2): P*V model stages (`Schedule.stages`). Some take options
     (`SCHEDULES[name].options`). Raises `ScheduleError` with a one-line reason for sizes or options the
-    schedule does not allow."""
+    schedule does not allow, and `sim.limits.StepTooLarge` (a ValueError), before building
+    anything, for a step too large for this machine's memory."""
     canonical, gen = lookup(name)
     virtual = gen.virtual if virtual is None else virtual
     for what, n in (("devices", devices), ("micro_batches", micro_batches), ("virtual", virtual)):
@@ -167,6 +169,7 @@ def make_schedule(name: str, devices: int, micro_batches: int, virtual: int | No
     if unknown:
         takes = f"takes {', '.join(gen.options)}" if gen.options else "takes no options"
         raise ScheduleError(f"{canonical} {takes}, not {', '.join(unknown)}")
+    check_cells(devices * virtual * micro_batches, hint="give fewer devices or micro-batches")
     reason = gen.refusal(devices, micro_batches, virtual, **options)
     if reason:
         raise ScheduleError(f"{canonical} on {devices} devices, {micro_batches} micro-batches: {reason}")

@@ -60,28 +60,35 @@ def assert_refused(proc: subprocess.CompletedProcess, *words: str) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("args,cells", [(["--devices", "10000000"], "80,000,000"),
-                                        (["--micro-batches", "10000000"], "40,000,000"),
-                                        (["--devices", "2000", "--micro-batches", "2000", "--no-figures"], "4,000,000")])
-def test_a_step_too_large_for_the_machine_is_refused_at_once(args, cells):
+@pytest.mark.parametrize("args,cells,more", [(["--devices", "10000000"], "80,000,000", "fewer --schedule or --no-figures"),
+                                             (["--micro-batches", "10000000"], "40,000,000", "--no-figures"),
+                                             (["--devices", "2000", "--micro-batches", "2000", "--no-figures"],
+                                              "4,000,000", "fewer --schedule to allow more")])
+def test_a_step_too_large_for_the_machine_is_refused_at_once(args, cells, more):
     """--devices 10000000 used to eat memory silently, --micro-batches 10000000 to end in a
-    MemoryError traceback; now both are refused before anything is allocated."""
+    MemoryError traceback; now both are refused before anything is allocated, saying what
+    to give instead (`sim.limits.check_cells` with the command's hint)."""
     line = assert_refused(run_cli(*args, timeout=60), "too large for this machine", "the limit here is",
-                          "of memory", "as measured")
-    assert f"= {cells} stage-micro-batches" in line
+                          "of its memory", "give fewer --devices or --micro-batches", more)
+    assert f"{cells} stage-micro-batches" in line
 
 
 def test_the_limit_is_what_the_memory_allows(monkeypatch):
+    from sim import limits
     from sim.plot import cli as plot_cli
 
-    per = plot_cli.BYTES_PER_CELL["table"]
-    monkeypatch.setattr(plot_cli, "machine_memory", lambda: 2 * plot_cli.BASE_BYTES + 2 * 3 * per * 1000)
+    per = limits.BYTES_PER_CELL["table"]
+    monkeypatch.setattr(limits, "machine_memory", lambda: 2 * limits.BASE_BYTES + 2 * 3 * per * 1000)
     args = plot_cli.build_parser().parse_args(["--devices", "10", "--micro-batches", "100", "--no-figures"])
-    plot_cli.check_size(args, 3)  # exactly at the limit: 1000 stage-micro-batches
+    plot_cli.check_size(args, 3)  # exactly at the limit: 1000 stage-micro-batches of 3 schedules
     args.micro_batches = 101
     with pytest.raises(SystemExit) as e:
         plot_cli.check_size(args, 3)
     assert e.value.code == 2
+    plot_cli.check_size(args, 1)  # one schedule: three times as many allowed
+    args.micro_batches, args.no_figures = 100, False  # at the limit, but figures take more per stage-micro-batch
+    with pytest.raises(SystemExit):
+        plot_cli.check_size(args, 3)
 
 
 def test_an_unwritable_out_is_refused_before_any_work(tmp_path):
