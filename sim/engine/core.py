@@ -42,7 +42,7 @@ from sim.schedule.liveness import change
 from .program import Program
 from .resources import RESOURCES, Resource, merge_memory
 from .result import Event, Result
-from .network import Arrival, Network
+from .links import Arrival, Links
 from .transports import Transport, transport_class
 
 INF = float("inf")
@@ -103,7 +103,7 @@ class Run:
     stuck: a deadlock, which the caller explains). `result()` makes the `Result`; its
     `Event` records are made from these lists only on demand."""
 
-    def __init__(self, p: Program, net: "Network", devices: "_Devices", resources: list[Resource], memory, activations):
+    def __init__(self, p: Program, net: "Links", devices: "_Devices", resources: list[Resource], memory, activations):
         self.program, self.resources = p, resources
         self.start, self.end, self.busy, self.finished = devices.start, devices.end, devices.busy, devices.finished
         self.sent, self.posted, self.arrive = net.sent, net.posted, net.arrive_at
@@ -141,7 +141,7 @@ def run(p: Program, c: StageCosts, durations: Mapping[Action, float] | None = No
     if durations:
         dur = [durations.get(a, d) for a, d in zip(p.actions, dur)]
     env = simpy.Environment()
-    net = Network(env, p, c, link, busy, nlinks, p.ranks)
+    net = Links(env, p, c, link, busy, nlinks, p.ranks)
     transport: Transport = transport_class(c.transport)(c)
     gated = any(RESOURCES[role].gates_computes for role in p.beside)
     ready = [0.0] * len(p.actions) if gated else None  # per compute: when its resources let it start
@@ -188,7 +188,7 @@ class Loop(NamedTuple):
     env: simpy.Environment
     timeout: object          # env.timeout
     producer: list[int]      # the program's: per compute, the compute whose tensor it receives, or -1
-    sent: list               # the network's (`Network`): when each SEND was issued
+    sent: list               # the links' (`Links`): when each SEND was issued
     posted: list             # when each RECV was posted
     arrive_at: list          # when each transfer arrives, once known
     waiter: list             # a receiver blocked on each transfer
@@ -196,7 +196,7 @@ class Loop(NamedTuple):
     held_until: list
     resume: list
     at_yield: list
-    yielded: object          # the network's: rank r lets its transport thread run now
+    yielded: object          # the links': rank r lets its transport thread run now
     ahead: bool              # a device may run ahead of SimPy's clock (see `_Devices`)
     take_in: float           # the transport's call costs
     send_call: float
@@ -223,7 +223,7 @@ class _Devices:
     `sim.engine.resources`). Records each compute's start and end, each rank's busy time
     and whether it finished."""
 
-    def __init__(self, net: Network, transport: Transport, c: StageCosts, computes,
+    def __init__(self, net: Links, transport: Transport, c: StageCosts, computes,
                  resources: dict[Role, Resource], ready: list[float] | None):
         n, ranks = len(net.program.actions), net.program.ranks
         self.net = net

@@ -14,9 +14,9 @@ name in `Costs.transport`:
   waits for the sender's I/O thread (rule 10: `io_tick`). With all of these at 0 it is
   the plain rendezvous.
 
-A transport binds two hooks to the run (`bind`): `issued(t, now)` when the SEND of
-transfer t is issued and `posted(t, now)` when its RECV is posted; they call
-`run.leave(t, at)` once they know when the data leaves. A transport that needs to know
+A transport binds two hooks to the run's links (`bind`, a `sim.engine.links.Links`):
+`issued(t, now)` when the SEND of transfer t is issued and `posted(t, now)` when its RECV
+is posted; they call `links.leave(t, at)` once they know when the data leaves. A transport that needs to know
 what a sender is doing when a notice comes in sets `watches_devices`; the engine then
 keeps, per rank, until when its transport thread is free to run (`free_until`: it waits,
 or it is in a SEND call), until when its current action holds it (`held_until`) and
@@ -65,7 +65,7 @@ class Transport:
         """Look at the whole run before it starts (`program`: the compiled `sim.engine.program.Program`; `dur`:
         each compute's time)."""
 
-    def bind(self, run) -> tuple[Hook, Hook]:
+    def bind(self, links) -> tuple[Hook, Hook]:
         raise NotImplementedError
 
 
@@ -74,11 +74,11 @@ class Ideal(Transport):
 
     name = "ideal"
 
-    def bind(self, run) -> tuple[Hook, Hook]:
+    def bind(self, links) -> tuple[Hook, Hook]:
         def posted(t: int, now: float) -> None:
             pass
 
-        return run.leave, posted  # the data leaves as the SEND is issued
+        return links.leave, posted  # the data leaves as the SEND is issued
 
 
 class Rendezvous(Transport):
@@ -88,9 +88,9 @@ class Rendezvous(Transport):
 
     name = "rendezvous"
 
-    def bind(self, run) -> tuple[Hook, Hook]:
-        sent, posted_at, leave, latency = run.sent, run.posted, run.leave, self.costs.latency
-        notice = self.notice(run)
+    def bind(self, links) -> tuple[Hook, Hook]:
+        sent, posted_at, leave, latency = links.sent, links.posted, links.leave, self.costs.latency
+        notice = self.notice(links)
 
         def issued(t: int, now: float) -> None:
             if posted_at[t] is not None:
@@ -106,10 +106,10 @@ class Rendezvous(Transport):
 
         return issued, posted
 
-    def notice(self, run) -> Callable[[int, float], None]:
+    def notice(self, links) -> Callable[[int, float], None]:
         """What happens when the ready notice of transfer t reaches its sender at `at`,
         after the SEND was issued: the data leaves then."""
-        return run.leave
+        return links.leave
 
 
 def expected_wait(until_yield: float, tick: float) -> float:
@@ -163,14 +163,14 @@ class GlooCpu(Rendezvous):
                 out[i] = ahead
             self.to_yield.append(out)
 
-    def notice(self, run) -> Callable[[int, float], None]:
+    def notice(self, links) -> Callable[[int, float], None]:
         tick = self.costs.io_tick
         if not tick:
-            return run.leave
-        env, leave, later = run.env, run.leave, run.later
-        sender = [run.program.rank[j] if j >= 0 else -1 for j in run.program.producer]
-        free_until, held_until, resume, to_yield = run.free_until, run.held_until, run.resume, self.to_yield
-        at_yield = run.at_yield
+            return links.leave
+        env, leave, later = links.env, links.leave, links.later
+        sender = [links.program.rank[j] if j >= 0 else -1 for j in links.program.producer]
+        free_until, held_until, resume, to_yield = links.free_until, links.held_until, links.resume, self.to_yield
+        at_yield = links.at_yield
 
         def notice(t: int, at: float) -> None:
             now = env.now

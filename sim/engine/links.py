@@ -1,9 +1,10 @@
-"""The network of one engine run: when each transfer's SEND was issued and RECV posted, when
-its data leaves and takes its link, and when it arrives (rules 5, 6 and 10 of docs/rules.md).
+"""The links of one engine run, the simulator's transfer model: when each transfer leaves its sender, takes its link and arrives.
 
-`sim.engine.core` makes one `Network` per run; the transport's hooks (`sim.engine.transports`)
-read it and call its `leave`, and each device's loop reports to it where the rank lets its
-transport thread run (`yielded`).
+`Links` keeps when each transfer's SEND was issued and its RECV posted, and when its data
+arrives (rules 5, 6 and 10 of docs/rules.md). `sim.engine.core` makes one per run; the
+transport's hooks (`sim.engine.transports`) read it and call its `leave`, and each device's
+loop reports to it where the rank lets its transport thread run (`yielded`). (NCCL's cost
+model of a network, for the planner, is `sim.hardware.network`.)
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ class Arrival(simpy.Event):
         self.env.schedule(self, delay=delay)
 
 
-class Network:
+class Links:
     """What the engine knows of transfers while it runs, and what a transport's hooks
     read and call (`sim.engine.transports`): when each SEND was issued and each RECV posted,
     `leave` (the data takes its link and arrives), `later` (run a function at a later
