@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from sim.files import atomic_write
 from .fields import COST_FIELDS, CostField, PerStage
 
-__all__ = ["Costs", "StageCosts", "save_costs", "load_costs", "jsonable", "copy_time", "pair_times"]
+__all__ = ["Costs", "StageCosts", "save_costs", "load_costs", "jsonable", "copy_time", "pair_times", "first_excess"]
 
 
 def _per_stage(name: str, value: PerStage, stages: int) -> tuple[float, ...]:
@@ -234,3 +234,11 @@ def pair_times(forward: float, a2a_forward: float, backward: float, a2a_backward
     Their sum, the pair's time, is the two computes and the two all-to-alls less
     min(a2a_forward, backward) + min(a2a_backward, forward)."""
     return forward + max(0.0, a2a_forward - backward), backward + max(0.0, a2a_backward - forward)
+
+
+def first_excess(most: float, tau: float, d: float) -> float:
+    """Rule 19: what a rank's first compute of a step, of duration `d`, takes more. The core
+    starts the step `most` / `tau` below its speed and recovers with time constant `tau`: the
+    compute loses the integral of that deficit over its duration, most x (1 - exp(-d / tau)).
+    `tau` 0: `most`, whatever `d`."""
+    return -most * math.expm1(-d / tau) if tau > 0 else most

@@ -135,7 +135,7 @@ COST_FIELDS: tuple[CostField, ...] = (
     _f("first_compute_tau", 0.0, TIME, "how fast the core recovers from the step's boundary: a first compute "
        "of duration d then takes first_compute x (1 - exp(-d / tau)) more; 0: `first_compute` whatever d",
        doc="Rule 19: the core starts the step at first_compute / tau below its speed, and the deficit decays "
-       "with time constant tau (`sim.engine.core.first_excess`)."),
+       "with time constant tau (`sim.engine.costs.first_excess`)."),
 )
 PER_STAGE = tuple(f.name for f in COST_FIELDS if f.per_stage)
 CALL_FIELDS = tuple(f.name for f in COST_FIELDS if f.call)  # the transports' (`sim.engine.transports`)

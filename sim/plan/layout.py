@@ -36,7 +36,7 @@ from sim.schedule.registry import SCHEDULES, lookup
 # communicator buffers, the caching allocator's fragmentation (docs/planner.md, "Memory headroom").
 DEFAULT_HEADROOM = 0.10
 # What simulating a step takes of this machine's memory, per stage x micro-batch (the engine's
-# records; `sim.plot`'s measure, `sim.plot.cli.BYTES_PER_CELL["table"]`), and the share of
+# records; `sim.plot`'s measure, `sim.limits.BYTES_PER_CELL["table"]`), and the share of
 # the machine's memory a step may take (other work shares it).
 BYTES_PER_CELL = 3_800
 MEMORY_SHARE = 0.5

@@ -82,8 +82,8 @@ def test_rendezvous_is_never_faster_than_ideal(data):
 @settings(max_examples=100, deadline=None)
 @given(st.data())
 def test_running_ahead_equals_running_in_step(data):
-    """With free links and no device watching, a device runs on its own clock and uses
-    SimPy only to wait for data not yet sent; with busy links every action goes through
+    """With free links and no device watching, a device runs on its own clock, without
+    SimPy (`sim.engine.devices.run_ahead`); with busy links every action goes through
     SimPy in time order. Links so fast that they add nothing must give the same step."""
     schedule = data.draw(schedules())
     transport = data.draw(st.sampled_from(["ideal", "gloo-cpu"]))
