@@ -21,7 +21,7 @@ The engine runs a compiled `sim.engine.program.Program` (`sim.compile` makes one
 compiles nothing and checks nothing itself: `sim.simulate` compiles, runs and explains.
 How it stays fast (docs/performance.md): it runs the numbered program, not `Action`
 objects, with each compute's costs worked out before the run (`compute_costs`,
-`transfer_channels`). Where neither the transport nor the links depend on the order of
+`channels`). Where neither the transport nor the links depend on the order of
 things at one time, the devices run ahead of any clock, without SimPy
 (`sim.engine.devices.run_ahead`); elsewhere a compute whose input's arrival is known waits
 and computes in one timeout, and a transfer is an event only when its receiver already
@@ -57,13 +57,15 @@ def run(p: Program, c: StageCosts, durations: Mapping[Action, float] | None = No
     computes = compute_costs(p, c)
     if durations:
         computes[0] = [durations.get(a, d) for a, d in zip(p.actions, computes[0])]
-    link, busy, nlinks = transfer_channels(p, c)
+    channel = channels(p, c)
     transport: Transport = transport_class(c.transport)(c)
     # Run ahead of SimPy where neither the transport nor the links depend on the order in
     # which things happen at one time: no device watching, free links (`sim.engine.devices`).
-    ahead = not transport.watches_devices and not any(busy)
-    env = None if ahead else simpy.Environment()
-    links = Links(env, p, c, link, busy, nlinks)
+    ahead = not transport.watches_devices and not any(hold for _, hold in channel.values())
+    if ahead:
+        links = Links(None, p, c)
+    else:
+        links = Links(simpy.Environment(), p, c, *per_transfer(p, channel), len({n for n, _ in channel.values()}))
     gated = any(RESOURCES[role].gates_computes for role in p.beside)
     ready = [0.0] * len(p.actions) if gated else None  # per compute: when its resources let it start
     resources = {role: RESOURCES[role](p, c, durations, ready) for role in p.beside}
@@ -74,7 +76,7 @@ def run(p: Program, c: StageCosts, durations: Mapping[Action, float] | None = No
     if ahead:
         run_ahead(devices)
     else:
-        run_with_simpy(devices, env)
+        run_with_simpy(devices, links.env)
     return Run(p, links, devices, list(resources.values()), held_over_time(p, c, devices.logs, resources))
 
 
@@ -109,24 +111,31 @@ def pair_durations(p: Program, c: StageCosts, dur: list) -> None:
                                                 getattr(c, back.cost)[sb], getattr(c, back.comm)[sb])
 
 
-def transfer_channels(p: Program, c: StageCosts) -> tuple[list[int], list[float], int]:
-    """Per transfer (named by the compute that receives it): its link, numbered per sending
-    rank -> receiving rank, and the time it holds the link; and the number of links. Both
-    depend only on the stages at the transfer's two ends, so they are worked out once per
-    pair of stages."""
+def channels(p: Program, c: StageCosts) -> dict[tuple[int, int], tuple[int, float]]:
+    """Per pair of stages that a transfer joins (sending stage, receiving stage): its link,
+    numbered per sending rank -> receiving rank, and the time a transfer holds it. A
+    transfer's link and hold time depend only on the stages at its two ends, so they are
+    worked out once per pair."""
     stage = list(map(itemgetter(0), p.actions))
     transfers = [t for t, j in enumerate(p.producer) if j >= 0]
-    ends = list(zip(map(stage.__getitem__, map(p.producer.__getitem__, transfers)), map(stage.__getitem__, transfers)))
+    ends = set(zip(map(stage.__getitem__, map(p.producer.__getitem__, transfers)), map(stage.__getitem__, transfers)))
     links: dict[tuple[int, int], int] = {}   # (sending rank, receiving rank) -> link number
-    channel = {}                            # (sending stage, receiving stage) -> (link, hold time)
-    for s, d in set(ends):
+    out = {}
+    for s, d in sorted(ends):
         number = links.setdefault((p.placement[s], p.placement[d]), len(links))
         # the tensor between stages s and s+1 has the size of stage s's output
-        channel[s, d] = (number, c.transfer_time(c.activation_bytes_sent[min(s, d)]))
-    link, busy = [0] * len(stage), [0.0] * len(stage)
-    for t, (number, hold) in zip(transfers, map(channel.__getitem__, ends)):
-        link[t], busy[t] = number, hold
-    return link, busy, len(links)
+        out[s, d] = (number, c.transfer_time(c.activation_bytes_sent[min(s, d)]))
+    return out
+
+
+def per_transfer(p: Program, channel: dict[tuple[int, int], tuple[int, float]]) -> tuple[list[int], list[float]]:
+    """Per transfer (named by the compute that receives it): its link and the time it holds
+    it (`channels`); 0 and 0.0 for a compute that receives nothing."""
+    link, busy = [0] * len(p.actions), [0.0] * len(p.actions)
+    for t, j in enumerate(p.producer):
+        if j >= 0:
+            link[t], busy[t] = channel[p.actions[j].stage, p.actions[t].stage]
+    return link, busy
 
 
 def held_over_time(p: Program, c: StageCosts, logs: list[list], resources: dict[Role, Resource]):

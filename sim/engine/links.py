@@ -34,9 +34,12 @@ class Links:
 
     `env` is the run's SimPy environment, or None where the devices run ahead of it
     (`sim.engine.devices.run_ahead`: no link queues, no transport watching): a receiver
-    that waits is then woken by its rank's number in `woken`, not by a SimPy event."""
+    that waits is then woken by its rank's number in `woken`, not by a SimPy event. `link`,
+    `busy`: per transfer, its link (of `nlinks`) and the time it holds it (`sim.engine.core.per_transfer`;
+    not needed running ahead)."""
 
-    def __init__(self, env: simpy.Environment | None, p: Program, c: StageCosts, link, busy, nlinks: int):
+    def __init__(self, env: simpy.Environment | None, p: Program, c: StageCosts,
+                 link: list[int] | None = None, busy: list[float] | None = None, nlinks: int = 0):
         n, ranks = len(p.actions), p.ranks
         self.env, self.program = env, p
         self.sent: list[float | None] = [None] * n
