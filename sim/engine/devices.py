@@ -43,6 +43,7 @@ class Devices:
         p = links.program
         n, ranks = len(p.actions), p.ranks
         self.links, self.program, self.resources, self.ahead = links, p, resources, ahead
+        self.free_until, self.held_until, self.resume = links.free_until, links.held_until, links.resume
         self.issued, self.posted = transport.bind(links)       # the transport's hooks
         self.send_call, self.recv_call = transport.send_call, transport.recv_call  # how long a call holds its rank
         self.take_in = transport.take_in                        # taking arrived data in, before the compute
@@ -123,9 +124,9 @@ class Devices:
         step takes more, rule 19) and once its resources let it (a RELOAD, rule 14); it takes
         its memory at its start and gives some back at its end (rule 7). Returns when the
         rank is free again, after the runtime's time after it."""
-        links, start = self.links, now
+        start = now
         if at is not None:
-            links.free_until[r] = start = (at if at > start else start) + self.take_in
+            self.free_until[r] = start = (at if at > start else start) + self.take_in
         start = start + self.before
         if self.first[r]:
             start, self.first[r] = start + first_excess(self.first[r], self.first_tau, self.dur[x]), 0.0
@@ -136,7 +137,7 @@ class Devices:
         end = self.end[x] = start + self.dur[x]
         self.start[x] = start
         self.computing[r] += end - start
-        links.held_until[r], links.resume[r] = end + self.after, i  # (read where the transport watches)
+        self.held_until[r], self.resume[r] = end + self.after, i  # (read where the transport watches)
         if (delta := self.at_end[x]) is not None:
             self.logs[r].append((end, delta))
         return end + self.after
