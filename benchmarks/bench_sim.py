@@ -17,8 +17,10 @@ actions, deadlock check), runs the lowered program under the documented rules
 and transfer and each device's memory. The script checks that both give the same
 makespan (they are independent computations), times them alternately `--repeat` times
 (CPU time of this process) and prints the medians, with the phases of `sim.simulate`
-timed separately. `sim.simulate` switches Python's garbage collector off while it runs,
-so the minimal model is timed both with it (as written) and without it.
+timed separately, and the ratio of `sim.simulate` (with `make_schedule`) to the minimal
+model as written (the target: at most `TARGET`). `sim.simulate` switches Python's garbage
+collector off while it runs, so the minimal model is timed both with it (as written) and
+without it.
 Results and explanation: docs/performance.md.
 """
 from __future__ import annotations
