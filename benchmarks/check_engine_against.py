@@ -9,7 +9,11 @@ times and the makespan, to 1e-12 relative.
 The earlier `sim` is taken from git (`git archive REV sim`) into a temporary folder and
 imported as `oldsim`; both run the same named schedules and hand-built schedules with
 several stages per rank and split backwards, compute-only or lowered, under the same
-random costs. Exit status 1 at the first configuration that differs (printed); with
+random costs. `--extras` more configurations (default 100) draw what those do not: the
+other named schedules (zero bubble, interleaved, V-shaped, DualPipeV with overlapped
+pairs), the passes that add actions beside the devices (gradient reductions, offload,
+FSDP), rule 19's first compute, and measured `durations`. Exit status 1 at the first
+configuration that differs (printed); with
 `--all`, each one that differs is printed with whether each engine's links deliver
 their transfers in the order the SENDs were issued (rules 6 and 10), and the status is
 1 if any did.
@@ -74,12 +78,76 @@ def in_send_order(r) -> bool:
     return all(b.end >= a.end - 1e-12 for xs in links.values()
                for a, b in zip(sorted(xs, key=lambda e: e.start), sorted(xs, key=lambda e: e.start)[1:]))
 
+EXTRA_SCHEDULES = ["zb-h1", "zb-h2", "zbv", "interleaved-1f1b", "interleaved-zb", "looped-bfs", "v-half", "dualpipev"]
+
+
+def extra_config(rnd: random.Random):
+    """One configuration of what the main draw leaves out: (make(mod) -> schedule or None
+    where the generator refuses the sizes, Costs keywords, durations (action text -> time) or None)."""
+    name, p, m = rnd.choice(EXTRA_SCHEDULES), rnd.randint(1, 4), rnd.randint(1, 10)
+    overlap = name == "dualpipev" and rnd.random() < 0.7
+    passes = [x for x in ("grad_reduce", "offload", "fsdp") if rnd.random() < 0.3]
+    grad_overlap = rnd.random() < 0.5
+
+    def make(mod):
+        try:
+            s = mod.make_schedule(name, p, m, **({"overlap": True} if overlap else {}))
+        except ValueError:  # ScheduleError: these sizes are refused (by both trees alike)
+            return None
+        if "grad_reduce" in passes:
+            s = mod.add_grad_reduce(s, grad_overlap)
+        if "offload" in passes:
+            s = mod.add_offload(s)
+        if "fsdp" in passes:
+            s = mod.add_fsdp(s)
+        return s
+
+    n = 2 * p  # model stages of the V-shaped and interleaved ones (V = 2); the others take the first p
+    per = lambda lo, hi: [rnd.uniform(lo, hi) for _ in range(n)]  # noqa: E731
+    kw = dict(forward=per(0.05, 3), backward=per(0.05, 3), backward_input=per(0.05, 3), backward_weight=per(0.05, 3),
+              latency=rnd.choice([0.0, 0.01, 0.3]), bandwidth=rnd.choice([math.inf, 1e3]),
+              activation_bytes_sent=rnd.choice([0.0, 10.0]), activation_bytes=per(1e8, 1e9),
+              a2a_forward=per(0, 1), a2a_backward=per(0, 1), grad_reduce=per(0, 2), offload=per(0, 1),
+              reload=per(0, 1), offload_bytes=per(0, 1e8), unshard=per(0, 1), unshard_bytes=per(0, 1e8),
+              first_compute=rnd.choice([0.0, 0.5]), first_compute_tau=rnd.choice([0.0, 0.7]),
+              before_compute=rnd.choice([0.0, 0.01]), after_compute=rnd.choice([0.0, 0.02]))
+    times = rnd.random() < 0.3
+    return name, make, kw, times
+
+
+def costs_for(mod, kw: dict, stages: int):
+    """`mod.Costs` of `kw`, its per-stage lists cut to `stages`."""
+    return mod.Costs(**{k: v[:stages] if isinstance(v, list) else v for k, v in kw.items()})
+
+
+def check_extras(oldsim, rnd: random.Random, n: int) -> int:
+    """Compare `n` configurations of `extra_config`; return how many differ (printed)."""
+    differ = compared = 0
+    for i in range(n):
+        name, make, kw, times = extra_config(rnd)
+        so, sn = make(oldsim), make(sim)
+        assert (so is None) == (sn is None), name
+        if sn is None:
+            continue
+        durations = {a: rnd.uniform(0.05, 2) for prog in sn.programs for a in prog if a.kind.is_compute} if times else None
+        old_durations = durations and {oldsim.Action(*a): t for a, t in durations.items()}
+        ro = oldsim.simulate(so, costs_for(oldsim, kw, so.stages), old_durations)
+        rn = sim.simulate(sn, costs_for(sim, kw, sn.stages), durations)
+        compared += 1
+        if not close(key(ro), key(rn)):
+            differ += 1
+            print("DIFF extra", i, name, sn.stages, sn.micro_batches, kw)
+    print(f"{compared - differ} of {compared} extra configs identical ({n - compared} refused by both trees)")
+    return differ
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("rev", help="the git revision whose engine to compare with")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("-n", type=int, default=300, help="configurations")
     ap.add_argument("--all", action="store_true", help="go on past a difference; count them")
+    ap.add_argument("--extras", type=int, default=100, help="configurations of what the main draw leaves out")
     args = ap.parse_args()
     oldsim = import_old(args.rev)
     rnd, n, differ = random.Random(args.seed), args.n, 0
@@ -118,6 +186,7 @@ def main() -> None:
             print(f"  links in SEND order: {args.rev} {in_send_order(ro)}, this tree {in_send_order(rn)}; "
                   f"makespan {ro.makespan:.6g} -> {rn.makespan:.6g}")
     print(f"{n - differ} of {n} configs identical")
+    differ += check_extras(oldsim, random.Random(args.seed + 1_000_003), args.extras)
     sys.exit(1 if differ else 0)
 
 
