@@ -44,6 +44,7 @@ class Devices:
         n, ranks = len(p.actions), p.ranks
         self.links, self.program, self.resources, self.ahead = links, p, resources, ahead
         self.free_until, self.held_until, self.resume = links.free_until, links.held_until, links.resume
+        self.sent, self.posted_at, self.at_yield = links.sent, links.posted, links.at_yield
         self.issued, self.posted = transport.bind(links)       # the transport's hooks
         self.send_call, self.recv_call = transport.send_call, transport.recv_call  # how long a call holds its rank
         self.take_in = transport.take_in                        # taking arrived data in, before the compute
@@ -102,7 +103,7 @@ class Devices:
     def post(self, r: int, x: int, now: float) -> float:
         """Rank r posts the RECV of transfer x at `now` (rule 3); returns how long the call
         holds it."""
-        self.links.posted[x] = now
+        self.posted_at[x] = now
         self.posted(x, now)
         return self.recv_call
 
@@ -110,10 +111,9 @@ class Devices:
         """Rank r issues the SEND of transfer x at `now` (rule 2), yielding the core before the
         call (rule 9): the transport decides when the data leaves. Returns how long the call
         holds the rank."""
-        links = self.links
-        links.sent[x] = links.free_until[r] = now
-        if links.at_yield[r]:
-            links.yielded(r, now)
+        self.sent[x] = self.free_until[r] = now
+        if self.at_yield[r]:
+            self.links.yielded(r, now)
         self.issued(x, now)
         return self.send_call
 
