@@ -44,8 +44,8 @@ class Devices:
         n, ranks = len(p.actions), p.ranks
         self.links, self.program, self.resources, self.ahead = links, p, resources, ahead
         self.free_until, self.held_until, self.resume = links.free_until, links.held_until, links.resume
-        self.sent, self.posted_at, self.at_yield = links.sent, links.posted, links.at_yield
-        self.issued, self.posted = transport.bind(links)       # the transport's hooks
+        self.sent, self.posted, self.at_yield = links.sent, links.posted, links.at_yield
+        self.on_send, self.on_post = transport.bind(links)     # the transport's hooks
         self.send_call, self.recv_call = transport.send_call, transport.recv_call  # how long a call holds its rank
         self.take_in = transport.take_in                        # taking arrived data in, before the compute
         self.before, self.after = c.before_compute, c.after_compute  # the runtime's time around a compute (rule 11)
@@ -103,8 +103,8 @@ class Devices:
     def post(self, r: int, x: int, now: float) -> float:
         """Rank r posts the RECV of transfer x at `now` (rule 3); returns how long the call
         holds it."""
-        self.posted_at[x] = now
-        self.posted(x, now)
+        self.posted[x] = now
+        self.on_post(x, now)
         return self.recv_call
 
     def issue(self, r: int, x: int, now: float) -> float:
@@ -114,7 +114,7 @@ class Devices:
         self.sent[x] = self.free_until[r] = now
         if self.at_yield[r]:
             self.links.yielded(r, now)
-        self.issued(x, now)
+        self.on_send(x, now)
         return self.send_call
 
     def compute(self, r: int, x: int, i: int, now: float, at: float | None) -> float:
