@@ -13,7 +13,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import sim
-from exec.launch.host import loadavg
+from exec.launch.host import host_cores, loadavg
 from exec.measure.plan_vs_run import (GRID_SCHEDULES, MODEL, SCHEDULES, SHAPES, compare, compute_error, grid,
                                       median_runs, paired, read_rounds, reference, repredict, reprofile, shape_name)
 
@@ -82,7 +82,7 @@ def record(path: Path, rows: list[dict], command: str) -> None:
     sim.save_profile(data, path)
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="bench_plan_vs_run",
                                  description="the planner against real runs of model shapes on a measured device profile")
     ap.add_argument("--profile", help="a device profile (python -m exec.profile_device --out FILE)")
@@ -104,35 +104,35 @@ def main(argv=None) -> int:
     ap.add_argument("--reprofile", action="store_true",
                     help="measure the device again just before each case and predict it with that profile "
                          "(a VM's speed can drift 20-30 %% in minutes: docs/validation.md)")
-    args = ap.parse_args(argv)
-    if args.summary:  # a stored run's summary, nothing measured
-        try:
-            rounds = read_rounds(args.summary)
-            rows = median_runs(rounds) if len(rounds) > 1 else rounds[0]
-        except (OSError, ValueError, TypeError, KeyError, IndexError) as e:
-            print(f"bench_plan_vs_run: {' '.join(map(str, args.summary))}: {e}", file=sys.stderr)
-            return 2
-        if args.profile:  # the same runs, predicted again from this profile
-            try:
-                profile = sim.load_profile(args.profile)
-            except (OSError, ValueError) as e:
-                print(f"bench_plan_vs_run: {e}", file=sys.stderr)
-                return 2
-            rows = [repredict(profile, r) for r in rows]
-        print("\n".join(summary(rows)))
-        return 0
-    if not args.profile or args.rounds < 1:
-        print("bench_plan_vs_run: give --profile (or --summary FILE)" if not args.profile else
-              f"bench_plan_vs_run: --rounds must be at least 1, got {args.rounds}", file=sys.stderr)
-        return 2
+    return ap
+
+
+def stored_summary(paths: list[Path], profile_path: str | None) -> int:
+    """`--summary`: the summary of stored runs (each case by its median over the rounds),
+    predicted again from `profile_path` if given; nothing measured. 2 (one line) where a file
+    or the profile cannot be read."""
     try:
-        profile = None if args.reprofile else sim.load_profile(args.profile)
-        shapes = [dict(zip(("layers", "hidden", "heads", "seq", "vocab"), map(int, s.split(",")), strict=True))
-                  for s in args.shape] if args.shape else SHAPES
-    except (OSError, ValueError) as e:
-        print(f"bench_plan_vs_run: {e}", file=sys.stderr)
+        rounds = read_rounds(paths)
+        rows = median_runs(rounds) if len(rounds) > 1 else rounds[0]
+    except (OSError, ValueError, TypeError, KeyError, IndexError) as e:
+        print(f"bench_plan_vs_run: {' '.join(map(str, paths))}: {e}", file=sys.stderr)
         return 2
-    from exec.launch.host import host_cores
+    if profile_path:  # the same runs, predicted again from this profile
+        try:
+            profile = sim.load_profile(profile_path)
+        except (OSError, ValueError) as e:
+            print(f"bench_plan_vs_run: {e}", file=sys.stderr)
+            return 2
+        rows = [repredict(profile, r) for r in rows]
+    print("\n".join(summary(rows)))
+    return 0
+
+
+def run_grid(args: argparse.Namespace, profile, shapes) -> tuple[list[dict], object]:
+    """Every case of the grid, `args.rounds` times, each measured and predicted (`compare`,
+    the profile measured again before each under `--reprofile`), its row printed and, with
+    `--json`, every row so far written; each row carries its `round`. Returns the rows and
+    the profile of the last case."""
     steps, warmup = (2, 1) if args.quick else (5, 2)
     measured = sorted({(k[1], k[2], k[4]) for k in profile.layers.blocks}) if profile else []
     start = (reference() + reference()) / 2
@@ -154,6 +154,25 @@ def main(argv=None) -> int:
             print(row(rows[-1]), flush=True)
             if args.json:
                 args.json.write_text(json.dumps([{**r, "case": asdict(r["case"])} for r in rows], indent=1) + "\n")
+    return rows, profile
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.summary:
+        return stored_summary(args.summary, args.profile)
+    if not args.profile or args.rounds < 1:
+        print("bench_plan_vs_run: give --profile (or --summary FILE)" if not args.profile else
+              f"bench_plan_vs_run: --rounds must be at least 1, got {args.rounds}", file=sys.stderr)
+        return 2
+    try:
+        profile = None if args.reprofile else sim.load_profile(args.profile)
+        shapes = [dict(zip(("layers", "hidden", "heads", "seq", "vocab"), map(int, s.split(",")), strict=True))
+                  for s in args.shape] if args.shape else SHAPES
+    except (OSError, ValueError) as e:
+        print(f"bench_plan_vs_run: {e}", file=sys.stderr)
+        return 2
+    rows, profile = run_grid(args, profile, shapes)
     if args.rounds > 1:
         rows = median_runs([[r for r in rows if r["round"] == k] for k in range(args.rounds)])
         print(f"each case: the median of its {args.rounds} rounds (paired: paired in each round, then the median)")

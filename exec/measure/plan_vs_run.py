@@ -45,7 +45,7 @@ SHAPES = (dict(layers=4, hidden=256, heads=8, seq=64, vocab=512), dict(layers=4,
 @dataclass(frozen=True)
 class Case:
     schedule: str
-    micro: int
+    micro_batches: int
     recompute: str
     dp: int
     pp: int = 2
@@ -107,7 +107,7 @@ def transformer(model: dict = MODEL) -> sim.Transformer:
 def predict(profile, case: Case, model: dict = MODEL) -> dict:
     """The planner's step time (s) and per-rank peak memory (bytes) for `case`."""
     e = sim.estimate(transformer(model), gpu=profile, gpus_per_node=case.pp * case.dp, tp=1, pp=case.pp,
-                     dp=case.dp, micro_batch=case.batch // (case.dp * case.micro), global_batch=case.batch,
+                     dp=case.dp, micro_batch=case.batch // (case.dp * case.micro_batches), global_batch=case.batch,
                      schedule=case.schedule, recompute=case.recompute, precision="fp32", optimizer="adamw")
     kinds = kind_seconds((ev.action.kind.name, ev.action.stage, ev.duration) for ev in e.result.events
                          if ev.action.kind.is_compute)
@@ -119,7 +119,7 @@ def run_command(case: Case, model: dict = MODEL, steps: int = 5, warmup: int = 2
     return [sys.executable, "-m", "exec.run", "--model", "gpt", "--layers", str(model["layers"]),
             "--hidden", str(model["hidden"]), "--heads", str(model["heads"]), "--seq", str(model["seq"]),
             "--vocab", str(model["vocab"]), "--batch-size", str(case.batch), "--stages", str(case.pp),
-            "--micro", str(case.micro), "--schedule", case.schedule, "--recompute", case.recompute,
+            "--micro", str(case.micro_batches), "--schedule", case.schedule, "--recompute", case.recompute,
             "--dp", str(case.dp), "--optimizer", "adamw", "--steps", str(steps), "--warmup", str(warmup),
             "--no-compare", "--json", "--quiet", "--timeout", "240"]
 
@@ -252,5 +252,6 @@ def read_rounds(paths: list[Path]) -> list[list[dict]]:
     rounds: dict = {}
     for i, path in enumerate(paths):
         for r in json.loads(path.read_text()):
-            rounds.setdefault((i, r.get("round", 0)), []).append(r | {"case": Case(**r["case"])})
+            case = {("micro_batches" if k == "micro" else k): v for k, v in r["case"].items()}  # "micro" before 2026-12
+            rounds.setdefault((i, r.get("round", 0)), []).append(r | {"case": Case(**case)})
     return list(rounds.values())
