@@ -3,7 +3,8 @@
 A block of exec's GPT measured inside a step (`sim.hardware.layer_table`) takes longer than
 the kernel model's sum of its kernels, each timed alone in a loop, plus the profile's launch
 cost per kernel: on this project's 2-core CPU by 8 to 47 % over hidden 64-256, sequence
-32-128 and micro-batches 4 and 8, most on the smallest shapes (docs/validation.md, "One profile, many shapes"). Two causes, each one physical number per pass kind (F, B, I, W) and
+32-128 and micro-batches 4 and 8, most on the smallest shapes (docs/validation.md, "One
+profile, many shapes"). Two causes, each one physical number per pass kind (F, B, I, W) and
 recompute mode:
 
 - `slowdown`: the kernels' device time inside a step over their time alone in a loop
@@ -22,9 +23,9 @@ measured both ways); an unmeasured block with recompute keeps it as it is.
 
 Two numbers per pass do not hold across shapes: the smallest shapes run slower than a line
 fitted through larger ones says (hidden 64 with 2 heads, 16-23 % short under a fit on hidden
-128: docs/validation.md, "One profile, many shapes"). So an unmeasured block takes the fit times what the fit missed
-at the nearest block the profile measured (`nearest_block`, log-distance over hidden, heads,
-FFN, sequence and micro-batch): measured over fitted, per pass. `exec.profile_device`
+128: docs/validation.md, "One profile, many shapes"). So an unmeasured block takes the fit
+times what the fit missed at the nearest block the profile measured (`nearest_block`,
+log-distance over hidden, heads, FFN, sequence and micro-batch): measured over fitted, per pass. `exec.profile_device`
 measures blocks at a quarter, half and twice the profiled shape for that reason. The planner uses
 this only where the table has no row (a measured block keeps its own times, exactly:
 `sim.cost.layer.layer_times`). The model's ends at an unmeasured shape take their kernels
