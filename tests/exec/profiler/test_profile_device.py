@@ -24,7 +24,7 @@ from sim.hardware.host_transport import FIELDS as HOST_FIELDS  # noqa: E402
 from sim.hardware.network import OPS as COLLECTIVE_STEPS  # noqa: E402
 from sim.hardware.profile import COMPUTE_CLASSES  # noqa: E402
 
-from exec.measure import plan_report as report  # noqa: E402
+from exec.measure import plan_report as bench  # noqa: E402  (the bench's command)
 from exec.measure import plan_vs_run as pvr  # noqa: E402
 
 
@@ -301,10 +301,10 @@ def test_the_bench_reads_its_shapes_and_refuses_a_bad_one_in_one_line(tmp_path, 
     from sim.hardware.profile import profile, save_profile
     path = tmp_path / "p.json"
     save_profile(profile("a100-80gb-best-case"), path)
-    assert report.main(["--profile", str(path), "--shape", "1,2"]) == 2
+    assert bench.main(["--profile", str(path), "--shape", "1,2"]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
     seen = []
-    monkeypatch.setattr(report, "reference", lambda: 1.0)
-    monkeypatch.setattr(report, "grid", lambda cores, pp, quick, schedules, recomputes, shapes: seen.append(shapes) or [])
-    report.main(["--profile", str(path), "--shape", "6,96,3,48,768"])
+    monkeypatch.setattr(bench, "reference", lambda: 1.0)
+    monkeypatch.setattr(bench, "grid", lambda cores, pp, quick, schedules, recomputes, shapes: seen.append(shapes) or [])
+    bench.main(["--profile", str(path), "--shape", "6,96,3,48,768"])
     assert seen == [[dict(layers=6, hidden=96, heads=3, seq=48, vocab=768)]]
