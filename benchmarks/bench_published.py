@@ -20,7 +20,7 @@ the predicted value, the published one and the error in %.
     speedup over BF16 on paired rows (measured and predicted), and the rows left out by reason.
 
 The published settings and the comparisons are in sim/plan/published.py; results and what they
-say about the model: docs/measurements.md.
+say about the model: docs/validation.md, "The planner against published runs".
 """
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ fitting `matmul.fp8_efficiency` alone (the share of the FP8 peak TE's FP8 Linear
 recipe, Transformer Engine's delayed scaling (no `fp8-cs` row), so the fitted value says
 `scaling: "delayed"`.
 The profile's FP8 value was written by `--fp8-only` (2026-11-25), the BF16 0.674 held as
-stored: re-running the BF16 fit on that day's planner gave 0.654 (docs/measurements.md).
+stored: re-running the BF16 fit on that day's planner gave 0.654 (docs/validation.md, "Device profiles calibrated").
 MoE, after both (`--moe-only`): the 20 MoE rows (Grok-1's proxy, BF16 and FP8; DeepSeek-V3,
 BF16), every other value held as the written profile has it, fitting
 `matmul.grouped_gemm_efficiency` alone (the share of one plain GEMM's speed Megatron-Core's

@@ -33,7 +33,7 @@ cores / ranks threads, or one GPU each):
 
 With --repeat N it measures N profiles one after another, keeps each beside --out
 (`run_path`) and writes their median (`exec.profiler.median`): a VM's minutes differ by about
-10 % (docs/measurements.md). Every number says how it was measured (docs/profiles.md: source "measured" with the
+10 % (docs/validation.md, "One profile, many shapes"). Every number says how it was measured (docs/profiles.md: source "measured" with the
 command, the machine and the date; the fits "derived"). The run has a timeout and leaves no
 process behind (`exec.launch.processes`). Exit status: 0 written, 1 a rank failed or timed out, 2 bad
 arguments or a device it cannot measure (--backend nccl without enough GPUs).
@@ -93,7 +93,7 @@ def build_parser():
     m = p.add_argument_group("the median of several profiles (exec.profiler.median)")
     m.add_argument("--repeat", type=whole, default=1,
                    help="measure N times, one after another, keep each (OUT.runI.json) and write their median "
-                        "to --out (a VM's minutes differ by about 10 %%: docs/measurements.md)")
+                        "to --out (a VM's minutes differ by about 10 %%: docs/validation.md)")
     m.add_argument("--median-of", type=Path, action="append", metavar="PROFILE",
                    help="write the median of these profiles of this machine to --out and measure nothing "
                         "(repeat, at least two)")
@@ -117,7 +117,7 @@ def anchor_shapes(model) -> list[tuple[int, int, int]]:
     size, else the model's; a smaller shape only where it differs from the larger ones): the
     blocks `measure_device` times beside the model's own by default. The quarter one: below
     the half, the fit of a small block extrapolates, and a block of hidden 32 came out up to
-    66 % long under one profile and up to 36 % short under another (docs/measurements.md)."""
+    66 % long under one profile and up to 36 % short under another (docs/validation.md, "One profile, many shapes")."""
     shapes = []
     for k in (4, 2):
         heads = max(1, model.heads // k)
@@ -131,7 +131,7 @@ def anchor_shapes(model) -> list[tuple[int, int, int]]:
 def repeats(model, shape) -> int:
     """How many times the steps a block of `shape` is timed over, against `model`'s: its work
     (hidden^2 x sequence) that many times smaller, at most 4. A small block is a small slope
-    under a stage's fixed costs, and scatters most (docs/measurements.md); it is cheap to time."""
+    under a stage's fixed costs, and scatters most (docs/validation.md, "One profile, many shapes"); it is cheap to time."""
     ratio = (model.hidden ** 2 * model.seq) / (shape.hidden ** 2 * shape.seq)
     return max(1, min(4, round(ratio)))
 

@@ -19,7 +19,7 @@
 # Every schedule is drawn with two bubbles: the **bubble** of one step (idle share of
 # `p × makespan`), and the **steady** bubble of the zero-bubble paper: the longest time one device
 # takes from its first compute to its last, which is the step time when steps follow each other
-# without a flush (docs/zero_bubble.md). Communication is free here (`transport="ideal"`), as in
+# without a flush (docs/schedules.md, "Zero bubble: ZB-H1, ZB-H2, ZB-V"). Communication is free here (`transport="ideal"`), as in
 # the papers' closed forms; notebook 1 shows what latency does.
 #
 # It needs torch for section 6 only: `pip install -e ".[exec,notebooks]"`.
@@ -169,10 +169,10 @@ table([one, h1, h2])
 show(plot_compare([one, h1, h2]))
 
 # %%
-if W <= min(F, I):  # the Ws put off fit into the drain (docs/zero_bubble.md)
+if W <= min(F, I):  # the Ws put off fit into the drain (docs/schedules.md, "Zero bubble: ZB-H1, ZB-H2, ZB-V")
     assert close(h1.makespan, M * (F + I + W) + (P - 1) * (F + I - W))
     assert close(h2.steady_step, M * (F + I + W) + (P - 1) * (F + I - 2 * W))
-for s in range(P):  # peak bytes on device s (docs/zero_bubble.md, Memory)
+for s in range(P):  # peak bytes on device s (docs/schedules.md, "The memory of the split backward")
     assert close(h1.peak_memory[s], (P - s) * A + s * A_W)
     assert close(h2.peak_memory[s], (2 * P - 1 - 2 * s) * A + 2 * s * A_W)
 print(f"idle per device in one step: 1F1B {(P - 1) * (F + B):g}, ZB-H1 {(P - 1) * (F + I - W):g} = (p-1)(F+I-W); "
@@ -203,7 +203,7 @@ show(plot_compare([one, zbv, dpv]))
 for s in range(P):  # memory follows from the order alone, whatever the times
     assert close(zbv.peak_memory[s], P * A)
     assert close(dpv.peak_memory[s], (2 * P + 1) * A / 2)
-if F == I == W:  # the papers' closed forms, in chunk time t = F/2 (docs/zero_bubble.md)
+if F == I == W:  # the papers' closed forms, in chunk time t = F/2 (docs/schedules.md, "Zero bubble: ZB-H1, ZB-H2, ZB-V")
     t = F / 2
     assert close(zbv.steady_step, 6 * M * t) and close(zbv.steady_bubble_fraction, 0)
     assert close(zbv.makespan, 6 * M * t + (P - 1) * t)
@@ -529,5 +529,5 @@ assert 0.4 < w_share(grid["zbv", "none"]) < 0.5 and 0.25 < w_share(grid["zbv", "
 # - The bubble of one step and the steady bubble differ by the fill: for schedules that run back to
 #   back without a flush, the steady one is what you get.
 #
-# More in [docs/schedules.md](../docs/schedules.md), [docs/zero_bubble.md](../docs/zero_bubble.md)
-# and [docs/zb_auto.md](../docs/zb_auto.md).
+# More in [docs/schedules.md](../docs/schedules.md): [zero bubble](../docs/schedules.md#zero-bubble-zb-h1-zb-h2-zb-v)
+# and [zb-auto](../docs/schedules.md#zb-auto-the-automatic-zero-bubble-scheduler).

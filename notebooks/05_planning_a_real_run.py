@@ -230,7 +230,7 @@ plt.show()
 # with full recompute and with selective recompute + sequence parallelism). The full tables,
 # with the per-layer times of Table 4, are printed by `python benchmarks/bench_published.py`
 # (it needs scipy: `pip install -e ".[bench]"`) and recorded in
-# [docs/measurements.md](../docs/measurements.md).
+# [docs/validation.md](../docs/validation.md#the-planner-against-published-runs).
 
 # %%
 narayanan = published.narayanan_table_1()
@@ -265,7 +265,7 @@ plt.show()
 # parallelism shortens the forward; full recompute costs more than selective; the bigger models
 # reach the higher MFU), and the MFU computed from the published times with our FLOP count equals
 # the published MFU (tests/sim/plan/test_published.py). Where it is off, and by how much, is recorded in
-# [docs/measurements.md](../docs/measurements.md); nothing was fitted to make it closer.
+# [docs/validation.md](../docs/validation.md#the-planner-against-published-runs); nothing was fitted to make it closer.
 #
 # ## 5. The planner
 #

@@ -73,7 +73,7 @@ show(plot_overlay(e.result, run.result))
 # blocks the profile did measure (`sim.cost.block_fit`): how much slower the kernels run inside
 # a step than alone in a loop, and the host's cost per kernel inside a step (autograd, exec's
 # hooks, Python). Without that fit the kernel model was 8-47 % short on this machine, most on
-# small shapes (docs/measurements.md, "One profile, many shapes"). Two numbers do not hold over
+# small shapes (docs/validation.md, "One profile, many shapes"). Two numbers do not hold over
 # every shape, so a block also takes what the fit missed at the nearest block the profile
 # measured (measured over fitted). The full profile (`python -m exec.profile_device`, without
 # `--quick`) measures blocks at a quarter, half and twice the model's shape for that; this
@@ -105,20 +105,9 @@ print("peak memory per rank, predicted and measured:", [int(b) for b in e2.peak_
 # than the model's error); the memory does not depend on the load. `benchmarks/bench_plan_vs_run.py`
 # runs the grid: the profiled shape and seven shapes the profile did not measure (hidden 32 to
 # 256, sequence 32 to 128, vocabulary 256 to 2048, 4 to 8 blocks), each under 1F1B, GPipe and
-# ZB-H1 with recompute none and full, beside the machine's drift and load. Its last recorded
-# runs are in docs/measurements.md ("Rules 19 and 20: the first compute's recovery and the
-# optimizer in a step"): the step's two edges, its first compute and its optimizer, cost
-# what they cost inside a step, and the profile measures both there. On a quiet half hour the
-# shapes the profile did not measure came out at 7-8 % median; on a noisy one ("A clean
-# check: profile-s12") at 13 %, where the machine itself moved by 10-30 % between rounds:
-# read the grid's "paired" column there, each shape against the profiled shape's runs around it.
-# With torch's attention call measured by shape and a quarter-size anchor ("torch's attention
-# call, measured"), they came out at 5.4 % median over three rounds and the profiled shape at
-# 2.5 %; the worst case was still 27 % off: the smallest shape under ZB-H1. Run alone, that
-# case comes within 5 % (23 ms against the planner's 24). In the grid it had fallen in the
-# host's slow minutes, which the VM itself cannot see: no steal, no faults, no pressure
-# ("The host's slow minutes, and the pair taken in each round"). Such a minute slows the
-# profiled shape's runs around a shape as much as the shape's own, so the bench pairs each
-# shape with them in its own round, then takes the median over rounds. On three fresh rounds
-# that gives 4.9 % median and 18.7 % worst, and the profiled shape 3.4 %. Five shapes never
-# run before, chosen before any ran, gave 4.6 % and 18.2 %.
+# ZB-H1 with recompute none and full, beside the machine's drift and load. A VM's host can slow
+# it for minutes unseen by the guest, and such a minute slows the profiled shape's runs around
+# a shape as much as the shape's own, so the bench pairs each shape with them in its own round,
+# then takes the median over rounds. Its current result (docs/validation.md, "The planner
+# against runs on this machine"): five shapes never run before, chosen before any ran, came out
+# at 4.6 % median and 18.2 % worst, paired; peak memory within 0.008 %.

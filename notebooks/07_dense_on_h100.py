@@ -68,7 +68,7 @@ def tokens_per_gpu(e):
 # the peaks and memory are the **datasheet**'s; the matmul efficiencies are **calibrated** on
 # the H100 development set (169 measured runs on DGX H100, NeMo's and JAX's, `sim.plan.h100_dev`); the rest
 # are **published** best-case figures, which the rows cannot place (moving them 10 % moves the
-# rows' step by under 1 %: docs/measurements.md). What the estimate assumes of the stack,
+# rows' step by under 1 %: docs/validation.md, "Device profiles calibrated"). What the estimate assumes of the stack,
 # NeMo's defaults: fused attention, sequence parallelism with tp > 1, the distributed optimizer
 # with its gradient reduction overlapped, one NIC a GPU, 10 % of the memory kept free.
 

@@ -31,7 +31,7 @@
 # memory are datasheet values. The **grouped GEMM efficiency is calibrated** on the 20 MoE rows
 # of the development set (row_id 222-241: NeMo's Grok-1 proxy, 8 experts top-2, BF16 and FP8, and
 # DeepSeek-V3 at ep 64, BF16), one parameter by least squares on log step time with the others
-# held (`benchmarks/calibrate_h100.py --moe-only`; docs/measurements.md, "MoE rows"): the
+# held (`benchmarks/calibrate_h100.py --moe-only`; docs/validation.md, "Device profiles calibrated"): the
 # experts' grouped GEMMs run at 0.665 +- 0.027 of one plain GEMM of the same total shape, with a
 # MAPE of 9.6 % on the 20 rows. The Grok-1 rows set it; DeepSeek-V3's two rows (240, 241) are
 # still predicted about 20 % fast (section 4). Sections 1-3 are the model's times, not

@@ -19,7 +19,7 @@ import os
 
 # What a run holds at its peak: a fixed part plus, per cell, what the engine's records and the
 # schedule ("table"), a figure's artists ("figures") and a Chrome trace ("trace") need; each
-# rounds up the largest measured (docs/measurements.md, "sim.plot: memory of a big step").
+# rounds up the largest measured (docs/validation.md, "Host memory of a big step").
 BYTES_PER_CELL = {"table": 3_800, "figures": 400, "trace": 1_600}
 BASE_BYTES = 100 * 2**20
 MEMORY_SHARE = 0.5          # of the machine's memory, which other work shares

@@ -45,7 +45,7 @@ def median_seconds(fn: Callable[[], object], device: torch.device, loops: int = 
     """Seconds per call of `fn`: the median of `loops` loops (`best`: the fastest), each of as
     many calls as take at least `least` seconds (found on a warmed-up call). The median, as
     the planner predicts a run's median step: the fastest loop of a block ran 6-8 % under the
-    median on a quiet machine (docs/measurements.md, "Kernels in a loop and in a step")."""
+    median on a quiet machine (docs/validation.md, "Kernels in a loop and in a step")."""
     fn()
     _sync(device)
     t = time.perf_counter()
@@ -266,7 +266,7 @@ def optimizer_tensor_seconds(device: torch.device, barrier: Callable[[], None], 
     """The host cost per parameter tensor of `optimizer`'s step (a name of
     `exec.runtime.optim.OPTIMIZERS`): its step over `tensors` + 1 one-element parameters less
     its step over one, per tensor, at least 0. On a CPU torch steps the tensors one by one
-    (its for-loop implementation: AdamW about 25 us each on this project's VM, docs/measurements.md);
+    (its for-loop implementation: AdamW about 25 us each on this project's VM, docs/validation.md, "Rules 19 and 20");
     on CUDA its default (foreach) groups them."""
     from exec.runtime.optim import make_optimizer
 
@@ -290,7 +290,7 @@ def in_step_per_tensor(points: Iterable[tuple[int, int, float]], memory_seconds:
     the relative error, through 0 (a step's scatter grows with its time, and the large steps'
     would drown the small ones, where the host's cost shows). Inside a step torch's for-loop
     AdamW costs each tensor about twice what it costs in a loop of its own
-    (`optimizer_tensor_seconds`; docs/measurements.md). ValueError without points."""
+    (`optimizer_tensor_seconds`; docs/validation.md, "Rules 19 and 20"). ValueError without points."""
     rest = [(n, t, t - memory_seconds(p * optimizer_step_bytes("fp32", optimizer))) for n, p, t in points]
     if not rest:
         raise ValueError("the optimizer's cost per tensor in a step needs points")

@@ -2,7 +2,7 @@
 
 A block's kernels timed one by one, each in a loop of its own, run 5-30 % faster than the
 same kernels inside a step, where each meets its inputs cold after the step's other passes
-(docs/measurements.md, "Kernels in a loop and in a step"). So the profiler also times whole
+(docs/validation.md, "Kernels in a loop and in a step"). So the profiler also times whole
 blocks as exec's calibration times a run's computes (`exec.measure.calibrate.step_compute_times`):
 inside training steps on 2 ranks, every rank at once, with their transfers and the
 interpreter's own handlers, each step's first compute left out (rules 11 and 19 are the
@@ -100,8 +100,8 @@ def _timed(ctx, model: sim.Transformer, micro_batch: int, recompute: str, steps:
            optimizers: list, say: Callable[[str], None]) -> tuple[dict, dict]:
     """`_passes`, timed again (up to `RETRIES` times) where a stage's three times are off a line
     by more than `BENT`: one of the three stage sizes met a slow minute of the VM, and the line
-    through them would take it as a steeper block and a cheaper end (docs/measurements.md,
-    "Rules 19 and 20"). Keeps the straightest of the tries; both ranks decide alike (they share
+    through them would take it as a steeper block and a cheaper end (docs/validation.md,
+    "One profile, many shapes"). Keeps the straightest of the tries; both ranks decide alike (they share
     the medians). (An end at 0 is no sign: some ends are that small, and their intercepts
     scatter around 0 on a straight line.)"""
     tries = []

@@ -3,7 +3,7 @@
     >>> p = median_profile([json.load(open(f)) for f in ("a.json", "b.json", "c.json")])  # doctest: +SKIP
 
 Profiles of one machine taken minutes apart differ by about 10 % overall and their small
-blocks by up to 30 % (docs/measurements.md, "One profile, many shapes"), and a plan made
+blocks by up to 30 % (docs/validation.md, "One profile, many shapes"), and a plan made
 from one of them carries its minute's error into every shape. `median_profile` takes
 profiles of the same device, backend, torch and threads (`fingerprint`) and keeps, value by
 value:

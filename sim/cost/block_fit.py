@@ -3,7 +3,7 @@
 A block of exec's GPT measured inside a step (`sim.hardware.layer_table`) takes longer than
 the kernel model's sum of its kernels, each timed alone in a loop, plus the profile's launch
 cost per kernel: on this project's 2-core CPU by 8 to 47 % over hidden 64-256, sequence
-32-128 and micro-batches 4 and 8, most on the smallest shapes (docs/measurements.md, "One
+32-128 and micro-batches 4 and 8, most on the smallest shapes (docs/validation.md, "One
 profile, many shapes"). Two causes, each one physical number per pass kind (F, B, I, W) and
 recompute mode:
 
@@ -23,9 +23,9 @@ measured both ways); an unmeasured block with recompute keeps it as it is.
 
 Two numbers per pass do not hold across shapes: the smallest shapes run slower than a line
 fitted through larger ones says (hidden 64 with 2 heads, 16-23 % short under a fit on hidden
-128: docs/measurements.md). So an unmeasured block takes the fit times what the fit missed
-at the nearest block the profile measured (`nearest_block`, log-distance over hidden, heads,
-FFN, sequence and micro-batch): measured over fitted, per pass. `exec.profile_device`
+128: docs/validation.md, "One profile, many shapes"). So an unmeasured block takes the fit
+times what the fit missed at the nearest block the profile measured (`nearest_block`,
+log-distance over hidden, heads, FFN, sequence and micro-batch): measured over fitted, per pass. `exec.profile_device`
 measures blocks at a quarter, half and twice the profiled shape for that reason. The planner uses
 this only where the table has no row (a measured block keeps its own times, exactly:
 `sim.cost.layer.layer_times`). The model's ends at an unmeasured shape take their kernels
@@ -97,7 +97,7 @@ def in_step_fits(m, dev, x, kernel_times: Callable) -> dict[str, InStep]:
     table has), {} where it has none; fitted once per profile and model. Recompute runs the
     same kernels again, which the kernel model lists: the fit holds for every mode (the
     measured full-recompute rows, two-block differences of passes twice as long, scatter more:
-    docs/measurements.md)."""
+    docs/validation.md, "One profile, many shapes")."""
     rows = [(k, v) for k, v in dev.layers.blocks.items() if k[0] == x.precision and k[6] == "none"]
     if not rows:
         return {}
@@ -202,7 +202,7 @@ def stage_costs(m, dev, x, kernel_times: Callable, end_kernels: Callable) -> dic
     ends of `x`'s precision (`sim.hardware.layer_table`: every shape and micro-batch) of the
     measured end less its kernels under the fit, at least 0; {} where it measured none. A
     host's cost, the same at any shape: each measured end is an intercept that scatters by
-    0.1-0.6 ms (docs/measurements.md), their mean does not."""
+    0.1-0.6 ms (docs/validation.md, "One profile, many shapes"), their mean does not."""
     fits = in_step_fits(m, dev, replace(x, micro_batch=1), kernel_times)
     rows = [(k, v) for k, v in dev.layers.ends.items() if k[0] == x.precision]
     if not rows or not {"F", "I", "W"} <= set(fits):

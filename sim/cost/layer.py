@@ -46,7 +46,7 @@ attention's output is permuted back to [s, b, h] (a copy each way, Megatron-LM's
 
 `Transformer(kernels="torch")` is torch's eager path instead, the GPT `exec.models.layers.Block` runs
 (arch "gpt", flash attention, no dropout; others are refused), its kernels read off torch's
-profiler for one block (docs/measurements.md): no fused kernels and no dropout; each linear
+profiler for one block (docs/validation.md, "One profile, many shapes"): no fused kernels and no dropout; each linear
 layer's `addmm` first copies its bias into the output; GeLU is erf's, whose forward and
 backward are compute-bound on a CPU (`sim.hardware.kernels.elementwise_time`, the profile's
 compute-bound classes); `scaled_dot_product_attention` is one flash kernel (Dao et al. 2022,

@@ -4,8 +4,8 @@ The kernel model times torch's fused attention core as its two matmuls (the scor
 values, `sim.cost.layer.kernel_layer_times`), and on a CPU that is far from it: torch's CPU
 flash attention walks the causal triangle in blocks of queries and keys, with its own
 softmax, and takes 0.7 to 7 times what the kernel model gives it (the two matmuls and its own
-elementwise kernels), most at small head widths and short sequences (docs/measurements.md,
-"torch's attention call, measured"). No one ratio holds across
+elementwise kernels), most at small head widths and short sequences (docs/validation.md,
+"torch's attention call"). No one ratio holds across
 shapes, so a profile measures the kernel itself (`exec.profiler.device_bench.attention_rows`).
 
 The section `attention.table` of a profile (docs/profiles.md) holds rows [precision,

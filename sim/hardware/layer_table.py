@@ -15,7 +15,7 @@ measures exec's GPT on gloo CPU ranks):
   worst |step error| in % (`benchmarks/bench_plan_vs_run.py --record`).
 
 A block's kernels timed one by one in loops of their own run faster than inside a step
-(docs/measurements.md, "Kernels in a loop and in a step"), so where the table has a block
+(docs/validation.md, "Kernels in a loop and in a step"), so where the table has a block
 or ends the planner takes their times (`sim.cost.layer.layer_times`,
 `sim.cost.ends.end_times`); elsewhere the kernel model (`sim.hardware.kernels`).
 Measured times include the host's cost of each kernel: no launch floor is added to them.

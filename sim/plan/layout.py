@@ -41,7 +41,7 @@ DEFAULT_HEADROOM = 0.10
 BYTES_PER_CELL = 3_800
 MEMORY_SHARE = 0.5
 # The most stage x micro-batches a planned step may have, for time: 65,536 take 0.94 s to
-# simulate on a 2-core machine (docs/measurements.md, "Simulator speed: large step"), so this
+# simulate on a 2-core machine (docs/validation.md, "Simulator speed"), so this
 # is about 7 s a configuration, five times the largest published layout's (pp 64 x 1,536).
 MAX_CELLS = 500_000
 

@@ -28,7 +28,7 @@ CP_MIN_TOKENS = 4096
 # memory does not fit; name them with `schedules=` / `--schedules` when memory binds.
 # DualPipe (two copies of the model, `sim.plan.copies`) is searched: it adds 2-4 % of the
 # configurations and about 0.8 s (user) to the dense searches of docs/planner.md (measured 2026-11-25,
-# docs/measurements.md, "DualPipe in the search").
+# docs/validation.md, "DualPipe in the search").
 OPT_IN_SCHEDULES = ("zb-auto", "v-min", "v-half")
 DEFAULT_SCHEDULES = tuple(name for name in SCHEDULES if name not in OPT_IN_SCHEDULES)
 # Where it is named, the planner's zb-auto runs its heuristic at most this many times per

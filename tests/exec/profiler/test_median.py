@@ -1,10 +1,9 @@
-"""The median of several profiles (exec.profiler.median) and of several rounds of the plan-vs-run grid (the bench's median_runs): closed forms, a property over random scalings, real profiles of this project's VM, and refusals. No timing assertions."""
+"""The median of several profiles (exec.profiler.median) and of several rounds of the plan-vs-run grid (exec.measure.plan_vs_run.median_runs): closed forms, a property over random scalings, real profiles of this project's VM, and refusals. No timing assertions."""
 from __future__ import annotations
 
 import copy
 import json
 import statistics
-import sys
 from pathlib import Path
 
 import pytest
@@ -121,24 +120,24 @@ def test_the_cli_writes_the_median_and_refuses_in_one_line(tmp_path, capsys):
     assert pd.run_path(Path("/a/cpu.json"), 2) == Path("/a/cpu.run2.json")
 
 
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import bench_plan_vs_run as bench  # noqa: E402
+from exec.measure import plan_report as report  # noqa: E402
+from exec.measure import plan_vs_run as pvr  # noqa: E402
 
 
 def _run(measured: float, predicted: float = 1.0, model=None, schedule="1f1b") -> dict:
-    return {"model": dict(model or bench.MODEL), "case": bench.Case(schedule, 4, "none", 1),
+    return {"model": dict(model or pvr.MODEL), "case": pvr.Case(schedule, 4, "none", 1),
             "measured_s": measured, "predicted_s": predicted, "drift": 1.0, "error_pct": 0.0}
 
 
 def test_median_runs_keep_the_middle_round_and_its_error():
     rounds = [[_run(1.0), _run(2.0, schedule="gpipe")], [_run(1.5), _run(1.0, schedule="gpipe")],
               [_run(1.2), _run(4.0, schedule="gpipe")]]
-    got = bench.median_runs(rounds)
+    got = pvr.median_runs(rounds)
     assert [r["measured_s"] for r in got] == [1.2, 2.0]
     assert got[0]["error_pct"] == pytest.approx((1 / 1.2 - 1) * 100)
     assert got[1]["round_steps_s"] == [2.0, 1.0, 4.0]
     assert [r["case"].schedule for r in got] == ["1f1b", "gpipe"]
-    two = bench.median_runs(rounds[:2])  # an even count: the mean of the middle two, the nearer run's details
+    two = pvr.median_runs(rounds[:2])  # an even count: the mean of the middle two, the nearer run's details
     assert two[0]["measured_s"] == pytest.approx(1.25)
 
 
@@ -147,8 +146,8 @@ def _round(speed: float, shape_speed: float | None = None) -> list[dict]:
     each predicted right (1.0 s and 0.5 s; the other shape measured at 0.5 / 1.1 s, an
     error of +10 %) on a machine `speed` times slower (the other shape's run `shape_speed`
     times, where its minute differed)."""
-    runs = [(bench.MODEL, 1.0, 1.0, speed), (bench.SHAPES[0], 0.5, 0.5 / 1.1, shape_speed or speed),
-            (bench.MODEL, 1.0, 1.0, speed)]
+    runs = [(pvr.MODEL, 1.0, 1.0, speed), (pvr.SHAPES[0], 0.5, 0.5 / 1.1, shape_speed or speed),
+            (pvr.MODEL, 1.0, 1.0, speed)]
     return [_run(m * f, p) | {"model": dict(model), "error_pct": (p / (m * f) - 1) * 100} for model, p, m, f in runs]
 
 
@@ -158,8 +157,8 @@ def test_median_runs_pair_each_round_before_the_median(speeds):
     """Whatever speed each round's minute ran at, a shape paired with the profiled runs of its
     own round keeps its own error (+10 %), and so does the median over the rounds; its raw
     error moves with the machine."""
-    got = bench.median_runs([_round(f) for f in speeds])
-    (other,) = bench.paired(got)
+    got = pvr.median_runs([_round(f) for f in speeds])
+    (other,) = pvr.paired(got)
     assert other["paired_error_pct"] == pytest.approx(10.0)
     assert other["round_paired_pct"] == pytest.approx([10.0] * len(speeds))
     assert other["error_pct"] == pytest.approx((1.1 / statistics.median(speeds) - 1) * 100)
@@ -171,19 +170,19 @@ def test_median_runs_outvote_a_round_whose_pair_did_not_cancel():
     paired errors is the shape's own (+10 %). Pairing the rounds' medians instead sets the
     shape's median round against the profiled shape's, which ran in another minute."""
     rounds = [_round(1.0), _round(1.3), _round(1.6, shape_speed=1.0)]
-    got = bench.median_runs(rounds)
-    (other,) = bench.paired(got)
+    got = pvr.median_runs(rounds)
+    (other,) = pvr.paired(got)
     assert other["round_paired_pct"] == pytest.approx([10.0, 10.0, (1.1 * 1.6 - 1) * 100])
     assert other["paired_error_pct"] == pytest.approx(10.0)
-    (of_medians,) = bench.paired([{k: v for k, v in r.items() if not k.startswith("paired_")} for r in got])
+    (of_medians,) = pvr.paired([{k: v for k, v in r.items() if not k.startswith("paired_")} for r in got])
     assert of_medians["paired_error_pct"] == pytest.approx((1.1 * 1.3 - 1) * 100)
 
 
 def test_median_runs_refuse_rounds_of_different_grids():
     with pytest.raises(ValueError, match="different grids"):
-        bench.median_runs([[_run(1.0)], [_run(1.0), _run(2.0)]])
+        pvr.median_runs([[_run(1.0)], [_run(1.0), _run(2.0)]])
     with pytest.raises(ValueError, match="different grids"):
-        bench.median_runs([[_run(1.0)], [_run(1.0, schedule="gpipe")]])
+        pvr.median_runs([[_run(1.0)], [_run(1.0, schedule="gpipe")]])
 
 
 def test_the_summary_reads_rounds_from_one_file_or_several(tmp_path):
@@ -192,11 +191,11 @@ def test_the_summary_reads_rounds_from_one_file_or_several(tmp_path):
         r["case"] = vars(r["case"])
     one = tmp_path / "g.json"
     one.write_text(json.dumps(rows))
-    assert [len(r) for r in bench.read_rounds([one])] == [1, 1]
+    assert [len(r) for r in pvr.read_rounds([one])] == [1, 1]
     single = tmp_path / "h.json"
     single.write_text(json.dumps([{k: v for k, v in rows[0].items() if k != "round"}]))
-    rounds = bench.read_rounds([one, single])
-    assert len(rounds) == 3 and bench.median_runs(rounds)[0]["measured_s"] == 1.0
+    rounds = pvr.read_rounds([one, single])
+    assert len(rounds) == 3 and pvr.median_runs(rounds)[0]["measured_s"] == 1.0
 
 
 def test_the_bench_runs_rounds_and_reads_each_case_by_its_median(tmp_path, capsys, monkeypatch):
@@ -206,26 +205,26 @@ def test_the_bench_runs_rounds_and_reads_each_case_by_its_median(tmp_path, capsy
     from sim.hardware.profile import profile, save_profile
     path, out = tmp_path / "p.json", tmp_path / "grid.json"
     save_profile(profile("a100-80gb-best-case"), path)
-    assert bench.main(["--profile", str(path), "--rounds", "0"]) == 2
+    assert report.main(["--profile", str(path), "--rounds", "0"]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
     steps = iter([1.0, 2.0, 3.0, 6.0, 2.0, 4.0])  # round by round: the profiled shape, then the other
     other = dict(layers=4, hidden=64, heads=2, seq=32, vocab=256)
-    monkeypatch.setattr(bench, "reference", lambda: 1.0)
-    monkeypatch.setattr(bench, "grid", lambda *a: [(dict(bench.MODEL), bench.Case("1f1b", 4, "none", 1)),
-                                                   (other, bench.Case("1f1b", 4, "none", 1))])
+    monkeypatch.setattr(report, "reference", lambda: 1.0)
+    monkeypatch.setattr(report, "grid", lambda *a: [(dict(pvr.MODEL), pvr.Case("1f1b", 4, "none", 1)),
+                                                   (other, pvr.Case("1f1b", 4, "none", 1))])
 
     def compare(profile, case, model, steps_, warmup, drift):
         m = next(steps)
         return {"case": case, "model": dict(model), "measured_s": m, "predicted_s": 2.0, "drift": drift,
                 "error_pct": (2.0 / m - 1) * 100, "scaled_error_pct": 0.0, "memory_error_pct": 0.0, "spread": 0.0,
                 "kind_error_pct": {}, "lost_share": 0.0, "load": "", "measured_memory": [1]}
-    monkeypatch.setattr(bench, "compare", compare)
-    monkeypatch.setattr(bench, "row", lambda r: "")
-    assert bench.main(["--profile", str(path), "--rounds", "3", "--json", str(out)]) == 0
+    monkeypatch.setattr(report, "compare", compare)
+    monkeypatch.setattr(report, "row", lambda r: "")
+    assert report.main(["--profile", str(path), "--rounds", "3", "--json", str(out)]) == 0
     assert "the median of its 3 rounds" in capsys.readouterr().out
     rows = json.loads(out.read_text())
     assert [r["round"] for r in rows] == [0, 0, 1, 1, 2, 2]
-    medians = bench.median_runs(bench.read_rounds([out]))
+    medians = pvr.median_runs(pvr.read_rounds([out]))
     assert [r["measured_s"] for r in medians] == [2.0, 4.0]
     assert [r["error_pct"] for r in medians] == [0.0, -50.0]
-    assert bench.main(["--summary", str(out)]) == 0
+    assert report.main(["--summary", str(out)]) == 0

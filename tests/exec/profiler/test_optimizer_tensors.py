@@ -33,7 +33,7 @@ def test_the_planner_counts_the_tensors_exec_builds_on_each_stage(layers, heads,
 @pytest.mark.parametrize("name", OPTIMIZERS)
 def test_the_profiler_measures_each_optimizers_cost_per_tensor_and_the_planner_reads_it(name, tmp_path):
     """Each optimizer exec runs gets a number the planner can take (non-negative and finite;
-    its size is the machine's, docs/measurements.md, not a test's), and a profile holding it
+    its size is the machine's, docs/validation.md, "Rules 19 and 20", not a test's), and a profile holding it
     reads back with that optimizer's cost; a bad name is refused."""
     t = optimizer_tensor_seconds(torch.device("cpu"), lambda: None, name, loops=2, tensors=4)
     assert 0 <= t < float("inf")

@@ -1,4 +1,4 @@
-"""exec.profile_device writes a profile sim.load_profile reads, with provenance on every number; exec.run --json and the plan-vs-run bench carry what the loop compares. No timing assertions."""
+"""exec.profile_device writes a profile sim.load_profile reads, with provenance on every number; exec.run --json and the plan-against-run grid (exec.measure.plan_vs_run) carry what the loop compares. No timing assertions."""
 from __future__ import annotations
 
 import dataclasses
@@ -24,8 +24,8 @@ from sim.hardware.host_transport import FIELDS as HOST_FIELDS  # noqa: E402
 from sim.hardware.network import OPS as COLLECTIVE_STEPS  # noqa: E402
 from sim.hardware.profile import COMPUTE_CLASSES  # noqa: E402
 
-sys.path.insert(0, "benchmarks")
-import bench_plan_vs_run as bench  # noqa: E402
+from exec.measure import plan_report as bench  # noqa: E402  (the bench's command)
+from exec.measure import plan_vs_run as pvr  # noqa: E402
 
 
 # starts ranks: every test that uses it is marked slow
@@ -183,16 +183,16 @@ def test_a_device_it_cannot_measure_is_refused_in_one_line(tmp_path):
 @pytest.mark.slow
 def test_the_planner_predicts_from_the_profile_and_the_bench_measures(profile_file):
     p = sim.load_profile(profile_file)
-    case = bench.Case("1f1b", 2, "none", 1, pp=2, batch=4)
+    case = pvr.Case("1f1b", 2, "none", 1, pp=2, batch=4)
     model = dict(layers=2, hidden=16, heads=2, seq=8, vocab=32)
-    got = bench.compare(p, case, model, steps=1, warmup=0)
+    got = pvr.compare(p, case, model, steps=1, warmup=0)
     assert len(got["predicted_memory"]) == len(got["measured_memory"]) == 2
     assert got["predicted_s"] > 0 and got["measured_s"] > 0 and got["load"]
     # memory: the planner counts what exec holds (weights, grads, AdamW state, saved tensors);
     # AdamW's per-tensor step counters (4 bytes each) are all it leaves out
     assert got["memory_error_pct"] < 0.5
-    assert all(c.pp * c.dp <= 2 for _, c in bench.grid(2))
-    assert {c.schedule for _, c in bench.grid(2)} == set(bench.GRID_SCHEDULES)
+    assert all(c.pp * c.dp <= 2 for _, c in pvr.grid(2))
+    assert {c.schedule for _, c in pvr.grid(2)} == set(pvr.GRID_SCHEDULES)
 
 
 def test_a_latency_bound_send_table_gives_a_bandwidth_lower_bound():
@@ -213,17 +213,17 @@ def test_a_latency_bound_collective_table_gives_a_bandwidth_lower_bound():
 def test_the_bench_pairs_each_shape_with_the_profiled_runs_around_it():
     """The paired error cancels a slowdown common to a shape's run and the profiled shape's
     runs around it: (1 + e) / sqrt((1 + e_before)(1 + e_after)) - 1."""
-    case = bench.Case("1f1b", 4, "none", 1)
-    other = dict(bench.SHAPES[0])
-    rows = [{"model": dict(bench.MODEL), "case": case, "error_pct": -50.0, "kind_error_pct": {"F": [-50.0]}},
+    case = pvr.Case("1f1b", 4, "none", 1)
+    other = dict(pvr.SHAPES[0])
+    rows = [{"model": dict(pvr.MODEL), "case": case, "error_pct": -50.0, "kind_error_pct": {"F": [-50.0]}},
             {"model": other, "case": case, "error_pct": -55.0, "kind_error_pct": {"F": [-40.0]}},
-            {"model": dict(bench.MODEL), "case": case, "error_pct": -50.0, "kind_error_pct": {"F": [-50.0]}}]
-    rows = [r | {"compute_error_pct": bench.compute_error(r)} for r in rows]
-    (got,) = bench.paired(rows)
+            {"model": dict(pvr.MODEL), "case": case, "error_pct": -50.0, "kind_error_pct": {"F": [-50.0]}}]
+    rows = [r | {"compute_error_pct": pvr.compute_error(r)} for r in rows]
+    (got,) = pvr.paired(rows)
     assert got["paired_error_pct"] == pytest.approx((0.45 / 0.5 - 1) * 100)
     assert got["paired_compute_pct"] == pytest.approx((0.6 / 0.5 - 1) * 100)
-    order = bench.grid(2, quick=True)
-    assert [m == bench.MODEL for m, _ in order] == [True, False, True] * 2  # each shape between two profiled runs
+    order = pvr.grid(2, quick=True)
+    assert [m == pvr.MODEL for m, _ in order] == [True, False, True] * 2  # each shape between two profiled runs
 
 
 def test_layer_shapes_are_read_and_a_bad_one_refused(capsys):

@@ -1,7 +1,7 @@
 """The estimate held to what it can assert about published measurements without timing noise:
 orders, ratios within the published numbers' own spread, FLOP counts, and the pipeline bubble
 against its closed form. The times themselves are compared, not asserted, by
-benchmarks/bench_published.py (docs/measurements.md). Korthikanti et al. 2022's Table 2
+benchmarks/bench_published.py (docs/validation.md, "The planner against published runs"). Korthikanti et al. 2022's Table 2
 (activation bytes) is tested in tests/sim/model/test_transformer.py."""
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def _rounding(full: float, present: float) -> float:
 
 @pytest.mark.xfail(strict=True, reason="the estimate's full/present ratio is 1.34-1.37 against the published "
                    "1.29-1.32 (2026-11-22: 22B 1.353 vs 1.291, 175B 1.372 vs 1.319, 530B 1.355 vs 1.297): it "
-                   "makes the present work gain more over full recompute than published; docs/measurements.md")
+                   "makes the present work gain more over full recompute than published; docs/validation.md")
 def test_table_5_full_over_present_is_within_the_published_spread(table_5):
     off = {r["model"]: (round(r["ratio"], 3), round(r["ratio_published"], 3)) for r in table_5
            if abs(r["ratio"] - r["ratio_published"]) > RATIO_BAND + _rounding(r["full_published"], r["present_published"])}

@@ -2,7 +2,7 @@
 steps too large are refused at once, units everywhere, `--help` shows the defaults.
 
 Each test runs the command in a subprocess with a time limit; the limits are generous
-(the machine is shared), the times measured are in docs/measurements.md."""
+(the machine is shared), the memory measured is in docs/validation.md, "Host memory of a big step"."""
 from __future__ import annotations
 
 import subprocess
