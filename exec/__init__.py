@@ -28,8 +28,9 @@ A package per concern, each importing only those before it (docs/exec.md, Layout
   `blocks`, `layers`, `cuts` (stages).
 - `exec.launch`: `processes` (one process per rank, bounded in time), `host` (the host
   tuning that makes CPU ranks behave like devices of their own).
-- `exec.runtime`: one step. `interpreter` (`RankInterpreter`, a rank's lowered program
-  action by action) with `clocks`, `memory`, `optim`, `shapes`, `split_backward` and `dp`
+- `exec.runtime`: one step. `interpreter` (`RankInterpreter`, a rank's part of the program
+  `sim.compile` made, action by action, as `rank_program` reads it off the program's numbers)
+  with `clocks`, `memory`, `optim`, `shapes`, `split_backward` and `dp`
   (pp x dp ranks laid out by `sim.hardware.topology.Topology`, the gradient reduction on a
   collective stream); `step` (`run_step`, one training step on every rank, as one
   `sim.Result`); `check` (the same step in one process).

@@ -18,7 +18,8 @@ every rank's static memory, measured and simulated. `--recompute full` (or `sele
 gpt only) recomputes activations (`exec.models.spec.ModelSpec.recompute`). `--dp N` runs N
 pipeline replicas (stages x N ranks, gloo), each on its 1/N of the batch, with one
 gradient reduction per stage (`sim.add_grad_reduce`, after the rank's last compute, or
-after each stage's last backward with `--overlap-grad-reduce`). `--experts E --ep N`: a mixture of experts.
+after each stage's last backward with `--overlap-grad-reduce`). `--model gpt --experts E
+--top-k K --dp N --ep N` trains a mixture of experts, its experts spread over the N replicas.
 
 Exit status: 0 ok (even if the gradients do not match: read `grad_match`), 1 a rank
 failed or the run timed out, 2 bad arguments.
@@ -60,7 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="model stages (chunks) per rank: P x V stages (default: the schedule's own, 1 or 2)")
     p.add_argument("--dp", type=whole, default=1, metavar="N",
                    help="data-parallel pipeline replicas: P x N ranks, each replica on 1/N of the batch (default 1)")
-    p.add_argument("--ep", type=whole, default=1, metavar="N", help="MoE experts spread over N of the --dp replicas (default 1)")
+    p.add_argument("--ep", type=whole, default=1, metavar="N",
+                   help="expert parallelism: each MoE layer's experts spread over N of the --dp replicas, tokens "
+                        "sent to them by all-to-all (N divides --dp and --experts) (default 1)")
     p.add_argument("--overlap-grad-reduce", action="store_true",
                    help="with --dp: reduce each stage's gradients right after its last backward, not after the "
                         "rank's last compute (Megatron-LM's flag; the same with one stage per rank)")
@@ -106,11 +109,14 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
     m.add_argument("--ffn", type=whole, help="MLP width of every block (default 4 x hidden)")
     m.add_argument("--batch-size", type=whole, help="samples per step (a multiple of --dp x --micro-batches)")
     m.add_argument("--seed", type=int, help="weights and batch seed")
-    m.add_argument("--experts", type=whole, metavar="E", help="gpt: a mixture of experts, E routed experts a MoE layer")
+    m.add_argument("--experts", type=whole, metavar="E",
+                   help="gpt: a mixture of experts, E routed experts in each MoE layer (sim.Transformer's experts)")
     m.add_argument("--top-k", type=whole, metavar="K", help="with --experts: experts a token goes to (default 1)")
     m.add_argument("--expert-ffn", type=whole, metavar="F", help="with --experts: one expert's width (default --ffn)")
-    m.add_argument("--shared-experts", type=lambda t: whole(t, minimum=0), metavar="S", help="experts all tokens pass (0)")
-    m.add_argument("--dense-layers", type=lambda t: whole(t, minimum=0), metavar="N", help="first blocks kept dense (0)")
+    m.add_argument("--shared-experts", type=lambda t: whole(t, minimum=0), metavar="S",
+                   help="with --experts: experts every token passes through (default 0)")
+    m.add_argument("--dense-layers", type=lambda t: whole(t, minimum=0), metavar="N",
+                   help="with --experts: the first N blocks keep the dense MLP (default 0)")
     m.add_argument("--recompute", choices=list(RECOMPUTE), default="none",
                    help="activation recomputation: full = every block keeps only its input and recomputes "
                         "its forward before its backward; selective (gpt) = the attention core only (default none)")

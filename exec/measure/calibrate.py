@@ -1,14 +1,15 @@
 """Calibration inside the ranks: what each rank measures, under the conditions of a real step, for `sim.Costs`.
 
 `calibrate_rank` runs on every rank at once (inside `exec.launch.processes.launch`, or between the
-steps of a run: `exec.pipeline.runner`) and returns one report; `exec.measure.costs.costs_from_reports`
+steps of a run: `exec.pipeline.runner`), on the program the run compiled (`sim.compile`:
+the actions, waits and transfers its steps run, `exec.runtime.rank_program`), and returns one report; `exec.measure.costs.costs_from_reports`
 merges every rank's reports into `sim.Costs`. A report holds:
 
 - compute times, each between the very marks a step records: inside real training steps
   of the schedule, all ranks at once, with their transfers and the step's boundary
   (`step_compute_times`, "concurrent", what the simulator takes; each rank's first compute
   of a step apart, "first": rule 19); and each rank's own program's compute actions
-  alone in the schedule's order, all ranks at once ("compute_only") and taking turns
+  alone in the program's order, all ranks at once ("compute_only") and taking turns
   ("alone"), with the interpreter's own handlers (`RankInterpreter.run_action`), every
   input from another rank already there (`RankInterpreter.deliver`);
 - the runtime's own time around each compute, from entering its handler to the start
@@ -39,6 +40,7 @@ import torch.distributed as dist
 
 import sim
 from sim import Kind
+from sim.engine.program import Program
 from sim.schedule.kinds import KINDS
 
 from exec.launch.host import paused_gc
@@ -51,6 +53,7 @@ from exec.runtime.interpreter import RankInterpreter
 from exec.runtime.shapes import infer_shapes
 from exec.runtime.memory import SavedBytes, param_storages, static_memory
 from exec.runtime.optim import DEFAULT_OPTIMIZER, make_optimizer
+from exec.runtime.rank_program import compiled
 from exec.runtime.split_backward import backward_input
 from exec.runtime.step import run_step
 
@@ -128,7 +131,7 @@ def w_activation_bytes(module, x, first: bool, last: bool, loss_fn, y, micro_bat
     return kept
 
 
-def _memory(spec, schedule: sim.Schedule, bounds: Sequence[int], micro_batches: int, mine: list[int],
+def _memory(spec, stages: int, bounds: Sequence[int], micro_batches: int, mine: list[int],
             modules: dict | None, optimizer) -> dict[int, dict[str, int]]:
     """Per stage of this rank: its activation bytes, the part of them W still needs after a
     split backward's I, the bytes it sends on, and its static
@@ -140,7 +143,7 @@ def _memory(spec, schedule: sim.Schedule, bounds: Sequence[int], micro_batches: 
     for s in mine:
         fresh = torch.nn.Sequential(*layers[bounds[s]:bounds[s + 1]])
         x, y = inputs[s][0]
-        last = s == schedule.stages - 1
+        last = s == stages - 1
         act, sent = activation_bytes(fresh, x, last, spec.loss, y, micro_batches)
         w_act = w_activation_bytes(fresh, x, s == 0, last, spec.loss, y, micro_batches)
         module = modules[s] if modules is not None else fresh
@@ -152,16 +155,16 @@ def _memory(spec, schedule: sim.Schedule, bounds: Sequence[int], micro_batches: 
 
 # ---------------------------------------------------------------------------- compute times
 
-def _timed_step(interp: RankInterpreter, program: list, arrived, record: bool, samples: dict, own: dict) -> None:
-    """Run the compute actions of `program` with `interp`'s handlers, each input from
-    another rank delivered first; record each compute's time between its marks and the
-    runtime's own time before and after them."""
-    for a in program:  # what a step would have received: a fresh tensor each time
+def _timed_step(interp: RankInterpreter, computes: list, arrived, record: bool, samples: dict, own: dict) -> None:
+    """Run `computes` (the rank's compute actions, in the program's order) with `interp`'s
+    handlers, each input from another rank delivered first; record each compute's time
+    between its marks and the runtime's own time before and after them."""
+    for a in computes:  # what a step would have received: a fresh tensor each time
         for recv in interp.waits[a]:
             interp.deliver(recv, arrived(recv))
     clock = interp.clock
     clock.start()
-    for a in program:
+    for a in computes:
         t0 = clock.mark()
         marks = interp.run_action(a)
         t1 = clock.mark()
@@ -190,20 +193,20 @@ def _arrivals(stages: dict, inputs: dict, last: int):
     return arrived
 
 
-def _rank_stages(ctx, spec, bounds, schedule: sim.Schedule, micro_batches: int, modules: dict | None):
+def _rank_stages(ctx, spec, bounds, program: Program, micro_batches: int, modules: dict | None):
     """This rank's stages (`modules`, or a fresh copy of its layers), every stage's inputs
     (`stage_inputs`), and the micro-batches' inputs and targets."""
     layers, inputs, batches = _prepared(spec, bounds, micro_batches)
-    mine = [s for s, r in enumerate(schedule.placement) if r == ctx.rank]
+    mine = [s for s, r in enumerate(program.placement) if r == ctx.rank]
     stages = dict(modules) if modules is not None else \
         {s: torch.nn.Sequential(*layers[bounds[s]:bounds[s + 1]]) for s in mine}
     return stages, inputs, [x for x, _ in batches], [y for _, y in batches]
 
 
-def compute_times(ctx, spec, bounds, schedule: sim.Schedule, micro_batches: int, steps: int, alone: bool,
+def compute_times(ctx, spec, bounds, program: Program, micro_batches: int, steps: int, alone: bool,
                   modules: dict | None = None) -> tuple[dict, dict]:
-    """Run this rank's compute actions in program order, `steps` times, with the
-    interpreter's own handlers on `modules` (stage -> module; default: a fresh copy of
+    """Run this rank's compute actions in the order of `program` (compiled: `sim.compile`),
+    `steps` times, with the interpreter's own handlers on `modules` (stage -> module; default: a fresh copy of
     this rank's stages), every tensor from another rank already there.
 
     If `alone`, the ranks of the world take turns (the others wait in a barrier), else
@@ -213,15 +216,15 @@ def compute_times(ctx, spec, bounds, schedule: sim.Schedule, micro_batches: int,
     handler to the start mark and from the end mark to leaving it, on the same clock."""
     if ctx.device.type != "cpu":
         raise ValueError("the compute calibration times CPU ranks (gloo) only")
-    stages, inputs, xs, ys = _rank_stages(ctx, spec, bounds, schedule, micro_batches, modules)
-    program = [a for a in schedule.programs[ctx.rank] if a.kind.is_compute]
-    arrived = _arrivals(stages, inputs, schedule.stages - 1)
+    stages, inputs, xs, ys = _rank_stages(ctx, spec, bounds, program, micro_batches, modules)
+    arrived = _arrivals(stages, inputs, program.stages - 1)
     samples: dict[tuple[int, str], list[float]] = {}
     own: dict[str, list[float]] = {"before": [], "after": []}
 
     def one_step(record: bool) -> None:
-        interp = RankInterpreter(ctx, schedule, stages, xs, ys, spec.loss, {}, 0)
-        _timed_step(interp, program, arrived, record, samples, own)
+        interp = RankInterpreter(ctx, program, stages, xs, ys, spec.loss, {}, 0)
+        computes = [a for a in interp.actions if a.kind.is_compute]
+        _timed_step(interp, computes, arrived, record, samples, own)
 
     for mod in stages.values():  # never accumulate into the gradients a step left behind
         mod.zero_grad(set_to_none=True)
@@ -230,11 +233,11 @@ def compute_times(ctx, spec, bounds, schedule: sim.Schedule, micro_batches: int,
     return samples, own
 
 
-def step_compute_times(ctx, spec, bounds, schedule: sim.Schedule, micro_batches: int, steps: int,
+def step_compute_times(ctx, spec, bounds, program: Program, micro_batches: int, steps: int,
                        modules: dict | None = None, optimizer: "str | torch.optim.Optimizer" = DEFAULT_OPTIMIZER,
                        optimizer_times: list | None = None) -> tuple[dict, list[float]]:
-    """Time this rank's computes inside real training steps of `schedule`, lowered
-    (`exec.runtime.step.run_step`: its SENDs and RECVs move the data, `optimizer` closes
+    """Time this rank's computes inside real training steps of `program` (compiled:
+    `sim.compile`; `exec.runtime.step.run_step`: its SENDs and RECVs move the data, `optimizer` closes
     each step, every rank's records are gathered), all ranks at once: a compute between the
     marks the step records, so that what the transport and the runtime do between computes,
     and the step's boundary before its first compute, are in their times (rule 19). On
@@ -246,17 +249,16 @@ def step_compute_times(ctx, spec, bounds, schedule: sim.Schedule, micro_batches:
     parameter tensors, parameters)."""
     if ctx.device.type != "cpu":
         raise ValueError("the compute calibration times CPU ranks (gloo) only")
-    schedule = schedule if schedule.is_lowered else sim.lower(schedule)
-    stages, _, xs, ys = _rank_stages(ctx, spec, bounds, schedule, micro_batches, modules)
+    stages, _, xs, ys = _rank_stages(ctx, spec, bounds, program, micro_batches, modules)
     params = [p for m in stages.values() for p in m.parameters()]
     opt = make_optimizer(optimizer, params, lr=1e-3) if isinstance(optimizer, str) else optimizer
     kept = ([p.detach().clone() for p in params], copy.deepcopy(opt.state_dict()))
-    shapes = infer_shapes(ctx, schedule, stages, xs[0])
+    shapes = infer_shapes(ctx, program.schedule, stages, xs[0])
     samples: dict[tuple[int, str], list[float]] = {}
     firsts: list[tuple[tuple[int, str], float]] = []
     for step in range(steps + 1):
         with paused_gc(), StepLoad():  # each step as `exec.pipeline.worker` runs it: a collection, the load probe
-            done = run_step(ctx, schedule, stages, xs, ys, spec.loss, opt, shapes=shapes)
+            done = run_step(ctx, program, stages, xs, ys, spec.loss, opt, shapes=shapes)
         computes = sorted((e for e in done.result.events if e.rank == ctx.rank and e.is_compute), key=lambda e: e.start)
         if step == 0 or not computes:
             continue
@@ -353,14 +355,15 @@ def check_calibrated(schedule: sim.Schedule) -> None:
                          f"costs it shares")
 
 
-def calibrate_rank(ctx, spec, schedule: sim.Schedule, micro_batches: int, bounds: Sequence[int], steps: int = 5,
+def calibrate_rank(ctx, spec, program: Program, micro_batches: int, bounds: Sequence[int], steps: int = 5,
                    sizes: Sequence[int] | None = None, repeats: int = 20, modules: dict | None = None,
                    optimizer: "str | torch.optim.Optimizer" = DEFAULT_OPTIMIZER) -> dict:
     """Run on every rank at once (inside `exec.launch.processes.launch`): what this rank measures.
 
     Its stages' memory (static memory with `optimizer`: the run's optimizer, or the name
     of one from `exec.runtime.optim`); the time of each of its compute actions over `steps` steps
-    of its program: inside real steps of the lowered `schedule`, every rank at once
+    of its program: inside real steps of `program` (what `sim.compile(schedule, "gloo")`
+    made, as the run's steps run it), every rank at once
     ("concurrent", what the simulator takes, with each step's first compute's excess apart:
     "first"; rule 19), in compute-only steps with every rank at once ("compute_only", with
     the runtime's own time around each compute, rule 11) and with the ranks taking turns
@@ -368,16 +371,15 @@ def calibrate_rank(ctx, spec, schedule: sim.Schedule, micro_batches: int, bounds
     very modules (same weights in the same memory), else on a fresh copy; and, on ranks 0
     and 1 if `sizes` is given, the ping-pong. Merge every rank's report (one or several
     rounds) with `exec.measure.costs.costs_from_reports`. With a data-parallel group
-    (`exec.runtime.dp.ReplicaContext`) and REDUCE_GRAD actions in `schedule`, also the time of
+    (`exec.runtime.dp.ReplicaContext`) and REDUCE_GRAD actions in `program`, also the time of
     each of its stages' reductions (`reduce_times`, on `modules` or the fresh copy)."""
-    reduces = schedule.has_collectives and getattr(ctx, "dp_group", None) is not None
-    lowered = schedule  # step_compute_times lowers a compute-only one itself
-    schedule = schedule.compute_only()
-    mine = [s for s, r in enumerate(schedule.placement) if r == ctx.rank]
-    memory = _memory(spec, schedule, bounds, micro_batches, mine, modules, optimizer)
-    concurrent, firsts = step_compute_times(ctx, spec, bounds, lowered, micro_batches, steps, modules, optimizer)
-    compute_only, own = compute_times(ctx, spec, bounds, schedule, micro_batches, steps, alone=False, modules=modules)
-    alone, own_alone = compute_times(ctx, spec, bounds, schedule, micro_batches, steps, alone=True, modules=modules)
+    program = compiled(program, "gloo")
+    reduces = program.schedule.has_collectives and getattr(ctx, "dp_group", None) is not None
+    mine = [s for s, r in enumerate(program.placement) if r == ctx.rank]
+    memory = _memory(spec, program.stages, bounds, micro_batches, mine, modules, optimizer)
+    concurrent, firsts = step_compute_times(ctx, spec, bounds, program, micro_batches, steps, modules, optimizer)
+    compute_only, own = compute_times(ctx, spec, bounds, program, micro_batches, steps, alone=False, modules=modules)
+    alone, own_alone = compute_times(ctx, spec, bounds, program, micro_batches, steps, alone=True, modules=modules)
     grad_reduce = None
     if reduces:
         layers = _prepared(spec, bounds, micro_batches)[0]

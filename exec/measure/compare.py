@@ -20,7 +20,8 @@ from typing import Any, Sequence
 
 import sim
 from sim.schedule.kinds import KINDS, Role
-from sim.passes.dependencies import compute_set, waits_for
+
+from exec.runtime.rank_program import waits_of
 
 __all__ = ["Comparison", "compare", "breakdown", "sharing_check", "replay_error", "replay_median", "overlay_figure"]
 
@@ -112,18 +113,19 @@ def breakdown(result: sim.Result, costs: sim.Costs | None = None) -> dict:
     end of the step), the number of actions, and `free_gap_median`: the median gap between
     two computes where the second had nothing to wait for (the runtime's cost per action
     between computes, measured directly). Per stage and kind: the median duration, and with `costs` its
-    ratio to the cost the simulator uses."""
+    ratio to the cost the simulator uses. What each compute waits for is the program's
+    (`Result.program`, the step's compiled program; `sim.compile` of a step read back without one)."""
     sched = result.schedule
     t0, t1 = result.t0, result.t0 + result.makespan
     arrivals = {e.action: e.end for e in result.events if KINDS[e.action.kind].role is Role.RECV}
-    computes = compute_set(sched)
+    waits = _waits(result)
     ranks = []
     for r in range(sched.ranks):
         comp = result.compute_events(r)
         busy = sum(e.duration for e in comp)
         wait, prev_end, free_gaps = 0.0, t0, []
         for i, e in enumerate(comp):
-            remote = waits_for(e.action, sched, computes)
+            remote = waits[e.action]
             ready = max([prev_end] + [arrivals[x] for x in remote if x in arrivals])
             wait += max(0.0, min(ready, e.start) - prev_end)
             if i > 0 and ready <= prev_end:  # nothing to wait for: the gap is the runtime's own time
@@ -148,6 +150,13 @@ def breakdown(result: sim.Result, costs: sim.Costs | None = None) -> dict:
             entry["ratio"] = entry["median"] / entry["cost"] if entry["cost"] > 0 else float("nan")
         per_action[f"{s}{k}"] = entry
     return {"makespan": result.makespan, "ranks": ranks, "actions": per_action}
+
+
+def _waits(result: sim.Result) -> dict[sim.Action, list[sim.Action]]:
+    """Compute action -> the RECVs it waits for, as the step's program numbers them: its
+    one transfer, where its input comes from another rank."""
+    program = result.program if result.program is not None else sim.compile(result.schedule)
+    return {a: waits_of(program, i) for i, a in enumerate(program.actions)}
 
 
 def overlay_figure(comparison: Comparison, path: str | os.PathLike | None = None):

@@ -4,8 +4,9 @@
     >>> sim.save_costs(costs, "costs.json", details)                          # doctest: +SKIP
 
 It takes what `exec.pipeline.runner.run_pipeline` takes (a model, a schedule, an
-`exec.pipeline.config.RunConfig`), starts one process per rank (`exec.launch.processes`), each
-running `exec.measure.calibrate.calibrate_rank` on fresh copies of its stages, and fits the
+`exec.pipeline.config.RunConfig`), compiles the schedule for gloo (`sim.compile`), starts one
+process per rank (`exec.launch.processes`), each running `exec.measure.calibrate.calibrate_rank`
+on that program and fresh copies of its stages, and fits the
 reports into `sim.Costs` (`exec.measure.costs.costs_from_reports`). A run that calibrates
 inside itself (`run_pipeline(calibrate=k)`) measures on the very modules and processes of
 its steps instead.
@@ -42,12 +43,13 @@ def profile_costs(spec, schedule: "sim.Schedule | str", devices: int | None = No
         raise ValueError(f"profile_costs measures CPU ranks over gloo only, not backend={config.backend!r}: its "
                          f"compute timing has no CUDA synchronisation and its messages are CPU tensors; "
                          f"for an NCCL run, simulate with costs written by sim.save_costs (exec.run --costs)")
-    schedule = run_schedule("profile_costs", schedule, devices, micro_batches, config).compute_only()
+    schedule = run_schedule("profile_costs", schedule, devices, micro_batches, config)
     check_calibrated(schedule)
+    program = sim.compile(schedule, "gloo")
     micro_batches = schedule.micro_batches
     bounds = list(config.bounds) if config.bounds is not None else spec.partition(schedule.chain, config.balance, micro_batches)
     sizes = None if transfer else message_sizes(spec, micro_batches)
-    reports = launch(calibrate_rank, schedule.ranks, spec, schedule, micro_batches, bounds, config.steps, sizes, repeats, None,
+    reports = launch(calibrate_rank, schedule.ranks, spec, program, micro_batches, bounds, config.steps, sizes, repeats, None,
                      config.optimizer, backend=config.backend, timeout=config.timeout, threads=config.threads)
     costs, details = costs_from_reports(reports, schedule, use, transfer)
     details.update(spec=spec.describe(), bounds=bounds,

@@ -6,8 +6,9 @@
 
 `run_pipeline` checks its `exec.pipeline.config.RunConfig` against the model and the
 schedule and compiles the schedule for its backend (`check_run`, which calls `sim.compile`,
-the one pipeline of checks and passes that `sim.simulate` runs too), starts the ranks (`exec.launch.processes`),
-each of which runs `exec.pipeline.worker.pipeline_worker`, then checks the first step's
+the one pipeline of checks and passes that `sim.simulate` runs too), starts the ranks
+(`exec.launch.processes`), each of which runs the compiled program as it is
+(`exec.pipeline.worker.pipeline_worker`), then checks the first step's
 gradients against one process (`exec.runtime.check`) and merges the calibration into
 `sim.Costs` (`exec.measure.costs`).
 
@@ -31,6 +32,7 @@ import torch
 
 import sim
 from sim import Result, Schedule
+from sim.engine.program import Program
 from sim.hardware.topology import Topology
 
 from exec.launch.host import host_cores
@@ -52,7 +54,7 @@ __all__ = ["run_pipeline", "check_run", "PipelineRun", "median_step"]
 class PipelineRun:
     """What `run_pipeline` measured and checked."""
 
-    schedule: Schedule                # lowered
+    program: Program                  # what the ranks ran (`sim.compile(schedule, backend)`)
     bounds: list[int]                 # stage s = layers bounds[s] .. bounds[s+1]-1
     result: Result                    # the median measured step
     steps: list[Result]               # every measured step
@@ -68,6 +70,11 @@ class PipelineRun:
     dp: int = 1                       # pipeline replicas; result, losses: replica 0's pipeline, the mean loss
     train_step_times: list[float] = field(default_factory=list)  # per measured step, start to the optimizer's end
     load: list[list[dict]] = field(default_factory=list)  # per world rank, per measured step: exec.measure.busy.StepLoad
+
+    @property
+    def schedule(self) -> Schedule:
+        """The lowered schedule the ranks ran: the program written out (`Result.schedule`)."""
+        return self.result.schedule
 
     @property
     def step_times(self) -> list[float]:
@@ -127,10 +134,10 @@ def median_step(results: Sequence[Result]) -> Result:
     return ordered[(len(ordered) - 1) // 2]
 
 
-def check_run(spec, schedule: Schedule, config: RunConfig) -> Schedule:
-    """The schedule compiled for `config.backend` (`sim.compile`) and lowered, or a
-    ValueError (a `sim.ScheduleError` for the schedule itself) before anything starts: the
-    model, the schedule and the configuration must fit together."""
+def check_run(spec, schedule: Schedule, config: RunConfig) -> Program:
+    """The schedule compiled for `config.backend` (`sim.compile`): the program every rank
+    runs; or a ValueError (a `sim.ScheduleError` for the schedule itself) before anything
+    starts: the model, the schedule and the configuration must fit together."""
     dp, backend = config.dp, config.backend
     check_dp(dp, spec.batch_size, schedule.micro_batches)
     if dp > 1 and not schedule.has_collectives:
@@ -138,39 +145,39 @@ def check_run(spec, schedule: Schedule, config: RunConfig) -> Schedule:
                          f"REDUCE_GRAD actions; pass sim.add_grad_reduce(schedule, overlap) (a schedule name gets them)")
     if schedule.has_collectives and backend != "gloo":
         raise ValueError(f"exec runs REDUCE_GRAD (data parallelism) on CPU ranks (gloo) only, not backend={backend!r}")
-    lowered = sim.compile(schedule, backend).lowered()  # for nccl, RECVs in the order the peer sends
+    program = sim.compile(schedule, backend)  # for nccl, RECVs in the order the peer sends
     if config.calibrate:
-        check_calibrated(lowered)
-    refuse_offload(lowered)
-    _check_experts(spec, lowered, config)
-    split_micro_batches(torch.empty(spec.batch_size, 0), torch.empty(spec.batch_size, 0), lowered.micro_batches)
+        check_calibrated(schedule)
+    refuse_offload(schedule)
+    _check_experts(spec, schedule, config)
+    split_micro_batches(torch.empty(spec.batch_size, 0), torch.empty(spec.batch_size, 0), schedule.micro_batches)
     fault = config.injected
-    if fault is not None and fault[1] >= lowered.ranks * dp:
+    if fault is not None and fault[1] >= schedule.ranks * dp:
         raise ValueError(f"fault {config.fault!r} names rank {fault[1]} but the run has ranks "
-                         f"0..{lowered.ranks * dp - 1}")
-    return lowered
+                         f"0..{schedule.ranks * dp - 1}")
+    return program
 
 
-def _check_experts(spec, lowered: Schedule, config: RunConfig) -> None:
+def _check_experts(spec, schedule: Schedule, config: RunConfig) -> None:
     """ValueError for expert parallelism where exec does not run it (`exec.runtime.ep`)."""
     check_ep(config.ep, config.dp, getattr(spec, "experts", None))
     if config.ep == 1:
         return
-    if lowered.has_gathers:
-        raise ValueError(f"ep={config.ep}: FSDP (UNSHARD in {lowered.name!r}) would shard the routed experts over "
+    if schedule.has_gathers:
+        raise ValueError(f"ep={config.ep}: FSDP (UNSHARD in {schedule.name!r}) would shard the routed experts over "
                          f"dp; exec runs expert parallelism without FSDP")
 
 
-def _check_replicas(per_rank: list[dict], lowered: Schedule, dp: int, ref_grads, rtol: float, atol: float,
+def _check_replicas(per_rank: list[dict], schedule: Schedule, dp: int, ref_grads, rtol: float, atol: float,
                     expert_ranks: tuple[int, int, list[str]] | None = None) -> tuple[bool, float, str]:
     """Every replica's gradients after the first step against one process on the whole
     batch: (all match, largest difference, where; "replica d: stageS.name" with dp > 1).
     `expert_ranks` (experts, ep, the reference's parameter names) where ep > 1: replica d
     holds the experts of ep rank d mod ep, and is held against those of the reference."""
-    topo, checks = Topology(tp=1, pp=lowered.ranks, dp=dp), []
+    topo, checks = Topology(tp=1, pp=schedule.ranks, dp=dp), []
     for d in range(dp):
-        grads = [(f"stage{s}.{n}", g) for s in range(lowered.chain)  # a copy's stage holds the sum (DualPipe)
-                 for n, g in per_rank[topo.rank(0, d, lowered.rank_of(s))]["grads"][s]]
+        grads = [(f"stage{s}.{n}", g) for s in range(schedule.chain)  # a copy's stage holds the sum (DualPipe)
+                 for n, g in per_rank[topo.rank(0, d, schedule.rank_of(s))]["grads"][s]]
         ref = ref_grads
         if expert_ranks is not None:
             experts, ep, names = expert_ranks
@@ -203,33 +210,34 @@ def run_pipeline(spec, schedule: Schedule | str, devices: int | None = None, mic
     Raises `exec.launch.processes.RankError` / `TimeoutError` if a rank fails or the run is too slow."""
     config = run_options("run_pipeline", config, options)
     schedule = run_schedule("run_pipeline", schedule, devices, micro_batches, config)
-    lowered, dp = check_run(spec, schedule, config), config.dp
+    program, dp = check_run(spec, schedule, config), config.dp
     # balance="time" profiles a micro-batch of the size a replica computes
     bounds = list(config.bounds) if config.bounds is not None else \
-        spec.partition(lowered.chain, config.balance, lowered.micro_batches * dp)
-    world = lowered.ranks * dp
+        spec.partition(schedule.chain, config.balance, schedule.micro_batches * dp)
+    world = schedule.ranks * dp
     if config.progress and config.backend == "gloo" and world > len(host_cores()):
         say(f"warning: {world} ranks share {len(host_cores())} cores, so they wait for each other's "
             f"cores and measured times cannot match the simulation (docs/rules.md, rule 9)")
-    per_rank = launch(pipeline_worker, world, spec, lowered, bounds, config, backend=config.backend,
+    per_rank = launch(pipeline_worker, world, spec, program, bounds, config, backend=config.backend,
                       timeout=config.timeout, threads=config.threads)
-    return _gather(per_rank, spec, lowered, bounds, config)
+    return _gather(per_rank, spec, program, bounds, config)
 
 
-def _gather(per_rank: list[dict], spec, lowered: Schedule, bounds: list[int], config: RunConfig) -> PipelineRun:
+def _gather(per_rank: list[dict], spec, program: Program, bounds: list[int], config: RunConfig) -> PipelineRun:
     """The run from what every rank returned: the check against one process, the median
     step, and the costs calibrated inside it."""
-    ref_loss, ref_grads = reference_step(spec, lowered.micro_batches)
+    schedule = program.schedule
+    ref_loss, ref_grads = reference_step(spec, schedule.micro_batches)
     experts = (spec.experts, config.ep, param_names(spec)) if config.ep > 1 else None
-    match, worst, where = _check_replicas(per_rank, lowered, config.dp, ref_grads, config.rtol, config.atol, experts)
+    match, worst, where = _check_replicas(per_rank, schedule, config.dp, ref_grads, config.rtol, config.atol, experts)
     results = per_rank[0]["results"]
-    run = PipelineRun(lowered, bounds, median_step(results), results, per_rank[0]["losses"],
+    run = PipelineRun(program, bounds, median_step(results), results, per_rank[0]["losses"],
                       ref_loss, match, worst, where, optimizer=config.optimizer, dp=config.dp,
                       train_step_times=per_rank[0]["train_steps"],
                       load=[r["load"] for r in per_rank])
     if config.calibrate:
         run.reports = [list(rnd) for rnd in zip(*(r["reports"] for r in per_rank))]
-        run.costs, run.calibration = costs_from_reports([rep for rnd in run.reports for rep in rnd], lowered)
+        run.costs, run.calibration = costs_from_reports([rep for rnd in run.reports for rep in rnd], schedule)
         run.calibration.update(bounds=bounds, backend=config.backend, calibrate_every=config.calibrate,
                                optimizer=config.optimizer)
     return run

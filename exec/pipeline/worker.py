@@ -1,8 +1,9 @@
 """What every rank of a pipelined run runs: `pipeline_worker` builds its stages and optimizer, runs the warm-up and measured steps, and calibrates between them.
 
-    >>> launch(pipeline_worker, 2, spec, sim.lower(schedule), bounds, RunConfig(steps=3))   # doctest: +SKIP
+    >>> launch(pipeline_worker, 2, spec, sim.compile(schedule, "gloo"), bounds, RunConfig(steps=3))   # doctest: +SKIP
 
-Each rank builds its stages and its optimizer (`exec.runtime.optim`), learns the receive
+Every rank runs the same compiled program (`sim.engine.program.Program`, made once by the
+parent: `exec.pipeline.runner.check_run`). Each rank builds its stages and its optimizer (`exec.runtime.optim`), learns the receive
 shapes (`exec.runtime.shapes`), and runs `warmup + steps` steps (`exec.runtime.step.run_step`),
 calibrating (`exec.measure.calibrate`) before every `calibrate` measured steps if asked. A
 rank can be made to fail on purpose (`RunConfig.fault`) to test how a run ends. Rank 0
@@ -23,6 +24,7 @@ from torch import nn
 
 from sim import Schedule
 from sim.cli import Heartbeat
+from sim.engine.program import Program
 
 from exec.launch.host import paused_gc
 from exec.measure.busy import StepLoad
@@ -130,10 +132,11 @@ class Progress:
         self.heart.__exit__(*exc)
 
 
-def pipeline_worker(ctx, spec, schedule: Schedule, bounds: Sequence[int], config: RunConfig) -> dict:
+def pipeline_worker(ctx, spec, program: Program, bounds: Sequence[int], config: RunConfig) -> dict:
     """The function every rank runs (via `exec.launch.processes.launch`, on
-    `schedule.ranks * config.dp` ranks): build this rank's stages and its optimizer, run
-    `config.warmup + config.steps` steps of the lowered `schedule` on the model `spec` cut
+    `program.ranks * config.dp` ranks): build this rank's stages and its optimizer, run
+    `config.warmup + config.steps` steps of the compiled `program` (`sim.compile(schedule,
+    config.backend)`) on the model `spec` cut
     at `bounds`, and return what the parent needs. `config.fault` names a world rank (laid
     out by `sim.hardware.topology.Topology`: `coords` gives a rank's replica and pipeline rank).
 
@@ -150,28 +153,29 @@ def pipeline_worker(ctx, spec, schedule: Schedule, bounds: Sequence[int], config
     reports, one per round, for `exec.measure.costs.costs_from_reports`. With dp > 1
     calibration runs on a replica's shard of the batch (the micro-batches a step computes)."""
     world_rank = ctx.rank
-    ctx = replica_context(ctx, schedule.ranks, config.dp, config.ep)
-    rank = _build_rank(ctx, spec, schedule, bounds, config)
+    ctx = replica_context(ctx, program.ranks, config.dp, config.ep)
+    rank = _build_rank(ctx, spec, program.schedule, bounds, config)
     out: dict[str, Any] = {"rank": world_rank, "losses": [], "results": [], "train_steps": [], "grads": {},
                            "reports": [], "load": []}
     first = f"warm-up 1/{config.warmup}" if config.warmup else f"step 1/{config.steps}"
     shard_spec = replace(spec, batch_size=spec.batch_size // config.dp)  # what one replica computes, for calibration
     with Progress(config.progress and world_rank == 0, first, every=config.progress_every) as progress:
-        _steps(ctx, shard_spec, schedule, bounds, config, rank, out, progress)
+        _steps(ctx, shard_spec, program, bounds, config, rank, out, progress)
     return out
 
 
-def _calibrate(ctx, spec, schedule: Schedule, bounds, config: RunConfig, rank: _Rank, measured: int,
+def _calibrate(ctx, spec, program: Program, bounds, config: RunConfig, rank: _Rank, measured: int,
                progress: Progress) -> dict:
     """One calibration round, before measured step `measured` (a multiple of `config.calibrate`)."""
     rnd = measured // config.calibrate
     progress.say(f"calibrating {rnd + 1}/{-(-config.steps // config.calibrate)}")
-    sizes = message_sizes(spec, schedule.micro_batches) if rnd == 0 else None
-    return calibrate_rank(ctx, spec, schedule, schedule.micro_batches, bounds, steps=3, sizes=sizes,
+    micro_batches = program.schedule.micro_batches
+    sizes = message_sizes(spec, micro_batches) if rnd == 0 else None
+    return calibrate_rank(ctx, spec, program, micro_batches, bounds, steps=3, sizes=sizes,
                           modules=rank.modules, optimizer=rank.optimizer)
 
 
-def _steps(ctx, spec, schedule: Schedule, bounds, config: RunConfig, rank: _Rank, out: dict,
+def _steps(ctx, spec, program: Program, bounds, config: RunConfig, rank: _Rank, out: dict,
            progress: Progress) -> None:
     """`pipeline_worker`'s loop: warm-up and measured steps, calibration rounds between
     (on `spec`, the batch of one replica)."""
@@ -181,10 +185,10 @@ def _steps(ctx, spec, schedule: Schedule, bounds, config: RunConfig, rank: _Rank
             _inject(config.injected, ctx.world_rank)
         measured = i >= warmup
         if config.calibrate and measured and (i - warmup) % config.calibrate == 0:
-            out["reports"].append(_calibrate(ctx, spec, schedule, bounds, config, rank, i - warmup, progress))
+            out["reports"].append(_calibrate(ctx, spec, program, bounds, config, rank, i - warmup, progress))
         t = time.perf_counter()
         with paused_gc(), StepLoad() as load:
-            step = run_step(ctx, schedule, rank.modules, rank.inputs, rank.targets, spec.loss, rank.optimizer,
+            step = run_step(ctx, program, rank.modules, rank.inputs, rank.targets, spec.loss, rank.optimizer,
                             record=measured, shapes=rank.shapes)
         if measured:
             out["load"].append(load.record)

@@ -17,7 +17,7 @@ from sim import Schedule
 
 __all__ = ["sum_copies"]
 
-TAG = 1 << 20  # above every transfer's tag (`exec.runtime.interpreter.transfer_tag`)
+TAG = 1 << 20  # above every transfer's tag: its number in the program (`exec.runtime.rank_program`)
 
 
 def _flat(module: nn.Module) -> torch.Tensor:

@@ -1,4 +1,9 @@
-"""The interpreter: one rank runs its lowered program for one step, action by action, and times it.
+"""The interpreter: one rank runs its part of the compiled program for one step, action by action, and times it.
+
+The program is what `sim.compile(schedule, backend)` made (`sim.engine.program.Program`):
+the interpreter runs the rank's actions in its order, each compute waiting for the
+receive the program numbers by it, each transfer tagged by its number, all read off the
+program (`exec.runtime.rank_program`); nothing of the schedule is worked out again here.
 
 Each action goes to the method that its kind names in `sim.schedule.kinds.KINDS[kind].handler` (a
 table kind -> method built from the kinds table, as DeepSpeed's pipeline engine
@@ -6,9 +11,9 @@ dispatches its instructions; a new kind is an entry there and a method here). Th
 are the simulator's (docs/rules.md):
 
 - `recv` (RECV) posts a non-blocking `irecv` into a buffer of the right shape
-  (`exec.runtime.shapes`) and keeps the handle; lowering has placed it one compute early.
+  (`exec.runtime.shapes`) and keeps the handle; the program has placed it one compute early.
 - `forward`, `backward`, `backward_input`, `backward_weight` (F, B, I, W) first wait for
-  the receives whose data they need (`sim.passes.dependencies.waits_for`), then compute between two
+  the receive whose data they need (the program's `waits`), then compute between two
   clock marks. The last stage computes the loss inside its F (scaled by 1/micro_batches, so the
   step's gradients are the full batch's) and its B starts from that loss; other stages
   run `torch.autograd.backward(output, received_gradient)`. I and W split that backward
@@ -25,9 +30,11 @@ are the simulator's (docs/rules.md):
   stream (docs/rules.md, rule 13).
 - `unshard`, `reshard` (UNSHARD, RESHARD: FSDP) all-gather a stage's flat parameters from
   its data-parallel group's shards, and free them (`exec.runtime.fsdp.Shards`).
-- `overlap` (OVERLAP_F_B) waits for the receives of the backward it names; the pair's F and
-  backward then run in order: a CPU rank has no second stream to overlap them on (rule 18).
-- `offload`, `reload` are refused: a CPU rank's host memory is its device's (`refuse_offload`).
+- `overlap` (OVERLAP_F_B, an overlapped forward-backward pair) waits for the receives of
+  the backward it names; the pair's F and backward then run in order, as their own
+  actions: a CPU rank has no second stream to overlap them on (docs/rules.md, rule 18).
+- `offload`, `reload` (OFFLOAD, RELOAD, activation offloading to host memory) are refused:
+  on a CPU rank the host memory is the device's memory (`refuse_offload`).
 
 Point-to-point calls name world ranks: `ctx.global_rank(r)` of the schedule's rank r (the
 same rank without data parallelism); the events name the schedule's ranks.
@@ -40,13 +47,12 @@ plus the bytes its actions take and give back as their kinds' `memory` effects i
 
 Calibration (`exec.measure.calibrate`) times these very handlers through two public methods:
 `deliver(recv, tensor)` places a tensor that has already arrived, and `run_action(a)`
-runs one action and returns its marks.
+runs one action and returns its marks; `actions` and `waits` say which, in what order.
 """
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Any, Callable, Sequence
 
 import torch
@@ -54,8 +60,8 @@ import torch.distributed as dist
 from torch import nn
 
 from sim import Action, Event, Kind, Schedule
-from sim.schedule.kinds import KINDS, TRANSFERS, Role
-from sim.passes.dependencies import compute_set, peer, waits_for
+from sim.engine.program import Program
+from sim.schedule.kinds import KINDS, Role
 
 from exec.runtime import split_backward
 from exec.runtime.clocks import clock_for
@@ -64,21 +70,15 @@ from exec.runtime.dp import CollectiveStream
 from exec.runtime.ep import split_parameters
 from exec.runtime.fsdp import Shards
 from exec.runtime.memory import SavedBytes, param_storages
+from exec.runtime.rank_program import rank_program
 from exec.runtime.shapes import TensorMeta
 
-__all__ = ["RankInterpreter", "RankTrace", "Marks", "LossFn", "isend", "transfer_tag", "refuse_offload"]
+__all__ = ["RankInterpreter", "RankTrace", "Marks", "LossFn", "isend", "refuse_offload"]
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 # the Costs field whose effects also count the micro-batches a rank holds (`KindSpec.memory`)
 HELD_FIELD = "activation_bytes"
-_RECVS = tuple(k for k, spec in KINDS.items() if spec.role is Role.RECV)  # in table order, for the tags
-
-
-def transfer_tag(recv: Action, micro_batches: int) -> int:
-    """A tag unique to one transfer of the step, named by its RECV action: both sides
-    compute it (the sender from `sim.passes.dependencies.peer(send)`)."""
-    return len(_RECVS) * (recv.stage * micro_batches + recv.micro) + _RECVS.index(recv.kind)
 
 
 def isend(tensor: torch.Tensor, dst: int, tag: int):
@@ -99,7 +99,14 @@ def refuse_offload(schedule: Schedule) -> None:
                          f"it (sim.simulate), or run it without sim.add_offload")
 
 
-_ARRIVED = SimpleNamespace(wait=lambda: True)  # the handle of a receive whose data is here (`deliver`)
+class _Arrived:
+    """The handle of a receive whose data is already there (`RankInterpreter.deliver`)."""
+
+    def wait(self) -> bool:
+        return True
+
+
+_ARRIVED = _Arrived()
 
 
 @dataclass
@@ -110,67 +117,70 @@ class _Pending:
 
 
 class RankInterpreter:
-    """Runs one rank's lowered program for one step (`run`). `handlers` maps each action
-    kind to the method that runs it, as `sim.schedule.kinds.KINDS` names it. `static`: the bytes
-    the rank holds for the whole step (`exec.runtime.memory.static_memory` over its stages).
+    """Runs one rank's part of a compiled program for one step (`run`). `handlers` maps
+    each action kind to the method that runs it, as `sim.schedule.kinds.KINDS` names it.
+    `static`: the bytes the rank holds for the whole step
+    (`exec.runtime.memory.static_memory` over its stages).
 
     Besides `run`, its public face (what calibration uses): `run_action(a)`,
-    `deliver(recv, tensor)`, `waits[a]` (the RECVs compute `a` waits for,
-    `sim.passes.dependencies.waits_for`), `clock` (whose marks `run_action` returns) and `modules`."""
+    `deliver(recv, tensor)`, `actions` (the rank's actions in the program's order),
+    `waits[a]` (the RECVs compute `a` waits for, as the program numbers them), `clock`
+    (whose marks `run_action` returns) and `modules`."""
 
-    def __init__(self, ctx, schedule: Schedule, stage_modules: dict[int, nn.Module],
+    def __init__(self, ctx, program: Program, stage_modules: dict[int, nn.Module],
                  micro_inputs: Sequence[torch.Tensor], micro_targets: Sequence[torch.Tensor],
                  loss_fn: LossFn, shapes: dict[int, TensorMeta], static: int):
-        self.ctx, self.schedule, self.modules = ctx, schedule, stage_modules
+        self.ctx, self.program, self.schedule, self.modules = ctx, program, program.schedule, stage_modules
         self.inputs, self.targets, self.loss_fn, self.shapes = micro_inputs, micro_targets, loss_fn, shapes
-        self.M, self.chain = schedule.micro_batches, schedule.chain  # a micro-batch's stages: s mod chain = 0 .. chain-1
+        self.M = program.schedule.micro_batches
+        self.chain = program.schedule.chain  # a micro-batch's stages: s mod chain = 0 .. chain-1
         self.device = ctx.device
         self.clock = clock_for(self.device)
         self.static = static
-        self.program = schedule.programs[ctx.rank]
-        # What the handlers would otherwise work out inside the step, once, before it
+        # What the handlers would otherwise look up inside the step, once, before it
         # starts: the runtime's own time between actions is time the rank does not compute.
-        computes = compute_set(schedule)
-        self.waits = {a: waits_for(a, schedule, computes) for a in self.program if a.kind.is_compute}
-        self.shards = Shards(stage_modules, getattr(ctx, "dp_group", None)) if schedule.has_gathers else None
+        mine = rank_program(program, ctx.rank)
+        self.actions, self.waits, self.routes, self.pairs = mine.actions, mine.waits, mine.routes, mine.pairs
+        self.handlers: dict[Kind, Callable[[Action], Marks | None]] = {
+            k: getattr(self, spec.handler) for k, spec in KINDS.items()}
+        self._stage_state(ctx, stage_modules)
+        self._step_state(ctx)
+
+    def _stage_state(self, ctx, stage_modules: dict[int, nn.Module]) -> None:
+        """What the rank keeps of its stages for the whole step: FSDP's shards, the
+        parameters' storages (left out of the saved bytes), the parameter lists (for a
+        split backward) and the parameters each REDUCE_GRAD reduces."""
+        dp_group = getattr(ctx, "dp_group", None)
+        self.shards = Shards(stage_modules, dp_group) if self.schedule.has_gathers else None
         self.params = {s: param_storages(m) for s, m in stage_modules.items()}
         self.param_lists = {s: list(m.parameters()) for s, m in stage_modules.items()}
         ep = getattr(ctx, "ep", 1)  # with ep > 1 REDUCE_GRAD reduces the routed experts apart (`exec.runtime.ep`)
         self.reduced = {s: split_parameters(m, ep) for s, m in stage_modules.items()}
-        self.routes = {a: self._route(a) for a in self.program if a.kind in TRANSFERS}
-        self.handlers: dict[Kind, Callable[[Action], Marks | None]] = {
-            k: getattr(self, spec.handler) for k, spec in KINDS.items()}
-        # per step state
+        self.stream = CollectiveStream(dp_group, dist.get_world_size(dp_group) if dp_group is not None else 1,
+                                       self.clock, getattr(ctx, "edp_group", None))
+
+    def _step_state(self, ctx) -> None:
+        """What the step fills in as it runs, and its records."""
         self.pending: dict[Action, _Pending] = {}      # posted receives
         self.stage_inputs: dict[tuple[int, int], torch.Tensor] = {}
         self.outputs: dict[tuple[int, int], torch.Tensor] = {}   # output, or scaled loss on the last stage
         self.input_grads: dict[tuple[int, int], torch.Tensor] = {}
         self.weight_work: dict[tuple[int, int], split_backward.WeightWork] = {}  # I's, for W
-        self.holding: dict[tuple[str, int, int], int] = {}  # (Costs field, stage, micro_batches) -> bytes taken
+        self.holding: dict[tuple[str, int, int], int] = {}  # (Costs field, stage, micro) -> bytes taken
         self.saved: dict[tuple[int, int], SavedBytes] = {}  # their count, until B or I
         self.sends: list[tuple[Any, torch.Tensor]] = []  # (work, tensor kept alive until waited)
-        dp_group = getattr(ctx, "dp_group", None)
-        self.stream = CollectiveStream(dp_group, dist.get_world_size(dp_group) if dp_group is not None else 1,
-                                       self.clock, getattr(ctx, "edp_group", None))
         self.loss_sum: torch.Tensor | None = None
         self.trace = RankTrace(ctx.rank)
         self._events: list[Marks] = []                  # clock marks, resolved at the end
         self._held: list[tuple[Any, int, int]] = []    # (mark, change in bytes, change in micro-batches)
         self._samples: list[tuple[Any, int]] = []      # CUDA: (mark, memory_allocated)
 
-    def _route(self, a: Action) -> tuple[int, int, int]:
-        """A SEND's or RECV's peer rank (the schedule's), its world rank and the tag of its transfer."""
-        other = peer(a)
-        recv = other if KINDS[other.kind].role is Role.RECV else a
-        rank = self.schedule.rank_of(other.stage)
-        return rank, self.ctx.global_rank(rank), transfer_tag(recv, self.M)
-
     # -- the loop, and the public API that calibration uses
     def run(self) -> RankTrace:
         """Run the rank's program for one step; return its trace."""
         self.clock.start()
         self._sample(self.clock.mark())
-        for a in self.program:
+        for a in self.actions:
             self.run_action(a)
         for work, _ in self.sends:
             work.wait()
@@ -202,18 +212,18 @@ class RankInterpreter:
     def recv(self, a: Action) -> None:
         meta = self.shapes[a.stage + KINDS[a.kind].tensor_of]
         buf = torch.empty(meta.shape, dtype=meta.dtype, device=self.device)
-        _, src, tag = self.routes[a]
+        src, tag = self.routes[a]
         posted = self.clock.mark()
-        self.pending[a] = _Pending(dist.irecv(buf, src=src, tag=tag), buf, posted)
+        self.pending[a] = _Pending(dist.irecv(buf, src=self.ctx.global_rank(src), tag=tag), buf, posted)
 
     def send(self, a: Action) -> Marks:
         """SEND_F sends the stage's output, SEND_B the gradient w.r.t. its input."""
         key = (a.stage, a.micro)
         tensor = self.outputs[key].detach() if a.kind is Kind.SEND_F else self.input_grads.pop(key)
         tensor = tensor.contiguous()
-        dst, world_dst, tag = self.routes[a]
+        dst, tag = self.routes[a]
         start = self.clock.mark()
-        work = isend(tensor, world_dst, tag)
+        work = isend(tensor, self.ctx.global_rank(dst), tag)
         self.sends.append((work, tensor))
         return self._event(a, start, start, dst)  # end: the RECV's, filled in by `exec.runtime.step`
 
@@ -225,11 +235,11 @@ class RankInterpreter:
             p = self.pending.pop(recv, None)
             if p is None:
                 raise RuntimeError(f"rank {self.ctx.rank}: {a} needs {recv}, which was not posted before it; "
-                                   f"run a lowered schedule (sim.lower) whose RECVs come one compute early")
+                                   f"run the program sim.compile made, whose RECVs come one compute early")
             p.work.wait()
             end = self.clock.mark()
             got = p.buffer
-            self._event(recv, p.posted, end, self.schedule.rank_of(peer(recv).stage))
+            self._event(recv, p.posted, end, self.routes[recv].peer)
         return got
 
     def reduce_grad(self, a: Action) -> None:
@@ -239,17 +249,22 @@ class RankInterpreter:
         self.stream.issue(a, *self.reduced[a.stage])
 
     def overlap(self, a: Action) -> None:
-        """OVERLAP_F_B: wait for the receives of the backward it names (rule 18)."""
-        back = next(b for b in self.waits if b.kind.is_backward and (b.stage, b.micro) == (a.stage, a.micro))
-        for recv in self.waits[back]:
-            self.pending[recv].work.wait()
-            self.pending[recv].work = _ARRIVED  # a gloo work is waited for once: the backward finds it here
+        """OVERLAP_F_B: the pair waits for both its computes' inputs (rule 18), so this waits
+        for the receives of the backward it names (`pairs`, from the program); the F and
+        that backward then run one after the other as their own actions. A CPU rank has
+        no second stream to overlap them on (nor an expert all-to-all to hide)."""
+        for recv in self.waits[self.pairs[a]]:
+            p = self.pending[recv]
+            p.work.wait()
+            p.work = _ARRIVED  # a gloo work is waited for once: the backward finds it here
 
     def offload(self, a: Action) -> None:
-        """OFFLOAD, RELOAD: refused (`refuse_offload`); a run never gets here."""
+        """OFFLOAD: refused (`refuse_offload`); a run never gets here."""
         refuse_offload(self.schedule)
 
-    reload = offload
+    def reload(self, a: Action) -> None:
+        """RELOAD: refused (`refuse_offload`); a run never gets here."""
+        refuse_offload(self.schedule)
 
     def unshard(self, a: Action) -> Marks:
         """UNSHARD: all-gather the stage's parameters (`exec.runtime.fsdp`); they take their bytes."""
@@ -266,6 +281,10 @@ class RankInterpreter:
         return self._event(a, start, start)
 
     # -- compute
+    def _last(self, s: int) -> bool:
+        """Whether stage s ends its copy of the model (DualPipe holds two: `Schedule.chain`)."""
+        return s % self.chain == self.chain - 1
+
     def forward(self, a: Action) -> Marks:
         s, m = a.stage, a.micro
         received = self._wait(a)
@@ -281,10 +300,10 @@ class RankInterpreter:
         self._sample(start)
         with saved.hooks():
             y = self.modules[s](x)
-            if s % self.chain == self.chain - 1:
+            if self._last(s):
                 y = self.loss_fn(y, self.targets[m].to(self.device)) / self.M
         end = self.clock.mark()
-        if s % self.chain == self.chain - 1:
+        if self._last(s):
             self.loss_sum = y.detach() if self.loss_sum is None else self.loss_sum + y.detach()
         self.outputs[(s, m)] = y
         self.saved[(s, m)] = saved
@@ -296,7 +315,7 @@ class RankInterpreter:
     def _output_grad(self, s: int, m: int, received: torch.Tensor | None) -> torch.Tensor | None:
         """The gradient w.r.t. stage s's output: none on the last stage (its output is the
         loss), from stage s+1 on this rank, or received."""
-        if s % self.chain == self.chain - 1:
+        if self._last(s):
             return None
         if (s + 1) in self.modules:
             return self.input_grads.pop((s + 1, m))

@@ -1,13 +1,17 @@
-"""One training step on every rank: each interprets its program, and their traces become one `sim.Result`.
+"""One training step on every rank: each interprets its part of the compiled program, and their traces become one `sim.Result`.
 
-    >>> step = run_step(ctx, sim.lower(schedule), modules, xs, ys, loss_fn, optimizer)  # doctest: +SKIP
-    >>> step.result.makespan, step.result.peak_memory, step.loss                        # doctest: +SKIP
+    >>> program = sim.compile(schedule, "gloo")                                    # doctest: +SKIP
+    >>> step = run_step(ctx, program, modules, xs, ys, loss_fn, optimizer)         # doctest: +SKIP
+    >>> step.result.makespan, step.result.peak_memory, step.loss                   # doctest: +SKIP
 
-`run_step` zeroes the gradients, starts every rank together at a barrier, runs this
-rank's `exec.runtime.interpreter.RankInterpreter`, steps the optimizer (its end is the step's `train_step_s`: the planner's step, where the
-makespan of the `Result` is the pipeline's), and gathers every
-rank's trace into the same `sim.Result` the simulator produces (`source="measured"`), so
-metrics, plots and the Chrome trace work unchanged. With data parallelism
+`run_step` takes the program `sim.compile(schedule, backend)` made for the run's backend
+(`sim.engine.program.Program`; it checks nothing of the schedule again), zeroes the
+gradients, starts every rank together at a barrier, runs this rank's
+`exec.runtime.interpreter.RankInterpreter`, steps the optimizer (its end is the step's
+`train_step_s`: the planner's step, where the makespan of the `Result` is the
+pipeline's), and gathers every rank's trace into the same `sim.Result` the simulator
+produces (`source="measured"`, on the same program), so metrics, plots and the Chrome
+trace work unchanged. With data parallelism
 (`exec.runtime.dp.ReplicaContext`) each replica's ranks get their own pipeline's `Result`, and
 the step's loss is the mean over the replicas (each the mean over its equal shard).
 """
@@ -20,14 +24,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from sim import Event, Result, Schedule
+from sim import Event, Result
+from sim.engine.program import Program
 from sim.schedule.kinds import KINDS, Role
-from sim.passes.order import transfer_order
-from sim.passes.dependencies import peer
 
 from exec.runtime.copies import sum_copies
 from exec.runtime.interpreter import LossFn, RankInterpreter, RankTrace, refuse_offload
 from exec.runtime.memory import static_memory
+from exec.runtime.rank_program import compiled, sends_to_recvs
 from exec.runtime.shapes import TensorMeta, infer_shapes
 
 __all__ = ["StepResult", "run_step", "assemble_result"]
@@ -44,27 +48,30 @@ class StepResult:
     optimizer_s: float | None = None  # this rank's optimizer step, on its own clock (None without an optimizer)
 
 
-def assemble_result(schedule: Schedule, traces: Sequence[RankTrace]) -> Result:
-    """Every rank's trace -> one `sim.Result`. A SEND ends when its data was there on the
-    receiving rank: when the matching RECV's wait returned. (gloo cannot tell earlier: its
-    `is_completed()` stays False until `wait()`.)"""
+def assemble_result(program: Program, traces: Sequence[RankTrace]) -> Result:
+    """Every rank's trace -> one `sim.Result` of `program`. A SEND ends when its data was
+    there on the receiving rank: when the matching RECV's wait returned. (gloo cannot tell
+    earlier: its `is_completed()` stays False until `wait()`.)"""
     role = {k: spec.role for k, spec in KINDS.items()}
+    recv_of = sends_to_recvs(program)
     recv_end = {e.action: e.end for t in traces for e in t.events if role[e.action.kind] is Role.RECV}
     events = []
     for t in traces:
         for e in t.events:
             if role[e.action.kind] is Role.SEND:
-                e = Event(e.rank, e.action, e.start, max(e.start, recv_end[peer(e.action)]), e.peer)
+                e = Event(e.rank, e.action, e.start, max(e.start, recv_end[recv_of[e.action]]), e.peer)
             events.append(e)
     memory = [sorted(t.memory, key=lambda x: x[0]) for t in traces]
     activations = [sorted(t.activations, key=lambda x: x[0]) for t in traces]
-    return Result(schedule, events, memory, activations, source="measured")
+    return Result(program, events, memory, activations, source="measured")
 
 
-def check_step_args(ctx, schedule: Schedule, stage_modules: dict, micro_inputs: Sequence,
-                     micro_targets: Sequence) -> None:
-    if not schedule.is_lowered and schedule.ranks > 1:
-        raise ValueError(f"schedule {schedule.name!r} has no SEND/RECV actions; pass sim.lower(schedule)")
+def check_step_args(ctx, program: Program, stage_modules: dict, micro_inputs: Sequence,
+                    micro_targets: Sequence) -> None:
+    """ValueError (TypeError for a schedule not compiled) where the step cannot run on
+    this rank: the program not compiled for `ctx.backend` (`exec.runtime.rank_program.compiled`),
+    what exec does not run, or modules and micro-batches that do not fit the program."""
+    schedule = compiled(program, ctx.backend).schedule
     refuse_offload(schedule)
     if schedule.has_collectives and getattr(ctx, "dp_group", None) is None:
         raise ValueError(f"schedule {schedule.name!r} has REDUCE_GRAD actions but the rank has no data-parallel "
@@ -75,8 +82,6 @@ def check_step_args(ctx, schedule: Schedule, stage_modules: dict, micro_inputs: 
     if schedule.ranks != ctx.world_size:
         raise ValueError(f"schedule {schedule.name!r} has {schedule.ranks} ranks but "
                          f"the process group has {ctx.world_size}; launch one process per rank")
-    if ctx.backend == "nccl":  # NCCL pairs a rank's transfers by order, not tag: say where they would cross
-        transfer_order(schedule)
     mine = {s for s, r in enumerate(schedule.placement) if r == ctx.rank}
     if set(stage_modules) != mine:
         raise ValueError(f"rank {ctx.rank} hosts stages {sorted(mine)} but was given modules for {sorted(stage_modules)}")
@@ -85,11 +90,12 @@ def check_step_args(ctx, schedule: Schedule, stage_modules: dict, micro_inputs: 
                          f"inputs and {len(micro_targets)} targets")
 
 
-def run_step(ctx, schedule_lowered: Schedule, stage_modules: dict[int, nn.Module],
+def run_step(ctx, program: Program, stage_modules: dict[int, nn.Module],
              micro_inputs: Sequence[torch.Tensor], micro_targets: Sequence[torch.Tensor], loss_fn: LossFn,
              optimizer: torch.optim.Optimizer | None, record: bool = True,
              shapes: dict[int, TensorMeta] | None = None) -> StepResult:
-    """One training step of this rank's program; call it on every rank at once.
+    """One training step of this rank's part of `program` (`sim.compile(schedule,
+    ctx.backend)`); call it on every rank at once.
 
     `stage_modules` holds this rank's stages; `micro_inputs`/`micro_targets` the
     micro-batches (stage 0 reads the inputs, the last stage the targets). Gradients are
@@ -99,20 +105,20 @@ def run_step(ctx, schedule_lowered: Schedule, stage_modules: dict[int, nn.Module
     setup pass when given. With `record`, every rank's events are gathered and each rank
     gets the whole `sim.Result`.
     """
-    check_step_args(ctx, schedule_lowered, stage_modules, micro_inputs, micro_targets)
+    check_step_args(ctx, program, stage_modules, micro_inputs, micro_targets)
     if shapes is None:
-        shapes = infer_shapes(ctx, schedule_lowered, stage_modules, micro_inputs[0])
+        shapes = infer_shapes(ctx, program.schedule, stage_modules, micro_inputs[0])
     if optimizer is not None:
         optimizer.zero_grad(set_to_none=True)
     else:
         for mod in stage_modules.values():
             mod.zero_grad(set_to_none=True)
     static = sum(static_memory(mod, optimizer).total for mod in stage_modules.values())
-    interp = RankInterpreter(ctx, schedule_lowered, stage_modules, micro_inputs, micro_targets, loss_fn,
+    interp = RankInterpreter(ctx, program, stage_modules, micro_inputs, micro_targets, loss_fn,
                              shapes, static)
     dist.barrier()  # all ranks start together: each rank's clock starts at the barrier exit
     trace = interp.run()
-    sum_copies(ctx, schedule_lowered, stage_modules)  # DualPipe's two copies of a stage: one gradient
+    sum_copies(ctx, program.schedule, stage_modules)  # DualPipe's two copies of a stage: one gradient
     begin = interp.clock.mark()
     if optimizer is not None:
         optimizer.step()
@@ -127,5 +133,5 @@ def run_step(ctx, schedule_lowered: Schedule, stage_modules: dict[int, nn.Module
     traces = [gathered[ctx.global_rank(r)] for r in range(ctx.world_size)]
     ends = [t.step_end for t in traces if t.step_end is not None]
     replicas = dist.get_world_size() // ctx.world_size
-    return StepResult(assemble_result(schedule_lowered, traces) if record else None, sum(losses) / replicas,
+    return StepResult(assemble_result(program, traces) if record else None, sum(losses) / replicas,
                       max(ends) if record and ends else None, optimizer_s)

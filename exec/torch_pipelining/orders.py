@@ -11,7 +11,8 @@ the function, so a missing torch is a `ScheduleError`.
 """
 from __future__ import annotations
 
-from sim import Action, Kind, Schedule, ScheduleError, validate
+import sim
+from sim import Action, Kind, Schedule, ScheduleError
 from sim.schedule.registry import name_key
 
 # torch's names (get_schedule_class) and ours that mean the same schedule
@@ -36,7 +37,7 @@ def torch_name(name: str) -> str:
 def from_torch(name: str, devices: int, micro_batches: int, virtual: int | None = None) -> Schedule:
     """torch's order of schedule `name` for `devices` ranks, `micro_batches` micro-batches and `virtual`
     devices per rank (default: 1 for GPipe and 1F1B, 2 for the others), checked by
-    `sim.validate`. Raises `ScheduleError` if torch is missing, refuses the sizes, or
+    `sim.compile(schedule, "gloo")`. Raises `ScheduleError` if torch is missing, refuses the sizes, or
     builds an order that is not a valid schedule."""
     tname = torch_name(name)
     try:
@@ -54,7 +55,7 @@ def from_torch(name: str, devices: int, micro_batches: int, virtual: int | None 
     placement = [mapping[s] for s in range(devices * v)]
     try:
         schedule = Schedule(programs, placement, micro_batches, name=f"torch-{tname}")
-        validate(schedule)
+        sim.compile(schedule, "gloo")
     except ScheduleError as e:
         raise ScheduleError(f"torch's {tname} order for P={devices}, M={micro_batches}, V={v} is not a valid schedule: {e}") \
             from None

@@ -51,6 +51,9 @@ class Program(NamedTuple):
     - beside[role]: the actions of that role that run beside the device (collectives,
       copies: `sim.schedule.kinds.BESIDE`), numbered in program order over the ranks; an
       `Op` of that role names one by its number
+    - target: what it was compiled for (`sim.passes.compile.TARGETS`): "gloo" and "nccl"
+      programs passed the deadlock check, "nccl" ones post each rank's RECVs in the order
+      their peer sends
     """
 
     schedule: Schedule
@@ -60,6 +63,7 @@ class Program(NamedTuple):
     programs: list[list[Op]]
     runnable: list[int]
     beside: Mapping[Role, Sequence[Action]]
+    target: str = "sim"
 
     @property
     def placement(self) -> tuple[int, ...]:

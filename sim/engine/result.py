@@ -91,7 +91,7 @@ class Result:
 
     @property
     def program(self) -> Program | None:
-        """The compiled program that ran (a simulated step), else None."""
+        """The compiled program that ran (a simulated step, or one exec measured), else None."""
         return self._program
 
     @property

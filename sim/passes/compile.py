@@ -7,7 +7,8 @@
     1RECV_F0,1F0,1RECV_F1,1B0,1SEND_B0,1F1,1B1,1SEND_B1
 
 `simulate` and `exec` both call `compile`; nothing else checks, lowers or numbers a
-schedule on its way to a run (zero-bubble's `run_schedule_passes`: the whole pipeline
+schedule on its way to a run (exec's ranks run the `Program` itself: its per-rank order,
+each compute's wait and each transfer's number, `exec.runtime.rank_program`) (zero-bubble's `run_schedule_passes`: the whole pipeline
 in one short function). The passes that add actions (`sim.add_grad_reduce`,
 `sim.add_offload`, `sim.add_fsdp`) are the caller's choice of what the step does, made
 before (FSDP's gathers first, then the reductions: torch's order).
@@ -48,7 +49,7 @@ def compile(schedule: Schedule, target: str = "sim") -> Program:  # noqa: A001 (
         program = number_program(order_transfers(program.lowered()))
     if target != "sim":                        # exec must know before its ranks start
         run_abstractly(program.lowered())
-    return program
+    return program._replace(target=target)
 
 
 def validate(schedule: Schedule) -> Schedule:

@@ -148,13 +148,12 @@ def test_user_blocks_train_as_one_process_under_any_schedule():
     """Each case's first step on 2 gloo ranks: the loss and every gradient of one process
     on the whole batch (`exec.runtime.check.reference_step`), as tests/test_exec.py checks
     the built-in models; the second step's loss is lower (the optimizer stepped)."""
-    jobs = [(spec, sim.lower(s), spec.partition(s.stages), RunConfig(steps=2, warmup=0)) for _, spec, s in CASES]
+    jobs = [(spec, sim.compile(s, "gloo"), spec.partition(s.stages), RunConfig(steps=2, warmup=0)) for _, spec, s in CASES]
     per_rank = launch(_many_runs, 2, jobs, timeout=TIMEOUT)
-    for i, (name, spec, _) in enumerate(CASES):
-        lowered = jobs[i][1]
-        grads = [(f"stage{s}.{n}", g) for s in range(lowered.stages)
-                 for n, g in per_rank[lowered.rank_of(s)][i]["grads"][s]]
-        ref_loss, ref_grads = reference_step(spec, lowered.micro_batches)
+    for i, (name, spec, s) in enumerate(CASES):
+        grads = [(f"stage{st}.{n}", g) for st in range(s.stages)
+                 for n, g in per_rank[s.rank_of(st)][i]["grads"][st]]
+        ref_loss, ref_grads = reference_step(spec, s.micro_batches)
         ok, worst, where = compare_grads(grads, ref_grads)
         assert ok, f"{name}: gradients differ by up to {worst} at {where}"
         losses = per_rank[0][i]["losses"]

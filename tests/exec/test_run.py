@@ -285,14 +285,15 @@ CASES = [  # (id, spec, schedule)
 # starts ranks: every test that uses it is marked slow
 @pytest.fixture(scope="module")
 def runs():
-    """Each case: 1 step (its gradients are checked) + 1 more (its events are checked)."""
+    """Each case: 1 step (its gradients are checked) + 1 more (its events are checked);
+    with each, the compiled program the ranks ran, written out as a lowered schedule."""
     jobs = []
     for _, spec, schedule in CASES:
-        lowered = sim.lower(schedule)
-        bounds = spec.partition(lowered.stages)
-        jobs.append((spec, lowered, bounds, RunConfig(steps=2, warmup=0, optimizer="sgd")))  # plain SGD: static = weights + gradients
+        bounds = spec.partition(schedule.stages)
+        # plain SGD: static = weights + gradients
+        jobs.append((spec, sim.compile(schedule, "gloo"), bounds, RunConfig(steps=2, warmup=0, optimizer="sgd")))
     per_rank = launch(_many_runs, 2, jobs, timeout=TIMEOUT)
-    return {name: (spec, job[1], [r[i] for r in per_rank])
+    return {name: (spec, job[1].lowered(), [r[i] for r in per_rank])
             for i, ((name, spec, _), job) in enumerate(zip(CASES, jobs))}
 
 

@@ -223,8 +223,8 @@ def test_calibrated_activation_bytes_are_what_the_runtime_holds(model):
     stages = spec.build_stages(2, bounds=bounds)
     layers = spec.build_layers()
     xs, ys = split_micro_batches(*spec.batch(), micro)
-    interp = RankInterpreter(RankContext(0, 1, 0, "gloo"), schedule, dict(enumerate(stages)), xs, ys,
-                             spec.loss, {}, 0)
+    interp = RankInterpreter(RankContext(0, 1, 0, "gloo"), sim.compile(schedule, "gloo"), dict(enumerate(stages)),
+                             xs, ys, spec.loss, {}, 0)
     trace = interp.run()
     held = [b for _, b in trace.memory]  # static (0), after 0F0, after 1F0, ...
     runtime = {0: held[1] - held[0], 1: held[2] - held[1]}
@@ -254,7 +254,7 @@ def test_calibration_times_the_runtimes_own_work_around_a_compute(monkeypatch):
     from exec.runtime.memory import SavedBytes
     from exec.models.spec import ModelSpec
     spec = ModelSpec("mlp", layers=2, hidden=16, seq=4, batch_size=4)
-    schedule = sim.make_schedule("gpipe", 1, 2)           # F0 F1 B0 B1
+    program = sim.compile(sim.make_schedule("gpipe", 1, 2), "gloo")  # F0 F1 B0 B1
     forward = [i % 4 < 2 for i in range(2 * 4)]            # 2 timed steps x (F0 F1 B0 B1)
     before, after = 2.0 ** -8, 2.0 ** -9                   # about 4 and 2 ms, exact in binary
     saved_init, memory = SavedBytes.__init__, RankInterpreter._memory
@@ -272,10 +272,10 @@ def test_calibration_times_the_runtimes_own_work_around_a_compute(monkeypatch):
     try:
         ctx = RankContext(0, 1, 0, "gloo")
         inject(time.sleep)
-        _, real = compute_times(ctx, spec, [0, 2], schedule, 2, steps=2, alone=False)
+        _, real = compute_times(ctx, spec, [0, 2], program, 2, steps=2, alone=False)
         monkeypatch.setattr(CpuClock, "mark", lambda self: now[0])
         inject(work)
-        times, own = compute_times(ctx, spec, [0, 2], schedule, 2, steps=2, alone=False)
+        times, own = compute_times(ctx, spec, [0, 2], program, 2, steps=2, alone=False)
     finally:
         dist.destroy_process_group()
     assert len(real["before"]) == len(real["after"]) == 2 * 2 * 2   # 2 steps x (2 F + 2 B)

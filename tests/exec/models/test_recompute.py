@@ -118,7 +118,7 @@ def test_the_runtime_holds_the_calibrated_bytes(spec):
                             placement=[0, 0], micro_batches=MICRO)
     stages = spec.build_stages(2, bounds=bounds)
     xs, ys = split_micro_batches(*spec.batch(), MICRO)
-    trace = RankInterpreter(RankContext(0, 1, 0, "gloo"), schedule, dict(enumerate(stages)), xs, ys,
+    trace = RankInterpreter(RankContext(0, 1, 0, "gloo"), sim.compile(schedule, "gloo"), dict(enumerate(stages)), xs, ys,
                             spec.loss, {}, 0).run()
     held = [b for _, b in trace.memory]
     _, calibrated = _stage_bytes(spec)
@@ -203,8 +203,8 @@ def test_every_recompute_mode_trains_as_without_it():
     cases += [(replace(GPT, recompute=r), name) for name in ("gpipe", "zb-h1") for r in ("none", "full", "selective")]
     jobs = []
     for spec, name in cases:
-        lowered = sim.lower(sim.make_schedule(name, 2, 4))
-        jobs.append((spec, lowered, spec.partition(2), RunConfig(steps=3, warmup=0, optimizer="adamw")))
+        program = sim.compile(sim.make_schedule(name, 2, 4), "gloo")
+        jobs.append((spec, program, spec.partition(2), RunConfig(steps=3, warmup=0, optimizer="adamw")))
     per_rank = launch(_many_runs, 2, jobs, timeout=TIMEOUT)
     base = {}
     for i, (spec, name) in enumerate(cases):

@@ -81,11 +81,12 @@ def _optimizer_steps(ctx):
     spec = ModelSpec("gpt", layers=2, hidden=8, heads=2, seq=4, vocab=11, batch_size=4)
     bounds = spec.partition(2)
     times: list = []
-    step_compute_times(ctx, spec, bounds, sim.make_schedule("1f1b", 2, 2), 2, 2, optimizer="adamw", optimizer_times=times)
+    step_compute_times(ctx, spec, bounds, sim.compile(sim.make_schedule("1f1b", 2, 2), "gloo"), 2, 2, optimizer="adamw",
+                       optimizer_times=times)
     layers = spec.build_layers()
     stage = {ctx.rank: torch.nn.Sequential(*layers[bounds[ctx.rank]:bounds[ctx.rank + 1]])}
     params = list(stage[ctx.rank].parameters())
     (x, y), = spec.micro_batches(1)
-    schedule = sim.lower(sim.make_schedule("1f1b", 2, 1))
-    plain = run_step(ctx, schedule, stage, [x], [y], spec.loss, None)
+    program = sim.compile(sim.make_schedule("1f1b", 2, 1), "gloo")
+    plain = run_step(ctx, program, stage, [x], [y], spec.loss, None)
     return times, plain.optimizer_s, (len(params), sum(p.numel() for p in params))

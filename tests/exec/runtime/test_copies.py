@@ -44,4 +44,4 @@ def test_calibration_refuses_two_copies_before_anything_starts():
     from exec.pipeline.runner import check_run
     with pytest.raises(ValueError, match="calibration does not measure schedule 'dualpipe' of 2 copies"):
         check_run(MLP, sim.make_schedule("dualpipe", 2, 4), RunConfig(calibrate=1))
-    assert check_run(MLP, sim.make_schedule("dualpipe", 2, 4), RunConfig()).pipelines == 2
+    assert check_run(MLP, sim.make_schedule("dualpipe", 2, 4), RunConfig()).schedule.pipelines == 2

@@ -69,7 +69,7 @@ def _dp_jobs(ctx, jobs, calib_schedule):
     runs = [pipeline_worker(ctx, *job) for job in jobs]
     rctx = replica_context(ctx, PP, DP)
     shard_spec = ModelSpec("mlp", layers=4, hidden=16, seq=4, batch_size=SPEC.batch_size // DP)
-    report = calibrate_rank(rctx, shard_spec, calib_schedule, MICRO, SPEC.partition(calib_schedule.stages),
+    report = calibrate_rank(rctx, shard_spec, sim.compile(calib_schedule, "gloo"), MICRO, SPEC.partition(calib_schedule.stages),
                             steps=1, repeats=3)
     return runs, report
 
@@ -79,7 +79,7 @@ def _dp_jobs(ctx, jobs, calib_schedule):
 def dp_runs():
     schedules = {overlap: _schedule(overlap) for overlap in (True, False)}
     bounds = SPEC.partition(schedules[True].stages)
-    jobs = [(SPEC, schedules[o], bounds, RunConfig(steps=2, warmup=0, dp=DP)) for o in (True, False)]
+    jobs = [(SPEC, sim.compile(schedules[o], "gloo"), bounds, RunConfig(steps=2, warmup=0, dp=DP)) for o in (True, False)]
     per_rank = launch(_dp_jobs, PP * DP, jobs, schedules[True], timeout=TIMEOUT)
     return schedules, [r[0] for r in per_rank], [r[1] for r in per_rank]
 

@@ -37,9 +37,9 @@ SPEC = ModelSpec("gpt", layers=2, hidden=16, heads=2, seq=8, vocab=32, batch_siz
 RUNS = [(1, 4, 4, "1f1b"), (1, 4, 2, "1f1b"), (2, 2, 2, "1f1b"), (2, 2, 2, "dualpipev")]  # (pp, dp, ep, schedule)
 
 
-def _schedule(pp: int, name: str) -> sim.Schedule:
+def _program(pp: int, name: str):
     micro = 2 * pp if name == "dualpipev" else MICRO  # DualPipeV: at least 2P micro-batches
-    return sim.lower(sim.add_grad_reduce(sim.make_schedule(name, pp, micro), False))
+    return sim.compile(sim.add_grad_reduce(sim.make_schedule(name, pp, micro), False), "gloo")
 
 
 def _jobs(ctx, jobs):
@@ -51,8 +51,8 @@ def _jobs(ctx, jobs):
 def ep_runs():
     jobs = []
     for pp, dp, ep, name in RUNS:
-        schedule = _schedule(pp, name)
-        jobs.append((SPEC, schedule, SPEC.partition(schedule.stages),
+        program = _program(pp, name)
+        jobs.append((SPEC, program, SPEC.partition(program.stages),
                      RunConfig(steps=1, warmup=0, dp=dp, ep=ep, optimizer="sgd")))
     per_rank = launch(_jobs, WORLD, jobs, timeout=TIMEOUT)
     return jobs, per_rank
@@ -67,7 +67,8 @@ def _reference():
 @pytest.mark.parametrize("i", range(len(RUNS)))
 def test_every_rank_has_one_process_gradients_for_what_it_holds(ep_runs, i):
     jobs, per_rank = ep_runs
-    (pp, dp, ep, name), (_, schedule, bounds, _) = RUNS[i], jobs[i]
+    (pp, dp, ep, name), (_, program, bounds, _) = RUNS[i], jobs[i]
+    schedule = program.schedule
     ref_loss, ref = _reference()
     topo = Topology(tp=1, pp=pp, dp=dp)
     for rank in range(WORLD):

@@ -169,8 +169,7 @@ def test_split_schedules_with_two_stages_per_rank_train_as_one_process():
     cases = _cases()
     jobs = []
     for _, spec, schedule in cases:
-        lowered = sim.lower(schedule)
-        jobs.append((spec, lowered, spec.partition(lowered.chain), RunConfig(steps=1, warmup=0)))
+        jobs.append((spec, sim.compile(schedule, "gloo"), spec.partition(schedule.chain), RunConfig(steps=1, warmup=0)))
     per_rank = launch(_many_runs, 2, jobs, timeout=TIMEOUT)
     for i, (name, spec, schedule) in enumerate(cases):
         grads = [(f"stage{s}.{n}", g) for s in range(schedule.chain)  # DualPipe: each copy holds the sum
