@@ -80,31 +80,40 @@ class _Refuse(importlib.abc.MetaPathFinder):
         return None
 
 
-def fresh_import(*modules: str, refusing=("torch",)) -> set[str]:
-    """Import `modules` (sim, exec, ...) afresh, as a new interpreter would, and return which
-    of the packages `refusing` they tried to import (an import of those fails, so even one
-    inside `try` is seen). This process's own copies of sim, exec and `refusing` are put
-    back afterwards, so other tests see nothing of it."""
-    ours = {m.split(".")[0] for m in modules} | set(refusing)
+@contextlib.contextmanager
+def refusing(*names: str, fresh=("sim", "exec")):
+    """Within the block, this process as a new interpreter would be for `fresh` (sim, exec:
+    imported afresh) and `names` (torch: not imported yet), with any import of `names`
+    failing; yields the set of those that something tried to import (even inside `try`).
+    This process's own copies of `fresh` and `names` are put back afterwards, so other
+    tests see nothing of it."""
+    ours = set(fresh) | set(names)
     mine = lambda name: name.split(".")[0] in ours  # noqa: E731
     saved = {name: m for name, m in sys.modules.items() if mine(name)}
-    refuse = _Refuse(refusing)
+    refuse = _Refuse(names)
     for name in saved:
         del sys.modules[name]
     sys.meta_path.insert(0, refuse)
     try:
-        for m in modules:
-            try:
-                importlib.import_module(m)
-            except ImportError:
-                if not refuse.asked:  # failed for a reason of its own
-                    raise
+        yield refuse.asked
     finally:
         sys.meta_path.remove(refuse)
         for name in [n for n in sys.modules if mine(n)]:
             del sys.modules[name]
         sys.modules.update(saved)
-    return refuse.asked
+
+
+def fresh_import(*modules: str, refuse=("torch",)) -> set[str]:
+    """Import `modules` (sim, exec, ...) afresh, as a new interpreter would, and return which
+    of the packages `refuse` they tried to import (see `refusing`)."""
+    with refusing(*refuse, fresh={m.split(".")[0] for m in modules}) as asked:
+        for m in modules:
+            try:
+                importlib.import_module(m)
+            except ImportError:
+                if not asked:  # failed for a reason of its own
+                    raise
+    return asked
 
 
 def reference_times(schedule, costs):

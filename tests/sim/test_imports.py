@@ -15,12 +15,12 @@ def test_a_fresh_import_sees_what_it_pulls_in():
     """The check itself: sim builds on SimPy, so refusing simpy is seen; a refused module
     is put back afterwards."""
     import simpy
-    assert fresh_import("sim", refusing=("simpy",)) == {"simpy"}
+    assert fresh_import("sim", refuse=("simpy",)) == {"simpy"}
     assert importlib.import_module("simpy") is simpy
 
 
 def test_import_sim_does_not_import_torch():
-    assert fresh_import("sim", "sim.plot", refusing=("torch", "exec")) == set()
+    assert fresh_import("sim", "sim.plot", refuse=("torch", "exec")) == set()
 
 
 def test_import_exec_does_not_import_torch_and_every_exported_name_resolves():
