@@ -1,12 +1,13 @@
-"""The `slow` marker: the tests that start torch.distributed ranks or execute a notebook; Hypothesis without its clock.
+"""The `slow` marker: the tests that start a process (torch.distributed ranks, a command in a fresh Python) or execute a notebook; Hypothesis without its clock.
 
     python -m pytest -m "not slow"   # the fast loop: sim, the planner, exec within one process
     python -m pytest                 # everything
 
 A test is slow when it, or a fixture it uses, starts ranks: `exec.launch.processes.launch` and what
-calls it (`run_pipeline`, `run_torch_runtime`, `profile_costs`, `profile_device`), the
-`exec.run` and `exec.profile_device` commands in a subprocess, torchrun; or when it executes
-a notebook. Such a test carries `@pytest.mark.slow` (a whole slow module, `pytestmark`); a
+calls it (`run_pipeline`, `run_torch_runtime`, `profile_costs`, `profile_device`), torchrun;
+when it runs a command in a fresh Python because that is the point (the command line end
+to end, a process whose state this one has changed); or when it executes a notebook.
+Such a test carries `@pytest.mark.slow` (a whole slow module, `pytestmark`); a
 fixture cannot carry a mark, so each test using a fixture that starts ranks carries it.
 
 The fast loop runs in this one process: a test not marked slow that starts a process fails,
@@ -29,7 +30,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-SLOW_HELP = "starts torch.distributed ranks or executes a notebook (deselect with -m \"not slow\")"
+SLOW_HELP = "starts a process (ranks, a fresh Python) or executes a notebook (deselect with -m \"not slow\")"
 
 
 settings.register_profile("no-clock", deadline=None, suppress_health_check=[HealthCheck.too_slow])
