@@ -82,3 +82,7 @@ def test_exec_run_non_finite_loss_exits_1_naming_the_step():
     assert doc["lost_share"] is None or 0 <= doc["lost_share"] <= 1
     # busy or quiet, the line's shape; with fewer cores than ranks (not on 2 cores) it says they take turns
     assert any(s in doc["load"] for s in ("of the step lost to other processes", "take turns", "no scheduler statistics"))
+
+
+def test_exec_refuses_a_model_this_machine_cannot_hold():
+    one_line(run_cli("--model", "gpt3-175b"), 2, "--model gpt3-175b of 175.2 B parameters")

@@ -42,3 +42,12 @@ def test_thread_sched_names_this_thread():
         pytest.skip("no scheduler statistics here")
     name, ran, waited = sched[threading.get_native_id()]
     assert name and ran > 0 and waited >= 0
+
+
+def test_the_busy_line_counts_own_ranks_when_they_outnumber_the_cores():
+    from exec.measure.busy import describe_load
+    summary = {"ranks": [{"lost_share": 0.02, "cpu_share": 0.5}, {"lost_share": 0.4, "cpu_share": 0.5},
+                         {"lost_share": 0.1, "cpu_share": 0.9}], "lost_share_max": 0.4}
+    assert describe_load(summary, cores=4).startswith("the machine was busy: 40% of the step lost to other processes")
+    line = describe_load(summary, cores=2)
+    assert line.startswith("3 ranks on 2 cores take turns: 40% of the step") and "own ranks" in line

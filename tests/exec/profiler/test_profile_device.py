@@ -308,3 +308,11 @@ def test_the_bench_reads_its_shapes_and_refuses_a_bad_one_in_one_line(tmp_path, 
     monkeypatch.setattr(bench, "grid", lambda cores, pp, quick, schedules, recomputes, shapes: seen.append(shapes) or [])
     bench.main(["--profile", str(path), "--shape", "6,96,3,48,768"])
     assert seen == [[dict(layers=6, hidden=96, heads=3, seq=48, vocab=768)]]
+
+
+@pytest.mark.parametrize("out, words", [("/proc/x.json", "cannot write to /proc"),
+                                        ("{file}/x.json", "is a file, not a folder"),
+                                        ("{tmp}", "is a folder; give a file name")])
+def test_the_profiler_checks_its_output_before_measuring(out, words, tmp_path):
+    (tmp_path / "f").write_text("")
+    one_line(run_main(pd.main, "--out", out.format(file=tmp_path / "f", tmp=tmp_path)), 2, words)

@@ -481,3 +481,24 @@ def test_the_command_refuses_with_one_line_and_status_2(tmp_path):
     proc = python_m_sim_plot("--devices", "0", "--out", str(tmp_path))
     assert proc.stdout == "" and one_line(proc, 2).startswith("sim.plot: error: argument --devices")
     assert list(tmp_path.iterdir()) == []
+
+
+# ---------------------------------------------------------------- 9. the README's figure
+
+def test_the_readme_figure_shares_its_time_axis(tmp_path):
+    import matplotlib.pyplot as plt
+    from sim.plot import gantt
+    seen = []
+    original = gantt.plot_compare
+
+    def spy(results, shared_time=None, unit=None, note=None):
+        seen.append((shared_time, note))
+        return original(results, shared_time, unit, note=note)
+
+    plot_cli.plot_compare, saved = spy, plot_cli.plot_compare
+    try:
+        assert plot_cli.main(["--stages", "4", "--micro", "8", "--out", str(tmp_path)]) == 0
+    finally:
+        plot_cli.plot_compare = saved
+        plt.close("all")
+    assert seen == [(True, "costs: F 1, B 2 a stage; transfers free")]
