@@ -86,3 +86,7 @@ def test_exec_run_non_finite_loss_exits_1_naming_the_step():
 
 def test_exec_refuses_a_model_this_machine_cannot_hold():
     one_line(run_cli("--model", "gpt3-175b"), 2, "--model gpt3-175b of 175.2 B parameters")
+
+
+def test_cli_refuses_selective_recompute_of_the_mlp():
+    one_line(run_cli("--model", "mlp", "--recompute", "selective"), 2, "only model 'gpt'")

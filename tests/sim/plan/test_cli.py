@@ -117,3 +117,9 @@ def test_progress_is_plain_lines_without_a_terminal():
     lines = err.splitlines()
     assert lines and all(line.startswith("sim.plan: ") and "settled" in line for line in lines)
     assert "\r" not in err and "[" not in err
+
+
+def test_an_unknown_optimizer_is_one_line_and_exit_2():
+    proc = run_main(plan_cli.main, "--model", "megatron-1.7b", "--gpu", "a100-80gb", "--gpus", "1", "--global-batch", "1",
+                    "--optimizer", "lion", "--no-figures")
+    one_line(proc, 2, "--optimizer", "lion")
