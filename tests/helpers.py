@@ -1,7 +1,13 @@
 """What several test modules share: an independent model of the rules (docs/rules.md)
-to check the engine against, and a count of calls in place of a time limit."""
+to check the engine against, a count of calls in place of a time limit, a command line
+run in this process, and a fresh import that says what it pulls in."""
 import contextlib
+import importlib
+import importlib.abc
+import io
 import math
+import os
+import subprocess
 import sys
 from collections import Counter
 
@@ -30,6 +36,84 @@ def counting_calls(*functions):
         yield counts
     finally:
         sys.setprofile(previous)
+
+
+def run_main(main, *args: str) -> subprocess.CompletedProcess:
+    """A command line's `main(argv)` run in this process as the shell would run it: its exit
+    status (what it returns, or the code of the `SystemExit` it raises: 2 for a refusal,
+    0 after --help), all it printed to stdout and to stderr, at the width a pipe gets (80
+    columns), so a test needs no subprocess."""
+    out, err, columns = io.StringIO(), io.StringIO(), os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = "80"
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(list(args))
+            except SystemExit as e:
+                code = e.code
+    finally:
+        if columns is None:
+            del os.environ["COLUMNS"]
+        else:
+            os.environ["COLUMNS"] = columns
+    return subprocess.CompletedProcess(list(args), code or 0, out.getvalue(), err.getvalue())
+
+
+def one_line(proc: subprocess.CompletedProcess, code: int, *words: str) -> str:
+    """The one line on stderr of a command that ended with `code`, holding each of `words`."""
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == code, proc.stderr
+    assert len(lines) == 1, proc.stderr
+    for w in words:
+        assert w in lines[0], lines[0]
+    return lines[0]
+
+
+class _Refuse(importlib.abc.MetaPathFinder):
+    def __init__(self, names):
+        self.names, self.asked = set(names), set()
+
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in self.names:
+            self.asked.add(name.split(".")[0])
+            raise ImportError(f"{name} may not be imported here")
+        return None
+
+
+@contextlib.contextmanager
+def refusing(*names: str, fresh=("sim", "exec")):
+    """Within the block, this process as a new interpreter would be for `fresh` (sim, exec:
+    imported afresh) and `names` (torch: not imported yet), with any import of `names`
+    failing; yields the set of those that something tried to import (even inside `try`).
+    This process's own copies of `fresh` and `names` are put back afterwards, so other
+    tests see nothing of it."""
+    ours = set(fresh) | set(names)
+    mine = lambda name: name.split(".")[0] in ours  # noqa: E731
+    saved = {name: m for name, m in sys.modules.items() if mine(name)}
+    refuse = _Refuse(names)
+    for name in saved:
+        del sys.modules[name]
+    sys.meta_path.insert(0, refuse)
+    try:
+        yield refuse.asked
+    finally:
+        sys.meta_path.remove(refuse)
+        for name in [n for n in sys.modules if mine(n)]:
+            del sys.modules[name]
+        sys.modules.update(saved)
+
+
+def fresh_import(*modules: str, refuse=("torch",)) -> set[str]:
+    """Import `modules` (sim, exec, ...) afresh, as a new interpreter would, and return which
+    of the packages `refuse` they tried to import (see `refusing`)."""
+    with refusing(*refuse, fresh={m.split(".")[0] for m in modules}) as asked:
+        for m in modules:
+            try:
+                importlib.import_module(m)
+            except ImportError:
+                if not asked:  # failed for a reason of its own
+                    raise
+    return asked
 
 
 def reference_times(schedule, costs):

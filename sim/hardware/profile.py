@@ -151,7 +151,8 @@ class DeviceProfile:
         return best[5] * (m * n * k * batch) / (best[1] * best[2] * best[3] * best[4])
 
     def collective_lookup(self, op: str, link: str, ranks: int, nbytes: float) -> float | None:
-        """Seconds of a collective from the measured table, interpolated in bytes; None if none of (op, link, ranks)."""
+        """Seconds of a collective from the measured table, interpolated in bytes; None if the
+        table has no row of (op, link, ranks)."""
         pts = self._collective_points.get((op, link, ranks))
         return interpolate(pts, nbytes) if pts else None
 

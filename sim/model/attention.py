@@ -85,21 +85,3 @@ class MLA:
         projection's input (d_v each)."""
         latents = self.kv_lora_rank + (self.q_lora_rank or 0)
         return 2 * tokens * latents, tokens * heads * 2 * (self.qk_head_dim + self.v_head_dim)
-
-
-def core_bytes(attention: str, kernels: str, dropout: bool, heads: int, hidden: int, seq: int,
-               micro_batch: int, tp: int, element: int) -> float:
-    """What the attention core keeps beyond Q, K, V and its output (docs/rules.md, rule 17),
-    `element` bytes an element. flash: the log-sum-exp, fp32, one per head and token. unfused
-    (Megatron): the softmax output, its dropout mask and dropout output, as^2b each. unfused
-    with kernels="torch" (SDPA's math backend): the softmax output, and copies of Q and K
-    scaled by d^-1/4 in place of the QKV output, which stays only where V, flattened to
-    (b a, s, d), is a view of it (one sample or one head a rank): 2sbh more then."""
-    heads_sb, sbh = heads * seq * micro_batch, seq * micro_batch * hidden
-    if attention == "flash":
-        return heads_sb * 4  # fp32
-    if kernels == "torch":
-        v_is_a_view = micro_batch == 1 or heads == tp
-        return heads_sb * seq * element + (2 * element * sbh if v_is_a_view else 0)
-    drop = 1 if dropout else 0
-    return heads_sb * seq * (element + drop * (1 + element))

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .attention import MLA, check_mla, core_bytes
+from .attention import MLA, check_mla
 from .moe import Experts, moe_fields
 from .params import Params
 
@@ -325,8 +325,7 @@ class Transformer:
             replicated, attention = replicated + e * latents, e * heads
         split = attention + (0 if moe else e * sb * self.ffn * self.mlp_matrices)
         if recompute == "none":
-            split += core_bytes(self.attention, self.kernels, self.dropout, self.heads, self.hidden, self.seq,
-                                micro_batch, tp, e)
+            split += self._attention_core_bytes(micro_batch, tp, e)
         if moe:
             return self._split(replicated, split, tp, sequence_parallel) + sum(
                 self.moe_activation_bytes(micro_batch, ep, precision).values())
@@ -341,6 +340,23 @@ class Transformer:
         if self.moe is None:
             raise ValueError("Transformer.moe_activation_bytes: a dense model (experts=None) has no MoE layer")
         return self.moe.activation_bytes(self.seq * micro_batch, self.hidden, _element_bytes(precision), ep)
+
+    def _attention_core_bytes(self, micro_batch: int, tp: int, e: int) -> float:
+        """What the attention core keeps beyond Q, K, V and its output (docs/rules.md, rule 17),
+        `e` bytes an element. flash: the log-sum-exp, fp32, one per head and token. unfused
+        (Megatron): the softmax output, its dropout mask and dropout output, as^2b each.
+        unfused with kernels="torch" (SDPA's math backend): the softmax output, and copies of
+        Q and K scaled by d^-1/4 in place of the QKV output, which stays only where V,
+        flattened to (b a, s, d), is a view of it (one sample or one head a rank): 2sbh more
+        then."""
+        heads_sb, sbh = self.heads * self.seq * micro_batch, self.seq * micro_batch * self.hidden
+        if self.attention == "flash":
+            return heads_sb * _FP32
+        if self.kernels == "torch":
+            v_is_a_view = micro_batch == 1 or self.heads == tp
+            return heads_sb * self.seq * e + (2 * e * sbh if v_is_a_view else 0)
+        drop = 1 if self.dropout else 0
+        return heads_sb * self.seq * (e + drop * (1 + e))
 
     def end_activation_bytes(self, micro_batch: int, tp: int = 1, sequence_parallel: bool = False,
                              precision: str = "bf16") -> dict[str, float]:

@@ -210,6 +210,7 @@ print(*kept)
 """
 
 
+@pytest.mark.slow  # a fresh process is the point: its malloc has not been tuned by this one
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
 def test_a_rank_keeps_the_memory_it_frees():
     """By default glibc gives the memory a step frees back to the OS (the next step's

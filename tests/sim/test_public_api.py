@@ -9,6 +9,7 @@ import pytest
 
 import sim
 from sim import Schedule, ScheduleError
+from helpers import counting_calls
 
 
 # ---------------------------------------------------------------- Schedule: missing and duplicated actions
@@ -197,3 +198,56 @@ def test_a_schedule_counts_micro_batches_and_an_action_keeps_its_index():
     with pytest.raises(TypeError, match=r"unexpected keyword argument 'micro'"):
         Schedule(s.programs, micro=3)
     assert Schedule(s.programs, micro_batches=3, name="gpipe") == s
+
+
+# ---------------------------------------------------------------- refusals, reprs and one bubble
+
+def test_simulate_refuses_a_schedule_name():
+    with pytest.raises(TypeError, match=r"simulate needs a sim.Schedule, got str '1f1b'.*make_schedule\('1f1b'"):
+        sim.simulate("1f1b", sim.Costs())
+    with pytest.raises(TypeError, match="costs must be a sim.Costs, got dict"):
+        sim.simulate(sim.make_schedule("1f1b", 2, 2), {"forward": 1})
+
+
+def test_estimate_refuses_more_stages_than_layers_at_once():
+    """Refused before any simulation (it took 15-31 s): the simulator is never called."""
+    with counting_calls(sim.simulate) as calls:
+        with pytest.raises(ValueError, match=r"^pp=200 = 200 stages is more than the model's 96 layers"):
+            sim.estimate("gpt3-175b", "a100-80gb", tp=8, pp=200, global_batch=1536)
+        with pytest.raises(ValueError, match=r"^pp=64 x V 2 = 128 stages"):
+            sim.estimate("gpt3-175b", "a100-80gb", tp=8, pp=64, schedule="interleaved-1f1b", virtual=2)
+    assert calls[sim.simulate] == 0
+
+
+def test_trace_path_in_a_missing_folder_is_an_error_and_creates_nothing(tmp_path):
+    r = sim.simulate(sim.make_schedule("1f1b", 2, 2), sim.Costs())
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        r.save_chrome_trace(tmp_path / "no" / "dir" / "x.json")
+    assert not (tmp_path / "no").exists()
+    with pytest.raises(IsADirectoryError, match=f"cannot write {tmp_path}: it is a directory"):
+        r.save_chrome_trace(tmp_path)
+    assert list(tmp_path.iterdir()) == []  # no temporary file left either
+
+
+def test_reprs_are_readable():
+    text = repr(sim.SCHEDULES)
+    assert "Generator(" not in text and "function" not in text
+    assert all(f"  {name} " in text for name in sim.SCHEDULES)
+    assert len(text.splitlines()) == len(sim.SCHEDULES) + 1
+    e = sim.estimate("gpt3-175b", "a100-80gb", tp=8, pp=8, dp=16, global_batch=1536)
+    assert repr(e).startswith("<Estimate gpt3-175b on 1024 x a100-80gb") and "summary()" in repr(e)
+    assert len(repr(e)) < 300
+
+
+def test_one_bubble_per_planned_step():
+    """The estimate's bubble is its step's pipeline bubble (to the last compute), and the
+    figure's title says that number; the whole step's idle share is larger by the tail."""
+    e = sim.estimate("gpt3-175b", "a100-80gb", tp=8, pp=8, dp=16, global_batch=1536)
+    r = e.result
+    assert e.bubble_fraction == pytest.approx(r.pipeline_bubble_fraction)
+    assert r.makespan > r.compute_end - r.t0  # a gradient reduction runs after the last compute
+    assert r.bubble_fraction > r.pipeline_bubble_fraction
+    from sim.plot.gantt import plot_result
+    fig = plot_result(r)
+    assert f"pipeline bubble {e.bubble_fraction:.1%}" in fig._suptitle.get_text()
+    assert r.in_seconds and fig.axes[-1].get_xlabel() == "time (s)"

@@ -179,15 +179,6 @@ def test_bad_recompute_is_refused():
         ModelSpec("mlp", recompute="selective")
 
 
-def test_cli_refuses_selective_recompute_of_the_mlp(capsys):
-    from exec.run import main
-    with pytest.raises(SystemExit) as e:
-        main(["--model", "mlp", "--recompute", "selective"])
-    assert e.value.code == 2
-    err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and "only model 'gpt'" in err
-
-
 # ---------------------------------------------------------------------------- two gloo ranks
 
 def _many_runs(ctx, jobs):

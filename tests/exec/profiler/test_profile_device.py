@@ -4,12 +4,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import subprocess
 import sys
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from helpers import one_line, run_main
 
 torch = pytest.importorskip("torch")
 
@@ -175,9 +176,8 @@ def test_the_ring_fit_recovers_the_model_it_fits():
 def test_a_device_it_cannot_measure_is_refused_in_one_line(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    r = subprocess.run([sys.executable, "-m", "exec.profile_device", "--out", str(tmp_path / "x.json"),
-                        "--backend", "nccl"], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "CUDA" in r.stderr
+    one_line(run_main(pd.main, "--out", str(tmp_path / "x.json"), "--backend", "nccl"), 2, "CUDA")
+    assert not (tmp_path / "x.json").exists()
 
 
 @pytest.mark.slow
@@ -308,3 +308,11 @@ def test_the_bench_reads_its_shapes_and_refuses_a_bad_one_in_one_line(tmp_path, 
     monkeypatch.setattr(bench, "grid", lambda cores, pp, quick, schedules, recomputes, shapes: seen.append(shapes) or [])
     bench.main(["--profile", str(path), "--shape", "6,96,3,48,768"])
     assert seen == [[dict(layers=6, hidden=96, heads=3, seq=48, vocab=768)]]
+
+
+@pytest.mark.parametrize("out, words", [("/proc/x.json", "cannot write to /proc"),
+                                        ("{file}/x.json", "is a file, not a folder"),
+                                        ("{tmp}", "is a folder; give a file name")])
+def test_the_profiler_checks_its_output_before_measuring(out, words, tmp_path):
+    (tmp_path / "f").write_text("")
+    one_line(run_main(pd.main, "--out", out.format(file=tmp_path / "f", tmp=tmp_path)), 2, words)

@@ -307,3 +307,9 @@ def test_planner_finds_the_sagemaker_row_and_no_slower_best(row):
     assert len(only) == 1 and only[0].step_time == pytest.approx(ref.step_time, rel=1e-12)
     wider = plan.search(r.model, sagemaker.GPU, r.gpus, r.global_batch, top=1, **same)
     assert same_time(wider[0].step_time) <= same_time(ref.step_time)  # as rank_key ranks
+
+
+def test_plan_counts_add_up_when_some_fit():
+    found = plan.search("megatron-1.7b", "a100-80gb", 16, 64, top=3)
+    fit = found.simulated - found.dropped_configs["does not fit (simulated)"]
+    assert sum(found.dropped_configs.values()) + fit == found.enumerated

@@ -157,3 +157,19 @@ def test_bytes_that_are_not_exact_in_floating_point_do_not_stall_it(p):
     for limit in (p * a, 2 * p * a):
         r = sim.simulate(sim.make_schedule("zb-auto", p, 2 * p, costs=c, memory_limit=limit), c)
         assert max(r.peak_memory) <= limit * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("p, m, limit", [(4, 12, 4.0), (4, 12, 7.0), (3, 9, 2.0), (5, 10, 9.0)])
+def test_zb_auto_with_a_budget_fits_and_beats_split_1f1b(p, m, limit):
+    costs = sim.Costs(forward=1.0, backward_input=1.1, backward_weight=0.7)
+    c = costs.for_stages(p)
+    full = sim.simulate(zb_auto(p, m, costs=costs, memory_limit=limit), costs).makespan
+    for runs in (2, 3, 8):
+        s = zb_auto(p, m, costs=costs, memory_limit=limit, max_runs=runs)
+        assert schedule_peak(s, c) <= limit * (1 + 1e-9)
+        span = sim.simulate(s, costs).makespan
+        assert full <= span + 1e-9  # the whole family is never worse
+        if schedule_peak(split_1f1b(p, m), c) <= limit:  # a candidate it always tries
+            assert span <= sim.simulate(split_1f1b(p, m), costs).makespan + 1e-9
+    with pytest.raises(sim.ScheduleError, match="max_runs must be an integer >= 2"):
+        zb_auto(p, m, costs=costs, memory_limit=limit, max_runs=1)
