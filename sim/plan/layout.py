@@ -4,8 +4,8 @@
 fields, with its default here, and the planner's search enumerates it (`sim.plan.space`):
 
     >>> lay = Layout(tp=8, pp=4, dp=2, cp=2, global_batch=64)
-    >>> lay.gpus, lay.replicas, lay.micro_batches, Layout(dp=4, micro_batch=2).global_batch
-    (128, 4, 32, 8)
+    >>> lay.gpus, lay.replicas, lay.micro_batches, lay.nics_per_node, Layout(dp=4, micro_batch=2).global_batch
+    (128, 4, 32, 8, 8)
 
 Its fields come in three groups: the nodes (GPUs a node, NICs a node; the device profile is
 `estimate`'s `gpu`); how the model and the batch are split (tp, pp, dp, cp and how cp
@@ -57,8 +57,8 @@ CP_COMMS = ("p2p", "a2a")  # ring attention's K/V exchange, or Ulysses' all-to-a
 @dataclass(frozen=True)
 class Layout:
     """How a run is split over its GPUs and what its step computes: the arguments of
-    `sim.estimate`, each declared once here with its default. `global_batch` None is one
-    micro-batch per replica, `schedule` any spelling
+    `sim.estimate`, each declared once here with its default. `nics_per_node` None is one a
+    GPU (kept as gpus_per_node), `global_batch` None one micro-batch per replica, `schedule` any spelling
     `sim.make_schedule` takes (kept canonical), `partition` counts as a tuple."""
     # the nodes the GPUs sit in (`sim.hardware.topology`)
     gpus_per_node: int = 8
@@ -94,6 +94,8 @@ class Layout:
 
     def __post_init__(self):
         set_ = object.__setattr__
+        if self.nics_per_node is None:
+            set_(self, "nics_per_node", self.gpus_per_node)
         if self.global_batch is None and all(_whole(n) for n in (self.dp, self.micro_batch)):
             set_(self, "global_batch", self.dp * self.micro_batch)
         if not (isinstance(self.schedule, str) and self.schedule in SCHEDULES):
@@ -157,7 +159,7 @@ def check_layout(model: Transformer, profile: DeviceProfile, lay: Layout) -> lis
     """Raise ValueError (one line, naming the fix) for a layout that cannot run; return the
     warnings for one that runs badly."""
     for name in ("tp", "pp", "dp", "cp", "micro_batch", "global_batch", "gpus_per_node", "nics_per_node"):
-        if not (name == "nics_per_node" and lay.nics_per_node is None or _whole(getattr(lay, name))):
+        if not _whole(getattr(lay, name)):
             raise ValueError(f"{name} must be a positive int, got {getattr(lay, name)!r}")
     check_recompute(lay.recompute)
     stages = lay.pp * (lay.virtual if isinstance(lay.virtual, int) else lookup(lay.schedule)[1].virtual)

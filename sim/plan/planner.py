@@ -162,18 +162,20 @@ class Plan:
 # ----------------------------------------------------------------------------- the search
 
 def _best_first(configs: list[Layout], bounds: Bounds, memory: float, limit: Callable[[], float],
-                dropped: Counter) -> Iterator[tuple[int, Layout, int]]:
+                dropped: Counter, waiting: Callable[[int], None] = lambda n: None) -> Iterator[tuple[int, Layout, int]]:
     """Yield (index, configuration, how many still wait) in the order of their step-time
     bounds, each once its tightest bound still comes first, until the next bound exceeds
     `limit()`: then so do all the others', and they are dropped. A heap of (bound, index,
     level): a configuration enters with `Bounds.average` (if its schedule-free memory bound
     fits), and as it comes to the front its memory is bounded with its schedule and its
-    step-time bound tightened, one level of `_TIGHTER` at a time."""
+    step-time bound tightened, one level of `_TIGHTER` at a time. `waiting(n)` hears how many
+    still wait as each is dropped (a progress bar moves while nothing is simulated)."""
     memory *= 1 + _ROUNDING
     queue = []
     for index, config in enumerate(configs):
         if bounds.memory_average(config) > memory:
             dropped[_MEMORY] += 1
+            waiting(len(configs) - dropped[_MEMORY])
         else:
             queue.append((bounds.average(config), index, 0))
     heapq.heapify(queue)
@@ -186,6 +188,7 @@ def _best_first(configs: list[Layout], bounds: Bounds, memory: float, limit: Cal
         config = configs[index]
         if level == 0 and bounds.memory(config) > memory:
             dropped[_MEMORY] += 1
+            waiting(len(queue))
         elif level < len(_TIGHTER) and (level == 0 or limit() < math.inf):
             # (the unit-cost simulation only once there is a limit to compare it with)
             heapq.heappush(queue, (max(bound, getattr(bounds, _TIGHTER[level])(config)), index, level + 1))
@@ -277,7 +280,11 @@ def search(model: Transformer | str, gpu: DeviceProfile | GPU | str, gpus: int, 
     total = len(configs)
     if progress is not None:
         progress(0, total)
-    for _, config, waiting in _best_first(configs, bounds, usable, limit, dropped):
+    def settled(waiting: int) -> None:  # what no longer waits: dropped or simulated
+        if progress is not None:
+            progress(total - waiting, total)
+
+    for _, config, waiting in _best_first(configs, bounds, usable, limit, dropped, settled):
         try:
             est = _estimate(steps, config)
         except (ValueError, ScheduleError) as err:

@@ -222,11 +222,16 @@ def _schedule_chunks(model: Transformer, pp: int, micro_batches: int, names: Seq
 
 def configurations(model: Transformer, gpus: int, global_batch: int, *, schedules=None, recompute=None, zero=None,
                    sequence_parallel=None, virtual=None, reshard_after_forward=None, max_virtual: int = MAX_VIRTUAL,
-                   ep=None, expert_tp=None, run: Layout = Layout(),
+                   ep=None, expert_tp=None, run: Layout | None = None,
                    dropped: Counter | None = None, **layout_limits) -> list[Layout]:
     """Every configuration of the search space (see the module's docstring): `run` with the
-    `SEARCHED` fields of each, and `global_batch` (and `gpus_per_node`, where given)."""
-    run = run.changed(global_batch=global_batch, gpus_per_node=layout_limits.pop("gpus_per_node", run.gpus_per_node))
+    `SEARCHED` fields of each, and `global_batch` (without `run`: the defaults, on nodes of
+    `gpus_per_node`)."""
+    if run is None:
+        run = Layout(gpus_per_node=layout_limits.pop("gpus_per_node", 8))
+    elif layout_limits.pop("gpus_per_node", run.gpus_per_node) != run.gpus_per_node:
+        raise ValueError(f"gpus_per_node is the run's, {run.gpus_per_node}; give it once")
+    run = run.changed(global_batch=global_batch)
     dropped = Counter() if dropped is None else dropped
     names = [lookup(name)[0] for name in _choices("schedules", schedules, DEFAULT_SCHEDULES)]
     recomputes = _choices("recompute", recompute, RECOMPUTE)

@@ -173,7 +173,7 @@ def test_pruned_search_ranks_as_an_exhaustive_loop(problem, top, room, rnd):
     m, gpu, gpus, batch, per_node = problem
     space = dict(schedules=rnd.sample(plan_space.DEFAULT_SCHEDULES, 4), recompute=rnd.sample(RECOMPUTE, 2),
                  max_micro_batch=2, gpus_per_node=per_node)
-    configs = plan_space.configurations(m, gpus, batch, run=Layout(memory_headroom=0, nics_per_node=per_node), **space)
+    configs = plan_space.configurations(m, gpus, batch, run=Layout(memory_headroom=0, gpus_per_node=per_node), **space)
     everything = []
     for i, c in enumerate(configs):
         try:
