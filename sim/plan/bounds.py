@@ -66,9 +66,10 @@ def _shape(model: Transformer, steps: Steps, lay: Layout) -> _Shape:
     # the I/W-split 1F1B's, one of its candidates; any other is the estimate's own (`Steps.schedule`)
     sched = split_1f1b(lay.pp, lay.micro_batches) if lay.schedule == "zb-auto" else steps.schedule(lay)
     counts, paired = [Counter() for _ in range(sched.stages)], [Counter() for _ in range(sched.stages)]
-    for prog in sched.programs:
+    for (stage, kind), n in Counter((a.stage, a.kind) for prog in sched.programs for a in prog).items():
+        counts[stage][kind] = n
+    for prog in sched.programs if sched.has_pairs else ():
         for i, a in enumerate(prog):
-            counts[a.stage][a.kind] += 1
             if a.kind is Kind.OVERLAP_F_B:  # the F after the mark and the backward it names: a pair
                 for b in prog[i + 1:i + 3]:
                     paired[b.stage][b.kind] += 1

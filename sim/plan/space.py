@@ -231,7 +231,7 @@ def configurations(model: Transformer, gpus: int, global_batch: int, *, schedule
         run = Layout(gpus_per_node=layout_limits.pop("gpus_per_node", 8))
     elif layout_limits.pop("gpus_per_node", run.gpus_per_node) != run.gpus_per_node:
         raise ValueError(f"gpus_per_node is the run's, {run.gpus_per_node}; give it once")
-    run = run.changed(global_batch=global_batch)
+    run = run.changed(global_batch=global_batch).keywords()  # each configuration: these, and its own
     dropped = Counter() if dropped is None else dropped
     names = [lookup(name)[0] for name in _choices("schedules", schedules, DEFAULT_SCHEDULES)]
     recomputes = _choices("recompute", recompute, RECOMPUTE)
@@ -248,7 +248,7 @@ def configurations(model: Transformer, gpus: int, global_batch: int, *, schedule
         raise ValueError(f"reshard_after_forward must be True or False (or both); got {reshard_after_forward!r}")
     out = []
     for tp, pp, dp, micro_batch, cp in layouts(model, gpus, global_batch, dropped=dropped,
-                                               gpus_per_node=run.gpus_per_node, **layout_limits):
+                                               gpus_per_node=run["gpus_per_node"], **layout_limits):
         micro_batches = global_batch // (dp * micro_batch)
         # ZeRO 1-3 shard over the replicas; 2 only without pipelining (`layout.check_layout`); 3 with
         # pp > 1 is FSDP's gathers and reduce-scatters as actions on the step (`sim.add_fsdp`)
@@ -263,9 +263,10 @@ def configurations(model: Transformer, gpus: int, global_batch: int, *, schedule
             if stage >= 2 and SCHEDULES[name].pipelines > 1:  # DualPipe's copies: zero <= 1 (`layout.check_layout`)
                 continue
             for reshard, overlap in itertools.product(_reshards(stage, pp, chunks, reshards), _overlaps(model, name)):
-                out.append(run.changed(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, schedule=name, virtual=chunks,
-                                       recompute=mode, zero=stage, sequence_parallel=sp, cp=cp, ep=ep_,
-                                       expert_tp=etp, reshard_after_forward=reshard, overlap=overlap))
+                out.append(Layout(**{**run, "tp": tp, "pp": pp, "dp": dp, "micro_batch": micro_batch, "schedule": name,
+                                     "virtual": chunks, "recompute": mode, "zero": stage, "sequence_parallel": sp,
+                                     "cp": cp, "ep": ep_, "expert_tp": etp, "reshard_after_forward": reshard,
+                                     "overlap": overlap}))
     if not out and (ep is not None or expert_tp is not None):
         raise ValueError(f"the given ep and expert_tp fold onto no layout of {gpus} GPUs: expert_tp x ep must "
                          f"divide the tp x cp x dp GPUs of a stage and expert_tp an expert's width {model.expert_ffn}")
