@@ -40,13 +40,14 @@ COMMANDS = {
     "gpt3-175b, 1,048,576 A100s": ("--model gpt3-175b --gpu a100-80gb --gpus 1048576 --global-batch 2097152 "
                                    "--no-figures", None),
 }
-# The last `--commands` table (2 cores shared with other work, load about 1; medians of 3 runs, wall seconds):
-# before is commit 30b8c4c's sim.plan, after this file's commit.
+# The last `--commands` table, 2026-12-02 on the 2-core development machine shared with other work (load 1.8-2.6):
+# medians of 3 runs, wall seconds, before (commit 30b8c4c's sim.plan) and after alternating; the first settled
+# configuration is reported within 0.5 s in each.
 RECORDED = """
 command                      before s  after s  target s
-gpt3-175b, 1024 A100s           13.6     12.1       5
-deepseek-v3, 2048 H100s         16.3      (see below)   10
-gpt3-175b, 1,048,576 A100s     ~280      18.0      (progress within 5 s)
+gpt3-175b, 1024 A100s            16.0     13.4         5
+deepseek-v3, 2048 H100s          22.0     18.7        10
+gpt3-175b, 1,048,576 A100s       ~280     18-25        -   (before: issue 47's "0/N settled" for 280 s)
 """
 
 
@@ -62,6 +63,7 @@ def time_commands(runs: int) -> None:
             walls.append(time.perf_counter() - start)
         shown = "-" if target is None else f"{target:g}"
         print(f"{name:<28} {statistics.median(walls):>8.1f} {shown:>8}", flush=True)
+    print(f"\nlast recorded (RECORDED):{RECORDED}", end="")
 
 
 def run(case: dict, runs: int) -> tuple[int, int, float, float]:
