@@ -248,16 +248,65 @@ def _slowness(g: Group) -> tuple:
     return (not g.network, g.per_node, -g.nodes)
 
 
+def _residues(terms, n: int) -> list[int]:
+    """The sums of stride x k (k < size) over `terms` (stride, size), modulo n."""
+    out = {0}
+    for stride, size in terms:
+        out = {(x + stride * k) % n for x in out for k in range(min(size, n))}
+    return sorted(out)
+
+
+def _pattern(topo: Topology, axis: str) -> tuple[list[int], list[tuple[int, int]], bool]:
+    """A group of `axis` as its first rank plus offsets, the same for every group: the offsets,
+    the (stride, size) terms whose sums are the first ranks within a pipeline device, and whether
+    the axis varies the pipeline device itself (else the first ranks repeat on every device)."""
+    tp, cp, dp, pp = topo.tp, topo.cp, topo.dp, topo.pp
+    axes = {"t": (1, tp), "c": (tp, cp), "d": (tp * cp, dp), "p": (tp * cp * dp, pp)}
+    if axis in ("ep", "expert_tp", "edp"):
+        stage, etp, ep = tp * cp * dp, topo.expert_tp, topo.ep
+        stride, size = {"expert_tp": (1, etp), "ep": (etp, ep), "edp": (etp * ep, topo.edp)}[axis]
+        return [stride * k for k in range(size)], [(1, stride), (stride * size, stage // (stride * size))], False
+    if axis == "embedding":
+        return ([0, (pp - 1) * axes["p"][0]] if pp > 1 else [0]), [axes[a] for a in "tcd"], True
+    varying = {"tp": "t", "cp": "c", "dp": "d", "dp_cp": "dc", "pp": "p"}[axis]
+    return _residues_exact([axes[a] for a in varying]), [axes[a] for a in "tcd" if a not in varying], "p" in varying
+
+
+def _representatives(topo: Topology, axis: str) -> list[tuple[int, ...]]:
+    """Groups of `axis` that sit on the nodes as all of its groups do: shifting every rank of a
+    group by a node's GPUs moves it one node on without changing how it sits, so one group for
+    each first rank modulo gpus_per_node (at most gpus_per_node groups, whatever the GPUs)."""
+    if axis not in AXES:
+        return topo.groups(axis)  # its own error
+    offsets, terms, along = _pattern(topo, axis)
+    if not along:
+        terms = [*terms, (topo.tp * topo.cp * topo.dp, topo.pp)]
+    return [tuple(b + o for o in offsets) for b in _residues(terms, topo.gpus_per_node)]
+
+
+def _residues_exact(terms) -> list[int]:
+    """Every sum of stride x k (k < size) over `terms`: a group's offsets."""
+    out = [0]
+    for stride, size in terms:
+        out = [x + stride * k for x in out for k in range(size)]
+    return out
+
+
 @lru_cache(maxsize=4096)
 def _slowest(topo: Topology, axis: str) -> Group:
-    return min((topo.placed(g) for g in topo.groups(axis)), key=_slowness)
+    return min((topo.placed(g) for g in _representatives(topo, axis)), key=_slowness)
 
 
 @lru_cache(maxsize=4096)
 def _mirrored(topo: Topology, axis: str) -> Group:
     stride = topo.gpus // topo.pp  # the ranks of one pipeline device
-    groups = [g + tuple(r + (topo.pp - 1 - 2 * (g[0] // stride)) * stride for r in g)
-              for g in topo.groups(axis) if 2 * (g[0] // stride) < topo.pp - 1]
+    offsets, terms, along = _pattern(topo, axis) if axis in AXES else (None, None, True)
+    if along:
+        groups = [g + tuple(r + (topo.pp - 1 - 2 * (g[0] // stride)) * stride for r in g)
+                  for g in topo.groups(axis) if 2 * (g[0] // stride) < topo.pp - 1]
+    else:  # on each device p, one group per first rank modulo a node (`_representatives`), and its mirror
+        groups = [tuple(p * stride + b + o + m * (topo.pp - 1 - 2 * p) * stride for m in (0, 1) for o in offsets)
+                  for p in range(topo.pp) if 2 * p < topo.pp - 1 for b in _residues(terms, topo.gpus_per_node)]
     return topo.slowest(groups) if groups else topo.group(axis)
 
 
@@ -266,14 +315,16 @@ def _send(topo: Topology, a: int, b: int) -> Group:
     for p in (a, b):
         if not (isinstance(p, int) and 0 <= p < topo.pp):
             raise ValueError(f"pipeline devices are 0..{topo.pp - 1}; got {p!r}")
-    crosses = any(topo.node(topo.rank(t, d, a, c)) != topo.node(topo.rank(t, d, b, c))
-                  for d in range(topo.dp) for c in range(topo.cp) for t in range(topo.tp))
+    stage = topo.tp * topo.cp * topo.dp  # a stage's ranks, one per first rank modulo a node (`_representatives`)
+    firsts = [a * stage + x for x in _residues([(1, topo.tp), (topo.tp, topo.cp), (topo.tp * topo.cp, topo.dp)],
+                                               topo.gpus_per_node)]
+    crosses = any(topo.node(r) != topo.node(r + (b - a) * stage) for r in firsts)
     return _network_send(topo) if crosses else one_node(2)
 
 
 @lru_cache(maxsize=4096)
 def _ring_send(topo: Topology, axis: str) -> Group:
-    groups = topo.groups(axis)
+    groups = _representatives(topo, axis)
     if len(groups[0]) == 1:
         return one_node(1)
     crosses = any(topo.node(a) != topo.node(b) for g in groups for a, b in zip(g, g[1:] + g[:1]))

@@ -12,18 +12,18 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 from sim.engine.costs import Costs, StageCosts
 from sim.simulation import simulate
 from sim.cost.data_parallel import fsdp_as_actions, optimizer_time, stage_params
-from sim.cost.ends import end_times
 from .experts import layer_activations, moe_optimizer_time, moe_layers, split_params, state_bytes
 from .copies import repeat_costs
-from .layout import Layout, layout_slice
-from .stage_costs import layer_times_of_kinds, partition_layers, stage_costs
-from sim.model.footprint import DEFAULT_OPTIMIZER, optimizer_step_bytes, state_bytes_per_param
-from sim.hardware.profile import DeviceProfile, resolve
+from .layout import Layout
+from .stage_costs import partition_layers
+from .steps import Steps
+from sim.model.footprint import optimizer_step_bytes, state_bytes_per_param
+from sim.hardware.profile import DeviceProfile
 from sim.schedule.ir import Schedule
 from sim.hardware.kernels import memory_time
 from sim.schedule.kinds import KINDS, Kind
@@ -31,12 +31,8 @@ from sim.schedule.liveness import held
 from sim.cost.layer import Slice
 from sim.cost.slice import per_rank
 from sim.search.partition import even
-from sim.schedule.registry import make_schedule
 from sim.model.transformer import Transformer
 from sim.schedule.zerobubble import split_1f1b
-
-if TYPE_CHECKING:
-    from .space import Config
 
 
 # Schedules that `sim.estimate` builds under the run's own costs (`sim.plan.estimation.build_schedule`):
@@ -64,21 +60,21 @@ class _Shape:
         return [pick([per_stage[s] for s in stages]) for stages in self.stages_of]
 
 
-def _shape(model: Transformer, key: tuple) -> _Shape:
+def _shape(model: Transformer, steps: Steps, lay: Layout) -> _Shape:
     # zb-auto's own order is searched under the run's costs (minutes for hundreds of
     # micro-batches): what the bounds read of it (placement, the computes per stage) is
-    # the I/W-split 1F1B's, one of its candidates
-    pairs = {"overlap": True} if key[4] else {}  # the schedule's overlapped pairs (`Config.overlap`)
-    sched = split_1f1b(*key[1:3]) if key[0] == "zb-auto" else make_schedule(*key[:4], **pairs)
+    # the I/W-split 1F1B's, one of its candidates; any other is the estimate's own (`Steps.schedule`)
+    sched = split_1f1b(lay.pp, lay.micro_batches) if lay.schedule == "zb-auto" else steps.schedule(lay)
     counts, paired = [Counter() for _ in range(sched.stages)], [Counter() for _ in range(sched.stages)]
-    for prog in sched.programs:
+    for (stage, kind), n in Counter((a.stage, a.kind) for prog in sched.programs for a in prog).items():
+        counts[stage][kind] = n
+    for prog in sched.programs if sched.has_pairs else ():
         for i, a in enumerate(prog):
-            counts[a.stage][a.kind] += 1
             if a.kind is Kind.OVERLAP_F_B:  # the F after the mark and the backward it names: a pair
                 for b in prog[i + 1:i + 3]:
                     paired[b.stage][b.kind] += 1
     stages_of = [[s for s, r in enumerate(sched.placement) if r == d] for d in range(sched.ranks)]
-    if key[0] in _COST_DEPENDENT:  # the estimate's order may differ: only what every order has
+    if lay.schedule in _COST_DEPENDENT:  # the estimate's order may differ: only what every order has
         last, most = [None] * sched.ranks, [1] * sched.ranks
     else:
         last, most = [prog[-1].kind for prog in sched.programs], held(sched)
@@ -89,78 +85,56 @@ def _shape(model: Transformer, key: tuple) -> _Shape:
 
 
 class Bounds:
-    """Lower bounds on a configuration's peak memory and step time (see the module's
-    docstring and docs/planner.md, "Planner"), cached by what they depend on. The memory
-    bound and `schedule_time` take the layers of each stage from `sim.search.partition.even`, as
-    `sim.estimate` does; with another partition, only the averages over the devices."""
+    """Lower bounds on a layout's peak memory and step time (see the module's docstring and
+    docs/planner.md, "Planner"), cached by what they depend on, from the estimator's own steps
+    (`steps`, shared with the estimates of a search). The memory bound and `schedule_time` take
+    the layers of each stage from `sim.search.partition.even`, as `sim.estimate` does; with
+    another partition, only the averages over the devices."""
 
-    def __init__(self, model: Transformer, profile: DeviceProfile, global_batch: int, precision: str,
-                 gpus_per_node: int,
-                 partition="even", nics_per_node: int | None = None, optimizer: str = DEFAULT_OPTIMIZER):
-        self.model, self.profile, self.batch = model, resolve(profile), global_batch
-        self.precision, self.gpn, self.optimizer = precision, gpus_per_node, optimizer
-        self.nics = gpus_per_node if nics_per_node is None else nics_per_node
-        self.partition = partition if isinstance(partition, str) else tuple(partition)
-        self.even = partition == "even"
-        self.params = model.params()
-        self.sparse = model.moe is not None  # a mixture of experts (`model.moe` makes its record anew each time)
+    def __init__(self, model: Transformer | str, profile: DeviceProfile | str, steps: Steps | None = None):
+        self.steps = Steps(model, profile) if steps is None else steps
+        self.model, self.profile = self.steps.model, self.steps.profile
+        self.params = self.model.params()
+        self.sparse = self.model.moe is not None  # a mixture of experts (`model.moe` makes its record anew each time)
         # the routed experts' parameters, all MoE layers' (0 for a dense model)
-        self.experts = model.moe_layers * model.moe.params(model.hidden)["routed"] if self.sparse else 0.0
-        self._layer, self._ends, self._shape, self._unit, self._act, self._slices = {}, {}, {}, {}, {}, {}
-        self._costs = {}
+        self.experts = self.model.moe_layers * self.model.moe.params(self.model.hidden)["routed"] if self.sparse else 0.0
+        self._shape, self._unit, self._act, self._costs = {}, {}, {}, {}
 
-    def _layout(self, config: Config) -> Layout:
-        return Layout(global_batch=self.batch, precision=self.precision, gpus_per_node=self.gpn,
-                      partition=self.partition, nics_per_node=self.nics, optimizer=self.optimizer,
-                      **config.kwargs())
+    def layers(self, config: Layout):
+        """A dense layer's and a MoE layer's times (`Steps.layers`)."""
+        return self.steps.layers(config)
 
-    def _slice(self, config: Config) -> Slice:
-        """How a GPU holds a layer (`layout.layout_slice`): by the sizes that place its groups."""
-        key = (config.tp, config.pp, config.dp, config.cp, config.micro_batch, config.sequence_parallel, config.ep,
-               config.expert_tp)
-        if key not in self._slices:
-            self._slices[key] = layout_slice(self._layout(config))
-        return self._slices[key]
-
-    def layers(self, config: Config):
-        """A dense layer's and a MoE layer's times (`sim.plan.stage_costs.layer_times_of_kinds`)."""
-        piece = self._slice(config)
-        key = (piece, config.recompute)
-        if key not in self._layer:
-            self._layer[key] = layer_times_of_kinds(self.model, self.profile, piece, config.recompute)
-        return self._layer[key]
-
-    def layer(self, config: Config):
+    def layer(self, config: Layout):
         return self.layers(config)[0]
 
-    def _key(self, config: Config) -> tuple:
-        return config.schedule, config.pp, self.batch // (config.dp * config.micro_batch), config.virtual, config.overlap
+    def _key(self, config: Layout) -> tuple:
+        return config.schedule, config.pp, config.micro_batches, config.virtual, config.overlap
 
-    def shape(self, config: Config) -> _Shape:
+    def shape(self, config: Layout) -> _Shape:
         key = self._key(config)
         if key not in self._shape:
-            self._shape[key] = _shape(self.model, key)
+            self._shape[key] = _shape(self.model, self.steps, config)
         return self._shape[key]
 
-    def _activations(self, config: Config) -> tuple[float, float]:
+    def _activations(self, config: Layout) -> tuple[float, float]:
         """One micro-batch's activations of one dense layer and one MoE layer (0 for a dense
         model) on one GPU (s/cp of the sequence; under FP8: BF16's less the Linears' inputs saved
         in FP8, `sim.cost.fp8`): `stage_costs`'s own count (`sim.plan.experts.layer_activations`)."""
         key = (config.micro_batch, config.tp, config.cp, config.sequence_parallel, config.recompute, config.ep,
-               config.expert_tp)  # all they depend on
+               config.expert_tp, config.precision)  # all they depend on
         if key not in self._act:
-            lay, fp8 = self._layout(config), self.precision == "fp8"
-            dense, _, moe = layer_activations(per_rank(self.model, Slice(config.micro_batch, cp=config.cp)), lay,
-                                              "bf16" if fp8 else self.precision)
+            kept = "bf16" if config.precision == "fp8" else config.precision
+            dense, _, moe = layer_activations(per_rank(self.model, Slice(config.micro_batch, cp=config.cp)), config,
+                                              kept)
             self._act[key] = dense, moe
         return self._act[key]
 
-    def _least_activations(self, config: Config) -> float:
+    def _least_activations(self, config: Layout) -> float:
         """The fewer bytes of a dense and a MoE layer's activations (a dense model: its layer's)."""
         dense, moe = self._activations(config)
         return min(dense, moe) if self.sparse else dense
 
-    def _static_average(self, config: Config) -> float:
+    def _static_average(self, config: Layout) -> float:
         """The average device's weights, gradients and optimizer state: the stages' dense
         parameters sum to the model's over tp, its experts' over ep x expert_tp, each with its
         own ZeRO shard (`sim.plan.experts`)."""
@@ -169,47 +143,47 @@ class Bounds:
             return self.params.total / (config.tp * config.pp) * per
         experts = self.experts
         edp = config.tp * config.cp * config.dp // (config.ep * config.expert_tp)
-        per_expert = sum(state_bytes_per_param(self.precision, config.zero, edp, self.optimizer).values())
+        per_expert = sum(state_bytes_per_param(config.precision, config.zero, edp, config.optimizer).values())
         return ((self.params.total - experts) / config.tp * per
                 + experts / (config.ep * config.expert_tp) * per_expert) / config.pp
 
-    def _per_param(self, config: Config) -> float:
+    def _per_param(self, config: Layout) -> float:
         """Bytes a parameter takes on a GPU that holds it: weights, gradients and optimizer
         state, sharded as the ZeRO stage says (`sim.model.footprint`); under FSDP (zero=3 with
         pp > 1) the gradients whole until their stage's reduce-scatter (`stage_costs.fsdp_costs`)."""
-        per = state_bytes_per_param(self.precision, config.zero, config.dp * config.cp, self.optimizer)
+        per = state_bytes_per_param(config.precision, config.zero, config.dp * config.cp, config.optimizer)
         if fsdp_as_actions(config) and config.pp > 1:
-            per = {**per, "grads": state_bytes_per_param(self.precision)["grads"]}
+            per = {**per, "grads": state_bytes_per_param(config.precision)["grads"]}
         return sum(per.values())
 
-    def memory_average(self, config: Config) -> float:
+    def memory_average(self, config: Layout) -> float:
         """The average device's weights, gradients and optimizer state (`_static_average`)
         and, with the even split, one micro-batch's activations of the fewest layers a stage has
         (a device holds at least the one its forward takes in). No schedule needed: the pp * V
         stages are known."""
-        fewest = self.model.layers // (config.pp * config.virtual) if self.even else 0
+        fewest = self.model.layers // (config.pp * config.virtual) if config.partition == "even" else 0
         return self._static_average(config) + fewest * self._least_activations(config)
 
-    def memory(self, config: Config) -> float:
+    def memory(self, config: Layout) -> float:
         """The fullest device holds at least its stages' weights, gradients and optimizer
         state (`sim.cost.data_parallel.stage_params`, `sim.model.footprint`) and, at its peak, its most
         chunks held times its smallest chunk's activations (under FSDP, with its smallest
         stage's parameters gathered)."""
         average = self.memory_average(config)
-        if not self.even or average > self.profile.memory:
+        if config.partition != "even" or average > self.profile.memory:
             return average
         shape, (act, moe_act) = self.shape(config), self._activations(config)
         static = shape.per_device(self._stage_static(config, shape))
         if fsdp_as_actions(config) and config.pp > 1:  # FSDP: a device computes a stage only gathered, its
             params = stage_params(self.model, shape.layers, config.tp, shape.schedule.placement)  # activations
-            weight = state_bytes_per_param(self.precision)["weights"]  # peaking as a forward ends, before its RESHARD
+            weight = state_bytes_per_param(config.precision)["weights"]  # peaking as a forward ends, before its RESHARD
             static = [s + g for s, g in zip(static, shape.per_device([p * weight for p in params], min))]
         copies = shape.schedule.pipelines  # each copy's stages hold the model's MoE layers
         sparse = moe_layers(self.model, shape.layers[:len(shape.layers) // copies]) * copies
         smallest = shape.per_device([(n - k) * act + k * moe_act for n, k in zip(shape.layers, sparse)], min)
         return max(s + h * a for s, h, a in zip(static, shape.held, smallest))
 
-    def _stage_static(self, config: Config, shape: _Shape) -> list[float]:
+    def _stage_static(self, config: Layout, shape: _Shape) -> list[float]:
         """Each stage's weights, gradients and optimizer state on one GPU, as `stage_costs` counts
         them (less FP8's weight copies; with DualPipe's two copies of the model, the estimate's own
         costs, FP8's copies in)."""
@@ -219,25 +193,24 @@ class Bounds:
         if not self.sparse:
             per = self._per_param(config)
             return [p * per for p in stage_params(self.model, shape.layers, config.tp, shape.schedule.placement)]
-        lay = self._layout(config)
-        state = state_bytes(lay, *split_params(self.model, shape.layers, lay, shape.schedule.placement))
+        state = state_bytes(config, *split_params(self.model, shape.layers, config, shape.schedule.placement))
         return [sum(parts) for parts in zip(*state.values())]
 
-    def _optimizer(self, config: Config) -> float:
+    def _optimizer(self, config: Layout) -> float:
         share = config.dp * config.cp if config.zero >= 1 else 1
         updated = self.params.total / (config.tp * config.pp * share)
         if self.sparse:  # the experts over ep x expert_tp, their state over edp
             experts = self.experts
             edp = config.tp * config.cp * config.dp // (config.ep * config.expert_tp) if config.zero >= 1 else 1
             updated += experts / config.pp * (1 / (config.ep * config.expert_tp * edp) - 1 / (config.tp * share))
-        return memory_time(self.profile, updated * optimizer_step_bytes(self.precision, self.optimizer), "optimizer")
+        return memory_time(self.profile, updated * optimizer_step_bytes(config.precision, config.optimizer), "optimizer")
 
-    def average(self, config: Config) -> float:
+    def average(self, config: Layout) -> float:
         """The average device's computes one after another (F + B of the layers for every
         micro-batch; a split I + W is never shorter), then the optimizer step over the
         average device's share. No schedule needed."""
         layer, moe = self.layers(config)
-        micro_batches = self.batch // (config.dp * config.micro_batch)
+        micro_batches = config.micro_batches
         computes = micro_batches * self.model.layers / config.pp * (layer.forward + layer.backward)
         if self.sparse:  # its MoE layers at their F + B and, unless overlapped pairs may hide them, all-to-alls
             sparse, dense = self.model.moe_layers, self.model.layers - self.model.moe_layers
@@ -246,25 +219,20 @@ class Bounds:
                                                     + sparse * (moe.forward + moe.backward + a2a))
         return computes + self._optimizer(config) + self.profile.step_overhead
 
-    def costs(self, config: Config) -> tuple[StageCosts, list[int], Layout]:
-        """The per-stage costs, layers per stage and layout that `sim.estimate` simulates `c`
-        with (its own functions, so the bound follows any change to the estimate)."""
-        shape, (layer, moe), piece, lay = self.shape(config), self.layers(config), self._slice(config), self._layout(config)
-        placement = tuple(shape.schedule.placement)  # the schedule's name aside, what the costs depend on:
-        key = (piece, config.recompute, config.zero, config.pp, config.dp, config.micro_batch, config.ep,
-               config.expert_tp, placement, shape.schedule.pipelines)
+    def costs(self, config: Layout) -> tuple[StageCosts, list[int], Layout]:
+        """The per-stage costs, layers per stage and layout that `sim.estimate` simulates `config`
+        with (its own steps, `Steps.stage_costs`, so the bound follows any change to the estimate)."""
+        shape, (layer, moe) = self.shape(config), self.layers(config)
+        placement, copies = tuple(shape.schedule.placement), shape.schedule.pipelines
+        chain = len(placement) // copies  # one copy's stages, which hold the model (`sim.plan.copies`)
+        layers = partition_layers(self.model.layers, chain, config.partition, moe or layer, self.steps.ends(config))
+        costs, _ = self.steps.stage_costs(config, layers, placement[:chain])
+        key = (id(costs), placement, copies)  # `steps` keeps `costs`: its id names it
         if key not in self._costs:
-            if piece not in self._ends:
-                self._ends[piece] = end_times(self.model, self.profile, piece)
-            ends, copies = self._ends[piece], shape.schedule.pipelines
-            chain = len(placement) // copies  # one copy's stages, which hold the model (`sim.plan.copies`)
-            layers = partition_layers(self.model.layers, chain, self.partition, moe or layer, ends)
-            costs, _ = stage_costs(self.model, self.profile, lay, piece, layer, ends, layers, placement[:chain], moe)
-            costs = repeat_costs(costs, placement, copies)
-            self._costs[key] = costs.for_stages(len(placement)), layers * copies
-        return (*self._costs[key], lay)
+            self._costs[key] = repeat_costs(costs, placement, copies).for_stages(len(placement)), layers * copies
+        return (*self._costs[key], config)
 
-    def time(self, config: Config) -> float:
+    def time(self, config: Layout) -> float:
         """The longest of one path per device d through the step's dependencies: the
         forward of one micro-batch through the stages below d's first (on other devices,
         each hop a transfer; with two copies of the model, DualPipe, the shorter way to one of
@@ -312,7 +280,7 @@ class Bounds:
                                                                             layers[:chain], place)
         return max(self.average(config), longest + optimizer + self.profile.step_overhead)
 
-    def schedule_time(self, config: Config) -> float:
+    def schedule_time(self, config: Layout) -> float:
         """The schedule's makespan with each stage's F, B, I, W at (1, 2, 1, 1) per layer
         and free transfers, times the smallest ratio of a layer's real times to those: a
         makespan is a longest path through the programs' order and the dependencies, so it
@@ -322,7 +290,7 @@ class Bounds:
         the tighter where the dense layers are the faster. A simulation per schedule, pp,
         micro-batches and V (two with experts): asked only of configurations about to be
         simulated."""
-        if not self.even or config.schedule in _COST_DEPENDENT:
+        if config.partition != "even" or config.schedule in _COST_DEPENDENT:
             return self.time(config)
         key, shape, (layer, moe) = self._key(config), self.shape(config), self.layers(config)
         if key not in self._unit:

@@ -9,8 +9,7 @@ The layout is Megatron-LM's: tp-way tensor parallelism inside each layer (within
 unless tp exceeds it), cp-way context parallelism (the sequence split over cp ranks), pp
 pipeline devices each holding `virtual` chunks of contiguous layers, dp data-parallel
 replicas; ranks are numbered tp fastest, then cp, then dp, then pp (Megatron-LM's default
-order). The keywords are the fields of three records (`sim.plan.layout`: `Cluster`,
-`Parallel`, `Run`), which `Layout` composes. Which link each group uses (NVLink, or the nodes' NICs and how many of
+order). The keywords are the fields of one record, `sim.Layout` (`sim.plan.layout`). Which link each group uses (NVLink, or the nodes' NICs and how many of
 them) is `sim.hardware.topology`'s answer, and what a collective or a send over it costs is
 `sim.hardware.network`'s (NCCL's model). Each stage's costs come from the cost layer, `sim.cost`:
 its layers (`sim.cost.layer`), the embedding and output layer on the first and last stage
@@ -22,31 +21,32 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields
 
 from sim.cost.data_parallel import fsdp_as_actions, optimizer_time
-from sim.cost.ends import end_times
-from sim.cost.layer import LayerTimes, Slice
+from sim.cost.layer import LayerTimes
 from sim.simulation import simulate
 from sim.engine.result import Result
 from sim.hardware.gpus import GPU
 from sim.hardware.profile import DeviceProfile, resolve
 from sim.model.layer_layout import from_counts
-from sim.model.footprint import DEFAULT_OPTIMIZER
 from sim.model.transformer import Transformer
 from sim.passes.fsdp import add_fsdp
 from sim.passes.grad_reduce import add_grad_reduce
 from sim.engine.result import reload_waits
 from sim.schedule.ir import Schedule
 from sim.schedule.kinds import Kind
-from sim.schedule.registry import lookup, make_schedule
+from sim.schedule.registry import SCHEDULES
+from sim.limits import check_cells
 
-from .layout import (DEFAULT_HEADROOM, Cluster, Layout, Parallel, Run, check_layout, check_size, layout_slice,
-                     usable_memory)
+from .layout import Layout, cells, check_layout, usable_memory
 from sim.model.registry import find_model, model_name
 from .copies import repeat_costs
 from .experts import moe_optimizer_time
-from .stage_costs import layer_times_of_kinds, memory_caps, memory_parts, offload_costs, partition_layers, stage_costs
+from .stage_costs import memory_caps, memory_parts, offload_costs, partition_layers
+from .steps import Steps
+
+LAYOUT_FIELDS = tuple(f.name for f in fields(Layout))  # estimate's keywords, but the schedule's options
 
 
 @dataclass
@@ -110,69 +110,59 @@ class Estimate:
                 "time_parts": self.time_parts, "warnings": self.warnings}
 
 
-def estimate(model: Transformer | str, gpu: DeviceProfile | GPU | str = "a100-80gb", *, tp: int = 1, pp: int = 1, dp: int = 1,
-             cp: int = 1, micro_batch: int = 1, global_batch: int | None = None, gpus_per_node: int = 8,
-             nics_per_node: int | None = None, schedule: str = "1f1b", virtual: int | None = None,
-             recompute: str = "none", sequence_parallel: bool = False, zero: int = 0, precision: str = "bf16",
-             attention: str | None = None, cp_comm: str = "p2p", overlap_grad_reduce: bool = False, partition="even",
-             tp_overlap: bool = True, offload: bool = False,
-             memory_headroom: float = DEFAULT_HEADROOM, optimizer: str = DEFAULT_OPTIMIZER,
-             reshard_after_forward: bool = True, fsdp_shard: int | None = None, fsdp_unit: str = "layer",
-             ep: int = 1, expert_tp: int = 1,
-             **schedule_options) -> Estimate:
-    """Simulate one training step of `model` on `gpu`s split as given (see `Layout` and the
-    module's docstring); `gpu` is a device profile (`sim.load_profile`), a profile's or GPU
-    preset's name (its default profile, `sim.hardware.profile.DEFAULT_PROFILES`) or a preset `GPU`;
-    `global_batch` defaults to one micro-batch per replica. Raises
-    ValueError naming the fix for a layout that cannot run, or one too large to simulate
-    here (`check_size`). `offload=True` (with
-    recompute="full") copies each micro-batch's checkpointed layer inputs to host memory
-    after its forward and back before its backward, SageMaker's `offload_activations`
-    (`stage_costs.offload_costs`). `nics_per_node` (default `gpus_per_node`: one a GPU, as on a DGX) are the
-    network cards of a node that collectives and sends between nodes share (`sim.hardware.topology`).
-    `memory_headroom` is what each GPU keeps free (a fraction of its memory, or bytes; `fits`
-    compares the peak with the rest: `layout.usable_memory`). `cp` splits the sequence over cp
-    ranks, their attention exchanging K and V in a ring (`cp_comm="p2p"`) or by all-to-alls
-    ("a2a"; `sim.cost.context.context_attention`); `attention` ("flash", "unfused") overrides the
-    model's attention kernel. `optimizer` (a name of `sim.model.footprint.OPTIMIZERS`, those of
-    `exec.run --optimizer`) sets the state each GPU holds and the bytes its step reads and writes.
-    With zero=3 the gathers are FSDP's actions on the step (`sim.add_fsdp`), `reshard_after_forward`
-    is FSDP2's option, `fsdp_unit` what it gathers at once ("layer": each layer, prefetched one
-    ahead, as FSDP2 and Megatron-FSDP wrap a model; "stage": the whole stage, as exec's runtime
-    does), and `fsdp_shard` makes it HSDP, sharded within groups of that many replicas and
-    replicated across them (docs/planner.md, "ZeRO with pipelining"). `ep` and `expert_tp` split a
-    mixture of experts' routed experts over a stage's tp x cp x dp ranks as Megatron-Core folds them, the expert data-parallel
-    size edp = tp cp dp / (expert_tp ep) following (`sim.plan.experts`)."""
-    cluster = Cluster(gpus_per_node=gpus_per_node,
-                      nics_per_node=gpus_per_node if nics_per_node is None else nics_per_node)
-    parallel = Parallel(tp=tp, pp=pp, dp=dp, cp=cp, cp_comm=cp_comm, sequence_parallel=sequence_parallel, zero=zero,
-                        partition=partition if isinstance(partition, str) else tuple(partition),
-                        overlap_grad_reduce=overlap_grad_reduce, tp_overlap=tp_overlap,
-                        reshard_after_forward=reshard_after_forward, fsdp_shard=fsdp_shard, fsdp_unit=fsdp_unit,
-                        ep=ep, expert_tp=expert_tp)
-    run = Run(micro_batch=micro_batch, global_batch=dp * micro_batch if global_batch is None else global_batch,
-              schedule=lookup(schedule)[0], virtual=virtual, recompute=recompute, precision=precision,
-              attention=attention, offload=offload, memory_headroom=memory_headroom,
-              optimizer=optimizer)
-    return estimate_layout(find_model(model), resolve(gpu), Layout.of(parallel, run, cluster), **schedule_options)
-
-
-def estimate_layout(model: Transformer, profile: DeviceProfile, lay: Layout, **schedule_options) -> Estimate:
-    """`estimate`'s steps, on a `Layout` record: check the layout; time one layer and the ends
-    (`sim.cost.layer`, `sim.cost.ends.end_times`); build the schedule; split the layers over its
-    stages; cost each stage; add offloading and the gradient reduction; simulate the step."""
+def estimate(model: Transformer | str, gpu: DeviceProfile | GPU | str = "a100-80gb", **keywords) -> Estimate:
+    """Simulate one training step of `model` on `gpu`s split as the keywords say: each a field
+    of `sim.Layout` (what each means, and its default, is there; see also the module's
+    docstring), or an option of the layout's schedule (`sim.SCHEDULES[name].options`).
+    `gpu` is a device profile (`sim.load_profile`), a profile's or GPU preset's name (its
+    default profile, `sim.hardware.profile.DEFAULT_PROFILES`) or a preset `GPU`. Raises
+    TypeError for a keyword that is neither, ValueError naming the fix for a layout that cannot
+    run, and `sim.limits.StepTooLarge` (a ValueError) for a step too large for this machine's
+    memory. `offload=True` (with recompute="full") copies each micro-batch's checkpointed
+    layer inputs to host memory after its forward and back before its backward, SageMaker's
+    `offload_activations` (`stage_costs.offload_costs`). `memory_headroom` is what each GPU
+    keeps free (`fits` compares the peak with the rest: `layout.usable_memory`). `cp` splits the
+    sequence over cp ranks, their attention exchanging K and V in a ring (`cp_comm="p2p"`) or by
+    all-to-alls ("a2a"; `sim.cost.context.context_attention`). With zero=3 the gathers are FSDP's
+    actions on the step (`sim.add_fsdp`): `reshard_after_forward` is FSDP2's option, `fsdp_unit`
+    what it gathers at once ("layer": each layer, prefetched one ahead, as FSDP2 and
+    Megatron-FSDP wrap a model; "stage": the whole stage, as exec's runtime does), and
+    `fsdp_shard` makes it HSDP (docs/planner.md, "ZeRO with pipelining"). `ep` and `expert_tp`
+    split a mixture of experts' routed experts over a stage's tp x cp x dp ranks as
+    Megatron-Core folds them, the expert data-parallel size edp = tp cp dp / (expert_tp ep)
+    following (`sim.plan.experts`)."""
+    lay, options = layout_of(keywords)
+    model, profile = find_model(model), resolve(gpu)
     warnings = check_layout(model, profile, lay)
-    check_size(lay)
-    if lay.attention is not None:
-        model = replace(model, attention=lay.attention)
-    piece = layout_slice(lay)
-    layer, moe = layer_times_of_kinds(model, profile, piece, lay.recompute, lay.tp_overlap)
-    ends = end_times(model, profile, piece)
-    sched = build_schedule(model, profile, lay, piece, layer, ends, schedule_options, moe)
+    check_cells(cells(lay), hint="give a smaller global batch, a larger micro-batch or more dp")
+    return estimate_layout(Steps(model, profile), lay, warnings, **options)
+
+
+def layout_of(keywords: dict) -> tuple[Layout, dict]:
+    """`estimate`'s keywords as a `Layout` and its schedule's options; TypeError, one line, for
+    a keyword that is neither a field of `Layout` nor an option of the layout's schedule."""
+    lay = Layout(**{k: v for k, v in keywords.items() if k in LAYOUT_FIELDS})
+    options = {k: v for k, v in keywords.items() if k not in LAYOUT_FIELDS}
+    unknown = sorted(set(options) - set(SCHEDULES[lay.schedule].options))
+    if unknown:
+        takes = ", ".join(SCHEDULES[lay.schedule].options) or "none"
+        raise TypeError(f"estimate() got an unexpected keyword argument {unknown[0]!r}: not a field of sim.Layout "
+                        f"({', '.join(LAYOUT_FIELDS)}) nor an option of schedule {lay.schedule!r} ({takes})")
+    return lay, options
+
+
+def estimate_layout(steps: Steps, lay: Layout, warnings: list[str], **schedule_options) -> Estimate:
+    """`estimate`'s steps on a layout `check_layout` passed (with its `warnings`), each taken
+    from `steps`: time one layer and the ends (`sim.cost.layer`, `sim.cost.ends.end_times`);
+    build the schedule; split the layers over its stages; cost each stage; add offloading and
+    the gradient reduction; simulate the step."""
+    model, profile, warnings = steps.model_of(lay), steps.profile, list(warnings)
+    piece, (layer, moe), ends = steps.slice(lay), steps.layers(lay), steps.ends(lay)
+    sched = build_schedule(steps, lay, schedule_options)
     caps = memory_caps(model, profile, lay, piece, layer, ends, sched, moe) if lay.partition == "balanced" else None
     chain = sched.stages // sched.pipelines  # one copy's stages, which hold the model (`sim.plan.copies`)
     layers = partition_layers(model.layers, chain, lay.partition, moe or layer, ends, caps)
-    costs, parts = stage_costs(model, profile, lay, piece, layer, ends, layers, sched.placement[:chain], moe)
+    costs, parts = steps.stage_costs(lay, layers, sched.placement[:chain])
     costs = repeat_costs(costs, sched.placement, sched.pipelines)
     if lay.offload:
         sched, costs = offload_costs(model, profile, lay, layers * sched.pipelines, sched, costs)
@@ -225,21 +215,20 @@ def step_parts(lay: Layout, layer: LayerTimes, layers: list[int], result: Result
     return parts
 
 
-def build_schedule(model: Transformer, profile: DeviceProfile, lay: Layout, piece: Slice, layer: LayerTimes,
-                   ends: dict, options: dict, moe: LayerTimes | None = None):
-    """The layout's schedule. zb-auto searches its order under this run's own costs and the
-    memory the GPU has left after the static bytes and the headroom (unless the options say otherwise)."""
+def build_schedule(steps: Steps, lay: Layout, options: dict) -> Schedule:
+    """The layout's schedule (`Steps.schedule`). zb-auto searches its order under this run's own
+    costs and the memory the GPU has left after the static bytes and the headroom (unless the
+    options say otherwise)."""
     options = dict(options)
     if lay.schedule == "zb-auto" and "costs" not in options:
+        layer, moe = steps.layers(lay)
+        layers = partition_layers(steps.model.layers, lay.pp, lay.partition, moe or layer, steps.ends(lay))
         placement = list(range(lay.pp))
-        layers = partition_layers(model.layers, lay.pp, lay.partition, moe or layer, ends)
-        costs, _ = stage_costs(model, profile, lay, piece, layer, ends, layers, placement, moe)
+        costs, _ = steps.stage_costs(lay, layers, placement)
         per_stage = costs.for_stages(lay.pp)
-        room = usable_memory(profile.memory, lay.memory_headroom) - max(map(per_stage.static_total, placement))
+        room = usable_memory(steps.profile.memory, lay.memory_headroom) - max(map(per_stage.static_total, placement))
         options["costs"] = costs
         if "memory_limit" not in options and room >= max(map(max, per_stage.activation_bytes,
                                                                per_stage.w_activation_bytes)):
             options["memory_limit"] = room
-    return make_schedule(lay.schedule, lay.pp, lay.micro_batches, lay.virtual, **options)
-
-
+    return steps.schedule(lay, **options)

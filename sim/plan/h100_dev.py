@@ -45,7 +45,6 @@ H100's default profile.
 from __future__ import annotations
 
 import csv
-import inspect
 import statistics
 from dataclasses import dataclass, replace
 from functools import cache
@@ -58,7 +57,7 @@ from sim.model.registry import find_model
 from sim.model.layer_layout import parse_layer_layout
 from sim.model.transformer import Transformer
 
-from .estimation import Estimate, estimate
+from .estimation import LAYOUT_FIELDS, Estimate, estimate
 
 DATA = Path(__file__).with_name("data") / "h100_dev.csv"
 MOE_DATA = DATA.with_name("h100_dev_moe.csv")  # the MoE rows' expert columns (sim/plan/data/README.md)
@@ -111,8 +110,8 @@ def release(row: dict) -> str:
 
 
 def planner_takes_cp() -> bool:
-    """Whether `sim.estimate` takes context parallelism (`cp=`)."""
-    return "cp" in inspect.signature(estimate).parameters
+    """Whether `sim.estimate` takes context parallelism (`cp=`: a field of its `Layout`)."""
+    return "cp" in LAYOUT_FIELDS
 
 
 def planner_takes_fp8() -> bool:

@@ -1,24 +1,25 @@
-"""A parallel layout of a training run (Megatron-LM's): the sizes, the choices, and the checks that refuse one that cannot run.
+"""A parallel layout of a training run (Megatron-LM's): one record of its sizes and choices, and the checks that refuse one that cannot run.
 
-Three small records say what a run is, and `Layout` is their composition, flat, as the
-planner's steps read it (`lay.tp`, `lay.micro_batch`, ...):
+`Layout` is the one declaration of what a run is: every keyword of `sim.estimate` is one of its
+fields, with its default here, and the planner's search enumerates it (`sim.plan.space`):
 
-    >>> lay = Layout.of(Parallel(tp=8, pp=4, dp=2, cp=2), Run(micro_batch=1, global_batch=64), Cluster())
-    >>> lay.gpus, lay.parallel.cp, lay.run.global_batch, lay.cluster.gpus_per_node
-    (128, 2, 64, 8)
+    >>> lay = Layout(tp=8, pp=4, dp=2, cp=2, global_batch=64)
+    >>> lay.gpus, lay.replicas, lay.micro_batches, lay.nics_per_node, Layout(dp=4, micro_batch=2).global_batch
+    (128, 4, 32, 8, 8)
 
-`Cluster`: the nodes (GPUs a node, NICs a node); the device profile is `estimate`'s `gpu`.
-`Parallel`: how the model and the batch are split (tp, pp, dp, cp and how cp communicates,
-the experts' ep and expert_tp (`sim.plan.experts`), sequence parallelism, the ZeRO stage and FSDP's options, the layers' partition, the overlaps). `Run`: what one
-step computes and keeps (micro-batch, global batch, schedule, chunks, recompute, precision,
-attention, offloading, the memory headroom). A new parameter is one field in one record and
-the same field in `Layout` (`tests/sim/plan/test_layout.py` checks that they match).
+Its fields come in three groups: the nodes (GPUs a node, NICs a node; the device profile is
+`estimate`'s `gpu`); how the model and the batch are split (tp, pp, dp, cp and how cp
+communicates, the experts' ep and expert_tp (`sim.plan.experts`), sequence parallelism, the
+ZeRO stage and FSDP's options, the layers' partition, the overlaps); and what one step
+computes and keeps (micro-batch, global batch, schedule, chunks, the schedule's overlapped
+pairs, recompute, precision, attention, offloading, the memory headroom, the optimizer).
+Checking a layout asks only the model and the device profile, never the machine that plans it
+(`sim.limits` guards this machine's memory at the entry points).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
-from sim.cli import machine_memory
 from sim.cost.data_parallel import FSDP_UNITS
 from sim.cost.fp8 import check_fp8
 from sim.cost.layer import Slice
@@ -35,11 +36,6 @@ from sim.schedule.registry import SCHEDULES, lookup
 # count: the CUDA context (about 0.3-1 GiB a process: pytorch/pytorch#28394, #107667), NCCL's
 # communicator buffers, the caching allocator's fragmentation (docs/planner.md, "Memory headroom").
 DEFAULT_HEADROOM = 0.10
-# What simulating a step takes of this machine's memory, per stage x micro-batch (the engine's
-# records; `sim.plot`'s measure, `sim.limits.BYTES_PER_CELL["table"]`), and the share of
-# the machine's memory a step may take (other work shares it).
-BYTES_PER_CELL = 3_800
-MEMORY_SHARE = 0.5
 # The most stage x micro-batches a planned step may have, for time: 65,536 take 0.94 s to
 # simulate on a 2-core machine (docs/validation.md, "Simulator speed"), so this
 # is about 7 s a configuration, five times the largest published layout's (pp 64 x 1,536).
@@ -59,105 +55,61 @@ CP_COMMS = ("p2p", "a2a")  # ring attention's K/V exchange, or Ulysses' all-to-a
 
 
 @dataclass(frozen=True)
-class Cluster:
-    """The nodes a run's GPUs sit in: GPUs a node, and the network cards a node's collectives
-    and sends share (None: one a GPU, as on a DGX: `sim.hardware.topology`)."""
+class Layout:
+    """How a run is split over its GPUs and what its step computes: the arguments of
+    `sim.estimate`, each declared once here with its default. `nics_per_node` None is one a
+    GPU (kept as gpus_per_node), `global_batch` None one micro-batch per replica, `schedule` any spelling
+    `sim.make_schedule` takes (kept canonical), `partition` counts as a tuple."""
+    # the nodes the GPUs sit in (`sim.hardware.topology`)
     gpus_per_node: int = 8
-    nics_per_node: int | None = None
-
-
-@dataclass(frozen=True)
-class Parallel:
-    """How the model and the batch are split over the GPUs: tp x cp x pp x dp of them
-    (Megatron-LM's order, `sim.hardware.topology`), and how each split communicates."""
+    nics_per_node: int | None = None    # the network cards a node's collectives and sends share (None: one a GPU)
+    # how the model and the batch are split: tp x cp x pp x dp GPUs, Megatron-LM's order
     tp: int = 1
     pp: int = 1
     dp: int = 1
-    cp: int = 1                       # context parallelism: the sequence split over cp ranks
-    cp_comm: str = "p2p"              # "p2p" (ring attention) or "a2a" (Ulysses): CP_COMMS
-    sequence_parallel: bool = False
-    zero: int = 0                     # ZeRO stage over the dp x cp replicas
-    partition: str | tuple = "even"   # the layers over the stages (`stage_costs.partition_layers`)
-    overlap_grad_reduce: bool = False
-    tp_overlap: bool = True
-    reshard_after_forward: bool = True  # zero=3: FSDP2's option (`sim.add_fsdp`)
-    fsdp_shard: int | None = None       # zero=3: HSDP's shard group (None: all dp x cp)
-    fsdp_unit: str = "layer"            # zero=3: what FSDP gathers at once, "layer" or "stage" (FSDP_UNITS)
+    cp: int = 1                         # context parallelism: the sequence split over cp ranks
+    cp_comm: str = "p2p"                # "p2p" (ring attention) or "a2a" (Ulysses): CP_COMMS
     ep: int = 1                         # expert parallelism: the experts over ep of a stage's ranks
     expert_tp: int = 1                  # expert tensor parallelism (ETP): each expert over expert_tp ranks
-
-
-@dataclass(frozen=True)
-class Run:
-    """What one training step computes and keeps: its batch, schedule, recompute, precision,
-    attention kernel (None: the model's), offloading and the memory each GPU keeps free."""
-    micro_batch: int = 1
-    global_batch: int = 1
-    schedule: str = "1f1b"
-    virtual: int | None = None
-    recompute: str = "none"
-    precision: str = "bf16"
-    attention: str | None = None      # "flash" or "unfused" over the model's own; None: the model's
-    offload: bool = False
-    memory_headroom: float = DEFAULT_HEADROOM  # kept free of each GPU's memory (`usable_memory`)
-    optimizer: str = DEFAULT_OPTIMIZER  # a name of sim.model.footprint.OPTIMIZERS (exec.run --optimizer)
-
-
-RECORDS = {"cluster": Cluster, "parallel": Parallel, "run": Run}
-
-
-@dataclass(frozen=True)
-class Layout:
-    """How a run is split: sizes of the parallelisms and of a micro-batch, and the choices; the
-    fields of `Cluster`, `Parallel` and `Run` in one flat record (`Layout.of` composes them,
-    `.cluster`, `.parallel` and `.run` take them apart)."""
-    tp: int = 1
-    pp: int = 1
-    dp: int = 1
-    micro_batch: int = 1
-    global_batch: int = 1
-    schedule: str = "1f1b"
-    virtual: int | None = None
-    recompute: str = "none"
     sequence_parallel: bool = False
-    zero: int = 0
-    precision: str = "bf16"
-    gpus_per_node: int = 8
-    overlap_grad_reduce: bool = False
-    partition: str | tuple = "even"
-    tp_overlap: bool = True
-    offload: bool = False
-    nics_per_node: int | None = None  # None: one a GPU
-    memory_headroom: float = DEFAULT_HEADROOM  # kept free of each GPU's memory (`usable_memory`)
-    optimizer: str = DEFAULT_OPTIMIZER  # a name of sim.model.footprint.OPTIMIZERS (exec.run --optimizer)
-    cp: int = 1
-    cp_comm: str = "p2p"
-    attention: str | None = None
+    zero: int = 0                       # ZeRO stage over the dp x cp replicas
     reshard_after_forward: bool = True  # zero=3: FSDP2's option (`sim.add_fsdp`)
     fsdp_shard: int | None = None       # zero=3: HSDP's shard group (None: all dp x cp)
     fsdp_unit: str = "layer"            # zero=3: what FSDP gathers at once, "layer" or "stage" (FSDP_UNITS)
-    ep: int = 1
-    expert_tp: int = 1
+    partition: str | tuple = "even"     # the layers over the stages (`stage_costs.partition_layers`)
+    overlap_grad_reduce: bool = False
+    tp_overlap: bool = True
+    # what one step computes and keeps
+    micro_batch: int = 1
+    global_batch: int | None = None
+    schedule: str = "1f1b"
+    virtual: int | None = None
+    overlap: bool = False               # the schedule's overlapped forward-backward pairs (rule 18)
+    recompute: str = "none"
+    precision: str = "bf16"
+    attention: str | None = None        # "flash" or "unfused" over the model's own; None: the model's
+    offload: bool = False
+    memory_headroom: float = DEFAULT_HEADROOM  # kept free of each GPU's memory (`usable_memory`)
+    optimizer: str = DEFAULT_OPTIMIZER  # a name of sim.model.footprint.OPTIMIZERS (exec.run --optimizer)
 
-    @classmethod
-    def of(cls, parallel: Parallel, run: Run, cluster: Cluster = Cluster()) -> Layout:
-        """The layout of these records."""
-        return cls(**{f.name: getattr(r, f.name) for r in (cluster, parallel, run) for f in fields(r)})
+    def __post_init__(self):
+        set_ = object.__setattr__
+        if self.nics_per_node is None:
+            set_(self, "nics_per_node", self.gpus_per_node)
+        if self.global_batch is None and all(_whole(n) for n in (self.dp, self.micro_batch)):
+            set_(self, "global_batch", self.dp * self.micro_batch)
+        if not (isinstance(self.schedule, str) and self.schedule in SCHEDULES):
+            set_(self, "schedule", lookup(self.schedule)[0])
+        if not isinstance(self.partition, (str, tuple)):
+            set_(self, "partition", tuple(self.partition))
 
-    def _record(self, kind):
-        return kind(**{f.name: getattr(self, f.name) for f in fields(kind)})
+    def changed(self, **fields_) -> Layout:
+        """This layout with these fields changed (`dataclasses.replace`)."""
+        return replace(self, **fields_)
 
-    @property
-    def cluster(self) -> Cluster:
-        return self._record(Cluster)
-
-    @property
-    def parallel(self) -> Parallel:
-        return self._record(Parallel)
-
-    @property
-    def run(self) -> Run:
-        return self._record(Run)
+    def keywords(self) -> dict:
+        """The layout as `sim.estimate`'s keywords: `sim.estimate(model, gpu, **lay.keywords())` estimates it."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
     @property
     def gpus(self) -> int:
@@ -207,11 +159,8 @@ def check_layout(model: Transformer, profile: DeviceProfile, lay: Layout) -> lis
     """Raise ValueError (one line, naming the fix) for a layout that cannot run; return the
     warnings for one that runs badly."""
     for name in ("tp", "pp", "dp", "cp", "micro_batch", "global_batch", "gpus_per_node", "nics_per_node"):
-        value = getattr(lay, name)
-        if name == "nics_per_node" and value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if not _whole(getattr(lay, name)):
+            raise ValueError(f"{name} must be a positive int, got {getattr(lay, name)!r}")
     check_recompute(lay.recompute)
     stages = lay.pp * (lay.virtual if isinstance(lay.virtual, int) else lookup(lay.schedule)[1].virtual)
     stages //= lay.pipelines  # the stages of one copy of the model, which hold its layers
@@ -225,10 +174,7 @@ def check_layout(model: Transformer, profile: DeviceProfile, lay: Layout) -> lis
     if lay.precision == "fp8":
         check_fp8(profile)
     state_bytes_per_param(lay.precision, lay.zero, lay.replicas, lay.optimizer)
-    for what, n in (("heads", model.heads), ("kv_heads", model.kv_heads), ("ffn", model.ffn), ("vocab", model.vocab)):
-        if n % lay.tp:
-            ok = [d for d in (1, 2, 4, 8, 16, 32, 64) if n % d == 0 and model.heads % d == 0 and model.kv_heads % d == 0]
-            raise ValueError(f"tp={lay.tp} does not divide the model's {n} {what}; use tp in {ok}")
+    check_tp(model, lay.tp)
     check_context(model, lay)
     check_experts(model, lay)
     if lay.global_batch % (lay.dp * lay.micro_batch):
@@ -259,6 +205,9 @@ def check_layout(model: Transformer, profile: DeviceProfile, lay: Layout) -> lis
                          f"offload_activations needs activation checkpointing); set recompute='full', "
                          f"not {lay.recompute!r}")
     usable_memory(profile.memory, lay.memory_headroom)
+    problem = size_problem(lay)
+    if problem:
+        raise ValueError(problem)
     warnings = []
     if lay.topology().group("tp").network:
         warnings.append(f"tp={lay.tp} spans nodes of {lay.gpus_per_node} GPUs: its all-reduces go over the network")
@@ -290,22 +239,35 @@ def check_context(model: Transformer, lay: Layout) -> None:
                              f"tokens over cp={lay.cp}; use cp dividing both, or cp_comm='p2p'")
 
 
-def size_problem(lay: Layout) -> str | None:
-    """One line saying why the layout's step is too large to simulate here (more stages x
-    micro-batches than `MAX_CELLS`, or than `MEMORY_SHARE` of this machine's memory holds),
-    else None."""
+def _whole(n) -> bool:
+    return isinstance(n, int) and not isinstance(n, bool) and n >= 1
+
+
+def divides_model(model: Transformer, tp: int) -> bool:
+    """Whether tensor parallelism of `tp` splits the model's heads, KV heads, MLP width and vocabulary."""
+    return all(n % tp == 0 for n in (model.heads, model.kv_heads, model.ffn, model.vocab))
+
+
+def check_tp(model: Transformer, tp: int) -> None:
+    """ValueError, one line naming the sizes that do, where `tp` does not divide the model (`divides_model`)."""
+    for what, n in (("heads", model.heads), ("kv_heads", model.kv_heads), ("ffn", model.ffn), ("vocab", model.vocab)):
+        if n % tp:
+            ok = [d for d in (1, 2, 4, 8, 16, 32, 64) if n % d == 0 and model.heads % d == 0 and model.kv_heads % d == 0]
+            raise ValueError(f"tp={tp} does not divide the model's {n} {what}; use tp in {ok}")
+
+
+def cells(lay: Layout) -> int:
+    """The layout's stage x micro-batches: what simulating its step keeps a record of, each."""
     virtual = lay.virtual if isinstance(lay.virtual, int) else lookup(lay.schedule)[1].virtual
-    cells = lay.pp * virtual * lay.micro_batches
-    limit = min(MAX_CELLS, int(MEMORY_SHARE * machine_memory() // BYTES_PER_CELL))
-    if cells <= limit:
+    return lay.pp * virtual * lay.micro_batches
+
+
+def size_problem(lay: Layout, limit: int = MAX_CELLS) -> str | None:
+    """One line saying why the layout's step is too large to simulate in seconds (more stages x
+    micro-batches than `limit`, `MAX_CELLS` unless told), else None."""
+    if cells(lay) <= limit:
         return None
-    return (f"step too large to simulate here: pp={lay.pp} x V {virtual} x {lay.micro_batches:,} micro-batches = "
-            f"{cells:,} stage-micro-batches, more than the {limit:,} simulated in seconds within "
-            f"{MEMORY_SHARE:.0%} of this machine's memory; give a smaller global batch, a larger micro-batch or more dp")
-
-
-def check_size(lay: Layout) -> None:
-    """Raise ValueError (`size_problem`'s line) for a step too large to simulate here."""
-    problem = size_problem(lay)
-    if problem:
-        raise ValueError(problem)
+    virtual = cells(lay) // (lay.pp * lay.micro_batches)
+    return (f"step too large to simulate in seconds: pp={lay.pp} x V {virtual} x {lay.micro_batches:,} micro-batches = "
+            f"{cells(lay):,} stage-micro-batches, more than {limit:,}; give a smaller global batch, a larger "
+            f"micro-batch or more dp")

@@ -23,7 +23,8 @@ Each configuration is then checked by `sim.estimate`, which simulates its step; 
 the `top` that fit with the shortest steps, in one total order (`rank_key`): step time, then
 peak memory, then the configuration's fields, so that `top=1` and `top=10` name the same best.
 A configuration fits when its peak is within the GPU's memory less `memory_headroom`; one
-whose step is too large to simulate on this machine (`sim.plan.layout.size_problem`) is
+whose step is too large to simulate in seconds or in this machine's memory (`sim.plan.layout.size_problem`,
+`sim.limits.most_cells`) is
 counted and skipped. To keep a search of thousands of configurations within seconds,
 lower bounds (`sim.plan.bounds`) drop configurations before they are simulated; none can
 drop one that would have ranked (tests check each against the estimate, and the search
@@ -59,11 +60,14 @@ from sim.model.footprint import DEFAULT_OPTIMIZER, check_optimizer
 from sim.model.transformer import Transformer
 from sim.schedule.ir import ScheduleError
 
+from sim.limits import most_cells
+
 from .bounds import Bounds
-from .estimation import Estimate, estimate
-from .layout import DEFAULT_HEADROOM, Layout, size_problem, usable_memory
+from .estimation import Estimate, estimate_layout
+from .layout import DEFAULT_HEADROOM, MAX_CELLS, Layout, check_layout, size_problem, usable_memory
 from sim.model.registry import find_model, model_name
-from .space import MAX_CONFIGS, NOT_ENUMERATED, TOP, Config, configurations, positive
+from .space import MAX_CONFIGS, NOT_ENUMERATED, TOP, configurations, positive, schedule_options, searched
+from .steps import Steps
 
 __all__ = ["search", "Plan", "Row", "rank_of", "rank_key"]
 
@@ -83,7 +87,7 @@ _LEFT = ("step-time bound (average device) above the top's (not simulated)",  # 
 class Row:
     """A simulated configuration: what its estimate predicts. `estimate` is kept for the
     ranked rows only (it holds the simulated step)."""
-    config: Config
+    config: Layout
     micro_batches: int
     step_time: float
     tflops_per_gpu: float
@@ -94,7 +98,7 @@ class Row:
     estimate: Estimate | None = field(default=None, compare=False, repr=False)
 
     def summary(self) -> dict:
-        return {**self.config.kwargs(), "micro_batches": self.micro_batches, "step_time": self.step_time,
+        return {**searched(self.config), "micro_batches": self.micro_batches, "step_time": self.step_time,
                 "tflops_per_gpu": self.tflops_per_gpu, "mfu": self.mfu, "bubble_fraction": self.bubble_fraction,
                 "peak_memory": self.peak_memory, "fits": self.fits}
 
@@ -157,19 +161,21 @@ class Plan:
 
 # ----------------------------------------------------------------------------- the search
 
-def _best_first(configs: list[Config], bounds: Bounds, memory: float, limit: Callable[[], float],
-                dropped: Counter) -> Iterator[tuple[int, Config, int]]:
+def _best_first(configs: list[Layout], bounds: Bounds, memory: float, limit: Callable[[], float],
+                dropped: Counter, waiting: Callable[[int], None] = lambda n: None) -> Iterator[tuple[int, Layout, int]]:
     """Yield (index, configuration, how many still wait) in the order of their step-time
     bounds, each once its tightest bound still comes first, until the next bound exceeds
     `limit()`: then so do all the others', and they are dropped. A heap of (bound, index,
     level): a configuration enters with `Bounds.average` (if its schedule-free memory bound
     fits), and as it comes to the front its memory is bounded with its schedule and its
-    step-time bound tightened, one level of `_TIGHTER` at a time."""
+    step-time bound tightened, one level of `_TIGHTER` at a time. `waiting(n)` hears how many
+    still wait as each is dropped (a progress bar moves while nothing is simulated)."""
     memory *= 1 + _ROUNDING
     queue = []
     for index, config in enumerate(configs):
         if bounds.memory_average(config) > memory:
             dropped[_MEMORY] += 1
+            waiting(len(configs) - dropped[_MEMORY])
         else:
             queue.append((bounds.average(config), index, 0))
     heapq.heapify(queue)
@@ -182,6 +188,7 @@ def _best_first(configs: list[Config], bounds: Bounds, memory: float, limit: Cal
         config = configs[index]
         if level == 0 and bounds.memory(config) > memory:
             dropped[_MEMORY] += 1
+            waiting(len(queue))
         elif level < len(_TIGHTER) and (level == 0 or limit() < math.inf):
             # (the unit-cost simulation only once there is a limit to compare it with)
             heapq.heappush(queue, (max(bound, getattr(bounds, _TIGHTER[level])(config)), index, level + 1))
@@ -189,7 +196,7 @@ def _best_first(configs: list[Config], bounds: Bounds, memory: float, limit: Cal
             yield index, config, len(queue)
 
 
-def _row(config: Config, est: Estimate, keep: bool) -> Row:
+def _row(config: Layout, est: Estimate, keep: bool) -> Row:
     return Row(config, est.layout.micro_batches, est.step_time, est.tflops_per_gpu, est.mfu, est.bubble_fraction,
                max(est.peak_memory), est.fits, est if keep else None)
 
@@ -201,7 +208,7 @@ def same_time(seconds: float) -> float:
 
 def rank_key(row: Row) -> tuple:
     """The total order of the rows: step time, then peak memory, then the configuration's
-    fields in `Config`'s order (tp, pp, dp, micro-batch, schedule, V, recompute, ZeRO,
+    searched fields (tp, pp, dp, micro-batch, schedule, V, recompute, ZeRO,
     sequence parallelism, cp, ep, expert_tp; FSDP's reshard after forward on, its default, before
     off; a schedule without overlapped pairs before with), so that any `top` ranks the same rows first. Step times are
     compared to 12 significant digits: two layouts that differ only in the last bits of a
@@ -212,17 +219,22 @@ def rank_key(row: Row) -> tuple:
             config.ep, config.expert_tp, not config.reshard_after_forward, config.overlap)
 
 
-def _too_large(configs: list[Config], global_batch: int, dropped: Counter) -> list[Config]:
-    """The configurations whose steps this machine can simulate (`layout.size_problem`);
-    the others are counted in `dropped`."""
-    kept = []
+def _too_large(configs: list[Layout], dropped: Counter) -> list[Layout]:
+    """The configurations whose steps can be simulated in seconds (`layout.size_problem`) within
+    this machine's memory (`sim.limits.most_cells`: asked once, here); the others are counted
+    in `dropped`."""
+    limit, kept = min(MAX_CELLS, most_cells()), []
     for config in configs:
-        lay = Layout(global_batch=global_batch, **config.kwargs())
-        if size_problem(lay):
+        if size_problem(config, limit):
             dropped[TOO_LARGE] += 1
         else:
             kept.append(config)
     return kept
+
+
+def _estimate(steps: Steps, config: Layout) -> Estimate:
+    """`sim.estimate` of a configuration of the search, on the search's `steps`."""
+    return estimate_layout(steps, config, check_layout(steps.model, steps.profile, config), **schedule_options(config))
 
 
 def search(model: Transformer | str, gpu: DeviceProfile | GPU | str, gpus: int, global_batch: int, *, top: int | None = TOP,
@@ -247,16 +259,17 @@ def search(model: Transformer | str, gpu: DeviceProfile | GPU | str, gpus: int, 
                                    optimizer)
     usable = usable_memory(profile.memory, memory_headroom)
     dropped = Counter()
-    configs = configurations(model, gpus, global_batch, gpus_per_node=gpus_per_node, dropped=dropped, **limits)
+    run = Layout(global_batch=global_batch, precision=precision, gpus_per_node=gpus_per_node, nics_per_node=nics_per_node,
+                 partition=partition, memory_headroom=memory_headroom, optimizer=optimizer)
+    configs = configurations(model, gpus, global_batch, run=run, dropped=dropped, **limits)
     if len(configs) > max_configs:
         raise ValueError(f"the search has {len(configs)} configurations, more than max_configs={max_configs}; "
                          f"narrow it (tp, pp, micro_batch, schedules, recompute, zero) or raise max_configs")
     enumerated = len(configs)
-    configs = _too_large(configs, global_batch, dropped)
-    bounds = Bounds(model, profile, global_batch, precision, gpus_per_node, partition, nics_per_node, optimizer)
+    configs = _too_large(configs, dropped)
+    steps = Steps(model, profile)  # the estimator's steps, shared by the bounds and the estimates
+    bounds = Bounds(model, profile, steps)
     cap = math.inf if max_step_time is None else max_step_time
-    fixed = dict(precision=precision, gpus_per_node=gpus_per_node, nics_per_node=nics_per_node, partition=partition,
-                 global_batch=global_batch, memory_headroom=memory_headroom, optimizer=optimizer)
     best: list[tuple[tuple, Row]] = []   # the `top` first that fit, in `rank_key` order
     points: list[Row] = []
 
@@ -267,9 +280,13 @@ def search(model: Transformer | str, gpu: DeviceProfile | GPU | str, gpus: int, 
     total = len(configs)
     if progress is not None:
         progress(0, total)
-    for _, config, waiting in _best_first(configs, bounds, usable, limit, dropped):
+    def settled(waiting: int) -> None:  # what no longer waits: dropped or simulated
+        if progress is not None:
+            progress(total - waiting, total)
+
+    for _, config, waiting in _best_first(configs, bounds, usable, limit, dropped, settled):
         try:
-            est = estimate(model, profile, **fixed, **config.kwargs(), **config.options())
+            est = _estimate(steps, config)
         except (ValueError, ScheduleError) as err:
             dropped[f"refused by the estimate: {str(err).splitlines()[0][:60]}"] += 1
             continue
@@ -287,8 +304,7 @@ def search(model: Transformer | str, gpu: DeviceProfile | GPU | str, gpus: int, 
         progress(total, total)
     rows = [row for _, row in best if row.step_time <= cap]
     if rows and rows[0].estimate is None:  # the best keeps its step, for the figures
-        rows[0] = _row(rows[0].config, estimate(model, profile, **fixed, **rows[0].config.kwargs(),
-                                                **rows[0].config.options()), keep=True)
+        rows[0] = _row(rows[0].config, _estimate(steps, rows[0].config), keep=True)
     return Plan(model, profile, gpus, global_batch, rows, points, dropped, enumerated, len(points),
                 time.perf_counter() - start, usable, _warnings(gpus), precision)
 

@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from dataclasses import dataclass
 from typing import Sequence
 
 from sim.model.footprint import ZERO_STAGES
 from sim.model.transformer import RECOMPUTE, Transformer
 from sim.schedule.registry import SCHEDULES, lookup
+
+from .layout import Layout, check_tp, divides_model
 
 MAX_MICRO_BATCH = 16   # largest micro-batch tried by default (Megatron-LM's Table 1 runs use 1 to 16)
 MAX_VIRTUAL = 4        # most chunks per device tried for a schedule that takes V > 1 (`takes_virtual`)
@@ -42,43 +43,24 @@ NOT_ENUMERATED = ("dp does not divide the global batch (tp x pp layouts)",
                   "the schedule refuses these sizes")
 
 
-@dataclass(frozen=True)
-class Config:
-    """One point of the search: how the run is split (the arguments of `sim.estimate`)."""
-    tp: int
-    pp: int
-    dp: int
-    micro_batch: int
-    schedule: str
-    virtual: int
-    recompute: str
-    zero: int
-    sequence_parallel: bool
-    cp: int = 1
-    ep: int = 1
-    expert_tp: int = 1
-    reshard_after_forward: bool = True  # FSDP2's option, where zero=3 with pp > 1 (`sim.add_fsdp`)
-    overlap: bool = False  # the schedule's overlapped forward-backward pairs (rule 18), for a mixture of experts
+# The fields of `Layout` the search chooses (the rest are the run's, the same for every layout
+# it makes): a row's summary names them (`sim.plan.planner.Row.summary`)
+SEARCHED = ("tp", "pp", "dp", "cp", "micro_batch", "schedule", "virtual", "recompute", "zero", "sequence_parallel",
+            "ep", "expert_tp", "reshard_after_forward")
 
-    def kwargs(self) -> dict:
-        """Keyword arguments of `sim.estimate` for this configuration."""
-        return dict(tp=self.tp, pp=self.pp, dp=self.dp, cp=self.cp, micro_batch=self.micro_batch,
-                    schedule=self.schedule, virtual=self.virtual, recompute=self.recompute, zero=self.zero,
-                    sequence_parallel=self.sequence_parallel, ep=self.ep, expert_tp=self.expert_tp,
-                    reshard_after_forward=self.reshard_after_forward)
 
-    def options(self) -> dict:
-        """The schedule's options the planner adds to `kwargs` (zb-auto: its budget of runs,
-        `ZB_AUTO_RUNS`; a schedule with overlapped pairs: `overlap`)."""
-        return {"max_runs": ZB_AUTO_RUNS} if self.schedule == "zb-auto" else {"overlap": True} if self.overlap else {}
+def searched(lay: Layout) -> dict:
+    """The fields of `lay` the search chose (`SEARCHED`)."""
+    return {name: getattr(lay, name) for name in SEARCHED}
+
+
+def schedule_options(lay: Layout) -> dict:
+    """The schedule's options the planner adds to a layout (zb-auto: its budget of runs, `ZB_AUTO_RUNS`)."""
+    return {"max_runs": ZB_AUTO_RUNS} if lay.schedule == "zb-auto" else {}
 
 
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def _tp_ok(model: Transformer, tp: int) -> bool:
-    return all(n % tp == 0 for n in (model.heads, model.kv_heads, model.ffn, model.vocab))
 
 
 def _choices(name: str, given, default: Sequence) -> list:
@@ -104,14 +86,11 @@ def _tensor_sizes(model: Transformer, gpus: int, tp, gpus_per_node: int) -> list
     of two within a node that divide the GPUs and the model."""
     powers = [2 ** k for k in range(gpus_per_node.bit_length()) if 2 ** k <= gpus_per_node]
     if tp is None:
-        return [size for size in powers if gpus % size == 0 and _tp_ok(model, size)]
+        return [size for size in powers if gpus % size == 0 and divides_model(model, size)]
     sizes = _choices("tp", tp, powers)
-    ok = [size for size in powers if _tp_ok(model, size)]
     for size in sizes:
         positive("tp", size)
-        if not _tp_ok(model, size):
-            raise ValueError(f"tp={size} does not divide the model's {model.heads} heads, {model.kv_heads} KV heads, "
-                             f"{model.ffn} MLP width and {model.vocab} vocabulary; use tp in {ok}")
+        check_tp(model, size)
         if gpus % size:
             raise ValueError(f"{gpus} GPUs do not split into tensor-parallel groups of {size}; "
                              f"give a GPU count that is a multiple of {size}")
@@ -243,9 +222,16 @@ def _schedule_chunks(model: Transformer, pp: int, micro_batches: int, names: Seq
 
 def configurations(model: Transformer, gpus: int, global_batch: int, *, schedules=None, recompute=None, zero=None,
                    sequence_parallel=None, virtual=None, reshard_after_forward=None, max_virtual: int = MAX_VIRTUAL,
-                   ep=None, expert_tp=None,
-                   dropped: Counter | None = None, **layout_limits) -> list[Config]:
-    """Every configuration of the search space (see the module's docstring)."""
+                   ep=None, expert_tp=None, run: Layout | None = None,
+                   dropped: Counter | None = None, **layout_limits) -> list[Layout]:
+    """Every configuration of the search space (see the module's docstring): `run` with the
+    `SEARCHED` fields of each, and `global_batch` (without `run`: the defaults, on nodes of
+    `gpus_per_node`)."""
+    if run is None:
+        run = Layout(gpus_per_node=layout_limits.pop("gpus_per_node", 8))
+    elif layout_limits.pop("gpus_per_node", run.gpus_per_node) != run.gpus_per_node:
+        raise ValueError(f"gpus_per_node is the run's, {run.gpus_per_node}; give it once")
+    run = run.changed(global_batch=global_batch).keywords()  # each configuration: these, and its own
     dropped = Counter() if dropped is None else dropped
     names = [lookup(name)[0] for name in _choices("schedules", schedules, DEFAULT_SCHEDULES)]
     recomputes = _choices("recompute", recompute, RECOMPUTE)
@@ -261,7 +247,8 @@ def configurations(model: Transformer, gpus: int, global_batch: int, *, schedule
     if any(not isinstance(on, bool) for on in reshards):
         raise ValueError(f"reshard_after_forward must be True or False (or both); got {reshard_after_forward!r}")
     out = []
-    for tp, pp, dp, micro_batch, cp in layouts(model, gpus, global_batch, dropped=dropped, **layout_limits):
+    for tp, pp, dp, micro_batch, cp in layouts(model, gpus, global_batch, dropped=dropped,
+                                               gpus_per_node=run["gpus_per_node"], **layout_limits):
         micro_batches = global_batch // (dp * micro_batch)
         # ZeRO 1-3 shard over the replicas; 2 only without pipelining (`layout.check_layout`); 3 with
         # pp > 1 is FSDP's gathers and reduce-scatters as actions on the step (`sim.add_fsdp`)
@@ -276,8 +263,10 @@ def configurations(model: Transformer, gpus: int, global_batch: int, *, schedule
             if stage >= 2 and SCHEDULES[name].pipelines > 1:  # DualPipe's copies: zero <= 1 (`layout.check_layout`)
                 continue
             for reshard, overlap in itertools.product(_reshards(stage, pp, chunks, reshards), _overlaps(model, name)):
-                out.append(Config(tp, pp, dp, micro_batch, name, chunks, mode, stage, sp, cp, ep_, etp, reshard,
-                                  overlap))
+                out.append(Layout(**{**run, "tp": tp, "pp": pp, "dp": dp, "micro_batch": micro_batch, "schedule": name,
+                                     "virtual": chunks, "recompute": mode, "zero": stage, "sequence_parallel": sp,
+                                     "cp": cp, "ep": ep_, "expert_tp": etp, "reshard_after_forward": reshard,
+                                     "overlap": overlap}))
     if not out and (ep is not None or expert_tp is not None):
         raise ValueError(f"the given ep and expert_tp fold onto no layout of {gpus} GPUs: expert_tp x ep must "
                          f"divide the tp x cp x dp GPUs of a stage and expert_tp an expert's width {model.expert_ffn}")

@@ -209,7 +209,7 @@ def test_every_dotted_name_in_prose_resolves():
 
 def test_the_check_tells_names_that_resolve_from_names_that_do_not():
     for good in ("sim", "sim.passes.lowering.lower", "sim.Costs.for_stages", "sim.Kind.REDUCE_GRAD", "exec.run",
-                 "sim.simulate", "sim.engine.core", "sim.MODELS", "sim.plan.Config"):
+                 "sim.simulate", "sim.engine.core", "sim.MODELS", "sim.plan.Layout"):
         assert resolves(good), good
     for bad in ("sim.nothing", "sim.passes.lowering.nothing", "sim.passes.nothing.lower", "sim.Kind.NOTHING",
                 "exec.nothing"):

@@ -123,8 +123,8 @@ def test_p2p_inside_a_node_is_nvlink_and_across_it_the_gpus_nic_share():
     assert link.bandwidth == pytest.approx(0.5 * 24e9) and link.latency == NETWORK_HOP
     assert network.p2p_time(LINKS, 1e6, across) == pytest.approx(NETWORK_HOP + 1e6 / 12e9)
     # the estimate's pipeline link (the costs it simulates, as the planner's bounds take them)
-    bounds = sim.plan.bounds.Bounds(sim.MODELS["megatron-1.7b"], A100, 4, "bf16", 8, nics_per_node=4)
-    costs, _, _ = bounds.costs(sim.plan.Config(8, 2, 1, 1, "1f1b", 1, "none", 0, False))
+    bounds = sim.plan.bounds.Bounds(sim.MODELS["megatron-1.7b"], A100)
+    costs, _, _ = bounds.costs(sim.plan.Layout(tp=8, pp=2, virtual=1, nics_per_node=4, global_batch=4))
     assert (costs.bandwidth, costs.latency) == (link.bandwidth, link.latency)
 
 

@@ -273,3 +273,29 @@ def test_deepseek_v3_rows_all_to_all_crosses_nodes():
     Grok-1's ep 8 of tp 4 x cp 2 x dp 8 is one node."""
     assert Topology(tp=2, pp=8, dp=32, ep=64).group("ep") == Group(64, 8, 8, 8.0)
     assert not Topology(tp=4, pp=8, dp=8, cp=2, ep=8).group("ep").network
+
+
+@given(st.sampled_from([1, 2, 3, 4, 6, 8]), st.sampled_from([1, 2, 3, 4]), st.sampled_from([1, 2, 3, 4, 6]),
+       st.sampled_from([1, 2, 3, 5]), st.sampled_from([1, 2, 3, 4, 6, 8]), st.sampled_from([None, 1, 2, 4]),
+       st.data())
+@settings(max_examples=200, deadline=None)
+def test_the_slowest_group_is_the_slowest_of_every_group(tp, cp, dp, pp, per_node, nics, data):
+    """`group`, `ring_send`, `send` and `mirrored` read one group per first rank modulo a node;
+    the answer is the one every group of the axis gives (node sizes that divide nothing included)."""
+    stage = tp * cp * dp
+    ep, etp = data.draw(st.sampled_from([(e, t) for e in range(1, stage + 1) for t in range(1, stage + 1)
+                                         if stage % (e * t) == 0]))
+    topo = Topology(tp, pp, dp, per_node, nics, cp, ep, etp)
+    slowest = lambda groups: min((topo.placed(g) for g in groups), key=lambda g: (not g.network, g.per_node, -g.nodes))
+    for axis in ("tp", "cp", "dp", "dp_cp", "pp", "embedding", "ep", "expert_tp", "edp"):
+        assert topo.group(axis) == slowest(topo.groups(axis)), axis
+    crosses = any(topo.node(a) != topo.node(b) for g in topo.groups("cp") for a, b in zip(g, g[1:] + g[:1]))
+    assert topo.ring_send("cp").network == (crosses and cp > 1)
+    for a in range(pp):
+        b = data.draw(st.integers(0, pp - 1))
+        pairs = [(topo.rank(t, d, a, c), topo.rank(t, d, b, c)) for t in range(tp) for d in range(dp) for c in range(cp)]
+        assert topo.send(a, b).network == any(topo.node(x) != topo.node(y) for x, y in pairs)
+    stride = stage
+    joined = [g + tuple(r + (pp - 1 - 2 * (g[0] // stride)) * stride for r in g)
+              for g in topo.groups("dp") if 2 * (g[0] // stride) < pp - 1]
+    assert topo.mirrored("dp") == (slowest(joined) if joined else topo.group("dp"))

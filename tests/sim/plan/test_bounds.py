@@ -3,7 +3,7 @@ searching zb-auto's order or simulating."""
 from __future__ import annotations
 
 import sim
-from sim.plan.space import Config
+from sim.plan.layout import Layout
 from helpers import counting_calls
 
 
@@ -14,8 +14,9 @@ def test_planner_bounds_do_not_search_zb_auto():
     from sim.plan.bounds import Bounds
     from sim.hardware.gpus import gpu
     from sim.model.registry import find_model as model
-    b = Bounds(model("gpt3-175b"), gpu("a100-80gb"), 1536, "bf16", 8)
-    c = Config(8, 64, 2, 1, "zb-auto", 1, "full", 1, True)
+    b = Bounds(model("gpt3-175b"), gpu("a100-80gb"))
+    c = Layout(tp=8, pp=64, dp=2, schedule="zb-auto", virtual=1, recompute="full", zero=1, sequence_parallel=True,
+               global_batch=1536)
     search = sim.SCHEDULES["zb-auto"].make
     with counting_calls(search, sim.simulate) as calls:
         assert b.memory(c) > 0 and b.time(c) > 0

@@ -17,7 +17,8 @@ from sim.hardware.network import all_to_all_time, bus_bandwidth, links_of, p2p_t
 from sim.hardware.topology import Group, one_node
 from sim.model.transformer import Transformer
 from sim.plan.bounds import Bounds
-from sim.plan.space import CP_MIN_SEQ, Config, configurations, layouts
+from sim.plan.layout import Layout
+from sim.plan.space import CP_MIN_SEQ, configurations, layouts
 
 H100 = dataclasses.replace(sim.profile("h100-80gb-best-case"), launch_per_kernel=0.0)
 # 2 heads of 4, 2 KV heads, 16 tokens: K and V of 8 tokens (cp = 2) are 2 x 8 x 8 x 2 bytes
@@ -173,11 +174,12 @@ def test_cli_takes_cp(tmp_path):
 def test_bounds_hold_with_cp(schedule, pp, dp, cp, comm):
     """The planner's lower bounds stay below the estimate with context parallelism."""
     m = dataclasses.replace(LLAMA, layers=8, seq=16384)
-    bounds = Bounds(m, H100, 16, "bf16", 8)
+    bounds = Bounds(m, H100)
     for recompute, zero in (("selective", 1), ("none", 0)):
-        c = Config(8 // cp if comm == "a2a" else 8, pp, dp, 1, schedule, 2 if schedule.startswith("inter") else 1,
-                   recompute, zero, True, cp)
-        e = sim.estimate(m, H100, global_batch=16, cp_comm=comm, **c.kwargs())
+        c = Layout(tp=8 // cp if comm == "a2a" else 8, pp=pp, dp=dp, schedule=schedule,
+                   virtual=2 if schedule.startswith("inter") else 1, recompute=recompute, zero=zero,
+                   sequence_parallel=True, cp=cp, cp_comm=comm, global_batch=16)
+        e = sim.estimate(m, H100, **c.keywords())
         assert bounds.memory_average(c) <= bounds.memory(c) <= max(e.peak_memory) * (1 + 1e-9)
         assert bounds.average(c) <= bounds.time(c) <= bounds.schedule_time(c) <= e.step_time * (1 + 1e-9)
 

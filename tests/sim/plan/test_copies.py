@@ -18,6 +18,7 @@ from sim.cost.data_parallel import grad_reduce_times
 from sim.hardware.network import collective_time, links_of
 from sim.hardware.topology import Topology
 from sim.plan import bounds as plan_bounds, space as plan_space
+from sim.plan.layout import Layout
 from sim.schedule.kinds import Kind
 
 RUN = dict(tp=1, pp=4, dp=2, global_batch=64)
@@ -77,9 +78,10 @@ def test_the_copies_reach_their_reduction_together_and_the_computes_are_the_bare
     assert sorted(starts) == list(range(2 * P))
     for i in range(P):  # the first copy's stage i and the second copy's (stage P + i)
         assert starts[i] == pytest.approx(starts[P + i], rel=1e-12)
-    config = plan_space.Config(run["tp"], P, run["dp"], 1, "dualpipe", 2, "none", 1, run.get("sequence_parallel", False),
-                               ep=run.get("ep", 1))
-    costs = plan_bounds.Bounds(sim.MODELS[model], gpu, run["global_batch"], "bf16", 8).costs(config)[0]
+    config = Layout(tp=run["tp"], pp=P, dp=run["dp"], schedule="dualpipe", virtual=2, zero=1,
+                    sequence_parallel=run.get("sequence_parallel", False), ep=run.get("ep", 1),
+                    global_batch=run["global_batch"])
+    costs = plan_bounds.Bounds(sim.MODELS[model], gpu).costs(config)[0]
     bare_costs = sim.Costs(**{f.name: getattr(costs, f.name) for f in fields(costs)} | {"grad_reduce": 0.0})
     bare = sim.simulate(sim.make_schedule("dualpipe", P, e.layout.micro_batches), bare_costs)
     assert e.result.compute_end == pytest.approx(bare.makespan, rel=1e-12)
@@ -165,9 +167,9 @@ def test_bounds_hold_for_dualpipe_on_a_mixture_of_experts():
     m, gpu = sim.MODELS["deepseek-v3-671b"], "h100-80gb"
     configs = plan_space.configurations(m, 512, 1024, schedules=["dualpipe"], tp=2, pp=[4, 8, 16], ep=[8, 32, 64],
                                         recompute=["full", "selective"], max_micro_batch=2)
-    bounds = plan_bounds.Bounds(m, gpu, 1024, "bf16", 8)
+    bounds = plan_bounds.Bounds(m, gpu)
     assert len(configs) > 50
     for c in configs[::3]:
-        e = sim.estimate(m, gpu, global_batch=1024, **c.kwargs())
+        e = sim.estimate(m, gpu, **c.keywords())
         assert bounds.memory_average(c) <= bounds.memory(c) <= max(e.peak_memory) * (1 + 1e-9), c
         assert bounds.average(c) <= bounds.time(c) <= bounds.schedule_time(c) <= e.step_time * (1 + 1e-9), c

@@ -20,7 +20,7 @@ from sim.plan.experts import (check_experts, expert_reduce_times, expert_sizes, 
                               state_bytes)
 from sim.plan.layout import Layout
 from sim.plan import bounds as plan_bounds
-from sim.plan.space import Config, configurations, expert_splits
+from sim.plan.space import configurations, expert_splits, schedule_options
 
 GROK = find_model("grok-1-314b")
 DEEPSEEK = find_model("deepseek-v3-671b")
@@ -109,7 +109,7 @@ def test_the_search_proposes_only_valid_ep_and_expert_tp():
     splits = {(c.ep, c.expert_tp) for c in configs}
     assert {e for e, _ in splits} == {1, 2, 4, 8}
     for c in configs:
-        check_experts(MIXTRAL, Layout(**c.kwargs(), global_batch=64))
+        check_experts(MIXTRAL, c)
         assert c.expert_tp in (1, c.tp) and c.zero < 2 and (c.sequence_parallel or c.tp == 1)
     dense = configurations(find_model("llama3-8b"), 64, 64, recompute="none", schedules=["1f1b"], micro_batch=1)
     assert {(c.ep, c.expert_tp) for c in dense} == {(1, 1)}
@@ -159,13 +159,13 @@ def test_bounds_never_exceed_the_estimate_of_a_moe_layout(problem, precision, pa
     hide; ep groups within and across nodes) stay below every estimate; with one device the path
     bound is the step itself, all-to-alls included."""
     m, gpus, batch, per_node = problem
-    configs = [c for c in configurations(m, gpus, batch, max_micro_batch=4, schedules=list(sim.SCHEDULES),
-                                         gpus_per_node=per_node) if c.schedule != "zb-auto"]
-    bounds = plan_bounds.Bounds(m, "h100-80gb", batch, precision, per_node, partition)
+    run = Layout(precision=precision, partition=partition, gpus_per_node=per_node)
+    configs = [c for c in configurations(m, gpus, batch, max_micro_batch=4, schedules=list(sim.SCHEDULES), run=run)
+               if c.schedule != "zb-auto"]
+    bounds = plan_bounds.Bounds(m, "h100-80gb")
     for c in rnd.sample(configs, min(4, len(configs))):
         try:
-            e = sim.estimate(m, "h100-80gb", global_batch=batch, precision=precision, partition=partition,
-                             gpus_per_node=per_node, **c.kwargs(), **c.options())
+            e = sim.estimate(m, "h100-80gb", **c.keywords())
         except (ValueError, sim.ScheduleError):
             continue
         assert bounds.memory_average(c) <= bounds.memory(c) <= max(e.peak_memory) * (1 + 1e-9), c
@@ -182,9 +182,11 @@ def test_bounds_count_deepseek_v3s_all_to_alls_across_nodes(tp, pp, dp, b, sched
     """DeepSeek-V3 on 2,048 H100s (the search's best rows among them), its ep groups from one node
     to 32: every bound stays below the estimate and, with the all-to-alls that no schedule of the
     planner hides counted, the tightest is within 20 % of it (without them: 9 to 71 % below)."""
-    g, c = resolve("h100-80gb"), Config(tp, pp, dp, b, schedule, v, recompute, 1, tp > 1, 1, ep, 1)
-    bounds = plan_bounds.Bounds(DEEPSEEK, g, 4096, "bf16", 8)
-    e = sim.estimate(DEEPSEEK, g, global_batch=4096, **c.kwargs(), **c.options())
+    g = resolve("h100-80gb")
+    c = Layout(tp=tp, pp=pp, dp=dp, micro_batch=b, schedule=schedule, virtual=v, recompute=recompute, zero=1,
+               sequence_parallel=tp > 1, ep=ep, global_batch=4096)
+    bounds = plan_bounds.Bounds(DEEPSEEK, g)
+    e = sim.estimate(DEEPSEEK, g, **c.keywords())
     assert bounds.memory_average(c) <= bounds.memory(c) <= max(e.peak_memory) * (1 + 1e-9)
     assert bounds.average(c) <= bounds.time(c) <= bounds.schedule_time(c) <= e.step_time * (1 + 1e-9)
     assert bounds.schedule_time(c) > 0.8 * e.step_time
@@ -201,7 +203,7 @@ def test_a_moe_search_finds_the_exhaustive_best():
     steps = []
     for c in configurations(m, 16, 32, gpus_per_node=4, **space):
         try:
-            e = sim.estimate(m, "h100-80gb", global_batch=32, gpus_per_node=4, **c.kwargs(), **c.options())
+            e = sim.estimate(m, "h100-80gb", **c.keywords(), **schedule_options(c))
         except (ValueError, sim.ScheduleError):
             continue
         steps += [e.step_time] if e.fits else []

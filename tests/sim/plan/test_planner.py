@@ -15,6 +15,7 @@ import sim.plan.planner as plan
 from sim.hardware.profile import DEFAULT_PROFILES
 from sim.model import sagemaker
 from sim.plan import bounds as plan_bounds, published, space as plan_space
+from sim.plan.layout import Layout
 from sim.plan.planner import same_time
 from sim.plan.cli import main
 from sim.plan.figures import write_figures
@@ -95,11 +96,9 @@ def test_every_configuration_is_enumerated_once(estimates):
 def test_bounds_never_exceed_the_estimate(estimates):
     """The memory bound and both step-time bounds are lower bounds of every estimate."""
     m, g = sim.MODELS[SMALL["model"]], sim.GPUS[SMALL["gpu"]]
-    bounds = plan_bounds.Bounds(m, g, SMALL["global_batch"], "bf16", 8)
+    bounds = plan_bounds.Bounds(m, g)
     for e in estimates:
-        lay = e.layout
-        c = plan_space.Config(lay.tp, lay.pp, lay.dp, lay.micro_batch, lay.schedule, e.result.schedule.stages // lay.pp,
-                              lay.recompute, lay.zero, lay.sequence_parallel, lay.cp, reshard_after_forward=lay.reshard_after_forward)
+        c = e.layout.changed(virtual=e.result.schedule.stages // e.layout.pp)
         assert bounds.memory_average(c) <= bounds.memory(c) <= max(e.peak_memory) * (1 + 1e-9), c
         assert bounds.average(c) <= bounds.time(c) <= bounds.schedule_time(c) <= e.step_time * (1 + 1e-9), c
 
@@ -113,12 +112,13 @@ def test_bounds_hold_for_gpt3(schedule, pp, dp, v):
     its gathers and reduce-scatters actions on the step) with reshard after forward on and off;
     DualPipe's two copies of the model (zero <= 1)."""
     m, g = sim.MODELS["gpt3-175b"], sim.GPUS["a100-80gb"]
-    bounds = plan_bounds.Bounds(m, g, 32, "bf16", 8)
+    bounds = plan_bounds.Bounds(m, g)
     for r, z, raf in (("selective", 1, True), ("full", 0, True), ("selective", 3, True), ("full", 3, False)):
         if z == 3 and (dp == 1 or sim.SCHEDULES[schedule].pipelines > 1):  # nothing to shard; not modelled
             continue
-        c = plan_space.Config(8, pp, dp, 1, schedule, v or sim.SCHEDULES[schedule].virtual, r, z, True, 1, reshard_after_forward=raf)
-        e = sim.estimate(m, g, global_batch=32, **c.kwargs())
+        c = Layout(tp=8, pp=pp, dp=dp, schedule=schedule, virtual=v or sim.SCHEDULES[schedule].virtual, recompute=r,
+                   zero=z, sequence_parallel=True, reshard_after_forward=raf, global_batch=32)
+        e = sim.estimate(m, g, **c.keywords())
         assert bounds.memory_average(c) <= bounds.memory(c) <= max(e.peak_memory) * (1 + 1e-9)
         assert bounds.average(c) <= bounds.time(c) <= bounds.schedule_time(c) <= e.step_time * (1 + 1e-9)
 
@@ -147,14 +147,14 @@ def test_bounds_never_exceed_the_estimate_of_random_layouts(problem, precision, 
     each step-time bound at least the one before it and at most the estimate's step; the
     path bound the step itself where there is one device."""
     m, gpu, gpus, batch, per_node = problem
-    configs = [c for c in plan_space.configurations(m, gpus, batch, schedules=list(sim.SCHEDULES), gpus_per_node=per_node,
-                                              max_micro_batch=4)
+    run = Layout(precision=precision, gpus_per_node=per_node, nics_per_node=nics, partition=partition)
+    configs = [c for c in plan_space.configurations(m, gpus, batch, schedules=list(sim.SCHEDULES), run=run,
+                                                    max_micro_batch=4)
                if c.schedule != "zb-auto" or (c.pp <= 4 and batch // (c.dp * c.micro_batch) <= 6)]  # its search: seconds
-    bounds = plan_bounds.Bounds(m, sim.GPUS[gpu], batch, precision, per_node, partition, nics)
+    bounds = plan_bounds.Bounds(m, sim.GPUS[gpu])
     for c in rnd.sample(configs, min(4, len(configs))):
         try:
-            e = sim.estimate(m, gpu, global_batch=batch, precision=precision, gpus_per_node=per_node,
-                             nics_per_node=nics, partition=partition, **c.kwargs())
+            e = sim.estimate(m, gpu, **c.keywords())
         except (ValueError, sim.ScheduleError):
             continue
         assert bounds.memory_average(c) <= bounds.memory(c) <= max(e.peak_memory) * (1 + 1e-9), c
@@ -173,11 +173,11 @@ def test_pruned_search_ranks_as_an_exhaustive_loop(problem, top, room, rnd):
     m, gpu, gpus, batch, per_node = problem
     space = dict(schedules=rnd.sample(plan_space.DEFAULT_SCHEDULES, 4), recompute=rnd.sample(RECOMPUTE, 2),
                  max_micro_batch=2, gpus_per_node=per_node)
-    configs = plan_space.configurations(m, gpus, batch, **space)
+    configs = plan_space.configurations(m, gpus, batch, run=Layout(memory_headroom=0, gpus_per_node=per_node), **space)
     everything = []
     for i, c in enumerate(configs):
         try:
-            e = sim.estimate(m, gpu, global_batch=batch, gpus_per_node=per_node, **c.kwargs(), **c.options())
+            e = sim.estimate(m, gpu, **c.keywords(), **plan_space.schedule_options(c))
         except (ValueError, sim.ScheduleError):
             continue
         everything.append((e.step_time, i, max(e.peak_memory), c))
@@ -185,7 +185,7 @@ def test_pruned_search_ranks_as_an_exhaustive_loop(problem, top, room, rnd):
     peaks = sorted(p for _, _, p, _ in everything)
     g = dataclasses.replace(sim.profile(gpu), gpu=dataclasses.replace(sim.GPUS[gpu], memory=int(peaks[int(room * (len(peaks) - 1))])))
     fitting = sorted(x for x in everything if x[2] <= g.memory)
-    ranked = sorted(fitting, key=lambda x: (same_time(x[0]), x[2], *dataclasses.astuple(x[3])[:-2],
+    ranked = sorted(fitting, key=lambda x: (same_time(x[0]), x[2], *(getattr(x[3], k) for k in RANKED),
                                             not x[3].reshard_after_forward, x[3].overlap))[:top]  # rank_key: FSDP2's default first
     found = plan.search(m, g, gpus, batch, top=top, memory_headroom=0, **space)
     assert [(r.config, r.step_time) for r in found] == [(c, t) for t, _, _, c in ranked]
@@ -193,6 +193,10 @@ def test_pruned_search_ranks_as_an_exhaustive_loop(problem, top, room, rnd):
     limit = fitting[len(fitting) // 2][0]
     every = plan.search(m, g, gpus, batch, top=None, max_step_time=limit, memory_headroom=0, **space)
     assert {r.config for r in every} == {c for t, _, _, c in fitting if t <= limit} and len(every) == len({r.config for r in every})
+
+
+RANKED = ("tp", "pp", "dp", "micro_batch", "schedule", "virtual", "recompute", "zero", "sequence_parallel", "cp", "ep",
+          "expert_tp")  # `rank_key`'s order of the fields, after step time and peak memory
 
 
 def test_held_counts_follow_the_closed_forms():

@@ -16,8 +16,7 @@ LIMITS = dict(schedules=["1f1b", "interleaved-1f1b", "zbv"], recompute=["none", 
 
 
 def _estimate(plan, config):
-    return sim.estimate(plan.model, plan.profile, global_batch=plan.global_batch, precision=plan.precision,
-                        **config.kwargs())
+    return sim.estimate(plan.model, plan.profile, **config.changed(precision=plan.precision).keywords())
 
 
 def test_fsdp_with_pipelines_is_enumerated_with_reshard_on_and_off_where_a_device_holds_several_stages():
@@ -49,11 +48,11 @@ def test_bounds_stay_below_the_estimate_of_every_fsdp_configuration():
     each step-time bound (FSDP's reduce-scatters overlapped, each stage's first forward after
     its gather) at most what the simulated step says."""
     m = sim.MODELS[SMALL["model"]]
-    b = plan_bounds.Bounds(m, sim.profile(SMALL["gpu"]), 32, "bf16", 8)
+    b = plan_bounds.Bounds(m, sim.profile(SMALL["gpu"]))
     configs = [c for c in space.configurations(m, 8, 32, zero=[3], **LIMITS) if c.pp > 1]
     assert any(c.virtual > 1 and not c.reshard_after_forward for c in configs)
     for c in configs:
-        e = sim.estimate(m, SMALL["gpu"], global_batch=32, **c.kwargs())
+        e = sim.estimate(m, SMALL["gpu"], **c.keywords())
         assert b.memory_average(c) <= b.memory(c) <= max(e.peak_memory) * (1 + 1e-9), c
         assert b.average(c) <= b.time(c) <= b.schedule_time(c) <= e.step_time * (1 + 1e-9), c
 
@@ -75,7 +74,7 @@ def test_an_fp8_search_searches_fp8_layouts_faster_than_bf16_ones():
     kw = dict(model="llama3-8b", gpu="h100-80gb", gpus=8, global_batch=16, top=3, schedules=["1f1b"])
     fp8, bf16 = (planner.search(**kw, precision=p) for p in ("fp8", "bf16"))
     assert fp8.precision == fp8.summary()["precision"] == "fp8" and bf16.precision == "bf16"
-    b = plan_bounds.Bounds(fp8.model, fp8.profile, 16, "fp8", 8)
+    b = plan_bounds.Bounds(fp8.model, fp8.profile)
     for row in fp8:
         assert b.memory(row.config) <= row.peak_memory and b.schedule_time(row.config) <= row.step_time * (1 + 1e-9)
         assert row.estimate.layout.precision == "fp8" and row.estimate.summary()["precision"] == "fp8"

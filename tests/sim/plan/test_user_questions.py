@@ -8,6 +8,7 @@ import pytest
 
 import sim
 import sim.model.registry
+import sim.limits
 import sim.plan
 from sim.hardware.network import collective_time, links_of
 from sim.plan import layout as plan_layout
@@ -42,7 +43,7 @@ def test_no_searched_row_with_pipelining_is_zero2_and_its_zero3_rows_are_fsdp():
     assert plan.rows and any(r.config.pp > 1 for r in plan.rows)
     assert all(r.config.zero != 2 for r in plan.rows if r.config.pp > 1)
     fsdp = next(r.config for r in plan.rows if r.config.pp > 1 and r.config.zero == 3)
-    e = sim.estimate("megatron-1.7b", "a100-80gb", global_batch=64, **fsdp.kwargs())
+    e = sim.estimate("megatron-1.7b", "a100-80gb", **fsdp.keywords())
     assert any(ev.action.kind is sim.Kind.UNSHARD for ev in e.result.events)
     assert e.memory_parts[0]["grads"] == pytest.approx(4 * e.memory_parts[0]["weights"] * fsdp.dp * fsdp.cp / 2)
 
@@ -99,16 +100,25 @@ def test_the_search_ranks_only_rows_within_the_usable_memory():
 # ---------------------------------------------------------------- 5. size guards
 
 def test_a_step_too_large_to_simulate_is_refused_before_any_work():
-    with pytest.raises(ValueError, match="step too large to simulate here") as err:
+    with pytest.raises(ValueError, match="step too large to simulate in seconds") as err:
         sim.estimate("gpt3-175b", tp=1, pp=64, global_batch=100_000)
     assert "\n" not in str(err.value) and "6,400,000 stage-micro-batches" in str(err.value)
+
+
+def test_a_step_too_large_for_this_machine_is_refused_by_the_host_guard(monkeypatch):
+    """Within `MAX_CELLS` but beyond what this machine's memory holds: `sim.limits`' one line, at
+    `sim.estimate`'s entry; the layout itself stays valid (its check never asks the host)."""
+    monkeypatch.setattr(sim.limits, "machine_memory", lambda: 2 * sim.limits.BASE_BYTES)
+    with pytest.raises(sim.limits.StepTooLarge, match="step too large for this machine: 64 stage-micro-batches"):
+        sim.estimate("megatron-1.7b", pp=8, global_batch=8)
+    lay = plan_layout.Layout(pp=8, global_batch=8)
+    assert plan_layout.check_layout(sim.MODELS["megatron-1.7b"], sim.profile("a100-80gb"), lay) == []
 
 
 def test_the_search_skips_and_counts_steps_too_large(monkeypatch):
     """On a machine that can simulate 100 stage-micro-batches, 200 micro-batches of 1 are
     skipped and counted; 100 of 2 are simulated."""
-    monkeypatch.setattr(plan_layout, "machine_memory", lambda: 100 * plan_layout.BYTES_PER_CELL
-                        / plan_layout.MEMORY_SHARE)
+    monkeypatch.setattr(sim.plan.planner, "most_cells", lambda: 100)  # asked once, at the search's entry
     plan = sim.plan.search("megatron-1.7b", "a100-80gb", gpus=8, global_batch=8 * 200, pp=[1], tp=[1],
                            micro_batch=[1, 2], recompute="none", zero=[0])
     assert plan.dropped[TOO_LARGE] == 1
