@@ -9,6 +9,7 @@
 """
 from sim.engine.costs import Costs, StageCosts, load_costs, save_costs
 from sim.simulation import simulate
+from sim.limits import StepTooLarge
 from sim.passes.compile import compile, validate
 from sim.plan.estimation import Estimate, Layout, estimate
 from sim.hardware.gpus import GPU, GPUS
@@ -32,6 +33,6 @@ __all__ = [
     "Action", "Kind", "KINDS", "KindSpec", "Role", "Schedule", "ScheduleError", "Costs", "StageCosts",
     "save_costs", "load_costs", "TRANSPORTS", "compile", "simulate", "Event", "Result", "make_schedule", "SCHEDULES",
     "lower", "add_grad_reduce", "add_offload", "add_fsdp", "validate", "check_deadlock", "dependencies", "waits_for",
-    "Transformer", "MODELS", "GPU", "GPUS", "estimate", "Estimate", "Layout",
+    "Transformer", "MODELS", "GPU", "GPUS", "estimate", "Estimate", "Layout", "StepTooLarge",
     "DeviceProfile", "ProfileError", "load_profile", "save_profile", "profile",
 ]
