@@ -70,11 +70,12 @@ def host_costs(ctx, model: sim.Transformer, micro_batch: int, repeats: int, step
     layers = max(1, ranks - 2)  # the GPT's embedding, blocks and head: a stage a rank
     spec = ModelSpec("gpt", layers=layers, hidden=model.hidden, heads=model.heads, seq=model.seq,
                      vocab=model.vocab, ffn=(model.ffn,) * layers, batch_size=micro_batch * ranks)
-    schedule = sim.make_schedule("1f1b", ranks, ranks).compute_only()
-    _, own = compute_times(ctx, spec, spec.partition(ranks), schedule, ranks, steps, alone=False)
+    program = sim.compile(sim.make_schedule("1f1b", ranks, ranks), "gloo")  # its computes, in 1F1B order
+    _, own = compute_times(ctx, spec, spec.partition(ranks), program, ranks, steps, alone=False)
     whole = ModelSpec("gpt", layers=model.layers, hidden=model.hidden, heads=model.heads, seq=model.seq,
                       vocab=model.vocab, ffn=(model.ffn,) * model.layers, batch_size=micro_batch * 2 * ranks)
-    _, firsts = step_compute_times(ctx, whole, whole.partition(ranks), sim.make_schedule("1f1b", ranks, 2 * ranks),
+    steps_program = sim.compile(sim.make_schedule("1f1b", ranks, 2 * ranks), "gloo")
+    _, firsts = step_compute_times(ctx, whole, whole.partition(ranks), steps_program,
                                    2 * ranks, steps, optimizer="adamw")
     activation = micro_batch * model.seq * model.hidden * 4  # fp32 (exec.measure.calibrate.activation_message_bytes)
     return {"busy": call_costs(ctx, activation, repeats), "late": late_notice(ctx, max(4, repeats // 2)), **own,

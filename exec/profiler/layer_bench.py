@@ -47,9 +47,9 @@ def stage_medians(ctx, model: sim.Transformer, micro_batch: int, recompute: str,
     spec = ModelSpec("gpt", layers=2 * blocks, hidden=model.hidden, heads=model.heads, seq=model.seq,
                      vocab=model.vocab, ffn=(model.ffn,) * (2 * blocks), batch_size=micro_batch * MICRO_BATCHES,
                      recompute=recompute)
-    sched = sim.make_schedule(schedule, 2, MICRO_BATCHES)
+    program = sim.compile(sim.make_schedule(schedule, 2, MICRO_BATCHES), "gloo")
     opt: list = []
-    samples, excess = step_compute_times(ctx, spec, end_bounds(spec, [blocks, blocks]), sched, MICRO_BATCHES, steps,
+    samples, excess = step_compute_times(ctx, spec, end_bounds(spec, [blocks, blocks]), program, MICRO_BATCHES, steps,
                                          optimizer="adamw", optimizer_times=opt)
     mine = {key: statistics.median(v) for key, v in samples.items()}
     first = (mine[(ctx.rank, "F")], statistics.median(excess)) if excess else None
