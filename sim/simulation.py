@@ -39,16 +39,22 @@ def simulate(schedule: Schedule, costs: Costs | None = None, durations: Mapping[
     if costs is not None and not isinstance(costs, Costs):
         raise TypeError(f"simulate's costs must be a sim.Costs, got {type(costs).__name__}")
     check_cells(schedule.stages * schedule.micro_batches, hint="simulate a schedule of fewer stages or micro-batches")
-    with collector_paused():
-        program = compile(schedule, "sim")
-        c = (costs or Costs()).for_stages(schedule.stages)
-        if durations:
-            _check_durations(durations)
-        run = engine.run(program, c, durations)
-        if not all(run.finished):
-            run_abstractly(program.lowered())  # raises, naming each stuck rank and what it waits for
-            raise AssertionError("the simulation stopped early but the schedule does not deadlock")
-        return run.result()
+    with collector_paused():  # a big step's records all live on (`sim.limits.collector_paused`)
+        return _compile_and_run(schedule, costs, durations)
+
+
+def _compile_and_run(schedule: Schedule, costs: Costs | None, durations: Mapping[Action, float] | None) -> Result:
+    """`simulate`'s work: compile, run, and explain a run that stops early. (A function of
+    its own, so that its temporaries are gone before the garbage collector comes back.)"""
+    program = compile(schedule, "sim")
+    c = (costs or Costs()).for_stages(schedule.stages)
+    if durations:
+        _check_durations(durations)
+    run = engine.run(program, c, durations)
+    if not all(run.finished):
+        run_abstractly(program.lowered())  # raises, naming each stuck rank and what it waits for
+        raise AssertionError("the simulation stopped early but the schedule does not deadlock")
+    return run.result()
 
 
 def _check_durations(durations: Mapping[Action, float]) -> None:
