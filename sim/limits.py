@@ -7,7 +7,7 @@ for this machine is refused in well under a second with one line, instead of gro
 the operating system kills the process (in a notebook: the kernel). Nothing else in `sim`
 asks about the host: whether a layout is valid never depends on the machine that plans it.
 `collector_paused` keeps Python's garbage collector out of the way while a big step's
-records are made (`sim.make_schedule`, `sim.simulate`).
+actions are made (`sim.make_schedule`; `sim.simulate` does the same inline).
 
     >>> check_cells(4 * 8)                       # 1F1B on 4 stages, 8 micro-batches: fine
     >>> check_cells(10**12)         # doctest: +ELLIPSIS, +IGNORE_EXCEPTION_DETAIL
@@ -73,7 +73,8 @@ def collector_paused():
     """Python's cyclic garbage collector off inside the block (as it was, after it). A big
     step makes millions of small objects that all live to the end; the collector would walk
     them again and again (it doubles the time of `sim.simulate` at p=64, m=1024, and adds
-    half to `sim.make_schedule`'s). None of them needs collecting before the block ends."""
+    half to `sim.make_schedule`'s: docs/performance.md). None of them needs collecting
+    before the block ends."""
     collecting = gc.isenabled()
     gc.disable()
     try:
