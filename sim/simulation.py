@@ -43,8 +43,8 @@ def simulate(schedule: Schedule, costs: Costs | None = None, durations: Mapping[
     # A step of a big schedule makes millions of small objects that all live to the end;
     # Python's cyclic garbage collector would walk them again and again (it doubles the
     # time of p=64, m=1024). None of them needs collecting before we return. (As
-    # `sim.limits.collector_paused`, written out: a context manager's exit runs code once the
-    # collector is back, which starts a collection over this frame's temporaries.)
+    # `sim.limits.collector_paused`, written out: through it the whole step measured ~10 %
+    # slower, docs/performance.md.)
     collecting = gc.isenabled()
     gc.disable()
     try:
