@@ -42,7 +42,9 @@ def simulate(schedule: Schedule, costs: Costs | None = None, durations: Mapping[
     check_cells(schedule.stages * schedule.micro_batches, hint="simulate a schedule of fewer stages or micro-batches")
     # A step of a big schedule makes millions of small objects that all live to the end;
     # Python's cyclic garbage collector would walk them again and again (it doubles the
-    # time of p=64, m=1024). None of them needs collecting before we return.
+    # time of p=64, m=1024). None of them needs collecting before we return. (As
+    # `sim.limits.collector_paused`, written out: through it the whole step measured ~10 %
+    # slower, docs/performance.md.)
     collecting = gc.isenabled()
     gc.disable()
     try:

@@ -117,8 +117,7 @@ def channels(p: Program, c: StageCosts) -> dict[tuple[int, int], tuple[int, floa
     transfer's link and hold time depend only on the stages at its two ends, so they are
     worked out once per pair."""
     stage = list(map(itemgetter(0), p.actions))
-    transfers = [t for t, j in enumerate(p.producer) if j >= 0]
-    ends = set(zip(map(stage.__getitem__, map(p.producer.__getitem__, transfers)), map(stage.__getitem__, transfers)))
+    ends = {(stage[j], d) for d, j in zip(stage, p.producer) if j >= 0}
     links: dict[tuple[int, int], int] = {}   # (sending rank, receiving rank) -> link number
     out = {}
     for s, d in sorted(ends):

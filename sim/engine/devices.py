@@ -63,7 +63,7 @@ class Devices:
         is stuck for good (`Program.runnable`; a rank that waits forever never ends)."""
         links, ahead = self.links, self.ahead
         producer, arrive_at, at_yield = self.program.producer, links.arrive_at, links.at_yield
-        compute, resources = self.compute, self.resources
+        compute, post, issue, resources = self.compute, self.post, self.issue, self.resources
         timeout = links.env.timeout if not ahead else None
         prog, runnable = self.program.programs[r], self.program.runnable[r]
         now = links.env.now if not ahead else 0.0
@@ -86,7 +86,7 @@ class Devices:
                     yield timeout(until - now)
                     now = links.env.now
             elif role is _RECV or role is _SEND:
-                hold = self.post(r, x, now) if role is _RECV else self.issue(r, x, now)
+                hold = post(r, x, now) if role is _RECV else issue(r, x, now)
                 if hold:  # the call holds the rank
                     links.held_until[r], links.resume[r] = now + hold, i
                     if ahead:

@@ -62,7 +62,7 @@ def number_program(schedule: Schedule) -> Program:
         programs = []
         for lo, hi in zip(first, first[1:]):
             steps = itertools.chain.from_iterable(zip(recvs[lo + 1:hi] + [None], computes[lo:hi], sends[lo:hi]))
-            programs.append([op for op in itertools.chain(recvs[lo:lo + 1], steps) if op is not None])
+            programs.append(list(filter(None, itertools.chain(recvs[lo:lo + 1], steps))))  # (an Op is never false)
         if side_ids:
             _insert_side(programs, places, first, computes, sends)
         if schedule.has_pairs:

