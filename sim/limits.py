@@ -6,6 +6,8 @@ with their product. The entry points (`sim.make_schedule`, `sim.simulate`, `sim.
 for this machine is refused in well under a second with one line, instead of growing until
 the operating system kills the process (in a notebook: the kernel). Nothing else in `sim`
 asks about the host: whether a layout is valid never depends on the machine that plans it.
+`collector_paused` keeps Python's garbage collector out of the way while a big step's
+actions are made (`sim.make_schedule`; `sim.simulate` does the same inline).
 
     >>> check_cells(4 * 8)                       # 1F1B on 4 stages, 8 micro-batches: fine
     >>> check_cells(10**12)         # doctest: +ELLIPSIS, +IGNORE_EXCEPTION_DETAIL
@@ -15,6 +17,8 @@ asks about the host: whether a layout is valid never depends on the machine that
 """
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
 
 # What a run holds at its peak: a fixed part plus, per cell, what the engine's records and the
@@ -62,3 +66,19 @@ def check_cells(cells: int, parts: tuple[str, ...] = ("table",), copies: int = 1
         f"step too large for this machine: {cells:,} stage-micro-batches{times} would need about "
         f"{need / 2**30:.1f} GiB ({' + '.join(parts)}), more than the {MEMORY_SHARE * machine_memory() / 2**30:.1f} GiB "
         f"allowed ({MEMORY_SHARE:.0%} of its memory); the limit here is {limit:,}" + (f"; {hint}" if hint else ""))
+
+
+@contextlib.contextmanager
+def collector_paused():
+    """Python's cyclic garbage collector off inside the block (as it was, after it). A big
+    step makes millions of small objects that all live to the end; the collector would walk
+    them again and again (it doubles the time of `sim.simulate` at p=64, m=1024, and adds
+    half to `sim.make_schedule`'s: docs/performance.md). None of them needs collecting
+    before the block ends."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()

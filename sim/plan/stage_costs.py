@@ -108,15 +108,19 @@ def pass_times(m: Transformer, g: DeviceProfile, x: Slice, lt: LayerTimes, ends:
     sparse = moe_layers(m, layers) if moe is not None else [0] * stages
     out, added = [], 0.0
     for key, attr in (("F", "forward"), ("B", "backward"), ("I", "backward_input"), ("W", "backward_weight")):
-        times = []
+        times, seen = [], {}  # a stage like one seen (its layers, MoE layers and ends) times the same
         for s, (n, k) in enumerate(zip(layers, sparse)):
-            sides = (["first"] if s == 0 else []) + (["last"] if s == stages - 1 else [])
-            device = (n - k) * getattr(lt, attr) + sum(ends[f"{side}_{key}"] for side in sides)
-            kernels = (n - k) * lt.kernels[key] + sum(counts[f"{side}_{key}"] for side in sides)
-            if k:
-                device, kernels = device + k * getattr(moe, attr), kernels + k * moe.kernels[key]
-            times.append(g.pass_time(device, kernels))
-            added += (times[-1] - device) if key in ("F", "B") else 0.0
+            like = (n, k, s == 0, s == stages - 1)
+            if like not in seen:
+                sides = ["first"] * like[2] + ["last"] * like[3]
+                device = (n - k) * getattr(lt, attr) + sum(ends[f"{side}_{key}"] for side in sides)
+                kernels = (n - k) * lt.kernels[key] + sum(counts[f"{side}_{key}"] for side in sides)
+                if k:
+                    device, kernels = device + k * getattr(moe, attr), kernels + k * moe.kernels[key]
+                seen[like] = g.pass_time(device, kernels), device
+            seconds, device = seen[like]
+            times.append(seconds)
+            added += (seconds - device) if key in ("F", "B") else 0.0
         out.append(times)
     if m.kernels == "torch":  # rule 15 (docs/rules.md): the first stage's input takes no gradient
         out[2][0], out[3][0] = 0.0, out[1][0]  # I does nothing; W is the whole backward
