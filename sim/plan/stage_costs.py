@@ -167,7 +167,7 @@ def stage_costs(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: Lay
     # the isend, irecv and arrival calls; 10: a late notice's wait for the sender's I/O thread;
     # 11: the runtime's time around each compute): the step exec runs, not the links' ideal
     transport = dict(g.host_transport) if g.host_transport else {"transport": "ideal"}
-    costs = Costs(forward=tuple(fwd), backward=tuple(bwd), backward_input=tuple(bi), backward_weight=tuple(bw),
+    fields = dict(forward=tuple(fwd), backward=tuple(bwd), backward_input=tuple(bi), backward_weight=tuple(bw),
                   activation_bytes=tuple(act), w_activation_bytes=tuple(w_act), activation_bytes_sent=sent,
                   weight_bytes=tuple(w + copies for w, copies in zip(state["weights"], fp8_copies)),
                   grad_bytes=tuple(state["grads"]), optimizer_bytes=tuple(state["optimizer"]),
@@ -175,7 +175,8 @@ def stage_costs(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: Lay
                   grad_reduce=tuple(reduce), **expert_all_to_alls(moe, sparse),
                   static_bytes=dispatch_buffers(m, lay, placement, sparse, kept))
     if fsdp_as_actions(lay):
-        costs = fsdp_costs(full, g, lay, layers, params, costs)
+        fields |= fsdp_costs(full, g, lay, layers, params)
+    costs = Costs(**fields)
     # per device on average: the compute by part (the rest of the step: `estimate`)
     mb, names = lay.micro_batches, {"gemm": "gemm", "memory": "memory_bound", "collectives": "tp_collectives"}
     count = sum(sparse)
@@ -222,9 +223,8 @@ def stage_activations(m: Transformer, lay: Layout, layers: list[int], sparse: li
     return act, w_act
 
 
-def fsdp_costs(m: Transformer, g: DeviceProfile, lay: Layout, layers: list[int], params: list[float],
-               costs: Costs) -> Costs:
-    """`costs` with those of FSDP's actions (zero=3: `sim.cost.data_parallel.fsdp_as_actions`):
+def fsdp_costs(m: Transformer, g: DeviceProfile, lay: Layout, layers: list[int], params: list[float]) -> dict:
+    """The `Costs` fields of FSDP's actions (zero=3: `sim.cost.data_parallel.fsdp_as_actions`):
     each stage's UNSHARD, its time (pp > 1: the whole stage's all-gather; pp = 1: none, the
     gathers' exposed time being in the passes) and the bytes it holds until its RESHARD
     (`sim.cost.data_parallel.fsdp_held_bytes`). With pp > 1 its gradients are whole until its
@@ -233,10 +233,10 @@ def fsdp_costs(m: Transformer, g: DeviceProfile, lay: Layout, layers: list[int],
     adds into unsharded gradients."""
     held = tuple(fsdp_held_bytes(m, lay, layers, params))
     if lay.pp == 1:
-        return replace(costs, unshard=(0.0,) * len(params), unshard_bytes=held)
+        return dict(unshard=(0.0,) * len(params), unshard_bytes=held)
     grads = state_bytes_per_param(lay.precision)["grads"]
-    return replace(costs, unshard=tuple(fsdp_times(g, lay, params)), unshard_bytes=held,
-                   grad_bytes=tuple(p * grads for p in params))
+    return dict(unshard=tuple(fsdp_times(g, lay, params)), unshard_bytes=held,
+                grad_bytes=tuple(p * grads for p in params))
 
 
 def memory_parts(costs: Costs, sched, result: Result) -> list[dict]:
