@@ -40,14 +40,15 @@ COMMANDS = {
     "gpt3-175b, 1,048,576 A100s": ("--model gpt3-175b --gpu a100-80gb --gpus 1048576 --global-batch 2097152 "
                                    "--no-figures", None),
 }
-# The last `--commands` table, 2026-12-02 on the 2-core development machine shared with other work (load 1.8-2.6):
-# medians of 3 runs, wall seconds, before (commit 30b8c4c's sim.plan) and after alternating; the first settled
-# configuration is reported within 0.5 s in each.
+# The last `--commands` table, 2026-12-02 02:23-02:26 UTC on the 2-core development machine shared with other work
+# (load 1.4-2.8): wall seconds, before (main at 5cb361a) and after (the planner's collector paused, each kind of stage
+# costed once) alternating, medians of 2 runs (1,048,576 GPUs: 1 run, 02:21 UTC). CPU seconds (user + sys) in the same
+# runs: gpt3-175b 16.7 -> 13.3, deepseek-v3 19.6 -> 17.5. What the rest costs: docs/validation.md, "Planner speed".
 RECORDED = """
 command                      before s  after s  target s
-gpt3-175b, 1024 A100s            16.0     13.4         5
-deepseek-v3, 2048 H100s          22.0     18.7        10
-gpt3-175b, 1,048,576 A100s       ~280     18-25        -   (before: issue 47's "0/N settled" for 280 s)
+gpt3-175b, 1024 A100s            18.4     14.5         5
+deepseek-v3, 2048 H100s          22.9     20.8        10
+gpt3-175b, 1,048,576 A100s       27.6     21.3         -
 """
 
 

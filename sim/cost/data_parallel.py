@@ -91,10 +91,17 @@ def grad_reduce_times(m: Transformer, g: DeviceProfile, lay: Parallelism, params
     # ZeRO-3 with pp > 1 reduce-scatters once, after the stage's last backward (HSDP:
     # within its shard group, then all-reduces its shard across the replicas); with pp = 1
     # every micro-batch's gradients in its backward (`fsdp_layer_exposure`, `zero3_times`)
-    if lay.zero == 3 and lay.pp > 1:
-        out = [fsdp_reduce_time(g, lay, p * grad) for p in params]
-    else:
-        out = [0.0 if lay.zero == 3 else reduce(p * grad, s) for s, p in enumerate(params)]
+    seen = {}  # a stage with the parameters (and last backward) of one seen reduces alike
+
+    def once(s: int) -> float:
+        key = (params[s], None if backward is None else backward[s])
+        if key not in seen:
+            if lay.zero == 3 and lay.pp > 1:
+                seen[key] = fsdp_reduce_time(g, lay, params[s] * grad)
+            else:
+                seen[key] = 0.0 if lay.zero == 3 else reduce(params[s] * grad, s)
+        return seen[key]
+    out = [once(s) for s in range(len(params))]
     if m.params().tied and placement[0] != placement[-1]:
         tied = collective_time(links, "all_reduce", m.vocab * m.hidden / lay.tp * grad, topo.group("embedding"))
         out[0] += tied

@@ -60,7 +60,7 @@ from sim.model.footprint import DEFAULT_OPTIMIZER, check_optimizer
 from sim.model.transformer import Transformer
 from sim.schedule.ir import ScheduleError
 
-from sim.limits import most_cells
+from sim.limits import collector_paused, most_cells
 
 from .bounds import Bounds
 from .estimation import Estimate, estimate_layout
@@ -284,22 +284,23 @@ def search(model: Transformer | str, gpu: DeviceProfile | GPU | str, gpus: int, 
         if progress is not None:
             progress(total - waiting, total)
 
-    for _, config, waiting in _best_first(configs, bounds, usable, limit, dropped, settled):
-        try:
-            est = _estimate(steps, config)
-        except (ValueError, ScheduleError) as err:
-            dropped[f"refused by the estimate: {str(err).splitlines()[0][:60]}"] += 1
-            continue
-        finally:
-            if progress is not None:
-                progress(total - waiting, total)
-        row = _row(config, est, keep=False)
-        points.append(row)
-        if not row.fits:
-            dropped["does not fit (simulated)"] += 1
-            continue
-        bisect.insort(best, (rank_key(row), _row(config, est, keep=top is not None)))  # top=None: rows keep no step
-        del best[top if top is not None else len(best):]
+    with collector_paused():  # the bounds' schedules and costs live to the end: nothing to collect
+        for _, config, waiting in _best_first(configs, bounds, usable, limit, dropped, settled):
+            try:
+                est = _estimate(steps, config)
+            except (ValueError, ScheduleError) as err:
+                dropped[f"refused by the estimate: {str(err).splitlines()[0][:60]}"] += 1
+                continue
+            finally:
+                if progress is not None:
+                    progress(total - waiting, total)
+            row = _row(config, est, keep=False)
+            points.append(row)
+            if not row.fits:
+                dropped["does not fit (simulated)"] += 1
+                continue
+            bisect.insort(best, (rank_key(row), _row(config, est, keep=top is not None)))  # top=None: rows keep no step
+            del best[top if top is not None else len(best):]
     if progress is not None:
         progress(total, total)
     rows = [row for _, row in best if row.step_time <= cap]

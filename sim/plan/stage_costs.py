@@ -108,15 +108,19 @@ def pass_times(m: Transformer, g: DeviceProfile, x: Slice, lt: LayerTimes, ends:
     sparse = moe_layers(m, layers) if moe is not None else [0] * stages
     out, added = [], 0.0
     for key, attr in (("F", "forward"), ("B", "backward"), ("I", "backward_input"), ("W", "backward_weight")):
-        times = []
+        times, seen = [], {}  # a stage like one seen (its layers, MoE layers and ends) times the same
         for s, (n, k) in enumerate(zip(layers, sparse)):
-            sides = (["first"] if s == 0 else []) + (["last"] if s == stages - 1 else [])
-            device = (n - k) * getattr(lt, attr) + sum(ends[f"{side}_{key}"] for side in sides)
-            kernels = (n - k) * lt.kernels[key] + sum(counts[f"{side}_{key}"] for side in sides)
-            if k:
-                device, kernels = device + k * getattr(moe, attr), kernels + k * moe.kernels[key]
-            times.append(g.pass_time(device, kernels))
-            added += (times[-1] - device) if key in ("F", "B") else 0.0
+            like = (n, k, s == 0, s == stages - 1)
+            if like not in seen:
+                sides = ["first"] * like[2] + ["last"] * like[3]
+                device = (n - k) * getattr(lt, attr) + sum(ends[f"{side}_{key}"] for side in sides)
+                kernels = (n - k) * lt.kernels[key] + sum(counts[f"{side}_{key}"] for side in sides)
+                if k:
+                    device, kernels = device + k * getattr(moe, attr), kernels + k * moe.kernels[key]
+                seen[like] = g.pass_time(device, kernels), device
+            seconds, device = seen[like]
+            times.append(seconds)
+            added += (seconds - device) if key in ("F", "B") else 0.0
         out.append(times)
     if m.kernels == "torch":  # rule 15 (docs/rules.md): the first stage's input takes no gradient
         out[2][0], out[3][0] = 0.0, out[1][0]  # I does nothing; W is the whole backward
@@ -163,7 +167,7 @@ def stage_costs(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: Lay
     # the isend, irecv and arrival calls; 10: a late notice's wait for the sender's I/O thread;
     # 11: the runtime's time around each compute): the step exec runs, not the links' ideal
     transport = dict(g.host_transport) if g.host_transport else {"transport": "ideal"}
-    costs = Costs(forward=tuple(fwd), backward=tuple(bwd), backward_input=tuple(bi), backward_weight=tuple(bw),
+    fields = dict(forward=tuple(fwd), backward=tuple(bwd), backward_input=tuple(bi), backward_weight=tuple(bw),
                   activation_bytes=tuple(act), w_activation_bytes=tuple(w_act), activation_bytes_sent=sent,
                   weight_bytes=tuple(w + copies for w, copies in zip(state["weights"], fp8_copies)),
                   grad_bytes=tuple(state["grads"]), optimizer_bytes=tuple(state["optimizer"]),
@@ -171,7 +175,8 @@ def stage_costs(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: Lay
                   grad_reduce=tuple(reduce), **expert_all_to_alls(moe, sparse),
                   static_bytes=dispatch_buffers(m, lay, placement, sparse, kept))
     if fsdp_as_actions(lay):
-        costs = fsdp_costs(full, g, lay, layers, params, costs)
+        fields |= fsdp_costs(full, g, lay, layers, params)
+    costs = Costs(**fields)
     # per device on average: the compute by part (the rest of the step: `estimate`)
     mb, names = lay.micro_batches, {"gemm": "gemm", "memory": "memory_bound", "collectives": "tp_collectives"}
     count = sum(sparse)
@@ -218,9 +223,8 @@ def stage_activations(m: Transformer, lay: Layout, layers: list[int], sparse: li
     return act, w_act
 
 
-def fsdp_costs(m: Transformer, g: DeviceProfile, lay: Layout, layers: list[int], params: list[float],
-               costs: Costs) -> Costs:
-    """`costs` with those of FSDP's actions (zero=3: `sim.cost.data_parallel.fsdp_as_actions`):
+def fsdp_costs(m: Transformer, g: DeviceProfile, lay: Layout, layers: list[int], params: list[float]) -> dict:
+    """The `Costs` fields of FSDP's actions (zero=3: `sim.cost.data_parallel.fsdp_as_actions`):
     each stage's UNSHARD, its time (pp > 1: the whole stage's all-gather; pp = 1: none, the
     gathers' exposed time being in the passes) and the bytes it holds until its RESHARD
     (`sim.cost.data_parallel.fsdp_held_bytes`). With pp > 1 its gradients are whole until its
@@ -229,10 +233,10 @@ def fsdp_costs(m: Transformer, g: DeviceProfile, lay: Layout, layers: list[int],
     adds into unsharded gradients."""
     held = tuple(fsdp_held_bytes(m, lay, layers, params))
     if lay.pp == 1:
-        return replace(costs, unshard=(0.0,) * len(params), unshard_bytes=held)
+        return dict(unshard=(0.0,) * len(params), unshard_bytes=held)
     grads = state_bytes_per_param(lay.precision)["grads"]
-    return replace(costs, unshard=tuple(fsdp_times(g, lay, params)), unshard_bytes=held,
-                   grad_bytes=tuple(p * grads for p in params))
+    return dict(unshard=tuple(fsdp_times(g, lay, params)), unshard_bytes=held,
+                grad_bytes=tuple(p * grads for p in params))
 
 
 def memory_parts(costs: Costs, sched, result: Result) -> list[dict]:
