@@ -20,15 +20,15 @@ of `nbytes` (the whole buffer) over n ranks on N nodes, k of them on each:
   on one node the ring always wins (lower latency, higher bandwidth), so a one-node all-reduce
   is the plain NVLink ring.
 
-The bus bandwidth B: inside one node NVLink's (`Links.node`); across nodes the NICs the
+The bus bandwidth B: inside one node NVLink's (`ClusterLinks.node`); across nodes the NICs the
 group's k GPUs on a node share (`sim.hardware.topology`: `Group.nic_share` NICs) at one NIC's bus
-bandwidth each (`Links.network`), at most NVLink's: each channel also crosses NVLink inside
+bandwidth each (`ClusterLinks.network`), at most NVLink's: each channel also crosses NVLink inside
 the node. Not modelled: NCCL's per-channel bandwidth caps (`perChMaxTreeBws` and the like:
 the channel count is not modelled), its network post overhead (`getNetOverhead`: 1 us on Intel,
 2 on AMD hosts, times 3 for Simple, a floor on the intra-node hop of a multi-node ring), and
 the network latency of the graph (`latencyInter`, 0 for InfiniBand).
 
-The links are plain records (the profile's `Link`s in `Links`; `P2PLink`, one send's path), taken as
+The links are plain records (the profile's `Link`s in `ClusterLinks`; `P2PLink`, one send's path), taken as
 arguments; `links_of` builds them from a device profile (`sim.hardware.profile`, docs/profiles.md). Where the profile has a
 measured table of a collective over this many ranks on this link (`collectives.table`), or
 of sends (`p2p.table`), the table's time is taken instead of the model's.
@@ -70,7 +70,7 @@ class P2PLink:
 
 
 @dataclass(frozen=True)
-class Links:
+class ClusterLinks:
     """The links of a cluster: collectives and sends inside a node and between nodes; `tree`:
     whether the library has NCCL's tree all-reduce."""
     node: Link       # the profile's record of the link: NCCL's ring over it and one send's figures
@@ -82,18 +82,18 @@ class Links:
 
 
 @cache
-def links_of(dev: DeviceProfile) -> Links:
+def links_of(dev: DeviceProfile) -> ClusterLinks:
     """The links of a node of devices from their profile (`DeviceProfile.link`: NCCL's ring
     model of each link and its sends) and the profile's measured tables; NCCL's tree where
     the profile was measured with NCCL (gloo has none). A device without a network link (one
     host) gets its node link for both: nothing leaves its node."""
     node = dev.link("node")
-    return Links(node, dev.links.get("network", node), tree=dev.fingerprint.get("backend", "nccl") == "nccl",
+    return ClusterLinks(node, dev.links.get("network", node), tree=dev.fingerprint.get("backend", "nccl") == "nccl",
                  measured=dev.collective_lookup if dev.collective_rows else None,
                  measured_p2p=dev.p2p_lookup if dev.p2p_rows else None)
 
 
-def bus_bandwidth(links: Links, group: Group) -> float:
+def bus_bandwidth(links: ClusterLinks, group: Group) -> float:
     """Bytes/s each rank of `group` moves: NVLink's inside a node, else its NICs' (at most NVLink's)."""
     if not group.network:
         return links.node.bus_bandwidth
@@ -105,7 +105,7 @@ def _check(op: str) -> None:
         raise ValueError(f"collective must be one of {', '.join(OPS)}; got {op!r}")
 
 
-def ring_time(links: Links, op: str, nbytes: float, group: Group) -> float:
+def ring_time(links: ClusterLinks, op: str, nbytes: float, group: Group) -> float:
     """Seconds for NCCL's ring `op` of `nbytes` over `group` (see the module's docstring)."""
     _check(op)
     n = group.size
@@ -122,7 +122,7 @@ def ring_time(links: Links, op: str, nbytes: float, group: Group) -> float:
     return latency + steps / n * nbytes / bus_bandwidth(links, group)
 
 
-def tree_time(links: Links, nbytes: float, group: Group) -> float:
+def tree_time(links: ClusterLinks, nbytes: float, group: Group) -> float:
     """Seconds for NCCL's tree all-reduce of `nbytes` over `group`; inf where the links have no tree."""
     if group.size <= 1 or nbytes <= 0:
         return 0.0
@@ -135,7 +135,7 @@ def tree_time(links: Links, nbytes: float, group: Group) -> float:
     return latency + nbytes / (TREE_EFFICIENCY * bus_bandwidth(links, group) / 2 * correction)
 
 
-def algorithm(links: Links, op: str, nbytes: float, group: Group) -> str:
+def algorithm(links: ClusterLinks, op: str, nbytes: float, group: Group) -> str:
     """"ring" or "tree": the one NCCL's model picks (the faster; the ring on a tie, and for
     every op but the all-reduce)."""
     _check(op)
@@ -144,7 +144,7 @@ def algorithm(links: Links, op: str, nbytes: float, group: Group) -> str:
     return "tree"
 
 
-def collective_time(links: Links, op: str, nbytes: float, group: Group) -> float:
+def collective_time(links: ClusterLinks, op: str, nbytes: float, group: Group) -> float:
     """Seconds for `op` ("all_reduce", "reduce_scatter", "all_gather") of `nbytes` (the whole
     buffer) over `group`, by the algorithm NCCL picks, or as measured. 0 on one rank."""
     if links.measured is not None and group.size > 1 and nbytes > 0:
@@ -156,7 +156,7 @@ def collective_time(links: Links, op: str, nbytes: float, group: Group) -> float
     return ring_time(links, op, nbytes, group)
 
 
-def all_to_all_time(links: Links, nbytes: float, group: Group) -> float:
+def all_to_all_time(links: ClusterLinks, nbytes: float, group: Group) -> float:
     """Seconds for an all-to-all of `nbytes` a rank over `group` (NCCL's: every rank sends
     1/n of its buffer to each other rank at once), after one send's latency. Inside a node:
     (n - 1)/n of the buffer at NVLink's bus bandwidth (nccl-tests' bus bandwidth of alltoall,
@@ -175,7 +175,7 @@ def all_to_all_time(links: Links, nbytes: float, group: Group) -> float:
     return links.network.p2p_latency + max((n - k) / n * nbytes / nic, (k - 1) / n * nbytes / links.node.bus_bandwidth)
 
 
-def p2p_link(links: Links, send: Group) -> P2PLink:
+def p2p_link(links: ClusterLinks, send: Group) -> P2PLink:
     """The link of a send (`sim.hardware.topology.Topology.send`): NVLink's inside a node; across
     nodes the sending GPU's share of the NICs, at most NVLink's bandwidth."""
     if not send.network:
@@ -184,7 +184,7 @@ def p2p_link(links: Links, send: Group) -> P2PLink:
     return P2PLink(bandwidth, links.network.p2p_latency)
 
 
-def p2p_time(links: Links, nbytes: float, send: Group) -> float:
+def p2p_time(links: ClusterLinks, nbytes: float, send: Group) -> float:
     """Seconds for one send of `nbytes` (latency + bytes / bandwidth), or as measured."""
     if links.measured_p2p is not None:
         t = links.measured_p2p("network" if send.network else "node", nbytes)

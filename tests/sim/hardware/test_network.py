@@ -88,7 +88,7 @@ def test_nccl_picks_the_faster_and_tree_only_for_all_reduce(g, size, op):
         assert algorithm(LINKS, op, size, g) == ("ring" if ring <= tree else "tree")
     else:
         assert t == ring and algorithm(LINKS, op, size, g) == "ring"
-    no_tree = network.Links(LINKS.node, LINKS.network, tree=False)
+    no_tree = network.ClusterLinks(LINKS.node, LINKS.network, tree=False)
     assert collective_time(no_tree, op, size, g) == ring
 
 
