@@ -83,7 +83,7 @@ def record(path: Path, rows: list[dict], command: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="bench_plan_vs_run",
+    ap = argparse.ArgumentParser(prog="bench_plan_vs_run", allow_abbrev=False,
                                  description="the planner against real runs of model shapes on a measured device profile")
     ap.add_argument("--profile", help="a device profile (python -m exec.profile_device --out FILE)")
     ap.add_argument("--summary", type=Path, action="append",
