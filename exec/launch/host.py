@@ -24,6 +24,8 @@ import gc
 import os
 from typing import Iterator, Sequence
 
+from sim.limits import collector_paused
+
 __all__ = ["host_cores", "rank_cores", "thread_ids", "pin_threads", "keep_freed_memory", "io_thread_batch",
            "paused_gc", "loadavg", "cpu_ticks", "steal_share", "GLOO_IO_THREAD", "MALLOC_MMAP_MAX_BLOCK"]
 
@@ -118,14 +120,9 @@ def paused_gc() -> Iterator[None]:
     was before: on or off). A step allocates thousands of objects (events, autograd
     nodes); a collection that falls inside a timed step or compute adds its time to that
     one at random, and a calibration round's garbage made it fall on the step after it."""
-    was = gc.isenabled()
     gc.collect()
-    gc.disable()
-    try:
+    with collector_paused():
         yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def loadavg() -> str:

@@ -10,8 +10,7 @@ it and numbers it (`sim.passes.numbering.number_program` places the communicatio
 """
 from __future__ import annotations
 
-import gc
-
+from sim.limits import collector_paused
 from sim.schedule.ir import Schedule, ScheduleError
 from .checks import check_complete
 from .numbering import number_program
@@ -31,16 +30,10 @@ def lower(schedule: Schedule) -> Schedule:
     if schedule.is_lowered:
         raise ScheduleError("schedule is already lowered (it contains SEND/RECV actions)")
     check_complete(schedule)
-    # As in `sim.simulate`: the ~100k actions of a big schedule all live on; Python's cyclic
-    # garbage collector would only walk them (and every object of the process) again and
-    # again, which doubles the time where torch is imported.
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
+    # the ~100k actions of a big schedule all live on: nothing for the collector to find
+    # (it doubles the time where torch is imported)
+    with collector_paused():
         return lower_unchecked(schedule)
-    finally:
-        if collecting:
-            gc.enable()
 
 
 def lower_unchecked(schedule: Schedule) -> Schedule:
