@@ -32,6 +32,7 @@ through, and the caller explains it (`sim.passes.validation.check_deadlock`).
 from __future__ import annotations
 
 import itertools
+import operator
 from operator import itemgetter
 from typing import Mapping
 
@@ -41,7 +42,7 @@ from .costs import StageCosts, first_excess, pair_times  # noqa: F401  (first_ex
 from sim.schedule.ir import Action
 from sim.schedule.kinds import KINDS, Role
 from sim.schedule.liveness import change
-from .devices import Devices, run_ahead, run_with_simpy
+from .devices import NEVER, Devices, run_ahead, run_with_simpy
 from .links import Links
 from .program import Program
 from .resources import RESOURCES, Resource, merge_memory
@@ -77,7 +78,7 @@ def run(p: Program, c: StageCosts, durations: Mapping[Action, float] | None = No
         run_ahead(devices)
     else:
         run_with_simpy(devices, links.env)
-    return Run(p, links, devices, list(resources.values()), held_over_time(p, c, devices.logs, resources))
+    return Run(p, links, devices, list(resources.values()), held_over_time(p, c, devices, computes, resources))
 
 
 def compute_costs(p: Program, c: StageCosts) -> list[list]:
@@ -137,17 +138,31 @@ def per_transfer(p: Program, channel: dict[tuple[int, int], tuple[int, float]]) 
     return link, busy
 
 
-def held_over_time(p: Program, c: StageCosts, logs: list[list], resources: dict[Role, Resource]):
+def held_over_time(p: Program, c: StageCosts, devices: Devices, computes: list[list], resources: dict[Role, Resource]):
     """Per rank, its memory (time, bytes) and the activations it holds (time, micro-batches)
-    over the run: its stages' static bytes, the changes its computes logged and those of its
-    actions beside the device."""
+    over the run: its stages' static bytes, the changes of the computes it ran (`changes`)
+    and those of its actions beside the device."""
     static = [0.0] * p.ranks
     for s, r in enumerate(p.placement):
         static[r] += c.static_total(s)
+    _, at_start, at_end = computes
+    logs = [changes(devices.start, devices.end, at_start, at_end, ids) for ids in devices.computes_of]
     memory, activations = zip(*map(_series, logs, static)) if logs else ((), ())
     memory = [merge_memory(series, [x for res in resources.values() for x in res.changes[r]])
               for r, series in enumerate(memory)]
     return memory, list(activations)
+
+
+def changes(start: list[float], end: list[float], at_start: list, at_end: list, ids: range) -> list[tuple]:
+    """What the computes `ids` of one rank (in program order) did to its memory (rule 7): a
+    compute takes its `at_start` change ((bytes, micro-batches), or None) at its start and
+    its `at_end` change at its end, as (time, change) pairs in order; up to the first compute
+    that did not run (start `NEVER`: a stuck rank's)."""
+    lo, hi = ids.start, ids.stop
+    hi -= start[lo:hi].count(NEVER)  # a rank runs a prefix of its computes
+    times = itertools.chain.from_iterable(zip(start[lo:hi], end[lo:hi]))
+    deltas = list(itertools.chain.from_iterable(zip(at_start[lo:hi], at_end[lo:hi])))
+    return list(itertools.compress(zip(times, deltas), map(operator.is_not, deltas, itertools.repeat(None))))
 
 
 def _series(log: list, static: float) -> tuple[list, list]:
