@@ -40,8 +40,8 @@ _COMPUTE, _RECV, _SEND, _PAIR = Role.COMPUTE, Role.RECV, Role.SEND, Role.PAIR
 
 
 class Devices:
-    """The devices of one run and what they record: each compute's start and end, what
-    each rank holds over time (`logs`), each rank's busy time and whether it finished."""
+    """The devices of one run and what they record: each compute's start and end, each
+    rank's busy time and whether it finished."""
 
     def __init__(self, links: Links, transport: Transport, c: StageCosts, computes: tuple[list, list, list],
                  resources: dict[Role, Resource], ready: list[float] | None, ahead: bool):
@@ -53,6 +53,7 @@ class Devices:
         self.on_send, self.on_post = transport.bind(links)     # the transport's hooks
         self.send_call, self.recv_call = transport.send_call, transport.recv_call  # how long a call holds its rank
         self.take_in = transport.take_in                        # taking arrived data in, before the compute
+        self.watched = transport.watches_devices                # whether it reads held_until and resume
         self.before, self.after = c.before_compute, c.after_compute  # the runtime's time around a compute (rule 11)
         self.first = [c.first_compute] * ranks                  # what each rank's first compute takes more (rule 19)
         self.first_tau = c.first_compute_tau
@@ -67,7 +68,7 @@ class Devices:
         """The loop of device r: each action's step in program order, up to where the rank
         is stuck for good (`Program.runnable`; a rank that waits forever never ends)."""
         links, ahead = self.links, self.ahead
-        producer, arrive_at, at_yield = self.program.producer, links.arrive_at, links.at_yield
+        producer, arrive_at, at_yield = self.program.producer, links.arrive_at, links.at_yield[r]
         compute, post, issue, resources = self.compute, self.post, self.issue, self.resources
         timeout = links.env.timeout if not ahead else None
         prog, runnable = self.program.programs[r], self.program.runnable[r]
@@ -76,7 +77,7 @@ class Devices:
             if role is _COMPUTE:
                 at = None
                 if producer[x] >= 0:  # its input comes from another rank (rule 4)
-                    if at_yield[r]:   # it yields the core to wait for or take in its input
+                    if at_yield:      # it yields the core to wait for or take in its input
                         links.yielded(r, now)
                     at = arrive_at[x]
                     if at is None:    # the data has not left yet: the rank waits (rule 10)
@@ -139,7 +140,8 @@ class Devices:
             start = self.ready[x]
         end = self.end[x] = start + self.dur[x]
         self.start[x] = start
-        self.held_until[r], self.resume[r] = end + self.after, i  # (read where the transport watches)
+        if self.watched:
+            self.held_until[r], self.resume[r] = end + self.after, i
         return end + self.after
 
     def pair_mark(self, r: int, y: int, now: float):
