@@ -42,19 +42,28 @@ def test_per_group_answers_as_per_compute_on_every_named_schedule(name, devices,
 @given(st.lists(st.integers(0, 3), min_size=1, max_size=7), st.integers(1, 5), st.booleans(), st.randoms())
 def test_per_group_answers_as_per_compute_on_random_placements_and_orders(placement, micro_batches, split, rnd):
     """Several stages per rank, split backwards, programs shuffled (so some ranks wait on a
-    later compute of their own: `stuck`); and the same with one compute's kind changed,
-    which leaves a (stage, kind) without all its micro-batches."""
-    ranks = sorted(set(placement))
-    s = gpipe_on([ranks.index(r) for r in placement], micro_batches, split=split)
-    programs = [rnd.sample(prog, len(prog)) for prog in s.programs]
-    shuffled = Schedule(programs, s.placement, micro_batches)
-    grouped, by_compute = both_ways(shuffled)
+    later compute of their own: `stuck`)."""
+    grouped, by_compute = both_ways(_shuffled(placement, micro_batches, split, rnd))
     assert grouped == by_compute
+
+
+@given(st.lists(st.integers(0, 3), min_size=1, max_size=7), st.integers(2, 5), st.booleans(), st.randoms())
+def test_a_stage_short_of_a_micro_batch_is_answered_per_compute(placement, micro_batches, split, rnd):
+    """One compute's kind changed: its (stage, kind) lacks that micro-batch, and the
+    per-group answer declines (None), leaving it to inputs_by_compute."""
+    s = _shuffled(placement, micro_batches, split, rnd)
+    programs = [list(prog) for prog in s.programs]
     a = programs[0][0]
-    other = Kind.B if a.kind is not Kind.B else Kind.F
-    programs[0][0] = sim.Action(a.stage, other, a.micro)
+    programs[0][0] = sim.Action(a.stage, Kind.B if a.kind is not Kind.B else Kind.F, a.micro)
     grouped, _ = both_ways(_unchecked(programs, s), per_compute=False)
     assert grouped is None
+
+
+def _shuffled(placement: list[int], micro_batches: int, split: bool, rnd) -> Schedule:
+    """GPipe over `placement` (its ranks renumbered 0, 1, ...), each program shuffled."""
+    ranks = sorted(set(placement))
+    s = gpipe_on([ranks.index(r) for r in placement], micro_batches, split=split)
+    return Schedule([rnd.sample(prog, len(prog)) for prog in s.programs], s.placement, micro_batches)
 
 
 def _unchecked(programs, s: Schedule) -> Schedule:
