@@ -32,6 +32,7 @@ through, and the caller explains it (`sim.passes.validation.check_deadlock`).
 from __future__ import annotations
 
 import itertools
+import operator
 from operator import itemgetter
 from typing import Mapping
 
@@ -41,7 +42,7 @@ from .costs import StageCosts, first_excess, pair_times  # noqa: F401  (first_ex
 from sim.schedule.ir import Action
 from sim.schedule.kinds import KINDS, Role
 from sim.schedule.liveness import change
-from .devices import Devices, run_ahead, run_with_simpy
+from .devices import NEVER, Devices, run_ahead, run_with_simpy
 from .links import Links
 from .program import Program
 from .resources import RESOURCES, Resource, merge_memory
@@ -77,7 +78,7 @@ def run(p: Program, c: StageCosts, durations: Mapping[Action, float] | None = No
         run_ahead(devices)
     else:
         run_with_simpy(devices, links.env)
-    return Run(p, links, devices, list(resources.values()), held_over_time(p, c, devices.logs, resources))
+    return Run(p, links, devices, list(resources.values()), held_over_time(p, c, devices, computes, resources))
 
 
 def compute_costs(p: Program, c: StageCosts) -> list[list]:
@@ -92,7 +93,7 @@ def compute_costs(p: Program, c: StageCosts) -> list[list]:
             comm = getattr(c, spec.comm) if spec.comm else itertools.repeat(0.0)
             for s, (t, a2a) in enumerate(zip(getattr(c, spec.cost), comm)):
                 by_kind[s, k] = (t + a2a, change(k, "start", c, s), change(k, "end", c, s))
-    per = list(map(by_kind.__getitem__, zip(map(itemgetter(0), p.actions), map(itemgetter(1), p.actions))))
+    per = list(map(by_kind.__getitem__, map(itemgetter(0, 1), p.actions)))
     dur, at_start, at_end = (list(map(itemgetter(i), per)) for i in range(3))
     if p.schedule.has_pairs:
         pair_durations(p, c, dur)
@@ -137,26 +138,40 @@ def per_transfer(p: Program, channel: dict[tuple[int, int], tuple[int, float]]) 
     return link, busy
 
 
-def held_over_time(p: Program, c: StageCosts, logs: list[list], resources: dict[Role, Resource]):
+def held_over_time(p: Program, c: StageCosts, devices: Devices, computes: list[list], resources: dict[Role, Resource]):
     """Per rank, its memory (time, bytes) and the activations it holds (time, micro-batches)
-    over the run: its stages' static bytes, the changes its computes logged and those of its
-    actions beside the device."""
+    over the run: its stages' static bytes, the changes of the computes it ran (`changes`)
+    and those of its actions beside the device."""
     static = [0.0] * p.ranks
     for s, r in enumerate(p.placement):
         static[r] += c.static_total(s)
-    memory, activations = zip(*map(_series, logs, static)) if logs else ((), ())
+    _, at_start, at_end = computes
+    logs = [changes(devices.start, devices.end, at_start, at_end, ids) for ids in devices.computes_of]
+    memory, activations = zip(*(_series(*log, held) for log, held in zip(logs, static))) if logs else ((), ())
     memory = [merge_memory(series, [x for res in resources.values() for x in res.changes[r]])
               for r, series in enumerate(memory)]
     return memory, list(activations)
 
 
-def _series(log: list, static: float) -> tuple[list, list]:
-    """A rank's memory (bytes) and activations held (micro-batches) over time, from its
-    log of changes, starting at (0, static bytes) and (0, none)."""
-    times = [0.0, *map(itemgetter(0), log)]
-    changes = list(map(itemgetter(1), log))
-    held_bytes = itertools.accumulate(map(itemgetter(0), changes), initial=static)
-    held = itertools.accumulate(map(itemgetter(1), changes), initial=0)
+def changes(start: list[float], end: list[float], at_start: list, at_end: list, ids: range) -> tuple[list, list]:
+    """What the computes `ids` of one rank (in program order) did to its memory (rule 7): a
+    compute takes its `at_start` change ((bytes, micro-batches), or None) at its start and
+    its `at_end` change at its end. Returns the times and the changes, in order, up to the
+    first compute that did not run (start `NEVER`: a stuck rank's)."""
+    lo, hi = ids.start, ids.stop
+    hi -= start[lo:hi].count(NEVER)  # a rank runs a prefix of its computes
+    deltas = list(itertools.chain.from_iterable(zip(at_start[lo:hi], at_end[lo:hi])))
+    some = list(map(operator.is_not, deltas, itertools.repeat(None)))
+    times = itertools.chain.from_iterable(zip(start[lo:hi], end[lo:hi]))
+    return list(itertools.compress(times, some)), list(itertools.compress(deltas, some))
+
+
+def _series(times: list[float], deltas: list[tuple], static: float) -> tuple[list, list]:
+    """A rank's memory (bytes) and activations held (micro-batches) over time, from the
+    times and (bytes, micro-batches) of its changes, starting at (0, static bytes) and (0, none)."""
+    times = [0.0, *times]
+    held_bytes = itertools.accumulate(map(itemgetter(0), deltas), initial=static)
+    held = itertools.accumulate(map(itemgetter(1), deltas), initial=0)
     return list(zip(times, held_bytes)), list(zip(times, held))
 
 

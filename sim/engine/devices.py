@@ -21,6 +21,10 @@ drivers run the loops (`sim.engine.core.run` picks one):
 """
 from __future__ import annotations
 
+import bisect
+import functools
+import operator
+
 import simpy
 
 from sim.schedule.kinds import Role
@@ -30,13 +34,14 @@ from .resources import Resource
 from .transports import Transport
 
 INF = float("inf")
+NEVER = -1.0  # the start and end of a compute that did not run (a stuck rank's)
 # Hot loops name the roles by module globals: `Role.COMPUTE` is an attribute lookup on an Enum class.
 _COMPUTE, _RECV, _SEND, _PAIR = Role.COMPUTE, Role.RECV, Role.SEND, Role.PAIR
 
 
 class Devices:
-    """The devices of one run and what they record: each compute's start and end, what
-    each rank holds over time (`logs`), each rank's busy time and whether it finished."""
+    """The devices of one run and what they record: each compute's start and end, each
+    rank's busy time and whether it finished."""
 
     def __init__(self, links: Links, transport: Transport, c: StageCosts, computes: tuple[list, list, list],
                  resources: dict[Role, Resource], ready: list[float] | None, ahead: bool):
@@ -48,21 +53,22 @@ class Devices:
         self.on_send, self.on_post = transport.bind(links)     # the transport's hooks
         self.send_call, self.recv_call = transport.send_call, transport.recv_call  # how long a call holds its rank
         self.take_in = transport.take_in                        # taking arrived data in, before the compute
+        self.watched = transport.watches_devices                # whether it reads held_until and resume
         self.before, self.after = c.before_compute, c.after_compute  # the runtime's time around a compute (rule 11)
         self.first = [c.first_compute] * ranks                  # what each rank's first compute takes more (rule 19)
         self.first_tau = c.first_compute_tau
         self.dur, self.at_start, self.at_end = computes         # per compute: its time, its memory change at start and end
         self.ready = ready                                      # per compute: when its resources let it start (or None)
-        self.start, self.end = [0.0] * n, [0.0] * n
-        self.logs: list[list] = [[] for _ in range(ranks)]      # per rank: (time, (bytes, micro-batches)) changes
-        self.computing = [0.0] * ranks
+        self.start, self.end = [NEVER] * n, [NEVER] * n         # per compute (NEVER: it did not run)
+        first = [bisect.bisect_left(p.rank, r) for r in range(ranks + 1)]  # computes are numbered rank by rank
+        self.computes_of = [range(lo, hi) for lo, hi in zip(first, first[1:])]  # per rank: its compute ids
         self.busy, self.finished = [0.0] * ranks, [False] * ranks
 
     def run(self, r: int):
         """The loop of device r: each action's step in program order, up to where the rank
         is stuck for good (`Program.runnable`; a rank that waits forever never ends)."""
         links, ahead = self.links, self.ahead
-        producer, arrive_at, at_yield = self.program.producer, links.arrive_at, links.at_yield
+        producer, arrive_at, at_yield = self.program.producer, links.arrive_at, links.at_yield[r]
         compute, post, issue, resources = self.compute, self.post, self.issue, self.resources
         timeout = links.env.timeout if not ahead else None
         prog, runnable = self.program.programs[r], self.program.runnable[r]
@@ -71,7 +77,7 @@ class Devices:
             if role is _COMPUTE:
                 at = None
                 if producer[x] >= 0:  # its input comes from another rank (rule 4)
-                    if at_yield[r]:   # it yields the core to wait for or take in its input
+                    if at_yield:      # it yields the core to wait for or take in its input
                         links.yielded(r, now)
                     at = arrive_at[x]
                     if at is None:    # the data has not left yet: the rank waits (rule 10)
@@ -121,9 +127,9 @@ class Devices:
         """Rank r runs compute x (the i-th action of its program), reached at `now`, its input
         from another rank arrived at `at` (None: it has none). It starts once that input is
         taken in, after the runtime's own time before it (rule 11; the first compute of the
-        step takes more, rule 19) and once its resources let it (a RELOAD, rule 14); it takes
-        its memory at its start and gives some back at its end (rule 7). Returns when the
-        rank is free again, after the runtime's time after it."""
+        step takes more, rule 19) and once its resources let it (a RELOAD, rule 14). Returns
+        when the rank is free again, after the runtime's time after it. (What it does to
+        memory, rule 7, is read off its start and end after the run: `sim.engine.core.held_over_time`.)"""
         start = now
         if at is not None:
             self.free_until[r] = start = (at if at > start else start) + self.take_in
@@ -132,14 +138,10 @@ class Devices:
             start, self.first[r] = start + first_excess(self.first[r], self.first_tau, self.dur[x]), 0.0
         if self.ready is not None and self.ready[x] > start:
             start = self.ready[x]
-        if (delta := self.at_start[x]) is not None:
-            self.logs[r].append((start, delta))
         end = self.end[x] = start + self.dur[x]
         self.start[x] = start
-        self.computing[r] += end - start
-        self.held_until[r], self.resume[r] = end + self.after, i  # (read where the transport watches)
-        if (delta := self.at_end[x]) is not None:
-            self.logs[r].append((end, delta))
+        if self.watched:
+            self.held_until[r], self.resume[r] = end + self.after, i
         return end + self.after
 
     def pair_mark(self, r: int, y: int, now: float):
@@ -167,10 +169,14 @@ class Devices:
 
     def finish(self, r: int, now: float, finished: bool) -> None:
         """Rank r is done with its program (or with what it can run of it): it waits for its
-        sends, its transport thread free."""
+        sends, its transport thread free. Its busy time: its computes' times, added in
+        program order (one that did not run adds 0)."""
         self.links.free_until[r] = INF
         self.links.yielded(r, now)
-        self.busy[r], self.finished[r] = self.computing[r], finished
+        ids = self.computes_of[r]
+        self.busy[r] = functools.reduce(operator.add, map(operator.sub, self.end[ids.start:ids.stop],
+                                                          self.start[ids.start:ids.stop]), 0.0)
+        self.finished[r] = finished
 
 
 def run_with_simpy(devices: Devices, env: simpy.Environment) -> None:

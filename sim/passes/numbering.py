@@ -9,6 +9,8 @@ early. `sim.engine.program.Program.lowered` writes the result out as SEND/RECV a
 from __future__ import annotations
 
 import itertools
+import operator
+from operator import itemgetter
 
 from sim.engine.program import Op, Program, new_op
 from sim.schedule.ir import Action, Schedule
@@ -16,7 +18,7 @@ from sim.schedule.kinds import BESIDE, COMPUTE, KINDS, NEEDS, PAIRS, Role, grad_
 
 _COMPUTE, _SEND, _RECV, _PAIR = Role.COMPUTE, Role.SEND, Role.RECV, Role.PAIR
 
-__all__ = ["number_program"]
+__all__ = ["number_program", "inputs_by_compute", "inputs_by_group"]
 
 
 def number_program(schedule: Schedule) -> Program:
@@ -35,17 +37,8 @@ def number_program(schedule: Schedule) -> Program:
     rank = list(itertools.chain.from_iterable(itertools.repeat(r, len(p)) for r, p in enumerate(progs)))
     first = list(itertools.accumulate(map(len, progs), initial=0))  # rank r's computes: first[r]..first[r+1]-1
     cid = dict(zip(actions, range(n)))  # also the `computes` that the dependency functions ask
-    producer, consumer = [-1] * n, [-1] * n
-    stuck: list[int | None] = [None] * schedule.ranks  # the first compute of each rank that waits on a later one
-    for i, (s, k, m) in enumerate(actions):
-        for d in NEEDS[k](s, m, stages, cid):
-            j = cid[d]
-            if rank[j] != rank[i]:
-                if consumer[j] >= 0:
-                    raise AssertionError(f"{actions[j]} feeds two computes on other ranks")
-                producer[i], consumer[j] = j, i
-            elif j > i and stuck[rank[i]] is None:  # a local input that comes later in the same program
-                stuck[rank[i]] = i
+    inputs = inputs_by_group(progs, first, cid, stages, schedule.micro_batches)
+    producer, consumer, stuck = inputs or inputs_by_compute(actions, rank, cid, stages, schedule.ranks)
     computes = list(map(new_op, zip(itertools.repeat(_COMPUTE), range(n))))
     if schedule.is_lowered:
         programs = _number_lowered(schedule, computes, cid, side_ids)
@@ -70,6 +63,72 @@ def number_program(schedule: Schedule) -> Program:
     starts = [None if i is None else computes[i] for i in stuck]
     runnable = [len(prog) if op is None else prog.index(op) for prog, op in zip(programs, starts)]
     return Program(schedule, actions, rank, producer, programs, runnable, beside)
+
+
+def inputs_by_compute(actions: list[Action], rank: list[int], cid: dict, stages: int, ranks: int):
+    """Per compute: the compute on another rank whose tensor it takes (`producer`, -1 for
+    none) and the one on another rank that takes its result (`consumer`); per rank, the first
+    compute that needs the result of a compute later in its own program (`stuck`, or None).
+    One call of its kind's dependency function per compute."""
+    n = len(actions)
+    producer, consumer = [-1] * n, [-1] * n
+    stuck: list[int | None] = [None] * ranks
+    for i, (s, k, m) in enumerate(actions):
+        for d in NEEDS[k](s, m, stages, cid):
+            j = cid[d]
+            if rank[j] != rank[i]:
+                if consumer[j] >= 0:
+                    raise AssertionError(f"{actions[j]} feeds two computes on other ranks")
+                producer[i], consumer[j] = j, i
+            elif j > i and stuck[rank[i]] is None:  # a local input that comes later in the same program
+                stuck[rank[i]] = i
+    return producer, consumer, stuck
+
+
+def inputs_by_group(progs, first: list[int], cid: dict, stages: int, micro_batches: int):
+    """What `inputs_by_compute` answers, with one call of the dependency function per
+    (stage, kind) instead of one per compute, where every (stage, kind) a rank computes has
+    every micro-batch; None where one does not (DualPipe's two halves, a partial stage), or
+    where the answers are not those of one micro-batch, and then the caller asks per compute.
+
+    The dependency functions (`sim.schedule.kinds`) name the inputs of (s, k, m) among
+    the computes of micro-batch m, and ask `computes` only about micro-batch m: so where
+    every micro-batch has the same computes, the inputs of (s, k, m) are those of (s, k, 0)
+    with m for 0 (`tests/sim/passes/test_numbering.py` checks both ways agree)."""
+    micros = range(micro_batches)
+    groups: dict[tuple, tuple[list[int], int]] = {}  # (stage, kind) -> its compute ids by micro-batch, its rank
+    for r, prog in enumerate(progs):
+        for s in set(map(itemgetter(0), prog)):
+            for k in set(map(itemgetter(1), prog)):
+                ids = list(map(cid.get, zip(itertools.repeat(s), itertools.repeat(k), micros)))
+                if ids.count(None) == micro_batches:
+                    continue
+                if None in ids or min(ids) < first[r] or max(ids) >= first[r + 1]:
+                    return None
+                groups[s, k] = ids, r
+    if sum(len(ids) for ids, _ in groups.values()) != first[-1]:
+        return None
+    n = first[-1]
+    producer_of: dict[int, int] = {}
+    consumer_of: dict[int, int] = {}
+    stuck: list[int | None] = [None] * (len(first) - 1)
+    remote = 0
+    for (s, k), (ids, r) in groups.items():
+        for d in NEEDS[k](s, 0, stages, cid):
+            if d[2] != 0 or d[:2] not in groups:
+                return None
+            inputs, there = groups[d[:2]]
+            if there != r:
+                producer_of.update(zip(ids, inputs))
+                consumer_of.update(zip(inputs, ids))
+                remote += micro_batches
+            elif any(map(operator.gt, inputs, ids)):  # a local input that comes later in the same program
+                i = min(itertools.compress(ids, map(operator.gt, inputs, ids)))
+                stuck[r] = i if stuck[r] is None else min(stuck[r], i)
+    if len(consumer_of) != remote:  # a compute feeds two on other ranks: said by `inputs_by_compute`
+        return None
+    minus = itertools.repeat(-1)
+    return list(map(producer_of.get, range(n), minus)), list(map(consumer_of.get, range(n), minus)), stuck
 
 
 def _take_side(progs, beside: dict[Role, list[Action]], side_ids: dict[Action, Op]):

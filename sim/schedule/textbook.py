@@ -33,7 +33,7 @@ def naive(devices: int, micro_batches: int) -> Schedule:
     """Naive model parallelism: each micro-batch goes forward through every stage and
     back before the next one starts, so only one device computes at a time."""
     programs = [[x for m in range(micro_batches) for x in (F(s, m), B(s, m))] for s in range(devices)]
-    return Schedule(programs, micro_batches=micro_batches, name="naive")
+    return Schedule(programs, range(devices), micro_batches, name="naive")
 
 
 def gpipe(devices: int, micro_batches: int, max_active: int | None = None) -> Schedule:
@@ -51,7 +51,7 @@ def gpipe(devices: int, micro_batches: int, max_active: int | None = None) -> Sc
         for wave in waves:
             prog += run_of(s, Kind.F, wave) + run_of(s, Kind.B, wave)
         programs.append(prog)
-    return Schedule(programs, micro_batches=micro_batches, name="gpipe")
+    return Schedule(programs, range(devices), micro_batches, name="gpipe")
 
 
 def one_f_one_b(devices: int, micro_batches: int, max_active: int | None = None) -> Schedule:
@@ -71,7 +71,7 @@ def one_f_one_b(devices: int, micro_batches: int, max_active: int | None = None)
         prog += itertools.chain.from_iterable(zip(forwards[w:], backwards))
         prog += backwards[m - w:]
         programs.append(prog)
-    return Schedule(programs, micro_batches=m, name="1f1b")
+    return Schedule(programs, range(p), m, name="1f1b")  # (stage s on device s: no need to look)
 
 
 def _check_cap(max_active) -> int:
