@@ -62,6 +62,11 @@ def missing() -> str | None:
     return ", ".join(lacks) or None
 
 
+if missing():  # one line for the whole module
+    pytest.skip(f"no browser test: this machine lacks {missing()} (apt-get install chromium chromium-driver; "
+                f"pip install selenium)", allow_module_level=True)
+
+
 # The open notebook's state, read from JupyterLab's own model (the app is exposed to the page).
 STATE = """
 const app = window.jupyterapp, w = app && app.shell.currentWidget;
@@ -187,10 +192,6 @@ def _browser():
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    lacks = missing()
-    if lacks:
-        pytest.skip(f"no browser test: this machine lacks {lacks} "
-                    f"(apt-get install chromium chromium-driver; pip install selenium)")
     folder = tmp_path_factory.mktemp("lab")
     shutil.copy(NOTEBOOK_DIR / "nbhelp.py", folder)
     for source in SOURCES:
