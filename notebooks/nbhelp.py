@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,8 @@ if importlib.util.find_spec("sim") is None:  # the repo is not installed: it is 
     sys.path.insert(0, str(ROOT))
 
 SLIDERS_HINT = "pip install ipywidgets for sliders"
+STATIC = "NBHELP_STATIC_PAGE"  # set (by build.py --html) where the notebook becomes a page: no sliders
+STATIC_HINT = "(in the notebook, sliders above this figure redraw it)"
 
 
 @dataclass(frozen=True)
@@ -72,14 +75,20 @@ def widget(control):
 def sliders(fn: Callable[..., Any], **controls) -> None:
     """Call `fn` with one keyword argument per control: with ipywidgets installed, under
     sliders that call it again when moved (first at each control's value); without them,
-    once, at each control's value, after a line saying how to get them."""
+    once, at each control's value, after a line saying how to get them (or, for a static
+    page, build.py --html, where they are)."""
     for name, control in controls.items():
         if not isinstance(control, (Int, Float, Choice)):
             raise TypeError(f"control {name!r} is an Int, Float or Choice, not {type(control).__name__}")
+    values = {name: control.value for name, control in controls.items()}
+    if os.environ.get(STATIC):  # a static page: the figure at the values given, once
+        print(STATIC_HINT)
+        fn(**values)
+        return
     try:
         from ipywidgets import interact
     except ImportError:  # no sliders: draw the values given once
         print(SLIDERS_HINT)
-        fn(**{name: control.value for name, control in controls.items()})
+        fn(**values)
     else:
         interact(fn, **{name: widget(control) for name, control in controls.items()})

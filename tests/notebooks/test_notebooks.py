@@ -1,14 +1,14 @@
-"""The tutorials in notebooks/ run top to bottom, and are committed without outputs, as
-notebooks/build.py writes them from their percent-format sources (notebooks/0*.py).
+"""The tutorials run top to bottom, as notebooks/build.py builds them from their
+percent-format sources (notebooks/sources/0*.py, the only form git tracks).
 
-Each notebook is executed with nbclient in a fresh python3 kernel, in memory (the file on
-disk is not touched), with notebooks/ as the working directory. A failing assertion in a
-notebook (it checks the closed forms against the simulator) fails the test.
+Each notebook is built and executed in memory (nothing on disk is read but the source, nor
+written), with nbclient in a fresh python3 kernel started in notebooks/. A failing assertion
+in a notebook (it checks the closed forms against the simulator) fails the test.
 """
 from __future__ import annotations
 
 import importlib.util
-import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -21,9 +21,7 @@ from helpers import run_main
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK_DIR = ROOT / "notebooks"
-NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
-NEEDS_TORCH = {"03_real_runs.ipynb", "04_modern_schedules.ipynb", "06_closing_the_loop.ipynb"}
-CELL_TIMEOUT = 300  # seconds per cell
+NEEDS_TORCH = {"03_real_runs.py", "04_modern_schedules.py", "06_closing_the_loop.py"}
 
 nbformat = pytest.importorskip("nbformat")
 
@@ -37,33 +35,79 @@ def _load(name: str):
 
 
 build, nbhelp = _load("build"), _load("nbhelp")
+SOURCES = build.sources()
 
 
-def test_there_are_tutorials_each_built_from_its_source():
-    names = [p.name for p in NOTEBOOKS]
-    assert names == ["01_why_pipelines.ipynb", "02_memory.ipynb", "03_real_runs.ipynb", "04_modern_schedules.ipynb",
-                     "05_planning_a_real_run.ipynb", "06_closing_the_loop.ipynb", "07_dense_on_h100.ipynb",
-                     "08_mixture_of_experts.ipynb"]
-    assert [p.with_suffix(".ipynb").name for p in build.sources()] == names
+def test_the_tutorials_are_found_by_their_names():
+    """Every notebooks/sources/<two digits>_<name>.py is a tutorial, in order (a new one needs no list)."""
+    on_disk = sorted(p.name for p in build.SOURCES.iterdir() if p.suffix == ".py")
+    assert [p.name for p in SOURCES] == on_disk and len(on_disk) >= 8
+    assert on_disk[:2] == ["01_why_pipelines.py", "02_memory.py"]
+    assert [build.target(p).name for p in SOURCES[:1]] == ["01_why_pipelines.ipynb"]
+    assert build.target(SOURCES[0]).parent == NOTEBOOK_DIR  # beside nbhelp.py, which its kernel imports
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
-def test_notebook_is_what_its_source_builds(path):
-    assert path.read_text() == build.build(path.with_suffix(".py")), \
-        f"{path.name} differs from {path.with_suffix('.py').name}: run python notebooks/build.py"
+@pytest.mark.parametrize("source", SOURCES, ids=[p.name for p in SOURCES])
+def test_each_source_builds_a_valid_notebook_without_outputs(source):
+    nb = nbformat.reads(build.build(source), as_version=4)
+    nbformat.validate(nb)
+    assert nb.cells[0].cell_type == "markdown" and nb.cells[0].source.startswith("# ")  # its title
+    for i, cell in enumerate(nb.cells):
+        assert cell.id == f"cell-{i:02d}"  # stable: a rebuild changes nothing
+        if cell.cell_type == "code":
+            assert cell.outputs == [] and cell.execution_count is None, f"{source.name} cell {i}"
 
 
-def test_build_check_passes_and_refuses_bad_arguments():
-    """`python notebooks/build.py --check` (its `main`, in this process): every notebook is
-    what its source builds; an unknown argument is one line and exit status 2."""
+def _with_notebooks(monkeypatch, tmp_path):
+    """build.py on copies of the sources in tmp_path/sources, writing its notebooks into
+    tmp_path (as it does into notebooks/): the notebooks written."""
+    (tmp_path / "sources").mkdir()
+    copies = [Path(shutil.copy(p, tmp_path / "sources")) for p in SOURCES]
+    monkeypatch.setattr(build, "sources", lambda: copies)
+    monkeypatch.setattr(build, "target", lambda source: tmp_path / f"{source.stem}.ipynb")
+    assert run_main(build.main).returncode == 0
+    return sorted(tmp_path.glob("*.ipynb"))
+
+
+def test_build_check_names_a_notebook_whose_cells_are_not_its_sources(monkeypatch, tmp_path):
+    """`--check` passes on what the build writes, outputs or not (a notebook run in Jupyter),
+    and names a notebook edited in Jupyter and not carried back (`--sources`)."""
+    built = _with_notebooks(monkeypatch, tmp_path)
+    assert [p.stem for p in built] == [p.stem for p in SOURCES]
+    nb = nbformat.read(built[0], as_version=4)
+    nb.cells[1].outputs = [nbformat.v4.new_output("stream", name="stdout", text="ran\n")]
+    nbformat.write(nb, built[0])
+    assert run_main(build.main, "--check").returncode == 0
+    nb.cells[1].source += "\nP = 6"
+    nbformat.write(nb, built[0])
     check = run_main(build.main, "--check")
-    assert check.returncode == 0 and check.stderr == "", check.stderr
-    bad = run_main(build.main, "--force")
-    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--force" in bad.stderr
+    assert check.returncode == 1 and check.stderr.count("\n") == 1 and built[0].name in check.stderr
+
+
+def test_build_sources_carries_edits_back(monkeypatch, tmp_path):
+    built = _with_notebooks(monkeypatch, tmp_path)
+    nb = nbformat.read(built[0], as_version=4)
+    nb.cells[1].source += "\nP = 6"
+    nb.cells[1].outputs = [nbformat.v4.new_output("stream", name="stdout", text="an output line\n")]
+    nbformat.write(nb, built[0])
+    built[-1].unlink()  # a notebook not built: its source is left as it is
+    assert run_main(build.main, "--sources").returncode == 0
+    copies = build.sources()
+    assert build.read_percent(copies[0].read_text())[1].source.endswith("\nP = 6")
+    assert "an output line" not in copies[0].read_text()  # outputs dropped
+    cells = [[(c.cell_type, c.source) for c in build.read_percent(p.read_text())] for p in copies[1:]]
+    assert cells == [[(c.cell_type, c.source) for c in build.read_percent(p.read_text())] for p in SOURCES[1:]]
+    assert copies[-1].read_text() == SOURCES[-1].read_text()  # not built: left as it is
+
+
+@pytest.mark.parametrize("args", [["--force"], ["--html"], ["--check", "--sources"], ["--html", "a", "b"]])
+def test_build_refuses_bad_arguments(args):
+    bad = run_main(build.main, *args)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and args[0] in bad.stderr
 
 
 def test_sources_read_back_as_they_are_written():
-    for path in build.sources():
+    for path in SOURCES:
         cells = [(c.cell_type, c.source) for c in build.read_percent(path.read_text(), path.name)]
         text = build.write_percent(build.read_percent(path.read_text()))
         assert [(c.cell_type, c.source) for c in build.read_percent(text)] == cells
@@ -112,6 +156,15 @@ def test_sliders_without_ipywidgets_draw_once_at_the_values(monkeypatch, capsys)
     assert capsys.readouterr().out == nbhelp.SLIDERS_HINT + "\n"
 
 
+def test_sliders_on_a_static_page_draw_once_and_say_where_they_are(monkeypatch, capsys):
+    """build.py --html sets nbhelp.STATIC in the kernel: one figure, at the values, even with ipywidgets."""
+    monkeypatch.setenv(nbhelp.STATIC, "1")
+    calls = []
+    nbhelp.sliders(lambda p: calls.append(p), p=nbhelp.Int(3, 1, 8))
+    assert calls == [3] and capsys.readouterr().out == nbhelp.STATIC_HINT + "\n"
+    assert build.STATIC == nbhelp.STATIC
+
+
 def test_sliders_with_ipywidgets_start_at_the_values():
     pytest.importorskip("ipywidgets")
     calls = []
@@ -126,45 +179,16 @@ def test_sliders_refuse_what_is_not_a_control():
         nbhelp.sliders(print, p=3)
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
-def test_notebook_is_committed_without_outputs(path):
-    nb = nbformat.read(path, as_version=4)
-    nbformat.validate(nb)
-    for i, cell in enumerate(nb.cells):
-        if cell.cell_type == "code":
-            assert cell.outputs == [], f"{path.name} cell {i} has outputs; run python notebooks/build.py"
-            assert cell.execution_count is None, f"{path.name} cell {i} has an execution count"
-
-
-def _quiet_manager():
-    """A kernel manager that does not interrupt the kernel when it shuts it down.
-    jupyter_client (8.x) interrupts before every shutdown, and ipykernel then logs
-    "KeyboardInterrupt caught in kernel" although the notebook has finished."""
-    from jupyter_client.manager import AsyncKernelManager
-
-    class QuietShutdown(AsyncKernelManager):
-        async def _async_interrupt_kernel(self) -> None:
-            if not self.shutting_down:
-                await super()._async_interrupt_kernel()
-    return QuietShutdown
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
-def test_notebook_runs(path, monkeypatch):
+@pytest.mark.parametrize("source", SOURCES, ids=[p.name for p in SOURCES])
+def test_notebook_runs(source):
     pytest.importorskip("nbclient")
     pytest.importorskip("ipykernel")
-    if path.name in NEEDS_TORCH and importlib.util.find_spec("torch") is None:
+    if source.name in NEEDS_TORCH and importlib.util.find_spec("torch") is None:
         pytest.skip("needs torch: pip install -e '.[exec]'")
-    from nbclient import NotebookClient
-
-    # the kernel finds `sim` and `exec` even where the repo is not installed
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(nb, timeout=CELL_TIMEOUT, kernel_name="python3", kernel_manager_class=_quiet_manager(),
-                            resources={"metadata": {"path": str(NOTEBOOK_DIR)}})
+    nb = build.notebook_of(source)
     t = time.perf_counter()
-    client.execute()  # raises CellExecutionError, with the cell and its traceback, if a cell fails
-    print(f"{path.name}: {time.perf_counter() - t:.1f} s")
+    build.execute(nb)  # raises CellExecutionError, with the cell and its traceback, if a cell fails
+    print(f"{source.name}: {time.perf_counter() - t:.1f} s")
     images = sum("image/png" in out.get("data", {}) for c in nb.cells if c.cell_type == "code" for out in c.outputs)
-    assert images >= 2, f"{path.name} drew {images} inline figures"
+    assert images >= 2, f"{source.name} drew {images} inline figures"

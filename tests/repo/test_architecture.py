@@ -198,7 +198,7 @@ def test_private_uses_are_recognised():
 
 def _code_files() -> list[Path]:
     files = [*modules().values(), *(ROOT / "tests").rglob("*.py"), *(ROOT / "benchmarks").glob("*.py"),
-             *(ROOT / "notebooks").glob("*.py")]
+             *(ROOT / "notebooks").rglob("*.py")]
     return [f for f in files if f.resolve() != Path(__file__).resolve()]
 
 

@@ -246,7 +246,7 @@ plt.show()
 #
 # `explore` draws the three schedules for any `p`, `m`, latency and slow-stage factor and prints
 # their bubble next to the closed form for free, even stages. With `ipywidgets` installed
-# (`pip install -e ".[notebooks]"`), sliders appear below the figure and redraw it; without them, or in
+# (`pip install -e ".[notebooks]"`), sliders appear above the figure and redraw it; without them, or in
 # a headless run, the figure for the parameters at the top is all you get.
 
 # %%

@@ -199,7 +199,7 @@ for name in ("gpipe", "1f1b"):
 # %% [markdown]
 # ## 5. Explore
 #
-# With `ipywidgets` installed (`pip install -e ".[notebooks]"`), sliders appear below the figure
+# With `ipywidgets` installed (`pip install -e ".[notebooks]"`), sliders appear above the figure
 # and redraw it; without them, or in a headless run, the figure for the parameters at the top is
 # all you get.
 

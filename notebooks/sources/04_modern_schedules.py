@@ -313,7 +313,7 @@ assert max(trade[f"1f1b max_active={cap}"].peak_memory) <= cap * A + 1e-6
 # `explore` draws 1F1B and a schedule of your choice for any `p`, `m`, `V` (for the interleaved
 # and looped schedules) and F:I:W, with the peak memory of each device in GiB for the model above.
 # A size a schedule refuses (ZB-H2 needs `m ≥ 2p-1`, DualPipeV `m ≥ 2p`) prints its one-line
-# reason. With `ipywidgets` installed (`pip install -e ".[notebooks]"`), sliders appear below the
+# reason. With `ipywidgets` installed (`pip install -e ".[notebooks]"`), sliders appear above the
 # figure and redraw it; without them, or in a headless run, the figure for the parameters at the
 # top is all you get.
 
