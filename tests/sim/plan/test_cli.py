@@ -123,3 +123,47 @@ def test_an_unknown_optimizer_is_one_line_and_exit_2():
     proc = run_main(plan_cli.main, "--model", "megatron-1.7b", "--gpu", "a100-80gb", "--gpus", "1", "--global-batch", "1",
                     "--optimizer", "lion", "--no-figures")
     one_line(proc, 2, "--optimizer", "lion")
+
+
+# ------------------------------------------------------- a profile FILE.json (issue 52, item 2)
+
+def _profile_file(tmp_path, name="my-h100"):
+    """The h100-80gb best-case preset saved under another name, as a file of one's own."""
+    path = tmp_path / f"{name}.json"
+    sim.save_profile({**sim.profile("h100-80gb-best-case").to_dict(), "name": name}, path)
+    return path
+
+
+def test_gpu_takes_a_profile_file_and_plans_as_with_the_preset(tmp_path):
+    path = _profile_file(tmp_path)
+    status, out, err = run(["--model", "megatron-1.7b", "--quiet", "--gpu", str(path), *BASE[2:]])
+    assert status == 0, err
+    assert "profile my-h100 (best case)" in out
+    _, preset, _ = run(["--model", "megatron-1.7b", "--quiet", "--gpu", "h100-80gb-best-case", *BASE[2:]])
+    assert out.splitlines()[2:] == preset.splitlines()[2:]  # all but the time taken and the profile's name
+    assert sum(line.startswith("   ") and line.endswith(" yes") for line in out.splitlines()) == 2  # --top 2
+
+
+@pytest.mark.parametrize("content, words", [
+    (None, ["cannot read"]),
+    ("{not json", ["not JSON"]),
+    (json.dumps({"schema": "something-else"}), ["not a device profile"]),
+    (json.dumps({**sim.profile("h100-80gb-best-case").to_dict(), "launch": {}}), ["launch"]),
+])
+def test_a_bad_profile_file_is_one_line_naming_it_and_exit_2(tmp_path, content, words):
+    path = tmp_path / "p.json"
+    if content is not None:
+        path.write_text(content)
+    proc = run_main(plan_cli.main, "--model", "megatron-1.7b", "--gpu", str(path), *BASE[2:])
+    one_line(proc, 2, "sim.plan: error:", str(path), *words)
+    assert proc.stdout == ""
+
+
+def test_estimate_takes_a_profile_file(tmp_path):
+    path = _profile_file(tmp_path)
+    layout = dict(tp=1, pp=2, dp=1, micro_batch=1, global_batch=8)
+    mine, preset = (sim.estimate("megatron-1.7b", gpu, **layout) for gpu in (str(path), "h100-80gb-best-case"))
+    assert mine.profile.name == "my-h100" and mine.step_time == preset.step_time
+    assert sim.estimate("megatron-1.7b", path, **layout).step_time == preset.step_time  # a Path too
+    with pytest.raises(sim.hardware.profile.ProfileError, match="cannot read"):
+        sim.estimate("megatron-1.7b", str(tmp_path / "missing.json"), **layout)
