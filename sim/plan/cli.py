@@ -37,6 +37,8 @@ from sim.schedule.registry import SCHEDULES
 from sim.model.transformer import RECOMPUTE
 
 PROG = "sim.plan"
+GPU_HELP = (f"one of {', '.join(GPUS)}, a device profile's name, or a profile FILE.json (what python -m "
+            f"exec.profile_device --out FILE.json writes)")
 
 
 def _ints(text: str) -> list[int]:
@@ -82,8 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"a preset ({', '.join(MODELS)}) or FILE.json, an object of sim.Transformer's fields "
                         f"(layers, hidden, heads, seq, vocab; optional ffn, kv_heads, arch, attention, ...)")
     parser.add_argument("--seq", type=whole, help="sequence length (default: the model's)")
-    parser.add_argument("--gpu", required=True, help=f"one of {', '.join(GPUS)}, a device profile's name, or a "
-                        "profile FILE.json (what python -m exec.profile_device --out FILE.json writes)")
+    parser.add_argument("--gpu", required=True, help=GPU_HELP)
     parser.add_argument("--gpus", type=whole, required=True, help="GPUs in all: tp * cp * pp * dp")
     parser.add_argument("--global-batch", type=whole, required=True, help="sequences per step")
     parser.add_argument("--tp", type=_ints, help="tensor-parallel sizes (default: powers of two within a node)")
