@@ -300,7 +300,7 @@ def resolve(gpu) -> DeviceProfile:
     `GPU` (its preset's default profile, for a preset)."""
     if isinstance(gpu, DeviceProfile):
         return gpu
-    if isinstance(gpu, (str, PurePath)) and (str(gpu).endswith(".json") or Path(gpu).is_file()):
+    if isinstance(gpu, PurePath) or isinstance(gpu, str) and gpu.endswith(".json"):
         return load_profile(gpu)  # a profile file: exec.profile_device's, or one of your own
     if isinstance(gpu, str):
         return profile(gpu)
