@@ -226,9 +226,9 @@ def format_table(plan: Plan) -> str:
 
 def legend(plan: Plan) -> list[str]:
     """What the table's less obvious columns mean (issue 52: the TFLOP/s count recompute)."""
-    lines = ["b: micro-batch size, m: micro-batches a step, V: chunks a device; HW TFLOP/s/GPU: the FLOPs a GPU "
-             "executes a second, recomputed forwards included (Narayanan et al. 2021, Eq. 3); MFU: the model's "
-             "FLOPs alone (no recompute) over the GPU's peak"]
+    lines = ["b: micro-batch size, m: micro-batches a step, V: chunks a device, sp: sequence parallelism",
+             "HW TFLOP/s/GPU: the FLOPs a GPU executes a second, recomputed forwards included (Narayanan et al. "
+             "2021, Eq. 3); MFU: the model's FLOPs alone (no recompute) over the GPU's peak"]
     if plan.model.moe is not None:
         lines.append("ep: expert parallelism (the routed experts split over ep ranks); etp: expert tensor "
                      "parallelism (each expert's matrices split over etp ranks), Megatron-Core's "
