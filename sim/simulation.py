@@ -18,7 +18,23 @@ from sim.passes.compile import compile
 from sim.passes.validation import run_abstractly
 from sim.schedule.ir import Action, Schedule
 
-__all__ = ["simulate"]
+__all__ = ["DegenerateStep", "check_makespan", "simulate"]
+
+
+class DegenerateStep(ValueError):
+    """A simulated step of no time (every cost 0) or of more time than a float holds."""
+
+
+def check_makespan(makespan: float, name: str) -> None:
+    """Raise `DegenerateStep`, one line naming the fix, for a step (of the schedule `name`)
+    whose makespan is 0 or not finite: the one rule of `sim.simulate` and the command lines on it."""
+    span = makespan
+    if not math.isfinite(span):
+        raise DegenerateStep(f"the step of {name} lasts {span} time units: the costs overflow a float; "
+                             f"give smaller times (e.g. in ms rather than ns)")
+    if span <= 0:
+        raise DegenerateStep(f"the step of {name} takes no time (every cost is 0); give forward and backward "
+                             f"costs > 0 (sim.Costs(forward=..., backward=...), --forward and --backward)")
 
 
 def simulate(schedule: Schedule, costs: Costs | None = None, durations: Mapping[Action, float] | None = None
@@ -32,7 +48,10 @@ def simulate(schedule: Schedule, costs: Costs | None = None, durations: Mapping[
     A schedule that cannot finish raises `ScheduleError` showing where each rank waits: the
     run itself is the deadlock check (`sim.passes.validation.check_deadlock` explains what it found).
     A step too large for this machine's memory raises `sim.limits.StepTooLarge` (a
-    ValueError) before anything is compiled or run."""
+    ValueError) before anything is compiled or run; a step under `costs` alone (no
+    `durations`) that takes no time (every cost 0) or lasts past a float's range raises
+    `DegenerateStep` (a ValueError, `check_makespan`):
+    there is nothing to measure or draw (`python -m sim.plot` refuses it with the same line)."""
     if not isinstance(schedule, Schedule):
         hint = f"sim.make_schedule({schedule!r}, devices, micro_batches)" if isinstance(schedule, str) else "sim.make_schedule(...)"
         raise TypeError(f"simulate needs a sim.Schedule, got {type(schedule).__name__} {schedule!r:.40}; build one "
@@ -56,7 +75,10 @@ def simulate(schedule: Schedule, costs: Costs | None = None, durations: Mapping[
         if not all(run.finished):
             run_abstractly(program.lowered())  # raises, naming each stuck rank and what it waits for
             raise AssertionError("the simulation stopped early but the schedule does not deadlock")
-        return run.result()
+        result = run.result()
+        if not durations:  # a replay's own times are what was measured, whatever they are
+            check_makespan(result.makespan, schedule.name)
+        return result
     finally:
         if collecting:
             gc.enable()

@@ -18,7 +18,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from functools import cache, cached_property
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any, Mapping
 
 from .gpus import GPU, GPUS, PEAK_PRECISIONS
@@ -284,7 +284,7 @@ def profile(name: str) -> DeviceProfile:
                          f"(docs/profiles.md); profiles: {', '.join(presets())}")
     if key not in presets():
         raise ValueError(f"unknown GPU or profile {name!r}; known GPUs: {', '.join(GPUS)}; "
-                         f"profiles: {', '.join(presets())}")
+                         f"profiles: {', '.join(presets())}; or a profile FILE.json (exec.profile_device's)")
     return _cached(key)
 
 
@@ -295,9 +295,13 @@ def _cached(key: str) -> DeviceProfile:
 
 def resolve(gpu) -> DeviceProfile:
     """A `DeviceProfile` from what `sim.estimate(gpu=...)` takes: a profile, a GPU or profile
-    name, or a datasheet `GPU` (its preset's default profile, for a preset)."""
+    name, the path of a profile FILE.json (`load_profile`: what `python -m exec.profile_device`
+    writes; ProfileError, one line naming the file, for one it cannot read), or a datasheet
+    `GPU` (its preset's default profile, for a preset)."""
     if isinstance(gpu, DeviceProfile):
         return gpu
+    if isinstance(gpu, PurePath) or isinstance(gpu, str) and gpu.endswith(".json"):
+        return load_profile(gpu)  # a profile file: exec.profile_device's, or one of your own
     if isinstance(gpu, str):
         return profile(gpu)
     if isinstance(gpu, GPU):
@@ -305,4 +309,5 @@ def resolve(gpu) -> DeviceProfile:
             return profile(gpu.name)
         raise ValueError(f"GPU {gpu.name!r} is a datasheet without a profile: give sim.load_profile(path) "
                          f"or a GPU with one ({', '.join(DEFAULT_PROFILES)})")
-    raise TypeError(f"gpu must be a GPU or profile name, a sim.GPU or a sim.DeviceProfile; got {type(gpu).__name__}")
+    raise TypeError(f"gpu must be a GPU or profile name, a profile FILE.json, a sim.GPU or a sim.DeviceProfile; "
+                    f"got {type(gpu).__name__}")

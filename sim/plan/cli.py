@@ -26,14 +26,19 @@ from sim.cli import whole
 from sim.hardware.gpus import GIB, GPUS, PRECISIONS
 from sim.model.footprint import DEFAULT_OPTIMIZER, OPTIMIZERS
 from sim.schedule.ir import ScheduleError
-from .layout import DEFAULT_HEADROOM
-from sim.model.registry import MODELS, find_model, model_name
+from .bounds import Bounds
+from .layout import DEFAULT_HEADROOM, MAX_CELLS, Layout
+from .space import configurations
+from .steps import Steps
+from sim.model.registry import MODELS, find_model, model_key, model_name
 from .planner import TOO_LARGE, Plan, search
 from .space import CP_MIN_SEQ, CP_MIN_TOKENS, MAX_CONFIGS, MAX_MICRO_BATCH, MAX_VIRTUAL, TOP
 from sim.schedule.registry import SCHEDULES
 from sim.model.transformer import RECOMPUTE
 
 PROG = "sim.plan"
+GPU_HELP = (f"one of {', '.join(GPUS)}, a device profile's name, or a profile FILE.json (what python -m "
+            f"exec.profile_device --out FILE.json writes)")
 
 
 def _ints(text: str) -> list[int]:
@@ -50,16 +55,21 @@ def _words(text: str) -> list[str]:
 
 
 def headroom(text: str) -> float:
-    """`--memory-headroom`: `10%` or `0.1` (a fraction of each GPU's memory), or bytes:
-    `4GiB`, `512MiB`, `4e9`."""
-    units = {"%": 0.01, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
+    """`--memory-headroom`: a share of each GPU's memory, `10%` or `0.1` (a bare number is a
+    fraction, below 1), or bytes with their unit: `4GiB`, `512MiB`, `4e9B`. A bare number of 1
+    or more (`1`, `1.5`: a fraction or bytes?) is refused."""
+    units = {"%": 0.01, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "B": 1}
     for suffix, scale in units.items():
         if text.endswith(suffix):
             value = cli.number(text[:-len(suffix)]) * scale
             if suffix == "%" and value >= 1:
                 raise argparse.ArgumentTypeError(f"got {text}, need a share below 100%")
             return value
-    return cli.number(text)
+    value = cli.number(text)
+    if value >= 1:
+        raise argparse.ArgumentTypeError(f"got {text}: a bare number is a fraction of each GPU's memory, below 1 "
+                                         f"(0.1 or 10%); give bytes with a unit (4GiB, 512MiB, 4e9B)")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -74,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"a preset ({', '.join(MODELS)}) or FILE.json, an object of sim.Transformer's fields "
                         f"(layers, hidden, heads, seq, vocab; optional ffn, kv_heads, arch, attention, ...)")
     parser.add_argument("--seq", type=whole, help="sequence length (default: the model's)")
-    parser.add_argument("--gpu", required=True, help=f"one of {', '.join(GPUS)}, or a device profile's name")
+    parser.add_argument("--gpu", required=True, help=GPU_HELP)
     parser.add_argument("--gpus", type=whole, required=True, help="GPUs in all: tp * cp * pp * dp")
     parser.add_argument("--global-batch", type=whole, required=True, help="sequences per step")
     parser.add_argument("--tp", type=_ints, help="tensor-parallel sizes (default: powers of two within a node)")
@@ -105,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the run's optimizer: its state in memory, its step in time (the names of exec.run --optimizer)")
     parser.add_argument("--memory-headroom", type=headroom, default=DEFAULT_HEADROOM,
                    help="kept free of each GPU's memory for the CUDA context, NCCL's buffers and fragmentation: "
-                        "a fraction (0.1, 10%%) or bytes (4GiB)")
+                        "a fraction below 1 (0.1, 10%%) or bytes with a unit (4GiB, 512MiB, 4e9B)")
     parser.add_argument("--gpus-per-node", type=whole, default=8, help="GPUs joined by NVLink")
     parser.add_argument("--nics-per-node", type=whole, help="network cards a node's GPUs share "
                                                        "(default: --gpus-per-node, one a GPU)")
@@ -195,7 +205,7 @@ def profile_kind(profile) -> str:
 def format_table(plan: Plan) -> str:
     """One aligned line per ranked configuration."""
     head = ("rank", "tp", "cp", "pp", "dp", "b", "m", "schedule", "V", "recompute", "zero", "sp", "step s",
-            "TFLOP/s/GPU", "MFU", "bubble", "peak GiB", "fits")
+            "HW TFLOP/s/GPU", "MFU", "bubble", "peak GiB", "fits")
     experts = plan.model.moe is not None  # its ep and expert_tp after cp
     head = head[:3] + ("ep", "etp") * experts + head[3:]
     rows = [head]
@@ -214,14 +224,26 @@ def format_table(plan: Plan) -> str:
                      .rstrip() for row in rows)
 
 
-def format_report(plan: Plan) -> str:
-    """The header (the run, its profile and kind, the memory a GPU may fill), the table, and
-    what was left out: the enumerated configurations by reason (they and the simulated ones
-    that fit add up to the enumerated), then what was not enumerated at all (layouts and
-    schedule sizes, not configurations)."""
+def legend(plan: Plan) -> list[str]:
+    """What the table's less obvious columns mean (issue 52: the TFLOP/s count recompute)."""
+    lines = ["b: micro-batch size, m: micro-batches a step, V: chunks a device, sp: sequence parallelism",
+             "HW TFLOP/s/GPU: the FLOPs a GPU executes a second, recomputed forwards included (Narayanan et al. "
+             "2021, Eq. 3); MFU: the model's FLOPs alone (no recompute) over the GPU's peak"]
+    if plan.model.moe is not None:
+        lines.append("ep: expert parallelism (the routed experts split over ep ranks); etp: expert tensor "
+                     "parallelism (each expert's matrices split over etp ranks), Megatron-Core's "
+                     "--expert-tensor-parallel-size")
+    return lines
+
+
+def format_report(plan: Plan, name: str | None = None) -> str:
+    """The header (the run, its profile and kind, the memory a GPU may fill), the table and its
+    legend, and what was left out: the enumerated configurations by reason (they and the simulated
+    ones that fit add up to the enumerated), then what was not enumerated at all (layouts and
+    schedule sizes, not configurations). `name`: the model's as the user gave it."""
     fit = plan.simulated - plan.dropped_configs["does not fit (simulated)"]
     kind = profile_kind(plan.profile)
-    lines = [f"{model_name(plan.model)} on {plan.gpus} x {plan.gpu.name}, global batch {plan.global_batch}, {plan.precision}: "
+    lines = [f"{name or model_name(plan.model)} on {plan.gpus} x {plan.gpu.name}, global batch {plan.global_batch}, {plan.precision}: "
              f"{plan.enumerated} configurations, {plan.simulated} simulated ({fit} fit) in {plan.seconds:.1f} s",
              f"profile {plan.profile.name} ({kind}); fits: peak <= {plan.usable_memory / GIB:.1f} of "
              f"{plan.gpu.memory / GIB:.1f} GiB (the rest is headroom for CUDA, NCCL and fragmentation)"]
@@ -229,7 +251,7 @@ def format_report(plan: Plan) -> str:
         lines.append("caveat: a best-case profile (the best published figures for recent software, not a "
                      "calibrated stack): expect real steps 10-25 % slower")
     lines += [f"warning: {w}" for w in plan.warnings]
-    lines.append(format_table(plan) if plan.rows else "no configuration fits")
+    lines += [format_table(plan), *legend(plan)] if plan.rows else ["no configuration fits"]
     if any(not row.config.reshard_after_forward for row in plan.rows):
         lines.append("zero '3 keep': FSDP with reshard_after_forward off (each stage kept gathered from its first "
                      "forward to its last backward)")
@@ -250,6 +272,55 @@ def why_none_fits(plan: Plan) -> str:
     if reasons and max(reasons, key=reasons.get) == TOO_LARGE:
         return "its steps are too large to simulate on this machine; give a smaller global batch"
     return "give more GPUs, a smaller global batch, a smaller --memory-headroom or a GPU with more memory"
+
+
+def nearest_miss(plan: Plan, limits: dict) -> str | None:
+    """When nothing fits, the configuration closest to fitting and by how much it misses: the
+    simulated one of the least peak, else (none simulated: the memory bounds dropped them all)
+    the enumerated one of the least bound (`Bounds.memory`, the fullest device's weights,
+    gradients, optimizer state and the activations its schedule holds: a lower bound of its
+    peak). None if neither misses by memory."""
+    from .figures import describe  # (figures imports matplotlib when drawn, not before)
+    usable = plan.usable_memory
+    if plan.points:
+        row = min(plan.points, key=lambda r: r.peak_memory)
+        return (f"nearest miss: {describe(row)}: peak {row.peak_memory / GIB:.1f} GiB, "
+                f"{(row.peak_memory - usable) / GIB:.1f} GiB over the {usable / GIB:.1f} GiB usable (simulated)")
+    keep = {k: v for k, v in limits.items() if k not in _SEARCH_ONLY}
+    run = Layout(global_batch=plan.global_batch, precision=plan.precision, gpus_per_node=limits["gpus_per_node"],
+                 nics_per_node=limits["nics_per_node"], memory_headroom=limits["memory_headroom"],
+                 optimizer=limits["optimizer"])
+    configs = configurations(plan.model, plan.gpus, plan.global_batch, run=run, **keep)
+    if not configs:
+        return None
+    bounds = Bounds(plan.model, plan.profile, Steps(plan.model, plan.profile))
+    need, index = min((bounds.memory(c), i) for i, c in enumerate(configs))
+    config = configs[index]
+    if need <= usable:  # then the bound did not drop it: no miss by memory to show
+        return None
+    row = f"tp={config.tp} {f'cp={config.cp} ' if config.cp > 1 else ''}pp={config.pp} dp={config.dp} " \
+          f"b={config.micro_batch} {config.schedule} V={config.virtual} recompute={config.recompute} zero={config.zero}"
+    return (f"nearest miss: {row}: at least {need / GIB:.1f} GiB (its fullest device's weights, gradients, optimizer "
+            f"state and the activations its schedule holds; a bound, not simulated), {(need - usable) / GIB:.1f} GiB over the "
+            f"{usable / GIB:.1f} GiB usable")
+
+
+_SEARCH_ONLY = ("precision", "optimizer", "nics_per_node", "max_configs", "top", "memory_headroom")
+
+
+def fewest_cells(args: argparse.Namespace) -> int:
+    """A lower bound of any layout's stage x micro-batches (`sim.plan.layout.cells`): pp, V >= 1,
+    dp <= --gpus and a micro-batch at most the largest tried make at least global batch / (gpus x
+    micro-batch) micro-batches."""
+    largest = max(args.micro_batch) if args.micro_batch else args.max_micro_batch
+    return -(-args.global_batch // (args.gpus * largest))
+
+
+def shown_name(args: argparse.Namespace) -> str:
+    """The model as the user named it: a preset as given (`llama3.1-8b`, though `llama3-8b` is
+    the same model), a file by its path; with `--seq`, the sequence length after it."""
+    name = args.model if args.model.endswith(".json") else model_key(args.model)
+    return f"{name} at seq {args.seq}" if args.seq is not None else name
 
 
 def _check_out(out: Path) -> None:
@@ -279,6 +350,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         _check_out(out)
     bar = None if args.quiet else ProgressBar(plain=not (args.progress or sys.stderr.isatty()),
                                               every=1.0 if args.progress or sys.stderr.isatty() else 2.0)
+    if fewest_cells(args) > MAX_CELLS:  # before any work: no layout's step could be simulated
+        if bar is not None:
+            bar.close()
+        cli.fail(PROG, f"global batch {args.global_batch:,} on {args.gpus} GPUs: even the fewest micro-batches (dp "
+                       f"{args.gpus}, micro-batch {max(args.micro_batch or [args.max_micro_batch])}) make "
+                       f"{fewest_cells(args):,}, more than the {MAX_CELLS:,} stage-micro-batches a step may have to "
+                       f"be simulated in seconds; give a smaller global batch, more GPUs or a larger micro-batch")
     try:
         model = find_model(args.model)
         if args.seq is not None:
@@ -289,15 +367,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if bar is not None:
             bar.close()
-    print(json.dumps(plan.summary(), indent=1) if args.json else format_report(plan), flush=True)
+    name = shown_name(args)
+    summary = {**plan.summary(), "model": name}
+    print(json.dumps(summary, indent=1) if args.json else format_report(plan, name), flush=True)
     if not plan.rows:
+        miss = nearest_miss(plan, _limits(args))
+        if miss and not args.json:
+            print(miss, flush=True)
         print(f"{PROG}: no configuration fits on {args.gpus} x {args.gpu}; {why_none_fits(plan)}", file=sys.stderr)
         return 1
     if args.no_figures:
         return 0
     from .figures import write_figures
     try:
-        written = write_figures(plan, out)
+        written = write_figures(plan, out, name)
     except OSError as e:
         print(f"{PROG}: error: cannot write to {out}: {e.strerror or e}", file=sys.stderr)
         return 1

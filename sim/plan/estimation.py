@@ -19,6 +19,7 @@ estimate does not model is listed in docs/planner.md.
 """
 from __future__ import annotations
 
+import difflib
 import math
 from collections import Counter
 from dataclasses import dataclass, field, fields
@@ -47,6 +48,7 @@ from .stage_costs import memory_caps, memory_parts, offload_costs, partition_lay
 from .steps import Steps
 
 LAYOUT_FIELDS = tuple(f.name for f in fields(Layout))  # estimate's keywords, but the schedule's options
+MODEL_FIELDS = tuple(f.name for f in fields(Transformer))  # the model's, not estimate's: refused with a hint
 
 
 @dataclass
@@ -140,15 +142,31 @@ def estimate(model: Transformer | str, gpu: DeviceProfile | GPU | str = "a100-80
 
 def layout_of(keywords: dict) -> tuple[Layout, dict]:
     """`estimate`'s keywords as a `Layout` and its schedule's options; TypeError, one line, for
-    a keyword that is neither a field of `Layout` nor an option of the layout's schedule."""
+    a keyword that is neither a field of `Layout` nor an option of the layout's schedule: it
+    names the real ones, and says what the keyword is where it is something else (a field of
+    the model, another schedule's option) or which real one it is close to."""
     lay = Layout(**{k: v for k, v in keywords.items() if k in LAYOUT_FIELDS})
     options = {k: v for k, v in keywords.items() if k not in LAYOUT_FIELDS}
     unknown = sorted(set(options) - set(SCHEDULES[lay.schedule].options))
     if unknown:
         takes = ", ".join(SCHEDULES[lay.schedule].options) or "none"
-        raise TypeError(f"estimate() got an unexpected keyword argument {unknown[0]!r}: not a field of sim.Layout "
-                        f"({', '.join(LAYOUT_FIELDS)}) nor an option of schedule {lay.schedule!r} ({takes})")
+        raise TypeError(f"estimate() got an unexpected keyword argument {unknown[0]!r}{_hint(unknown[0], lay)}: "
+                        f"not a field of sim.Layout ({', '.join(LAYOUT_FIELDS)}) nor an option of schedule "
+                        f"{lay.schedule!r} ({takes})")
     return lay, options
+
+
+def _hint(name: str, lay: Layout) -> str:
+    """What the unknown keyword `name` is, in parentheses: a field of the model, another
+    schedule's option, or the closest real keyword; "" if none of these."""
+    if name in MODEL_FIELDS:
+        return (f" (a field of the model, sim.Transformer: give the model with it, "
+                f"dataclasses.replace(sim.MODELS[name], {name}=...))")
+    takers = [n for n, g in SCHEDULES.items() if name in g.options]
+    if takers:
+        return f" (an option of {', '.join(takers)}, not of {lay.schedule!r}: give schedule=...)"
+    close = difflib.get_close_matches(name, LAYOUT_FIELDS + SCHEDULES[lay.schedule].options, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def estimate_layout(steps: Steps, lay: Layout, warnings: list[str], **schedule_options) -> Estimate:

@@ -32,25 +32,26 @@ def describe(row: "Row") -> str:
             f"{' sp' if config.sequence_parallel else ''}")
 
 
-def plot_best(plan: "Plan") -> "Figure":
+def plot_best(plan: "Plan", name: str | None = None) -> "Figure":
     """The best row's simulated step: Gantt chart and memory per pipeline device."""
     best = plan.best
     if best is None or best.estimate is None:
         raise ValueError("the plan has no configuration that fits: nothing to draw")
     fig = plot_result(best.estimate.result)
-    fig.suptitle(f"{_what(plan)}, best: {describe(best)}\nstep {best.step_time:.3g} s, {best.tflops_per_gpu:.0f} "
+    fig.suptitle(f"{_what(plan, name)}, best: {describe(best)}\nstep {best.step_time:.3g} s, {best.tflops_per_gpu:.0f} "
                  f"TFLOP/s/GPU, MFU {best.mfu:.1%}, bubble {best.bubble_fraction:.1%}, "
                  f"peak {best.peak_memory / GIB:.1f} of {plan.usable_memory / GIB:.1f} GiB usable "
                  f"({plan.gpu.memory / GIB:.0f} GiB less the headroom)", fontsize=10)
     return fig
 
 
-def _what(plan: "Plan") -> str:
+def _what(plan: "Plan", name: str | None = None) -> str:
+    """The run in words; `name`: the model's as the user gave it (else the registry's)."""
     from sim.model.registry import model_name
-    return f"{model_name(plan.model)} on {plan.gpus} x {plan.gpu.name}, global batch {plan.global_batch}"
+    return f"{name or model_name(plan.model)} on {plan.gpus} x {plan.gpu.name}, global batch {plan.global_batch}"
 
 
-def plot_scatter(plan: "Plan") -> "Figure":
+def plot_scatter(plan: "Plan", name: str | None = None) -> "Figure":
     """Step time against peak memory of every simulated configuration."""
     fig = new_figure(WIDTH, 6.0)
     ax = fig.subplots()
@@ -77,27 +78,28 @@ def plot_scatter(plan: "Plan") -> "Figure":
     ax.set_xlabel("peak memory of the fullest device (GiB)")
     ax.set_ylabel("predicted step time (s)")
     ax.legend(fontsize=8, loc="best")
-    ax.set_title(f"{_what(plan)}\n{plan.simulated} of {plan.enumerated} configurations simulated; the others "
+    ax.set_title(f"{_what(plan, name)}\n{plan.simulated} of {plan.enumerated} configurations simulated; the others "
                  f"were dropped by the memory and step-time bounds (docs/planner.md)", fontsize=10)
     return fig
 
 
-def figure_paths(plan: "Plan", out: str | os.PathLike) -> tuple[Path, Path]:
+def figure_paths(plan: "Plan", out: str | os.PathLike, name: str | None = None) -> tuple[Path, Path]:
     """`<out>/plan_<model>_<gpu>_n<gpus>_B<batch>_best.png` and `..._scatter.png`."""
     from sim.model.registry import model_name
-    tag = re.sub(r"[^A-Za-z0-9.-]+", "-", f"{model_name(plan.model)}_{plan.gpu.name}") \
+    tag = re.sub(r"[^A-Za-z0-9.-]+", "-", f"{name or model_name(plan.model)}_{plan.gpu.name}") \
         + f"_n{plan.gpus}_B{plan.global_batch}"
     out = Path(out)
     return out / f"plan_{tag}_best.png", out / f"plan_{tag}_scatter.png"
 
 
-def write_figures(plan: "Plan", out: str | os.PathLike) -> list[Path]:
-    """Write the best step (when a configuration fits) and the scatter; returns the paths."""
-    best, scatter = figure_paths(plan, out)
+def write_figures(plan: "Plan", out: str | os.PathLike, name: str | None = None) -> list[Path]:
+    """Write the best step (when a configuration fits) and the scatter; returns the paths.
+    `name`: the model's as the user gave it (a preset's alias, a file), else the registry's."""
+    best, scatter = figure_paths(plan, out, name)
     written = []
     if plan.best is not None:
-        save_figure(plot_best(plan), best)
+        save_figure(plot_best(plan, name), best)
         written.append(best)
-    save_figure(plot_scatter(plan), scatter)
+    save_figure(plot_scatter(plan, name), scatter)
     written.append(scatter)
     return written

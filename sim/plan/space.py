@@ -59,8 +59,10 @@ def schedule_options(lay: Layout) -> dict:
     return {"max_runs": ZB_AUTO_RUNS} if lay.schedule == "zb-auto" else {}
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+def _divisors(n: int, most: int | None = None) -> list[int]:
+    """The divisors of `n`, those up to `most` only where it is given (a global batch of 10^8:
+    16 tried, not 10^8)."""
+    return [d for d in range(1, min(n, n if most is None else most) + 1) if n % d == 0]
 
 
 def _choices(name: str, given, default: Sequence) -> list:
@@ -179,7 +181,7 @@ def layouts(model: Transformer, gpus: int, global_batch: int, *, tp=None, pp=Non
                 dropped["dp does not divide the global batch (tp x pp layouts)"] += 1
                 continue
             per_replica = global_batch // replicas
-            sizes = [b for b in _divisors(per_replica) if b <= max_micro_batch] if micro_batch is None \
+            sizes = _divisors(per_replica, max_micro_batch) if micro_batch is None \
                 else [positive("micro_batch", b) for b in _choices("micro_batch", micro_batch, [])]
             for size in sizes:
                 if per_replica % size:

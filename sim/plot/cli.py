@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import sys
 import time
 from pathlib import Path
@@ -70,16 +69,26 @@ def flag_of(field: str) -> str:
     return "--" + field.replace("_", "-")
 
 
-def add_cost_flags(p: argparse.ArgumentParser) -> None:
-    """A flag per `FLAGGED` field of `Costs`, with its unit, default and help from the field."""
+# The Costs fields a measured runtime's calibration sets (exec.measure.calibrate fits them):
+# a textbook step leaves them at their defaults, so `--help` lists them last, in a group of their own.
+CALIBRATION = tuple(f.name for f in FLAGGED if f.call or f.name.endswith("_compute") or f.name == "first_compute_tau")
+METAVARS = {"time": "T", "bandwidth": "RATE", "bytes": "BYTES"}
+
+
+def add_cost_flags(groups: dict[str, argparse._ArgumentGroup]) -> None:
+    """A flag per `FLAGGED` field of `Costs`, with its unit, default and help from the field:
+    a compute's time in `groups["compute"]`, transfers and memory in `groups["memory"]`, the
+    runtime's calibrated costs (`CALIBRATION`) in `groups["calibration"]`."""
     per = "one number, or a comma-separated list with one per stage"
     for f in FLAGGED:
         text = f.help + (f", in {TIME_UNIT}" if f.unit == "time" else "")
         if f.fallback:
             text += f" (default: {f.default_text(flag_of)})"
         kind = _per_stage if f.per_stage else (lambda s, f=f: number(s, strict=f.positive, allow_inf=f.inf))
-        p.add_argument(flag_of(f.name), type=kind, default=None if f.fallback else f.default_text(),
-                       help=text + (f"; {per}" if f.per_stage else ""))
+        where = ("calibration" if f.name in CALIBRATION else "compute" if f.unit == "time" and f.per_stage
+                 else "memory")
+        groups[where].add_argument(flag_of(f.name), type=kind, default=None if f.fallback else f.default_text(),
+                                   metavar=METAVARS[f.unit], help=text + (f"; {per}" if f.per_stage else ""))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -94,29 +103,37 @@ def build_parser() -> argparse.ArgumentParser:
                "it per chunk (times and bytes held), so that compared schedules run the same model; a "
                "per-stage list gives each of the P x V model stages its own. The schedules: "
                + "; ".join(f"{n}: {g.summary}" for n, g in SCHEDULES.items()) + ".")
-    p.add_argument("--devices", "--stages", dest="devices", type=whole, default=4, metavar="P",
-                   help="pipeline devices P, a rank each; the schedule has P x V model stages "
-                        "(--stages: alias of --devices)")
-    p.add_argument("--micro-batches", "--micro", dest="micro_batches", type=whole, default=8, metavar="M",
-                   help="micro-batches per step (--micro: alias of --micro-batches)")
-    p.add_argument("--virtual", type=whole, metavar="V",
-                   help="model stages (chunks) per device (default: the schedule's own, 1 or 2 for the V-shaped ones)")
-    which = p.add_mutually_exclusive_group()
+    step = p.add_argument_group("the step")
+    step.add_argument("--devices", "--stages", dest="devices", type=whole, default=4, metavar="P",
+                      help="pipeline devices P, a rank each; the schedule has P x V model stages "
+                           "(--stages: alias of --devices)")
+    step.add_argument("--micro-batches", "--micro", dest="micro_batches", type=whole, default=8, metavar="M",
+                      help="micro-batches per step (--micro: alias of --micro-batches)")
+    step.add_argument("--virtual", type=whole, metavar="V",
+                      help="model stages (chunks) per device (default: the schedule's own, 1 or 2 for the V-shaped ones)")
+    which = step.add_mutually_exclusive_group()
     which.add_argument("--schedule", action="append", metavar="NAME",
                        help=f"schedule(s) to draw, repeatable or comma-separated: {', '.join(SCHEDULES)} "
                             f"(default: {','.join(TEXTBOOK)})")
     which.add_argument("--compare", metavar="NAMES",
                        help="comma-separated schedules to draw in one comparison figure only (each its Gantt "
                             "chart over its memory, memory on one scale), e.g. 1f1b,zb-h1,zb-h2,zbv")
+    groups = {"compute": p.add_argument_group("compute times"),
+              "memory": p.add_argument_group("transfers and memory")}
+    output = p.add_argument_group("output")
+    output.add_argument("--out", default="out", help="folder for the files, created if missing (default out/, "
+                                                     "which git ignores)")
+    output.add_argument("--trace", action="store_true", help="also write a Chrome trace JSON per schedule")
+    output.add_argument("--no-figures", action="store_true", help="print the table only, draw nothing")
+    options = p.add_argument_group("schedule options", "for the generators that take them")
     for option, (flag, metavar, kind, text) in OPTION_FLAGS.items():
         takers = [n for n, g in SCHEDULES.items() if option in g.options]
-        p.add_argument(flag, type=kind, metavar=metavar,
-                       help=f"{text}, for the schedules that take it: {', '.join(takers) or 'none yet'}")
-    add_cost_flags(p)
-    p.add_argument("--out", default="out", help="folder for the files, created if missing (default out/, "
-                                                "which git ignores)")
-    p.add_argument("--trace", action="store_true", help="also write a Chrome trace JSON per schedule")
-    p.add_argument("--no-figures", action="store_true", help="print the table only, draw nothing")
+        options.add_argument(flag, type=kind, metavar=metavar,
+                             help=f"{text}, for the schedules that take it: {', '.join(takers) or 'none yet'}")
+    groups["calibration"] = p.add_argument_group(
+        "calibration", "a measured runtime's own costs, which exec.measure.calibrate fits to replay a real step "
+                       "(docs/performance.md); a textbook step leaves them at their defaults")
+    add_cost_flags(groups)
     return p
 
 
@@ -328,13 +345,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Path(args.out)
     if args.trace or not args.no_figures:
         _check_out(out)
-    results = _simulate(args, schedules, costs)
-    for r in results:  # degenerate costs: nothing to draw, or times past a float's range
-        if not math.isfinite(r.makespan):
-            fail(f"the step of {r.schedule.name} lasts {r.makespan} time units: the costs overflow a float; "
-                 f"give smaller times (e.g. in ms rather than ns)")
-        if r.makespan <= 0:
-            fail(f"the step of {r.schedule.name} takes no time (every cost is 0); give --forward and --backward > 0")
+    results = _simulate(args, schedules, costs)  # a step of no time or past a float's range: sim.simulate refuses
     # the default bytes (1 per activation, nothing static): memory counts micro-batches' activations
     counts = args.activation_bytes == [1.0] and args.w_activation_bytes is None and args.static_bytes == [0.0]
     print(format_table(results, counts), flush=True)

@@ -82,3 +82,26 @@ def test_a_sim_only_install_names_the_extra(monkeypatch):
     for module, argv in ((exec_run, []), (profile_device, ["--out", "x.json"])):
         monkeypatch.setattr(module, "missing_extra", gone)
         one_line(run_main(module.main, *argv), 2, "pip install -e .[exec]")
+
+
+def test_python_m_sim_lists_the_commands_and_refuses_arguments():
+    """`python -m sim` (sim/__main__.py, run here as `main(argv)`): an index of the commands, exit
+    0; each listed command exists, and the examples of sim's own parse; an argument: one line, 2."""
+    import importlib.util
+    from sim.plan import cli as plan_cli
+    from sim.plot import cli as plot_cli
+    entry = vars(importlib.import_module("sim.__main__"))  # imported, not run: it defines main
+    for argv in ([], ["--help"], ["-h"]):
+        proc = run_main(entry["main"], *argv)
+        assert proc.returncode == 0 and proc.stderr == ""
+        for name, _, example in entry["COMMANDS"]:
+            assert f"python -m {name} {example}" in proc.stdout
+    names = [name for name, _, _ in entry["COMMANDS"]]
+    assert names[:2] == ["sim.plot", "sim.plan"] and {"exec.run", "exec.profile_device"} <= set(names)
+    for name in names:
+        assert importlib.util.find_spec(name) is not None, name
+    examples = {name: example.split() for name, _, example in entry["COMMANDS"]}
+    assert plot_cli.build_parser().parse_args(examples["sim.plot"]).devices == 4
+    assert plan_cli.build_parser().parse_args(examples["sim.plan"]).gpus == 1024
+    for argv in (["plot"], ["--stages", "4"], ["-h", "x"]):
+        one_line(run_main(entry["main"], *argv), 2, "sim: error: python -m sim takes no arguments", "sim.plot")

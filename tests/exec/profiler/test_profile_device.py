@@ -181,6 +181,22 @@ def test_a_device_it_cannot_measure_is_refused_in_one_line(tmp_path):
 
 
 @pytest.mark.slow
+def test_sim_plan_takes_the_file_it_writes(profile_file, tmp_path):
+    """`python -m sim.plan --gpu FILE.json` plans on the profile this machine's ranks wrote
+    (a CPU's: fp32, its inline datasheet), and `sim.estimate` takes the same path."""
+    from sim.plan import cli as plan_cli
+    model = tmp_path / "tiny.json"
+    model.write_text(json.dumps(dict(layers=2, hidden=16, heads=2, seq=8, vocab=32)))
+    proc = run_main(plan_cli.main, "--model", str(model), "--gpu", str(profile_file), "--gpus", "2",
+                    "--global-batch", "4", "--precision", "fp32", "--no-figures", "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    name = sim.load_profile(profile_file).name
+    assert f"profile {name} (measured)" in proc.stdout
+    e = sim.estimate(str(model), str(profile_file), pp=2, dp=1, micro_batch=1, global_batch=4, precision="fp32")
+    assert e.profile.name == name and e.step_time > 0
+
+
+@pytest.mark.slow
 def test_the_planner_predicts_from_the_profile_and_the_bench_measures(profile_file):
     p = sim.load_profile(profile_file)
     case = pvr.Case("1f1b", 2, "none", 1, pp=2, batch=4)

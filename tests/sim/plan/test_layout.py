@@ -36,11 +36,35 @@ def test_estimate_keeps_the_layout_it_was_given(tp, pp, dp, micro_batch, schedul
 
 
 def test_an_unknown_keyword_is_a_type_error_naming_it():
-    with pytest.raises(TypeError, match=r"unexpected keyword argument 'tpp': not a field of sim.Layout \(.*tp, pp"):
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'tpp' \(did you mean 'tp'\?\): not a field of "
+                                        r"sim.Layout \(.*tp, pp"):
         sim.estimate("megatron-1.7b", "a100-80gb", tpp=2)
     # a schedule's own options pass to it; another schedule's are refused by name
-    with pytest.raises(TypeError, match=r"'max_runs'.*nor an option of schedule '1f1b'"):
+    with pytest.raises(TypeError, match=r"'max_runs' \(an option of zb-auto, not of '1f1b'.*nor an option of "
+                                        r"schedule '1f1b' \(max_active\)"):
         sim.estimate("megatron-1.7b", "a100-80gb", max_runs=2)
+
+
+@pytest.mark.parametrize("keyword", ["seq", "layers", "vocab"])
+def test_a_field_of_the_model_is_refused_as_the_model_s_not_passed_to_the_schedule(keyword):
+    """`seq=4096` is the model's: refused as an unknown keyword that says so, never handed to
+    the schedule (whose refusal would name only the schedule's options)."""
+    with pytest.raises(TypeError) as refused:
+        sim.estimate("megatron-1.7b", "a100-80gb", **{keyword: 4096})
+    text = str(refused.value)
+    assert text.startswith(f"estimate() got an unexpected keyword argument {keyword!r} (a field of the model")
+    assert f"dataclasses.replace(sim.MODELS[name], {keyword}=...)" in text and "\n" not in text
+    assert "micro_batch" in text and "max_active" in text  # the real keywords, and the schedule's
+    # the fix it names works
+    model = dataclasses.replace(sim.MODELS["megatron-1.7b"], **{keyword: 4096})
+    assert getattr(sim.estimate(model, "a100-80gb", global_batch=1).model, keyword) == 4096
+
+
+def test_a_schedule_option_reaches_only_the_schedule_that_takes_it():
+    e = sim.estimate("megatron-1.7b", "a100-80gb", pp=2, micro_batch=1, global_batch=8, max_active=1)
+    assert e.result.schedule.name == "1f1b"
+    with pytest.raises(TypeError, match=r"'max_active' \(an option of gpipe, 1f1b, not of 'zb-h1'"):
+        sim.estimate("megatron-1.7b", "a100-80gb", pp=2, schedule="zb-h1", global_batch=8, max_active=1)
 
 
 def test_positional_layout_arguments_are_refused():

@@ -451,6 +451,45 @@ def test_plot_refuses_degenerate_costs(tmp_path, args, words):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("schedule", ["1f1b", "zb-h1", "interleaved-1f1b"])
+@pytest.mark.parametrize("costs, words", [(dict(forward=0, backward=0), "takes no time"),
+                                          (dict(forward=1e308, backward=1e308), "overflow")])
+def test_simulate_refuses_a_degenerate_step_with_the_command_line_s_own_line(tmp_path, schedule, costs, words):
+    """One rule in one place: `sim.simulate` raises `DegenerateStep` for a step of no time or
+    past a float's range, and `sim.plot` prints that very message."""
+    from sim.simulation import DegenerateStep
+    with pytest.raises(DegenerateStep, match=words) as refused:
+        sim.simulate(sim.make_schedule(schedule, 4, 8), sim.Costs(**costs))
+    assert isinstance(refused.value, ValueError) and "\n" not in str(refused.value)
+    flags = [f"--{k}={v:g}" for k, v in costs.items()]
+    line = one_line(run_cli("--schedule", schedule, *flags, "--out", str(tmp_path)), 2, words)
+    assert line == f"sim.plot: error: {refused.value}"
+    assert sim.simulate(sim.make_schedule(schedule, 4, 8), sim.Costs(forward=0, backward=1e-9)).makespan > 0
+
+
+def test_help_puts_the_students_options_first_and_the_calibration_knobs_last():
+    """`--help` in argument groups: the step, its compute times, transfers and memory, the
+    output, then the schedules' options and the runtime's calibrated costs; every option
+    is in one group, and the calibration group holds the transport's call costs."""
+    text = run_cli("--help").stdout
+    options = text.split("\nTimes are in")[0]  # before the epilog
+    titles = [line[:-1] for line in options.splitlines() if line.endswith(":") and not line.startswith(" ")]
+    assert titles[1:] == ["the step", "compute times", "transfers and memory", "output", "schedule options",
+                          "calibration"]
+    parser = plot_cli.build_parser()
+    groups = {g.title: [a.dest for a in g._group_actions] for g in parser._action_groups}
+    assert groups["the step"][:2] == ["devices", "micro_batches"]
+    assert {"forward", "backward"} <= set(groups["compute times"])
+    flagged = {f.name for f in plot_cli.FLAGGED}
+    calibration = set(groups["calibration"])
+    assert {f.name for f in plot_cli.FLAGGED if f.call} <= calibration <= flagged
+    assert not calibration & {"forward", "backward", "latency", "bandwidth", "activation_bytes"}
+    every = [d for g in groups.values() for d in g if d != "help"]
+    assert len(every) == len(set(every)) == len([a for a in parser._actions if a.dest != "help"])
+    assert options.index("\n  --devices") < options.index("\n  --forward") < options.index("\n  --out") \
+        < options.index("\n  --send-overhead")
+
+
 def test_readme_commands_leave_the_checkout_clean(tmp_path):
     """The compare figure of other schedules is named after them, never the README's; by
     default figures go to out/, which git ignores."""
