@@ -27,9 +27,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["H100_PEAK", "KERNELS", "Kernel", "rate"]
+__all__ = ["DIES", "H100_PEAK", "KERNELS", "Kernel", "rate"]
 
 H100_PEAK = 989.4e12  # H100 SXM5 BF16 dense (NVIDIA H100 datasheet), the peak the figures ran against
+# the datasheets of the die the figures were measured on (sim.hardware.gpus: the H100's compute die)
+DIES = ("h100-80gb", "h100-96gb-500w", "h200")
 _FA3 = ("J. Shah, G. Bikshandi, Y. Zhang, V. Thakkar, P. Ramani, T. Dao, FlashAttention-3 (arXiv:2407.08608, "
         "2024), Fig. 5-6: BF16 on H100 80GB SXM5, batch x sequence 16k tokens, hidden 2,048; bar labels as "
         "transcribed at subtext.edge.nugit.net/image/{}")
