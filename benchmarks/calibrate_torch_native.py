@@ -66,7 +66,8 @@ def base(name: str, datasheet: str, stack: dict) -> dict:
     """The best case's JSON on `datasheet` with `stack`, its own attention efficiency taken out."""
     data = copy.deepcopy(sim.profile(BEST).to_dict())
     data.pop("attention", None)
-    data.update(name=name, datasheet=datasheet, stack=stack)
+    data.update(name=name, datasheet=datasheet, stack=stack,
+                description=f"{stack['description']}: benchmarks/calibrate_torch_native.py (the rest as {BEST})")
     data["fingerprint"] = dict(data["fingerprint"], device=datasheet, date=DATE)
     return data
 

@@ -44,7 +44,8 @@ PRESETS = Path(__file__).with_name("profiles")
 # The default profile of each GPU preset: the best sourced one we have (docs/planner.md says why).
 # h100-80gb-dgxc: step-time MAPE 6.0 % on the H100 development set's fitted rows, the best case 11.9 %.
 DEFAULT_PROFILES = {"a100-40gb": "a100-40gb-best-case", "a100-80gb": "a100-80gb-vtrain",
-                    "h100-80gb": "h100-80gb-dgxc", "h200": "h200-dgxc"}
+                    "h100-80gb": "h100-80gb-dgxc", "h200": "h200-dgxc",
+                    "h100-96gb-500w": "h100-96gb-500w-torchtitan"}  # its only profile: torchtitan's
 
 
 # How a stack runs its elementwise and norm kernels: fused (Transformer Engine's and Megatron's
