@@ -194,9 +194,9 @@ TORCH_NATIVE_REASONS = {"float8": "torchao float8 (Linear layers only, its own c
 
 @dataclass(frozen=True)
 class TorchNativeRun:
-    """One measured run of the torch-native set: its CSV row, its measured step time (global
-    batch x sequence over tokens/s/GPU x GPUs, the set's README) and, where it is not
-    expressed, why (`TORCH_NATIVE_REASONS`)."""
+    """One measured run of the torch-native set: its CSV row, its measured step time (the row's
+    where it states one, llm-foundry's from its total throughput; else `throughput_step`) and,
+    where it is not expressed, why (`TORCH_NATIVE_REASONS`)."""
     row: dict
     step_time: float
     reason: str | None
@@ -206,6 +206,11 @@ class TorchNativeRun:
         return int(self.row["seq_len"] or TORCHTITAN_SEQ)
 
 
+def throughput_step(row: dict, seq: int) -> float:
+    """Seconds a step: global batch x sequence over tokens/s/GPU x GPUs (the set's README)."""
+    return int(row["gbs"]) * seq / (float(row["tokens_per_s_per_gpu"]) * int(row["n_gpus"]))
+
+
 @cache
 def torch_native_runs() -> tuple[TorchNativeRun, ...]:
     """The set's rows, each with its measured step time and the reason it is left out, if any."""
@@ -213,7 +218,7 @@ def torch_native_runs() -> tuple[TorchNativeRun, ...]:
     with TORCH_NATIVE.open() as f:
         for r in csv.DictReader(f):
             seq = int(r["seq_len"] or TORCHTITAN_SEQ)
-            step = int(r["gbs"]) * seq / (float(r["tokens_per_s_per_gpu"]) * int(r["n_gpus"]))
+            step = float(r["step_time_s"]) if r["step_time_s"] else throughput_step(r, seq)
             reason = "float8" if r["precision"] != "bf16" else "micro_batch" if not r["mbs"] else None
             out.append(TorchNativeRun(r, step, reason))
     return tuple(out)
