@@ -185,6 +185,8 @@ def print_h100_dev(s: dict) -> None:
 
 
 BANDS = ((0, 2048, "<= 2K"), (2049, 8192, "4K-8K"), (8193, 1 << 30, ">= 16K"))
+# torchtitan's Tables 1 and 3 (8 and 128 GPUs): (what is added, the row without it, the row with it)
+GAINS = (("torch.compile", "57", "58"), ("float8", "58", "59"), ("torch.compile", "60", "61"), ("float8", "61", "62"))
 
 
 def torch_native_set() -> dict:
@@ -204,7 +206,9 @@ def torch_native_set() -> dict:
     for r in runs:
         if r.reason is not None:
             left[r.reason] = left.get(r.reason, 0) + 1
-    return {"rows": len(runs), "expressed": len(ok), "mape": statistics.fmean(map(abs, errors)),
+    step = {r.row["row_id"]: (r.step_time, r.step_time * (1 + e)) for r, e in zip(ok, errors)}
+    gains = [(what, a, b, step[a][0] / step[b][0], step[a][1] / step[b][1]) for what, a, b in GAINS]
+    return {"rows": len(runs), "expressed": len(ok), "mape": statistics.fmean(map(abs, errors)), "gains": gains,
             "by_model": by(lambda r: r.row["model"]),
             "by_band": by(lambda r: next(name for lo, hi, name in BANDS if lo <= r.seq <= hi)),
             "by_profile": by(lambda r: published.TORCH_NATIVE_PROFILES[r.row["source_id"]]), "left_out": left}
@@ -215,6 +219,8 @@ def print_torch_native(s: dict) -> None:
           f"H100): {s['expressed']} of {s['rows']} rows expressed; step-time MAPE {s['mape']:.1%}")
     for key in ("by_model", "by_band", "by_profile"):
         print(f"  {key.replace('_', ' ')}: " + "; ".join(f"{k} {m:.1%} ({n})" for k, (m, n) in s[key].items()))
+    print("  Llama 3.1 8B speedups (row without -> row with), measured -> predicted: " + "; ".join(
+        f"{what} {a}->{b} {x:.2f} -> {y:.2f}" for what, a, b, x, y in s["gains"]))
     print("  left out:")
     for k, n in sorted(s["left_out"].items()):
         print(f"    {n} {published.TORCH_NATIVE_REASONS[k]}")

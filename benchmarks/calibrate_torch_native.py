@@ -17,7 +17,9 @@ on log step time over the rows it governs, everything else as `h100-80gb-best-ca
   sim/hardware/gpus.py); its attention is torch's SDPA at FlashAttention-2's published rates
   (`sim.hardware.attention_kernels`), not fitted. One model only: no leave-one-model-out.
   Its compile-on and compile-off rows are fitted together (the elementwise kinds are not yet
-  timed apart: docs/validation.md).
+  timed apart: docs/validation.md). Then its FP8 efficiency alone on the 8 float8 rows whose
+  micro-batch is stated (torchao's dynamic tensorwise float8 as current scaling), the matmul
+  efficiency held.
 
 `h100-80gb-torchtitan` (torchtitan's stack on the 80 GB SXM part, no row of the set) is the
 best case's published figures with torchtitan's stack: kind "best case", nothing fitted.
@@ -46,7 +48,8 @@ DATASET = "sim/plan/data/torch_native_dev.csv (copied from ../shared/data/torch-
 COMMAND = "PYTHONPATH=. python benchmarks/calibrate_torch_native.py"
 DATE = "2026-12-02"
 METHOD = "least squares on log step time, {} together (the rest at h100-80gb-best-case); standard error from the Jacobian"
-PATHS = {"matmul": ("matmul", "efficiency"), "attention": ("attention", "efficiency")}
+PATHS = {"matmul": ("matmul", "efficiency"), "attention": ("attention", "efficiency"),
+         "fp8": ("matmul", "fp8_efficiency")}
 # name: (datasheet, stack, the rows' source_id, fitted parameters, start values)
 STACKS = {
     "h100-80gb-llm-foundry": ("h100-80gb", {
@@ -58,6 +61,7 @@ STACKS = {
         "500 W, Dec 2024", "attention_kernel": "flash-attention-2", "elementwise": "compiled"},
         "torchtitan-llama3-h100-202412", ("matmul",), (0.5,)),
 }
+FP8 = {"h100-96gb-500w-torchtitan": (0.4,)}  # the profiles whose FP8 efficiency is fitted next, and its start
 TORCHTITAN_80GB = ("h100-80gb-torchtitan", "h100-80gb", "torchtitan (FSDP2, torch.compile, torch SDPA) on H100 80GB "
                    "SXM: the best case's published figures, nothing fitted")
 
@@ -80,12 +84,13 @@ def with_values(data: dict, values: dict, notes: dict | None = None) -> dict:
         note = (notes or {}).get(name, {"rows": "(fitting)", "residual": "(fitting)", "standard_error": 0.0})
         out.setdefault(section, {})[key] = {"value": value, "source": "calibrated", "dataset": DATASET,
                                             "method": METHOD.format(" and ".join(values)), "command": COMMAND,
-                                            "date": DATE, **note}
+                                            "date": DATE, **note, **({"scaling": "current"} if name == "fp8" else {})}
     return out
 
 
-def runs_of(source_id: str) -> list:
-    return [r for r in published.torch_native_runs() if r.reason is None and r.row["source_id"] == source_id]
+def runs_of(source_id: str, precision: str = "bf16") -> list:
+    return [r for r in published.torch_native_runs()
+            if r.reason is None and r.row["source_id"] == source_id and r.row["precision"] == precision]
 
 
 def log_errors(data: dict, runs: list) -> np.ndarray:
@@ -116,9 +121,17 @@ def leave_one_model_out(data: dict, runs: list, names, start) -> dict:
 
 
 def calibrate(name: str) -> dict:
-    """The profile `name` of STACKS fitted, its parameters' provenance filled in; prints its table."""
+    """The profile `name` of STACKS fitted (its BF16 parameters, then FP8's where FP8 says so)."""
     datasheet, stack, source, names, start = STACKS[name]
-    data, runs = base(name, datasheet, stack), runs_of(source)
+    data = calibrate_on(base(name, datasheet, stack), runs_of(source), names, start, f"{name} ({stack['name']} on {datasheet})")
+    if name in FP8:
+        data = calibrate_on(data, runs_of(source, "fp8"), ("fp8",), FP8[name], f"{name} FP8")
+    return data
+
+
+def calibrate_on(data: dict, runs: list, names, start, title: str) -> dict:
+    """`data` with `names` fitted on `runs`, their provenance filled in; prints the fit table."""
+    source, precision = runs[0].row["source_id"], runs[0].row["precision"]
     values, se, errors = fit(data, runs, names, start)
     held = leave_one_model_out(data, runs, names, start)
     by_model = {m: mape([e for r, e in zip(runs, errors) if r.row["model"] == m]) for m in sorted({r.row["model"] for r in runs})}
@@ -126,10 +139,10 @@ def calibrate(name: str) -> dict:
                 + ", ".join(f"{m} {v:.1%}" for m, v in by_model.items())
                 + ("; leaving one model out, its MAPE: " + ", ".join(f"{m} {v[1]:.1%}" for m, v in held.items())
                    if held else "; one model: no leave-one-model-out"))
-    rows = f"the {len(runs)} BF16 rows of {source} (row_id {', '.join(r.row['row_id'] for r in runs)})"
+    rows = f"the {len(runs)} {precision.upper()} rows of {source} (row_id {', '.join(r.row['row_id'] for r in runs)})"
     notes = {n: {"rows": rows, "residual": residual, "standard_error": se[n],
                  **({"leave_one_model_out": {m: v[0][n] for m, v in held.items()}} if held else {})} for n in names}
-    print(f"{name} ({stack['name']} on {datasheet}), {len(runs)} rows:")
+    print(f"{title}, {len(runs)} rows:")
     for n in names:
         spread = ", ".join(f"{m} {v[0][n]:.4f}" for m, v in held.items()) or "-"
         print(f"  {n:<10} {values[n]:.4f} +- {se[n]:.4f}   leave-one-model-out: {spread}")

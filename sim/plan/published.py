@@ -188,8 +188,7 @@ TORCH_NATIVE = Path(__file__).with_name("data") / "torch_native_dev.csv"
 TORCH_NATIVE_PROFILES = {"llm-foundry-mpt-benchmarks": "h100-80gb-llm-foundry",
                          "torchtitan-llama3-h100-202412": "h100-96gb-500w-torchtitan"}
 TORCHTITAN_SEQ = 8192
-TORCH_NATIVE_REASONS = {"float8": "torchao float8 (Linear layers only, its own casts): not modelled yet (issue 48 item 1)",
-                        "micro_batch": "micro-batch size not stated (the pipeline rows of torchtitan's Table 5-6)"}
+TORCH_NATIVE_REASONS = {"micro_batch": "micro-batch size not stated (the pipeline rows of torchtitan's Tables 5-6)"}
 
 
 @dataclass(frozen=True)
@@ -219,7 +218,7 @@ def torch_native_runs() -> tuple[TorchNativeRun, ...]:
         for r in csv.DictReader(f):
             seq = int(r["seq_len"] or TORCHTITAN_SEQ)
             step = float(r["step_time_s"]) if r["step_time_s"] else throughput_step(r, seq)
-            reason = "float8" if r["precision"] != "bf16" else "micro_batch" if not r["mbs"] else None
+            reason = "micro_batch" if not r["mbs"] else None
             out.append(TorchNativeRun(r, step, reason))
     return tuple(out)
 
@@ -239,13 +238,16 @@ def torch_native_model(run: TorchNativeRun) -> Transformer:
 def torch_native_keywords(run: TorchNativeRun) -> dict:
     """`sim.estimate`'s keywords for an expressed row: FSDP (zero 3; llm-foundry's
     SHARD_GRAD_OP zero 2) over all data-parallel ranks, 8 GPUs a node (the sources' 8-GPU hosts),
-    sequence parallelism with tp, recompute full or selective as stated, else none."""
+    sequence parallelism with tp, recompute full or selective as stated, else none; torchao's
+    float8 (`precision` fp8: its Linear layers only, dynamic tensorwise scaling) as FP8 GEMMs
+    under current scaling (an amax, then a cast: the profile's `fp8_efficiency` and its
+    `scaling` "current"), attention in BF16 as in both stacks."""
     r = run.row
     tp, pp, cp = int(r["tp"]), int(r["pp"]), int(r["cp"] or 1)
     recompute = next((k for k in ("full", "selective") if k in r["recompute"]), "none")
     return dict(tp=tp, pp=pp, cp=cp, dp=int(r["n_gpus"]) // (tp * pp * cp), micro_batch=int(r["mbs"]),
                 global_batch=int(r["gbs"]), recompute=recompute, gpus_per_node=8, sequence_parallel=tp > 1,
-                zero=2 if "SHARD_GRAD_OP" in r["dp_sharding"] else 3, precision="bf16")
+                zero=2 if "SHARD_GRAD_OP" in r["dp_sharding"] else 3, precision="fp8" if r["precision"] == "fp8" else "bf16")
 
 
 def torch_native_estimate(run: TorchNativeRun, profile=None) -> Estimate:

@@ -10,6 +10,7 @@ from sim.hardware.profile import from_dict
 from sim.plan import published
 
 CALIBRATED = ["h100-80gb-llm-foundry", "h100-96gb-500w-torchtitan"]
+FITTED = (("matmul", "efficiency"), ("attention", "efficiency"), ("matmul", "fp8_efficiency"))
 
 
 def test_every_row_is_read_with_its_step_time_from_its_throughput():
@@ -25,8 +26,8 @@ def test_every_row_is_read_with_its_step_time_from_its_throughput():
         assert published.throughput_step(r.row, r.seq) == pytest.approx(r.step_time, rel=1e-3)
     for r in (r for r in runs if not r.row["step_time_s"]):
         assert r.step_time == published.throughput_step(r.row, r.seq)
-    assert {r.reason for r in runs} == {None, "float8"}
-    assert all(r.row["precision"] != "bf16" for r in runs if r.reason == "float8")
+    assert {r.reason for r in runs} == {None, "micro_batch"}
+    assert all(not r.row["mbs"] for r in runs if r.reason == "micro_batch")
 
 
 def _rows_of(note: str) -> list:
@@ -39,11 +40,12 @@ def test_each_fitted_parameter_reproduces_its_residual_from_the_rows(name):
     """The shipped profile on the rows its `rows` field lists gives the MAPE and by-model MAPEs
     its `residual` field states (to the printed 0.1 point)."""
     p = sim.profile(name)
-    for section in ("matmul", "attention"):
-        src = p.data.get(section, {}).get("efficiency")
-        if src is None:
+    checked = 0
+    for section, key in FITTED:
+        src = p.data.get(section, {}).get(key)
+        if src is None or src["source"] != "calibrated":
             continue
-        assert src["source"] == "calibrated"
+        checked += 1
         runs = _rows_of(src["rows"])
         errors = [abs(published.torch_native_estimate(r, p).step_time / r.step_time - 1) for r in runs]
         stated = float(re.match(r"MAPE ([\d.]+)%", src["residual"]).group(1))
@@ -52,20 +54,21 @@ def test_each_fitted_parameter_reproduces_its_residual_from_the_rows(name):
             mine = [e for r, e in zip(runs, errors) if r.row["model"] == model]
             stated = float(re.search(rf"{re.escape(model)} ([\d.]+)%", src["residual"]).group(1))
             assert 100 * sum(mine) / len(mine) == pytest.approx(stated, abs=0.051)
+    assert checked >= 2
 
 
 @pytest.mark.parametrize("name", CALIBRATED)
 def test_each_fitted_parameter_is_a_least_squares_minimum(name):
     """Moving a fitted value 3 % either way raises the sum of squared log errors on its rows."""
     p = sim.profile(name)
-    for section in ("matmul", "attention"):
-        if "efficiency" not in p.data.get(section, {}):
+    for section, key in FITTED:
+        if p.data.get(section, {}).get(key, {}).get("source") != "calibrated":
             continue
-        runs = _rows_of(p.data[section]["efficiency"]["rows"])
+        runs = _rows_of(p.data[section][key]["rows"])
 
         def sse(scale):
             data = p.to_dict()
-            data[section]["efficiency"]["value"] *= scale
+            data[section][key]["value"] *= scale
             dev = from_dict(data, "test")
             return sum(math.log(published.torch_native_estimate(r, dev).step_time / r.step_time) ** 2 for r in runs)
         assert sse(1.0) < sse(0.97) and sse(1.0) < sse(1.03)
