@@ -81,3 +81,11 @@ def test_the_rates_kernel_benchmarks_give_are_not_fitted():
     assert tt.attention_efficiency is None and tt.stack.attention_kernel == "flash-attention-2"
     assert sim.hardware.attention_kernels.rate(lf.stack.attention_kernel, "forward", True, 128, 2048) is None
     assert lf.source("attention.efficiency")["source"] == "calibrated"
+
+
+def test_an_estimate_names_the_stack_it_was_priced_for():
+    run = next(r for r in published.torch_native_runs() if r.reason is None and r.row["model"] == "Llama 3.1 8B")
+    e = published.torch_native_estimate(run)
+    assert "x h100-96gb-500w, torchtitan (" in repr(e) and e.summary()["stack"] == "torchtitan"
+    mpt = published.torch_native_estimate(next(r for r in published.torch_native_runs() if r.row["model"] == "MPT-1B"))
+    assert "x h100-80gb, llm-foundry (" in repr(mpt)
