@@ -18,6 +18,9 @@ the predicted value, the published one and the error in %.
     NeMo on DGX H100): step-time MAPE overall, of the dense and of the MoE rows, and by model,
     precision, cp and release, on h100-80gb's default profile and on the best case, FP8's
     speedup over BF16 on paired rows (measured and predicted), and the rows left out by reason.
+(g) The torch-native development set (sim/plan/data/torch_native_dev.csv: llm-foundry's MPT runs,
+    torchtitan's Llama 3.1 table): step-time MAPE overall, by model, by sequence band and by
+    profile, each row on its stack's profile, and the rows left out by reason.
 
 The published settings and the comparisons are in sim/plan/published.py; results and what they
 say about the model: docs/validation.md, "The planner against published runs".
@@ -181,6 +184,49 @@ def print_h100_dev(s: dict) -> None:
     print()
 
 
+BANDS = ((0, 2048, "<= 2K"), (2049, 8192, "4K-8K"), (8193, 1 << 30, ">= 16K"))
+# torchtitan's Tables 1 and 3 (8 and 128 GPUs): (what is added, the row without it, the row with it)
+GAINS = (("torch.compile", "57", "58"), ("float8", "58", "59"), ("torch.compile", "60", "61"), ("float8", "61", "62"))
+
+
+def torch_native_set() -> dict:
+    """Each expressed row of the torch-native set on its stack's profile: MAPE overall and by
+    model, sequence band and profile; the rows left out, by reason."""
+    runs = published.torch_native_runs()
+    ok = [r for r in runs if r.reason is None]
+    errors = [published.error(published.torch_native_estimate(r).step_time, r.step_time) for r in ok]
+
+    def by(key) -> dict:
+        groups: dict = {}
+        for r, e in zip(ok, errors):
+            groups.setdefault(key(r), []).append(abs(e))
+        return {k: (statistics.fmean(v), len(v)) for k, v in groups.items()}
+
+    left: dict = {}
+    for r in runs:
+        if r.reason is not None:
+            left[r.reason] = left.get(r.reason, 0) + 1
+    step = {r.row["row_id"]: (r.step_time, r.step_time * (1 + e)) for r, e in zip(ok, errors)}
+    gains = [(what, a, b, step[a][0] / step[b][0], step[a][1] / step[b][1]) for what, a, b in GAINS]
+    return {"rows": len(runs), "expressed": len(ok), "mape": statistics.fmean(map(abs, errors)), "gains": gains,
+            "by_model": by(lambda r: r.row["model"]),
+            "by_band": by(lambda r: next(name for lo, hi, name in BANDS if lo <= r.seq <= hi)),
+            "by_profile": by(lambda r: published.TORCH_NATIVE_PROFILES[r.row["source_id"]]), "left_out": left}
+
+
+def print_torch_native(s: dict) -> None:
+    print(f"(g) torch-native development set (sim/plan/data/torch_native_dev.csv, llm-foundry and torchtitan on "
+          f"H100): {s['expressed']} of {s['rows']} rows expressed; step-time MAPE {s['mape']:.1%}")
+    for key in ("by_model", "by_band", "by_profile"):
+        print(f"  {key.replace('_', ' ')}: " + "; ".join(f"{k} {m:.1%} ({n})" for k, (m, n) in s[key].items()))
+    print("  Llama 3.1 8B speedups (row without -> row with), measured -> predicted: " + "; ".join(
+        f"{what} {a}->{b} {x:.2f} -> {y:.2f}" for what, a, b, x, y in s["gains"]))
+    print("  left out:")
+    for k, n in sorted(s["left_out"].items()):
+        print(f"    {n} {published.TORCH_NATIVE_REASONS[k]}")
+    print()
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print the rows as JSON instead of tables")
@@ -188,7 +234,8 @@ def main(argv=None) -> int:
     t = time.perf_counter()
     out = {"narayanan_table_1": published.narayanan_table_1(), "korthikanti_table_4": published.korthikanti_table_4(),
            "korthikanti_table_5": published.korthikanti_table_5(), "time_parts": parts_of_a_row(),
-           "single_node": single_node(), "h100_dev": h100_dev_set()}
+           "single_node": single_node(), "h100_dev": h100_dev_set(),
+           "torch_native": torch_native_set()}
     if args.json:
         print(json.dumps(out, indent=1))
         return 0
@@ -198,6 +245,7 @@ def main(argv=None) -> int:
     print_parts(out["time_parts"])
     print_single_node(out["single_node"])
     print_h100_dev(out["h100_dev"])
+    print_torch_native(out["torch_native"])
     print(f"ran in {time.perf_counter() - t:.1f} s")
     return 0
 

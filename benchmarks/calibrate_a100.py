@@ -107,6 +107,8 @@ def profile_data(p: dict, ring: dict, table: list[list], notes: dict) -> dict:
         "description": "A100 80GB SXM as Megatron-LM/Megatron-DeepSpeed ran it (2021-2023 stacks): calibrated on the "
                        "development set by benchmarks/calibrate_a100.py",
         "datasheet": "a100-80gb",
+        "stack": best["stack"] | {"name": "megatron-lm", "description": "Megatron-LM / Megatron-DeepSpeed 2021-2023 on "
+                                  "DGX A100", "attention_kernel": "unfused"},
         "fingerprint": {"device": "NVIDIA A100-SXM4-80GB", "driver": None, "cuda": None, "torch": None, "nccl": None,
                         "backend": "nccl", "host": None, "threads": None, "date": DATE},
         "matmul": {"efficiency": _cal(p["efficiency"], c("se", {}).get("efficiency", 0.0), c("t4_rows"),

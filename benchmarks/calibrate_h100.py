@@ -158,6 +158,8 @@ def profile_data(values: dict, se: dict | None = None, notes: dict | None = None
     data["name"] = NAME
     data["description"] = ("H100 80GB SXM as NeMo/Megatron-Core runs it (NeMo 24.05-25.04, DGX H100): calibrated on "
                            "the H100 development set by benchmarks/calibrate_h100.py; the rest as h100-80gb-best-case")
+    data["stack"] = dict(data["stack"], name="megatron-te",
+                         description="NeMo 24.05-25.04 (Megatron-Core, Transformer Engine) on DGX H100")
     data["fingerprint"] = dict(data["fingerprint"], device="NVIDIA H100 80GB HBM3 (DGX H100)", torch=None, cuda=None,
                                date=DATE)
     return data
@@ -233,6 +235,8 @@ def derived_profile(data: dict, gpu_name: str) -> dict:
                description=f"{gpu_name}: {NAME} carried over through the datasheets (benchmarks/calibrate_h100.py): "
                            "the H100's compute die, clocks and links, its own HBM")
     out["fingerprint"] = dict(out["fingerprint"], device=gpu_name)
+    out["stack"] = dict(out["stack"], description="NeMo 24.05-25.04 (Megatron-Core, Transformer Engine), carried "
+                                                  "over from DGX H100")
     memory = get(out, "memory_bound.bandwidth")
     scale = other.hbm_bandwidth / h100.hbm_bandwidth
     was = dict(memory)

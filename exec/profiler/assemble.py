@@ -80,6 +80,8 @@ def assemble(measured: dict, collectives: list, fp: dict, cores: int | None, com
                       "hbm_bandwidth": m(stream, how="the best copy bandwidth measured (memory_bound copy)"),
                       "sms": m(cores if cores is not None else _sms(), how="cores the ranks share"
                                if cores is not None else "multiprocessor count")},
+        "stack": {"name": "exec-torch", "description": f"exec's GPT on torch.distributed ({backend}), eager",
+                  "attention_kernel": "measured", "elementwise": "eager"},
         "fingerprint": fp,
         "matmul": {"table": {"rows": rows, **stamp}},
         **({"attention": {"table": {"rows": measured["attention"], **stamp, "how": ATTENTION_HOW}}}

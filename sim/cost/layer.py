@@ -73,7 +73,7 @@ from sim.hardware.network import collective_time, links_of
 from sim.model.transformer import Transformer, check_recompute
 
 from . import fp8
-from .attention import SDPA_INSIDE, fused_attention_times, measured_attention_times
+from .attention import SDPA_INSIDE, fused_attention_times, kernel_attention_times, measured_attention_times
 from .block_fit import block_in_step, in_step_fits
 from .context import context_attention
 from .moe import dense_width, routed_kernels, routed_times
@@ -279,6 +279,8 @@ def kernel_layer_times(m: Transformer, dev: DeviceProfile, x: Slice, recompute: 
         core_f, core_i = measured
     elif k["fused"] and m.kernels == "megatron" and dev.attention_efficiency is not None:
         core_f, core_i = fused_attention_times(m, dev, x)
+    elif k["fused"] and m.kernels == "megatron" and (published := kernel_attention_times(m, dev, x)) is not None:
+        core_f, core_i = published  # the stack's kernel at its published rates
     cp_f, cp_i = context_attention(m, dev, x, core_f, core_i)
     weighted = [n for n in fwd if n not in weightless]
     f = {"gemm": sum(fwd[n] for n in weighted) + core_f, "memory": _kernels_time(m, dev, x, k["F"], ffn=ffn),

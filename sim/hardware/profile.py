@@ -5,12 +5,15 @@ and the achieved figures: matmul efficiency or a measured matmul table, memory-b
 bandwidth by kernel class (measured ones also by size), the rates of compute-bound elementwise
 kernels, collective and point-to-point links (NCCL's ring model, or a measured table), the
 host's launch cost per kernel, a step's fixed overhead, measured blocks and ends (`layer_table`),
-the fused attention kernel by shape (`attention_table`).
+the fused attention kernel by shape (`attention_table`), and the software stack the figures are
+of (`Stack`: its name, the attention kernel it runs, its elementwise kernels fused or eager).
 `sim.hardware.kernels` turns them into times; nothing here models, it reads, checks, looks up.
 
     >>> p = profile("a100-80gb-best-case")
     >>> p.gpu.name, p.source("launch.per_kernel")["source"]
     ('a100-80gb', 'published')
+    >>> profile("h100-80gb").header
+    'h100-80gb, megatron-te: NeMo 24.05-25.04 (Megatron-Core, Transformer Engine) on DGX H100, calibrated'
 """
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ from pathlib import Path, PurePath
 from typing import Any, Mapping
 
 from .gpus import GPU, GPUS, PEAK_PRECISIONS
-from . import attention_table, layer_table
+from . import attention_kernels, attention_table, layer_table
 from .points import interpolate
 from .host_transport import read as read_host_transport
 from .profile_reader import SOURCES, ProfileError, Reader  # noqa: F401  SOURCES: part of this module's API
@@ -41,7 +44,25 @@ PRESETS = Path(__file__).with_name("profiles")
 # The default profile of each GPU preset: the best sourced one we have (docs/planner.md says why).
 # h100-80gb-dgxc: step-time MAPE 6.0 % on the H100 development set's fitted rows, the best case 11.9 %.
 DEFAULT_PROFILES = {"a100-40gb": "a100-40gb-best-case", "a100-80gb": "a100-80gb-vtrain",
-                    "h100-80gb": "h100-80gb-dgxc", "h200": "h200-dgxc"}
+                    "h100-80gb": "h100-80gb-dgxc", "h200": "h200-dgxc",
+                    "h100-96gb-500w": "h100-96gb-500w-torchtitan"}  # its only profile: torchtitan's
+
+
+# How a stack runs its elementwise and norm kernels: fused (Transformer Engine's and Megatron's
+# fused kernels, or torch.compile's generated ones: `sim.cost.layer`'s lists) or eager (torch's
+# one kernel an operator: `sim.cost.layer`'s eager lists).
+ELEMENTWISE = ("fused", "compiled", "eager")
+
+
+@dataclass(frozen=True)
+class Stack:
+    """The software stack a profile's figures are of (docs/profiles.md, "stack"): its name and
+    what it is, the fused attention kernel it runs (`sim.hardware.attention_kernels.KERNELS`) and
+    how it runs elementwise and norm kernels (`ELEMENTWISE`)."""
+    name: str
+    description: str
+    attention_kernel: str
+    elementwise: str
 
 
 @dataclass(frozen=True)
@@ -62,6 +83,7 @@ class DeviceProfile:
     name: str
     description: str
     gpu: GPU
+    stack: Stack
     fingerprint: Mapping[str, Any]
     matmul_efficiency: float | None
     matmul_rows: tuple          # (precision, m, n, k, batch, seconds, layout)
@@ -91,6 +113,18 @@ class DeviceProfile:
 
     def __repr__(self) -> str:
         return f"DeviceProfile({self.name!r} on {self.gpu.name}, {self.fingerprint.get('date')})"
+
+    @property
+    def kind(self) -> str:
+        """What its numbers are (their `source`s): "calibrated" if any was fitted, else
+        "measured" if any was measured, else "best case" (published figures)."""
+        sources = set(_sources(self.data))
+        return next((kind for kind in ("calibrated", "measured") if kind in sources), "best case")
+
+    @property
+    def header(self) -> str:
+        """The GPU, the stack and what its numbers are, as every report's header names them."""
+        return f"{self.gpu.name}, {self.stack.name}: {self.stack.description}, {self.kind}"
 
     memory = property(lambda self: self.gpu.memory)  # the datasheet's, for code that sizes memory and MFU
 
@@ -182,6 +216,34 @@ class DeviceProfile:
         return json.loads(json.dumps(self.data))
 
 
+def _sources(node):
+    """Every `source` in the profile's JSON `node`."""
+    if isinstance(node, Mapping):
+        if isinstance(node.get("source"), str):
+            yield node["source"]
+        for value in node.values():
+            yield from _sources(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _sources(value)
+
+
+def _stack(r: Reader) -> Stack:
+    """The profile's `stack` section, each field checked."""
+    st = r.section("stack", required=False)
+    if st is None:
+        r.fail("missing 'stack': the software stack its figures are of (docs/profiles.md, \"stack\")")
+    for key in ("name", "description"):
+        if not isinstance(st.get(key), str) or not st[key]:
+            r.fail(f"stack.{key} must be a non-empty string")
+    if st.get("attention_kernel") not in attention_kernels.KERNELS:
+        r.fail(f"stack.attention_kernel must be one of {', '.join(attention_kernels.KERNELS)}; "
+               f"got {st.get('attention_kernel')!r}")
+    if st.get("elementwise") not in ELEMENTWISE:
+        r.fail(f"stack.elementwise must be one of {', '.join(ELEMENTWISE)}; got {st.get('elementwise')!r}")
+    return Stack(st["name"], st["description"], st["attention_kernel"], st["elementwise"])
+
+
 def _by_key(pairs) -> dict:
     out: dict = {}
     for key, pt in pairs:
@@ -206,7 +268,7 @@ def from_dict(data: Mapping, where: str = "profile") -> DeviceProfile:
         r.fail(f"not a device profile: 'schema' must be {SCHEMA!r}")
     if not isinstance(data.get("name"), str) or not data["name"]:
         r.fail("'name' must be a non-empty string")
-    gpu = r.datasheet()
+    gpu, stack = r.datasheet(), _stack(r)
     fp = r.section("fingerprint")
     if not isinstance(fp.get("date"), str):
         r.fail("fingerprint.date must be an ISO date string")
@@ -229,7 +291,7 @@ def from_dict(data: Mapping, where: str = "profile") -> DeviceProfile:
     if "node" not in links:
         r.fail("'collectives.node' and 'p2p.node' are needed (the link inside a node)")
     return DeviceProfile(
-        name=data["name"], description=str(data.get("description", "")), gpu=gpu, fingerprint=dict(fp),
+        name=data["name"], description=str(data.get("description", "")), gpu=gpu, stack=stack, fingerprint=dict(fp),
         matmul_efficiency=eff, matmul_rows=mm, memory_bandwidth=r.number("memory_bound.bandwidth"),
         memory_classes={k: r.number(f"memory_bound.classes.{k}") for k in classes}, links=links,
         collective_rows=r.rows("collectives.table", ((str, COLLECTIVES), (str, LINKS), (int, None), (float, None),

@@ -245,7 +245,7 @@ def format_report(plan: Plan, name: str | None = None) -> str:
     kind = profile_kind(plan.profile)
     lines = [f"{name or model_name(plan.model)} on {plan.gpus} x {plan.gpu.name}, global batch {plan.global_batch}, {plan.precision}: "
              f"{plan.enumerated} configurations, {plan.simulated} simulated ({fit} fit) in {plan.seconds:.1f} s",
-             f"profile {plan.profile.name} ({kind}); fits: peak <= {plan.usable_memory / GIB:.1f} of "
+             f"{plan.profile.header} (profile {plan.profile.name}); fits: peak <= {plan.usable_memory / GIB:.1f} of "
              f"{plan.gpu.memory / GIB:.1f} GiB (the rest is headroom for CUDA, NCCL and fragmentation)"]
     if kind == "best case":
         lines.append("caveat: a best-case profile (the best published figures for recent software, not a "

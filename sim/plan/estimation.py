@@ -86,7 +86,8 @@ class Estimate:
         lay = self.layout
         cp = f"cp={lay.cp}, " if lay.cp > 1 else ""
         cp += f"ep={lay.ep}, expert_tp={lay.expert_tp}, " if self.model.moe else ""
-        return (f"<Estimate {model_name(self.model)} on {lay.gpus} x {self.gpu.name} (tp={lay.tp}, {cp}pp={lay.pp}, "
+        return (f"<Estimate {model_name(self.model)} on {lay.gpus} x {self.gpu.name}, {self.profile.stack.name} "
+                f"(tp={lay.tp}, {cp}pp={lay.pp}, "
                 f"dp={lay.dp}, {lay.schedule}): step {self.step_time:.4g} s, {self.tflops_per_gpu:.0f} TFLOP/s/GPU, "
                 f"MFU {self.mfu:.1%}, bubble {self.bubble_fraction:.1%}, peak {max(self.peak_memory) / 2**30:.1f} GiB, "
                 f"fits {self.fits}; .summary() for every number, .result for the step>")
@@ -98,7 +99,7 @@ class Estimate:
         lay = self.layout
         fsdp = {"reshard_after_forward": lay.reshard_after_forward, "fsdp_shard": lay.fsdp_shard} \
             if fsdp_as_actions(lay) else {}
-        return {"model": model_name(self.model), "gpu": self.gpu.name, "profile": self.profile.name, "gpus": lay.gpus,
+        return {"model": model_name(self.model), "gpu": self.gpu.name, "profile": self.profile.name, "stack": self.profile.stack.name, "gpus": lay.gpus,
                 "gpus_per_node": lay.gpus_per_node, "nics_per_node": lay.nics_per_node or lay.gpus_per_node,
                 "tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "cp": lay.cp, "ep": lay.ep, "expert_tp": lay.expert_tp, **({"cp_comm": lay.cp_comm} if lay.cp > 1 else {}),
                 "attention": self.model.attention, "micro_batch": lay.micro_batch, "global_batch": lay.global_batch,

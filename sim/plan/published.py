@@ -9,11 +9,20 @@ in TFLOP/s per GPU, MFU as a fraction.
     >>> rows = published.narayanan_table_1()      # one sim.estimate per row (about 2 s in all)
     >>> rows[0]["predicted"], rows[0]["published"], rows[0]["error"]   # doctest: +SKIP
 
+The torch-native development set (sim/plan/data/torch_native_dev.csv: llm-foundry's MPT runs and
+torchtitan's December 2024 Llama 3.1 table, on H100s) is read by `torch_native_runs`, each row
+as one `sim.estimate` on its stack's profile or the reason it is not expressed yet.
+
 `bench_published.py` (benchmarks/) prints them; tests/sim/plan/test_published.py holds the model to
 what it can assert without timing noise. Only public names of `sim` are used, so that the
 comparisons follow the estimate as it changes.
 """
 from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
 
 from .estimation import Estimate, estimate
 from sim.hardware.profile import resolve
@@ -21,6 +30,7 @@ from sim.hardware.gpus import gpu as gpu_by_name
 from sim.cost.layer import Slice, layer_times
 from sim.model.sagemaker import GPU as SAGEMAKER_GPU, MODELS as SAGEMAKER, REFERENCES, Reference
 from sim.model.registry import find_model
+from sim.model.transformer import Transformer
 
 A100 = "a100-80gb"  # both papers: Selene, "8 NVIDIA 80GB A100 GPUs" per node, 312 TFLOP/s 16-bit peak
 
@@ -168,3 +178,81 @@ def sagemaker_estimate(row: Reference | str, **overrides) -> Estimate:
     """`sim.estimate` of a reference row (`REFERENCES` key or `Reference`), on its GPUs."""
     r = REFERENCES[row] if isinstance(row, str) else row
     return estimate(SAGEMAKER[r.model], SAGEMAKER_GPU, **r.kwargs(**overrides))
+
+
+# The torch-native development set (sim/plan/data/README.md): each row's stack's profile, the
+# sequence torchtitan's configs set where its tables do not state one (train_configs/llama3_*.toml
+# at 9dec370: seq_len 8192, as the rows' notes say: not confirmed as used), and what is not
+# expressed yet, by reason.
+TORCH_NATIVE = Path(__file__).with_name("data") / "torch_native_dev.csv"
+TORCH_NATIVE_PROFILES = {"llm-foundry-mpt-benchmarks": "h100-80gb-llm-foundry",
+                         "torchtitan-llama3-h100-202412": "h100-96gb-500w-torchtitan"}
+TORCHTITAN_SEQ = 8192
+TORCH_NATIVE_REASONS = {"micro_batch": "micro-batch size not stated (the pipeline rows of torchtitan's Tables 5-6)"}
+
+
+@dataclass(frozen=True)
+class TorchNativeRun:
+    """One measured run of the torch-native set: its CSV row, its measured step time (the row's
+    where it states one, llm-foundry's from its total throughput; else `throughput_step`) and,
+    where it is not expressed, why (`TORCH_NATIVE_REASONS`)."""
+    row: dict
+    step_time: float
+    reason: str | None
+
+    @property
+    def seq(self) -> int:
+        return int(self.row["seq_len"] or TORCHTITAN_SEQ)
+
+
+def throughput_step(row: dict, seq: int) -> float:
+    """Seconds a step: global batch x sequence over tokens/s/GPU x GPUs (the set's README)."""
+    return int(row["gbs"]) * seq / (float(row["tokens_per_s_per_gpu"]) * int(row["n_gpus"]))
+
+
+@cache
+def torch_native_runs() -> tuple[TorchNativeRun, ...]:
+    """The set's rows, each with its measured step time and the reason it is left out, if any."""
+    out = []
+    with TORCH_NATIVE.open() as f:
+        for r in csv.DictReader(f):
+            seq = int(r["seq_len"] or TORCHTITAN_SEQ)
+            step = float(r["step_time_s"]) if r["step_time_s"] else throughput_step(r, seq)
+            reason = "micro_batch" if not r["mbs"] else None
+            out.append(TorchNativeRun(r, step, reason))
+    return tuple(out)
+
+
+def torch_native_model(run: TorchNativeRun) -> Transformer:
+    """The row's transformer from its architecture columns: MPT as a GPT without dropout, GeLU,
+    learned positions (the set's README: the parameter count grows with the sequence); Llama 3.1
+    as the llama family (SwiGLU, rotary, RMSNorm); both with flash attention."""
+    r = run.row
+    family = dict(arch="gpt", mlp="gelu", positions="learned", dropout=False) if r["model"].startswith("MPT") \
+        else dict(arch="llama")
+    return Transformer(layers=int(r["n_layers"]), hidden=int(r["hidden"]), heads=int(r["n_heads"]),
+                       kv_heads=int(r["n_kv_heads"]), ffn=int(r["ffn_hidden"]), seq=run.seq, vocab=int(r["vocab"]),
+                       attention="flash", **family)
+
+
+def torch_native_keywords(run: TorchNativeRun) -> dict:
+    """`sim.estimate`'s keywords for an expressed row: FSDP (zero 3; llm-foundry's
+    SHARD_GRAD_OP zero 2) over all data-parallel ranks, 8 GPUs a node (the sources' 8-GPU hosts),
+    sequence parallelism with tp, recompute full or selective as stated, else none; torchao's
+    float8 (`precision` fp8: its Linear layers only, dynamic tensorwise scaling) as FP8 GEMMs
+    under current scaling (an amax, then a cast: the profile's `fp8_efficiency` and its
+    `scaling` "current"), attention in BF16 as in both stacks."""
+    r = run.row
+    tp, pp, cp = int(r["tp"]), int(r["pp"]), int(r["cp"] or 1)
+    recompute = next((k for k in ("full", "selective") if k in r["recompute"]), "none")
+    return dict(tp=tp, pp=pp, cp=cp, dp=int(r["n_gpus"]) // (tp * pp * cp), micro_batch=int(r["mbs"]),
+                global_batch=int(r["gbs"]), recompute=recompute, gpus_per_node=8, sequence_parallel=tp > 1,
+                zero=2 if "SHARD_GRAD_OP" in r["dp_sharding"] else 3, precision="fp8" if r["precision"] == "fp8" else "bf16")
+
+
+def torch_native_estimate(run: TorchNativeRun, profile=None) -> Estimate:
+    """`sim.estimate` of an expressed row on `profile` (its stack's, `TORCH_NATIVE_PROFILES`, by default)."""
+    if run.reason is not None:
+        raise ValueError(f"row {run.row['row_id']} is not expressed: {TORCH_NATIVE_REASONS[run.reason]}")
+    return estimate(torch_native_model(run), profile or TORCH_NATIVE_PROFILES[run.row["source_id"]],
+                    **torch_native_keywords(run))

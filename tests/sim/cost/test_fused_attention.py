@@ -66,9 +66,11 @@ def test_selective_recompute_recomputes_the_fused_forward():
 
 def test_a_profile_without_an_attention_efficiency_times_the_kernel_as_its_matmuls():
     """The documented default: the scores and values as GEMMs at the profile's matmul rate (the
-    whole s^2, their four gradients backward), without the unfused kernels' memory traffic."""
+    whole s^2, their four gradients backward), without the unfused kernels' memory traffic (a
+    stack whose kernel has no published rates: sim.hardware.attention_kernels)."""
     m, x = model("llama3-8b"), Slice(2)
-    bare = _with_attention(H100, None)
+    data = _with_attention(H100, None).to_dict()
+    bare = from_dict({**data, "stack": {**data["stack"], "attention_kernel": "triton-flash-2023"}}, "test")
     flash, unfused = layer_times(m, bare, x), layer_times(dataclasses.replace(m, attention="unfused"), bare, x)
     assert flash.parts["gemm"] == pytest.approx(unfused.parts["gemm"], rel=1e-12)
     assert flash.parts["memory"] < unfused.parts["memory"]

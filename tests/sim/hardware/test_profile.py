@@ -35,6 +35,7 @@ def _cpu_profile() -> dict:
         "schema": "pipeline-workbench/device-profile/1", "name": "test-cpu", "description": "a test CPU",
         "datasheet": {"name": "test-cpu", "memory": _num(64 * 2**30), "peak_flops": {"fp32": _num(1e12)},
                       "hbm_bandwidth": _num(1e11), "sms": _num(16)},
+        "stack": {"name": "test", "description": "a test stack", "attention_kernel": "measured", "elementwise": "eager"},
         "fingerprint": {"device": "test cpu", "backend": "gloo", "date": "2026-11-24"},
         "matmul": {"efficiency": _num(0.5)},
         "memory_bound": {"bandwidth": _num(5e10)},
@@ -133,6 +134,11 @@ def _refusals():
         ("empty p2p table", setter({"rows": [], **FIXTURE}, "p2p", "table"), "p2p.table"),
         ("unknown memory class", setter({"gemm": _num(1e12)}, "memory_bound", "classes"), "memory_bound.classes"),
         ("no node link", drop("collectives", "node"), "collectives.node"),
+        ("no stack", drop("stack"), "missing 'stack'"),
+        ("stack without name", setter("", "stack", "name"), "stack.name"),
+        ("unknown attention kernel", setter("flash-attention-9", "stack", "attention_kernel"),
+         "stack.attention_kernel"),
+        ("unknown elementwise kind", setter("jit", "stack", "elementwise"), "stack.elementwise"),
     ]
 
 
@@ -278,3 +284,15 @@ def test_calibrated_a100_below_best_case():
     assert cal.gpu == best.gpu
     assert cal.matmul_efficiency < best.matmul_efficiency
     assert cal.launch_per_kernel >= best.launch_per_kernel and cal.step_overhead >= best.step_overhead
+
+
+@pytest.mark.parametrize("name", sim.hardware.profile.presets())
+def test_every_preset_names_its_gpu_its_stack_and_its_kind_in_its_header(name):
+    """The header is "<datasheet>, <stack>: <what the stack is>, <kind>", the kind the one
+    the profile's sources say (a fitted number makes it calibrated)."""
+    p = sim.profile(name)
+    sources = json.dumps(p.data)
+    kind = "calibrated" if '"source": "calibrated"' in sources else \
+        "measured" if '"source": "measured"' in sources else "best case"
+    assert p.header == f"{p.gpu.name}, {p.stack.name}: {p.stack.description}, {kind}"
+    assert p.stack.elementwise in sim.hardware.profile.ELEMENTWISE

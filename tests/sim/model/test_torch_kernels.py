@@ -30,6 +30,7 @@ def _cpu(compute=RATES, memory_points=None) -> dict:
         "schema": "pipeline-workbench/device-profile/1", "name": "test-cpu", "description": "a test CPU",
         "datasheet": {"name": "test-cpu", "memory": _num(64 * 2**30), "peak_flops": {"fp32": _num(1e11)},
                       "hbm_bandwidth": _num(5e10), "sms": _num(2)},
+        "stack": {"name": "test", "description": "a test stack", "attention_kernel": "measured", "elementwise": "eager"},
         "fingerprint": {"device": "test cpu", "backend": "gloo", "date": "2026-11-24"},
         "matmul": {"efficiency": _num(0.5)},
         "memory_bound": {"bandwidth": _num(5e10), "classes": classes},

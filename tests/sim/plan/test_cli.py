@@ -95,11 +95,13 @@ def test_help_lists_the_presets(capsys):
     assert "gpt3-175b" in text and "FILE.json" in text and "tf32" in text and "--memory-headroom" in text
 
 
-def test_the_header_names_the_profile_and_its_kind():
+def test_the_header_names_the_gpu_the_stack_the_profile_and_its_kind():
     status, out, _ = run(["--model", "megatron-1.7b", "--quiet", *BASE])
-    assert status == 0 and "profile a100-80gb-vtrain (calibrated)" in out and "caveat" not in out
+    assert status == 0 and "caveat" not in out
+    assert "a100-80gb, megatron-lm: Megatron-LM / Megatron-DeepSpeed 2021-2023 on DGX A100, calibrated " \
+           "(profile a100-80gb-vtrain)" in out
     status, out, _ = run(["--model", "megatron-1.7b", "--quiet", *BASE[:1], "h100-80gb-best-case", *BASE[2:]])
-    assert status == 0 and "profile h100-80gb-best-case (best case)" in out
+    assert status == 0 and "h100-80gb, best-case: " in out and ", best case (profile h100-80gb-best-case)" in out
     assert sum(line.startswith("caveat: a best-case profile") for line in out.splitlines()) == 1
     assert "fits: peak <= 71.7 of 79.6 GiB" in out
 
