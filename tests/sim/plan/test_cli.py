@@ -140,7 +140,7 @@ def test_gpu_takes_a_profile_file_and_plans_as_with_the_preset(tmp_path):
     path = _profile_file(tmp_path)
     status, out, err = run(["--model", "megatron-1.7b", "--quiet", "--gpu", str(path), *BASE[2:]])
     assert status == 0, err
-    assert "profile my-h100 (best case)" in out
+    assert "best case (profile my-h100)" in out
     _, preset, _ = run(["--model", "megatron-1.7b", "--quiet", "--gpu", "h100-80gb-best-case", *BASE[2:]])
     assert out.splitlines()[2:] == preset.splitlines()[2:]  # all but the time taken and the profile's name
     assert sum(line.startswith("   ") and line.endswith(" yes") for line in out.splitlines()) == 2  # --top 2
