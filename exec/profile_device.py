@@ -76,7 +76,8 @@ def build_parser():
     p.add_argument("--backend", choices=["gloo", "nccl"], default="gloo", help="gloo: CPU ranks; nccl: one GPU each")
     p.add_argument("--ranks", type=whole, help="ranks exec will run (default: the cores for gloo, the GPUs for nccl); "
                                                "collectives are measured over 2..ranks")
-    p.add_argument("--quick", action="store_true", help="fewer sizes and repeats (seconds; coarser)")
+    p.add_argument("--quick", action="store_true", help="fewer sizes and repeats, no anchor shapes: coarser (about 35 s on an idle 2-core VM: "
+                        "docs/exec.md)")
     p.add_argument("--timeout", type=lambda t: number(t, minimum=1.0), default=TIMEOUT,
                    help=f"seconds for each launch of ranks (default {TIMEOUT:.0f}: a full profile on a noisy 2-core "
                         f"VM, its blocks timed again where off a line, took over 900)")

@@ -38,9 +38,11 @@ from typing import NoReturn, Sequence
 from sim.cli import OneLineParser, folder_problem, machine_memory, missing_extra, number, whole
 
 from exec.runtime.optim import DEFAULT_OPTIMIZER, OPTIMIZERS  # torch is imported only once the arguments are read
+from exec.pipeline.config import DEFAULT_LR
 from sim.model.transformer import RECOMPUTE
 
 PROG = "exec.run"
+LOSSES = {"mlp": "mean squared error to random targets", "gpt": "cross entropy of random tokens"}  # exec.models.spec
 MOE_FLAGS = ("experts", "top_k", "expert_ffn", "shared_experts", "dense_layers")  # ModelSpec's fields of the same names
 
 
@@ -79,7 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--optimizer", choices=list(OPTIMIZERS), default=DEFAULT_OPTIMIZER,
                    help="torch.optim's AdamW, Adam, SGD (no momentum) or SGD with momentum 0.9; the names of "
                         "sim.estimate(optimizer=) and python -m sim.plan --optimizer (default adamw)")
-    r.add_argument("--lr", type=number, default=0.01, help="learning rate, a finite number >= 0 (default 0.01)")
+    r.add_argument("--lr", type=number, default=DEFAULT_LR,
+                   help=f"learning rate, a finite number >= 0 (default {DEFAULT_LR:g}, torch's AdamW default)")
     c = p.add_argument_group("comparison and output")
     c.add_argument("--costs", type=Path, help="costs JSON (sim.save_costs) instead of profiling")
     c.add_argument("--no-compare", action="store_true", help="skip profiling and the simulated step")
@@ -366,7 +369,7 @@ def _table(s: dict) -> str:
     rows += [
         ("peak activations", " ".join(map(str, s["peak_activations"])) + " micro-batches per rank"),
         ("loss", f"{s['loss']:.6f} after {s['steps']} steps (first {s['first_loss']:.6f}; one process: "
-                 f"{s['reference_loss']:.6f})"),
+                 f"{s['reference_loss']:.6f}); {LOSSES.get(s['model'], 'the loss')}, the same batch every step"),
         ("grad_match", str(s["grad_match"])),
         ("max_grad_diff", f"{s['max_grad_diff']:.3g} (at {s['worst_param']})"),
     ]
