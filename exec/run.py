@@ -334,6 +334,7 @@ def _ms(xs) -> str:
 
 def _table(s: dict) -> str:
     dp = s.get("dp", 1)
+    crowded = [h for h in s.get("hosts", []) if h["shared"]] if s.get("cores") is not None else []
     replicas = f" x {dp} replicas = {s['world_size']} ranks" if dp > 1 else ""
     rows = [
         ("schedule", f"{s['schedule']}: {s['stages']} stages on {s['ranks']} ranks{replicas}, "
@@ -353,16 +354,15 @@ def _table(s: dict) -> str:
                                        f"costs calibrated in the run)"))
         rows.append(("replayed steps", f"error {s['replay_error_pct']:+.1f}% (median over the steps, each simulated with "
                                        f"its own compute times: the rules alone)"))
-        crowded = [h for h in s.get("hosts", []) if h["shared"]] if s.get("cores") is not None else []
         if crowded:
             h = crowded[0]
-            rows.append(("note", f"{h['ranks']} ranks on {h['cores']} cores: rule 9 (each rank on its own cores) does "
-                                 f"not hold, so measured and simulated times cannot agree; the run checks correctness"))
+            rows.append(("note", f"{h['ranks']} ranks on {h['cores']} cores, sharing them: rule 9 (each rank on its own cores) "
+                                 f"does not hold, so measured and simulated times cannot agree; the run checks correctness"))
         rows.append(("bubble", f"{s['bubble_fraction']:.3f} measured, {s['simulated_bubble']:.3f} simulated"))
     else:
         rows.append(("bubble", f"{s['bubble_fraction']:.3f} measured"))
     if s.get("load"):
-        rows.append(("machine", s["load"]))
+        rows.append(("machine", s["load"] + ("; the run's own ranks, which share cores, are among those" if crowded else "")))
     if s.get("cores") is not None:
         from exec.launch.host import crowding
         rows += [("hosts", line) for line in crowding(h for h in s.get("hosts", []) if h["nodes"] > 1)]
