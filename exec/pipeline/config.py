@@ -95,8 +95,8 @@ class RunConfig:
             if getattr(self, what) not in allowed:
                 raise ValueError(f"{what} must be one of {', '.join(allowed)}, got {getattr(self, what)!r}")
         if self.calibrate and self.backend != "gloo":
-            raise ValueError(f"calibrate={self.calibrate}: calibration {NCCL_NOT_YET}; simulate an NCCL run with "
-                             f"costs written by sim.save_costs (calibrate=0)")
+            raise ValueError(f"calibrate={self.calibrate}: calibration {NCCL_NOT_YET}: it times CPU ranks (gloo) only; "
+                             f"simulate an NCCL run with costs written by sim.save_costs (calibrate=0)")
         if self.bounds is not None:
             object.__setattr__(self, "bounds", tuple(self.bounds))
         parse_fault(self.fault)

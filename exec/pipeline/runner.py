@@ -146,7 +146,7 @@ def check_run(spec, schedule: Schedule, config: RunConfig) -> Program:
                          f"REDUCE_GRAD actions; pass sim.add_grad_reduce(schedule, overlap) (a schedule name gets them)")
     if schedule.has_collectives and backend != "gloo":
         raise ValueError(f"dp={dp}: data parallelism (REDUCE_GRAD in {schedule.name!r}) {NCCL_NOT_YET}; "
-                         f"use the gloo backend (CPU ranks)")
+                         f"it runs on CPU ranks (gloo) only")
     check_gpus(backend, local_world(schedule.ranks * dp))
     program = sim.compile(schedule, backend)  # for nccl, RECVs in the order the peer sends
     if config.calibrate:
