@@ -43,8 +43,8 @@ A package per concern, each importing only those before it (docs/exec.md, Layout
 - `exec.profiler`: the device profile's measurements (`device_bench`, `comm_bench`, `assemble`).
 - `exec.torch_pipelining`: torch.distributed.pipelining's own schedule orders as
   `sim.Schedule`s (`orders`), and our schedules on torch's runtime (`runtime`).
-- The command lines: `python -m exec.run --schedule 1f1b --stages 2 --micro 8` (also
-  `python -m exec`) and `python -m exec.profile_device --out F`.
+- The command lines: `python -m exec.run --schedule 1f1b --stages 2 --micro 8` and
+  `python -m exec.profile_device --out F`; `python -m exec` prints their index.
 """
 from __future__ import annotations
 

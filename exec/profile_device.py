@@ -1,11 +1,14 @@
 """Measure this machine's device as exec's ranks use it and write its device profile (docs/profiles.md) for the planner.
 
-    python -m exec.profile_device --out profiles/this-cpu.json            # gloo, cores ranks
-    python -m exec.profile_device --out my.json --ranks 2 --quick         # seconds, coarser
-    python -m exec.profile_device --out gpu.json --backend nccl --ranks 1 # a GPU
-    python -m exec.profile_device --out cpu.json --repeat 3               # three, and their median
-    python -m exec.profile_device --out m.json --median-of a.json --median-of b.json  # measures nothing
-    >>> measure_device(Path("my.json"), ranks=2, quick=True)               # doctest: +SKIP
+    python -m exec.profile_device --out ~/.cache/exec/cpu.json                    # gloo, cores ranks
+    python -m exec.profile_device --out ~/.cache/exec/quick.json --ranks 2 --quick  # coarser, under a minute
+    python -m exec.profile_device --out ~/.cache/exec/gpu.json --backend nccl --ranks 1  # a GPU
+    python -m exec.profile_device --out ~/.cache/exec/cpu.json --repeat 3         # three, and their median
+    python -m exec.profile_device --out ~/.cache/exec/m.json --median-of A --median-of B  # measures nothing
+    >>> measure_device(Path.home() / ".cache/exec/cpu.json", ranks=2, quick=True)   # doctest: +SKIP
+
+A profile belongs to the machine, not to the code: write it outside the checkout (its folder
+is made), so that `git status` stays clean; `sim.plan --gpu FILE` reads it from there.
 
 It measures, in ranks set up as `exec.launch.processes` sets up a run's (each rank on its cores with
 cores / ranks threads, or one GPU each):
@@ -68,11 +71,13 @@ FULL = dict(memory=(2**12, 2**14, 2**16, 2**18, 2**20, 2**22),
 def build_parser():
     p = OneLineParser(error_prog=PROG, prog=PROG, description="Measure this device as exec's ranks use it; write "
                                                             "its device profile (docs/profiles.md).")
-    p.add_argument("--out", type=Path, required=True, help="the profile to write (JSON)")
+    p.add_argument("--out", type=Path, required=True,
+                   help="the profile to write (JSON), outside the checkout, e.g. ~/.cache/exec/cpu.json")
     p.add_argument("--backend", choices=["gloo", "nccl"], default="gloo", help="gloo: CPU ranks; nccl: one GPU each")
     p.add_argument("--ranks", type=whole, help="ranks exec will run (default: the cores for gloo, the GPUs for nccl); "
                                                "collectives are measured over 2..ranks")
-    p.add_argument("--quick", action="store_true", help="fewer sizes and repeats (seconds; coarser)")
+    p.add_argument("--quick", action="store_true", help="fewer sizes and repeats, no anchor shapes: coarser (about 35 s on an idle 2-core VM: "
+                        "docs/exec.md)")
     p.add_argument("--timeout", type=lambda t: number(t, minimum=1.0), default=TIMEOUT,
                    help=f"seconds for each launch of ranks (default {TIMEOUT:.0f}: a full profile on a noisy 2-core "
                         f"VM, its blocks timed again where off a line, took over 900)")

@@ -38,9 +38,11 @@ from typing import NoReturn, Sequence
 from sim.cli import OneLineParser, folder_problem, machine_memory, missing_extra, number, whole
 
 from exec.runtime.optim import DEFAULT_OPTIMIZER, OPTIMIZERS  # torch is imported only once the arguments are read
+from exec.pipeline.config import DEFAULT_LR
 from sim.model.transformer import RECOMPUTE
 
 PROG = "exec.run"
+LOSSES = {"mlp": "mean squared error to random targets", "gpt": "cross entropy of random tokens"}  # exec.models.spec
 MOE_FLAGS = ("experts", "top_k", "expert_ffn", "shared_experts", "dense_layers")  # ModelSpec's fields of the same names
 
 
@@ -70,7 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     _model_flags(p)
     r = p.add_argument_group("run")
     r.add_argument("--backend", choices=["gloo", "nccl"], default="gloo",
-                   help="gloo: CPU processes; nccl: one GPU per rank (default gloo)")
+                   help="gloo: CPU processes; nccl: one GPU per rank, which checks the gradients and times the "
+                        "steps only: no calibration and no --dp on NCCL yet (default gloo)")
     r.add_argument("--steps", type=whole, default=5, help="measured steps (default 5)")
     r.add_argument("--warmup", type=lambda t: whole(t, minimum=0), default=2, help="warm-up steps, not measured (default 2)")
     r.add_argument("--timeout", type=_seconds, default=300.0, help="seconds for the whole run (default 300)")
@@ -78,7 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--optimizer", choices=list(OPTIMIZERS), default=DEFAULT_OPTIMIZER,
                    help="torch.optim's AdamW, Adam, SGD (no momentum) or SGD with momentum 0.9; the names of "
                         "sim.estimate(optimizer=) and python -m sim.plan --optimizer (default adamw)")
-    r.add_argument("--lr", type=number, default=0.01, help="learning rate, a finite number >= 0 (default 0.01)")
+    r.add_argument("--lr", type=number, default=DEFAULT_LR,
+                   help=f"learning rate, a finite number >= 0 (default {DEFAULT_LR:g}, torch's AdamW default)")
     c = p.add_argument_group("comparison and output")
     c.add_argument("--costs", type=Path, help="costs JSON (sim.save_costs) instead of profiling")
     c.add_argument("--no-compare", action="store_true", help="skip profiling and the simulated step")
@@ -150,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                              max_grad_diff=run.max_grad_diff)
     summary = run.summary()
     summary.update(simulated_step_s=None, error_pct=None, model=spec.model, backend=args.backend,
-                   balance=args.balance, recompute=spec.recompute, cores=_cores(args),
+                   balance=args.balance, recompute=spec.recompute, cores=_cores(args, run),
                    measured_peak_memory=summary["peak_memory"], sizes=_sizes(spec))
     summary.update(run.load_json())
     if comparison is not None:
@@ -191,13 +195,15 @@ def _check(parser: argparse.ArgumentParser, args):
         parser.error(str(e))
     if args.overlap_grad_reduce and args.dp == 1:
         parser.error("--overlap-grad-reduce places the data-parallel gradient reduction; give --dp 2 or more")
+    if args.backend == "nccl" and args.costs is None and not args.no_compare:
+        from exec.pipeline.config import NCCL_NOT_YET
+        parser.error(f"--backend nccl: calibration {NCCL_NOT_YET}; pass --costs FILE (sim.save_costs) or --no-compare")
     costs = _given_costs(parser, args, schedule)  # before torch: a bad file is refused at once
     problem = folder_problem(args.out) if args.out is not None else None
     if problem:
         parser.error(f"--out {problem}")
     if missing_extra():
         parser.error(missing_extra())
-    import torch
     try:
         spec = model_spec(args)
         config = run_config(args)
@@ -215,12 +221,6 @@ def _check(parser: argparse.ArgumentParser, args):
         v = f" x V {schedule.stages // args.devices}" if schedule.stages != args.devices else ""
         parser.error(f"--devices {args.devices}{v} = {schedule.stages} model stages is more than the model's "
                      f"{spec.num_layers} layers; use fewer stages or more --layers")
-    if args.backend == "nccl" and torch.cuda.device_count() < schedule.ranks:
-        parser.error(f"--backend nccl runs one process per GPU: {schedule.ranks} ranks need {schedule.ranks} GPUs, "
-                     f"this machine has {torch.cuda.device_count()}; use --backend gloo or fewer --devices")
-    if args.backend == "nccl" and args.costs is None and not args.no_compare:
-        parser.error("--backend nccl: the profiler measures CPU ranks (gloo) only; "
-                     "pass --costs FILE (sim.save_costs) or --no-compare")
     return schedule, spec, costs, config
 
 
@@ -322,10 +322,10 @@ def _sizes(spec) -> dict:
     return {"layers": spec.layers, "hidden": spec.hidden, "seq": spec.seq, "batch_size": spec.batch_size}
 
 
-def _cores(args) -> int | None:
-    """The host's cores the gloo ranks share (None for nccl: one GPU per rank)."""
-    from exec.launch.host import host_cores
-    return len(host_cores()) if args.backend == "gloo" else None
+def _cores(args, run) -> int | None:
+    """The cores the gloo ranks held together on rank 0's host, the union of their blocks
+    (`PipelineRun.hosts`; None for nccl: one GPU per rank)."""
+    return run.hosts[0]["cores"] if args.backend == "gloo" and run.hosts else None
 
 
 def _ms(xs) -> str:
@@ -334,6 +334,7 @@ def _ms(xs) -> str:
 
 def _table(s: dict) -> str:
     dp = s.get("dp", 1)
+    crowded = [h for h in s.get("hosts", []) if h["shared"]] if s.get("cores") is not None else []
     replicas = f" x {dp} replicas = {s['world_size']} ranks" if dp > 1 else ""
     rows = [
         ("schedule", f"{s['schedule']}: {s['stages']} stages on {s['ranks']} ranks{replicas}, "
@@ -353,19 +354,22 @@ def _table(s: dict) -> str:
                                        f"costs calibrated in the run)"))
         rows.append(("replayed steps", f"error {s['replay_error_pct']:+.1f}% (median over the steps, each simulated with "
                                        f"its own compute times: the rules alone)"))
-        world, cores = s.get("world_size", s["ranks"]), s.get("cores")
-        if cores is not None and world > cores:
-            rows.append(("note", f"{world} ranks on {cores} cores: rule 9 (each rank on its own cores) does not "
-                                 f"hold, so measured and simulated times cannot agree; the run checks correctness"))
+        if crowded:
+            h = crowded[0]
+            rows.append(("note", f"{h['ranks']} ranks on {h['cores']} cores, sharing them: rule 9 (each rank on its own cores) "
+                                 f"does not hold, so measured and simulated times cannot agree; the run checks correctness"))
         rows.append(("bubble", f"{s['bubble_fraction']:.3f} measured, {s['simulated_bubble']:.3f} simulated"))
     else:
         rows.append(("bubble", f"{s['bubble_fraction']:.3f} measured"))
     if s.get("load"):
-        rows.append(("machine", s["load"]))
+        rows.append(("machine", s["load"] + ("; the run's own ranks, which share cores, are among those" if crowded else "")))
+    if s.get("cores") is not None:
+        from exec.launch.host import crowding
+        rows += [("hosts", line) for line in crowding(h for h in s.get("hosts", []) if h["nodes"] > 1)]
     rows += [
         ("peak activations", " ".join(map(str, s["peak_activations"])) + " micro-batches per rank"),
         ("loss", f"{s['loss']:.6f} after {s['steps']} steps (first {s['first_loss']:.6f}; one process: "
-                 f"{s['reference_loss']:.6f})"),
+                 f"{s['reference_loss']:.6f}); {LOSSES.get(s['model'], 'the loss')}, the same batch every step"),
         ("grad_match", str(s["grad_match"])),
         ("max_grad_diff", f"{s['max_grad_diff']:.3g} (at {s['worst_param']})"),
     ]

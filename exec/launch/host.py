@@ -12,6 +12,11 @@ sets up each rank process with these:
 - `paused_gc`: Python's cyclic garbage collector runs before a timed region, never inside
   it (a collection stopped a measured step at random, as `timeit` also avoids).
 
+Where the ranks ran: each rank reports its `rank_place` (host name, the cores it holds, its
+torchrun node), and `hosts_of` counts them per host, so that a run knows the cores its ranks
+had together on each host, and when several nodes (torchrun launchers) shared one host,
+each pinning its ranks as if it had the host alone (`crowding`).
+
 And what a benchmark reads beside its runs: `loadavg`, and `cpu_ticks` / `steal_share`, the
 share of the machine's CPU time the hypervisor took.
 
@@ -22,11 +27,12 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import socket
 from typing import Iterator, Sequence
 
 from sim.limits import collector_paused
 
-__all__ = ["host_cores", "rank_cores", "thread_ids", "pin_threads", "keep_freed_memory", "io_thread_batch",
+__all__ = ["host_cores", "rank_cores", "rank_place", "hosts_of", "crowding", "thread_ids", "pin_threads", "keep_freed_memory", "io_thread_batch",
            "paused_gc", "loadavg", "cpu_ticks", "steal_share", "GLOO_IO_THREAD", "MALLOC_MMAP_MAX_BLOCK"]
 
 GLOO_IO_THREAD = "gloo_tcp_loop"  # the name gloo's TCP transport gives its event-loop thread
@@ -48,6 +54,52 @@ def rank_cores(local_rank: int, local_world: int, cores: Sequence[int]) -> tuple
     if per < 1:
         return None
     return tuple(cores[local_rank * per:(local_rank + 1) * per])
+
+
+def rank_place() -> dict:
+    """Where this rank runs: its host's name, the cores it may use now (after pinning: its
+    own block) and its node, torchrun's GROUP_RANK (None outside torchrun: one launcher)."""
+    node = os.environ.get("GROUP_RANK")
+    return {"host": socket.gethostname(), "cores": host_cores(), "node": int(node) if node is not None else None}
+
+
+def hosts_of(places: Sequence[dict]) -> list[dict]:
+    """Per host, in the order of its first rank: its name, its ranks, the cores they hold
+    together (the union of their blocks), the nodes (torchrun launchers) they came from, and
+    whether ranks share cores (`shared`: their blocks overlap, so rule 9 does not hold there).
+
+        >>> hosts_of([{"host": "a", "cores": [0], "node": 0}, {"host": "a", "cores": [1], "node": 0}])
+        [{'host': 'a', 'ranks': 2, 'cores': 2, 'nodes': 1, 'shared': False}]
+        >>> hosts_of([{"host": "a", "cores": [0, 1], "node": n} for n in (0, 1)])   # two nodes, both on 0-1
+        [{'host': 'a', 'ranks': 2, 'cores': 2, 'nodes': 2, 'shared': True}]
+    """
+    hosts: dict[str, dict] = {}
+    for p in places:
+        h = hosts.setdefault(p["host"], {"ranks": 0, "held": 0, "cores": set(), "nodes": set()})
+        h["ranks"] += 1
+        h["held"] += len(p["cores"])
+        h["cores"].update(p["cores"])
+        h["nodes"].add(p["node"])
+    return [{"host": name, "ranks": h["ranks"], "cores": len(h["cores"]), "nodes": len(h["nodes"]),
+             "shared": h["held"] > len(h["cores"])} for name, h in hosts.items()]
+
+
+def crowding(hosts: Sequence[dict]) -> list[str]:
+    """One line per host whose ranks share cores (`hosts_of`'s `shared`), saying why when
+    several nodes share it.
+
+        >>> crowding([{"host": "a", "ranks": 4, "cores": 2, "nodes": 2, "shared": True}])[0][:67]
+        '2 nodes (torchrun launchers) share host a: 4 ranks on its 2 cores, '
+    """
+    lines = []
+    for h in (h for h in hosts if h["shared"]):
+        if h["nodes"] > 1:
+            lines.append(f"{h['nodes']} nodes (torchrun launchers) share host {h['host']}: {h['ranks']} ranks on its "
+                         f"{h['cores']} cores, each node pinning its ranks as if it had the host alone; "
+                         f"give each node a host of its own (or one launcher with --nproc-per-node {h['ranks']})")
+        else:
+            lines.append(f"{h['ranks']} ranks on {h['cores']} cores of host {h['host']}: ranks share cores")
+    return lines
 
 
 def thread_ids() -> list[tuple[int, str]]:

@@ -108,6 +108,24 @@ def under_torchrun() -> bool:
     return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR"))
 
 
+def local_world(world_size: int) -> int:
+    """The ranks of a `world_size` run that start on this host: torchrun's LOCAL_WORLD_SIZE
+    under torchrun (one node of several, perhaps), else all of them (`launch` starts them here)."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", world_size)) if under_torchrun() else world_size
+
+
+def check_gpus(backend: str, ranks_here: int) -> None:
+    """The one rule for GPUs: with nccl every rank on this host needs a GPU of its own
+    (`local_world`); ValueError naming both counts otherwise (gloo needs none)."""
+    if backend != "nccl":
+        return
+    import torch
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus < ranks_here:
+        raise ValueError(f"nccl runs one process per GPU: {ranks_here} ranks need {ranks_here} GPUs, this machine "
+                         f"has {gpus}; use the gloo backend (CPU ranks) or fewer ranks")
+
+
 def _check_args(world_size: int, backend: str, timeout: float, threads: int | None) -> None:
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
@@ -117,6 +135,7 @@ def _check_args(world_size: int, backend: str, timeout: float, threads: int | No
         raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
     if threads is not None and (not isinstance(threads, int) or threads < 1):
         raise ValueError(f"threads must be a positive integer or None, got {threads!r}")
+    check_gpus(backend, local_world(world_size))
 
 
 def _setup(rank: int, world_size: int, local_rank: int, backend: str, timeout: float,

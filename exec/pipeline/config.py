@@ -31,11 +31,19 @@ from typing import Sequence
 import sim
 from exec.runtime.optim import DEFAULT_OPTIMIZER, OPTIMIZERS
 
-__all__ = ["RunConfig", "run_options", "run_schedule", "step_schedule", "parse_fault", "FAULTS"]
+__all__ = ["RunConfig", "run_options", "run_schedule", "step_schedule", "model_spec", "parse_fault", "FAULTS",
+           "NCCL_NOT_YET", "DEFAULT_LR"]
 
 FAULTS = ("raise", "exit", "hang")
 BALANCES = ("layers", "time")
 BACKENDS = ("gloo", "nccl")
+NCCL_NOT_YET = "is not supported on NCCL yet (exec on GPUs checks the gradients and times the steps only)"
+MODELS = ("mlp", "gpt")  # the models a name stands for: ModelSpec(name)
+# torch.optim.Adam's and AdamW's own default. Every step trains on the same batch: at 0.01
+# AdamW moved each weight of the default MLP by about 0.01 a step and its loss went 2.32 ->
+# 1.32 -> 55.8 in 7 steps (one process, ModelSpec("mlp"), 2-core VM, 2026-12-02); at 1e-3 it
+# falls every step (tests/exec/test_entry_points.py).
+DEFAULT_LR = 1e-3
 
 
 def parse_fault(text: str | None) -> tuple[str, int] | None:
@@ -55,7 +63,7 @@ class RunConfig:
 
     steps: int = 5                    # measured steps
     warmup: int = 2                   # steps before them, not measured
-    lr: float = 0.01                  # learning rate, finite and >= 0
+    lr: float = DEFAULT_LR            # learning rate, finite and >= 0
     optimizer: str = DEFAULT_OPTIMIZER  # a name of `exec.runtime.optim.OPTIMIZERS` (adamw)
     dp: int = 1                       # pipeline replicas (data parallelism, `exec.runtime.dp`)
     ep: int = 1                       # replicas a MoE layer's experts are spread over (`exec.runtime.ep`)
@@ -88,8 +96,8 @@ class RunConfig:
             if getattr(self, what) not in allowed:
                 raise ValueError(f"{what} must be one of {', '.join(allowed)}, got {getattr(self, what)!r}")
         if self.calibrate and self.backend != "gloo":
-            raise ValueError(f"calibrate times CPU ranks (gloo) only, not backend={self.backend!r}; "
-                             f"simulate an NCCL run with costs written by sim.save_costs")
+            raise ValueError(f"calibrate={self.calibrate}: calibration {NCCL_NOT_YET}: it times CPU ranks (gloo) only; "
+                             f"simulate an NCCL run with costs written by sim.save_costs (calibrate=0)")
         if self.bounds is not None:
             object.__setattr__(self, "bounds", tuple(self.bounds))
         parse_fault(self.fault)
@@ -140,3 +148,19 @@ def run_schedule(entry: str, schedule: "sim.Schedule | str", devices: int | None
     if devices is None or micro_batches is None:
         raise ValueError(f"a schedule name needs devices and micro_batches, e.g. {entry}(spec, {schedule!r}, 2, 8)")
     return step_schedule(schedule, devices, micro_batches, config.dp, config.overlap_grad_reduce)
+
+
+def model_spec(entry: str, spec):
+    """The `exec.models.spec.ModelSpec` a run of `entry` trains: `spec` itself, or a name of
+    `MODELS` as `ModelSpec(name)` (its default sizes). ValueError naming the choices for
+    another name, TypeError for anything else."""
+    from exec.models.spec import ModelSpec
+    if isinstance(spec, ModelSpec):
+        return spec
+    if isinstance(spec, str):
+        if spec not in MODELS:
+            raise ValueError(f"{entry}: unknown model {spec!r}; give one of {', '.join(map(repr, MODELS))} "
+                             f"or a ModelSpec (your own torch blocks: ModelSpec.from_blocks)")
+        return ModelSpec(spec)
+    raise TypeError(f"{entry}: spec must be an exec.ModelSpec or a model name ({', '.join(MODELS)}), "
+                    f"got {type(spec).__name__}")

@@ -35,12 +35,12 @@ from sim import Result, Schedule
 from sim.engine.program import Program
 from sim.hardware.topology import Topology
 
-from exec.launch.host import host_cores
-from exec.launch.processes import launch
+from exec.launch.host import host_cores, hosts_of
+from exec.launch.processes import check_gpus, launch, local_world
 from exec.measure.busy import describe_load, load_summary
 from exec.measure.calibrate import check_calibrated
 from exec.measure.costs import costs_from_reports
-from exec.pipeline.config import RunConfig, run_options, run_schedule
+from exec.pipeline.config import NCCL_NOT_YET, RunConfig, model_spec, run_options, run_schedule
 from exec.pipeline.worker import pipeline_worker, say
 from exec.runtime.check import compare_grads, param_names, reference_step, split_micro_batches
 from exec.runtime.dp import check_dp
@@ -70,6 +70,7 @@ class PipelineRun:
     dp: int = 1                       # pipeline replicas; result, losses: replica 0's pipeline, the mean loss
     train_step_times: list[float] = field(default_factory=list)  # per measured step, start to the optimizer's end
     load: list[list[dict]] = field(default_factory=list)  # per world rank, per measured step: exec.measure.busy.StepLoad
+    hosts: list[dict] = field(default_factory=list)  # per host: its ranks, their cores, nodes (exec.launch.host.hosts_of)
 
     @property
     def schedule(self) -> Schedule:
@@ -107,7 +108,7 @@ class PipelineRun:
             "loss": self.losses[-1], "first_loss": self.losses[0], "steps": len(self.losses),
             "reference_loss": self.reference_loss, "loss_match": self.loss_match,
             "grad_match": self.grad_match, "max_grad_diff": self.max_grad_diff, "worst_param": self.worst_param,
-            "grad_reduce_s": self.grad_reduce_s,
+            "grad_reduce_s": self.grad_reduce_s, "hosts": self.hosts,
         }
 
     def load_json(self) -> dict:
@@ -144,7 +145,9 @@ def check_run(spec, schedule: Schedule, config: RunConfig) -> Program:
         raise ValueError(f"dp={dp} replicas must average their gradients, but schedule {schedule.name!r} has no "
                          f"REDUCE_GRAD actions; pass sim.add_grad_reduce(schedule, overlap) (a schedule name gets them)")
     if schedule.has_collectives and backend != "gloo":
-        raise ValueError(f"exec runs REDUCE_GRAD (data parallelism) on CPU ranks (gloo) only, not backend={backend!r}")
+        raise ValueError(f"dp={dp}: data parallelism (REDUCE_GRAD in {schedule.name!r}) {NCCL_NOT_YET}; "
+                         f"it runs on CPU ranks (gloo) only")
+    check_gpus(backend, local_world(schedule.ranks * dp))
     program = sim.compile(schedule, backend)  # for nccl, RECVs in the order the peer sends
     if config.calibrate:
         check_calibrated(schedule)
@@ -195,7 +198,8 @@ def run_pipeline(spec, schedule: Schedule | str, devices: int | None = None, mic
     `warmup` + `steps` training steps of `spec` with its `optimizer`, and check the first
     step's loss and gradients against `reference_step`. Keyword `options` set fields of
     `config` (`run_pipeline(spec, "1f1b", 2, 8, steps=3)` is `run_pipeline(spec, "1f1b", 2,
-    8, RunConfig(steps=3))`); it reads every field.
+    8, RunConfig(steps=3))`); it reads every field. `spec`: an `exec.ModelSpec`, or a name of
+    `exec.pipeline.config.MODELS` ("mlp", "gpt") for `ModelSpec(name)`.
 
     `calibrate` = k > 0 also measures the simulator's costs in the same processes: a
     calibration round before every k measured steps (`exec.pipeline.worker`); the run's
@@ -208,6 +212,7 @@ def run_pipeline(spec, schedule: Schedule | str, devices: int | None = None, mic
     gradients of every replica are checked (`grad_match`: all of them match).
 
     Raises `exec.launch.processes.RankError` / `TimeoutError` if a rank fails or the run is too slow."""
+    spec = model_spec("run_pipeline", spec)
     config = run_options("run_pipeline", config, options)
     schedule = run_schedule("run_pipeline", schedule, devices, micro_batches, config)
     program, dp = check_run(spec, schedule, config), config.dp
@@ -215,8 +220,9 @@ def run_pipeline(spec, schedule: Schedule | str, devices: int | None = None, mic
     bounds = list(config.bounds) if config.bounds is not None else \
         spec.partition(schedule.chain, config.balance, schedule.micro_batches * dp)
     world = schedule.ranks * dp
-    if config.progress and config.backend == "gloo" and world > len(host_cores()):
-        say(f"warning: {world} ranks share {len(host_cores())} cores, so they wait for each other's "
+    here = local_world(world)  # the ranks that start on this host: all, or torchrun's node
+    if config.progress and config.backend == "gloo" and here > len(host_cores()):
+        say(f"warning: {here} ranks share {len(host_cores())} cores, so they wait for each other's "
             f"cores and measured times cannot match the simulation (docs/rules.md, rule 9)")
     per_rank = launch(pipeline_worker, world, spec, program, bounds, config, backend=config.backend,
                       timeout=config.timeout, threads=config.threads)
@@ -234,7 +240,7 @@ def _gather(per_rank: list[dict], spec, program: Program, bounds: list[int], con
     run = PipelineRun(program, bounds, median_step(results), results, per_rank[0]["losses"],
                       ref_loss, match, worst, where, optimizer=config.optimizer, dp=config.dp,
                       train_step_times=per_rank[0]["train_steps"],
-                      load=[r["load"] for r in per_rank])
+                      load=[r["load"] for r in per_rank], hosts=hosts_of([r["place"] for r in per_rank]))
     if config.calibrate:
         run.reports = [list(rnd) for rnd in zip(*(r["reports"] for r in per_rank))]
         run.costs, run.calibration = costs_from_reports([rep for rnd in run.reports for rep in rnd], schedule)

@@ -26,7 +26,7 @@ from sim import Schedule
 from sim.cli import Heartbeat
 from sim.engine.program import Program
 
-from exec.launch.host import paused_gc
+from exec.launch.host import paused_gc, rank_place
 from exec.measure.busy import StepLoad
 from exec.measure.calibrate import calibrate_rank, message_sizes
 from exec.models.moe import expert_parallel
@@ -142,7 +142,8 @@ def pipeline_worker(ctx, spec, program: Program, bounds: Sequence[int], config: 
 
     Every rank returns the gradients of its stages after the first step (numpy arrays,
     before the optimizer moved the weights, so they compare with `reference_step`) and
-    the step losses (the mean over the replicas); world rank 0 also returns the measured
+    the step losses (the mean over the replicas) and where it ran (`exec.launch.host.rank_place`);
+    world rank 0 also returns the measured
     steps' `sim.Result`s (its replica's pipeline).
 
     With `config.calibrate` = k > 0, the run also measures what the simulator needs:
@@ -156,7 +157,7 @@ def pipeline_worker(ctx, spec, program: Program, bounds: Sequence[int], config: 
     ctx = replica_context(ctx, program.ranks, config.dp, config.ep)
     rank = _build_rank(ctx, spec, program.schedule, bounds, config)
     out: dict[str, Any] = {"rank": world_rank, "losses": [], "results": [], "train_steps": [], "grads": {},
-                           "reports": [], "load": []}
+                           "reports": [], "load": [], "place": rank_place()}
     first = f"warm-up 1/{config.warmup}" if config.warmup else f"step 1/{config.steps}"
     shard_spec = replace(spec, batch_size=spec.batch_size // config.dp)  # what one replica computes, for calibration
     with Progress(config.progress and world_rank == 0, first, every=config.progress_every) as progress:

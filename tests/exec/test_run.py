@@ -505,6 +505,9 @@ def test_cli_under_torchrun_reports_once(tmp_path):
     out = json.loads(p.stdout)  # one JSON object: rank 1 printed nothing
     assert sum(line.startswith("grad_match") for line in p.stderr.splitlines()) == 1
     assert out["grad_match"] is True and out["simulated_step_s"] > 0
+    if len(host_cores()) >= 2:  # each rank pinned to its own half: the job holds both halves, shares none
+        assert out["cores"] == 2 * (len(host_cores()) // 2) and out["hosts"][0]["shared"] is False
+        assert not any("rule 9" in line or "share" in line for line in p.stderr.splitlines()), p.stderr
 
 
 @pytest.mark.parametrize("args, says", [
