@@ -94,7 +94,8 @@ def check_schedule(source: str | Schedule, *, max_held: int | None = None, memor
                    name: str = "custom") -> ScheduleReport:
     """Check a schedule written as text or torch's CSV (`sim.schedule.text`), or a
     `Schedule`, cell by cell (the module's docstring). `max_held`: the micro-batch chunks a
-    rank may hold at once; `memory_limit` with `costs`: the bytes of activations it may."""
+    rank may hold at once; `memory_limit` with `costs` (`sim.Costs`): the bytes of
+    activations it may."""
     if isinstance(source, Schedule):
         cells = [[Cell(r, i, i, a, str(a)) for i, a in enumerate(p)] for r, p in enumerate(source.programs)]
     else:
@@ -213,8 +214,8 @@ def _memory(schedule: Schedule, max_held: int | None, memory_limit: float | None
     or more than `memory_limit` bytes of activations under `costs`."""
     if memory_limit is not None and costs is None:
         raise ValueError("memory_limit counts bytes of activations: give the costs that say them (sim.Costs)")
-    out = []
-    for limit, unit, use in ((max_held, "micro-batches", None), (memory_limit, "bytes of activations", costs)):
+    out, per_stage = [], costs.for_stages(schedule.stages) if costs is not None else None
+    for limit, unit, use in ((max_held, "micro-batches", None), (memory_limit, "bytes of activations", per_stage)):
         if limit is None:
             continue
         for r, prog in enumerate(schedule.programs):
