@@ -29,6 +29,7 @@ from sim.engine.program import Program
 from exec.launch.host import paused_gc
 from exec.measure.busy import StepLoad
 from exec.measure.calibrate import calibrate_rank, message_sizes
+from exec.measure.trace import trace_rank
 from exec.models.moe import expert_parallel
 from exec.pipeline.config import RunConfig
 from exec.runtime.check import split_micro_batches
@@ -202,3 +203,7 @@ def _steps(ctx, spec, program: Program, bounds, config: RunConfig, rank: _Rank, 
         span = f"{step.result.makespan * 1e3:.2f} ms" if measured else f"{(time.perf_counter() - t) * 1e3:.0f} ms wall"
         nxt = f"warm-up {i + 2}/{warmup}" if i + 1 < warmup else f"step {i - warmup + 2}/{steps}"
         progress.say(f"{what}: loss {step.loss:.5f}, {span}", doing=nxt)
+    if config.trace is not None:  # after the measured steps, so that the profiler's own time is in none of them
+        with paused_gc(), trace_rank(config.trace, ctx.world_rank, ctx.device):
+            run_step(ctx, program, rank.modules, rank.inputs, rank.targets, spec.loss, rank.optimizer,
+                     record=False, shapes=rank.shapes)
