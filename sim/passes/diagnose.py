@@ -2,7 +2,7 @@
 
     >>> report = check_schedule("0F0 0B0\\n1B0 1F0")
     >>> [(p.rank, p.step, p.action, p.kind) for p in report.problems]
-    [(1, 0, '1B0', 'before its dependency')]
+    [(1, 0, '1B0', 'before its dependency'), (0, 1, '0B0', 'deadlock')]
     >>> report.ok, check_schedule("0F0 0B0\\n1F0 1B0").ok
     (False, True)
 

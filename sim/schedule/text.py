@@ -3,8 +3,8 @@
     >>> cells = read_cells("0F0 0F1 0B0 0B1\\n1F0 1B0 1F1 1B1")
     >>> [str(c.action) for c in cells[1]]
     ['1F0', '1B0', '1F1', '1B1']
-    >>> print(schedule_text(read_schedule("0F0,(0F1;1B0)OVERLAP_F_B\\n"), csv=True), end="")
-    0F0,(0F1;1B0)OVERLAP_F_B
+    >>> print(schedule_text(read_schedule("0F0,(0F1;0B0)OVERLAP_F_B,0B1\\n"), csv=True), end="")
+    0F0,(0F1;0B0)OVERLAP_F_B,0B1
 
 Both forms hold one row per rank and one action per cell, in torch's text form (`2F0`,
 `0SEND_F1`, `0REDUCE_GRAD`: `sim.schedule.ir.Action.parse`). A row is CSV where it holds a
