@@ -43,7 +43,7 @@ def test_there_are_tutorials_each_built_from_its_source():
     names = [p.name for p in NOTEBOOKS]
     assert names == ["01_why_pipelines.ipynb", "02_memory.ipynb", "03_real_runs.ipynb", "04_modern_schedules.ipynb",
                      "05_planning_a_real_run.ipynb", "06_closing_the_loop.ipynb", "07_dense_on_h100.ipynb",
-                     "08_mixture_of_experts.ipynb"]
+                     "08_mixture_of_experts.ipynb", "09_your_own_schedule.ipynb"]
     assert [p.with_suffix(".ipynb").name for p in build.sources()] == names
 
 

@@ -95,3 +95,12 @@ def test_a_report_finds_a_deadlock_exactly_when_check_deadlock_does(name, seed, 
     assert (not report.ok) == stuck
     assert all(p.kind in ("deadlock", "before its dependency") for p in report.problems)
     assert all(str(shuffled.programs[p.rank][p.step]) == p.action for p in report.problems)
+
+
+def test_sim_lower_order_is_flagged_for_nccl_and_order_transfers_clears_it():
+    # interleaved-zb on 2 ranks: sim.lower posts RECVs in the gloo order, which NCCL would pair wrongly
+    s = sim.make_schedule("interleaved-zb", 2, 3)
+    flagged = sim.check_schedule(sim.lower(s))
+    assert flagged.problems and {p.kind for p in flagged.problems} == {"NCCL order"}
+    assert sim.check_schedule(order_transfers(sim.lower(s))).ok
+    assert sim.check_schedule(sim.compile(s, "nccl").lowered()).ok
