@@ -6,7 +6,9 @@ Every rank runs the same compiled program (`sim.engine.program.Program`, made on
 parent: `exec.pipeline.runner.check_run`). Each rank builds its stages and its optimizer (`exec.runtime.optim`), learns the receive
 shapes (`exec.runtime.shapes`), and runs `warmup + steps` steps (`exec.runtime.step.run_step`),
 calibrating (`exec.measure.calibrate`) before every `calibrate` measured steps if asked. A
-rank can be made to fail on purpose (`RunConfig.fault`) to test how a run ends. Rank 0
+rank can be made to fail on purpose (`RunConfig.fault`) to test how a run ends. With
+`RunConfig.trace`, one more step after the measured ones runs under torch.profiler, each
+rank writing its part (`exec.measure.trace.trace_rank`; the runner merges them). Rank 0
 says what it does, and what it is still doing after `RunConfig.progress_every` silent
 seconds (`Progress`, on `sim.cli.Heartbeat`).
 """

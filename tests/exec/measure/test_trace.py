@@ -115,6 +115,13 @@ def test_run_refuses_a_trace_in_a_missing_folder(capsys):
     assert "--trace" in capsys.readouterr().err
 
 
+def test_run_refuses_a_trace_with_data_parallelism(tmp_path, capsys):
+    from exec.run import main
+    with pytest.raises(SystemExit) as e:
+        main(["--trace", str(tmp_path / "t.json"), "--dp", "2", "--no-compare"])
+    assert e.value.code == 2 and "dp=1" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_exec_run_writes_a_trace_that_maps_onto_its_schedule(tmp_path):
     from exec.run import main
@@ -128,3 +135,18 @@ def test_exec_run_writes_a_trace_that_maps_onto_its_schedule(tmp_path):
     for r, prog in enumerate(schedule.programs):
         assert [e.action for e in match.measured.compute_events(r)] == list(prog)
     assert not list(tmp_path.glob("*.rank*.json"))  # the parts are merged and gone
+
+
+@pytest.mark.slow
+def test_a_hand_written_schedule_runs_checked_and_traced(tmp_path):
+    # 1F1B written by hand (the order sim.make_schedule('1f1b', 2, 3) has), run as a Schedule, not by name
+    text = "0F0 0F1 0B0 0F2 0B1 0B2\n1F0 1B0 1F1 1B1 1F2 1B2"
+    schedule = sim.check_schedule(text, max_held=2).checked()
+    from exec import ModelSpec, RunConfig, run_pipeline
+    path = tmp_path / "mine.trace.json"
+    run = run_pipeline(ModelSpec(layers=2, hidden=8, seq=4, batch_size=6), schedule,
+                       config=RunConfig(steps=1, warmup=0, optimizer="sgd", trace=str(path)))
+    assert run.grad_match and run.loss_match
+    assert run.result.peak_activations == [2, 1]
+    match = read_trace(path, schedule)
+    assert match.ok and [e.action for e in match.measured.compute_events(0)] == list(schedule.programs[0])
