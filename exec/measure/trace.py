@@ -145,6 +145,7 @@ def _spans(files: list[dict], schedule: Schedule) -> tuple[list[tuple[Action, in
     """Every span naming an action as (action, its rank in the trace or None, start, end) in
     seconds; the names of those the schedule does not hold; and how many name none."""
     one_stage = schedule.stages == schedule.ranks
+    held = {a for prog in schedule.programs for a in prog}
     out, extra, ignored = [], [], 0
     for f in files:
         named = _rank_names(f["events"])
@@ -162,15 +163,11 @@ def _spans(files: list[dict], schedule: Schedule) -> tuple[list[tuple[Action, in
                 ignored += 1
             start, end = float(e["ts"]) * 1e-6, (float(e["ts"]) + float(e["dur"])) * 1e-6
             for a in actions:
-                if _holds(schedule, a):
+                if a in held:
                     out.append((a, rank, start, end))
                 else:
                     extra.append(name)
     return out, sorted(set(extra)), ignored
-
-
-def _holds(schedule: Schedule, a: Action) -> bool:
-    return 0 <= a.stage < schedule.stages and a in schedule.programs[schedule.placement[a.stage]]
 
 
 def read_trace(paths: str | os.PathLike | Sequence[str | os.PathLike], schedule: Schedule,

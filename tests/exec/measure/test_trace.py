@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 import sim
 from sim import Action
@@ -150,3 +151,24 @@ def test_a_hand_written_schedule_runs_checked_and_traced(tmp_path):
     assert run.result.peak_activations == [2, 1]
     match = read_trace(path, schedule)
     assert match.ok and [e.action for e in match.measured.compute_events(0)] == list(schedule.programs[0])
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(name=st.sampled_from(["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zbv", "dualpipev"]),
+       devices=st.integers(1, 3), micro=st.integers(1, 6))
+def test_the_simulators_own_trace_reads_back_as_its_step(tmp_path, name, devices, micro):
+    # sim.Result.save_chrome_trace names each span as the action (`2F0`): read back, every
+    # compute is there with the simulated start and duration (its times in microseconds)
+    try:
+        schedule = sim.make_schedule(name, devices, micro)
+    except sim.ScheduleError:
+        assume(False)
+    simulated = sim.simulate(schedule, sim.Costs(forward=1.0, backward=2.5, latency=0.3))
+    path = tmp_path / f"{name}_{devices}_{micro}.json"
+    simulated.save_chrome_trace(path)
+    match = read_trace(path, schedule)
+    assert match.ok and match.extra == []
+    for a, rank, ms, md, ss, sd in match.differences(simulated):
+        assert rank == schedule.rank_of(a.stage)
+        assert ms == pytest.approx(ss, abs=1e-9) and md == pytest.approx(sd, abs=1e-9)
+    assert len(match.differences(simulated)) == sum(a.kind.is_compute for p in schedule.programs for a in p)
