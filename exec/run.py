@@ -87,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--costs", type=Path, help="costs JSON (sim.save_costs) instead of profiling")
     c.add_argument("--no-compare", action="store_true", help="skip profiling and the simulated step")
     c.add_argument("--out", type=Path, help="directory for the Chrome trace and figures")
+    c.add_argument("--trace", type=Path, metavar="FILE",
+                   help="after the measured steps, trace one more with torch.profiler into FILE (Chrome/Kineto "
+                        "JSON, a span per action named 2F0, each rank a process: exec.measure.trace)")
     c.add_argument("--json", action="store_true", help="print one JSON object on stdout, and the table on stderr (for | jq)")
     c.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     c.add_argument("--progress-every", type=_seconds, default=5.0, metavar="S",
@@ -173,6 +176,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         except OSError as e:
             print(f"{PROG}: error: cannot write to {args.out}: {e.strerror or e}", file=sys.stderr)
             status = 1
+    if args.trace is not None:
+        print(f"wrote {args.trace} (torch.profiler, one step after the measured ones)", file=human)
     if args.json:
         print(json.dumps(_jsonable(summary)))
     bad = run.nonfinite_step
@@ -202,6 +207,8 @@ def _check(parser: argparse.ArgumentParser, args):
     problem = folder_problem(args.out) if args.out is not None else None
     if problem:
         parser.error(f"--out {problem}")
+    if args.trace is not None and not args.trace.resolve().parent.is_dir():
+        parser.error(f"--trace {args.trace}: its folder {args.trace.resolve().parent} does not exist")
     if missing_extra():
         parser.error(missing_extra())
     try:
@@ -295,7 +302,7 @@ def run_config(args):
                      overlap_grad_reduce=args.overlap_grad_reduce,
                      calibrate=0 if args.no_compare or args.costs is not None else 1,
                      balance=args.balance, backend=args.backend, timeout=args.timeout, threads=args.threads,
-                     fault=args.fault, progress=not args.quiet,
+                     fault=args.fault, progress=not args.quiet, trace=None if args.trace is None else str(args.trace),
                      progress_every=args.progress_every)
 
 

@@ -22,6 +22,8 @@ from sim.passes.dependencies import dependencies, waits_for
 from sim.passes.grad_reduce import add_grad_reduce
 from sim.passes.lowering import lower
 from sim.passes.validation import check_deadlock
+from sim.passes.diagnose import ScheduleReport, check_schedule
+from sim.schedule.text import read_schedule, schedule_text
 from sim.engine.result import Event, Result
 from sim.schedule.registry import SCHEDULES, make_schedule
 from sim.search.zbauto import zb_auto  # noqa: F401  its import adds "zb-auto" to SCHEDULES (a search: above the engine)
@@ -35,4 +37,5 @@ __all__ = [
     "lower", "add_grad_reduce", "add_offload", "add_fsdp", "validate", "check_deadlock", "dependencies", "waits_for",
     "Transformer", "MODELS", "GPU", "GPUS", "estimate", "Estimate", "Layout", "StepTooLarge",
     "DeviceProfile", "ProfileError", "load_profile", "save_profile", "profile",
+    "check_schedule", "ScheduleReport", "read_schedule", "schedule_text",
 ]

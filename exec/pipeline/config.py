@@ -77,6 +77,7 @@ class RunConfig:
     fault: str | None = None          # "raise:R", "exit:R" or "hang:R": rank R fails on purpose
     progress: bool = False            # rank 0's progress lines on stderr
     progress_every: float = 5.0       # seconds without one before a "still running" line
+    trace: str | None = None          # a path: one more step after the measured ones, traced by torch.profiler
     rtol: float = 1e-4                # the gradient check's tolerances
     atol: float = 1e-5
 
@@ -98,6 +99,8 @@ class RunConfig:
         if self.calibrate and self.backend != "gloo":
             raise ValueError(f"calibrate={self.calibrate}: calibration {NCCL_NOT_YET}: it times CPU ranks (gloo) only; "
                              f"simulate an NCCL run with costs written by sim.save_costs (calibrate=0)")
+        if self.trace is not None and (not isinstance(self.trace, str) or self.dp != 1):
+            raise ValueError(f"trace must be a path (str) of a run with dp=1, got {self.trace!r} with dp={self.dp}")
         if self.bounds is not None:
             object.__setattr__(self, "bounds", tuple(self.bounds))
         parse_fault(self.fault)

@@ -40,6 +40,7 @@ from exec.launch.processes import check_gpus, launch, local_world
 from exec.measure.busy import describe_load, load_summary
 from exec.measure.calibrate import check_calibrated
 from exec.measure.costs import costs_from_reports
+from exec.measure.trace import merge_rank_traces
 from exec.pipeline.config import NCCL_NOT_YET, RunConfig, model_spec, run_options, run_schedule
 from exec.pipeline.worker import pipeline_worker, say
 from exec.runtime.check import compare_grads, param_names, reference_step, split_micro_batches
@@ -237,6 +238,8 @@ def _gather(per_rank: list[dict], spec, program: Program, bounds: list[int], con
     experts = (spec.experts, config.ep, param_names(spec)) if config.ep > 1 else None
     match, worst, where = _check_replicas(per_rank, schedule, config.dp, ref_grads, config.rtol, config.atol, experts)
     results = per_rank[0]["results"]
+    if config.trace is not None:
+        merge_rank_traces(config.trace, len(per_rank))
     run = PipelineRun(program, bounds, median_step(results), results, per_rank[0]["losses"],
                       ref_loss, match, worst, where, optimizer=config.optimizer, dp=config.dp,
                       train_step_times=per_rank[0]["train_steps"],

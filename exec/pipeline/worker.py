@@ -6,7 +6,9 @@ Every rank runs the same compiled program (`sim.engine.program.Program`, made on
 parent: `exec.pipeline.runner.check_run`). Each rank builds its stages and its optimizer (`exec.runtime.optim`), learns the receive
 shapes (`exec.runtime.shapes`), and runs `warmup + steps` steps (`exec.runtime.step.run_step`),
 calibrating (`exec.measure.calibrate`) before every `calibrate` measured steps if asked. A
-rank can be made to fail on purpose (`RunConfig.fault`) to test how a run ends. Rank 0
+rank can be made to fail on purpose (`RunConfig.fault`) to test how a run ends. With
+`RunConfig.trace`, one more step after the measured ones runs under torch.profiler, each
+rank writing its part (`exec.measure.trace.trace_rank`; the runner merges them). Rank 0
 says what it does, and what it is still doing after `RunConfig.progress_every` silent
 seconds (`Progress`, on `sim.cli.Heartbeat`).
 """
@@ -29,6 +31,7 @@ from sim.engine.program import Program
 from exec.launch.host import paused_gc, rank_place
 from exec.measure.busy import StepLoad
 from exec.measure.calibrate import calibrate_rank, message_sizes
+from exec.measure.trace import trace_rank
 from exec.models.moe import expert_parallel
 from exec.pipeline.config import RunConfig
 from exec.runtime.check import split_micro_batches
@@ -203,3 +206,7 @@ def _steps(ctx, spec, program: Program, bounds, config: RunConfig, rank: _Rank, 
         span = f"{step.result.makespan * 1e3:.2f} ms" if measured else f"{(time.perf_counter() - t) * 1e3:.0f} ms wall"
         nxt = f"warm-up {i + 2}/{warmup}" if i + 1 < warmup else f"step {i - warmup + 2}/{steps}"
         progress.say(f"{what}: loss {step.loss:.5f}, {span}", doing=nxt)
+    if config.trace is not None:  # after the measured steps, so that the profiler's own time is in none of them
+        with paused_gc(), trace_rank(config.trace, ctx.world_rank, ctx.device):
+            run_step(ctx, program, rank.modules, rank.inputs, rank.targets, spec.loss, rank.optimizer,
+                     record=False, shapes=rank.shapes)

@@ -180,8 +180,13 @@ class RankInterpreter:
         """Run the rank's program for one step; return its trace."""
         self.clock.start()
         self._sample(self.clock.mark())
-        for a in self.actions:
-            self.run_action(a)
+        if torch.autograd._profiler_enabled():  # a torch.profiler trace: a span per action, named `2F0`
+            for a in self.actions:
+                with torch.profiler.record_function(str(a)):
+                    self.run_action(a)
+        else:
+            for a in self.actions:
+                self.run_action(a)
         for work, _ in self.sends:
             work.wait()
         for r in self.stream.finish_all():  # before the optimizer: the gradients are the average

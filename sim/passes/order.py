@@ -23,7 +23,7 @@ from sim.schedule.ir import Action, Schedule, ScheduleError
 from sim.schedule.kinds import KINDS, Role, peer_key
 from .lowering import lower
 
-__all__ = ["Posted", "transfers_by_pair", "transfer_order", "order_transfers"]
+__all__ = ["Posted", "transfers_by_pair", "transfer_order", "order_mismatches", "order_transfers"]
 
 
 class Posted(NamedTuple):
@@ -53,18 +53,27 @@ def transfers_by_pair(schedule: Schedule) -> dict[tuple[int, int], tuple[list[Po
     return dict(sorted(pairs.items()))
 
 
+def order_mismatches(schedule: Schedule) -> list[tuple[int, int, int, Posted, Posted]]:
+    """Every transfer k between two ranks (a -> b) where a's k-th SEND to b and b's k-th
+    RECV from a name different transfers, as (a, b, k, send, recv): the pairs an
+    order-matching transport (NCCL) would make wrongly. A compute-only schedule is checked
+    as `sim.lower` writes it."""
+    low = _lowered(schedule)
+    return [(a, b, k, s, r) for (a, b), (sends, recvs) in transfers_by_pair(low).items()
+            for k, (s, r) in enumerate(zip(sends, recvs)) if peer_key(*s.action) != tuple(r.action)]
+
+
 def transfer_order(schedule: Schedule) -> None:
     """Raise a `ScheduleError` at the first pair of ranks (a -> b) whose SENDs on a and
     RECVs on b name their transfers in different orders, saying which two actions meet and
     where each stands. A compute-only schedule is checked as `sim.lower` writes it."""
     low = _lowered(schedule)
+    for a, b, k, s, r in order_mismatches(low)[:1]:
+        raise ScheduleError(
+            f"transfers rank {a} -> rank {b} are out of order at transfer {k}: rank {a} step {s.step} "
+            f"sends {s.action} but rank {b} step {r.step} receives {r.action}, so an order-matching "
+            f"transport (NCCL) would pair them; use sim.passes.order.order_transfers")
     for (a, b), (sends, recvs) in transfers_by_pair(low).items():
-        for k, (s, r) in enumerate(zip(sends, recvs)):
-            if peer_key(*s.action) != tuple(r.action):
-                raise ScheduleError(
-                    f"transfers rank {a} -> rank {b} are out of order at transfer {k}: rank {a} step {s.step} "
-                    f"sends {s.action} but rank {b} step {r.step} receives {r.action}, so an order-matching "
-                    f"transport (NCCL) would pair them; use sim.passes.order.order_transfers")
         if len(sends) != len(recvs):  # only in a schedule whose communication is broken
             raise ScheduleError(f"rank {a} sends {len(sends)} tensors to rank {b}, which receives {len(recvs)}")
 

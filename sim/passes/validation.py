@@ -15,7 +15,7 @@ from .checks import check_communication, check_complete
 from .dependencies import compute_set
 from .lowering import lower_unchecked
 
-__all__ = ["check_deadlock", "run_abstractly"]
+__all__ = ["check_deadlock", "run_abstractly", "stuck_actions"]
 
 
 def check_deadlock(schedule: Schedule) -> None:
@@ -47,6 +47,19 @@ def run_abstractly(lowered: Schedule) -> None:
 
 def _run_abstractly(schedule: Schedule, computes: Computes) -> None:
     """The run of `check_deadlock`, for a schedule whose communication is right."""
+    stuck = stuck_actions(schedule, computes)
+    if stuck:
+        reasons = "; ".join(f"rank {r} waits at {schedule.programs[r][i]} for {why}" for r, (i, why) in stuck.items())
+        marks = {r: i for r, (i, _) in stuck.items()}
+        raise ScheduleError(f"schedule {schedule.name!r} deadlocks: {reasons}\n{schedule.grid(marks)}")
+
+
+def stuck_actions(schedule: Schedule, computes: Computes | None = None) -> dict[int, tuple[int, str]]:
+    """Run a lowered schedule whose communication is right abstractly (`check_deadlock`'s
+    run) and return, for each rank that gets stuck, the step it stops at and what that
+    action waits for (empty: the schedule finishes)."""
+    if computes is None:
+        computes = compute_set(schedule)
     placement, stages = schedule.placement, schedule.chain
     done: set[tuple[int, Kind, int]] = set()   # keys of the actions that ran
 
@@ -100,8 +113,4 @@ def _run_abstractly(schedule: Schedule, computes: Computes) -> None:
             done.add(key)
             pc[r] += 1
             ready.extend(waiting.pop(key, ()))
-    stuck = {r: pc[r] for r, prog in enumerate(schedule.programs) if pc[r] < len(prog)}
-    if stuck:
-        reasons = "; ".join(f"rank {r} waits at {schedule.programs[r][i]} for {why(r, schedule.programs[r][i])}"
-                            for r, i in stuck.items())
-        raise ScheduleError(f"schedule {schedule.name!r} deadlocks: {reasons}\n{schedule.grid(stuck)}")
+    return {r: (pc[r], why(r, prog[pc[r]])) for r, prog in enumerate(schedule.programs) if pc[r] < len(prog)}

@@ -176,7 +176,7 @@ def _check_stage_micro(s: int, m: int, rank: int, cells: dict[Action, tuple[int,
                             f"(B, or I and W); every micro-batch needs its backward on every stage")
 
 
-def _placement_of(programs: Sequence[Sequence[Action]]) -> Sequence[int]:
+def placement_of(programs: Sequence[Sequence[Action]]) -> Sequence[int]:
     """Stage s on rank s, unless the programs name more stages than ranks (several stages
     per rank, as a CSV of an interleaved or V-shaped schedule): then each stage on the first
     rank that computes it."""
@@ -200,7 +200,7 @@ def _check_pipelines(pipelines: int, stages: int, micro_batches: int) -> None:
                             f"{micro_batches} micro-batches evenly")
 
 
-def _pipelines_of(programs: Sequence[Sequence[Action]]) -> int:
+def pipelines_of(programs: Sequence[Sequence[Action]]) -> int:
     """k where micro-batch 0 runs forward through stages 0..S/k-1 exactly (of S stages),
     k copies of the model; else 1."""
     stages = 1 + max((a.stage for prog in programs for a in prog), default=-1)
@@ -244,7 +244,7 @@ class Schedule:
         if not progs:
             raise ScheduleError("a schedule needs at least one device")
         if placement is None:
-            placement = _placement_of(progs)
+            placement = placement_of(progs)
         placement = tuple(int(r) for r in placement)
         if micro_batches is None:
             micro_batches = 1 + max((a.micro for prog in progs for a in prog if a.kind not in GATHERS), default=-1)
@@ -363,10 +363,10 @@ class Schedule:
             return f"row {rank} column {columns[rank][step]} (rank {rank} step {step})"
 
         if placement is None and max((a.stage for prog in programs for a in prog), default=-1) >= len(programs):
-            placement = _placement_of(programs)
+            placement = placement_of(programs)
         schedule = cls.__new__(cls)
         if pipelines is None:
-            pipelines = _pipelines_of(programs)
+            pipelines = pipelines_of(programs)
         schedule._init(tuple(programs), placement, None, name, at_cell, pipelines)
         return schedule
 

@@ -14,6 +14,8 @@ activation liveness analysis):
   and caps, zb-auto's filter);
 - `held_after`: what a device holds after so many actions of each kind (zb-auto's greedy
   layout, which counts as it goes);
+- `held_by_step`: what a device holds at each action of its program (a hand-written
+  schedule's memory limit, checked cell by cell: `sim.passes.diagnose`);
 - `simulated_peak`: the same read off a simulated step, to cross-check the order with a run.
 
 `costs` here is a `sim.engine.costs.StageCosts` (per-stage lists of the `Costs` fields).
@@ -25,7 +27,8 @@ from typing import Iterable, Mapping
 from .ir import Action, Schedule
 from .kinds import KINDS, Kind
 
-__all__ = ["memory_delta", "change", "program_peak", "schedule_peak", "held", "held_after", "simulated_peak"]
+__all__ = ["memory_delta", "change", "program_peak", "schedule_peak", "held", "held_after", "held_by_step",
+           "simulated_peak"]
 
 HELD_FIELD = "activation_bytes"  # the effects that count a micro-batch as held (Result.peak_activations)
 
@@ -101,3 +104,21 @@ def simulated_peak(result, costs) -> float:
     stage per device): its peak memory less its static bytes; equal to `schedule_peak` of
     its schedule but for the rounding of the static bytes in and out."""
     return max(peak - costs.static_total(r) for r, peak in enumerate(result.peak_memory))
+
+
+def held_by_step(program: Iterable[Action], costs=None) -> list[float]:
+    """Per action of `program`, the most its device holds while that action runs (after its
+    start's effects, and its end's where they add): micro-batch chunks without `costs`,
+    bytes of activations with them. Its maximum is `held` (or `program_peak`)."""
+    if costs is None:
+        delta = lambda a: (micro_batches_delta(a.kind, "start"), micro_batches_delta(a.kind, "end"))  # noqa: E731
+    else:
+        delta = lambda a: (memory_delta(a.kind, "start", costs, a.stage),  # noqa: E731
+                           memory_delta(a.kind, "end", costs, a.stage))
+    out, now = [], 0
+    for a in program:
+        start, end = delta(a)
+        now += start
+        out.append(max(now, now + end))
+        now += end
+    return out
