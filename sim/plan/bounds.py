@@ -24,7 +24,9 @@ from .stage_costs import partition_layers
 from .steps import Steps
 from sim.model.footprint import optimizer_step_bytes, state_bytes_per_param
 from sim.hardware.profile import DeviceProfile
+from sim.schedule.interleaved import rounds
 from sim.schedule.ir import Schedule
+from sim.schedule.registry import lookup
 from sim.hardware.kernels import memory_time
 from sim.schedule.kinds import KINDS, Kind
 from sim.schedule.liveness import held
@@ -40,24 +42,82 @@ from sim.schedule.zerobubble import split_1f1b
 _COST_DEPENDENT = ("zb-auto",)
 
 
+def least_held(name: str, devices: int, micro_batches: int, virtual: int) -> list[int] | None:
+    """Per device, at least how many micro-batch chunks the named schedule's program holds at
+    once (`sim.schedule.liveness.held` of it), without building it; None for a schedule without
+    a closed form here (v-min, v-half, zb-auto). An F takes a chunk at its start and only a B
+    or an I gives one back (rule 7): a device holds at least the Fs it has run less the B and
+    I it has ended, at any point of its program; each count below is that, at the point its
+    generator's own structure names (tests/sim/plan/test_bounds.py checks each against the
+    built schedules). P devices, M micro-batches, V chunks, device r:
+
+    - naive: 1 (its first F); gpipe: M and looped-bfs: M V (every F before any backward).
+    - 1f1b, zb-h1: min(P-r, M): a warm-up of min(P-r-1, M) Fs, then an F before the first B or I.
+    - zb-h2: min(2(P-r)-1, M): its warm-up of 2(P-1-r)+1 Fs.
+    - interleaved-1f1b, interleaved-zb: min(w+1, M V), w their warm-up of Fs (min((V-1)g + 2(P-1-r),
+      M V), with P-1-r for V = 1 or for interleaved-zb; g the micro-batches of a round), then an F
+      before the first backward where any is left.
+    - zbv: min(2P-r-1, M) + min(r+1, M): the Fs of chunk 0 and of chunk 1 before its first I
+      (of micro-batch 0, chunk 1), those of micro-batches >= M left out.
+    - dualpipev: 2P+1, dualpipe: P+1 (P/2 devices a direction): the eight steps' 2P Fs, then
+      step 3's I, W, F rounds (each I after an F) and step 4's first F, before its B."""
+    P, M, V = devices, micro_batches, virtual
+    total = M * V
+    if name in ("naive", "gpipe", "looped-bfs"):
+        return [{"naive": 1, "gpipe": M, "looped-bfs": total}[name]] * P
+    if name in ("1f1b", "zb-h1"):
+        return [min(P - r, M) for r in range(P)]
+    if name == "zb-h2":
+        return [min(2 * (P - r) - 1, M) for r in range(P)]
+    if name in ("interleaved-1f1b", "interleaved-zb"):
+        g, twice = rounds(P, M)[1], name == "interleaved-1f1b" and V > 1
+        return [min(min((V - 1) * g + (P - 1 - r) * (1 + twice), total) + 1, total) for r in range(P)]
+    if name == "zbv":
+        return [min(2 * P - r - 1, M) + min(r + 1, M) for r in range(P)]
+    if name in ("dualpipev", "dualpipe"):
+        return [2 * P + 1 if name == "dualpipev" else P + 1] * P
+    return None
+
+
 @dataclass(frozen=True)
-class _Shape:
-    """What the bounds need of a schedule: its placement, layers per stage (the even
-    split), the stages of each device, micro-batch chunks held per device, whether it
-    splits the backward, its compute actions per stage by kind, and the kind of each
-    device's last compute. Where the estimate may build another order (zb-auto), held is 1
-    and the last kind None."""
-    schedule: Schedule
+class _Frame:
+    """What the memory bound needs of a schedule, known before it is built: the placement and
+    copies of the model (its generator's, `sim.SCHEDULES`), layers per stage (the even split),
+    the stages of each device and, per device, the chunks held (at least: `least_held`)."""
+    placement: tuple[int, ...]
+    pipelines: int
     layers: list[int]
     stages_of: list[list[int]]
     held: list[int]
+
+    def per_device(self, per_stage: Sequence[float], pick=sum) -> list[float]:
+        return [pick([per_stage[s] for s in stages]) for stages in self.stages_of]
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Shape(_Frame):
+    """A `_Frame` with its schedule built: the chunks held exactly, whether it splits the
+    backward, its compute actions per stage by kind, and the kind of each device's last
+    compute. Where the estimate may build another order (zb-auto), held is 1 and the last
+    kind None."""
+    schedule: Schedule
     split: bool
     counts: list[Counter]
     last: list[Kind | None]
     paired: list[Counter]  # per stage, its computes by kind that run in an overlapped pair
 
-    def per_device(self, per_stage: Sequence[float], pick=sum) -> list[float]:
-        return [pick([per_stage[s] for s in stages]) for stages in self.stages_of]
+
+def _placement(lay: Layout) -> tuple[tuple[int, ...], int]:
+    """The placement and copies of the model of the layout's schedule, as its generator says."""
+    generator = lookup(lay.schedule)[1]
+    return tuple(generator.placement(lay.pp, lay.virtual)), generator.pipelines
+
+
+def _frame(model: Transformer, lay: Layout, held: list[int]) -> _Frame:
+    """The layout's frame, its devices holding `held` chunks each."""
+    placement, copies = _placement(lay)
+    stages_of = [[s for s, r in enumerate(placement) if r == d] for d in range(lay.pp)]
+    return _Frame(placement, copies, even(model.layers, len(placement) // copies) * copies, stages_of, held)
 
 
 def _shape(model: Transformer, steps: Steps, lay: Layout) -> _Shape:
@@ -73,15 +133,15 @@ def _shape(model: Transformer, steps: Steps, lay: Layout) -> _Shape:
             if a.kind is Kind.OVERLAP_F_B:  # the F after the mark and the backward it names: a pair
                 for b in prog[i + 1:i + 3]:
                     paired[b.stage][b.kind] += 1
-    stages_of = [[s for s, r in enumerate(sched.placement) if r == d] for d in range(sched.ranks)]
     if lay.schedule in _COST_DEPENDENT:  # the estimate's order may differ: only what every order has
         last, most = [None] * sched.ranks, [1] * sched.ranks
     else:
         last, most = [prog[-1].kind for prog in sched.programs], held(sched)
+    frame = _frame(model, lay, most)
+    if (frame.placement, frame.pipelines) != (sched.placement, sched.pipelines):  # what `_frame` reads of it
+        raise AssertionError(f"{lay.schedule}: its generator's placement is not its schedule's")
     split = any(count[Kind.I] for count in counts)
-    copies = sched.pipelines  # each copy of the model (DualPipe: 2) over its own stages
-    return _Shape(sched, even(model.layers, sched.stages // copies) * copies, stages_of, most, split,
-                  counts, last, paired)
+    return _Shape(**vars(frame), schedule=sched, split=split, counts=counts, last=last, paired=paired)
 
 
 class Bounds:
@@ -98,7 +158,7 @@ class Bounds:
         self.sparse = self.model.moe is not None  # a mixture of experts (`model.moe` makes its record anew each time)
         # the routed experts' parameters, all MoE layers' (0 for a dense model)
         self.experts = self.model.moe_layers * self.model.moe.params(self.model.hidden)["routed"] if self.sparse else 0.0
-        self._shape, self._unit, self._act, self._costs = {}, {}, {}, {}
+        self._shape, self._frames, self._placements, self._unit, self._act, self._costs = {}, {}, {}, {}, {}, {}
 
     def layers(self, config: Layout):
         """A dense layer's and a MoE layer's times (`Steps.layers`)."""
@@ -115,6 +175,21 @@ class Bounds:
         if key not in self._shape:
             self._shape[key] = _shape(self.model, self.steps, config)
         return self._shape[key]
+
+    def frame(self, config: Layout) -> _Frame | None:
+        """What the memory bound needs of the layout's schedule, not built (`least_held`'s chunks);
+        None where `least_held` has no closed form."""
+        key = self._key(config)
+        if key not in self._frames:
+            most = least_held(config.schedule, config.pp, config.micro_batches, config.virtual)
+            self._frames[key] = None if most is None else _frame(self.model, config, most)
+        return self._frames[key]
+
+    def _placement(self, config: Layout) -> tuple[tuple[int, ...], int]:
+        key = config.schedule, config.pp, config.virtual
+        if key not in self._placements:
+            self._placements[key] = _placement(config)
+        return self._placements[key]
 
     def _activations(self, config: Layout) -> tuple[float, float]:
         """One micro-batch's activations of one dense layer and one MoE layer (0 for a dense
@@ -169,31 +244,52 @@ class Bounds:
         state (`sim.cost.data_parallel.stage_params`, `sim.model.footprint`) and, at its peak, its most
         chunks held times its smallest chunk's activations (under FSDP, with its smallest
         stage's parameters gathered)."""
-        average = self.memory_average(config)
-        if config.partition != "even" or average > self.profile.memory:
-            return average
-        shape, (act, moe_act) = self.shape(config), self._activations(config)
+        if not self._by_device(config):
+            return self.memory_average(config)
+        return self._memory(config, self.shape(config))
+
+    def memory_above(self, config: Layout, limit: float) -> bool:
+        """Whether `memory(config)` exceeds `limit`, building the schedule only where that must be
+        asked of it: first with `least_held`'s chunks, no schedule built (a bound no larger than
+        `memory`'s), then, where that is within `limit`, with the schedule's own chunks held."""
+        if not self._by_device(config):
+            return self.memory_average(config) > limit
+        frame = self.frame(config)
+        if frame is not None and self._memory(config, frame) > limit:
+            return True
+        shape = self.shape(config)
+        if frame is not None and shape.held == frame.held:  # the same bound
+            return False
+        return self._memory(config, shape) > limit
+
+    def _by_device(self, config: Layout) -> bool:
+        """Whether `memory` goes device by device: with the even split, where the average fits the GPU."""
+        return config.partition == "even" and self.memory_average(config) <= self.profile.memory
+
+    def _memory(self, config: Layout, shape: _Frame) -> float:
+        """`memory` device by device, with the chunks that `shape` holds."""
+        act, moe_act = self._activations(config)
         static = shape.per_device(self._stage_static(config, shape))
         if fsdp_as_actions(config) and config.pp > 1:  # FSDP: a device computes a stage only gathered, its
-            params = stage_params(self.model, shape.layers, config.tp, shape.schedule.placement)  # activations
+            params = stage_params(self.model, shape.layers, config.tp, shape.placement)  # activations
             weight = state_bytes_per_param(config.precision)["weights"]  # peaking as a forward ends, before its RESHARD
             static = [s + g for s, g in zip(static, shape.per_device([p * weight for p in params], min))]
-        copies = shape.schedule.pipelines  # each copy's stages hold the model's MoE layers
+        copies = shape.pipelines  # each copy's stages hold the model's MoE layers
         sparse = moe_layers(self.model, shape.layers[:len(shape.layers) // copies]) * copies
         smallest = shape.per_device([(n - k) * act + k * moe_act for n, k in zip(shape.layers, sparse)], min)
         return max(s + h * a for s, h, a in zip(static, shape.held, smallest))
 
-    def _stage_static(self, config: Layout, shape: _Shape) -> list[float]:
+    def _stage_static(self, config: Layout, shape: _Frame) -> list[float]:
         """Each stage's weights, gradients and optimizer state on one GPU, as `stage_costs` counts
         them (less FP8's weight copies; with DualPipe's two copies of the model, the estimate's own
         costs, FP8's copies in)."""
-        if shape.schedule.pipelines > 1:  # DualPipe's copies: the estimate's own bytes (`sim.plan.copies`)
+        if shape.pipelines > 1:  # DualPipe's copies: the estimate's own bytes (`sim.plan.copies`)
             per_stage = self.costs(config)[0]
-            return [per_stage.static_total(s) - per_stage.static_bytes[s] for s in range(shape.schedule.stages)]
+            return [per_stage.static_total(s) - per_stage.static_bytes[s] for s in range(len(shape.placement))]
         if not self.sparse:
             per = self._per_param(config)
-            return [p * per for p in stage_params(self.model, shape.layers, config.tp, shape.schedule.placement)]
-        state = state_bytes(config, *split_params(self.model, shape.layers, config, shape.schedule.placement))
+            return [p * per for p in stage_params(self.model, shape.layers, config.tp, shape.placement)]
+        state = state_bytes(config, *split_params(self.model, shape.layers, config, shape.placement))
         return [sum(parts) for parts in zip(*state.values())]
 
     def _optimizer(self, config: Layout) -> float:
@@ -222,8 +318,7 @@ class Bounds:
     def costs(self, config: Layout) -> tuple[StageCosts, list[int], Layout]:
         """The per-stage costs, layers per stage and layout that `sim.estimate` simulates `config`
         with (its own steps, `Steps.stage_costs`, so the bound follows any change to the estimate)."""
-        shape, (layer, moe) = self.shape(config), self.layers(config)
-        placement, copies = tuple(shape.schedule.placement), shape.schedule.pipelines
+        (placement, copies), (layer, moe) = self._placement(config), self.layers(config)
         chain = len(placement) // copies  # one copy's stages, which hold the model (`sim.plan.copies`)
         layers = partition_layers(self.model.layers, chain, config.partition, moe or layer, self.steps.ends(config))
         costs, _ = self.steps.stage_costs(config, layers, placement[:chain])
