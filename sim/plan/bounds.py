@@ -95,16 +95,44 @@ class _Frame:
 
 
 @dataclass(frozen=True, kw_only=True)
-class _Shape(_Frame):
-    """A `_Frame` with its schedule built: the chunks held exactly, whether it splits the
-    backward, its compute actions per stage by kind, and the kind of each device's last
-    compute. Where the estimate may build another order (zb-auto), held is 1 and the last
-    kind None."""
-    schedule: Schedule
+class _Order(_Frame):
+    """A `_Frame` and what the path bound (`Bounds.time`) reads of the schedule's order: whether
+    it splits the backward, its compute actions per stage by kind (in the order each kind first
+    comes), those in overlapped pairs, whether it has any, and the kind of each device's last
+    compute (None where the estimate may build another order, zb-auto)."""
     split: bool
     counts: list[Counter]
     last: list[Kind | None]
     paired: list[Counter]  # per stage, its computes by kind that run in an overlapped pair
+    has_pairs: bool
+    micro_batches: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Shape(_Order):
+    """An `_Order` read off the schedule built, the chunks held exactly (held 1 for zb-auto)."""
+    schedule: Schedule
+
+
+# The schedules whose every stage runs F then B of each micro-batch, or F, I, W (each W after its I),
+# in the order `_closed_order` says; the others' (and overlapped pairs') order is read off the schedule
+_WHOLE = ("naive", "gpipe", "1f1b", "interleaved-1f1b", "looped-bfs")
+_SPLIT = ("zb-h1", "zb-h2", "interleaved-zb", "zbv")
+
+
+def _closed_order(frame: _Frame, lay: Layout) -> _Order | None:
+    """The `_Order` of the layout's schedule without building it, where its generator's programs say it
+    plainly: each stage runs M of each kind of its backward, first an F (a stage's first action),
+    then a B (or an I, then its W), and each device ends with a B (or a W, which follows its own I);
+    no overlapped pairs. None for the others (tests/sim/plan/test_bounds.py checks it against each)."""
+    if lay.overlap or lay.schedule not in _WHOLE + _SPLIT:
+        return None
+    split, m = lay.schedule in _SPLIT, lay.micro_batches
+    kinds = (Kind.F, Kind.I, Kind.W) if split else (Kind.F, Kind.B)
+    stages = len(frame.placement)
+    return _Order(**vars(frame), split=split, counts=[Counter(dict.fromkeys(kinds, m)) for _ in range(stages)],
+                  last=[Kind.W if split else Kind.B] * lay.pp, paired=[Counter() for _ in range(stages)],
+                  has_pairs=False, micro_batches=m)
 
 
 def _placement(lay: Layout) -> tuple[tuple[int, ...], int]:
@@ -141,7 +169,8 @@ def _shape(model: Transformer, steps: Steps, lay: Layout) -> _Shape:
     if (frame.placement, frame.pipelines) != (sched.placement, sched.pipelines):  # what `_frame` reads of it
         raise AssertionError(f"{lay.schedule}: its generator's placement is not its schedule's")
     split = any(count[Kind.I] for count in counts)
-    return _Shape(**vars(frame), schedule=sched, split=split, counts=counts, last=last, paired=paired)
+    return _Shape(**vars(frame), split=split, counts=counts, last=last, paired=paired, has_pairs=sched.has_pairs,
+                  micro_batches=sched.micro_batches, schedule=sched)
 
 
 class Bounds:
@@ -159,6 +188,7 @@ class Bounds:
         # the routed experts' parameters, all MoE layers' (0 for a dense model)
         self.experts = self.model.moe_layers * self.model.moe.params(self.model.hidden)["routed"] if self.sparse else 0.0
         self._shape, self._frames, self._placements, self._unit, self._act, self._costs = {}, {}, {}, {}, {}, {}
+        self._params, self._per, self._orders = {}, {}, {}
 
     def layers(self, config: Layout):
         """A dense layer's and a MoE layer's times (`Steps.layers`)."""
@@ -184,6 +214,16 @@ class Bounds:
             most = least_held(config.schedule, config.pp, config.micro_batches, config.virtual)
             self._frames[key] = None if most is None else _frame(self.model, config, most)
         return self._frames[key]
+
+    def order(self, config: Layout) -> _Order:
+        """What `time` reads of the layout's schedule: `_closed_order`'s, or where it has none, the schedule's."""
+        key = self._key(config)
+        if key in self._shape:
+            return self._shape[key]
+        if key not in self._orders:
+            frame = self.frame(config)
+            self._orders[key] = None if frame is None else _closed_order(frame, config)
+        return self._orders[key] or self.shape(config)
 
     def _placement(self, config: Layout) -> tuple[tuple[int, ...], int]:
         key = config.schedule, config.pp, config.virtual
@@ -222,14 +262,25 @@ class Bounds:
         return ((self.params.total - experts) / config.tp * per
                 + experts / (config.ep * config.expert_tp) * per_expert) / config.pp
 
+    def _stage_params(self, config: Layout, shape: _Frame) -> list[float]:
+        """`sim.cost.data_parallel.stage_params` of the layout's stages, once per what it reads."""
+        key = config.tp, tuple(shape.layers), shape.placement
+        if key not in self._params:
+            self._params[key] = stage_params(self.model, shape.layers, config.tp, shape.placement)
+        return self._params[key]
+
     def _per_param(self, config: Layout) -> float:
         """Bytes a parameter takes on a GPU that holds it: weights, gradients and optimizer
         state, sharded as the ZeRO stage says (`sim.model.footprint`); under FSDP (zero=3 with
         pp > 1) the gradients whole until their stage's reduce-scatter (`stage_costs.fsdp_costs`)."""
-        per = state_bytes_per_param(config.precision, config.zero, config.dp * config.cp, config.optimizer)
-        if fsdp_as_actions(config) and config.pp > 1:
-            per = {**per, "grads": state_bytes_per_param(config.precision)["grads"]}
-        return sum(per.values())
+        key = (config.precision, config.zero, config.dp * config.cp, config.optimizer,
+               fsdp_as_actions(config) and config.pp > 1)
+        if key not in self._per:
+            per = state_bytes_per_param(*key[:4])
+            if key[4]:
+                per = {**per, "grads": state_bytes_per_param(config.precision)["grads"]}
+            self._per[key] = sum(per.values())
+        return self._per[key]
 
     def memory_average(self, config: Layout) -> float:
         """The average device's weights, gradients and optimizer state (`_static_average`)
@@ -271,7 +322,7 @@ class Bounds:
         act, moe_act = self._activations(config)
         static = shape.per_device(self._stage_static(config, shape))
         if fsdp_as_actions(config) and config.pp > 1:  # FSDP: a device computes a stage only gathered, its
-            params = stage_params(self.model, shape.layers, config.tp, shape.placement)  # activations
+            params = self._stage_params(config, shape)  # activations
             weight = state_bytes_per_param(config.precision)["weights"]  # peaking as a forward ends, before its RESHARD
             static = [s + g for s, g in zip(static, shape.per_device([p * weight for p in params], min))]
         copies = shape.pipelines  # each copy's stages hold the model's MoE layers
@@ -288,7 +339,7 @@ class Bounds:
             return [per_stage.static_total(s) - per_stage.static_bytes[s] for s in range(len(shape.placement))]
         if not self.sparse:
             per = self._per_param(config)
-            return [p * per for p in stage_params(self.model, shape.layers, config.tp, shape.placement)]
+            return [p * per for p in self._stage_params(config, shape)]
         state = state_bytes(config, *split_params(self.model, shape.layers, config, shape.placement))
         return [sum(parts) for parts in zip(*state.values())]
 
@@ -338,9 +389,9 @@ class Bounds:
         zero=3 with pp > 1, each follows its own stage's last backward: the shortest); then the
         optimizer step of the fullest device. With the estimate's own durations, a MoE layer's
         F, B and I each with the all-to-all it waits for where no overlapped pair hides it."""
-        shape = self.shape(config)
+        shape = self.order(config)
         per_stage, layers, lay = self.costs(config)
-        place, n = shape.schedule.placement, shape.schedule.stages
+        place, n = shape.placement, len(shape.placement)
         hop = [per_stage.latency + per_stage.transfer_time(per_stage.activation_bytes_sent[s])
                if place[s] != place[s + 1] else 0.0
                for s in range(n - 1)]
@@ -348,15 +399,15 @@ class Bounds:
         # all-gather stream, from the step's start); the backward down from it
         # a compute waits for its all-to-all (rule 18); in an overlapped pair for what the other's compute does
         # not hide, at least its own less the longest partner its device has (`_busy`); the paths: pairs aside
-        a2a_f, a2a_b = ((0.0,) * n,) * 2 if shape.schedule.has_pairs else (per_stage.a2a_forward, per_stage.a2a_backward)
-        head, tail, chain = [per_stage.unshard[0]], [0.0], n // shape.schedule.pipelines
+        a2a_f, a2a_b = ((0.0,) * n,) * 2 if shape.has_pairs else (per_stage.a2a_forward, per_stage.a2a_backward)
+        head, tail, chain = [per_stage.unshard[0]], [0.0], n // shape.pipelines
         for s in range(n - 1):  # each copy of the model (DualPipe) from its own first stage
             first = (s + 1) % chain == 0
             head.append(max(0.0 if first else head[-1] + per_stage.forward[s] + a2a_f[s] + hop[s],
                             per_stage.unshard[s + 1]))
             tail.append(0.0 if first else
                         tail[-1] + min(per_stage.backward[s], per_stage.backward_input[s]) + a2a_b[s] + hop[s])
-        micro_batches, fsdp = shape.schedule.micro_batches, fsdp_as_actions(lay)
+        micro_batches, fsdp = shape.micro_batches, fsdp_as_actions(lay)
         busy = [_busy(shape, per_stage, s) if shape.last[place[s]] is not None else
                 micro_batches * (per_stage.forward[s] + a2a_f[s] + a2a_b[s]
                                  + min(per_stage.backward[s], per_stage.backward_input[s] + per_stage.backward_weight[s]))
@@ -403,12 +454,12 @@ class Bounds:
         return max(self.time(config), max(scaled) + self._optimizer(config))
 
 
-def _busy(shape: _Shape, c: StageCosts, s: int) -> float:
+def _busy(shape: _Order, c: StageCosts, s: int) -> float:
     """Stage s's computes, each with the all-to-all it waits for (rule 18): alone, all of it; in an
     overlapped pair, what the partner's compute does not hide (`sim.engine.costs.pair_times`),
     at least its own less the longest compute of the partner's kind on its device (a forward's
     partner is a backward, B or I, and a backward's a forward)."""
-    stages = shape.stages_of[shape.schedule.placement[s]]
+    stages = shape.stages_of[shape.placement[s]]
     longest = {"forward": max(c.forward[t] for t in stages),
                "backward": max(max(c.backward[t], c.backward_input[t]) for t in stages)}
     total = 0.0
