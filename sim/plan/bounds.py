@@ -48,19 +48,22 @@ def least_held(name: str, devices: int, micro_batches: int, virtual: int) -> lis
     a closed form here (v-min, v-half, zb-auto). An F takes a chunk at its start and only a B
     or an I gives one back (rule 7): a device holds at least the Fs it has run less the B and
     I it has ended, at any point of its program; each count below is that, at the point its
-    generator's own structure names (tests/sim/plan/test_bounds.py checks each against the
-    built schedules). P devices, M micro-batches, V chunks, device r:
+    generator's own structure names. P devices, M micro-batches, V chunks, device r:
 
     - naive: 1 (its first F); gpipe: M and looped-bfs: M V (every F before any backward).
     - 1f1b, zb-h1: min(P-r, M): a warm-up of min(P-r-1, M) Fs, then an F before the first B or I.
-    - zb-h2: min(2(P-r)-1, M): its warm-up of 2(P-1-r)+1 Fs.
+    - zb-h2: min(2(P-r)-1, M): its warm-up of 2(P-1-r)+1 Fs (M >= 2P-1).
     - interleaved-1f1b, interleaved-zb: min(w+1, M V), w their warm-up of Fs (min((V-1)g + 2(P-1-r),
       M V), with P-1-r for V = 1 or for interleaved-zb; g the micro-batches of a round), then an F
       before the first backward where any is left.
     - zbv: min(2P-r-1, M) + min(r+1, M): the Fs of chunk 0 and of chunk 1 before its first I
       (of micro-batch 0, chunk 1), those of micro-batches >= M left out.
     - dualpipev: 2P+1, dualpipe: P+1 (P/2 devices a direction): the eight steps' 2P Fs, then
-      step 3's I, W, F rounds (each I after an F) and step 4's first F, before its B."""
+      step 3's I, W, F rounds (each I after an F) and step 4's first F, before its B.
+
+    For those of `HELD_EXACT` the count is the peak itself: after that point each F comes right
+    before a backward (a B or I: the steady state), or only backwards are left, so the count never
+    rises above it. tests/sim/plan/test_bounds.py checks each against the built schedules."""
     P, M, V = devices, micro_batches, virtual
     total = M * V
     if name in ("naive", "gpipe", "looped-bfs"):
@@ -77,6 +80,9 @@ def least_held(name: str, devices: int, micro_batches: int, virtual: int) -> lis
     if name in ("dualpipev", "dualpipe"):
         return [2 * P + 1 if name == "dualpipev" else P + 1] * P
     return None
+
+
+HELD_EXACT = ("naive", "gpipe", "looped-bfs", "1f1b", "zb-h1", "zb-h2", "interleaved-1f1b", "interleaved-zb")
 
 
 @dataclass(frozen=True)
@@ -302,14 +308,16 @@ class Bounds:
     def memory_above(self, config: Layout, limit: float) -> bool:
         """Whether `memory(config)` exceeds `limit`, building the schedule only where that must be
         asked of it: first with `least_held`'s chunks, no schedule built (a bound no larger than
-        `memory`'s), then, where that is within `limit`, with the schedule's own chunks held."""
+        `memory`'s, and `memory` itself for the schedules of `HELD_EXACT`), then, where that is within
+        `limit` and not exact, with the schedule's own chunks held."""
         if not self._by_device(config):
             return self.memory_average(config) > limit
         frame = self.frame(config)
-        if frame is not None and self._memory(config, frame) > limit:
-            return True
+        least = None if frame is None else self._memory(config, frame)
+        if least is not None and (least > limit or config.schedule in HELD_EXACT):  # exact: `memory` itself
+            return least > limit
         shape = self.shape(config)
-        if frame is not None and shape.held == frame.held:  # the same bound
+        if least is not None and shape.held == frame.held:  # the same bound
             return False
         return self._memory(config, shape) > limit
 
