@@ -125,8 +125,29 @@ def test_a_configuration_over_memory_is_dropped_without_building_its_schedule():
     b = Bounds("gpt3-175b", "a100-80gb")
     over = [Layout(tp=8, pp=8, dp=2, micro_batch=4, global_batch=128, schedule=name, virtual=v, recompute="none")
             for name, v in (("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1))]
-    fits = Layout(tp=8, pp=8, dp=2, micro_batch=1, global_batch=128, schedule="1f1b", recompute="full", zero=1)
+    fits = Layout(tp=8, pp=8, dp=2, micro_batch=1, global_batch=128, schedule="1f1b", virtual=1, recompute="full",
+                  zero=1)
     with counting_calls(sim.make_schedule) as calls:
         assert all(b.memory_above(c, 80e9) for c in over)
         assert not b.memory_above(fits, 80e9) and b.time(fits) > 0
     assert calls[sim.make_schedule] == 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(_taken(tuple(sim.SCHEDULES)))
+def test_the_order_the_path_bound_reads_is_the_schedules(case):
+    """What `Bounds.order` gives `time` without building the schedule (its counts per stage by kind, in
+    the order each first comes; the last compute of each device; its pairs) is what the built one says."""
+    name, p, m, v, options, taken = case
+    if not taken or name == "zb-auto":
+        return
+    config = Layout(pp=p, micro_batch=1, global_batch=m, schedule=name, virtual=v, overlap=bool(options))
+    fresh, built = Bounds("megatron-1.7b", "a100-80gb"), Bounds("megatron-1.7b", "a100-80gb")
+    with counting_calls(sim.make_schedule) as calls:
+        order = fresh.order(config)
+    event("built" if calls[sim.make_schedule] else "closed form")
+    shape = built.shape(config)
+    assert [list(c.items()) for c in order.counts] == [list(c.items()) for c in shape.counts]
+    assert (order.last, order.paired, order.split, order.has_pairs, order.micro_batches) == \
+        (shape.last, shape.paired, shape.split, shape.has_pairs, shape.micro_batches)
+    assert (order.placement, order.pipelines, order.stages_of) == (shape.placement, shape.pipelines, shape.stages_of)
