@@ -40,15 +40,16 @@ COMMANDS = {
     "gpt3-175b, 1,048,576 A100s": ("--model gpt3-175b --gpu a100-80gb --gpus 1048576 --global-batch 2097152 "
                                    "--no-figures", None),
 }
-# The last `--commands` table, 2026-12-02 02:23-02:26 UTC on the 2-core development machine shared with other work
-# (load 1.4-2.8): wall seconds, before (main at 5cb361a) and after (the planner's collector paused, each kind of stage
-# costed once) alternating, medians of 2 runs (1,048,576 GPUs: 1 run, 02:21 UTC). CPU seconds (user + sys) in the same
-# runs: gpt3-175b 16.7 -> 13.3, deepseek-v3 19.6 -> 17.5. What the rest costs: docs/validation.md, "Planner speed".
+# The last such table, 2026-12-02 05:19-05:31 UTC on the 2-core development machine shared with other work (load
+# 5-9: wall times 2-4x the CPU's): wall seconds, before (4f58b83) and after (least_held and the closed-form order:
+# schedules built only to be simulated or where no closed form is) alternating, medians of 3, 2 and 1 runs. CPU
+# seconds (user + sys) in the same runs: gpt3-175b 13.8 -> 8.4, deepseek-v3 14.4 -> 11.8, 1,048,576 GPUs 16.1 -> 11.4.
+# What the rest costs: docs/validation.md, "Planner speed".
 RECORDED = """
 command                      before s  after s  target s
-gpt3-175b, 1024 A100s            18.4     14.5         5
-deepseek-v3, 2048 H100s          22.9     20.8        10
-gpt3-175b, 1,048,576 A100s       27.6     21.3         -
+gpt3-175b, 1024 A100s            64.4     40.9         5
+deepseek-v3, 2048 H100s          36.4     35.8        10
+gpt3-175b, 1,048,576 A100s       35.6     21.5         -
 """
 
 

@@ -65,8 +65,11 @@ def _check_scalar(f: CostField, v) -> None:
         raise ValueError(f"Costs.{f.name} must be {need}{' (math.inf allowed)' if f.inf else ''}, got {v!r}")
 
 
+_PLAIN_NUMBERS = frozenset((float, int))  # asked first: the ABC's isinstance is ten times slower
+
+
 def _is_number(v) -> bool:
-    return isinstance(v, numbers.Real) and not isinstance(v, bool)
+    return type(v) in _PLAIN_NUMBERS or (isinstance(v, numbers.Real) and not isinstance(v, bool))
 
 
 def _with_fields(expanded: bool):

@@ -24,7 +24,9 @@ from .stage_costs import partition_layers
 from .steps import Steps
 from sim.model.footprint import optimizer_step_bytes, state_bytes_per_param
 from sim.hardware.profile import DeviceProfile
+from sim.schedule.interleaved import rounds
 from sim.schedule.ir import Schedule
+from sim.schedule.registry import lookup
 from sim.hardware.kernels import memory_time
 from sim.schedule.kinds import KINDS, Kind
 from sim.schedule.liveness import held
@@ -40,24 +42,116 @@ from sim.schedule.zerobubble import split_1f1b
 _COST_DEPENDENT = ("zb-auto",)
 
 
+def least_held(name: str, devices: int, micro_batches: int, virtual: int) -> list[int] | None:
+    """Per device, at least how many micro-batch chunks the named schedule's program holds at
+    once (`sim.schedule.liveness.held` of it), without building it; None for a schedule without
+    a closed form here (v-min, v-half, zb-auto). An F takes a chunk at its start and only a B
+    or an I gives one back (rule 7): a device holds at least the Fs it has run less the B and
+    I it has ended, at any point of its program; each count below is that, at the point its
+    generator's own structure names. P devices, M micro-batches, V chunks, device r:
+
+    - naive: 1 (its first F); gpipe: M and looped-bfs: M V (every F before any backward).
+    - 1f1b, zb-h1: min(P-r, M): a warm-up of min(P-r-1, M) Fs, then an F before the first B or I.
+    - zb-h2: min(2(P-r)-1, M): its warm-up of 2(P-1-r)+1 Fs (M >= 2P-1).
+    - interleaved-1f1b, interleaved-zb: min(w+1, M V), w their warm-up of Fs (min((V-1)g + 2(P-1-r),
+      M V), with P-1-r for V = 1 or for interleaved-zb; g the micro-batches of a round), then an F
+      before the first backward where any is left.
+    - zbv: min(2P-r-1, M) + min(r+1, M): the Fs of chunk 0 and of chunk 1 before its first I
+      (of micro-batch 0, chunk 1), those of micro-batches >= M left out.
+    - dualpipev: 2P+1, dualpipe: P+1 (P/2 devices a direction): the eight steps' 2P Fs, then
+      step 3's I, W, F rounds (each I after an F) and step 4's first F, before its B.
+
+    For those of `HELD_EXACT` the count is the peak itself: after that point each F comes right
+    before a backward (a B or I: the steady state), or only backwards are left, so the count never
+    rises above it. tests/sim/plan/test_bounds.py checks each against the built schedules."""
+    P, M, V = devices, micro_batches, virtual
+    total = M * V
+    if name in ("naive", "gpipe", "looped-bfs"):
+        return [{"naive": 1, "gpipe": M, "looped-bfs": total}[name]] * P
+    if name in ("1f1b", "zb-h1"):
+        return [min(P - r, M) for r in range(P)]
+    if name == "zb-h2":
+        return [min(2 * (P - r) - 1, M) for r in range(P)]
+    if name in ("interleaved-1f1b", "interleaved-zb"):
+        g, twice = rounds(P, M)[1], name == "interleaved-1f1b" and V > 1
+        return [min(min((V - 1) * g + (P - 1 - r) * (1 + twice), total) + 1, total) for r in range(P)]
+    if name == "zbv":
+        return [min(2 * P - r - 1, M) + min(r + 1, M) for r in range(P)]
+    if name in ("dualpipev", "dualpipe"):
+        return [2 * P + 1 if name == "dualpipev" else P + 1] * P
+    return None
+
+
+HELD_EXACT = ("naive", "gpipe", "looped-bfs", "1f1b", "zb-h1", "zb-h2", "interleaved-1f1b", "interleaved-zb")
+
+
 @dataclass(frozen=True)
-class _Shape:
-    """What the bounds need of a schedule: its placement, layers per stage (the even
-    split), the stages of each device, micro-batch chunks held per device, whether it
-    splits the backward, its compute actions per stage by kind, and the kind of each
-    device's last compute. Where the estimate may build another order (zb-auto), held is 1
-    and the last kind None."""
-    schedule: Schedule
+class _Frame:
+    """What the memory bound needs of a schedule, known before it is built: the placement and
+    copies of the model (its generator's, `sim.SCHEDULES`), layers per stage (the even split),
+    the stages of each device and, per device, the chunks held (at least: `least_held`)."""
+    placement: tuple[int, ...]
+    pipelines: int
     layers: list[int]
     stages_of: list[list[int]]
     held: list[int]
+
+    def per_device(self, per_stage: Sequence[float], pick=sum) -> list[float]:
+        return [pick([per_stage[s] for s in stages]) for stages in self.stages_of]
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Order(_Frame):
+    """A `_Frame` and what the path bound (`Bounds.time`) reads of the schedule's order: whether
+    it splits the backward, its compute actions per stage by kind (in the order each kind first
+    comes), those in overlapped pairs, whether it has any, and the kind of each device's last
+    compute (None where the estimate may build another order, zb-auto)."""
     split: bool
     counts: list[Counter]
     last: list[Kind | None]
     paired: list[Counter]  # per stage, its computes by kind that run in an overlapped pair
+    has_pairs: bool
+    micro_batches: int
 
-    def per_device(self, per_stage: Sequence[float], pick=sum) -> list[float]:
-        return [pick([per_stage[s] for s in stages]) for stages in self.stages_of]
+
+@dataclass(frozen=True, kw_only=True)
+class _Shape(_Order):
+    """An `_Order` read off the schedule built, the chunks held exactly (held 1 for zb-auto)."""
+    schedule: Schedule
+
+
+# The schedules whose every stage runs F then B of each micro-batch, or F, I, W (each W after its I),
+# in the order `_closed_order` says; the others' (and overlapped pairs') order is read off the schedule
+_WHOLE = ("naive", "gpipe", "1f1b", "interleaved-1f1b", "looped-bfs")
+_SPLIT = ("zb-h1", "zb-h2", "interleaved-zb", "zbv")
+
+
+def _closed_order(frame: _Frame, lay: Layout) -> _Order | None:
+    """The `_Order` of the layout's schedule without building it, where its generator's programs say it
+    plainly: each stage runs M of each kind of its backward, first an F (a stage's first action),
+    then a B (or an I, then its W), and each device ends with a B (or a W, which follows its own I);
+    no overlapped pairs. None for the others (tests/sim/plan/test_bounds.py checks it against each)."""
+    if lay.overlap or lay.schedule not in _WHOLE + _SPLIT:
+        return None
+    split, m = lay.schedule in _SPLIT, lay.micro_batches
+    kinds = (Kind.F, Kind.I, Kind.W) if split else (Kind.F, Kind.B)
+    stages = len(frame.placement)
+    return _Order(**vars(frame), split=split, counts=[Counter(dict.fromkeys(kinds, m)) for _ in range(stages)],
+                  last=[Kind.W if split else Kind.B] * lay.pp, paired=[Counter() for _ in range(stages)],
+                  has_pairs=False, micro_batches=m)
+
+
+def _placement(lay: Layout) -> tuple[tuple[int, ...], int]:
+    """The placement and copies of the model of the layout's schedule, as its generator says."""
+    generator = lookup(lay.schedule)[1]
+    return tuple(generator.placement(lay.pp, lay.virtual)), generator.pipelines
+
+
+def _frame(model: Transformer, lay: Layout, held: list[int]) -> _Frame:
+    """The layout's frame, its devices holding `held` chunks each."""
+    placement, copies = _placement(lay)
+    stages_of = [[s for s, r in enumerate(placement) if r == d] for d in range(lay.pp)]
+    return _Frame(placement, copies, even(model.layers, len(placement) // copies) * copies, stages_of, held)
 
 
 def _shape(model: Transformer, steps: Steps, lay: Layout) -> _Shape:
@@ -73,15 +167,16 @@ def _shape(model: Transformer, steps: Steps, lay: Layout) -> _Shape:
             if a.kind is Kind.OVERLAP_F_B:  # the F after the mark and the backward it names: a pair
                 for b in prog[i + 1:i + 3]:
                     paired[b.stage][b.kind] += 1
-    stages_of = [[s for s, r in enumerate(sched.placement) if r == d] for d in range(sched.ranks)]
     if lay.schedule in _COST_DEPENDENT:  # the estimate's order may differ: only what every order has
         last, most = [None] * sched.ranks, [1] * sched.ranks
     else:
         last, most = [prog[-1].kind for prog in sched.programs], held(sched)
+    frame = _frame(model, lay, most)
+    if (frame.placement, frame.pipelines) != (sched.placement, sched.pipelines):  # what `_frame` reads of it
+        raise AssertionError(f"{lay.schedule}: its generator's placement is not its schedule's")
     split = any(count[Kind.I] for count in counts)
-    copies = sched.pipelines  # each copy of the model (DualPipe: 2) over its own stages
-    return _Shape(sched, even(model.layers, sched.stages // copies) * copies, stages_of, most, split,
-                  counts, last, paired)
+    return _Shape(**vars(frame), split=split, counts=counts, last=last, paired=paired, has_pairs=sched.has_pairs,
+                  micro_batches=sched.micro_batches, schedule=sched)
 
 
 class Bounds:
@@ -98,7 +193,8 @@ class Bounds:
         self.sparse = self.model.moe is not None  # a mixture of experts (`model.moe` makes its record anew each time)
         # the routed experts' parameters, all MoE layers' (0 for a dense model)
         self.experts = self.model.moe_layers * self.model.moe.params(self.model.hidden)["routed"] if self.sparse else 0.0
-        self._shape, self._unit, self._act, self._costs = {}, {}, {}, {}
+        self._shape, self._frames, self._placements, self._unit, self._act, self._costs = {}, {}, {}, {}, {}, {}
+        self._params, self._per, self._orders = {}, {}, {}
 
     def layers(self, config: Layout):
         """A dense layer's and a MoE layer's times (`Steps.layers`)."""
@@ -115,6 +211,31 @@ class Bounds:
         if key not in self._shape:
             self._shape[key] = _shape(self.model, self.steps, config)
         return self._shape[key]
+
+    def frame(self, config: Layout) -> _Frame | None:
+        """What the memory bound needs of the layout's schedule, not built (`least_held`'s chunks);
+        None where `least_held` has no closed form."""
+        key = self._key(config)
+        if key not in self._frames:
+            most = least_held(config.schedule, config.pp, config.micro_batches, config.virtual)
+            self._frames[key] = None if most is None else _frame(self.model, config, most)
+        return self._frames[key]
+
+    def order(self, config: Layout) -> _Order:
+        """What `time` reads of the layout's schedule: `_closed_order`'s, or where it has none, the schedule's."""
+        key = self._key(config)
+        if key in self._shape:
+            return self._shape[key]
+        if key not in self._orders:
+            frame = self.frame(config)
+            self._orders[key] = None if frame is None else _closed_order(frame, config)
+        return self._orders[key] or self.shape(config)
+
+    def _placement(self, config: Layout) -> tuple[tuple[int, ...], int]:
+        key = config.schedule, config.pp, config.virtual
+        if key not in self._placements:
+            self._placements[key] = _placement(config)
+        return self._placements[key]
 
     def _activations(self, config: Layout) -> tuple[float, float]:
         """One micro-batch's activations of one dense layer and one MoE layer (0 for a dense
@@ -147,14 +268,25 @@ class Bounds:
         return ((self.params.total - experts) / config.tp * per
                 + experts / (config.ep * config.expert_tp) * per_expert) / config.pp
 
+    def _stage_params(self, config: Layout, shape: _Frame) -> list[float]:
+        """`sim.cost.data_parallel.stage_params` of the layout's stages, once per what it reads."""
+        key = config.tp, tuple(shape.layers), shape.placement
+        if key not in self._params:
+            self._params[key] = stage_params(self.model, shape.layers, config.tp, shape.placement)
+        return self._params[key]
+
     def _per_param(self, config: Layout) -> float:
         """Bytes a parameter takes on a GPU that holds it: weights, gradients and optimizer
         state, sharded as the ZeRO stage says (`sim.model.footprint`); under FSDP (zero=3 with
         pp > 1) the gradients whole until their stage's reduce-scatter (`stage_costs.fsdp_costs`)."""
-        per = state_bytes_per_param(config.precision, config.zero, config.dp * config.cp, config.optimizer)
-        if fsdp_as_actions(config) and config.pp > 1:
-            per = {**per, "grads": state_bytes_per_param(config.precision)["grads"]}
-        return sum(per.values())
+        key = (config.precision, config.zero, config.dp * config.cp, config.optimizer,
+               fsdp_as_actions(config) and config.pp > 1)
+        if key not in self._per:
+            per = state_bytes_per_param(*key[:4])
+            if key[4]:
+                per = {**per, "grads": state_bytes_per_param(config.precision)["grads"]}
+            self._per[key] = sum(per.values())
+        return self._per[key]
 
     def memory_average(self, config: Layout) -> float:
         """The average device's weights, gradients and optimizer state (`_static_average`)
@@ -169,31 +301,54 @@ class Bounds:
         state (`sim.cost.data_parallel.stage_params`, `sim.model.footprint`) and, at its peak, its most
         chunks held times its smallest chunk's activations (under FSDP, with its smallest
         stage's parameters gathered)."""
-        average = self.memory_average(config)
-        if config.partition != "even" or average > self.profile.memory:
-            return average
-        shape, (act, moe_act) = self.shape(config), self._activations(config)
+        if not self._by_device(config):
+            return self.memory_average(config)
+        return self._memory(config, self.shape(config))
+
+    def memory_above(self, config: Layout, limit: float) -> bool:
+        """Whether `memory(config)` exceeds `limit`, building the schedule only where that must be
+        asked of it: first with `least_held`'s chunks, no schedule built (a bound no larger than
+        `memory`'s, and `memory` itself for the schedules of `HELD_EXACT`), then, where that is within
+        `limit` and not exact, with the schedule's own chunks held."""
+        if not self._by_device(config):
+            return self.memory_average(config) > limit
+        frame = self.frame(config)
+        least = None if frame is None else self._memory(config, frame)
+        if least is not None and (least > limit or config.schedule in HELD_EXACT):  # exact: `memory` itself
+            return least > limit
+        shape = self.shape(config)
+        if least is not None and shape.held == frame.held:  # the same bound
+            return False
+        return self._memory(config, shape) > limit
+
+    def _by_device(self, config: Layout) -> bool:
+        """Whether `memory` goes device by device: with the even split, where the average fits the GPU."""
+        return config.partition == "even" and self.memory_average(config) <= self.profile.memory
+
+    def _memory(self, config: Layout, shape: _Frame) -> float:
+        """`memory` device by device, with the chunks that `shape` holds."""
+        act, moe_act = self._activations(config)
         static = shape.per_device(self._stage_static(config, shape))
         if fsdp_as_actions(config) and config.pp > 1:  # FSDP: a device computes a stage only gathered, its
-            params = stage_params(self.model, shape.layers, config.tp, shape.schedule.placement)  # activations
+            params = self._stage_params(config, shape)  # activations
             weight = state_bytes_per_param(config.precision)["weights"]  # peaking as a forward ends, before its RESHARD
             static = [s + g for s, g in zip(static, shape.per_device([p * weight for p in params], min))]
-        copies = shape.schedule.pipelines  # each copy's stages hold the model's MoE layers
+        copies = shape.pipelines  # each copy's stages hold the model's MoE layers
         sparse = moe_layers(self.model, shape.layers[:len(shape.layers) // copies]) * copies
         smallest = shape.per_device([(n - k) * act + k * moe_act for n, k in zip(shape.layers, sparse)], min)
         return max(s + h * a for s, h, a in zip(static, shape.held, smallest))
 
-    def _stage_static(self, config: Layout, shape: _Shape) -> list[float]:
+    def _stage_static(self, config: Layout, shape: _Frame) -> list[float]:
         """Each stage's weights, gradients and optimizer state on one GPU, as `stage_costs` counts
         them (less FP8's weight copies; with DualPipe's two copies of the model, the estimate's own
         costs, FP8's copies in)."""
-        if shape.schedule.pipelines > 1:  # DualPipe's copies: the estimate's own bytes (`sim.plan.copies`)
+        if shape.pipelines > 1:  # DualPipe's copies: the estimate's own bytes (`sim.plan.copies`)
             per_stage = self.costs(config)[0]
-            return [per_stage.static_total(s) - per_stage.static_bytes[s] for s in range(shape.schedule.stages)]
+            return [per_stage.static_total(s) - per_stage.static_bytes[s] for s in range(len(shape.placement))]
         if not self.sparse:
             per = self._per_param(config)
-            return [p * per for p in stage_params(self.model, shape.layers, config.tp, shape.schedule.placement)]
-        state = state_bytes(config, *split_params(self.model, shape.layers, config, shape.schedule.placement))
+            return [p * per for p in self._stage_params(config, shape)]
+        state = state_bytes(config, *split_params(self.model, shape.layers, config, shape.placement))
         return [sum(parts) for parts in zip(*state.values())]
 
     def _optimizer(self, config: Layout) -> float:
@@ -222,8 +377,7 @@ class Bounds:
     def costs(self, config: Layout) -> tuple[StageCosts, list[int], Layout]:
         """The per-stage costs, layers per stage and layout that `sim.estimate` simulates `config`
         with (its own steps, `Steps.stage_costs`, so the bound follows any change to the estimate)."""
-        shape, (layer, moe) = self.shape(config), self.layers(config)
-        placement, copies = tuple(shape.schedule.placement), shape.schedule.pipelines
+        (placement, copies), (layer, moe) = self._placement(config), self.layers(config)
         chain = len(placement) // copies  # one copy's stages, which hold the model (`sim.plan.copies`)
         layers = partition_layers(self.model.layers, chain, config.partition, moe or layer, self.steps.ends(config))
         costs, _ = self.steps.stage_costs(config, layers, placement[:chain])
@@ -243,9 +397,9 @@ class Bounds:
         zero=3 with pp > 1, each follows its own stage's last backward: the shortest); then the
         optimizer step of the fullest device. With the estimate's own durations, a MoE layer's
         F, B and I each with the all-to-all it waits for where no overlapped pair hides it."""
-        shape = self.shape(config)
+        shape = self.order(config)
         per_stage, layers, lay = self.costs(config)
-        place, n = shape.schedule.placement, shape.schedule.stages
+        place, n = shape.placement, len(shape.placement)
         hop = [per_stage.latency + per_stage.transfer_time(per_stage.activation_bytes_sent[s])
                if place[s] != place[s + 1] else 0.0
                for s in range(n - 1)]
@@ -253,15 +407,15 @@ class Bounds:
         # all-gather stream, from the step's start); the backward down from it
         # a compute waits for its all-to-all (rule 18); in an overlapped pair for what the other's compute does
         # not hide, at least its own less the longest partner its device has (`_busy`); the paths: pairs aside
-        a2a_f, a2a_b = ((0.0,) * n,) * 2 if shape.schedule.has_pairs else (per_stage.a2a_forward, per_stage.a2a_backward)
-        head, tail, chain = [per_stage.unshard[0]], [0.0], n // shape.schedule.pipelines
+        a2a_f, a2a_b = ((0.0,) * n,) * 2 if shape.has_pairs else (per_stage.a2a_forward, per_stage.a2a_backward)
+        head, tail, chain = [per_stage.unshard[0]], [0.0], n // shape.pipelines
         for s in range(n - 1):  # each copy of the model (DualPipe) from its own first stage
             first = (s + 1) % chain == 0
             head.append(max(0.0 if first else head[-1] + per_stage.forward[s] + a2a_f[s] + hop[s],
                             per_stage.unshard[s + 1]))
             tail.append(0.0 if first else
                         tail[-1] + min(per_stage.backward[s], per_stage.backward_input[s]) + a2a_b[s] + hop[s])
-        micro_batches, fsdp = shape.schedule.micro_batches, fsdp_as_actions(lay)
+        micro_batches, fsdp = shape.micro_batches, fsdp_as_actions(lay)
         busy = [_busy(shape, per_stage, s) if shape.last[place[s]] is not None else
                 micro_batches * (per_stage.forward[s] + a2a_f[s] + a2a_b[s]
                                  + min(per_stage.backward[s], per_stage.backward_input[s] + per_stage.backward_weight[s]))
@@ -308,12 +462,12 @@ class Bounds:
         return max(self.time(config), max(scaled) + self._optimizer(config))
 
 
-def _busy(shape: _Shape, c: StageCosts, s: int) -> float:
+def _busy(shape: _Order, c: StageCosts, s: int) -> float:
     """Stage s's computes, each with the all-to-all it waits for (rule 18): alone, all of it; in an
     overlapped pair, what the partner's compute does not hide (`sim.engine.costs.pair_times`),
     at least its own less the longest compute of the partner's kind on its device (a forward's
     partner is a backward, B or I, and a backward's a forward)."""
-    stages = shape.stages_of[shape.schedule.placement[s]]
+    stages = shape.stages_of[shape.placement[s]]
     longest = {"forward": max(c.forward[t] for t in stages),
                "backward": max(max(c.backward[t], c.backward_input[t]) for t in stages)}
     total = 0.0

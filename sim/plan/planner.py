@@ -186,7 +186,7 @@ def _best_first(configs: list[Layout], bounds: Bounds, memory: float, limit: Cal
             return
         heapq.heappop(queue)
         config = configs[index]
-        if level == 0 and bounds.memory(config) > memory:
+        if level == 0 and bounds.memory_above(config, memory):
             dropped[_MEMORY] += 1
             waiting(len(queue))
         elif level < len(_TIGHTER) and (level == 0 or limit() < math.inf):

@@ -24,3 +24,130 @@ def test_planner_bounds_do_not_search_zb_auto():
     with counting_calls(search) as calls:  # the count sees the search where it runs
         sim.make_schedule("zb-auto", 2, 2)
     assert calls[search] == 1
+
+
+# ----------------------------------------------------------------------------- closed forms, not built
+
+from hypothesis import event, given, settings, strategies as st  # noqa: E402
+
+from sim.plan.bounds import HELD_EXACT, Bounds, least_held  # noqa: E402
+from sim.plan.layout import check_layout  # noqa: E402
+from sim.schedule.liveness import held  # noqa: E402
+
+_CLOSED = [name for name in sim.SCHEDULES if least_held(name, 2, 4, 2) is not None]
+
+
+def _sizes(draw, names):
+    """A schedule of `names`, P, M, V and overlap that its generator takes (`Generator.refusal`)."""
+    name = draw(st.sampled_from(names))
+    generator = sim.SCHEDULES[name]
+    p, m = draw(st.integers(1, 12)), draw(st.integers(1, 64))
+    v = draw(st.integers(1, 4)) if generator.takes_virtual else generator.virtual
+    overlap = "overlap" in generator.options and draw(st.booleans())
+    options = {"overlap": True} if overlap else {}
+    return name, p, m, v, options, generator.refusal(p, m, v, **options) is None
+
+
+@st.composite
+def _taken(draw, names=tuple(_CLOSED)):
+    name, p, m, v, options, taken = _sizes(draw, list(names))
+    return name, p, m, v, options, taken
+
+
+def test_every_default_schedule_has_a_closed_form_held():
+    """What the planner searches by default has a `least_held` (v-min, v-half and zb-auto need not)."""
+    assert set(_CLOSED) >= set(sim.SCHEDULES) - {"v-min", "v-half", "zb-auto"}
+    assert set(HELD_EXACT) <= set(_CLOSED)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_taken())
+def test_least_held_is_at_most_what_the_schedule_holds(case):
+    """`least_held` is a lower bound of the built schedule's held chunks on every device, and
+    the peak itself for the schedules of `HELD_EXACT`; the generator's placement and copies
+    of the model are the schedule's (what the memory bound reads without building it)."""
+    name, p, m, v, options, taken = case
+    if not taken:
+        return
+    schedule = sim.make_schedule(name, p, m, v, **options)
+    least, most = least_held(name, p, m, v), held(schedule)
+    assert len(least) == len(most) and all(a <= b for a, b in zip(least, most)), (least, most)
+    if name in HELD_EXACT:
+        assert least == most
+    generator = sim.SCHEDULES[name]
+    assert tuple(generator.placement(p, v)) == schedule.placement and generator.pipelines == schedule.pipelines
+
+
+def test_least_held_closed_forms_on_known_cases():
+    """The textbook counts: 1F1B's device r holds min(P-r, M); GPipe all M; ZB-H2 2(P-r)-1; ZB-V and
+    DualPipeV as their authors' tables (2P, 2P+1 chunks); DualPipe P+1."""
+    assert least_held("1f1b", 4, 6, 1) == [4, 3, 2, 1] and least_held("1f1b", 4, 2, 1) == [2, 2, 2, 1]
+    assert least_held("gpipe", 4, 6, 1) == [6] * 4 and least_held("looped-bfs", 4, 6, 2) == [12] * 4
+    assert least_held("zb-h2", 4, 8, 1) == [7, 5, 3, 1]
+    assert least_held("zbv", 4, 16, 2) == [8] * 4 and least_held("dualpipev", 4, 8, 2) == [9] * 4
+    assert least_held("dualpipe", 8, 16, 2) == [9] * 8
+    assert least_held("interleaved-1f1b", 4, 8, 2) == [11, 9, 7, 5]
+    assert least_held("v-min", 4, 8, 2) is None
+
+
+_LAYOUTS = st.builds(lambda name, pp, m, v, recompute, zero: (name, pp, m, v, recompute, zero),
+                     st.sampled_from(_CLOSED), st.sampled_from([1, 2, 4]), st.integers(1, 24), st.integers(1, 3),
+                     st.sampled_from(["none", "full"]), st.sampled_from([0, 1, 3]))
+
+
+@settings(max_examples=120, deadline=None)
+@given(_LAYOUTS, st.floats(0.2, 1.2))
+def test_memory_above_is_the_memory_bound_against_the_limit(case, share):
+    """`Bounds.memory_above` answers as `memory(config) > limit` does, with or without the schedule
+    built; and the path bound `time` is the same read off the closed-form order as off the schedule."""
+    name, pp, m, v, recompute, zero = case
+    generator = sim.SCHEDULES[name]
+    v = v if generator.takes_virtual else generator.virtual
+    if generator.refusal(pp, m, v) is not None or 24 % (pp * v):
+        return
+    config = Layout(tp=1, pp=pp, dp=2, micro_batch=1, global_batch=2 * m, schedule=name, virtual=v,
+                    recompute=recompute, zero=zero)
+    fresh, built = Bounds("megatron-1.7b", "a100-40gb"), Bounds("megatron-1.7b", "a100-40gb")
+    try:
+        check_layout(built.model, built.profile, config)
+        built.shape(config)
+    except ValueError:  # not a layout the planner would bound
+        return
+    limit = share * built.memory(config)
+    event(f"checked ({'closed form' if fresh.frame(config) else 'built'})")
+    assert fresh.memory_above(config, limit) == built.memory_above(config, limit) == (built.memory(config) > limit)
+    assert fresh.time(config) == built.time(config)
+
+
+def test_a_configuration_over_memory_is_dropped_without_building_its_schedule():
+    """GPT-3 175B without recompute on 8 stages of 1F1B (and interleaved, ZB-H1) cannot fit an A100: the
+    memory bound says so from `least_held`, and neither `time` of one that fits builds a schedule."""
+    b = Bounds("gpt3-175b", "a100-80gb")
+    over = [Layout(tp=8, pp=8, dp=2, micro_batch=4, global_batch=128, schedule=name, virtual=v, recompute="none")
+            for name, v in (("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1))]
+    fits = Layout(tp=8, pp=8, dp=2, micro_batch=1, global_batch=128, schedule="1f1b", virtual=1, recompute="full",
+                  zero=1)
+    with counting_calls(sim.make_schedule) as calls:
+        assert all(b.memory_above(c, 80e9) for c in over)
+        assert not b.memory_above(fits, 80e9) and b.time(fits) > 0
+    assert calls[sim.make_schedule] == 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(_taken(tuple(sim.SCHEDULES)))
+def test_the_order_the_path_bound_reads_is_the_schedules(case):
+    """What `Bounds.order` gives `time` without building the schedule (its counts per stage by kind, in
+    the order each first comes; the last compute of each device; its pairs) is what the built one says."""
+    name, p, m, v, options, taken = case
+    if not taken or name == "zb-auto":
+        return
+    config = Layout(pp=p, micro_batch=1, global_batch=m, schedule=name, virtual=v, overlap=bool(options))
+    fresh, built = Bounds("megatron-1.7b", "a100-80gb"), Bounds("megatron-1.7b", "a100-80gb")
+    with counting_calls(sim.make_schedule) as calls:
+        order = fresh.order(config)
+    event("built" if calls[sim.make_schedule] else "closed form")
+    shape = built.shape(config)
+    assert [list(c.items()) for c in order.counts] == [list(c.items()) for c in shape.counts]
+    assert (order.last, order.paired, order.split, order.has_pairs, order.micro_batches) == \
+        (shape.last, shape.paired, shape.split, shape.has_pairs, shape.micro_batches)
+    assert (order.placement, order.pipelines, order.stages_of) == (shape.placement, shape.pipelines, shape.stages_of)
