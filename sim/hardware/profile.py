@@ -315,7 +315,7 @@ def from_dict(data: Mapping, where: str = "profile") -> DeviceProfile:
 
 def load_profile(path) -> DeviceProfile:
     """Read and check the device profile at `path` (docs/profiles.md)."""
-    p = Path(path)
+    p = Path(path).expanduser()  # "~/.cache/exec/my-device.json", as the docs suggest
     try:
         data = json.loads(p.read_text())
     except OSError as e:

@@ -369,9 +369,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             bar.close()
     name = shown_name(args)
     summary = {**plan.summary(), "model": name}
-    print(json.dumps(summary, indent=1) if args.json else format_report(plan, name), flush=True)
+    miss = None if plan.rows else nearest_miss(plan, _limits(args))
+    if args.json:
+        print(json.dumps({**summary, "nearest_miss": miss} if not plan.rows else summary, indent=1), flush=True)
+    else:
+        print(format_report(plan, name), flush=True)
     if not plan.rows:
-        miss = nearest_miss(plan, _limits(args))
         if miss and not args.json:
             print(miss, flush=True)
         print(f"{PROG}: no configuration fits on {args.gpus} x {args.gpu}; {why_none_fits(plan)}", file=sys.stderr)

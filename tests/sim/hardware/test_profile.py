@@ -168,6 +168,15 @@ def test_unreadable_and_non_json_files(tmp_path):
     assert issubclass(sim.ProfileError, ValueError)
 
 
+def test_a_profile_under_the_home_folder_loads_by_its_tilde_path(tmp_path, monkeypatch):
+    """The docs keep profiles outside the checkout, in ~/.cache/exec/: `load_profile` and
+    `--gpu` read "~/..." as the shell would."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / ".cache" / "exec").mkdir(parents=True)
+    sim.save_profile(sim.profile("h100-80gb-best-case"), tmp_path / ".cache" / "exec" / "mine.json")
+    assert sim.load_profile("~/.cache/exec/mine.json").to_dict() == sim.profile("h100-80gb-best-case").to_dict()
+
+
 # ---------------------------------------------------------------------------- table lookups
 
 def _with(section: str, key: str, rows: list) -> sim.DeviceProfile:

@@ -231,6 +231,9 @@ def test_when_nothing_fits_the_nearest_miss_is_shown_with_how_much_it_misses():
     e = sim.estimate("llama3.1-8b", "a100-80gb", global_batch=8, micro_batch=1, recompute="full")
     assert max(e.peak_memory) / GIB >= bound - 0.05 and not e.fits  # a bound: the simulated peak is above it
     assert "tp=1 pp=1 dp=1 b=1 1f1b V=1 recompute=full zero=0" in miss
+    status, out, _ = run(["--model", "llama3.1-8b", "--gpu", "a100-80gb", "--gpus", "1", "--global-batch", "8",
+                          "--no-figures", "--quiet", "--json"])
+    assert status == 1 and json.loads(out)["nearest_miss"] == miss  # --json says it too
     # simulated and none fits (its bound, 43.5 GiB, under the usable 45, its peak above): the least peak
     layout = dict(pp=2, micro_batch=4, global_batch=32, schedule="naive", recompute="none", zero=0)
     e = sim.estimate("megatron-1.7b", "a100-80gb", **layout)
