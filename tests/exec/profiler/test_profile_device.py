@@ -191,7 +191,7 @@ def test_sim_plan_takes_the_file_it_writes(profile_file, tmp_path):
                     "--global-batch", "4", "--precision", "fp32", "--no-figures", "--quiet")
     assert proc.returncode == 0, proc.stderr
     name = sim.load_profile(profile_file).name
-    assert f"profile {name} (measured)" in proc.stdout
+    assert f"measured (profile {name})" in proc.stdout  # the header: GPU, stack, kind, then the profile
     e = sim.estimate(str(model), str(profile_file), pp=2, dp=1, micro_batch=1, global_batch=4, precision="fp32")
     assert e.profile.name == name and e.step_time > 0
 
