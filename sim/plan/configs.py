@@ -356,6 +356,16 @@ def _cuts(counts) -> list[int]:
     return out
 
 
+def pinned(e) -> Layout:
+    """An estimate's layout with its partition as the stages' layer counts where torchtitan's
+    `pipeline_parallel_layers_per_stage` cannot say it (a balanced partition, or layers that
+    pp x V does not divide): the same estimate, in split points."""
+    lay, per_stage = e.layout, e.layers_per_stage
+    if lay.pp == 1 or isinstance(lay.partition, tuple) or (lay.partition == "even" and len(set(per_stage)) == 1):
+        return lay
+    return lay.changed(partition=tuple(per_stage))
+
+
 def write_torchtitan(model: Transformer, lay: Layout, profile: DeviceProfile | None = None) -> str:
     """`lay` as a torchtitan TOML job config (its compile as `profile`'s stack prices it);
     ConfigError, one line, for a layout that would read back different (a schedule, ZeRO stage
