@@ -80,6 +80,15 @@ def headroom(text: str) -> float:
     return value
 
 
+def _config_arguments(parser: argparse.ArgumentParser) -> None:
+    """--config and --write-config: torchtitan's job config in, the next run's configs out."""
+    parser.add_argument("--config", metavar="FILE.toml", help="a torchtitan job config: estimate the run it says "
+                        "(model, degrees, schedule, batch, checkpointing, float8; docs/planner.md, 'torchtitan and "
+                        "Megatron-Core configs') instead of searching; --gpus where data_parallel_shard_degree is -1")
+    parser.add_argument("--write-config", metavar="DIR", help="write the best plan that each can say (with --config: "
+                        "the config's run) as DIR/torchtitan.toml and DIR/megatron.args (Megatron-Core's arguments)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = cli.OneLineParser(
         error_prog=PROG, prog="python -m sim.plan", formatter_class=cli.DefaultsFormatter,
@@ -88,13 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "draw its step and a scatter of all simulated configurations.",
         epilog="Lists are comma-separated. What is searched and the bounds that drop configurations "
                "before they are simulated: docs/planner.md, 'Planner'.")
-    parser.add_argument("--config", metavar="FILE.toml", help="a torchtitan job config: estimate the run it says "
-                        "(model, degrees, schedule, batch, checkpointing, float8; docs/planner.md, 'torchtitan and "
-                        "Megatron-Core configs') instead of searching; --gpus where data_parallel_shard_degree is -1")
-    parser.add_argument("--write-config", metavar="DIR", help="write the best plan that each can say (with --config: "
-                        "the config's run) as DIR/torchtitan.toml and DIR/megatron.args (Megatron-Core's arguments)")
-    parser.add_argument("--model",
-                   help=f"a preset ({', '.join(MODELS)}) or FILE.json, an object of sim.Transformer's fields "
+    _config_arguments(parser)
+    parser.add_argument("--model", help=f"a preset ({', '.join(MODELS)}) or FILE.json, an object of sim.Transformer's fields "
                         f"(layers, hidden, heads, seq, vocab; optional ffn, kv_heads, arch, attention, ...)")
     parser.add_argument("--seq", type=whole, help="sequence length (default: the model's)")
     parser.add_argument("--gpu", required=True, help=GPU_HELP)

@@ -19,7 +19,7 @@ What each becomes (`read_torchtitan`), torchtitan's defaults where a key is abse
   global batch is `global_batch_size`, else local x dp (each accumulation step one micro-batch
   a replica: the layout's micro-batches).
 - tensor parallelism shards the norms too (torchtitan's SequenceParallel): sequence parallel.
-  `enable_async_tensor_parallel` is `tp_overlap`.
+  `enable_async_tensor_parallel` is `tp_overlap` (without tp, the layout's default).
 - `activation_checkpoint.mode` none and full as they are; selective "op" (torchtitan's per-op
   policy: saves every other matmul's output) is priced as the planner's selective (attention
   recomputed, Korthikanti et al. 2022), with a warning; selective "1" is full; every N-th layer
@@ -299,7 +299,7 @@ def from_torchtitan(data: dict, gpus: int | None = None, profile: DeviceProfile 
                  sequence_parallel=d["tp"] > 1, zero=3 if sharded else 0,
                  reshard_after_forward=pp == 1 if reshard == "default" else reshard == "always",
                  fsdp_shard=d["shard"] * d["cp"] if sharded and d["replicate"] > 1 else None,
-                 tp_overlap=_get(data, "parallelism", "enable_async_tensor_parallel", False, bool),
+                 tp_overlap=_get(data, "parallelism", "enable_async_tensor_parallel", False, bool) or d["tp"] == 1,
                  micro_batch=micro, global_batch=given if given > 0 else local * d["dp"], schedule=schedule,
                  **_stages(data, model, pp, schedule), recompute=_recompute(data, warn),
                  precision=_precision(data, profile, warn), optimizer=name.lower(), **layout)
@@ -325,10 +325,13 @@ def torchtitan_config(model: Transformer, lay: Layout, compile_: bool = False) -
     shard = (lay.fsdp_shard or lay.replicas) // lay.cp if lay.zero == 3 else 1
     par = {"data_parallel_replicate_degree": lay.dp // shard if shard else lay.dp, "data_parallel_shard_degree": shard,
            "tensor_parallel_degree": lay.tp, "pipeline_parallel_degree": lay.pp, "context_parallel_degree": lay.cp,
-           "fsdp_reshard_after_forward": "always" if lay.reshard_after_forward else "never",
-           "enable_async_tensor_parallel": lay.tp_overlap,
-           "pipeline_parallel_schedule": next((k for k, v in TITAN_SCHEDULES.items() if v == lay.schedule), lay.schedule),
-           "pipeline_parallel_microbatch_size": lay.micro_batch}
+           "fsdp_reshard_after_forward": "default" if lay.reshard_after_forward == (lay.pp == 1) else
+           "always" if lay.reshard_after_forward else "never",
+           "pipeline_parallel_schedule": next((k for k, v in TITAN_SCHEDULES.items() if v == lay.schedule), lay.schedule)}
+    if lay.tp > 1:
+        par["enable_async_tensor_parallel"] = lay.tp_overlap
+    if lay.pp > 1:
+        par["pipeline_parallel_microbatch_size"] = lay.micro_batch
     if lay.ep > 1 or lay.expert_tp > 1:  # expert_tensor_parallel_degree: torchtitan's after 000204a
         par.update(expert_parallel_degree=lay.ep, **({"expert_tensor_parallel_degree": lay.expert_tp}
                                                        if lay.expert_tp > 1 else {}))
@@ -366,11 +369,19 @@ def pinned(e) -> Layout:
     return lay.changed(partition=tuple(per_stage))
 
 
+def normal(lay: Layout) -> Layout:
+    """`lay` with the fields that act on nothing as a config reads them: V the schedule's own
+    where None, tp_overlap on without tp (nothing to overlap). The same estimate."""
+    from sim.schedule.registry import SCHEDULES
+    return lay.changed(virtual=lay.virtual or SCHEDULES[lay.schedule].virtual, tp_overlap=lay.tp_overlap or lay.tp == 1)
+
+
 def write_torchtitan(model: Transformer, lay: Layout, profile: DeviceProfile | None = None) -> str:
-    """`lay` as a torchtitan TOML job config (its compile as `profile`'s stack prices it);
-    ConfigError, one line, for a layout that would read back different (a schedule, ZeRO stage
+    """`lay` as a torchtitan TOML job config (its compile as `profile`'s stack prices it) that
+    reads back to `normal(lay)`; ConfigError, one line, for a layout that would read back different (a schedule, ZeRO stage
     or option torchtitan does not have), naming the first field that differs."""
     compile_ = profile is not None and profile.stack.elementwise == "compiled"
+    lay = normal(lay)
     data = torchtitan_config(model, lay, compile_)
     keep = {k: getattr(lay, k) for k in ("gpus_per_node", "nics_per_node", "memory_headroom")}
     try:
