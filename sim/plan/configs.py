@@ -12,8 +12,11 @@ What each becomes (`read_torchtitan`), torchtitan's defaults where a key is abse
   replicate > 1 too that is HSDP (`fsdp_shard`); replicate alone is DDP (zero 0).
   `fsdp_reshard_after_forward` "default" is on without pipelining and off with it.
 - the schedule by torch's class name, any case (`TITAN_SCHEDULES`); V from
-  `pipeline_parallel_layers_per_stage` (transformer layers a stage), the stage counts from
-  `pipeline_parallel_split_points` ("layers.N"), else the schedule's own V, layers even.
+  `pipeline_parallel_layers_per_stage` (transformer layers a stage, the embedding and output
+  layer on the first and last stage uncounted, as at 000204a; later torchtitan counts them as
+  `pipeline_parallel_first/last_stage_less_layers`, keys refused here: give split points), which
+  must divide the layers; the stage counts from `pipeline_parallel_split_points` ("layers.N");
+  else the schedule's own V (torch's single-stage schedules 1, the others 2), layers even.
 - batch: with pp, `local_batch_size` is split into micro-batches of
   `pipeline_parallel_microbatch_size`; without it the local batch is the micro-batch. The
   global batch is `global_batch_size`, else local x dp (each accumulation step one micro-batch
@@ -32,7 +35,8 @@ What each becomes (`read_torchtitan`), torchtitan's defaults where a key is abse
 A key of a section the step depends on that torchtitan at that commit does not have is
 refused (`ConfigError`, one line, the nearest key named); sections that change no step
 (logging, checkpoints, the learning rate) are skipped. `write_torchtitan` writes a layout back
-and refuses one that would read back different; `megatron_args` writes Megatron-Core's
+and refuses one that would read back different; `pinned` and `normal` say an estimate's layout in fields a
+config reads back (the same estimate); `megatron_args` writes Megatron-Core's
 arguments (megatron/training/arguments.py; Megatron-FSDP's `--data-parallel-sharding-strategy`
 from megatron/core/distributed/fsdp's README), the stages as `--pipeline-model-parallel-layout`
 (`sim.model.layer_layout`) where they are uneven.
@@ -123,7 +127,8 @@ def _get(data: dict, section: str, key: str, default, kind=int):
     value = data.get(section, {}).get(key, default)
     if kind is int and (isinstance(value, bool) or not isinstance(value, int)) or \
             kind is not int and not isinstance(value, kind):
-        raise ConfigError(f"[{section}] {key} must be {getattr(kind, '__name__', kind)}, got {value!r}")
+        need = " or ".join(k.__name__ for k in kind) if isinstance(kind, tuple) else kind.__name__
+        raise ConfigError(f"[{section}] {key} must be {need}, got {value!r}")
     return value
 
 
