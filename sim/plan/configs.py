@@ -19,8 +19,9 @@ What each becomes (`read_torchtitan`), torchtitan's defaults where a key is abse
   else the schedule's own V (torch's single-stage schedules 1, the others 2), layers even.
 - batch: with pp, `local_batch_size` is split into micro-batches of
   `pipeline_parallel_microbatch_size`; without it the local batch is the micro-batch. The
-  global batch is `global_batch_size`, else local x dp (each accumulation step one micro-batch
-  a replica: the layout's micro-batches).
+  global batch is `global_batch_size`, else local x dp; without pp each accumulation step is
+  one micro-batch a replica, with pp their micro-batches run as one schedule (a warning: torch
+  runs one a step of accumulation, each with its bubble). `write_torchtitan` writes pp's in one step.
 - tensor parallelism shards the norms too (torchtitan's SequenceParallel): sequence parallel.
   `enable_async_tensor_parallel` is `tp_overlap` (without tp, the layout's default).
 - `activation_checkpoint.mode` none and full as they are; selective "op" (torchtitan's per-op
@@ -290,6 +291,10 @@ def from_torchtitan(data: dict, gpus: int | None = None, profile: DeviceProfile 
     given = _get(data, "training", "global_batch_size", -1)
     if local % micro:
         raise ConfigError(f"[training] local_batch_size {local} does not split into pipeline micro-batches of {micro}")
+    if pp > 1 and given > local * d["dp"]:
+        warn.append(f"global_batch_size {given} is {given / (local * d['dp']):g} accumulation steps of local batch "
+                    f"{local} x dp {d['dp']}: torchtitan runs the pipeline once a step of them, priced as one "
+                    f"schedule of all their micro-batches (one bubble, not one each)")
     if d["cp"] > 1:
         method = _get(data, "parallelism", "context_parallel_rotate_method", "allgather", str)
         warn.append(f"context parallelism's K/V {method} rotation priced as ring attention's point-to-point sends")

@@ -56,6 +56,9 @@ def test_degrees_make_hsdp_ddp_and_pipelined_batches():
         "pipeline_parallel_microbatch_size": 2, "tensor_parallel_degree": 2}), gpus=32).layout
     assert (pipe.dp, pipe.schedule, pipe.virtual, pipe.micro_batch, pipe.micro_batches) == (4, "interleaved-1f1b", 2, 2, 8)
     assert pipe.sequence_parallel and not pipe.reshard_after_forward  # torchtitan's TP and pp's FSDP default
+    accumulated = from_torchtitan(config(training={"local_batch_size": 4, "global_batch_size": 64}, parallelism={
+        "pipeline_parallel_degree": 2, "data_parallel_shard_degree": 4}))
+    assert accumulated.layout.micro_batches == 16 and any("4 accumulation steps" in w for w in accumulated.warnings)
     split = from_torchtitan(config(parallelism={"pipeline_parallel_degree": 2, "data_parallel_shard_degree": 1,
                                                 "pipeline_parallel_split_points": ["layers.10"]})).layout
     assert (split.partition, split.virtual) == ((10, 22), 1)
