@@ -439,6 +439,7 @@ def megatron_args(model: Transformer, lay: Layout, layers_per_stage: list[int] |
     where the layers split evenly, else `layers_per_stage`, an estimate's, as
     --pipeline-model-parallel-layout), recompute, ZeRO (the distributed optimizer, Megatron-FSDP),
     FP8 (the recipe `profile` measured). ConfigError, one line, for what Megatron-Core does not run."""
+    lay = normal(lay)
     if lay.pp > 1 and lay.schedule not in MEGATRON_SCHEDULES:
         raise ConfigError(f"schedule {lay.schedule!r} is not one of Megatron-Core's ({', '.join(MEGATRON_SCHEDULES)})")
     if lay.fsdp_shard is not None or lay.precision in ("tf32", "fp32") or lay.offload:
@@ -456,6 +457,9 @@ def megatron_args(model: Transformer, lay: Layout, layers_per_stage: list[int] |
     if lay.pp > 1 and stages is not None and len(set(stages)) > 1:
         args += ["--pipeline-model-parallel-layout", str(from_counts(stages))]
     elif lay.pp > 1 and virtual > 1:
+        if model.layers % (lay.pp * virtual):
+            raise ConfigError(f"pp={lay.pp} x V {virtual} does not divide the {model.layers} layers; give the "
+                              f"stages' layers (an estimate's layers_per_stage) for a layout string")
         args += ["--num-layers-per-virtual-pipeline-stage", model.layers // (lay.pp * virtual)]
     if lay.sequence_parallel:
         args.append("--sequence-parallel")

@@ -180,6 +180,10 @@ def test_megatron_arguments_say_the_layout():
     uneven = megatron_args(LLAMA, lay.changed(virtual=1, schedule="1f1b"), layers_per_stage=[7, 9, 9, 7])
     layout = parse_layer_layout(uneven[uneven.index("--pipeline-model-parallel-layout") + 1])
     assert layout.layers == [7, 9, 9, 7] and layout.holds("E")[0] == 1 and layout.holds("L")[-1] == 1
+    default_v = megatron_args(LLAMA, lay.changed(virtual=None))  # interleaved's own V, 2
+    assert default_v[default_v.index("--num-layers-per-virtual-pipeline-stage") + 1] == "4"
+    with pytest.raises(ConfigError, match="does not divide the 32 layers"):
+        megatron_args(LLAMA, lay.changed(pp=3, dp=1, virtual=2))
     with pytest.raises(ConfigError, match="zb-h1"):
         megatron_args(LLAMA, lay.changed(schedule="zb-h1", virtual=1))
 
