@@ -413,6 +413,9 @@ def format_estimate(e, config: str) -> str:
              f"step {e.step_time:.4g} s, {tokens:,.0f} tokens/s/GPU, {e.tflops_per_gpu:.1f} HW TFLOP/s/GPU, MFU "
              f"{e.mfu:.1%}, bubble {e.bubble_fraction:.1%}, peak {max(e.peak_memory) / GIB:.1f} of "
              f"{e.usable_memory / GIB:.1f} GiB usable: fits {'yes' if e.fits else 'no'}"]
+    if profile_kind(e.profile) == "best case":
+        lines.append("caveat: a best-case profile (the best published figures for recent software, not a "
+                     "calibrated stack): expect real steps 10-25 % slower")
     return "\n".join(lines + [f"warning: {w}" for w in e.warnings])
 
 

@@ -192,7 +192,9 @@ def test_the_cli_writes_the_configs_run_as_the_next_runs_config(tmp_path):
     proc = run_main(plan_cli.main, "--config", str(EXAMPLE), "--gpu", TITAN, "--gpus", "128",
                     "--write-config", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
-    assert "tokens/s/GPU" in proc.stdout and "per-op" in proc.stdout
+    assert "tokens/s/GPU" in proc.stdout and "per-op" in proc.stdout and "caveat" not in proc.stdout  # calibrated
+    best_case = run_main(plan_cli.main, "--config", str(EXAMPLE), "--gpu", "h100-80gb-torchtitan", "--gpus", "128")
+    assert "caveat: a best-case profile" in best_case.stdout
     again = read_torchtitan(tmp_path / "torchtitan.toml", gpus=128)
     assert again.layout == read_torchtitan(EXAMPLE, gpus=128).layout
     args = (tmp_path / "megatron.args").read_text().split()
