@@ -9,6 +9,12 @@ exit status 2, before any work. Progress goes to stderr: a bar when it is a term
 with --progress), else a plain line every 2 s; none with --quiet.
 
     python -m sim.plan --model my-model.json --gpu h100-80gb --gpus 64 --global-batch 512 --seq 8192
+
+A torchtitan job config is estimated as it stands (`sim.plan.configs`), and the best plan, or
+the config's run, written as the next run's config, torchtitan's TOML and Megatron-Core's arguments:
+
+    python -m sim.plan --config sim/plan/data/torchtitan_llama3_8b.toml --gpu h100-96gb-500w-torchtitan --gpus 128
+    python -m sim.plan --model llama3.1-8b --gpu h100-80gb --gpus 64 --global-batch 512 --write-config out/next
 """
 from __future__ import annotations
 
@@ -24,9 +30,11 @@ from typing import Sequence
 from sim import cli
 from sim.cli import whole
 from sim.hardware.gpus import GIB, GPUS, PRECISIONS
+from sim.hardware.profile import resolve
 from sim.model.footprint import DEFAULT_OPTIMIZER, OPTIMIZERS
 from sim.schedule.ir import ScheduleError
 from .bounds import Bounds
+from .configs import megatron_args, pinned, read_torchtitan, write_torchtitan
 from .layout import DEFAULT_HEADROOM, MAX_CELLS, Layout
 from .space import configurations
 from .steps import Steps
@@ -72,6 +80,15 @@ def headroom(text: str) -> float:
     return value
 
 
+def _config_arguments(parser: argparse.ArgumentParser) -> None:
+    """--config and --write-config: torchtitan's job config in, the next run's configs out."""
+    parser.add_argument("--config", metavar="FILE.toml", help="a torchtitan job config: estimate the run it says "
+                        "(model, degrees, schedule, batch, checkpointing, float8; docs/planner.md, 'torchtitan and "
+                        "Megatron-Core configs') instead of searching; --gpus where data_parallel_shard_degree is -1")
+    parser.add_argument("--write-config", metavar="DIR", help="write the best plan that each can say (with --config: "
+                        "the config's run) as DIR/torchtitan.toml and DIR/megatron.args (Megatron-Core's arguments)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = cli.OneLineParser(
         error_prog=PROG, prog="python -m sim.plan", formatter_class=cli.DefaultsFormatter,
@@ -80,13 +97,13 @@ def build_parser() -> argparse.ArgumentParser:
                     "draw its step and a scatter of all simulated configurations.",
         epilog="Lists are comma-separated. What is searched and the bounds that drop configurations "
                "before they are simulated: docs/planner.md, 'Planner'.")
-    parser.add_argument("--model", required=True,
-                   help=f"a preset ({', '.join(MODELS)}) or FILE.json, an object of sim.Transformer's fields "
+    _config_arguments(parser)
+    parser.add_argument("--model", help=f"a preset ({', '.join(MODELS)}) or FILE.json, an object of sim.Transformer's fields "
                         f"(layers, hidden, heads, seq, vocab; optional ffn, kv_heads, arch, attention, ...)")
     parser.add_argument("--seq", type=whole, help="sequence length (default: the model's)")
     parser.add_argument("--gpu", required=True, help=GPU_HELP)
-    parser.add_argument("--gpus", type=whole, required=True, help="GPUs in all: tp * cp * pp * dp")
-    parser.add_argument("--global-batch", type=whole, required=True, help="sequences per step")
+    parser.add_argument("--gpus", type=whole, help="GPUs in all: tp * cp * pp * dp")
+    parser.add_argument("--global-batch", type=whole, help="sequences per step")
     parser.add_argument("--tp", type=_ints, help="tensor-parallel sizes (default: powers of two within a node)")
     parser.add_argument("--cp", type=_ints, help="context-parallel sizes (default: 1 below a sequence of "
                         f"{CP_MIN_SEQ}; from it, powers of two keeping {CP_MIN_TOKENS} tokens a rank)")
@@ -342,9 +359,87 @@ def _limits(args: argparse.Namespace) -> dict:
                 memory_headroom=args.memory_headroom)
 
 
+_SEARCH_ARGS = ("model", "seq", "global_batch", "tp", "cp", "pp", "ep", "expert_tp", "micro_batch", "schedules",
+                "virtual", "recompute", "zero")
+
+
+def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--model, --gpus and --global-batch for a search; with --config none of what the config says."""
+    if args.config:
+        given = [f"--{a.replace('_', '-')}" for a in _SEARCH_ARGS if getattr(args, a) is not None]
+        if given:
+            parser.error(f"--config gives the model, the batch and the layout; drop {', '.join(given)}")
+    else:
+        missing = [f"--{a.replace('_', '-')}" for a in ("model", "gpus", "global_batch") if getattr(args, a) is None]
+        if missing:
+            parser.error(f"the following arguments are required: {', '.join(missing)} (or --config FILE.toml)")
+    if args.write_config:
+        problem = cli.folder_problem(Path(args.write_config))
+        if problem:
+            cli.fail(PROG, f"argument --write-config: {problem}")
+
+
+def write_configs(folder: Path, estimates: list, profile, out=sys.stdout) -> int:
+    """Write the first of `estimates` (best first) that torchtitan says as folder/torchtitan.toml,
+    and the first Megatron-Core runs as folder/megatron.args; 1 if one of them has none."""
+    status = 0
+    for name, write in (("torchtitan.toml", lambda e: write_torchtitan(e.model, pinned(e), profile)),
+                        ("megatron.args", lambda e: " ".join(megatron_args(e.model, e.layout, e.layers_per_stage,
+                                                                           profile)) + "\n")):
+        problems = []
+        for rank, e in enumerate(estimates, 1):
+            try:
+                text = write(e)
+            except ValueError as err:
+                problems.append(str(err))
+                continue
+            (folder / name).write_text(text)
+            print(f"wrote {folder / name}" + (f" (rank {rank})" if len(estimates) > 1 else ""), file=out)
+            break
+        else:
+            print(f"{PROG}: no {name} written: {problems[0] if problems else 'no configuration fits'}", file=sys.stderr)
+            status = 1
+    return status
+
+
+def format_estimate(e, config: str) -> str:
+    """The config's run, its profile, what the estimate predicts, and its warnings."""
+    lay, tokens = e.layout, e.layout.global_batch * e.model.seq / (e.step_time * e.layout.gpus)
+    virtual = e.result.schedule.stages // lay.pp
+    lines = [f"{config}: {model_name(e.model)} at seq {e.model.seq} on {lay.gpus} x {e.gpu.name}: tp {lay.tp}, cp "
+             f"{lay.cp}, pp {lay.pp}, dp {lay.dp} (zero {lay.zero}), micro-batch {lay.micro_batch}, global batch "
+             f"{lay.global_batch}, {lay.schedule} V {virtual}, recompute {lay.recompute}, {lay.precision}",
+             f"{e.profile.header} (profile {e.profile.name})",
+             f"step {e.step_time:.4g} s, {tokens:,.0f} tokens/s/GPU, {e.tflops_per_gpu:.1f} HW TFLOP/s/GPU, MFU "
+             f"{e.mfu:.1%}, bubble {e.bubble_fraction:.1%}, peak {max(e.peak_memory) / GIB:.1f} of "
+             f"{e.usable_memory / GIB:.1f} GiB usable: fits {'yes' if e.fits else 'no'}"]
+    if profile_kind(e.profile) == "best case":
+        lines.append("caveat: a best-case profile (the best published figures for recent software, not a "
+                     "calibrated stack): expect real steps 10-25 % slower")
+    return "\n".join(lines + [f"warning: {w}" for w in e.warnings])
+
+
+def run_config(args: argparse.Namespace) -> int:
+    """--config: estimate the torchtitan job config's run; print it; write it where asked."""
+    try:
+        profile = resolve(args.gpu)
+        job = read_torchtitan(args.config, args.gpus, profile, gpus_per_node=args.gpus_per_node,
+                              nics_per_node=args.nics_per_node, memory_headroom=args.memory_headroom)
+        e = job.estimate(profile)
+    except (ValueError, ScheduleError) as err:
+        cli.fail(PROG, str(err).splitlines()[0])
+    print(json.dumps(e.summary(), indent=1) if args.json else format_estimate(e, args.config), flush=True)
+    return write_configs(Path(args.write_config), [e], profile, sys.stderr if args.json else sys.stdout) \
+        if args.write_config else 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (2 for what is refused)."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _check_args(parser, args)
+    if args.config:
+        return run_config(args)
     out = Path(args.out)
     if not args.no_figures:
         _check_out(out)
@@ -379,8 +474,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(miss, flush=True)
         print(f"{PROG}: no configuration fits on {args.gpus} x {args.gpu}; {why_none_fits(plan)}", file=sys.stderr)
         return 1
+    status = write_configs(Path(args.write_config), [r.estimate for r in plan.rows if r.estimate is not None],
+                           plan.profile, sys.stderr if args.json else sys.stdout) if args.write_config else 0
     if args.no_figures:
-        return 0
+        return status
     from .figures import write_figures
     try:
         written = write_figures(plan, out, name)
@@ -389,7 +486,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     for path in written:
         print(f"wrote {path}", file=sys.stderr if args.json else sys.stdout)
-    return 0
+    return status
 
 
 if __name__ == "__main__":
