@@ -2,6 +2,8 @@
 searching zb-auto's order or simulating."""
 from __future__ import annotations
 
+import pytest
+
 import sim
 from sim.plan.layout import Layout
 from helpers import counting_calls
@@ -151,3 +153,39 @@ def test_the_order_the_path_bound_reads_is_the_schedules(case):
     assert (order.last, order.paired, order.split, order.has_pairs, order.micro_batches) == \
         (shape.last, shape.paired, shape.split, shape.has_pairs, shape.micro_batches)
     assert (order.placement, order.pipelines, order.stages_of) == (shape.placement, shape.pipelines, shape.stages_of)
+
+
+def test_zbv_and_dualpipe_are_bounded_without_building_their_schedules():
+    """ZB-V's and DualPipe's held chunks are exact (`HELD_EXACT`) and DualPipe's order has a closed
+    form: a configuration of each that fits is judged and its path bound taken without a schedule
+    built, each the same as off the built schedule."""
+    fits = [Layout(tp=8, pp=8, dp=2, micro_batch=1, global_batch=128, schedule=name, virtual=2, recompute="full",
+                   zero=1, overlap=overlap)
+            for name, overlap in (("zbv", False), ("dualpipev", False), ("dualpipev", True), ("dualpipe", False),
+                                  ("dualpipe", True))]
+    fresh, built = Bounds("gpt3-175b", "a100-80gb"), Bounds("gpt3-175b", "a100-80gb")
+    for config in fits:
+        built.shape(config)
+        limit = built.memory(config)
+        with counting_calls(sim.make_schedule) as calls:
+            assert not fresh.memory_above(config, limit) and fresh.memory_above(config, limit * (1 - 1e-6))
+            assert fresh.time(config) == built.time(config)
+        assert calls[sim.make_schedule] == 0, config.schedule
+
+
+@pytest.mark.parametrize("name", ["dualpipe", "dualpipev"])
+def test_dualpipe_closed_order_is_the_schedules_on_a_grid(name):
+    """`Bounds.order` of DualPipe and DualPipeV, with and without overlapped pairs, is the built
+    schedule's (counts by kind in first-come order, pairs, last computes) on every size of a grid."""
+    generator = sim.SCHEDULES[name]
+    for p in range(1, 9):
+        for m in range(1, 3 * p + 3):
+            for overlap in (False, True):
+                if generator.refusal(p, m, 2, **({"overlap": True} if overlap else {})) is not None:
+                    continue
+                config = Layout(pp=p, micro_batch=1, global_batch=m, schedule=name, virtual=2, overlap=overlap)
+                order, shape = Bounds("megatron-1.7b", "a100-80gb").order(config), \
+                    Bounds("megatron-1.7b", "a100-80gb").shape(config)
+                assert [list(c.items()) for c in order.counts] == [list(c.items()) for c in shape.counts]
+                assert (order.last, order.paired, order.has_pairs, order.split) == \
+                    (shape.last, shape.paired, shape.has_pairs, shape.split)
