@@ -37,6 +37,9 @@ from sim.model.transformer import Transformer
 from sim.schedule.zerobubble import split_1f1b
 
 
+# How far a bound below the one it stands for must exceed a limit to say that one does: far above the
+# rounding of the few sums between them
+_CLEARLY = 1e-9
 # Schedules that `sim.estimate` builds under the run's own costs (`sim.plan.estimation.build_schedule`):
 # the unit-cost one built here may order their actions otherwise.
 _COST_DEPENDENT = ("zb-auto",)
@@ -238,7 +241,8 @@ class Bounds:
         # the routed experts' parameters, all MoE layers' (0 for a dense model)
         self.experts = self.model.moe_layers * self.model.moe.params(self.model.hidden)["routed"] if self.sparse else 0.0
         self._shape, self._frames, self._placements, self._unit, self._act, self._costs = {}, {}, {}, {}, {}, {}
-        self._params, self._per, self._orders, self._statics, self._chunks = {}, {}, {}, {}, {}
+        self._params, self._per, self._orders, self._statics, self._chunks, self._states = {}, {}, {}, {}, {}, {}
+        self._optimizers = {}
 
     def layers(self, config: Layout):
         """A dense layer's and a MoE layer's times (`Steps.layers`)."""
@@ -357,6 +361,9 @@ class Bounds:
         if not self._by_device(config):
             return self.memory_average(config) > limit
         frame = self.frame(config)
+        if frame is not None and frame.pipelines > 1 and not fsdp_as_actions(config) and \
+                self._memory(config, frame, self._copies_state(config, frame)) > limit * (1 + _CLEARLY):
+            return True  # DualPipe's copies: over even without the bytes only their stage costs count
         least = None if frame is None else self._memory(config, frame)
         if least is not None and (least > limit or config.schedule in HELD_EXACT):  # exact: `memory` itself
             return least > limit
@@ -369,9 +376,11 @@ class Bounds:
         """Whether `memory` goes device by device: with the even split, where the average fits the GPU."""
         return config.partition == "even" and self.memory_average(config) <= self.profile.memory
 
-    def _memory(self, config: Layout, shape: _Frame) -> float:
-        """`memory` device by device, with the chunks that `shape` holds."""
-        static, smallest = self._device_static(config, shape), self._smallest_chunk(config, shape)
+    def _memory(self, config: Layout, shape: _Frame, static: list[float] | None = None) -> float:
+        """`memory` device by device, with the chunks that `shape` holds (and each device's `static`
+        bytes, where given: `_device_static`'s)."""
+        static = self._device_static(config, shape) if static is None else static
+        smallest = self._smallest_chunk(config, shape)
         return max(s + h * a for s, h, a in zip(static, shape.held, smallest))
 
     def _device_static(self, config: Layout, shape: _Frame) -> list[float]:
@@ -390,6 +399,19 @@ class Bounds:
                 static = [s + g for s, g in zip(static, shape.per_device([p * weight for p in params], min))]
             self._statics[key] = static
         return self._statics[key]
+
+    def _copies_state(self, config: Layout, shape: _Frame) -> list[float]:
+        """With DualPipe's copies, per device the weights, gradients and optimizer state of its stages
+        as `stage_costs` counts one copy's (`sim.plan.experts.split_params`, `state_bytes`), stage s
+        taking its copy's stage s mod P: no more than `_device_static` (the estimate's own bytes, which
+        add FP8's weight copies and the dispatcher's buffers) without its stage costs."""
+        key = (id(shape), config.precision, config.zero, config.optimizer, config.tp, config.dp, config.cp,
+               config.ep, config.expert_tp, config.fsdp_shard)
+        if key not in self._states:
+            chain = len(shape.placement) // shape.pipelines
+            state = state_bytes(config, *split_params(self.model, shape.layers[:chain], config, shape.placement[:chain]))
+            self._states[key] = shape.per_device([sum(parts) for parts in zip(*state.values())] * shape.pipelines)
+        return self._states[key]
 
     def _smallest_chunk(self, config: Layout, shape: _Frame) -> list[float]:
         """Per device, one micro-batch's activations of its smallest stage, once per frame and layer activations."""
@@ -416,6 +438,14 @@ class Bounds:
         return [sum(parts) for parts in zip(*state.values())]
 
     def _optimizer(self, config: Layout) -> float:
+        """The optimizer step over the average device's share (once per what it reads)."""
+        key = (config.tp, config.pp, config.dp, config.cp, config.zero, config.ep, config.expert_tp, config.precision,
+               config.optimizer)
+        if key not in self._optimizers:
+            self._optimizers[key] = self._optimizer_time(config)
+        return self._optimizers[key]
+
+    def _optimizer_time(self, config: Layout) -> float:
         share = config.dp * config.cp if config.zero >= 1 else 1
         updated = self.params.total / (config.tp * config.pp * share)
         if self.sparse:  # the experts over ep x expert_tp, their state over edp

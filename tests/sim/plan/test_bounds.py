@@ -189,3 +189,29 @@ def test_dualpipe_closed_order_is_the_schedules_on_a_grid(name):
                 assert [list(c.items()) for c in order.counts] == [list(c.items()) for c in shape.counts]
                 assert (order.last, order.paired, order.has_pairs, order.split) == \
                     (shape.last, shape.paired, shape.has_pairs, shape.split)
+
+
+@pytest.mark.parametrize("model, ep", [("mixtral-8x7b", 8), ("megatron-1.7b", 1)])
+def test_dualpipe_over_memory_on_its_state_is_dropped_without_stage_costs(model, ep):
+    """DualPipe's copies: a configuration whose weights, gradients and optimizer state alone exceed the
+    limit is dropped without its stage costs; the state counted so is at most the estimate's own bytes,
+    so `memory_above` still answers as `memory > limit` does, just below and at the bound."""
+    from sim.plan.stage_costs import stage_costs
+    b = Bounds(model, "h100-80gb")
+    checked = 0
+    for tp, pp, dp, zero, precision in ((1, 4, 8, 0, "bf16"), (2, 4, 4, 1, "bf16"), (1, 2, 16, 1, "fp8")):
+        config = Layout(tp=tp, pp=pp, dp=dp, micro_batch=1, global_batch=dp * 4 * pp, schedule="dualpipe",
+                        virtual=2, zero=zero, precision=precision, sequence_parallel=tp > 1, ep=ep)
+        try:
+            check_layout(b.model, b.profile, config)
+        except ValueError:
+            continue
+        memory = b.memory(config)
+        assert b.memory_average(config) <= b.profile.memory  # device by device: the copies' own count
+        assert b.memory_above(config, memory * (1 - 1e-12)) and not b.memory_above(config, memory)
+        checked += 1
+    assert checked >= 2
+    over = Layout(tp=1, pp=4, dp=8, micro_batch=1, global_batch=128, schedule="dualpipe", virtual=2, ep=ep)
+    with counting_calls(stage_costs) as calls:
+        assert Bounds(model, "h100-80gb").memory_above(over, 1e9)  # 1 GB: over on its state alone
+    assert calls[stage_costs] == 0
