@@ -494,9 +494,9 @@ class Bounds:
         shape = self.order(config)
         per_stage, layers, lay = self.costs(config)
         place, n = shape.placement, len(shape.placement)
-        hop = [per_stage.latency + per_stage.transfer_time(per_stage.activation_bytes_sent[s])
-               if place[s] != place[s + 1] else 0.0
-               for s in range(n - 1)]
+        sent = per_stage.activation_bytes_sent  # (a hop's time once per bytes sent: most stages send the same)
+        hops = {b: per_stage.latency + per_stage.transfer_time(b) for b in set(sent)}
+        hop = [hops[sent[s]] if place[s] != place[s + 1] else 0.0 for s in range(n - 1)]
         # the forward up to stage s, which waits for its gather where FSDP's (each on its rank's
         # all-gather stream, from the step's start); the backward down from it
         # a compute waits for its all-to-all (rule 18); in an overlapped pair for what the other's compute does
@@ -510,7 +510,8 @@ class Bounds:
             tail.append(0.0 if first else
                         tail[-1] + min(per_stage.backward[s], per_stage.backward_input[s]) + a2a_b[s] + hop[s])
         micro_batches, fsdp = shape.micro_batches, fsdp_as_actions(lay)
-        busy = [_busy(shape, per_stage, s) if shape.last[place[s]] is not None else
+        partners = [_longest(per_stage, stages) for stages in shape.stages_of]
+        busy = [_busy(shape, per_stage, s, partners[place[s]]) if shape.last[place[s]] is not None else
                 micro_batches * (per_stage.forward[s] + a2a_f[s] + a2a_b[s]
                                  + min(per_stage.backward[s], per_stage.backward_input[s] + per_stage.backward_weight[s]))
                 for s in range(n)]
@@ -556,14 +557,17 @@ class Bounds:
         return max(self.time(config), max(scaled) + self._optimizer(config))
 
 
-def _busy(shape: _Order, c: StageCosts, s: int) -> float:
+def _longest(c: StageCosts, stages: list[int]) -> dict[str, float]:
+    """The longest forward and backward (B or I) of a device's `stages`."""
+    return {"forward": max(c.forward[t] for t in stages),
+            "backward": max(max(c.backward[t], c.backward_input[t]) for t in stages)}
+
+
+def _busy(shape: _Order, c: StageCosts, s: int, longest: dict[str, float]) -> float:
     """Stage s's computes, each with the all-to-all it waits for (rule 18): alone, all of it; in an
     overlapped pair, what the partner's compute does not hide (`sim.engine.costs.pair_times`),
     at least its own less the longest compute of the partner's kind on its device (a forward's
-    partner is a backward, B or I, and a backward's a forward)."""
-    stages = shape.stages_of[shape.placement[s]]
-    longest = {"forward": max(c.forward[t] for t in stages),
-               "backward": max(max(c.backward[t], c.backward_input[t]) for t in stages)}
+    partner is a backward, B or I, and a backward's a forward: `longest`, its device's `_longest`)."""
     total = 0.0
     for kind, k in shape.counts[s].items():
         spec = KINDS[kind]
