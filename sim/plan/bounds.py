@@ -136,7 +136,8 @@ def _closed_order(frame: _Frame, lay: Layout) -> _Order | None:
     """The `_Order` of the layout's schedule without building it, where its generator's programs say it
     plainly: each stage runs M of each kind of its backward, first an F (a stage's first action),
     then a B (or an I, then its W), and each device ends with a B (or a W, which follows its own I);
-    no overlapped pairs. None for the others (tests/sim/plan/test_bounds.py checks it against each)."""
+    no overlapped pairs; DualPipe's and DualPipeV's from their eight steps (`_copies_order`). None for
+    the others (tests/sim/plan/test_bounds.py checks it against each)."""
     if lay.schedule in ("dualpipe", "dualpipev"):
         return _copies_order(frame, lay)
     if lay.overlap or lay.schedule not in _WHOLE + _SPLIT:
