@@ -40,16 +40,15 @@ COMMANDS = {
     "gpt3-175b, 1,048,576 A100s": ("--model gpt3-175b --gpu a100-80gb --gpus 1048576 --global-batch 2097152 "
                                    "--no-figures", None),
 }
-# The last such table, 2026-12-02 05:19-05:31 UTC on the 2-core development machine shared with other work (load
-# 5-9: wall times 2-4x the CPU's): wall seconds, before (4f58b83) and after (least_held and the closed-form order:
-# schedules built only to be simulated or where no closed form is) alternating, medians of 3, 2 and 1 runs. CPU
-# seconds (user + sys) in the same runs: gpt3-175b 13.8 -> 8.4, deepseek-v3 14.4 -> 11.8, 1,048,576 GPUs 16.1 -> 11.4.
+# The last such table, 2026-12-02 06:08-06:16 UTC on the 2-core development machine, nearly quiet (load
+# 0.2-1.0: wall is CPU): wall seconds of each command in a fresh process, before (2c78956) and after (b4fc984;
+# the last row 9fde2d7: b4fc984 less the collector change) alternating in one loop, medians of 3, 3 and 1 runs.
 # What the rest costs: docs/validation.md, "Planner speed".
 RECORDED = """
 command                      before s  after s  target s
-gpt3-175b, 1024 A100s            64.4     40.9         5
-deepseek-v3, 2048 H100s          36.4     35.8        10
-gpt3-175b, 1,048,576 A100s       35.6     21.5         -
+gpt3-175b, 1024 A100s             7.2      4.8         5
+deepseek-v3, 2048 H100s           9.1      7.8        10
+gpt3-175b, 1,048,576 A100s       12.0      7.4         -
 """
 
 

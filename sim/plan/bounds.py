@@ -37,6 +37,9 @@ from sim.model.transformer import Transformer
 from sim.schedule.zerobubble import split_1f1b
 
 
+# How far a bound below the one it stands for must exceed a limit to say that one does: far above the
+# rounding of the few sums between them
+_CLEARLY = 1e-9
 # Schedules that `sim.estimate` builds under the run's own costs (`sim.plan.estimation.build_schedule`):
 # the unit-cost one built here may order their actions otherwise.
 _COST_DEPENDENT = ("zb-auto",)
@@ -61,9 +64,11 @@ def least_held(name: str, devices: int, micro_batches: int, virtual: int) -> lis
     - dualpipev: 2P+1, dualpipe: P+1 (P/2 devices a direction): the eight steps' 2P Fs, then
       step 3's I, W, F rounds (each I after an F) and step 4's first F, before its B.
 
-    For those of `HELD_EXACT` the count is the peak itself: after that point each F comes right
-    before a backward (a B or I: the steady state), or only backwards are left, so the count never
-    rises above it. tests/sim/plan/test_bounds.py checks each against the built schedules."""
+    For those of `HELD_EXACT` (all of them) the count is the peak itself: after that point each F
+    comes right before a backward (a B or I: the steady state; zbv's F, I rounds of chunk 1 and its
+    F0 I0 W0 F1 I1 W1, DualPipe's pairs, F then B, overlapped or not), or only backwards are left, so
+    the count never rises above it (zbv's actions of micro-batches >= M left out only lower it).
+    tests/sim/plan/test_bounds.py checks each against the built schedules."""
     P, M, V = devices, micro_batches, virtual
     total = M * V
     if name in ("naive", "gpipe", "looped-bfs"):
@@ -82,7 +87,8 @@ def least_held(name: str, devices: int, micro_batches: int, virtual: int) -> lis
     return None
 
 
-HELD_EXACT = ("naive", "gpipe", "looped-bfs", "1f1b", "zb-h1", "zb-h2", "interleaved-1f1b", "interleaved-zb")
+HELD_EXACT = ("naive", "gpipe", "looped-bfs", "1f1b", "zb-h1", "zb-h2", "interleaved-1f1b", "interleaved-zb", "zbv",
+              "dualpipev", "dualpipe")
 
 
 @dataclass(frozen=True)
@@ -130,7 +136,10 @@ def _closed_order(frame: _Frame, lay: Layout) -> _Order | None:
     """The `_Order` of the layout's schedule without building it, where its generator's programs say it
     plainly: each stage runs M of each kind of its backward, first an F (a stage's first action),
     then a B (or an I, then its W), and each device ends with a B (or a W, which follows its own I);
-    no overlapped pairs. None for the others (tests/sim/plan/test_bounds.py checks it against each)."""
+    no overlapped pairs; DualPipe's and DualPipeV's from their eight steps (`_copies_order`). None for
+    the others (tests/sim/plan/test_bounds.py checks it against each)."""
+    if lay.schedule in ("dualpipe", "dualpipev"):
+        return _copies_order(frame, lay)
     if lay.overlap or lay.schedule not in _WHOLE + _SPLIT:
         return None
     split, m = lay.schedule in _SPLIT, lay.micro_batches
@@ -139,6 +148,45 @@ def _closed_order(frame: _Frame, lay: Layout) -> _Order | None:
     return _Order(**vars(frame), split=split, counts=[Counter(dict.fromkeys(kinds, m)) for _ in range(stages)],
                   last=[Kind.W if split else Kind.B] * lay.pp, paired=[Counter() for _ in range(stages)],
                   has_pairs=False, micro_batches=m)
+
+
+def _copies_order(frame: _Frame, lay: Layout) -> _Order:
+    """The `_Order` of DualPipe and DualPipeV without building them: each device runs the eight
+    steps of `sim.schedule.dualpipe` (DualPipe's at its distance from the nearer end of a pipeline of
+    P/2 devices and M/2 micro-batches each way, chunk 0 the way that reaches it first; DualPipeV's
+    on device r of P, chunks r and 2P-1-r), every device ending with a W (step 8)."""
+    P, M, stages = lay.pp, lay.micro_batches, len(frame.placement)
+    counts, paired = [Counter() for _ in range(stages)], [Counter() for _ in range(stages)]
+    for r in range(P):
+        if lay.schedule == "dualpipev":
+            chunks, (p, m, h, middle) = (r, 2 * P - 1 - r), (P, M, r, False)
+        else:
+            chunks = (r, 2 * P - 1 - r) if r < P // 2 else (2 * P - 1 - r, r)
+            p, m, h, middle = P // 2, M // 2, min(r, P - 1 - r), r in (P // 2 - 1, P // 2)
+        for stage, (kinds, pairs) in zip(chunks, _eight_steps_counts(p, m, h, middle, lay.overlap)):
+            counts[stage], paired[stage] = kinds, pairs
+    return _Order(**vars(frame), split=True, counts=counts, last=[Kind.W] * P, paired=paired, has_pairs=lay.overlap,
+                  micro_batches=M)
+
+
+def _eight_steps_counts(P: int, M: int, r: int, middle: bool, overlap: bool) -> list[tuple[Counter, Counter]]:
+    """Of the eight steps (`sim.schedule.dualpipe`) on device r of P, M micro-batches: chunk 0's and
+    chunk 1's actions by kind, in the order each kind first comes (an overlapped pair's mark before
+    its F), and their computes in overlapped pairs. Step 3 runs P-r-1 rounds of chunk 1's I, W, F,
+    step 4 M-2P+r+1 of the pairs F0B1, F1B0 (a `middle` device's first unoverlapped), step 5 P-r-1 of
+    B1 and F1B0; step 6 splits the backwards from its h-th round on (for chunk 1 the one after, r
+    even) and step 7's P-r-1 B0 are split; each split one's W runs later (steps 7, 8)."""
+    F, B, I, W, MARK = Kind.F, Kind.B, Kind.I, Kind.W, Kind.OVERLAP_F_B
+    rounds, steady, h = P - r - 1, M - 2 * P + r + 1, (r + 1) // 2
+    split1, split0 = r - h + (r % 2), r + 1 - h + rounds
+    pairs01, pairs10 = (steady - middle, steady + rounds) if overlap else (0, 0)
+    first = [F, MARK, B, I, W], [F, *((I, W) if rounds else ()), *((B, MARK) if middle else (MARK, B)), I, W]
+    total = ({F: M, MARK: pairs10, B: steady + rounds + h, I: split0, W: split0},
+             {F: M, MARK: pairs01, B: steady + rounds + r + 1 - split1, I: split1 + rounds,
+              W: split1 + rounds})
+    return [(Counter({k: total[c][k] for k in dict.fromkeys(first[c]) if total[c][k]}),
+             Counter({k: n for k, n in ((F, (pairs01, pairs10)[c]), (B, (pairs10, pairs01)[c])) if n}))
+            for c in (0, 1)]
 
 
 def _placement(lay: Layout) -> tuple[tuple[int, ...], int]:
@@ -194,7 +242,8 @@ class Bounds:
         # the routed experts' parameters, all MoE layers' (0 for a dense model)
         self.experts = self.model.moe_layers * self.model.moe.params(self.model.hidden)["routed"] if self.sparse else 0.0
         self._shape, self._frames, self._placements, self._unit, self._act, self._costs = {}, {}, {}, {}, {}, {}
-        self._params, self._per, self._orders = {}, {}, {}
+        self._params, self._per, self._orders, self._statics, self._chunks, self._states = {}, {}, {}, {}, {}, {}
+        self._optimizers = {}
 
     def layers(self, config: Layout):
         """A dense layer's and a MoE layer's times (`Steps.layers`)."""
@@ -313,6 +362,9 @@ class Bounds:
         if not self._by_device(config):
             return self.memory_average(config) > limit
         frame = self.frame(config)
+        if frame is not None and frame.pipelines > 1 and not fsdp_as_actions(config) and \
+                self._memory(config, frame, self._copies_state(config, frame)) > limit * (1 + _CLEARLY):
+            return True  # DualPipe's copies: over even without the bytes only their stage costs count
         least = None if frame is None else self._memory(config, frame)
         if least is not None and (least > limit or config.schedule in HELD_EXACT):  # exact: `memory` itself
             return least > limit
@@ -325,18 +377,53 @@ class Bounds:
         """Whether `memory` goes device by device: with the even split, where the average fits the GPU."""
         return config.partition == "even" and self.memory_average(config) <= self.profile.memory
 
-    def _memory(self, config: Layout, shape: _Frame) -> float:
-        """`memory` device by device, with the chunks that `shape` holds."""
-        act, moe_act = self._activations(config)
-        static = shape.per_device(self._stage_static(config, shape))
-        if fsdp_as_actions(config) and config.pp > 1:  # FSDP: a device computes a stage only gathered, its
-            params = self._stage_params(config, shape)  # activations
-            weight = state_bytes_per_param(config.precision)["weights"]  # peaking as a forward ends, before its RESHARD
-            static = [s + g for s, g in zip(static, shape.per_device([p * weight for p in params], min))]
-        copies = shape.pipelines  # each copy's stages hold the model's MoE layers
-        sparse = moe_layers(self.model, shape.layers[:len(shape.layers) // copies]) * copies
-        smallest = shape.per_device([(n - k) * act + k * moe_act for n, k in zip(shape.layers, sparse)], min)
+    def _memory(self, config: Layout, shape: _Frame, static: list[float] | None = None) -> float:
+        """`memory` device by device, with the chunks that `shape` holds (and each device's `static`
+        bytes, where given: `_device_static`'s)."""
+        static = self._device_static(config, shape) if static is None else static
+        smallest = self._smallest_chunk(config, shape)
         return max(s + h * a for s, h, a in zip(static, shape.held, smallest))
+
+    def _device_static(self, config: Layout, shape: _Frame) -> list[float]:
+        """Per device, its stages' weights, gradients and optimizer state (under FSDP with its smallest
+        stage's parameters gathered), once per what they read: the frame's stages (`shape`: each is
+        kept, so its id names it), the estimate's own costs with DualPipe's copies, the layout's sizes
+        and state."""
+        copies = id(self.costs(config)[0]) if shape.pipelines > 1 else None
+        key = (id(shape), copies, config.precision, config.zero, config.optimizer, config.tp, config.dp, config.cp,
+               config.ep, config.expert_tp, config.fsdp_shard, config.pp)
+        if key not in self._statics:
+            static = shape.per_device(self._stage_static(config, shape))
+            if fsdp_as_actions(config) and config.pp > 1:  # FSDP: a device computes a stage only gathered, its
+                params = self._stage_params(config, shape)  # activations
+                weight = state_bytes_per_param(config.precision)["weights"]  # peaking as a forward ends, before its RESHARD
+                static = [s + g for s, g in zip(static, shape.per_device([p * weight for p in params], min))]
+            self._statics[key] = static
+        return self._statics[key]
+
+    def _copies_state(self, config: Layout, shape: _Frame) -> list[float]:
+        """With DualPipe's copies, per device the weights, gradients and optimizer state of its stages
+        as `stage_costs` counts one copy's (`sim.plan.experts.split_params`, `state_bytes`), stage s
+        taking its copy's stage s mod P: no more than `_device_static` (the estimate's own bytes, which
+        add FP8's weight copies and the dispatcher's buffers) without its stage costs."""
+        key = (id(shape), config.precision, config.zero, config.optimizer, config.tp, config.dp, config.cp,
+               config.ep, config.expert_tp, config.fsdp_shard)
+        if key not in self._states:
+            chain = len(shape.placement) // shape.pipelines
+            state = state_bytes(config, *split_params(self.model, shape.layers[:chain], config, shape.placement[:chain]))
+            self._states[key] = shape.per_device([sum(parts) for parts in zip(*state.values())] * shape.pipelines)
+        return self._states[key]
+
+    def _smallest_chunk(self, config: Layout, shape: _Frame) -> list[float]:
+        """Per device, one micro-batch's activations of its smallest stage, once per frame and layer activations."""
+        act, moe_act = self._activations(config)
+        key = id(shape), act, moe_act
+        if key not in self._chunks:
+            copies = shape.pipelines  # each copy's stages hold the model's MoE layers
+            sparse = moe_layers(self.model, shape.layers[:len(shape.layers) // copies]) * copies
+            self._chunks[key] = shape.per_device([(n - k) * act + k * moe_act for n, k in zip(shape.layers, sparse)],
+                                                 min)
+        return self._chunks[key]
 
     def _stage_static(self, config: Layout, shape: _Frame) -> list[float]:
         """Each stage's weights, gradients and optimizer state on one GPU, as `stage_costs` counts
@@ -352,6 +439,14 @@ class Bounds:
         return [sum(parts) for parts in zip(*state.values())]
 
     def _optimizer(self, config: Layout) -> float:
+        """The optimizer step over the average device's share (once per what it reads)."""
+        key = (config.tp, config.pp, config.dp, config.cp, config.zero, config.ep, config.expert_tp, config.precision,
+               config.optimizer)
+        if key not in self._optimizers:
+            self._optimizers[key] = self._optimizer_time(config)
+        return self._optimizers[key]
+
+    def _optimizer_time(self, config: Layout) -> float:
         share = config.dp * config.cp if config.zero >= 1 else 1
         updated = self.params.total / (config.tp * config.pp * share)
         if self.sparse:  # the experts over ep x expert_tp, their state over edp
@@ -400,9 +495,9 @@ class Bounds:
         shape = self.order(config)
         per_stage, layers, lay = self.costs(config)
         place, n = shape.placement, len(shape.placement)
-        hop = [per_stage.latency + per_stage.transfer_time(per_stage.activation_bytes_sent[s])
-               if place[s] != place[s + 1] else 0.0
-               for s in range(n - 1)]
+        sent = per_stage.activation_bytes_sent  # (a hop's time once per bytes sent: most stages send the same)
+        hops = {b: per_stage.latency + per_stage.transfer_time(b) for b in set(sent)}
+        hop = [hops[sent[s]] if place[s] != place[s + 1] else 0.0 for s in range(n - 1)]
         # the forward up to stage s, which waits for its gather where FSDP's (each on its rank's
         # all-gather stream, from the step's start); the backward down from it
         # a compute waits for its all-to-all (rule 18); in an overlapped pair for what the other's compute does
@@ -416,7 +511,8 @@ class Bounds:
             tail.append(0.0 if first else
                         tail[-1] + min(per_stage.backward[s], per_stage.backward_input[s]) + a2a_b[s] + hop[s])
         micro_batches, fsdp = shape.micro_batches, fsdp_as_actions(lay)
-        busy = [_busy(shape, per_stage, s) if shape.last[place[s]] is not None else
+        partners = [_longest(per_stage, stages) for stages in shape.stages_of]
+        busy = [_busy(shape, per_stage, s, partners[place[s]]) if shape.last[place[s]] is not None else
                 micro_batches * (per_stage.forward[s] + a2a_f[s] + a2a_b[s]
                                  + min(per_stage.backward[s], per_stage.backward_input[s] + per_stage.backward_weight[s]))
                 for s in range(n)]
@@ -462,14 +558,17 @@ class Bounds:
         return max(self.time(config), max(scaled) + self._optimizer(config))
 
 
-def _busy(shape: _Order, c: StageCosts, s: int) -> float:
+def _longest(c: StageCosts, stages: list[int]) -> dict[str, float]:
+    """The longest forward and backward (B or I) of a device's `stages`."""
+    return {"forward": max(c.forward[t] for t in stages),
+            "backward": max(max(c.backward[t], c.backward_input[t]) for t in stages)}
+
+
+def _busy(shape: _Order, c: StageCosts, s: int, longest: dict[str, float]) -> float:
     """Stage s's computes, each with the all-to-all it waits for (rule 18): alone, all of it; in an
     overlapped pair, what the partner's compute does not hide (`sim.engine.costs.pair_times`),
     at least its own less the longest compute of the partner's kind on its device (a forward's
-    partner is a backward, B or I, and a backward's a forward)."""
-    stages = shape.stages_of[shape.placement[s]]
-    longest = {"forward": max(c.forward[t] for t in stages),
-               "backward": max(max(c.backward[t], c.backward_input[t]) for t in stages)}
+    partner is a backward, B or I, and a backward's a forward: `longest`, its device's `_longest`)."""
     total = 0.0
     for kind, k in shape.counts[s].items():
         spec = KINDS[kind]

@@ -267,9 +267,21 @@ def search(model: Transformer | str, gpu: DeviceProfile | GPU | str, gpus: int, 
                          f"narrow it (tp, pp, micro_batch, schedules, recompute, zero) or raise max_configs")
     enumerated = len(configs)
     configs = _too_large(configs, dropped)
-    steps = Steps(model, profile)  # the estimator's steps, shared by the bounds and the estimates
-    bounds = Bounds(model, profile, steps)
     cap = math.inf if max_step_time is None else max_step_time
+    with collector_paused():  # the bounds' schedules and costs live until `_settle` returns: nothing to collect
+        rows, points = _settle(model, profile, configs, usable, top, cap, dropped, progress)
+    return Plan(model, profile, gpus, global_batch, rows, points, dropped, enumerated, len(points),
+                time.perf_counter() - start, usable, _warnings(gpus), precision)
+
+
+def _settle(model: Transformer, profile: DeviceProfile, configs: list[Layout], usable: float, top: int | None,
+            cap: float, dropped: Counter, progress: Callable[[int, int], None] | None) -> tuple[list[Row], list[Row]]:
+    """Simulate `configs` best first (`_best_first`) on the estimator's steps, shared by the bounds
+    and the estimates; return the rows that fit, fastest first (the best holding its step), and every
+    simulated point. The steps and bounds (schedules, stage costs) die as it returns, before `search`
+    lets the collector run again: it has none of their objects to walk."""
+    steps = Steps(model, profile)
+    bounds = Bounds(model, profile, steps)
     best: list[tuple[tuple, Row]] = []   # the `top` first that fit, in `rank_key` order
     points: list[Row] = []
 
@@ -284,30 +296,28 @@ def search(model: Transformer | str, gpu: DeviceProfile | GPU | str, gpus: int, 
         if progress is not None:
             progress(total - waiting, total)
 
-    with collector_paused():  # the bounds' schedules and costs live to the end: nothing to collect
-        for _, config, waiting in _best_first(configs, bounds, usable, limit, dropped, settled):
-            try:
-                est = _estimate(steps, config)
-            except (ValueError, ScheduleError) as err:
-                dropped[f"refused by the estimate: {str(err).splitlines()[0][:60]}"] += 1
-                continue
-            finally:
-                if progress is not None:
-                    progress(total - waiting, total)
-            row = _row(config, est, keep=False)
-            points.append(row)
-            if not row.fits:
-                dropped["does not fit (simulated)"] += 1
-                continue
-            bisect.insort(best, (rank_key(row), _row(config, est, keep=top is not None)))  # top=None: rows keep no step
-            del best[top if top is not None else len(best):]
+    for _, config, waiting in _best_first(configs, bounds, usable, limit, dropped, settled):
+        try:
+            est = _estimate(steps, config)
+        except (ValueError, ScheduleError) as err:
+            dropped[f"refused by the estimate: {str(err).splitlines()[0][:60]}"] += 1
+            continue
+        finally:
+            if progress is not None:
+                progress(total - waiting, total)
+        row = _row(config, est, keep=False)
+        points.append(row)
+        if not row.fits:
+            dropped["does not fit (simulated)"] += 1
+            continue
+        bisect.insort(best, (rank_key(row), _row(config, est, keep=top is not None)))  # top=None: rows keep no step
+        del best[top if top is not None else len(best):]
     if progress is not None:
         progress(total, total)
     rows = [row for _, row in best if row.step_time <= cap]
     if rows and rows[0].estimate is None:  # the best keeps its step, for the figures
         rows[0] = _row(rows[0].config, _estimate(steps, rows[0].config), keep=True)
-    return Plan(model, profile, gpus, global_batch, rows, points, dropped, enumerated, len(points),
-                time.perf_counter() - start, usable, _warnings(gpus), precision)
+    return rows, points
 
 
 def _check_request(model: Transformer, profile: DeviceProfile, gpus: int, global_batch: int, gpus_per_node: int,

@@ -280,7 +280,8 @@ def _overlaps(model: Transformer, schedule: str) -> tuple[bool, ...]:
     experts on a schedule that has them (DualPipe, DualPipeV, interleaved 1F1B as Megatron-Core's
     `--overlap-moe-expert-parallel-comm`: a pair hides each one's all-to-all under the other's
     compute, rule 18); a dense model has no all-to-all to hide, only the pairs' constraint: off."""
-    return (False, True) if model.moe is not None and "overlap" in SCHEDULES[schedule].options else (False,)
+    # (`model.experts`: `model.moe` is None exactly where it is, and makes its record anew each time)
+    return (False, True) if model.experts is not None and "overlap" in SCHEDULES[schedule].options else (False,)
 
 
 def _reshards(zero: int, pp: int, chunks: int, allowed: list[bool]) -> list[bool]:

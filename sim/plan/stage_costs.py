@@ -128,12 +128,12 @@ def pass_times(m: Transformer, g: DeviceProfile, x: Slice, lt: LayerTimes, ends:
 
 
 def stage_costs(m: Transformer, g: DeviceProfile, lay: Layout, x: Slice, lt: LayerTimes, ends: dict, layers: list[int],
-                placement, moe: LayerTimes | None = None) -> tuple[Costs, dict]:
+                placement, moe: LayerTimes | None = None, passes: tuple | None = None) -> tuple[Costs, dict]:
     """Per-stage `Costs` (seconds and bytes on one GPU) and the step's time by part; a mixture
-    of experts' MoE layers take `moe`'s times (`pass_times`) and hold and reduce their experts
-    as Megatron-Core folds them (`sim.plan.experts`)."""
+    of experts' MoE layers take `moe`'s times (`pass_times`, or `passes` where the caller has them)
+    and hold and reduce their experts as Megatron-Core folds them (`sim.plan.experts`)."""
     stages = len(placement)
-    fwd, bwd, bi, bw, floor = pass_times(m, g, x, lt, ends, layers, moe)
+    fwd, bwd, bi, bw, floor = pass_times(m, g, x, lt, ends, layers, moe) if passes is None else passes
     kept = x.activation_precision  # under FP8 the activations are BF16, but for the Linears' saved inputs
     e = precision_bytes(kept)
     full, m = m, per_rank(m, x)  # what scales with the tokens: s/cp of the sequence

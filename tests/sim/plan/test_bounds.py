@@ -2,6 +2,8 @@
 searching zb-auto's order or simulating."""
 from __future__ import annotations
 
+import pytest
+
 import sim
 from sim.plan.layout import Layout
 from helpers import counting_calls
@@ -151,3 +153,65 @@ def test_the_order_the_path_bound_reads_is_the_schedules(case):
     assert (order.last, order.paired, order.split, order.has_pairs, order.micro_batches) == \
         (shape.last, shape.paired, shape.split, shape.has_pairs, shape.micro_batches)
     assert (order.placement, order.pipelines, order.stages_of) == (shape.placement, shape.pipelines, shape.stages_of)
+
+
+def test_zbv_and_dualpipe_are_bounded_without_building_their_schedules():
+    """ZB-V's and DualPipe's held chunks are exact (`HELD_EXACT`) and DualPipe's order has a closed
+    form: a configuration of each that fits is judged and its path bound taken without a schedule
+    built, each the same as off the built schedule."""
+    fits = [Layout(tp=8, pp=8, dp=2, micro_batch=1, global_batch=128, schedule=name, virtual=2, recompute="full",
+                   zero=1, overlap=overlap)
+            for name, overlap in (("zbv", False), ("dualpipev", False), ("dualpipev", True), ("dualpipe", False),
+                                  ("dualpipe", True))]
+    fresh, built = Bounds("gpt3-175b", "a100-80gb"), Bounds("gpt3-175b", "a100-80gb")
+    for config in fits:
+        built.shape(config)
+        limit = built.memory(config)
+        with counting_calls(sim.make_schedule) as calls:
+            assert not fresh.memory_above(config, limit) and fresh.memory_above(config, limit * (1 - 1e-6))
+            assert fresh.time(config) == built.time(config)
+        assert calls[sim.make_schedule] == 0, config.schedule
+
+
+@pytest.mark.parametrize("name", ["dualpipe", "dualpipev"])
+def test_dualpipe_closed_order_is_the_schedules_on_a_grid(name):
+    """`Bounds.order` of DualPipe and DualPipeV, with and without overlapped pairs, is the built
+    schedule's (counts by kind in first-come order, pairs, last computes) on every size of a grid."""
+    generator = sim.SCHEDULES[name]
+    for p in range(1, 9):
+        for m in range(1, 3 * p + 3):
+            for overlap in (False, True):
+                if generator.refusal(p, m, 2, **({"overlap": True} if overlap else {})) is not None:
+                    continue
+                config = Layout(pp=p, micro_batch=1, global_batch=m, schedule=name, virtual=2, overlap=overlap)
+                order, shape = Bounds("megatron-1.7b", "a100-80gb").order(config), \
+                    Bounds("megatron-1.7b", "a100-80gb").shape(config)
+                assert [list(c.items()) for c in order.counts] == [list(c.items()) for c in shape.counts]
+                assert (order.last, order.paired, order.has_pairs, order.split) == \
+                    (shape.last, shape.paired, shape.has_pairs, shape.split)
+
+
+@pytest.mark.parametrize("model, ep", [("mixtral-8x7b", 8), ("megatron-1.7b", 1)])
+def test_dualpipe_over_memory_on_its_state_is_dropped_without_stage_costs(model, ep):
+    """DualPipe's copies: a configuration whose weights, gradients and optimizer state alone exceed the
+    limit is dropped without its stage costs; the state counted so is at most the estimate's own bytes,
+    so `memory_above` still answers as `memory > limit` does, just below and at the bound."""
+    from sim.plan.stage_costs import stage_costs
+    b = Bounds(model, "h100-80gb")
+    checked = 0
+    for tp, pp, dp, zero, precision in ((1, 4, 8, 0, "bf16"), (2, 4, 4, 1, "bf16"), (1, 2, 16, 1, "fp8")):
+        config = Layout(tp=tp, pp=pp, dp=dp, micro_batch=1, global_batch=dp * 4 * pp, schedule="dualpipe",
+                        virtual=2, zero=zero, precision=precision, sequence_parallel=tp > 1, ep=ep)
+        try:
+            check_layout(b.model, b.profile, config)
+        except ValueError:
+            continue
+        memory = b.memory(config)
+        assert b.memory_average(config) <= b.profile.memory  # device by device: the copies' own count
+        assert b.memory_above(config, memory * (1 - 1e-12)) and not b.memory_above(config, memory)
+        checked += 1
+    assert checked >= 2
+    over = Layout(tp=1, pp=4, dp=8, micro_batch=1, global_batch=128, schedule="dualpipe", virtual=2, ep=ep)
+    with counting_calls(stage_costs) as calls:
+        assert Bounds(model, "h100-80gb").memory_above(over, 1e9)  # 1 GB: over on its state alone
+    assert calls[stage_costs] == 0

@@ -332,3 +332,28 @@ def test_the_data_parallel_reduction_ends_the_step():
     assert two.step_time - one.step_time == pytest.approx(reduce[0])
     assert two.time_parts["grad_reduce"] == pytest.approx(reduce[0]) and one.time_parts["grad_reduce"] == 0
     assert [str(a) for a in two.result.schedule.programs[0] if a.kind.value == "REDUCE_GRAD"] == ["0REDUCE_GRAD"]
+
+
+@pytest.mark.parametrize("model, keywords", [
+    ("megatron-1.7b", dict(tp=2, pp=4, dp=2, micro_batch=2, recompute="selective", zero=1)),
+    ("megatron-1.7b", dict(tp=1, pp=2, dp=4, micro_batch=1, zero=3, precision="fp8")),
+    ("mixtral-8x7b", dict(tp=2, pp=4, dp=4, micro_batch=1, ep=4, sequence_parallel=True, schedule="dualpipe",
+                          virtual=2)),
+])
+def test_steps_stage_costs_share_pass_times_and_cost_the_same(model, keywords):
+    """`Steps.stage_costs` times each stage's passes once per layer times and split (`Steps.pass_times`),
+    and its costs and parts are `stage_costs`' own, computed afresh, for layouts that share those passes."""
+    from sim.plan.layout import Layout
+    from sim.plan.stage_costs import pass_times, stage_costs
+    from sim.plan.steps import Steps
+    from helpers import counting_calls
+    steps = Steps(model, "h100-80gb")
+    for i, zero in enumerate((keywords.get("zero", 0), 1 if keywords.get("zero") == 0 else 0)):
+        lay = Layout(global_batch=64, **{**keywords, "zero": zero})
+        layers, placement = even(steps.model.layers, lay.pp), list(range(lay.pp))
+        dense, moe = steps.layers(lay)
+        fresh = stage_costs(steps.model_of(lay), steps.profile, lay, steps.slice(lay), dense, steps.ends(lay),
+                            layers, placement, moe)
+        with counting_calls(pass_times) as calls:
+            assert steps.stage_costs(lay, layers, placement) == fresh
+        assert calls[pass_times] == (i == 0)  # the second layout (another ZeRO stage): the first's passes
