@@ -347,3 +347,15 @@ def rank_processes() -> list[int]:
         except OSError:
             continue
     return out
+
+
+def notebook_module(name: str):
+    """notebooks/<name>.py (build, nbhelp) as a module: notebooks/ is no package, and `build`
+    is also a PyPI name."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "notebooks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"notebooks_{name}", path)
+    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

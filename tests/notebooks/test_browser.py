@@ -30,6 +30,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import notebook_module
+
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK_DIR = ROOT / "notebooks"
 NEEDS_TORCH = {"03_real_runs.py", "04_modern_schedules.py", "06_closing_the_loop.py"}
@@ -39,16 +41,10 @@ REDRAW_TIMEOUT = 120  # seconds for a figure to be redrawn after a slider moved
 pytestmark = pytest.mark.slow
 
 
-def _load(name: str):
-    """notebooks/<name>.py as a module (notebooks/ is no package; `build` is also a PyPI name)."""
-    spec = importlib.util.spec_from_file_location(f"notebooks_{name}", NOTEBOOK_DIR / f"{name}.py")
-    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 nbformat = pytest.importorskip("nbformat")
-build = _load("build")
+build = notebook_module("build")
 SOURCES = build.sources()
 BROWSER = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
 DRIVER = shutil.which("chromedriver")

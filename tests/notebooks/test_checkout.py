@@ -19,20 +19,16 @@ from pathlib import Path
 
 import pytest
 
+from helpers import notebook_module
+
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK_DIR = ROOT / "notebooks"
 nbformat = pytest.importorskip("nbformat")
 
 
-def _load(name: str):
-    """notebooks/<name>.py as a module (notebooks/ is no package; `build` is also a PyPI name)."""
-    spec = importlib.util.spec_from_file_location(f"notebooks_{name}", NOTEBOOK_DIR / f"{name}.py")
-    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
-build = _load("build")
+build = notebook_module("build")
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")  # a markdown link's target
 
 

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from helpers import run_main
+from helpers import run_main, notebook_module
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK_DIR = ROOT / "notebooks"
@@ -26,15 +26,9 @@ NEEDS_TORCH = {"03_real_runs.py", "04_modern_schedules.py", "06_closing_the_loop
 nbformat = pytest.importorskip("nbformat")
 
 
-def _load(name: str):
-    """notebooks/<name>.py as a module (notebooks/ is no package; `build` is also a PyPI name)."""
-    spec = importlib.util.spec_from_file_location(f"notebooks_{name}", NOTEBOOK_DIR / f"{name}.py")
-    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
-build, nbhelp = _load("build"), _load("nbhelp")
+build, nbhelp = notebook_module("build"), notebook_module("nbhelp")
 SOURCES = build.sources()
 
 

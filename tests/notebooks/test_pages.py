@@ -10,22 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from helpers import counting_calls, run_main
+from helpers import counting_calls, run_main, notebook_module
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK_DIR = ROOT / "notebooks"
 nbformat = pytest.importorskip("nbformat")
 
 
-def _load(name: str):
-    """notebooks/<name>.py as a module (notebooks/ is no package; `build` is also a PyPI name)."""
-    spec = importlib.util.spec_from_file_location(f"notebooks_{name}", NOTEBOOK_DIR / f"{name}.py")
-    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
-build, nbhelp = _load("build"), _load("nbhelp")
+build, nbhelp = notebook_module("build"), notebook_module("nbhelp")
 
 
 @pytest.mark.parametrize("make, says", [
